@@ -1,0 +1,78 @@
+//! PostgreSQL: connect (creating the database when it is missing) and migrate.
+
+use backon::{ExponentialBuilder, Retryable};
+use sqlx::migrate::{MigrateDatabase, Migrator};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Postgres};
+use std::str::FromStr;
+use std::time::Duration;
+
+/// Every migration of the schema, embedded at build time.
+pub static MIGRATOR: Migrator = sqlx::migrate!("./migrations");
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("invalid database URL: {0}")]
+    InvalidUrl(String),
+    #[error("database unavailable: {0}")]
+    Unavailable(#[from] sqlx::Error),
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+}
+
+/// Checks that a URL is a PostgreSQL URL without connecting.
+pub fn validate_url(url: &str) -> Result<(), DbError> {
+    PgConnectOptions::from_str(url)
+        .map(|_| ())
+        .map_err(|e| DbError::InvalidUrl(e.to_string()))
+}
+
+fn retry_policy() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(5))
+        .with_max_times(12)
+}
+
+/// Creates the database if it does not exist. Two processes racing to create it both
+/// succeed: "already exists" is the outcome either wanted.
+pub async fn create_if_missing(url: &str) -> Result<(), DbError> {
+    validate_url(url)?;
+    let exists = (|| Postgres::database_exists(url))
+        .retry(retry_policy())
+        .notify(|e, wait| tracing::warn!(error = %e, ?wait, "PostgreSQL not answering, retrying"))
+        .await?;
+    if !exists {
+        match Postgres::create_database(url).await {
+            Ok(()) => tracing::info!("created database"),
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+/// Connects with retry, creating the database if missing. Migrations are separate:
+/// see [`migrate`].
+pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
+    create_if_missing(url).await?;
+    let options = PgConnectOptions::from_str(url)
+        .map_err(|e| DbError::InvalidUrl(e.to_string()))?
+        .application_name("cairn");
+    let pool = (|| {
+        PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options.clone())
+    })
+    .retry(retry_policy())
+    .notify(|e, wait| tracing::warn!(error = %e, ?wait, "PostgreSQL not answering, retrying"))
+    .await?;
+    Ok(pool)
+}
+
+/// Applies pending migrations; concurrent callers serialize on sqlx's advisory lock.
+pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
+    MIGRATOR.run(pool).await?;
+    Ok(())
+}

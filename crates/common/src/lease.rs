@@ -1,0 +1,328 @@
+//! Finite ownership leases on execution requests.
+//!
+//! The **epoch in PostgreSQL is the fencing token**: a claim increments
+//! `execution_requests.lease_epoch` and records the owner and a deadline; every durable
+//! write of a worker goes through [`Lease::fence`], which rejects it with
+//! [`LeaseError::StaleOwner`] once the epoch moved. Redis holds a liveness key
+//! (`{prefix}lease:{request}` = `epoch:owner`, with a TTL) so others can see who is
+//! alive cheaply; Redis may lose every key at any time and nothing here depends on it
+//! for safety.
+
+use chrono::{DateTime, Utc};
+use redis::aio::ConnectionManager;
+use redis::Script;
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
+use std::sync::Arc;
+use std::time::Duration;
+use uuid::Uuid;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// A newer owner exists: this holder must write nothing more.
+    #[error("stale owner of request {request_id}: held epoch {held_epoch}, current epoch {current_epoch}")]
+    StaleOwner {
+        request_id: Uuid,
+        held_epoch: i64,
+        current_epoch: i64,
+    },
+    /// The lease ran past its deadline without a renewal.
+    #[error("lease on request {request_id} expired")]
+    Expired { request_id: Uuid },
+    #[error("execution request {0} does not exist")]
+    NotFound(Uuid),
+    #[error("database error: {0}")]
+    Db(#[from] sqlx::Error),
+}
+
+/// A held lease: the request, who holds it, its fencing epoch and current deadline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    pub request_id: Uuid,
+    pub owner: String,
+    pub epoch: i64,
+    pub deadline: DateTime<Utc>,
+}
+
+/// Claims, renews and releases leases.
+#[derive(Clone)]
+pub struct Leases {
+    pool: PgPool,
+    redis: ConnectionManager,
+    prefix: Arc<str>,
+    ttl: Duration,
+}
+
+fn claim_script() -> &'static Script {
+    static SCRIPT: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| Script::new(include_str!("lease/claim.lua")))
+}
+
+fn renew_script() -> &'static Script {
+    static SCRIPT: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| Script::new(include_str!("lease/renew.lua")))
+}
+
+fn release_script() -> &'static Script {
+    static SCRIPT: std::sync::OnceLock<Script> = std::sync::OnceLock::new();
+    SCRIPT.get_or_init(|| Script::new(include_str!("lease/release.lua")))
+}
+
+impl Leases {
+    pub fn new(pool: PgPool, redis: ConnectionManager, prefix: &str, ttl: Duration) -> Self {
+        Leases {
+            pool,
+            redis,
+            prefix: prefix.into(),
+            ttl,
+        }
+    }
+
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The Redis key of a request's liveness lease.
+    pub fn key(&self, request_id: Uuid) -> String {
+        format!("{}lease:{}", self.prefix, request_id.simple())
+    }
+
+    fn ttl_ms(&self) -> u64 {
+        u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn ttl_secs_f64(&self) -> f64 {
+        self.ttl.as_secs_f64()
+    }
+
+    /// Claims a request if nobody holds a live lease on it: epoch + 1, owner and
+    /// deadline in PostgreSQL, then the Redis liveness key. `None` when someone else
+    /// holds it. Of concurrent contenders exactly one wins (the row update is atomic).
+    #[tracing::instrument(skip_all, fields(request_id = %request_id, owner))]
+    pub async fn claim(&self, request_id: Uuid, owner: &str) -> Result<Option<Lease>, LeaseError> {
+        let claimed: Option<(i64, DateTime<Utc>)> = sqlx::query_as(
+            "UPDATE execution_requests
+                SET lease_epoch = lease_epoch + 1,
+                    lease_owner = $2,
+                    lease_deadline = clock_timestamp() + make_interval(secs => $3),
+                    claimed_at = clock_timestamp(),
+                    updated_at = clock_timestamp()
+              WHERE id = $1
+                AND (lease_owner IS NULL OR lease_deadline < clock_timestamp())
+          RETURNING lease_epoch, lease_deadline",
+        )
+        .bind(request_id)
+        .bind(owner)
+        .bind(self.ttl_secs_f64())
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some((epoch, deadline)) = claimed else {
+            let exists: Option<(i64,)> =
+                sqlx::query_as("SELECT lease_epoch FROM execution_requests WHERE id = $1")
+                    .bind(request_id)
+                    .fetch_optional(&self.pool)
+                    .await?;
+            return match exists {
+                Some(_) => Ok(None),
+                None => Err(LeaseError::NotFound(request_id)),
+            };
+        };
+        let lease = Lease {
+            request_id,
+            owner: owner.to_string(),
+            epoch,
+            deadline,
+        };
+        self.set_liveness(&lease).await;
+        Ok(Some(lease))
+    }
+
+    /// Extends a held lease. Fails with [`LeaseError::Expired`] once the deadline has
+    /// passed (even if nobody claimed it since) and with [`LeaseError::StaleOwner`] once
+    /// another owner claimed it: either way the holder must fence itself.
+    pub async fn renew(&self, lease: &mut Lease) -> Result<(), LeaseError> {
+        let renewed: Option<(DateTime<Utc>,)> = sqlx::query_as(
+            "UPDATE execution_requests
+                SET lease_deadline = clock_timestamp() + make_interval(secs => $4)
+              WHERE id = $1 AND lease_epoch = $2 AND lease_owner = $3
+                AND lease_deadline >= clock_timestamp()
+          RETURNING lease_deadline",
+        )
+        .bind(lease.request_id)
+        .bind(lease.epoch)
+        .bind(&lease.owner)
+        .bind(self.ttl_secs_f64())
+        .fetch_optional(&self.pool)
+        .await?;
+        match renewed {
+            Some((deadline,)) => {
+                lease.deadline = deadline;
+                self.extend_liveness(lease).await;
+                Ok(())
+            }
+            None => Err(self.why_not_held(lease).await?),
+        }
+    }
+
+    /// Gives a lease up: compare-and-delete of the Redis key, then the PostgreSQL owner
+    /// is cleared if (and only if) this holder still owns the epoch.
+    pub async fn release(&self, lease: &Lease) -> Result<(), LeaseError> {
+        let mut conn = self.pool.acquire().await?;
+        self.release_in(&mut conn, lease).await?;
+        drop(conn);
+        self.clear_liveness(lease).await;
+        Ok(())
+    }
+
+    /// Clears the PostgreSQL owner inside the caller's transaction (so a final state
+    /// write and the release commit together). Call [`Leases::clear_liveness`] after the
+    /// commit.
+    pub async fn release_in(&self, conn: &mut PgConnection, lease: &Lease) -> Result<(), LeaseError> {
+        let cleared = sqlx::query(
+            "UPDATE execution_requests
+                SET lease_owner = NULL, lease_deadline = NULL, updated_at = clock_timestamp()
+              WHERE id = $1 AND lease_epoch = $2 AND lease_owner = $3",
+        )
+        .bind(lease.request_id)
+        .bind(lease.epoch)
+        .bind(&lease.owner)
+        .execute(&mut *conn)
+        .await?;
+        if cleared.rows_affected() == 0 {
+            return Err(stale_or_missing(&mut *conn, lease).await?);
+        }
+        Ok(())
+    }
+
+    /// Who Redis says holds a request: `(epoch, owner)`. Advisory only.
+    pub async fn liveness(&self, request_id: Uuid) -> Option<(i64, String)> {
+        let mut redis = self.redis.clone();
+        let value: Option<String> = redis::cmd("GET")
+            .arg(self.key(request_id))
+            .query_async(&mut redis)
+            .await
+            .ok()
+            .flatten();
+        let value = value?;
+        let (epoch, owner) = value.split_once(':')?;
+        Some((epoch.parse().ok()?, owner.to_string()))
+    }
+
+    async fn set_liveness(&self, lease: &Lease) {
+        let mut redis = self.redis.clone();
+        let result: Result<i64, _> = claim_script()
+            .key(self.key(lease.request_id))
+            .arg(lease.epoch)
+            .arg(&lease.owner)
+            .arg(self.ttl_ms())
+            .invoke_async(&mut redis)
+            .await;
+        match result {
+            Ok(1) => {}
+            Ok(_) => tracing::warn!(
+                request_id = %lease.request_id,
+                "Redis shows a newer holder than PostgreSQL; PostgreSQL decides"
+            ),
+            Err(e) => tracing::warn!(error = %e, "could not set lease liveness key; Redis is advisory"),
+        }
+    }
+
+    async fn extend_liveness(&self, lease: &Lease) {
+        let mut redis = self.redis.clone();
+        let result: Result<i64, _> = renew_script()
+            .key(self.key(lease.request_id))
+            .arg(lease.epoch)
+            .arg(&lease.owner)
+            .arg(self.ttl_ms())
+            .invoke_async(&mut redis)
+            .await;
+        match result {
+            Ok(1) => {}
+            // The key is gone (Redis restarted or lost its keys): PostgreSQL still says
+            // we own the lease, so put the liveness key back.
+            Ok(-1) => self.set_liveness(lease).await,
+            Ok(_) => tracing::warn!(request_id = %lease.request_id, "Redis liveness key held by another owner"),
+            Err(e) => tracing::warn!(error = %e, "could not extend lease liveness key; Redis is advisory"),
+        }
+    }
+
+    /// Compare-and-delete of the Redis liveness key.
+    pub async fn clear_liveness(&self, lease: &Lease) {
+        let mut redis = self.redis.clone();
+        let result: Result<i64, _> = release_script()
+            .key(self.key(lease.request_id))
+            .arg(lease.epoch)
+            .arg(&lease.owner)
+            .invoke_async(&mut redis)
+            .await;
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "could not delete lease liveness key; it will expire");
+        }
+    }
+
+    async fn why_not_held(&self, lease: &Lease) -> Result<LeaseError, LeaseError> {
+        let mut conn = self.pool.acquire().await?;
+        stale_or_missing(&mut conn, lease).await
+    }
+}
+
+async fn stale_or_missing(conn: &mut PgConnection, lease: &Lease) -> Result<LeaseError, LeaseError> {
+    let row: Option<(i64,)> =
+        sqlx::query_as("SELECT lease_epoch FROM execution_requests WHERE id = $1")
+            .bind(lease.request_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    Ok(match row {
+        None => LeaseError::NotFound(lease.request_id),
+        Some((current,)) if current != lease.epoch => LeaseError::StaleOwner {
+            request_id: lease.request_id,
+            held_epoch: lease.epoch,
+            current_epoch: current,
+        },
+        Some(_) => LeaseError::Expired {
+            request_id: lease.request_id,
+        },
+    })
+}
+
+impl Lease {
+    /// Checks the fence inside the caller's transaction: locks the request row and
+    /// fails unless this lease's epoch and owner are current and its deadline has not
+    /// passed. A claimant has to wait for the row lock, so everything the transaction
+    /// writes commits before any newer owner exists, or not at all.
+    pub async fn fence(&self, conn: &mut PgConnection) -> Result<(), LeaseError> {
+        let row: Option<(i64, Option<String>, bool)> = sqlx::query_as(
+            "SELECT lease_epoch, lease_owner,
+                    COALESCE(lease_deadline >= clock_timestamp(), FALSE)
+               FROM execution_requests WHERE id = $1 FOR UPDATE",
+        )
+        .bind(self.request_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+        match row {
+            None => Err(LeaseError::NotFound(self.request_id)),
+            Some((epoch, _, _)) if epoch != self.epoch => Err(LeaseError::StaleOwner {
+                request_id: self.request_id,
+                held_epoch: self.epoch,
+                current_epoch: epoch,
+            }),
+            Some((_, owner, live)) if owner.as_deref() != Some(self.owner.as_str()) || !live => {
+                Err(LeaseError::Expired {
+                    request_id: self.request_id,
+                })
+            }
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Begins a transaction whose writes are fenced by this lease: every durable worker
+    /// write goes through here (or through [`Lease::fence`] on an open transaction).
+    pub async fn begin_fenced(&self, pool: &PgPool) -> Result<Transaction<'static, Postgres>, LeaseError> {
+        let mut tx = pool.begin().await?;
+        self.fence(&mut tx).await?;
+        Ok(tx)
+    }
+}

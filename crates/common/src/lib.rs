@@ -1,0 +1,28 @@
+//! Cairn's shared library: the concepts every component agrees on.
+//!
+//! - [`config`]: connection settings shared by every binary (clap + `CAIRN_*` env).
+//! - [`telemetry`]: tracing setup, pretty or JSON.
+//! - [`db`]: PostgreSQL connection (creating the database if missing) and migrations.
+//! - [`ids`]: the 32-lowercase-hex identifiers of runs, requests and actions.
+//! - [`lease`]: finite ownership leases: Postgres epoch (the fence) + Redis liveness key.
+//! - [`queue`]: RabbitMQ topology, connections and the manual-ack consumer.
+//! - [`outbox`]: the transactional outbox and its confirming relay.
+//! - [`health`]: `/healthz`, `/readyz` and `/metrics` for every binary.
+//! - [`metrics`]: the Prometheus registry shared by a process.
+//! - [`shutdown`]: SIGTERM/SIGINT turned into a cancellation token.
+//! - [`redis_conn`]: the Redis connection manager.
+//! - `testing` (feature `testing`): isolation helpers for tests against real services.
+
+pub mod config;
+pub mod db;
+pub mod health;
+pub mod ids;
+pub mod lease;
+pub mod metrics;
+pub mod outbox;
+pub mod queue;
+pub mod redis_conn;
+pub mod shutdown;
+pub mod telemetry;
+#[cfg(feature = "testing")]
+pub mod testing;
