@@ -1,0 +1,242 @@
+//! Harness for end-to-end tests: starts Cairn's real binaries against the real services,
+//! each test with its own database, queue prefix and Redis key prefix.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+pub use cairn_common::testing::{self, ServiceLock};
+
+/// The directory holding the built binaries (`target/debug`), or `CAIRN_BIN_DIR`.
+pub fn bin_dir() -> PathBuf {
+    if let Ok(dir) = std::env::var("CAIRN_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/debug/deps/<test> -> target/debug
+    exe.parent()
+        .and_then(|deps| deps.parent())
+        .expect("target directory")
+        .to_path_buf()
+}
+
+pub fn binary(name: &str) -> PathBuf {
+    let path = bin_dir().join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: build the binaries first (cargo build --workspace --bins)",
+        path.display()
+    );
+    path
+}
+
+/// A free TCP port on loopback.
+pub fn free_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local address")
+}
+
+/// Settings that isolate one test: database, queue prefix and Redis key prefix.
+#[derive(Debug)]
+pub struct Isolation {
+    pub database_name: String,
+    pub database_url: String,
+    pub prefix: String,
+}
+
+impl Isolation {
+    pub fn new(label: &str) -> Isolation {
+        let prefix = testing::unique_prefix(label);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_secs();
+        // The cairn_t_<time>_ form lets later runs drop what a killed run left behind.
+        let database_name = format!(
+            "cairn_t_{now}_{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..12]
+        );
+        Isolation {
+            database_url: format!("{}/{database_name}", server_url()),
+            database_name,
+            prefix,
+        }
+    }
+
+    /// The environment every binary of this test gets.
+    pub fn env(&self) -> Vec<(String, String)> {
+        vec![
+            ("CAIRN_DATABASE_URL".into(), self.database_url.clone()),
+            ("CAIRN_REDIS_URL".into(), testing::redis_url()),
+            ("CAIRN_REDIS_PREFIX".into(), self.prefix.clone()),
+            ("CAIRN_AMQP_URL".into(), testing::amqp_url()),
+            ("CAIRN_QUEUE_PREFIX".into(), self.prefix.clone()),
+            ("CAIRN_LOG_FORMAT".into(), "json".into()),
+        ]
+    }
+}
+
+/// The test's database is dropped with it, even when the test panics.
+impl Drop for Isolation {
+    fn drop(&mut self) {
+        testing::drop_database_blocking(&self.database_name);
+    }
+}
+
+fn server_url() -> String {
+    testing::postgres_server_url()
+}
+
+/// A running binary; killed with SIGKILL if the test drops it while it still runs.
+pub struct Process {
+    pub name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Process {
+    pub fn start(name: &str, env: &[(String, String)]) -> Process {
+        let log = std::env::temp_dir().join(format!(
+            "cairn-e2e-{name}-{}.log",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let out = std::fs::File::create(&log).expect("create log file");
+        let err = out.try_clone().expect("clone log file");
+        let child = Command::new(binary(name))
+            .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .expect("spawn binary");
+        Process {
+            name: name.to_string(),
+            child,
+            log,
+        }
+    }
+
+    pub fn pid(&self) -> i32 {
+        i32::try_from(self.child.id()).expect("pid fits i32")
+    }
+
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), signal)
+            .expect("send signal");
+    }
+
+    /// Waits for the process to exit, up to `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// A minimal HTTP/1.1 response.
+#[derive(Debug)]
+pub struct Response {
+    pub status: u16,
+    pub body: String,
+}
+
+impl Response {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+/// One HTTP request on a fresh connection (tests only need plain loopback HTTP).
+pub fn http(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<Response> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(stream, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Ok(Response { status, body })
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+/// Polls `GET path` until it answers `status`, or panics with the process log.
+pub fn wait_for_status(
+    process: &mut Process,
+    addr: SocketAddr,
+    path: &str,
+    status: u16,
+    timeout: Duration,
+) -> Response {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(response) = http(addr, "GET", path) {
+            if response.status == status {
+                return response;
+            }
+        }
+        if let Some(exit) = process.wait_exit(Duration::ZERO) {
+            panic!(
+                "{} exited ({exit}) before {path} answered {status}:\n{}",
+                process.name,
+                process.log()
+            );
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} did not answer {status} on {path} within {timeout:?}:\n{}",
+            process.name,
+            process.log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}

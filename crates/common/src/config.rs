@@ -22,7 +22,11 @@ pub struct DatabaseArgs {
 #[derive(Debug, Clone, Args)]
 pub struct RedisArgs {
     /// Redis URL.
-    #[arg(long, env = "CAIRN_REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    #[arg(
+        long,
+        env = "CAIRN_REDIS_URL",
+        default_value = "redis://127.0.0.1:6379"
+    )]
     pub redis_url: String,
     /// Prefix of every Redis key, so several installations (or tests) share one Redis.
     #[arg(long, env = "CAIRN_REDIS_PREFIX", default_value = "cairn:")]
@@ -51,7 +55,11 @@ pub struct AmqpArgs {
 #[derive(Debug, Clone, Args)]
 pub struct ArtifactsArgs {
     /// Artifact store URL: a local directory (path or `file://`) or an object store URL.
-    #[arg(long, env = "CAIRN_ARTIFACTS_URL", default_value = "./.cairn/artifacts")]
+    #[arg(
+        long,
+        env = "CAIRN_ARTIFACTS_URL",
+        default_value = "./.cairn/artifacts"
+    )]
     pub artifacts_url: String,
 }
 
@@ -86,7 +94,10 @@ pub fn parse_or_exit<T: clap::Parser>() -> T {
 /// Prints `invalid configuration: <reason>` as one line and exits with status 2.
 pub fn exit_invalid(reason: impl std::fmt::Display) -> ! {
     let line = reason.to_string().replace('\n', " ");
-    eprintln!("invalid configuration: {}", line.trim_start_matches("error: "));
+    eprintln!(
+        "invalid configuration: {}",
+        line.trim_start_matches("error: ")
+    );
     std::process::exit(2)
 }
 

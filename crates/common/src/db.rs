@@ -22,6 +22,11 @@ pub enum DbError {
 
 /// Checks that a URL is a PostgreSQL URL without connecting.
 pub fn validate_url(url: &str) -> Result<(), DbError> {
+    if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
+        return Err(DbError::InvalidUrl(
+            "expected postgres:// or postgresql://".into(),
+        ));
+    }
     PgConnectOptions::from_str(url)
         .map(|_| ())
         .map_err(|e| DbError::InvalidUrl(e.to_string()))

@@ -114,7 +114,11 @@ async fn metrics(State(state): State<ProbeState>) -> Response {
 }
 
 /// Serves a router until `shutdown` is cancelled, then lets in-flight requests finish.
-pub async fn serve(listener: TcpListener, router: Router, shutdown: CancellationToken) -> std::io::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await

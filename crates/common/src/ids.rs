@@ -34,8 +34,9 @@ impl FromStr for Id {
     type Err = InvalidId;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let well_formed =
-            s.len() == 32 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        let well_formed = s.len() == 32
+            && s.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
         if !well_formed {
             return Err(InvalidId);
         }

@@ -180,7 +180,11 @@ impl Leases {
     /// Clears the PostgreSQL owner inside the caller's transaction (so a final state
     /// write and the release commit together). Call [`Leases::clear_liveness`] after the
     /// commit.
-    pub async fn release_in(&self, conn: &mut PgConnection, lease: &Lease) -> Result<(), LeaseError> {
+    pub async fn release_in(
+        &self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+    ) -> Result<(), LeaseError> {
         let cleared = sqlx::query(
             "UPDATE execution_requests
                 SET lease_owner = NULL, lease_deadline = NULL, updated_at = clock_timestamp()
@@ -226,7 +230,9 @@ impl Leases {
                 request_id = %lease.request_id,
                 "Redis shows a newer holder than PostgreSQL; PostgreSQL decides"
             ),
-            Err(e) => tracing::warn!(error = %e, "could not set lease liveness key; Redis is advisory"),
+            Err(e) => {
+                tracing::warn!(error = %e, "could not set lease liveness key; Redis is advisory")
+            }
         }
     }
 
@@ -244,8 +250,12 @@ impl Leases {
             // The key is gone (Redis restarted or lost its keys): PostgreSQL still says
             // we own the lease, so put the liveness key back.
             Ok(-1) => self.set_liveness(lease).await,
-            Ok(_) => tracing::warn!(request_id = %lease.request_id, "Redis liveness key held by another owner"),
-            Err(e) => tracing::warn!(error = %e, "could not extend lease liveness key; Redis is advisory"),
+            Ok(_) => {
+                tracing::warn!(request_id = %lease.request_id, "Redis liveness key held by another owner")
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "could not extend lease liveness key; Redis is advisory")
+            }
         }
     }
 
@@ -269,7 +279,10 @@ impl Leases {
     }
 }
 
-async fn stale_or_missing(conn: &mut PgConnection, lease: &Lease) -> Result<LeaseError, LeaseError> {
+async fn stale_or_missing(
+    conn: &mut PgConnection,
+    lease: &Lease,
+) -> Result<LeaseError, LeaseError> {
     let row: Option<(i64,)> =
         sqlx::query_as("SELECT lease_epoch FROM execution_requests WHERE id = $1")
             .bind(lease.request_id)
@@ -320,7 +333,10 @@ impl Lease {
 
     /// Begins a transaction whose writes are fenced by this lease: every durable worker
     /// write goes through here (or through [`Lease::fence`] on an open transaction).
-    pub async fn begin_fenced(&self, pool: &PgPool) -> Result<Transaction<'static, Postgres>, LeaseError> {
+    pub async fn begin_fenced(
+        &self,
+        pool: &PgPool,
+    ) -> Result<Transaction<'static, Postgres>, LeaseError> {
         let mut tx = pool.begin().await?;
         self.fence(&mut tx).await?;
         Ok(tx)

@@ -1,5 +1,6 @@
 //! Cairn's shared library: the concepts every component agrees on.
 //!
+//! - [`component`]: start-up checks every process shares.
 //! - [`config`]: connection settings shared by every binary (clap + `CAIRN_*` env).
 //! - [`telemetry`]: tracing setup, pretty or JSON.
 //! - [`db`]: PostgreSQL connection (creating the database if missing) and migrations.
@@ -13,6 +14,7 @@
 //! - [`redis_conn`]: the Redis connection manager.
 //! - `testing` (feature `testing`): isolation helpers for tests against real services.
 
+pub mod component;
 pub mod config;
 pub mod db;
 pub mod health;

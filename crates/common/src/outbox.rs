@@ -80,7 +80,13 @@ pub struct Relay {
 }
 
 impl Relay {
-    pub fn new(pool: PgPool, amqp_url: &str, topology: Topology, metrics: OutboxMetrics, status: AmqpStatus) -> Self {
+    pub fn new(
+        pool: PgPool,
+        amqp_url: &str,
+        topology: Topology,
+        metrics: OutboxMetrics,
+        status: AmqpStatus,
+    ) -> Self {
         Relay {
             pool,
             amqp_url: amqp_url.to_string(),
@@ -106,7 +112,9 @@ impl Relay {
     pub async fn open_channel(&self, connection: &Connection) -> Result<Channel, OutboxError> {
         let channel = connection.create_channel().await?;
         self.topology.declare(&channel).await?;
-        channel.confirm_select(ConfirmSelectOptions::default()).await?;
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await?;
         Ok(channel)
     }
 
@@ -159,10 +167,12 @@ impl Relay {
                 failed.push(id);
             }
         }
-        sqlx::query("UPDATE outbox SET published_at = now(), attempts = attempts + 1 WHERE id = ANY($1)")
-            .bind(&confirmed)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "UPDATE outbox SET published_at = now(), attempts = attempts + 1 WHERE id = ANY($1)",
+        )
+        .bind(&confirmed)
+        .execute(&mut *tx)
+        .await?;
         if !failed.is_empty() {
             sqlx::query(
                 "UPDATE outbox SET attempts = attempts + 1,
@@ -173,7 +183,10 @@ impl Relay {
             .execute(&mut *tx)
             .await?;
             self.metrics.publish_failures.inc_by(failed.len() as u64);
-            tracing::warn!(count = failed.len(), "outbox messages not confirmed; will retry");
+            tracing::warn!(
+                count = failed.len(),
+                "outbox messages not confirmed; will retry"
+            );
         }
         tx.commit().await?;
         self.metrics.published.inc_by(confirmed.len() as u64);
@@ -200,7 +213,9 @@ impl Relay {
         let mut link: Option<(Connection, Channel)> = None;
         while !shutdown.is_cancelled() {
             let channel = match &link {
-                Some((connection, channel)) if connection.status().connected() && channel.status().connected() => {
+                Some((connection, channel))
+                    if connection.status().connected() && channel.status().connected() =>
+                {
                     channel.clone()
                 }
                 _ => {

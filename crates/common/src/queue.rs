@@ -7,8 +7,8 @@
 
 use backon::{ExponentialBuilder, Retryable};
 use lapin::options::{
-    BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions, QueueBindOptions,
-    QueueDeclareOptions, QueueDeleteOptions, ExchangeDeleteOptions,
+    BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+    QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, ShortString};
 use lapin::{Channel, Connection, ConnectionProperties, Consumer, ExchangeKind};
@@ -31,7 +31,11 @@ pub enum JobQueue {
 }
 
 impl JobQueue {
-    pub const ALL: [JobQueue; 3] = [JobQueue::Runs, JobQueue::Continuations, JobQueue::Verifications];
+    pub const ALL: [JobQueue; 3] = [
+        JobQueue::Runs,
+        JobQueue::Continuations,
+        JobQueue::Verifications,
+    ];
 
     /// The routing key on `cairn.jobs` that reaches this queue.
     pub fn routing_key(self) -> &'static str {
@@ -85,17 +89,31 @@ impl Topology {
             ..Default::default()
         };
         channel
-            .exchange_declare(self.exchange().as_str().into(), ExchangeKind::Direct, durable, FieldTable::default())
+            .exchange_declare(
+                self.exchange().as_str().into(),
+                ExchangeKind::Direct,
+                durable,
+                FieldTable::default(),
+            )
             .await?;
         channel
-            .exchange_declare(self.dead_exchange().as_str().into(), ExchangeKind::Fanout, durable, FieldTable::default())
+            .exchange_declare(
+                self.dead_exchange().as_str().into(),
+                ExchangeKind::Fanout,
+                durable,
+                FieldTable::default(),
+            )
             .await?;
         let queue_options = QueueDeclareOptions {
             durable: true,
             ..Default::default()
         };
         channel
-            .queue_declare(self.dead_queue().as_str().into(), queue_options, quorum_args(None))
+            .queue_declare(
+                self.dead_queue().as_str().into(),
+                queue_options,
+                quorum_args(None),
+            )
             .await?;
         channel
             .queue_bind(
@@ -132,17 +150,29 @@ impl Topology {
     pub async fn delete(&self, channel: &Channel) -> Result<(), QueueError> {
         for queue in JobQueue::ALL {
             channel
-                .queue_delete(self.queue(queue).as_str().into(), QueueDeleteOptions::default())
+                .queue_delete(
+                    self.queue(queue).as_str().into(),
+                    QueueDeleteOptions::default(),
+                )
                 .await?;
         }
         channel
-            .queue_delete(self.dead_queue().as_str().into(), QueueDeleteOptions::default())
+            .queue_delete(
+                self.dead_queue().as_str().into(),
+                QueueDeleteOptions::default(),
+            )
             .await?;
         channel
-            .exchange_delete(self.exchange().as_str().into(), ExchangeDeleteOptions::default())
+            .exchange_delete(
+                self.exchange().as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
             .await?;
         channel
-            .exchange_delete(self.dead_exchange().as_str().into(), ExchangeDeleteOptions::default())
+            .exchange_delete(
+                self.dead_exchange().as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
             .await?;
         Ok(())
     }
@@ -194,8 +224,15 @@ pub async fn connect(url: &str) -> Result<Connection, QueueError> {
 
 /// A manual-ack consumer with a prefetch bound: at most `prefetch` unacked deliveries
 /// are in flight on this channel.
-pub async fn consume(channel: &Channel, queue: &str, tag: &str, prefetch: u16) -> Result<Consumer, QueueError> {
-    channel.basic_qos(prefetch, BasicQosOptions::default()).await?;
+pub async fn consume(
+    channel: &Channel,
+    queue: &str,
+    tag: &str,
+    prefetch: u16,
+) -> Result<Consumer, QueueError> {
+    channel
+        .basic_qos(prefetch, BasicQosOptions::default())
+        .await?;
     let consumer = channel
         .basic_consume(
             queue.into(),
@@ -208,4 +245,54 @@ pub async fn consume(channel: &Channel, queue: &str, tag: &str, prefetch: u16) -
         )
         .await?;
     Ok(consumer)
+}
+
+/// Keeps a connection to RabbitMQ with the topology declared, reporting its state in
+/// `status` for `/readyz`, until `shutdown`; reconnects with backoff when it drops.
+pub async fn maintain(
+    url: &str,
+    topology: &Topology,
+    status: &crate::health::AmqpStatus,
+    shutdown: &tokio_util::sync::CancellationToken,
+) {
+    use backon::BackoffBuilder;
+    let mut backoff = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(5))
+        .without_max_times()
+        .build();
+    while !shutdown.is_cancelled() {
+        let attempt = async {
+            let connection = connect_once(url).await?;
+            let channel = connection.create_channel().await?;
+            topology.declare(&channel).await?;
+            Ok::<_, QueueError>(connection)
+        };
+        match attempt.await {
+            Ok(connection) => {
+                status.set(true);
+                tracing::info!("connected to RabbitMQ");
+                while connection.status().connected() && !shutdown.is_cancelled() {
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                        _ = shutdown.cancelled() => {}
+                    }
+                }
+                status.set(false);
+                if shutdown.is_cancelled() {
+                    let _ = connection.close(200, "shutdown".into()).await;
+                    return;
+                }
+                tracing::warn!("lost the RabbitMQ connection; reconnecting");
+            }
+            Err(e) => {
+                let wait = backoff.next().unwrap_or(Duration::from_secs(5));
+                tracing::warn!(error = %e, ?wait, "RabbitMQ not answering, retrying");
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = shutdown.cancelled() => {}
+                }
+            }
+        }
+    }
 }

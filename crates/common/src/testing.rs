@@ -53,7 +53,10 @@ impl ServiceLock {
 
 /// A prefix unique to one test, for Redis keys and queue names.
 pub fn unique_prefix(label: &str) -> String {
-    format!("test-{label}-{}.", &Uuid::new_v4().simple().to_string()[..12])
+    format!(
+        "test-{label}-{}.",
+        &Uuid::new_v4().simple().to_string()[..12]
+    )
 }
 
 pub fn redis_url() -> String {
@@ -61,7 +64,8 @@ pub fn redis_url() -> String {
 }
 
 pub fn amqp_url() -> String {
-    std::env::var("CAIRN_AMQP_URL").unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
+    std::env::var("CAIRN_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
 /// Inserts a run with one queued execution request; returns `(run_id, request_id)`.
@@ -119,4 +123,103 @@ pub fn rabbitmqctl(args: &[&str]) {
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );
+}
+
+/// The PostgreSQL server tests create their databases on (`DATABASE_URL`, any database).
+pub fn postgres_server_url() -> String {
+    let url = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    match url.rfind('/') {
+        Some(i) if i > "postgres://".len() => url[..i].to_string(),
+        _ => url,
+    }
+}
+
+/// A fresh, migrated database of one test, dropped when the value is dropped (even when
+/// the test panics). Names carry their creation time so leftovers of killed runs are
+/// dropped by later runs; two suites at once never share or drop each other's.
+pub struct TestDb {
+    pub pool: sqlx::PgPool,
+    pub name: String,
+    pub url: String,
+}
+
+const STALE_TEST_DB_SECS: u64 = 6 * 3600;
+
+impl TestDb {
+    pub async fn new() -> TestDb {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("clock after 1970")
+            .as_secs();
+        let name = format!(
+            "cairn_t_{now}_{}",
+            &Uuid::new_v4().simple().to_string()[..12]
+        );
+        let admin = sqlx::PgPool::connect(&format!("{}/postgres", postgres_server_url()))
+            .await
+            .expect("connect to the PostgreSQL server");
+        drop_stale(&admin, now).await;
+        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
+            .execute(&admin)
+            .await
+            .expect("create test database");
+        admin.close().await;
+        let url = format!("{}/{name}", postgres_server_url());
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(8)
+            .connect(&url)
+            .await
+            .expect("connect to test database");
+        crate::db::migrate(&pool)
+            .await
+            .expect("migrate test database");
+        TestDb { pool, name, url }
+    }
+}
+
+async fn drop_stale(admin: &sqlx::PgPool, now: u64) {
+    let names: Vec<String> =
+        sqlx::query_scalar("SELECT datname FROM pg_database WHERE datname LIKE 'cairn\\_t\\_%'")
+            .fetch_all(admin)
+            .await
+            .unwrap_or_default();
+    for name in names {
+        let created = name.split('_').nth(2).and_then(|t| t.parse::<u64>().ok());
+        if created.is_some_and(|t| t + STALE_TEST_DB_SECS < now) {
+            let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                .execute(admin)
+                .await;
+        }
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        drop_database_blocking(&self.name);
+    }
+}
+
+/// Drops a test database from synchronous code (a `Drop`), on a short-lived runtime of
+/// its own thread; connections still open are terminated.
+pub fn drop_database_blocking(name: &str) {
+    let name = name.to_string();
+    let server = postgres_server_url();
+    let _ = std::thread::spawn(move || {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        runtime.block_on(async move {
+            if let Ok(admin) = sqlx::PgPool::connect(&format!("{server}/postgres")).await {
+                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                    .execute(&admin)
+                    .await;
+                admin.close().await;
+            }
+        });
+    })
+    .join();
 }

@@ -1,7 +1,7 @@
 //! Leases against the real PostgreSQL and Redis.
 
 use cairn_common::lease::{Lease, LeaseError, Leases};
-use cairn_common::testing::{self, ServiceLock};
+use cairn_common::testing::{self, ServiceLock, TestDb};
 use sqlx::PgPool;
 use std::time::Duration;
 
@@ -35,13 +35,18 @@ async fn committed_notes(pool: &PgPool) -> Vec<String> {
         .expect("read journal")
 }
 
-#[sqlx::test(migrator = "cairn_common::db::MIGRATOR")]
-async fn of_two_contenders_exactly_one_wins(pool: PgPool) {
+#[tokio::test]
+async fn of_two_contenders_exactly_one_wins() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let _services = ServiceLock::shared().await;
     let leases = leases(&pool, Duration::from_secs(30)).await;
     for _ in 0..20 {
         let (_, request) = testing::insert_request(&pool).await;
-        let (a, b) = tokio::join!(leases.claim(request, "worker-a"), leases.claim(request, "worker-b"));
+        let (a, b) = tokio::join!(
+            leases.claim(request, "worker-a"),
+            leases.claim(request, "worker-b")
+        );
         let winners = [a.expect("claim a"), b.expect("claim b")]
             .into_iter()
             .flatten()
@@ -53,93 +58,181 @@ async fn of_two_contenders_exactly_one_wins(pool: PgPool) {
     }
 }
 
-#[sqlx::test(migrator = "cairn_common::db::MIGRATOR")]
-async fn after_expiry_a_new_owner_fences_out_the_old_one(pool: PgPool) {
+#[tokio::test]
+async fn after_expiry_a_new_owner_fences_out_the_old_one() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let _services = ServiceLock::shared().await;
     let leases = leases(&pool, Duration::from_millis(400)).await;
     let (_, request) = testing::insert_request(&pool).await;
-    let old = leases.claim(request, "old").await.expect("claim").expect("free");
-    fenced_write(&pool, &old, "old-before-expiry").await.expect("owner writes");
-    assert!(leases.claim(request, "new").await.expect("claim").is_none(), "held lease");
+    let old = leases
+        .claim(request, "old")
+        .await
+        .expect("claim")
+        .expect("free");
+    fenced_write(&pool, &old, "old-before-expiry")
+        .await
+        .expect("owner writes");
+    assert!(
+        leases.claim(request, "new").await.expect("claim").is_none(),
+        "held lease"
+    );
 
     tokio::time::sleep(Duration::from_millis(600)).await;
-    let new = leases.claim(request, "new").await.expect("claim").expect("expired lease");
+    let new = leases
+        .claim(request, "new")
+        .await
+        .expect("claim")
+        .expect("expired lease");
     assert!(new.epoch > old.epoch, "the epoch grows with every claim");
 
     match fenced_write(&pool, &old, "old-after-takeover").await {
-        Err(LeaseError::StaleOwner { held_epoch, current_epoch, .. }) => {
+        Err(LeaseError::StaleOwner {
+            held_epoch,
+            current_epoch,
+            ..
+        }) => {
             assert_eq!((held_epoch, current_epoch), (old.epoch, new.epoch));
         }
         other => panic!("stale write must be rejected, got {other:?}"),
     }
-    fenced_write(&pool, &new, "new").await.expect("new owner writes");
+    fenced_write(&pool, &new, "new")
+        .await
+        .expect("new owner writes");
     assert_eq!(committed_notes(&pool).await, ["old-before-expiry", "new"]);
     // The old owner cannot clear the new owner's lease either.
-    assert!(matches!(leases.release(&old).await, Err(LeaseError::StaleOwner { .. })));
+    assert!(matches!(
+        leases.release(&old).await,
+        Err(LeaseError::StaleOwner { .. })
+    ));
     assert_eq!(leases.liveness(request).await.map(|l| l.0), Some(new.epoch));
 }
 
-#[sqlx::test(migrator = "cairn_common::db::MIGRATOR")]
-async fn renewal_after_expiry_fails(pool: PgPool) {
+#[tokio::test]
+async fn renewal_after_expiry_fails() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let _services = ServiceLock::shared().await;
     let leases = leases(&pool, Duration::from_millis(300)).await;
     let (_, request) = testing::insert_request(&pool).await;
-    let mut lease = leases.claim(request, "w").await.expect("claim").expect("free");
+    let mut lease = leases
+        .claim(request, "w")
+        .await
+        .expect("claim")
+        .expect("free");
     let first_deadline = lease.deadline;
     tokio::time::sleep(Duration::from_millis(100)).await;
     leases.renew(&mut lease).await.expect("renew in time");
-    assert!(lease.deadline > first_deadline, "renewal moves the deadline");
+    assert!(
+        lease.deadline > first_deadline,
+        "renewal moves the deadline"
+    );
 
     tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(matches!(leases.renew(&mut lease).await, Err(LeaseError::Expired { .. })));
+    assert!(matches!(
+        leases.renew(&mut lease).await,
+        Err(LeaseError::Expired { .. })
+    ));
     // Expired without a new owner: writes are refused all the same.
     assert!(matches!(
         fenced_write(&pool, &lease, "late").await,
         Err(LeaseError::Expired { .. })
     ));
-    let next = leases.claim(request, "w2").await.expect("claim").expect("expired");
-    assert!(matches!(leases.renew(&mut lease).await, Err(LeaseError::StaleOwner { .. })));
+    let next = leases
+        .claim(request, "w2")
+        .await
+        .expect("claim")
+        .expect("expired");
+    assert!(matches!(
+        leases.renew(&mut lease).await,
+        Err(LeaseError::StaleOwner { .. })
+    ));
     assert_eq!(next.epoch, lease.epoch + 1);
 }
 
-#[sqlx::test(migrator = "cairn_common::db::MIGRATOR")]
-async fn release_lets_another_claim_at_once(pool: PgPool) {
+#[tokio::test]
+async fn release_lets_another_claim_at_once() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let _services = ServiceLock::shared().await;
     let leases = leases(&pool, Duration::from_secs(30)).await;
     let (_, request) = testing::insert_request(&pool).await;
-    let lease = leases.claim(request, "a").await.expect("claim").expect("free");
+    let lease = leases
+        .claim(request, "a")
+        .await
+        .expect("claim")
+        .expect("free");
     leases.release(&lease).await.expect("release");
     assert_eq!(leases.liveness(request).await, None, "liveness key deleted");
-    assert!(matches!(fenced_write(&pool, &lease, "after-release").await, Err(LeaseError::Expired { .. })));
-    let next = leases.claim(request, "b").await.expect("claim").expect("released");
+    assert!(matches!(
+        fenced_write(&pool, &lease, "after-release").await,
+        Err(LeaseError::Expired { .. })
+    ));
+    let next = leases
+        .claim(request, "b")
+        .await
+        .expect("claim")
+        .expect("released");
     assert_eq!(next.epoch, 2);
 }
 
 /// Redis keeps nothing on disk and may lose every key: `FLUSHALL` mid-lease must never
 /// let two owners both commit.
-#[sqlx::test(migrator = "cairn_common::db::MIGRATOR")]
-async fn flushall_mid_lease_never_yields_two_committing_owners(pool: PgPool) {
+#[tokio::test]
+async fn flushall_mid_lease_never_yields_two_committing_owners() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let _services = ServiceLock::exclusive().await;
     let leases = leases(&pool, Duration::from_millis(800)).await;
     let (_, request) = testing::insert_request(&pool).await;
-    let mut first = leases.claim(request, "first").await.expect("claim").expect("free");
+    let mut first = leases
+        .claim(request, "first")
+        .await
+        .expect("claim")
+        .expect("free");
 
-    let mut redis = cairn_common::redis_conn::connect(&testing::redis_url()).await.expect("redis");
-    let _: () = redis::cmd("FLUSHALL").query_async(&mut redis).await.expect("FLUSHALL");
-    assert_eq!(leases.liveness(request).await, None, "Redis forgot the lease");
+    let mut redis = cairn_common::redis_conn::connect(&testing::redis_url())
+        .await
+        .expect("redis");
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut redis)
+        .await
+        .expect("FLUSHALL");
+    assert_eq!(
+        leases.liveness(request).await,
+        None,
+        "Redis forgot the lease"
+    );
 
     // Redis forgot, PostgreSQL did not: nobody else can claim while the lease is live.
-    assert!(leases.claim(request, "second").await.expect("claim").is_none());
+    assert!(leases
+        .claim(request, "second")
+        .await
+        .expect("claim")
+        .is_none());
     // The holder's renewal restores its liveness key.
     leases.renew(&mut first).await.expect("renew");
-    assert_eq!(leases.liveness(request).await.map(|l| l.0), Some(first.epoch));
+    assert_eq!(
+        leases.liveness(request).await.map(|l| l.0),
+        Some(first.epoch)
+    );
 
     // Flush again and let the lease lapse: a second owner claims, and from then on only
     // one of the two can commit.
-    let _: () = redis::cmd("FLUSHALL").query_async(&mut redis).await.expect("FLUSHALL");
+    let _: () = redis::cmd("FLUSHALL")
+        .query_async(&mut redis)
+        .await
+        .expect("FLUSHALL");
     tokio::time::sleep(Duration::from_millis(1000)).await;
-    let second = leases.claim(request, "second").await.expect("claim").expect("lapsed");
-    let (a, b) = tokio::join!(fenced_write(&pool, &first, "first"), fenced_write(&pool, &second, "second"));
+    let second = leases
+        .claim(request, "second")
+        .await
+        .expect("claim")
+        .expect("lapsed");
+    let (a, b) = tokio::join!(
+        fenced_write(&pool, &first, "first"),
+        fenced_write(&pool, &second, "second")
+    );
     assert!(a.is_err(), "the lapsed owner cannot commit");
     b.expect("the new owner commits");
     assert_eq!(committed_notes(&pool).await, ["second"]);

@@ -4,7 +4,7 @@ use cairn_common::health::AmqpStatus;
 use cairn_common::metrics::OutboxMetrics;
 use cairn_common::outbox::{self, Relay};
 use cairn_common::queue::{self, JobQueue, Topology};
-use cairn_common::testing::{self, ServiceLock};
+use cairn_common::testing::{self, ServiceLock, TestDb};
 use futures::StreamExt;
 use lapin::options::{BasicGetOptions, BasicNackOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, ShortString};
@@ -27,14 +27,20 @@ impl Broker {
         let channel = connection.create_channel().await.expect("channel");
         let topology = Topology::new(&testing::unique_prefix(label), delivery_limit);
         topology.declare(&channel).await.expect("declare");
-        Broker { connection, channel, topology }
+        Broker {
+            connection,
+            channel,
+            topology,
+        }
     }
 
     async fn cleanup(self) {
         let channel = match self.channel.status().connected() {
             true => self.channel,
             false => {
-                let connection = queue::connect(&testing::amqp_url()).await.expect("reconnect");
+                let connection = queue::connect(&testing::amqp_url())
+                    .await
+                    .expect("reconnect");
                 connection.create_channel().await.expect("channel")
             }
         };
@@ -57,7 +63,11 @@ async fn enqueue(pool: &PgPool, routing_key: &str, n: usize) -> Vec<uuid::Uuid> 
     let mut ids = Vec::new();
     let mut tx = pool.begin().await.expect("begin");
     for i in 0..n {
-        ids.push(outbox::enqueue(&mut tx, routing_key, &json!({"n": i})).await.expect("enqueue"));
+        ids.push(
+            outbox::enqueue(&mut tx, routing_key, &json!({"n": i}))
+                .await
+                .expect("enqueue"),
+        );
     }
     tx.commit().await.expect("commit");
     ids
@@ -71,8 +81,10 @@ async fn published(pool: &PgPool, id: uuid::Uuid) -> bool {
         .expect("read outbox")
 }
 
-#[sqlx::test(migrator = "cairn_common::db::MIGRATOR")]
-async fn an_outbox_row_commits_or_rolls_back_with_its_state(pool: PgPool) {
+#[tokio::test]
+async fn an_outbox_row_commits_or_rolls_back_with_its_state() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let (run_id, _) = testing::insert_request(&pool).await;
     let mut tx = pool.begin().await.expect("begin");
     sqlx::query("UPDATE runs SET state = 'cancelled' WHERE id = $1")
@@ -80,7 +92,9 @@ async fn an_outbox_row_commits_or_rolls_back_with_its_state(pool: PgPool) {
         .execute(&mut *tx)
         .await
         .expect("update");
-    outbox::enqueue(&mut tx, "runs", &json!({"run": run_id})).await.expect("enqueue");
+    outbox::enqueue(&mut tx, "runs", &json!({"run": run_id}))
+        .await
+        .expect("enqueue");
     tx.rollback().await.expect("rollback");
     assert_eq!(outbox::pending(&pool).await.expect("pending"), 0);
 
@@ -90,18 +104,27 @@ async fn an_outbox_row_commits_or_rolls_back_with_its_state(pool: PgPool) {
 
 /// Rows are marked published only once the broker confirmed them: a nacked or
 /// unroutable message stays pending and goes out on a later batch.
-#[sqlx::test(migrator = "cairn_common::db::MIGRATOR")]
-async fn only_confirmed_messages_are_marked_published(pool: PgPool) {
+#[tokio::test]
+async fn only_confirmed_messages_are_marked_published() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let _services = ServiceLock::shared().await;
     let broker = Broker::new("confirm", 5).await;
     // A queue that holds one message and makes the broker nack the next publish.
     let full_queue = format!("{}full", broker.topology.exchange());
     let mut args = FieldTable::default();
     args.insert(ShortString::from("x-max-length"), AMQPValue::LongLongInt(1));
-    args.insert(ShortString::from("x-overflow"), AMQPValue::LongString("reject-publish".into()));
+    args.insert(
+        ShortString::from("x-overflow"),
+        AMQPValue::LongString("reject-publish".into()),
+    );
     broker
         .channel
-        .queue_declare(full_queue.as_str().into(), QueueDeclareOptions::default(), args)
+        .queue_declare(
+            full_queue.as_str().into(),
+            QueueDeclareOptions::default(),
+            args,
+        )
         .await
         .expect("declare full queue");
     broker
@@ -125,8 +148,15 @@ async fn only_confirmed_messages_are_marked_published(pool: PgPool) {
     assert!(published(&pool, fits).await);
 
     let nacked = enqueue(&pool, "full", 1).await[0];
-    assert_eq!(relay.publish_batch(&channel).await.expect("batch"), 0, "broker nacked it");
-    assert!(!published(&pool, nacked).await, "a nacked message stays pending");
+    assert_eq!(
+        relay.publish_batch(&channel).await.expect("batch"),
+        0,
+        "broker nacked it"
+    );
+    assert!(
+        !published(&pool, nacked).await,
+        "a nacked message stays pending"
+    );
 
     // Make room: the same row goes out on the next batch.
     let got = broker
@@ -141,7 +171,10 @@ async fn only_confirmed_messages_are_marked_published(pool: PgPool) {
     // Unroutable: confirmed by the exchange but returned, so not published.
     let unroutable = enqueue(&pool, "nowhere", 1).await[0];
     assert_eq!(relay.publish_batch(&channel).await.expect("batch"), 0);
-    assert!(!published(&pool, unroutable).await, "a returned message stays pending");
+    assert!(
+        !published(&pool, unroutable).await,
+        "a returned message stays pending"
+    );
 
     let _ = broker
         .channel
@@ -153,8 +186,10 @@ async fn only_confirmed_messages_are_marked_published(pool: PgPool) {
 
 /// The relay keeps running across `rabbitmqctl stop_app` / `start_app` and every
 /// admitted message reaches the queue (duplicates allowed).
-#[sqlx::test(migrator = "cairn_common::db::MIGRATOR")]
-async fn the_relay_loses_nothing_across_a_broker_restart(pool: PgPool) {
+#[tokio::test]
+async fn the_relay_loses_nothing_across_a_broker_restart() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
     let _services = ServiceLock::exclusive().await;
     let broker = Broker::new("restart", 5).await;
     let shutdown = CancellationToken::new();
@@ -186,7 +221,10 @@ async fn the_relay_loses_nothing_across_a_broker_restart(pool: PgPool) {
         (outbox::pending(&pool).await.ok()? == 0).then_some(())
     })
     .await;
-    assert!(drained.is_some(), "the relay published everything after the restart");
+    assert!(
+        drained.is_some(),
+        "the relay published everything after the restart"
+    );
     shutdown.cancel();
     relay_task.await.expect("relay task");
 
@@ -194,15 +232,27 @@ async fn the_relay_loses_nothing_across_a_broker_restart(pool: PgPool) {
     let channel = connection.create_channel().await.expect("channel");
     let mut seen = HashSet::new();
     while let Some(message) = channel
-        .basic_get(broker.topology.queue(JobQueue::Runs).as_str().into(), BasicGetOptions { no_ack: true })
+        .basic_get(
+            broker.topology.queue(JobQueue::Runs).as_str().into(),
+            BasicGetOptions { no_ack: true },
+        )
         .await
         .expect("get")
     {
-        let id = message.delivery.properties.message_id().clone().expect("message id");
+        let id = message
+            .delivery
+            .properties
+            .message_id()
+            .clone()
+            .expect("message id");
         seen.insert(uuid::Uuid::parse_str(id.as_str()).expect("uuid"));
     }
     let missing: Vec<_> = expected.difference(&seen).collect();
-    assert!(missing.is_empty(), "{} admitted messages lost: {missing:?}", missing.len());
+    assert!(
+        missing.is_empty(),
+        "{} admitted messages lost: {missing:?}",
+        missing.len()
+    );
     let _ = connection.close(200, "done".into()).await;
     broker.cleanup().await;
 }
@@ -227,14 +277,22 @@ async fn a_poison_message_lands_in_the_dead_letter_queue() {
         .expect("confirm");
 
     let consumer_channel = broker.connection.create_channel().await.expect("channel");
-    let mut consumer = queue::consume(&consumer_channel, &broker.topology.queue(JobQueue::Runs), "poison-test", 1)
-        .await
-        .expect("consume");
+    let mut consumer = queue::consume(
+        &consumer_channel,
+        &broker.topology.queue(JobQueue::Runs),
+        "poison-test",
+        1,
+    )
+    .await
+    .expect("consume");
     let mut deliveries = 0;
     let dead = loop {
         if let Some(dead) = broker
             .channel
-            .basic_get(broker.topology.dead_queue().as_str().into(), BasicGetOptions { no_ack: true })
+            .basic_get(
+                broker.topology.dead_queue().as_str().into(),
+                BasicGetOptions { no_ack: true },
+            )
             .await
             .expect("get dead")
         {
@@ -244,16 +302,25 @@ async fn a_poison_message_lands_in_the_dead_letter_queue() {
             Ok(Some(Ok(delivery))) => {
                 deliveries += 1;
                 delivery
-                    .nack(BasicNackOptions { requeue: true, ..Default::default() })
+                    .nack(BasicNackOptions {
+                        requeue: true,
+                        ..Default::default()
+                    })
                     .await
                     .expect("nack");
             }
             Ok(other) => panic!("consumer ended: {other:?}"),
             Err(_) => {}
         }
-        assert!(deliveries <= 10, "never dead-lettered after {deliveries} deliveries");
+        assert!(
+            deliveries <= 10,
+            "never dead-lettered after {deliveries} deliveries"
+        );
     };
     assert_eq!(dead.delivery.data, b"{\"poison\":true}");
-    assert!(deliveries >= 2, "delivered up to the limit first ({deliveries})");
+    assert!(
+        deliveries >= 2,
+        "delivered up to the limit first ({deliveries})"
+    );
     broker.cleanup().await;
 }

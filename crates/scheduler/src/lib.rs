@@ -1,0 +1,78 @@
+//! The scheduler: the HTTP API (probes and metrics for now) and the outbox relay.
+//!
+//! - [`config`]: its settings.
+//! - [`run`]: runs until the shutdown token is cancelled, then drains.
+
+pub mod config;
+
+use anyhow::Context;
+use cairn_common::health::{self, AmqpStatus, Readiness};
+use cairn_common::metrics::{self, OutboxMetrics};
+use cairn_common::outbox::Relay;
+use cairn_common::queue::Topology;
+use cairn_common::{db, redis_conn};
+pub use config::Config;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Connects to every service, serves HTTP on `config.listen` and relays the outbox until
+/// `shutdown` is cancelled.
+pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let pool = db::connect(
+        &config.database.database_url,
+        config.database.database_max_connections,
+    )
+    .await
+    .context("connecting to PostgreSQL")?;
+    if config.migrate {
+        db::migrate(&pool).await.context("migrating the database")?;
+    }
+    let redis = redis_conn::connect(&config.redis.redis_url)
+        .await
+        .context("connecting to Redis")?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .with_context(|| format!("binding {}", config.listen))?;
+
+    let mut registry = metrics::registry();
+    let outbox_metrics = OutboxMetrics::register(&mut registry);
+    let registry = Arc::new(registry);
+    let amqp_status = AmqpStatus::default();
+    let topology = Topology::new(&config.amqp.queue_prefix, config.amqp.delivery_limit);
+
+    let tasks = TaskTracker::new();
+    let relay = Relay::new(
+        pool.clone(),
+        &config.amqp.amqp_url,
+        topology,
+        outbox_metrics,
+        amqp_status.clone(),
+    )
+    .with_batch_size(config.outbox_batch_size);
+    tasks.spawn(relay.run(shutdown.clone()));
+
+    let readiness = Readiness {
+        postgres: Some(pool.clone()),
+        redis: Some(redis),
+        amqp: Some(amqp_status),
+    };
+    let router = health::router(readiness, registry);
+    tracing::info!(listen = %config.listen, "scheduler listening");
+    health::serve(listener, router, shutdown.clone())
+        .await
+        .context("serving HTTP")?;
+
+    tasks.close();
+    let drain = Duration::from_secs(config.drain_seconds);
+    if tokio::time::timeout(drain, tasks.wait()).await.is_err() {
+        tracing::warn!(
+            ?drain,
+            "background tasks did not stop within the drain time"
+        );
+    }
+    pool.close().await;
+    tracing::info!("scheduler stopped");
+    Ok(())
+}

@@ -1,0 +1,27 @@
+//! What every Cairn process shares at start-up: validated connection settings and
+//! migrations on start.
+
+use crate::config::{AmqpArgs, DatabaseArgs, RedisArgs};
+
+/// Checks the URLs of the services a process uses, without connecting.
+pub fn validate_urls(
+    database: Option<&DatabaseArgs>,
+    redis: Option<&RedisArgs>,
+    amqp: Option<&AmqpArgs>,
+) -> Result<(), String> {
+    if let Some(database) = database {
+        crate::db::validate_url(&database.database_url)
+            .map_err(|e| format!("CAIRN_DATABASE_URL: {e}"))?;
+    }
+    if let Some(redis) = redis {
+        crate::redis_conn::validate_url(&redis.redis_url)
+            .map_err(|e| format!("CAIRN_REDIS_URL: {e}"))?;
+    }
+    if let Some(amqp) = amqp {
+        crate::queue::validate_url(&amqp.amqp_url).map_err(|e| format!("CAIRN_AMQP_URL: {e}"))?;
+        if amqp.delivery_limit == 0 {
+            return Err("CAIRN_DELIVERY_LIMIT: must be at least 1".into());
+        }
+    }
+    Ok(())
+}

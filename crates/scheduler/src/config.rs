@@ -1,0 +1,43 @@
+//! The scheduler's settings: flags and `CAIRN_*` environment variables.
+
+use cairn_common::config::{AmqpArgs, DatabaseArgs, LogArgs, RedisArgs};
+use clap::Parser;
+use std::net::SocketAddr;
+
+/// Cairn's scheduler: admission API and outbox relay.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "cairn-scheduler", version, about)]
+pub struct Config {
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    #[command(flatten)]
+    pub redis: RedisArgs,
+    #[command(flatten)]
+    pub amqp: AmqpArgs,
+    #[command(flatten)]
+    pub log: LogArgs,
+    /// Address of the HTTP API, probes and metrics.
+    #[arg(long, env = "CAIRN_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// Apply pending migrations at start (they serialize on an advisory lock).
+    #[arg(long, env = "CAIRN_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub migrate: bool,
+    /// Outbox rows published per batch.
+    #[arg(long, env = "CAIRN_OUTBOX_BATCH_SIZE", default_value_t = 500,
+          value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    pub outbox_batch_size: i64,
+    /// Seconds to let background work finish after SIGTERM.
+    #[arg(long, env = "CAIRN_DRAIN_SECONDS", default_value_t = 10)]
+    pub drain_seconds: u64,
+}
+
+impl Config {
+    /// Checks what clap cannot: the service URLs.
+    pub fn validate(&self) -> Result<(), String> {
+        cairn_common::component::validate_urls(
+            Some(&self.database),
+            Some(&self.redis),
+            Some(&self.amqp),
+        )
+    }
+}
