@@ -76,6 +76,11 @@ CREATE TABLE execution_requests (
     stop_reason         TEXT,
     reconciliation_step TEXT,
     resume_context      JSONB,
+    -- The retained checkpoint: sequence, digest of the journal at the stop, source digest.
+    checkpoint          JSONB,
+    -- The digest of the request's workspace source as a worker last observed it.
+    source_digest       TEXT,
+    cancel_requested_at TIMESTAMPTZ,
     admitted_at         TIMESTAMPTZ NOT NULL DEFAULT now(),
     claimed_at          TIMESTAMPTZ,
     finished_at         TIMESTAMPTZ,

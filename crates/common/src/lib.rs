@@ -4,6 +4,9 @@
 //! - [`config`]: connection settings shared by every binary (clap + `CAIRN_*` env).
 //! - [`telemetry`]: tracing setup, pretty or JSON.
 //! - [`db`]: PostgreSQL connection (creating the database if missing) and migrations.
+//! - [`digest`]: SHA-256 digests over canonical JSON.
+//! - [`run`]: run specifications, request states and job messages.
+//! - [`policy`]: the saved-work recovery policy.
 //! - [`ids`]: the 32-lowercase-hex identifiers of runs, requests and actions.
 //! - [`lease`]: finite ownership leases: Postgres epoch (the fence) + Redis liveness key.
 //! - [`queue`]: RabbitMQ topology, connections and the manual-ack consumer.
@@ -17,13 +20,16 @@
 pub mod component;
 pub mod config;
 pub mod db;
+pub mod digest;
 pub mod health;
 pub mod ids;
 pub mod lease;
 pub mod metrics;
 pub mod outbox;
+pub mod policy;
 pub mod queue;
 pub mod redis_conn;
+pub mod run;
 pub mod shutdown;
 pub mod telemetry;
 #[cfg(feature = "testing")]

@@ -301,3 +301,23 @@ async fn sleep_or_cancel(wait: Duration, shutdown: &CancellationToken) {
         _ = shutdown.cancelled() => {}
     }
 }
+
+/// Writes many messages with one routing key in one statement, inside the caller's
+/// transaction (bulk admission). Returns their ids in order.
+pub async fn enqueue_many(
+    conn: &mut PgConnection,
+    routing_key: &str,
+    payloads: &[serde_json::Value],
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    let ids: Vec<Uuid> = payloads.iter().map(|_| Uuid::new_v4()).collect();
+    sqlx::query(
+        "INSERT INTO outbox (message_id, routing_key, payload)
+         SELECT id, $2, payload FROM UNNEST($1::uuid[], $3::jsonb[]) AS t(id, payload)",
+    )
+    .bind(&ids)
+    .bind(routing_key)
+    .bind(payloads)
+    .execute(conn)
+    .await?;
+    Ok(ids)
+}

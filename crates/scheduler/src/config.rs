@@ -26,6 +26,13 @@ pub struct Config {
     #[arg(long, env = "CAIRN_OUTBOX_BATCH_SIZE", default_value_t = 500,
           value_parser = clap::value_parser!(i64).range(1..=10_000))]
     pub outbox_batch_size: i64,
+    /// A token that becomes an admin token at start (for the first admin); at least 16
+    /// characters. Create the others with `cairnctl token create`.
+    #[arg(long, env = "CAIRN_BOOTSTRAP_ADMIN_TOKEN", hide_env_values = true)]
+    pub bootstrap_admin_token: Option<String>,
+    /// Print the OpenAPI document and exit.
+    #[arg(long)]
+    pub print_openapi: bool,
     /// Seconds to let background work finish after SIGTERM.
     #[arg(long, env = "CAIRN_DRAIN_SECONDS", default_value_t = 10)]
     pub drain_seconds: u64,
@@ -34,6 +41,11 @@ pub struct Config {
 impl Config {
     /// Checks what clap cannot: the service URLs.
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(token) = &self.bootstrap_admin_token {
+            if token.trim().len() < 16 {
+                return Err("CAIRN_BOOTSTRAP_ADMIN_TOKEN: at least 16 characters".into());
+            }
+        }
         cairn_common::component::validate_urls(
             Some(&self.database),
             Some(&self.redis),

@@ -1,8 +1,10 @@
-//! The scheduler: the HTTP API (probes and metrics for now) and the outbox relay.
+//! The scheduler: the HTTP API and the outbox relay.
 //!
+//! - [`api`]: admission of runs and reviewed continuations, policy, tokens.
 //! - [`config`]: its settings.
 //! - [`run`]: runs until the shutdown token is cancelled, then drains.
 
+pub mod api;
 pub mod config;
 
 use anyhow::Context;
@@ -36,8 +38,15 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .await
         .with_context(|| format!("binding {}", config.listen))?;
 
+    if let Some(token) = &config.bootstrap_admin_token {
+        api::auth::bootstrap_admin(&pool, token.trim())
+            .await
+            .context("saving the bootstrap admin token")?;
+    }
+
     let mut registry = metrics::registry();
     let outbox_metrics = OutboxMetrics::register(&mut registry);
+    let api_metrics = api::ApiMetrics::register(&mut registry);
     let registry = Arc::new(registry);
     let amqp_status = AmqpStatus::default();
     let topology = Topology::new(&config.amqp.queue_prefix, config.amqp.delivery_limit);
@@ -58,7 +67,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         redis: Some(redis),
         amqp: Some(amqp_status),
     };
-    let router = health::router(readiness, registry);
+    let router = api::router(api::AppState {
+        pool: pool.clone(),
+        metrics: api_metrics,
+    })
+    .merge(health::router(readiness, registry));
     tracing::info!(listen = %config.listen, "scheduler listening");
     health::serve(listener, router, shutdown.clone())
         .await

@@ -6,6 +6,10 @@ use std::process::ExitCode;
 #[tokio::main]
 async fn main() -> ExitCode {
     let config: Config = parse_or_exit();
+    if config.print_openapi {
+        println!("{}", cairn_scheduler::api::openapi::json());
+        return ExitCode::SUCCESS;
+    }
     if let Err(reason) = config.validate() {
         exit_invalid(reason);
     }

@@ -1,0 +1,96 @@
+//! The saved-work recovery policy: whether reviewed continuations may be admitted at all,
+//! and the longest window one may have. Every kind is off by default.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Deserializer, Serialize};
+use sqlx::PgPool;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// The hard ceiling on any continuation window.
+pub const MAX_WINDOW_SECONDS: i32 = 7_200;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, sqlx::FromRow, ToSchema)]
+pub struct Policy {
+    /// Master switch of saved-work recovery.
+    pub enabled: bool,
+    /// Permits review and admission of checkpoint continuations.
+    pub allow_checkpoint_continuation: bool,
+    /// Permits review and admission of final-outcome continuations.
+    pub allow_final_outcome_continuation: bool,
+    /// Longest window an action may ask for, 1..=7200 seconds.
+    pub maximum_window_seconds: i32,
+    /// Grows with every saved change.
+    pub revision: i64,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// `PUT` body: only the named settings change; unknown fields and `null` are rejected.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyUpdate {
+    #[serde(default, deserialize_with = "present")]
+    pub enabled: Option<bool>,
+    #[serde(default, deserialize_with = "present")]
+    pub allow_checkpoint_continuation: Option<bool>,
+    #[serde(default, deserialize_with = "present")]
+    pub allow_final_outcome_continuation: Option<bool>,
+    #[serde(default, deserialize_with = "present")]
+    pub maximum_window_seconds: Option<i32>,
+}
+
+/// A field that is present must hold a value: `null` is an error, not "unchanged".
+fn present<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+    deserializer: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(deserializer).map(Some)
+}
+
+impl Policy {
+    pub fn allows_checkpoint_continuation(&self) -> bool {
+        self.enabled && self.allow_checkpoint_continuation
+    }
+
+    pub fn allows_final_outcome_continuation(&self) -> bool {
+        self.enabled && self.allow_final_outcome_continuation
+    }
+
+    /// The window a candidate may offer.
+    pub fn window_limit(&self) -> i32 {
+        self.maximum_window_seconds.clamp(1, MAX_WINDOW_SECONDS)
+    }
+}
+
+pub async fn load(pool: &PgPool) -> Result<Policy, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT enabled, allow_checkpoint_continuation, allow_final_outcome_continuation,
+                maximum_window_seconds, revision, updated_at
+           FROM recovery_policy WHERE id = 1",
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// Saves the named settings and preserves the others.
+pub async fn update(pool: &PgPool, change: &PolicyUpdate, by: Uuid) -> Result<Policy, sqlx::Error> {
+    sqlx::query_as(
+        "UPDATE recovery_policy
+            SET enabled = COALESCE($1, enabled),
+                allow_checkpoint_continuation = COALESCE($2, allow_checkpoint_continuation),
+                allow_final_outcome_continuation = COALESCE($3, allow_final_outcome_continuation),
+                maximum_window_seconds = COALESCE($4, maximum_window_seconds),
+                revision = revision + 1,
+                updated_at = now(),
+                updated_by = $5
+          WHERE id = 1
+      RETURNING enabled, allow_checkpoint_continuation, allow_final_outcome_continuation,
+                maximum_window_seconds, revision, updated_at",
+    )
+    .bind(change.enabled)
+    .bind(change.allow_checkpoint_continuation)
+    .bind(change.allow_final_outcome_continuation)
+    .bind(change.maximum_window_seconds)
+    .bind(by)
+    .fetch_one(pool)
+    .await
+}

@@ -1,0 +1,352 @@
+//! Runs: what a client submits (a plan of steps, budgets, attempts) and the states a run
+//! and its execution request move through.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use utoipa::ToSchema;
+
+/// Largest number of steps in one plan.
+pub const MAX_STEPS: usize = 200;
+/// Largest number of runs in one batch admission.
+pub const MAX_BATCH: usize = 1_000;
+/// Default bound on automatic attempts.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+
+/// A rejected field: where, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+impl FieldError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        FieldError {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+/// One command of a plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StepSpec {
+    /// Unique within the plan: `[A-Za-z0-9._-]`, at most 64 characters. The journal keys
+    /// intents and receipts by it.
+    pub key: String,
+    /// Program and arguments; run directly, not through a shell.
+    pub argv: Vec<String>,
+    /// Environment of the step; nothing else is inherited.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Working directory relative to the workspace root.
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Time limit of one execution, 1..=86400 seconds.
+    #[serde(default = "default_step_timeout")]
+    pub timeout_seconds: u32,
+    /// Whether running it again after an unknown outcome is safe.
+    #[serde(default)]
+    pub idempotent: bool,
+}
+
+fn default_step_timeout() -> u32 {
+    600
+}
+
+/// Limits charged across every attempt and continuation of a request; never reset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Budgets {
+    /// Commands the request may execute in all (reused receipts are not re-charged).
+    pub max_commands: u32,
+    /// Wall-clock seconds of step execution the request may spend in all.
+    pub max_wall_seconds: u32,
+}
+
+/// What a client submits to `POST /api/v1/runs`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunSpec {
+    /// Which agent the run is for (part of workspace and snapshot ownership).
+    pub agent: String,
+    /// Git repository URL or local path; without one the steps run in a scratch directory.
+    #[serde(default)]
+    pub repository: Option<String>,
+    /// Git ref to check out (default: the repository's HEAD).
+    #[serde(default, rename = "ref")]
+    pub git_ref: Option<String>,
+    pub steps: Vec<StepSpec>,
+    pub budgets: Budgets,
+    /// After this instant no further attempt or continuation starts.
+    #[serde(default)]
+    pub deadline: Option<DateTime<Utc>>,
+    /// Automatic attempts after lost leases, 1..=20 (default 3).
+    #[serde(default)]
+    pub max_attempts: Option<u32>,
+}
+
+fn valid_name(text: &str, max: usize) -> bool {
+    !text.is_empty()
+        && text.len() <= max
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
+}
+
+impl RunSpec {
+    /// Checks everything serde cannot. `prefix` names the field path (`runs[3].`).
+    pub fn validate(&self, prefix: &str, now: DateTime<Utc>) -> Result<(), FieldError> {
+        let field = |name: &str| format!("{prefix}{name}");
+        if !valid_name(&self.agent, 128) {
+            return Err(FieldError::new(
+                field("agent"),
+                "1 to 128 characters of letters, digits, '.', '_' or '-'",
+            ));
+        }
+        if let Some(repository) = &self.repository {
+            if repository.trim().is_empty() || repository.len() > 2048 {
+                return Err(FieldError::new(field("repository"), "1 to 2048 characters"));
+            }
+        }
+        if let Some(git_ref) = &self.git_ref {
+            if self.repository.is_none() {
+                return Err(FieldError::new(field("ref"), "a ref needs a repository"));
+            }
+            let bad = git_ref.is_empty()
+                || git_ref.len() > 255
+                || git_ref.starts_with('-')
+                || git_ref.contains("..")
+                || git_ref.chars().any(|c| c.is_whitespace() || c.is_control());
+            if bad {
+                return Err(FieldError::new(field("ref"), "not a valid git ref"));
+            }
+        }
+        if self.steps.len() > MAX_STEPS {
+            return Err(FieldError::new(
+                field("steps"),
+                format!("at most {MAX_STEPS} steps"),
+            ));
+        }
+        let mut keys = std::collections::HashSet::new();
+        for (i, step) in self.steps.iter().enumerate() {
+            let at = |name: &str| field(&format!("steps[{i}].{name}"));
+            if !valid_name(&step.key, 64) {
+                return Err(FieldError::new(
+                    at("key"),
+                    "1 to 64 characters of letters, digits, '.', '_' or '-'",
+                ));
+            }
+            if !keys.insert(step.key.as_str()) {
+                return Err(FieldError::new(at("key"), "step keys must be unique"));
+            }
+            if step.argv.is_empty() || step.argv[0].is_empty() {
+                return Err(FieldError::new(at("argv"), "a program is required"));
+            }
+            if step.argv.iter().any(|a| a.contains('\0')) {
+                return Err(FieldError::new(at("argv"), "arguments cannot contain NUL"));
+            }
+            for (name, value) in &step.env {
+                let ok_name = !name.is_empty()
+                    && !name.contains('=')
+                    && !name.contains('\0')
+                    && !value.contains('\0');
+                if !ok_name {
+                    return Err(FieldError::new(
+                        at("env"),
+                        format!("invalid variable {name:?}"),
+                    ));
+                }
+            }
+            if let Some(cwd) = &step.cwd {
+                let escapes = cwd.starts_with('/')
+                    || cwd.contains('\0')
+                    || std::path::Path::new(cwd)
+                        .components()
+                        .any(|c| matches!(c, std::path::Component::ParentDir));
+                if escapes {
+                    return Err(FieldError::new(
+                        at("cwd"),
+                        "a relative path inside the workspace",
+                    ));
+                }
+            }
+            if !(1..=86_400).contains(&step.timeout_seconds) {
+                return Err(FieldError::new(at("timeout_seconds"), "from 1 to 86400"));
+            }
+        }
+        if self.budgets.max_commands > 100_000 {
+            return Err(FieldError::new(
+                field("budgets.max_commands"),
+                "at most 100000",
+            ));
+        }
+        if !(1..=7 * 86_400).contains(&self.budgets.max_wall_seconds) {
+            return Err(FieldError::new(
+                field("budgets.max_wall_seconds"),
+                "from 1 to 604800",
+            ));
+        }
+        if let Some(max_attempts) = self.max_attempts {
+            if !(1..=20).contains(&max_attempts) {
+                return Err(FieldError::new(field("max_attempts"), "from 1 to 20"));
+            }
+        }
+        if let Some(deadline) = self.deadline {
+            if deadline <= now {
+                return Err(FieldError::new(field("deadline"), "must be in the future"));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn max_attempts(&self) -> u32 {
+        self.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS)
+    }
+}
+
+/// States of an execution request (and of its run, which mirrors it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum RequestState {
+    /// Admitted and announced; waiting for a worker.
+    Queued,
+    /// A worker holds the lease and runs steps.
+    Executing,
+    /// The final report asked for verification; the request waits on its handoff.
+    AwaitingVerification,
+    /// The lease lapsed with attempts spent (or a continuation's window ended): only a
+    /// reviewed checkpoint continuation takes it further.
+    StoppedAtCheckpoint,
+    /// A step's outcome is unknown, or a retained report awaits acceptance.
+    NeedsReconciliation,
+    Completed,
+    Failed,
+    Cancelled,
+}
+
+impl RequestState {
+    pub const ALL: [RequestState; 8] = [
+        RequestState::Queued,
+        RequestState::Executing,
+        RequestState::AwaitingVerification,
+        RequestState::StoppedAtCheckpoint,
+        RequestState::NeedsReconciliation,
+        RequestState::Completed,
+        RequestState::Failed,
+        RequestState::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RequestState::Queued => "queued",
+            RequestState::Executing => "executing",
+            RequestState::AwaitingVerification => "awaiting_verification",
+            RequestState::StoppedAtCheckpoint => "stopped_at_checkpoint",
+            RequestState::NeedsReconciliation => "needs_reconciliation",
+            RequestState::Completed => "completed",
+            RequestState::Failed => "failed",
+            RequestState::Cancelled => "cancelled",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<RequestState> {
+        Self::ALL.into_iter().find(|s| s.as_str() == text)
+    }
+
+    /// No worker will touch the request again.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            RequestState::Completed | RequestState::Failed | RequestState::Cancelled
+        )
+    }
+
+    /// The run's state for a request state (`executing` shows as `running`).
+    pub fn run_state(self) -> &'static str {
+        match self {
+            RequestState::Executing => "running",
+            other => other.as_str(),
+        }
+    }
+}
+
+/// What the relay publishes to announce work; workers decode it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobMessage {
+    pub kind: JobKind,
+    pub run_id: uuid::Uuid,
+    pub request_id: uuid::Uuid,
+    #[serde(default)]
+    pub action_id: Option<uuid::Uuid>,
+    #[serde(default)]
+    pub attempt: Option<i32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobKind {
+    Run,
+    CheckpointContinuation,
+    FinalOutcomeContinuation,
+    Verification,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> RunSpec {
+        serde_json::from_value(serde_json::json!({
+            "agent": "coder",
+            "steps": [{"key": "build", "argv": ["make"]}],
+            "budgets": {"max_commands": 5, "max_wall_seconds": 60}
+        }))
+        .expect("valid spec")
+    }
+
+    #[test]
+    fn defaults_and_validation() {
+        let now = Utc::now();
+        let spec = spec();
+        assert_eq!(spec.steps[0].timeout_seconds, 600);
+        assert!(!spec.steps[0].idempotent);
+        assert_eq!(spec.max_attempts(), 3);
+        assert_eq!(spec.validate("", now), Ok(()));
+
+        let mut dup = spec.clone();
+        dup.steps.push(dup.steps[0].clone());
+        assert_eq!(
+            dup.validate("", now).map_err(|e| e.field),
+            Err("steps[1].key".into())
+        );
+
+        let mut escape = spec.clone();
+        escape.steps[0].cwd = Some("../etc".into());
+        assert_eq!(
+            escape.validate("runs[2].", now).map_err(|e| e.field),
+            Err("runs[2].steps[0].cwd".into())
+        );
+
+        let mut past = spec;
+        past.deadline = Some(now - chrono::Duration::seconds(1));
+        assert_eq!(
+            past.validate("", now).map_err(|e| e.field),
+            Err("deadline".into())
+        );
+    }
+
+    #[test]
+    fn unknown_fields_and_coerced_values_are_rejected() {
+        let unknown = serde_json::json!({
+            "agent": "a", "steps": [], "budgets": {"max_commands": 1, "max_wall_seconds": 1}, "extra": 1
+        });
+        assert!(serde_json::from_value::<RunSpec>(unknown).is_err());
+        let coerced = serde_json::json!({
+            "agent": "a", "steps": [], "budgets": {"max_commands": "1", "max_wall_seconds": 1}
+        });
+        assert!(serde_json::from_value::<RunSpec>(coerced).is_err());
+    }
+}

@@ -1,0 +1,39 @@
+//! The OpenAPI 3 document, generated from the handlers' annotations and types.
+
+use super::{continuation, error, policy, runs, tokens};
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Cairn scheduler API", description = "Admission of runs and reviewed continuations."),
+    paths(
+        runs::submit, runs::submit_batch, runs::list, runs::show, runs::cancel,
+        runs::execution_requests, runs::journal,
+        policy::get_policy, policy::put_policy,
+        continuation::checkpoint_candidate, continuation::checkpoint_action, continuation::checkpoint_status,
+        continuation::final_candidate, continuation::final_action, continuation::final_status,
+        tokens::create, tokens::revoke,
+    ),
+    components(schemas(error::ErrorBody, error::ErrorDetail)),
+    modifiers(&BearerAuth)
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        if let Some(components) = openapi.components.as_mut() {
+            components.add_security_scheme(
+                "bearer",
+                SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+            );
+        }
+    }
+}
+
+/// The document as JSON text.
+pub fn json() -> String {
+    ApiDoc::openapi().to_pretty_json().unwrap_or_default()
+}

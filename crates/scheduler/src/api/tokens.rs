@@ -1,0 +1,93 @@
+//! API tokens: created and revoked by admins; the secret is shown once.
+
+use super::auth::{self, Caller, Role};
+use super::error::{ApiError, ErrorBody};
+use super::json::StrictJson;
+use super::path_id;
+use super::AppState;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use cairn_common::ids::Id;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TokenRequest {
+    /// A label for people, 1 to 128 characters.
+    pub name: String,
+    pub role: Role,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CreatedToken {
+    #[schema(value_type = String)]
+    pub token_id: Id,
+    pub name: String,
+    pub role: Role,
+    /// The bearer secret. It is not stored and cannot be shown again.
+    pub token: String,
+}
+
+/// Create a token (admin).
+#[utoipa::path(post, path = "/api/v1/tokens", tag = "tokens", request_body = TokenRequest,
+    responses((status = 201, body = CreatedToken), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn create(
+    State(state): State<AppState>,
+    caller: Caller,
+    StrictJson(request): StrictJson<TokenRequest>,
+) -> Result<(StatusCode, Json<CreatedToken>), ApiError> {
+    caller.require(Role::Admin)?;
+    let name = request.name.trim();
+    if name.is_empty() || name.len() > 128 {
+        return Err(ApiError::unprocessable("name", "1 to 128 characters"));
+    }
+    let token = auth::generate();
+    let id = auth::insert(&state.pool, name, request.role, &token).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(CreatedToken {
+            token_id: id.into(),
+            name: name.to_string(),
+            role: request.role,
+            token,
+        }),
+    ))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RevokedToken {
+    #[schema(value_type = String)]
+    pub token_id: Id,
+    pub revoked: bool,
+}
+
+/// Revoke a token (admin). Runs it submitted keep their history; their continuations
+/// are held for revoked access.
+#[utoipa::path(post, path = "/api/v1/tokens/{token_id}/revoke", tag = "tokens",
+    params(("token_id" = String, Path)),
+    responses((status = 200, body = RevokedToken), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn revoke(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(token_id): Path<String>,
+) -> Result<Json<RevokedToken>, ApiError> {
+    caller.require(Role::Admin)?;
+    let token_id = path_id(&token_id, "token_id")?;
+    let updated =
+        sqlx::query("UPDATE api_tokens SET revoked_at = COALESCE(revoked_at, now()) WHERE id = $1")
+            .bind(token_id)
+            .execute(&state.pool)
+            .await?;
+    if updated.rows_affected() == 0 {
+        return Err(ApiError::not_found("token"));
+    }
+    Ok(Json(RevokedToken {
+        token_id: token_id.into(),
+        revoked: true,
+    }))
+}
