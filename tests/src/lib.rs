@@ -82,6 +82,7 @@ impl Isolation {
 impl Drop for Isolation {
     fn drop(&mut self) {
         testing::drop_database_blocking(&self.database_name);
+        testing::delete_topology_blocking(&self.prefix);
     }
 }
 

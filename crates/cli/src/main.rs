@@ -1,54 +1,831 @@
-//! `cairnctl`: operate a Cairn installation.
+//! `cairnctl`: operate a Cairn installation from a terminal or a script.
+//!
+//! Tables by default, `--json` for scripts. Exit codes: 0 success, 1 error, 2 invalid
+//! usage, 3 not found, 4 conflict, 5 rejected input, 6 access denied, 8 a watched run
+//! ended without completing, 75 the outcome of a write is unknown (read its status).
 
-use anyhow::Context;
+mod actions;
+mod client;
+mod output;
+
 use cairn_common::config::{parse_or_exit, DatabaseArgs};
-use cairn_common::db;
-use clap::{Parser, Subcommand};
+use cairn_common::ids::Id;
+use cairn_common::run::RunSpec;
+use clap::{Args, Parser, Subcommand};
+use client::{exit, CallError, Client};
+use reqwest::Method;
+use serde_json::{json, Value};
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 /// Operate a Cairn installation.
 #[derive(Debug, Parser)]
 #[command(name = "cairnctl", version, about)]
 struct Cli {
+    #[command(flatten)]
+    api: ApiArgs,
     #[command(subcommand)]
     command: Command,
 }
 
+#[derive(Debug, Args)]
+struct ApiArgs {
+    /// The scheduler's base URL.
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_SERVER",
+        default_value = "http://127.0.0.1:8080"
+    )]
+    server: String,
+    /// Bearer token.
+    #[arg(long, global = true, env = "CAIRN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Seconds to wait for an answer.
+    #[arg(
+        long,
+        global = true,
+        env = "CAIRN_TIMEOUT_SECONDS",
+        default_value_t = 30
+    )]
+    timeout_seconds: u64,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Submit, list, show, watch and cancel runs.
+    #[command(subcommand)]
+    Runs(RunsCommand),
+    /// Reviewed continuation of a request stopped at its retained checkpoint.
+    #[command(subcommand, name = "checkpoint-continuations")]
+    CheckpointContinuations(ContinuationCommand),
+    /// Reviewed acceptance of a retained final report.
+    #[command(subcommand, name = "final-outcome-continuations")]
+    FinalOutcomeContinuations(ContinuationCommand),
+    /// Read or change the saved-work recovery policy.
+    #[command(subcommand)]
+    Policy(PolicyCommand),
+    /// Manage API tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
     /// Create the database if missing and apply every pending migration.
     Migrate {
         #[command(flatten)]
         database: DatabaseArgs,
     },
+    /// Print a new random id (32 lowercase hex) to use as an action id.
+    NewId,
+}
+
+#[derive(Debug, Subcommand)]
+enum RunsCommand {
+    /// Submit a run described in a YAML or JSON file (`-` for stdin).
+    Submit {
+        file: PathBuf,
+        /// Same key and body: the same run; same key, other body: refused.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
+    /// List runs, newest first.
+    List {
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+    /// Show one run.
+    Show { run: String },
+    /// Follow a run until it ends; exit 0 only when it completed.
+    Watch {
+        run: String,
+        #[arg(long, default_value_t = 1.0)]
+        interval_seconds: f64,
+    },
+    /// Cancel a run.
+    Cancel { run: String },
+    /// Show a run's journal: every step's intent and receipt.
+    Journal { run: String },
+    /// Show a run's execution requests.
+    Requests { run: String },
+}
+
+#[derive(Debug, Subcommand)]
+enum ContinuationCommand {
+    /// Inspect the current candidate; starts no work.
+    Candidate { run: String, request: String },
+    /// Save one reviewed action: records ACTION and the exact DOCUMENT locally, then
+    /// POSTs once. Never retries and never invents another id.
+    Request {
+        run: String,
+        request: String,
+        action: String,
+        /// The JSON body (`-` for stdin).
+        document: PathBuf,
+        /// Where action records are kept (default: $XDG_STATE_HOME/cairn/actions).
+        #[arg(long, env = "CAIRN_STATE_DIR")]
+        state_dir: Option<PathBuf>,
+    },
+    /// Read the saved action and its worker status.
+    Status { run: String, request: String },
+}
+
+#[derive(Debug, Subcommand)]
+enum PolicyCommand {
+    /// Show the policy.
+    Get,
+    /// Change the named settings; the others keep their values.
+    Set {
+        #[arg(long)]
+        enabled: Option<bool>,
+        #[arg(long)]
+        allow_checkpoint_continuation: Option<bool>,
+        #[arg(long)]
+        allow_final_outcome_continuation: Option<bool>,
+        #[arg(long)]
+        maximum_window_seconds: Option<u32>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// Create a token with a role (admin, operator, viewer); prints the secret once.
+    Create {
+        #[arg(long)]
+        role: String,
+        #[arg(long, default_value = "cairnctl")]
+        name: String,
+    },
+    /// Revoke a token by id.
+    Revoke { token_id: String },
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli: Cli = parse_or_exit();
-    let result = match cli.command {
-        Command::Migrate { database } => migrate(&database).await,
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
+    match run(cli).await {
+        Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
+            eprintln!("error: {}", e.message);
+            ExitCode::from(e.code)
         }
     }
 }
 
-async fn migrate(database: &DatabaseArgs) -> anyhow::Result<()> {
-    if let Err(e) = db::validate_url(&database.database_url) {
+fn usage(message: impl Into<String>) -> CallError {
+    CallError::new(exit::USAGE, message)
+}
+
+fn id(text: &str, what: &str) -> Result<String, CallError> {
+    text.parse::<Id>().map(|id| id.to_string()).map_err(|_| {
+        usage(format!(
+            "{what} must be exactly 32 lowercase hexadecimal characters"
+        ))
+    })
+}
+
+fn read_document(path: &PathBuf) -> Result<String, CallError> {
+    if path.as_os_str() == "-" {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut std::io::stdin(), &mut text)
+            .map_err(|e| usage(format!("cannot read stdin: {e}")))?;
+        Ok(text)
+    } else {
+        std::fs::read_to_string(path)
+            .map_err(|e| usage(format!("cannot read {}: {e}", path.display())))
+    }
+}
+
+async fn run(cli: Cli) -> Result<u8, CallError> {
+    let ApiArgs {
+        server,
+        token,
+        json,
+        timeout_seconds,
+    } = cli.api;
+    let client = || {
+        Client::new(
+            &server,
+            token.clone(),
+            Duration::from_secs(timeout_seconds.max(1)),
+        )
+    };
+    match cli.command {
+        Command::Migrate { database } => migrate(&database).await,
+        Command::NewId => {
+            println!("{}", Id::new());
+            Ok(exit::OK)
+        }
+        Command::Runs(command) => runs(&client()?, command, json).await,
+        Command::CheckpointContinuations(command) => {
+            continuation(&client()?, "checkpoint-continuations", command, json).await
+        }
+        Command::FinalOutcomeContinuations(command) => {
+            continuation(&client()?, "final-outcome-continuations", command, json).await
+        }
+        Command::Policy(command) => policy(&client()?, command, json).await,
+        Command::Token(command) => tokens(&client()?, command, json).await,
+    }
+}
+
+async fn migrate(database: &DatabaseArgs) -> Result<u8, CallError> {
+    if let Err(e) = cairn_common::db::validate_url(&database.database_url) {
         cairn_common::config::exit_invalid(format!("CAIRN_DATABASE_URL: {e}"));
     }
-    let pool = db::connect(&database.database_url, 2)
+    let failed =
+        |e: &dyn std::fmt::Display| CallError::new(exit::ERROR, format!("migration failed: {e}"));
+    let pool = cairn_common::db::connect(&database.database_url, 2)
         .await
-        .context("connecting to PostgreSQL")?;
-    db::migrate(&pool).await.context("migrating")?;
+        .map_err(|e| failed(&e))?;
+    cairn_common::db::migrate(&pool)
+        .await
+        .map_err(|e| failed(&e))?;
     let applied: i64 = sqlx::query_scalar("SELECT count(*) FROM _sqlx_migrations WHERE success")
         .fetch_one(&pool)
-        .await?;
+        .await
+        .map_err(|e| failed(&e))?;
     println!("database is up to date ({applied} migrations applied)");
-    Ok(())
+    Ok(exit::OK)
+}
+
+fn run_row(run: &Value) -> Vec<String> {
+    vec![
+        output::text(&run["run_id"]),
+        output::text(&run["state"]),
+        output::text(&run["agent"]),
+        format!(
+            "{}/{}",
+            output::text(&run["attempt"]),
+            output::text(&run["max_attempts"])
+        ),
+        format!(
+            "{}/{}",
+            output::text(&run["usage"]["commands"]),
+            output::text(&run["budgets"]["max_commands"])
+        ),
+        output::text(&run["created_at"]),
+    ]
+}
+
+const RUN_HEADER: [&str; 6] = ["run", "state", "agent", "attempt", "commands", "created"];
+
+fn show_run(run: &Value) {
+    output::fields(
+        run,
+        &[
+            "run_id",
+            "request_id",
+            "state",
+            "agent",
+            "repository",
+            "ref",
+            "attempt",
+            "max_attempts",
+            "deadline",
+            "stop_reason",
+            "reconciliation_step",
+            "cancel_requested_at",
+            "created_at",
+            "finished_at",
+        ],
+    );
+    println!(
+        "usage         {} commands of {}, {} ms wall of {} s, {} ms cpu",
+        output::text(&run["usage"]["commands"]),
+        output::text(&run["budgets"]["max_commands"]),
+        output::text(&run["usage"]["wall_ms"]),
+        output::text(&run["budgets"]["max_wall_seconds"]),
+        output::text(&run["usage"]["cpu_ms"]),
+    );
+    let steps: Vec<Vec<String>> = run["steps"]
+        .as_array()
+        .map(|steps| {
+            steps
+                .iter()
+                .map(|s| {
+                    vec![
+                        output::text(&s["key"]),
+                        s["argv"]
+                            .as_array()
+                            .map(|a| a.iter().map(output::text).collect::<Vec<_>>().join(" "))
+                            .unwrap_or_default(),
+                        output::text(&s["idempotent"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if !steps.is_empty() {
+        println!();
+        output::table(&["step", "command", "idempotent"], &steps);
+    }
+}
+
+async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u8, CallError> {
+    match command {
+        RunsCommand::Submit {
+            file,
+            idempotency_key,
+        } => {
+            let text = read_document(&file)?;
+            let spec: RunSpec = serde_norway::from_str(&text)
+                .map_err(|e| CallError::new(exit::REJECTED, format!("{}: {e}", file.display())))?;
+            // Validate before transport: a bad file never reaches the server.
+            spec.validate("", chrono::Utc::now()).map_err(|e| {
+                CallError::new(
+                    exit::REJECTED,
+                    format!("{}: {}: {}", file.display(), e.field, e.message),
+                )
+            })?;
+            let body = serde_json::to_value(&spec).map_err(|e| usage(e.to_string()))?;
+            let headers: Vec<(&str, &str)> = idempotency_key
+                .as_deref()
+                .map(|k| vec![("idempotency-key", k)])
+                .unwrap_or_default();
+            let answer = client
+                .call(Method::POST, "/api/v1/runs", Some(&body), &headers)
+                .await?;
+            if json {
+                output::json(&answer.body);
+            } else {
+                let replay = if answer.status.as_u16() == 200 {
+                    " (replayed: this key was used before)"
+                } else {
+                    ""
+                };
+                println!(
+                    "submitted run {}{replay}",
+                    output::text(&answer.body["run_id"])
+                );
+                show_run(&answer.body);
+            }
+            Ok(exit::OK)
+        }
+        RunsCommand::List {
+            state,
+            limit,
+            cursor,
+        } => {
+            let mut query = format!("?limit={limit}");
+            if let Some(state) = state {
+                query.push_str(&format!("&state={state}"));
+            }
+            if let Some(cursor) = cursor {
+                query.push_str(&format!("&cursor={cursor}"));
+            }
+            let page = client.get(&format!("/api/v1/runs{query}")).await?;
+            if json {
+                output::json(&page);
+            } else {
+                let rows: Vec<Vec<String>> = page["runs"]
+                    .as_array()
+                    .map(|r| r.iter().map(run_row).collect())
+                    .unwrap_or_default();
+                output::table(&RUN_HEADER, &rows);
+                if let Some(next) = page["next_cursor"].as_str() {
+                    println!("more: --cursor {next}");
+                }
+            }
+            Ok(exit::OK)
+        }
+        RunsCommand::Show { run } => {
+            let run = client
+                .get(&format!("/api/v1/runs/{}", id(&run, "RUN")?))
+                .await?;
+            if json {
+                output::json(&run)
+            } else {
+                show_run(&run)
+            }
+            Ok(exit::OK)
+        }
+        RunsCommand::Watch {
+            run,
+            interval_seconds,
+        } => watch(client, &id(&run, "RUN")?, interval_seconds, json).await,
+        RunsCommand::Cancel { run } => {
+            let run = id(&run, "RUN")?;
+            let answer = client
+                .call(
+                    Method::POST,
+                    &format!("/api/v1/runs/{run}/cancel"),
+                    None,
+                    &[],
+                )
+                .await?;
+            if json {
+                output::json(&answer.body);
+            } else if answer.status.as_u16() == 202 {
+                println!("cancel requested: the worker holding run {run} stops it within one lease renewal");
+            } else {
+                println!("run {run} is {}", output::text(&answer.body["state"]));
+            }
+            Ok(exit::OK)
+        }
+        RunsCommand::Journal { run } => {
+            let journal = client
+                .get(&format!("/api/v1/runs/{}/journal", id(&run, "RUN")?))
+                .await?;
+            if json {
+                output::json(&journal);
+            } else {
+                let rows: Vec<Vec<String>> = journal["steps"]
+                    .as_array()
+                    .map(|steps| {
+                        steps
+                            .iter()
+                            .map(|s| {
+                                vec![
+                                    output::text(&s["step_key"]),
+                                    output::text(&s["status"]),
+                                    output::text(&s["exit_code"]),
+                                    output::text(&s["wall_ms"]),
+                                    output::text(&s["intent_epoch"]),
+                                    output::text(&s["receipt_epoch"]),
+                                ]
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                output::table(
+                    &[
+                        "step",
+                        "status",
+                        "exit",
+                        "wall_ms",
+                        "intent_epoch",
+                        "receipt_epoch",
+                    ],
+                    &rows,
+                );
+                for entry in journal["entries"].as_array().into_iter().flatten() {
+                    println!(
+                        "{}  {}  {}",
+                        output::text(&entry["created_at"]),
+                        output::text(&entry["entry_kind"]),
+                        entry["body"]
+                    );
+                }
+            }
+            Ok(exit::OK)
+        }
+        RunsCommand::Requests { run } => {
+            let list = client
+                .get(&format!(
+                    "/api/v1/runs/{}/execution-requests",
+                    id(&run, "RUN")?
+                ))
+                .await?;
+            if json {
+                output::json(&list);
+            } else {
+                let rows: Vec<Vec<String>> = list["execution_requests"]
+                    .as_array()
+                    .map(|r| {
+                        r.iter()
+                            .map(|e| {
+                                vec![
+                                    output::text(&e["request_id"]),
+                                    output::text(&e["kind"]),
+                                    output::text(&e["state"]),
+                                    output::text(&e["attempt"]),
+                                    output::text(&e["lease_epoch"]),
+                                    output::text(&e["lease_owner"]),
+                                ]
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                output::table(
+                    &["request", "kind", "state", "attempt", "epoch", "owner"],
+                    &rows,
+                );
+            }
+            Ok(exit::OK)
+        }
+    }
+}
+
+const ENDED: [&str; 6] = [
+    "completed",
+    "failed",
+    "cancelled",
+    "stopped_at_checkpoint",
+    "needs_reconciliation",
+    "awaiting_verification",
+];
+
+async fn watch(client: &Client, run: &str, interval: f64, json: bool) -> Result<u8, CallError> {
+    let interval = Duration::from_secs_f64(interval.clamp(0.1, 60.0));
+    let mut last = String::new();
+    loop {
+        // Reads are safe to repeat: an unanswered poll is simply tried again.
+        let current = match client.get(&format!("/api/v1/runs/{run}")).await {
+            Ok(value) => value,
+            Err(e) if e.code == exit::UNCERTAIN => {
+                eprintln!("watch: {e}; retrying");
+                tokio::time::sleep(interval).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let state = output::text(&current["state"]);
+        let line = format!(
+            "{state} attempt {}/{} commands {}/{}",
+            output::text(&current["attempt"]),
+            output::text(&current["max_attempts"]),
+            output::text(&current["usage"]["commands"]),
+            output::text(&current["budgets"]["max_commands"]),
+        );
+        if line != last {
+            if json {
+                println!("{current}");
+            } else {
+                println!("{}  {line}", chrono::Utc::now().format("%H:%M:%S"));
+            }
+            last = line;
+        }
+        if ENDED.contains(&state.as_str()) {
+            return Ok(if state == "completed" {
+                exit::OK
+            } else {
+                exit::NOT_COMPLETED
+            });
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+async fn continuation(
+    client: &Client,
+    route: &str,
+    command: ContinuationCommand,
+    json: bool,
+) -> Result<u8, CallError> {
+    let kind = route.trim_end_matches('s').replace('-', "_");
+    match command {
+        ContinuationCommand::Candidate { run, request } => {
+            let path = format!(
+                "/api/v1/runs/{}/{route}/requests/{}/candidate",
+                id(&run, "RUN")?,
+                id(&request, "REQUEST")?
+            );
+            let candidate = client.get(&path).await?;
+            if json {
+                output::json(&candidate);
+            } else {
+                output::fields(
+                    &candidate,
+                    &[
+                        "kind",
+                        "admission",
+                        "candidate_digest",
+                        "request_state",
+                        "attempt",
+                        "max_attempts",
+                        "maximum_window_seconds",
+                        "admission_window_purpose",
+                        "policy_revision",
+                    ],
+                );
+                println!("usage       {}", candidate["charged_usage"]);
+                println!("limits      {}", candidate["limits"]);
+                if !candidate["retained_outcome"].is_null() {
+                    println!("outcome     {}", candidate["retained_outcome"]);
+                }
+                for hold in candidate["holds"].as_array().into_iter().flatten() {
+                    println!(
+                        "held: {} — {}",
+                        output::text(&hold["reason"]),
+                        output::text(&hold["message"])
+                    );
+                }
+            }
+            Ok(if candidate["admission"] == "READY" {
+                exit::OK
+            } else {
+                exit::CONFLICT
+            })
+        }
+        ContinuationCommand::Request {
+            run,
+            request,
+            action,
+            document,
+            state_dir,
+        } => {
+            let (run, request, action) = (
+                id(&run, "RUN")?,
+                id(&request, "REQUEST")?,
+                id(&action, "ACTION")?,
+            );
+            let text = read_document(&document)?;
+            let body: Value = serde_json::from_str(&text).map_err(|e| {
+                CallError::new(
+                    exit::REJECTED,
+                    format!("{}: not JSON: {e}", document.display()),
+                )
+            })?;
+            if !body.is_object() {
+                return Err(CallError::new(
+                    exit::REJECTED,
+                    "the document must be a JSON object",
+                ));
+            }
+            let dir = actions::state_dir(state_dir.as_deref());
+            let status_hint = format!("cairnctl {route} status {run} {request}");
+            let record = match actions::load(&dir, &action)
+                .map_err(|e| CallError::new(exit::ERROR, e.to_string()))?
+            {
+                Some(saved)
+                    if saved.body != body
+                        || saved.run_id != run
+                        || saved.request_id != request
+                        || saved.kind != kind =>
+                {
+                    return Err(CallError::new(
+                        exit::CONFLICT,
+                        format!("action {action} was saved earlier with other input; keep that decision and read it with: {status_hint}"),
+                    ));
+                }
+                Some(saved) => saved,
+                None => actions::SavedAction {
+                    kind: kind.clone(),
+                    run_id: run.clone(),
+                    request_id: request.clone(),
+                    action_id: action.clone(),
+                    body: body.clone(),
+                    saved_at: chrono::Utc::now().to_rfc3339(),
+                    outcome: "unsubmitted".into(),
+                },
+            };
+            let saved_path = actions::save(&dir, &record).map_err(|e| {
+                CallError::new(
+                    exit::ERROR,
+                    format!("could not save the action locally, so nothing was sent: {e}"),
+                )
+            })?;
+            let path = format!("/api/v1/runs/{run}/{route}/requests/{request}/actions/{action}");
+            let result = client.call(Method::POST, &path, Some(&body), &[]).await;
+            let outcome = match &result {
+                Ok(_) => "saved",
+                Err(e) if e.code == exit::UNCERTAIN => "uncertain",
+                Err(_) => "rejected",
+            };
+            let _ = actions::save(
+                &dir,
+                &actions::SavedAction {
+                    outcome: outcome.into(),
+                    ..record
+                },
+            );
+            match result {
+                Ok(answer) => {
+                    if json {
+                        output::json(&answer.body);
+                    } else {
+                        println!("saved action {action} ({}); record: {}", output::text(&answer.body["status"]), saved_path.display());
+                        output::fields(&answer.body, &["witness_digest", "admission_seal"]);
+                        println!("follow it with: {status_hint}");
+                    }
+                    Ok(exit::OK)
+                }
+                Err(e) if e.code == exit::UNCERTAIN => Err(CallError::new(
+                    exit::UNCERTAIN,
+                    format!("{e}\nthe outcome is unknown; do not submit another action. Read it with: {status_hint}"),
+                )),
+                Err(e) => Err(e),
+            }
+        }
+        ContinuationCommand::Status { run, request } => {
+            let path = format!(
+                "/api/v1/runs/{}/{route}/requests/{}/status",
+                id(&run, "RUN")?,
+                id(&request, "REQUEST")?
+            );
+            let status = client.get(&path).await?;
+            if json {
+                output::json(&status);
+            } else {
+                output::fields(
+                    &status,
+                    &[
+                        "kind",
+                        "status",
+                        "run_id",
+                        "request_id",
+                        "action_id",
+                        "witness_digest",
+                        "admission_seal",
+                    ],
+                );
+                if !status["lease"].is_null() {
+                    println!("lease           {}", status["lease"]);
+                }
+            }
+            Ok(exit::OK)
+        }
+    }
+}
+
+async fn policy(client: &Client, command: PolicyCommand, json: bool) -> Result<u8, CallError> {
+    let path = "/api/v1/invalid-read-continuity/policy";
+    let policy = match command {
+        PolicyCommand::Get => client.get(path).await?,
+        PolicyCommand::Set {
+            enabled,
+            allow_checkpoint_continuation,
+            allow_final_outcome_continuation,
+            maximum_window_seconds,
+        } => {
+            let mut change = serde_json::Map::new();
+            let mut put = |name: &str, value: Option<Value>| {
+                if let Some(value) = value {
+                    change.insert(name.to_string(), value);
+                }
+            };
+            put("enabled", enabled.map(Value::from));
+            put(
+                "allow_checkpoint_continuation",
+                allow_checkpoint_continuation.map(Value::from),
+            );
+            put(
+                "allow_final_outcome_continuation",
+                allow_final_outcome_continuation.map(Value::from),
+            );
+            put(
+                "maximum_window_seconds",
+                maximum_window_seconds.map(Value::from),
+            );
+            if change.is_empty() {
+                return Err(usage("name at least one setting to change"));
+            }
+            client
+                .call(Method::PUT, path, Some(&Value::Object(change)), &[])
+                .await?
+                .body
+        }
+    };
+    if json {
+        output::json(&policy);
+    } else {
+        output::fields(
+            &policy,
+            &[
+                "enabled",
+                "allow_checkpoint_continuation",
+                "allow_final_outcome_continuation",
+                "maximum_window_seconds",
+                "revision",
+                "updated_at",
+            ],
+        );
+    }
+    Ok(exit::OK)
+}
+
+async fn tokens(client: &Client, command: TokenCommand, json: bool) -> Result<u8, CallError> {
+    let body = match command {
+        TokenCommand::Create { role, name } => {
+            if !["admin", "operator", "viewer"].contains(&role.as_str()) {
+                return Err(usage("--role is admin, operator or viewer"));
+            }
+            client
+                .call(
+                    Method::POST,
+                    "/api/v1/tokens",
+                    Some(&json!({"name": name, "role": role})),
+                    &[],
+                )
+                .await?
+                .body
+        }
+        TokenCommand::Revoke { token_id } => {
+            client
+                .call(
+                    Method::POST,
+                    &format!("/api/v1/tokens/{}/revoke", id(&token_id, "TOKEN_ID")?),
+                    None,
+                    &[],
+                )
+                .await?
+                .body
+        }
+    };
+    if json {
+        output::json(&body);
+    } else if let Some(token) = body["token"].as_str() {
+        println!("token_id  {}", output::text(&body["token_id"]));
+        println!("role      {}", output::text(&body["role"]));
+        println!("token     {token}");
+        println!("(the token is shown once; store it now)");
+    } else {
+        println!("revoked {}", output::text(&body["token_id"]));
+    }
+    Ok(exit::OK)
 }

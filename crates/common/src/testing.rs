@@ -223,3 +223,26 @@ pub fn drop_database_blocking(name: &str) {
     })
     .join();
 }
+
+/// Deletes a test's queues and exchanges from synchronous code (a `Drop`).
+pub fn delete_topology_blocking(prefix: &str) {
+    let prefix = prefix.to_string();
+    let _ = std::thread::spawn(move || {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        runtime.block_on(async move {
+            let topology = crate::queue::Topology::new(&prefix, 1);
+            if let Ok(connection) = crate::queue::connect_once(&amqp_url()).await {
+                if let Ok(channel) = connection.create_channel().await {
+                    let _ = topology.delete(&channel).await;
+                }
+                let _ = connection.close(200, "cleanup".into()).await;
+            }
+        });
+    })
+    .join();
+}

@@ -1,0 +1,147 @@
+//! The scheduler's HTTP API as the CLI sees it: every failure becomes an exit code a
+//! script can branch on.
+
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use std::fmt;
+use std::time::Duration;
+
+/// Exit codes of `cairnctl`.
+pub mod exit {
+    pub const OK: u8 = 0;
+    pub const ERROR: u8 = 1;
+    pub const USAGE: u8 = 2;
+    pub const NOT_FOUND: u8 = 3;
+    pub const CONFLICT: u8 = 4;
+    pub const REJECTED: u8 = 5;
+    pub const DENIED: u8 = 6;
+    /// The run ended without completing (watch).
+    pub const NOT_COMPLETED: u8 = 8;
+    /// The request may or may not have taken effect: read its status.
+    pub const UNCERTAIN: u8 = 75;
+}
+
+/// A failed call, with the exit code it maps to.
+#[derive(Debug)]
+pub struct CallError {
+    pub code: u8,
+    pub message: String,
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for CallError {}
+
+impl CallError {
+    pub fn new(code: u8, message: impl Into<String>) -> Self {
+        CallError {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+pub struct Client {
+    http: reqwest::Client,
+    server: String,
+    token: Option<String>,
+}
+
+/// What an answered call returned.
+pub struct Answer {
+    pub status: StatusCode,
+    pub body: Value,
+}
+
+impl Client {
+    pub fn new(
+        server: &str,
+        token: Option<String>,
+        timeout: Duration,
+    ) -> Result<Client, CallError> {
+        let http = reqwest::Client::builder()
+            .timeout(timeout)
+            .build()
+            .map_err(|e| {
+                CallError::new(exit::ERROR, format!("cannot build an HTTP client: {e}"))
+            })?;
+        Ok(Client {
+            http,
+            server: server.trim_end_matches('/').to_string(),
+            token,
+        })
+    }
+
+    /// One request. Network failures and 5xx answers are `UNCERTAIN`: the caller decides
+    /// whether that matters (for a read it does not; for a write it does).
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        headers: &[(&str, &str)],
+    ) -> Result<Answer, CallError> {
+        let mut request = self.http.request(method, format!("{}{path}", self.server));
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request.send().await.map_err(|e| {
+            CallError::new(
+                exit::UNCERTAIN,
+                format!("no answer from {}: {e}", self.server),
+            )
+        })?;
+        let status = response.status();
+        let text = response
+            .text()
+            .await
+            .map_err(|e| CallError::new(exit::UNCERTAIN, format!("the answer was cut off: {e}")))?;
+        let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        if status.is_success() {
+            return Ok(Answer { status, body });
+        }
+        let (code, message, field) = match &body["error"] {
+            Value::Object(e) => (
+                e.get("code")
+                    .and_then(Value::as_str)
+                    .unwrap_or("error")
+                    .to_string(),
+                e.get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                e.get("field").and_then(Value::as_str).map(String::from),
+            ),
+            _ => ("error".into(), body.to_string(), None),
+        };
+        let exit_code = match status {
+            StatusCode::NOT_FOUND => exit::NOT_FOUND,
+            StatusCode::CONFLICT => exit::CONFLICT,
+            StatusCode::BAD_REQUEST
+            | StatusCode::UNPROCESSABLE_ENTITY
+            | StatusCode::UNSUPPORTED_MEDIA_TYPE => exit::REJECTED,
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => exit::DENIED,
+            s if s.is_server_error() => exit::UNCERTAIN,
+            _ => exit::ERROR,
+        };
+        let field = field.map(|f| format!(" (field {f})")).unwrap_or_default();
+        Err(CallError::new(
+            exit_code,
+            format!("{} {code}: {message}{field}", status.as_u16()),
+        ))
+    }
+
+    pub async fn get(&self, path: &str) -> Result<Value, CallError> {
+        Ok(self.call(Method::GET, path, None, &[]).await?.body)
+    }
+}

@@ -1,0 +1,448 @@
+//! `cairnctl` drives every route of a running scheduler.
+
+use cairn_e2e::{binary, free_addr, wait_for_status, Isolation, Process, ServiceLock};
+use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const BOOTSTRAP: &str = "e2e-bootstrap-admin-token";
+
+struct Ctl {
+    server: String,
+    state_dir: std::path::PathBuf,
+}
+
+struct Out {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}\n{}", self.stdout, self.stderr))
+    }
+}
+
+impl Ctl {
+    fn run(&self, token: &str, args: &[&str]) -> Out {
+        let output = Command::new(binary("cairnctl"))
+            .args(args)
+            .env("CAIRN_SERVER", &self.server)
+            .env("CAIRN_TOKEN", token)
+            .env("CAIRN_STATE_DIR", &self.state_dir)
+            .output()
+            .expect("run cairnctl");
+        Out {
+            code: output.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    fn ok(&self, token: &str, args: &[&str]) -> Out {
+        let out = self.run(token, args);
+        assert_eq!(
+            out.code, 0,
+            "cairnctl {args:?} failed: {}{}",
+            out.stdout, out.stderr
+        );
+        out
+    }
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write file");
+    path.to_string_lossy().into_owned()
+}
+
+#[tokio::test]
+async fn cairnctl_drives_every_route() {
+    let _services = ServiceLock::shared().await;
+    let isolation = Isolation::new("cli");
+    let addr = free_addr();
+    let mut env = isolation.env();
+    env.push(("CAIRN_LISTEN".into(), addr.to_string()));
+    env.push(("CAIRN_BOOTSTRAP_ADMIN_TOKEN".into(), BOOTSTRAP.into()));
+    let mut scheduler = Process::start("cairn-scheduler", &env);
+    wait_for_status(
+        &mut scheduler,
+        addr,
+        "/readyz",
+        200,
+        Duration::from_secs(60),
+    );
+    let work = std::env::temp_dir().join(format!("cairn-cli-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&work).expect("work dir");
+    let ctl = Ctl {
+        server: format!("http://{addr}"),
+        state_dir: work.join("state"),
+    };
+
+    // Tokens.
+    let operator = ctl
+        .ok(
+            BOOTSTRAP,
+            &[
+                "--json", "token", "create", "--role", "operator", "--name", "op",
+            ],
+        )
+        .json();
+    let operator = operator["token"].as_str().expect("token").to_string();
+    let viewer = ctl
+        .ok(
+            BOOTSTRAP,
+            &["--json", "token", "create", "--role", "viewer"],
+        )
+        .json();
+    let viewer_id = viewer["token_id"].as_str().expect("id").to_string();
+    let viewer = viewer["token"].as_str().expect("token").to_string();
+    assert_eq!(
+        ctl.run(&viewer, &["token", "create", "--role", "admin"])
+            .code,
+        6,
+        "viewers cannot create tokens"
+    );
+
+    // Runs.
+    let spec = write(
+        &work,
+        "run.yaml",
+        "agent: coder\nsteps:\n  - key: build\n    argv: [make]\n  - key: test\n    argv: [make, test]\n    idempotent: true\nbudgets:\n  max_commands: 5\n  max_wall_seconds: 300\n",
+    );
+    let run = ctl
+        .ok(
+            &operator,
+            &["--json", "runs", "submit", &spec, "--idempotency-key", "k1"],
+        )
+        .json();
+    let run_id = run["run_id"].as_str().expect("run id").to_string();
+    let request_id = run["request_id"].as_str().expect("request id").to_string();
+    let replay = ctl
+        .ok(
+            &operator,
+            &["--json", "runs", "submit", &spec, "--idempotency-key", "k1"],
+        )
+        .json();
+    assert_eq!(replay["run_id"], run["run_id"]);
+    let bad = write(
+        &work,
+        "bad.yaml",
+        "agent: coder\nsteps: []\nbudgets: {max_commands: 1, max_wall_seconds: 0}\n",
+    );
+    let rejected = ctl.run(&operator, &["runs", "submit", &bad]);
+    assert_eq!(rejected.code, 5, "{}", rejected.stderr);
+    assert!(
+        rejected.stderr.contains("max_wall_seconds"),
+        "{}",
+        rejected.stderr
+    );
+    let second = ctl
+        .ok(&operator, &["--json", "runs", "submit", &spec])
+        .json();
+    let second_id = second["run_id"].as_str().expect("id").to_string();
+
+    let table = ctl.ok(&viewer, &["runs", "list"]).stdout;
+    assert!(table.starts_with("RUN"), "{table}");
+    assert!(
+        table.contains(&run_id) && table.contains(&second_id),
+        "{table}"
+    );
+    let listed = ctl
+        .ok(
+            &viewer,
+            &[
+                "--json", "runs", "list", "--state", "queued", "--limit", "1",
+            ],
+        )
+        .json();
+    assert_eq!(listed["runs"].as_array().map(Vec::len), Some(1));
+    let cursor = listed["next_cursor"].as_str().expect("cursor").to_string();
+    let next = ctl
+        .ok(
+            &viewer,
+            &[
+                "--json", "runs", "list", "--state", "queued", "--limit", "1", "--cursor", &cursor,
+            ],
+        )
+        .json();
+    assert_ne!(next["runs"][0]["run_id"], listed["runs"][0]["run_id"]);
+    let shown = ctl.ok(&viewer, &["runs", "show", &run_id]).stdout;
+    assert!(
+        shown.contains("queued") && shown.contains("make test"),
+        "{shown}"
+    );
+    let requests = ctl
+        .ok(&viewer, &["--json", "runs", "requests", &run_id])
+        .json();
+    assert_eq!(
+        requests["execution_requests"][0]["request_id"].as_str(),
+        Some(request_id.as_str())
+    );
+    ctl.ok(&viewer, &["--json", "runs", "journal", &run_id]);
+    assert_eq!(ctl.run(&viewer, &["runs", "show", "not-an-id"]).code, 2);
+    assert_eq!(
+        ctl.run(
+            &viewer,
+            &["runs", "show", &uuid::Uuid::new_v4().simple().to_string()]
+        )
+        .code,
+        3
+    );
+
+    let cancelled = ctl
+        .ok(&operator, &["--json", "runs", "cancel", &second_id])
+        .json();
+    assert_eq!(cancelled["state"], "cancelled");
+    let watched = ctl.run(
+        &viewer,
+        &["runs", "watch", &second_id, "--interval-seconds", "0.2"],
+    );
+    assert_eq!(
+        watched.code, 8,
+        "a cancelled run did not complete: {}",
+        watched.stdout
+    );
+    assert!(watched.stdout.contains("cancelled"));
+
+    // Policy.
+    let policy = ctl.ok(&viewer, &["--json", "policy", "get"]).json();
+    assert_eq!(policy["allow_checkpoint_continuation"], false);
+    assert_eq!(
+        ctl.run(&operator, &["policy", "set", "--enabled", "true"])
+            .code,
+        6
+    );
+    let set = ctl
+        .ok(
+            BOOTSTRAP,
+            &[
+                "--json",
+                "policy",
+                "set",
+                "--enabled",
+                "true",
+                "--allow-checkpoint-continuation",
+                "true",
+            ],
+        )
+        .json();
+    assert_eq!(set["allow_checkpoint_continuation"], true);
+    assert_eq!(set["allow_final_outcome_continuation"], false);
+
+    // Put the first run where a lapsed lease with spent attempts leaves it.
+    let pool = sqlx::PgPool::connect(&isolation.database_url)
+        .await
+        .expect("db");
+    let request_uuid = uuid::Uuid::parse_str(&request_id).expect("uuid");
+    let journal: String = {
+        let receipts: Vec<(String, Option<i32>, String)> = Vec::new();
+        cairn_common::digest::of(&receipts)
+    };
+    sqlx::query(
+        "UPDATE execution_requests SET state = 'stopped_at_checkpoint', lease_epoch = 1,
+                checkpoint = jsonb_build_object('sequence', 1, 'journal_digest', $2::text) WHERE id = $1",
+    )
+    .bind(request_uuid)
+    .bind(journal)
+    .execute(&pool)
+    .await
+    .expect("stop at checkpoint");
+
+    let candidate = ctl
+        .ok(
+            &viewer,
+            &[
+                "--json",
+                "checkpoint-continuations",
+                "candidate",
+                &run_id,
+                &request_id,
+            ],
+        )
+        .json();
+    assert_eq!(candidate["admission"], "READY", "{candidate}");
+    let digest = candidate["candidate_digest"].as_str().expect("digest");
+    let document = write(
+        &work,
+        "action.json",
+        &format!(
+            r#"{{"version": 1, "candidate_digest": "{digest}", "valid_for_seconds": 120,
+                "acknowledge_retained_response_consumed_once": true,
+                "acknowledge_no_completed_effect_replay": true,
+                "acknowledge_same_request_attempt_and_budgets": true,
+                "acknowledge_finite_ownership_lease": true}}"#
+        ),
+    );
+    let action = ctl.ok(&viewer, &["new-id"]).stdout.trim().to_string();
+    assert_eq!(action.len(), 32);
+    let saved = ctl.ok(
+        BOOTSTRAP,
+        &[
+            "checkpoint-continuations",
+            "request",
+            &run_id,
+            &request_id,
+            &action,
+            &document,
+        ],
+    );
+    assert!(saved.stdout.contains("saved action"), "{}", saved.stdout);
+    let record: Value = serde_json::from_slice(
+        &std::fs::read(ctl.state_dir.join(format!("{action}.json"))).expect("record"),
+    )
+    .expect("record json");
+    assert_eq!(record["outcome"], "saved");
+    assert_eq!(record["body"]["valid_for_seconds"], 120);
+    let status = ctl
+        .ok(
+            &viewer,
+            &[
+                "--json",
+                "checkpoint-continuations",
+                "status",
+                &run_id,
+                &request_id,
+            ],
+        )
+        .json();
+    assert_eq!(
+        (status["status"].as_str(), status["action_id"].as_str()),
+        (Some("queued"), Some(action.as_str()))
+    );
+    // The same action with another document is refused locally: keep the saved decision.
+    let other = write(
+        &work,
+        "other.json",
+        &std::fs::read_to_string(&document)
+            .expect("doc")
+            .replace("120", "121"),
+    );
+    let refused = ctl.run(
+        BOOTSTRAP,
+        &[
+            "checkpoint-continuations",
+            "request",
+            &run_id,
+            &request_id,
+            &action,
+            &other,
+        ],
+    );
+    assert_eq!(refused.code, 4, "{}", refused.stderr);
+    assert!(refused.stderr.contains("status"), "{}", refused.stderr);
+
+    // Final-outcome routes: the candidate is held (policy off), status reads not_recovered.
+    let held = ctl.run(
+        &viewer,
+        &[
+            "--json",
+            "final-outcome-continuations",
+            "candidate",
+            &run_id,
+            &request_id,
+        ],
+    );
+    assert_eq!(held.code, 4);
+    assert_eq!(held.json()["admission_window_purpose"], "claim_only");
+    let status = ctl
+        .ok(
+            &viewer,
+            &[
+                "--json",
+                "final-outcome-continuations",
+                "status",
+                &run_id,
+                &request_id,
+            ],
+        )
+        .json();
+    assert_eq!(status["status"], "not_recovered");
+    let final_doc = write(
+        &work,
+        "final.json",
+        &format!(
+            r#"{{"version": 1, "candidate_digest": "{}", "valid_for_seconds": 60,
+                "acknowledge_already_consumed_final_output": true,
+                "acknowledge_no_completed_effect_replay": true,
+                "acknowledge_same_request_attempt_and_budgets": true,
+                "acknowledge_finite_ownership_lease": true}}"#,
+            "0".repeat(64)
+        ),
+    );
+    let final_action = uuid::Uuid::new_v4().simple().to_string();
+    let denied = ctl.run(
+        BOOTSTRAP,
+        &[
+            "final-outcome-continuations",
+            "request",
+            &run_id,
+            &request_id,
+            &final_action,
+            &final_doc,
+        ],
+    );
+    assert_eq!(
+        denied.code, 6,
+        "only the run's original operator may act: {}",
+        denied.stderr
+    );
+
+    // An uncertain response: the record is kept and the user is told to read status.
+    let dead = Ctl {
+        server: format!("http://{}", free_addr()),
+        state_dir: ctl.state_dir.clone(),
+    };
+    let lost_action = uuid::Uuid::new_v4().simple().to_string();
+    let uncertain = dead.run(
+        BOOTSTRAP,
+        &[
+            "checkpoint-continuations",
+            "request",
+            &run_id,
+            &request_id,
+            &lost_action,
+            &document,
+        ],
+    );
+    assert_eq!(uncertain.code, 75, "{}", uncertain.stderr);
+    assert!(
+        uncertain.stderr.contains("checkpoint-continuations status"),
+        "{}",
+        uncertain.stderr
+    );
+    let record: Value = serde_json::from_slice(
+        &std::fs::read(ctl.state_dir.join(format!("{lost_action}.json"))).expect("record"),
+    )
+    .expect("json");
+    assert_eq!(record["outcome"], "uncertain");
+
+    // Token revocation and migrations.
+    ctl.ok(BOOTSTRAP, &["token", "revoke", &viewer_id]);
+    assert_eq!(ctl.run(&viewer, &["runs", "list"]).code, 6);
+    let migrated = Command::new(binary("cairnctl"))
+        .args(["migrate"])
+        .env("CAIRN_DATABASE_URL", &isolation.database_url)
+        .output()
+        .expect("migrate");
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+    assert!(String::from_utf8_lossy(&migrated.stdout).contains("up to date"));
+
+    pool.close().await;
+    let _ = std::fs::remove_dir_all(&work);
+    scheduler.signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(
+        scheduler
+            .wait_exit(Duration::from_secs(20))
+            .is_some_and(|s| s.success()),
+        "{}",
+        scheduler.log()
+    );
+}
