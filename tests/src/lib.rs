@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod cluster;
+
 pub use cairn_common::testing::{self, ServiceLock};
 
 /// The directory holding the built binaries (`target/debug`), or `CAIRN_BIN_DIR`.
@@ -172,9 +174,33 @@ impl Response {
 
 /// One HTTP request on a fresh connection (tests only need plain loopback HTTP).
 pub fn http(addr: SocketAddr, method: &str, path: &str) -> std::io::Result<Response> {
+    request(addr, method, path, None, None)
+}
+
+/// An HTTP request with an optional bearer token and JSON body.
+pub fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&serde_json::Value>,
+) -> std::io::Result<Response> {
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(stream, "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")?;
+    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let content_type = if body.is_empty() {
+        ""
+    } else {
+        "Content-Type: application/json\r\n"
+    };
+    write!(
+        stream,
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}{content_type}Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )?;
     let mut raw = Vec::new();
     stream.read_to_end(&mut raw)?;
     let text = String::from_utf8_lossy(&raw);

@@ -82,6 +82,8 @@ CREATE TABLE execution_requests (
     source_digest       TEXT,
     cancel_requested_at TIMESTAMPTZ,
     admitted_at         TIMESTAMPTZ NOT NULL DEFAULT now(),
+    -- When the request last became queued (admission, a new attempt, a continuation).
+    queued_at           TIMESTAMPTZ NOT NULL DEFAULT now(),
     claimed_at          TIMESTAMPTZ,
     finished_at         TIMESTAMPTZ,
     updated_at          TIMESTAMPTZ NOT NULL DEFAULT now()

@@ -6,6 +6,7 @@
 //! - [`db`]: PostgreSQL connection (creating the database if missing) and migrations.
 //! - [`digest`]: SHA-256 digests over canonical JSON.
 //! - [`run`]: run specifications, request states and job messages.
+//! - [`ticket`]: state changes of an execution request, shared by worker and sweeper.
 //! - [`policy`]: the saved-work recovery policy.
 //! - [`ids`]: the 32-lowercase-hex identifiers of runs, requests and actions.
 //! - [`lease`]: finite ownership leases: Postgres epoch (the fence) + Redis liveness key.
@@ -34,3 +35,4 @@ pub mod shutdown;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod ticket;

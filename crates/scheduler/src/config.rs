@@ -33,6 +33,9 @@ pub struct Config {
     /// Print the OpenAPI document and exit.
     #[arg(long)]
     pub print_openapi: bool,
+    /// Seconds between lease sweeps (lapsed leases, ended continuation windows).
+    #[arg(long, env = "CAIRN_SWEEP_INTERVAL_SECONDS", default_value_t = 5.0)]
+    pub sweep_interval_seconds: f64,
     /// Seconds to let background work finish after SIGTERM.
     #[arg(long, env = "CAIRN_DRAIN_SECONDS", default_value_t = 10)]
     pub drain_seconds: u64,
@@ -41,6 +44,9 @@ pub struct Config {
 impl Config {
     /// Checks what clap cannot: the service URLs.
     pub fn validate(&self) -> Result<(), String> {
+        if !(0.05..=3600.0).contains(&self.sweep_interval_seconds) {
+            return Err("CAIRN_SWEEP_INTERVAL_SECONDS: from 0.05 to 3600".into());
+        }
         if let Some(token) = &self.bootstrap_admin_token {
             if token.trim().len() < 16 {
                 return Err("CAIRN_BOOTSTRAP_ADMIN_TOKEN: at least 16 characters".into());

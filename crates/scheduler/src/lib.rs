@@ -2,10 +2,12 @@
 //!
 //! - [`api`]: admission of runs and reviewed continuations, policy, tokens.
 //! - [`config`]: its settings.
+//! - [`sweeper`]: the lease sweeper (one leader at a time).
 //! - [`run`]: runs until the shutdown token is cancelled, then drains.
 
 pub mod api;
 pub mod config;
+pub mod sweeper;
 
 use anyhow::Context;
 use cairn_common::health::{self, AmqpStatus, Readiness};
@@ -47,6 +49,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let mut registry = metrics::registry();
     let outbox_metrics = OutboxMetrics::register(&mut registry);
     let api_metrics = api::ApiMetrics::register(&mut registry);
+    let sweeper_metrics = sweeper::SweeperMetrics::register(&mut registry);
     let registry = Arc::new(registry);
     let amqp_status = AmqpStatus::default();
     let topology = Topology::new(&config.amqp.queue_prefix, config.amqp.delivery_limit);
@@ -61,6 +64,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     )
     .with_batch_size(config.outbox_batch_size);
     tasks.spawn(relay.run(shutdown.clone()));
+    tasks.spawn(sweeper::run(
+        pool.clone(),
+        Duration::from_secs_f64(config.sweep_interval_seconds),
+        sweeper_metrics,
+        shutdown.clone(),
+    ));
 
     let readiness = Readiness {
         postgres: Some(pool.clone()),

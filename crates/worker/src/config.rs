@@ -1,8 +1,9 @@
 //! The worker's settings: flags and `CAIRN_*` environment variables.
 
-use cairn_common::config::{AmqpArgs, DatabaseArgs, LogArgs, RedisArgs};
+use cairn_common::config::{AmqpArgs, ArtifactsArgs, DatabaseArgs, LogArgs, RedisArgs};
 use clap::Parser;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 /// Cairn's worker: claims jobs under fenced leases and runs their steps.
 #[derive(Debug, Clone, Parser)]
@@ -15,6 +16,8 @@ pub struct Config {
     #[command(flatten)]
     pub amqp: AmqpArgs,
     #[command(flatten)]
+    pub artifacts: ArtifactsArgs,
+    #[command(flatten)]
     pub log: LogArgs,
     /// Address of the probes (`/healthz`, `/readyz`) and `/metrics`.
     #[arg(long, env = "CAIRN_METRICS_LISTEN", default_value = "127.0.0.1:9091")]
@@ -22,18 +25,83 @@ pub struct Config {
     /// Apply pending migrations at start (they serialize on an advisory lock).
     #[arg(long, env = "CAIRN_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
     pub migrate: bool,
-    /// Seconds to let running work finish after SIGTERM before stopping it.
+    /// This worker's identity as a lease owner (default: host name and process id).
+    #[arg(long, env = "CAIRN_WORKER_ID")]
+    pub worker_id: Option<String>,
+    /// Jobs run at once.
+    #[arg(long, env = "CAIRN_WORKER_CONCURRENCY", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub concurrency: u32,
+    /// Unacked deliveries RabbitMQ may push ahead (0: the concurrency).
+    #[arg(long, env = "CAIRN_PREFETCH", default_value_t = 0)]
+    pub prefetch: u16,
+    /// Lease time to live; renewed every third of it.
+    #[arg(long, env = "CAIRN_LEASE_TTL_SECONDS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub lease_ttl_seconds: u64,
+    /// After SIGTERM: time running steps get to finish before they are stopped and their
+    /// requests handed back.
     #[arg(long, env = "CAIRN_DRAIN_SECONDS", default_value_t = 30)]
     pub drain_seconds: u64,
+    /// Time between SIGTERM and SIGKILL when a step is stopped.
+    #[arg(long, env = "CAIRN_KILL_GRACE_SECONDS", default_value_t = 5)]
+    pub kill_grace_seconds: u64,
+    /// Where workspaces are created.
+    #[arg(
+        long,
+        env = "CAIRN_WORKSPACES_DIR",
+        default_value = "./.cairn/workspaces"
+    )]
+    pub workspaces_dir: PathBuf,
+    /// Largest captured output of one stream of one step, kept as an artifact.
+    #[arg(long, env = "CAIRN_OUTPUT_MAX_BYTES", default_value_t = 8 * 1024 * 1024)]
+    pub output_max_bytes: u64,
+    /// Bytes of the end of each stream kept with the receipt in the database.
+    #[arg(long, env = "CAIRN_OUTPUT_TAIL_BYTES", default_value_t = 4096)]
+    pub output_tail_bytes: usize,
 }
 
 impl Config {
-    /// Checks what clap cannot: the service URLs.
+    /// Checks what clap cannot.
     pub fn validate(&self) -> Result<(), String> {
         cairn_common::component::validate_urls(
             Some(&self.database),
             Some(&self.redis),
             Some(&self.amqp),
-        )
+        )?;
+        self.artifacts_dir()?;
+        Ok(())
+    }
+
+    /// The local artifact directory (output artifacts are files here).
+    pub fn artifacts_dir(&self) -> Result<PathBuf, String> {
+        let url = self.artifacts.artifacts_url.as_str();
+        if let Some(path) = url.strip_prefix("file://") {
+            return Ok(PathBuf::from(path));
+        }
+        if url.contains("://") {
+            return Err(format!(
+                "CAIRN_ARTIFACTS_URL: this worker keeps step output in a local directory; {url:?} is not one"
+            ));
+        }
+        Ok(PathBuf::from(url))
+    }
+
+    pub fn worker_id(&self) -> String {
+        self.worker_id.clone().unwrap_or_else(|| {
+            let host = nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_else(|| "worker".into());
+            format!("{host}-{}", std::process::id())
+        })
+    }
+
+    pub fn prefetch(&self) -> u16 {
+        if self.prefetch == 0 {
+            u16::try_from(self.concurrency).unwrap_or(u16::MAX)
+        } else {
+            self.prefetch
+        }
     }
 }

@@ -1,22 +1,39 @@
-//! The worker. It connects to PostgreSQL, Redis and RabbitMQ (declaring the topology),
-//! and serves its probes and metrics; claiming and running jobs is not built yet.
+//! The worker: consumes jobs, claims each request under a fenced lease, runs its steps
+//! in their own process groups and journals every effect.
 //!
 //! - [`config`]: its settings.
-//! - [`run`]: runs until the shutdown token is cancelled, then drains.
+//! - [`consumer`]: RabbitMQ consumption with bounded concurrency; ack after claim.
+//! - [`job`]: claim, plan execution, journal writes, completion and hand-back.
+//! - [`renewal`]: the lease keeper that renews, self-fences and notices cancellation.
+//! - [`step`]: running one command: process group, environment, timeout, output, usage.
+//! - [`workspace`]: the working directory of a request.
+//! - [`report`]: the typed final report.
+//! - [`metrics`]: the worker's metrics.
 
 pub mod config;
+pub mod consumer;
+pub mod job;
+pub mod metrics;
+pub mod renewal;
+pub mod report;
+pub mod step;
+pub mod workspace;
 
 use anyhow::Context;
 use cairn_common::health::{self, AmqpStatus, Readiness};
-use cairn_common::queue::{self, Topology};
-use cairn_common::{db, metrics, redis_conn};
+use cairn_common::lease::Leases;
+use cairn_common::queue::Topology;
+use cairn_common::{db, redis_conn};
 pub use config::Config;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// Runs until `shutdown`, then drains: no new deliveries; running steps get
+/// `drain_seconds` to finish, then are stopped and their requests handed back.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
+    let artifacts_dir = config.artifacts_dir().map_err(anyhow::Error::msg)?;
     let pool = db::connect(
         &config.database.database_url,
         config.database.database_max_connections,
@@ -29,41 +46,95 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let redis = redis_conn::connect(&config.redis.redis_url)
         .await
         .context("connecting to Redis")?;
+    tokio::fs::create_dir_all(&config.workspaces_dir)
+        .await
+        .with_context(|| format!("creating {}", config.workspaces_dir.display()))?;
+    let workspaces_dir = std::fs::canonicalize(&config.workspaces_dir)
+        .context("resolving the workspaces directory")?;
+    tokio::fs::create_dir_all(&artifacts_dir)
+        .await
+        .with_context(|| format!("creating {}", artifacts_dir.display()))?;
+    let artifacts_dir =
+        std::fs::canonicalize(&artifacts_dir).context("resolving the artifacts directory")?;
     let listener = tokio::net::TcpListener::bind(config.metrics_listen)
         .await
         .with_context(|| format!("binding {}", config.metrics_listen))?;
-    let registry = Arc::new(metrics::registry());
-    let amqp_status = AmqpStatus::default();
-    let topology = Topology::new(&config.amqp.queue_prefix, config.amqp.delivery_limit);
 
-    let tasks = TaskTracker::new();
-    {
-        let (url, status, shutdown) = (
-            config.amqp.amqp_url.clone(),
-            amqp_status.clone(),
-            shutdown.clone(),
-        );
-        tasks.spawn(async move { queue::maintain(&url, &topology, &status, &shutdown).await });
-    }
+    let mut registry = cairn_common::metrics::registry();
+    let metrics = metrics::WorkerMetrics::register(&mut registry);
+    let registry = Arc::new(registry);
+    let worker_id = config.worker_id();
+    let ttl = Duration::from_secs(config.lease_ttl_seconds);
+    let worker = Arc::new(job::Worker {
+        pool: pool.clone(),
+        leases: Leases::new(pool.clone(), redis.clone(), &config.redis.redis_prefix, ttl),
+        settings: job::JobSettings {
+            worker_id: worker_id.clone(),
+            workspaces_dir,
+            artifacts_dir,
+            output_max_bytes: config.output_max_bytes,
+            output_tail_bytes: config.output_tail_bytes,
+            kill_grace: Duration::from_secs(config.kill_grace_seconds),
+        },
+        metrics,
+    });
+    let amqp_status = AmqpStatus::default();
+    let jobs = TaskTracker::new();
+    let drain = CancellationToken::new();
+    let consumer = consumer::Consumer {
+        worker,
+        amqp_url: config.amqp.amqp_url.clone(),
+        topology: Topology::new(&config.amqp.queue_prefix, config.amqp.delivery_limit),
+        concurrency: usize::try_from(config.concurrency).unwrap_or(1),
+        prefetch: config.prefetch(),
+        status: amqp_status.clone(),
+        jobs: jobs.clone(),
+    };
+    let probes_stop = CancellationToken::new();
     let readiness = Readiness {
         postgres: Some(pool.clone()),
         redis: Some(redis),
         amqp: Some(amqp_status),
     };
-    tracing::info!(listen = %config.metrics_listen, "worker probes listening");
-    health::serve(
+    let probes = tokio::spawn(health::serve(
         listener,
         health::router(readiness, registry),
-        shutdown.clone(),
-    )
-    .await
-    .context("serving probes")?;
+        probes_stop.clone(),
+    ));
+    tracing::info!(worker_id = %worker_id, listen = %config.metrics_listen, "worker started");
 
-    tasks.close();
-    let drain = Duration::from_secs(config.drain_seconds);
-    if tokio::time::timeout(drain, tasks.wait()).await.is_err() {
-        tracing::warn!(?drain, "tasks did not stop within the drain time");
+    consumer.run(shutdown.clone(), drain.clone()).await;
+
+    // Drain: running steps get the drain time, minus what stopping them takes.
+    jobs.close();
+    let grace = Duration::from_secs(config.kill_grace_seconds);
+    let drain_time = Duration::from_secs(config.drain_seconds);
+    let let_finish = drain_time.saturating_sub(grace + Duration::from_secs(1));
+    if !jobs.is_empty() {
+        tracing::info!(
+            running = jobs.len(),
+            ?let_finish,
+            "draining: letting running steps finish"
+        );
     }
+    if tokio::time::timeout(let_finish, jobs.wait()).await.is_err() {
+        tracing::info!(
+            running = jobs.len(),
+            "drain time is up: stopping steps and handing their requests back"
+        );
+        drain.cancel();
+        if tokio::time::timeout(grace + Duration::from_secs(1), jobs.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                running = jobs.len(),
+                "jobs did not stop within the drain time"
+            );
+        }
+    }
+    probes_stop.cancel();
+    let _ = probes.await;
     pool.close().await;
     tracing::info!("worker stopped");
     Ok(())

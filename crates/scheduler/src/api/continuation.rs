@@ -163,13 +163,7 @@ pub async fn journal_digest(
     conn: &mut PgConnection,
     request_id: Uuid,
 ) -> Result<String, sqlx::Error> {
-    let receipts: Vec<(String, Option<i32>, String)> = sqlx::query_as(
-        "SELECT step_key, exit_code, output_digest FROM journal_receipts WHERE request_id = $1 ORDER BY step_key",
-    )
-    .bind(request_id)
-    .fetch_all(&mut *conn)
-    .await?;
-    Ok(digest::of(&receipts))
+    cairn_common::ticket::journal_digest(conn, request_id).await
 }
 
 async fn facts(

@@ -1,0 +1,308 @@
+//! The lease sweeper: one leader at a time (a PostgreSQL advisory lock held on its own
+//! connection) finds requests whose lease lapsed and decides what happens next.
+//!
+//! - A plain run that was executing gets an automatic attempt through the outbox, up to
+//!   `max_attempts`; after that it stops at its last checkpoint (`attempts_exhausted`).
+//! - A run whose retained final report was never accepted needs reconciliation.
+//! - A checkpoint continuation whose finite lease or window ended stops at its checkpoint
+//!   again; only another reviewed continuation takes it further.
+//! - A claim that never started (lapsed while still `queued`) is announced again.
+//!
+//! Every change moves the lease epoch on, so a paused former owner writes nothing.
+
+use cairn_common::run::{JobKind, JobMessage, RequestState};
+use cairn_common::{outbox, queue::JobQueue, ticket};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::registry::Registry;
+use sqlx::postgres::PgConnection;
+use sqlx::{Connection, PgPool};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// The advisory lock key of the sweeper leader ("cairnswp").
+const LEADER_LOCK: i64 = 0x6361_6972_6e73_7770;
+
+#[derive(Clone, Default)]
+pub struct SweeperMetrics {
+    pub attempts_requeued: Counter,
+    pub stopped_at_checkpoint: Counter,
+    pub needs_reconciliation: Counter,
+    pub claims_reannounced: Counter,
+    pub windows_closed: Counter,
+    pub sweeps: Counter,
+}
+
+impl SweeperMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        let mut add =
+            |name: &str, help: &str, c: &Counter| registry.register(name, help, c.clone());
+        add(
+            "sweeper_attempts_requeued",
+            "Lapsed runs given another automatic attempt",
+            &m.attempts_requeued,
+        );
+        add(
+            "sweeper_stopped_at_checkpoint",
+            "Requests stopped at their last checkpoint",
+            &m.stopped_at_checkpoint,
+        );
+        add(
+            "sweeper_needs_reconciliation",
+            "Requests whose retained report awaits review",
+            &m.needs_reconciliation,
+        );
+        add(
+            "sweeper_claims_reannounced",
+            "Claims that lapsed before starting, announced again",
+            &m.claims_reannounced,
+        );
+        add(
+            "sweeper_windows_closed",
+            "Continuation windows that ended unclaimed",
+            &m.windows_closed,
+        );
+        add("sweeper_sweeps", "Sweeps run by the leader", &m.sweeps);
+        m
+    }
+}
+
+/// What one sweep did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct SweepReport {
+    pub requeued: u64,
+    pub stopped: u64,
+    pub reconciling: u64,
+    pub reannounced: u64,
+    pub cancelled: u64,
+    pub windows_closed: u64,
+}
+
+#[derive(sqlx::FromRow)]
+struct Lapsed {
+    id: Uuid,
+    run_id: Uuid,
+    state: String,
+    attempt: i32,
+    max_attempts: i32,
+    cancel_requested: bool,
+    report_unaccepted: bool,
+    executing_action: Option<Uuid>,
+    queued_action_id: Option<Uuid>,
+    queued_action_kind: Option<String>,
+}
+
+/// One sweep, in one transaction per batch. Safe to run concurrently with itself
+/// (rows are locked with SKIP LOCKED) but normally only the leader runs it.
+pub async fn sweep_once(
+    pool: &PgPool,
+    batch: i64,
+    metrics: &SweeperMetrics,
+) -> Result<SweepReport, sqlx::Error> {
+    let mut report = SweepReport::default();
+    let mut tx = pool.begin().await?;
+    let lapsed: Vec<Lapsed> = sqlx::query_as(
+        "SELECT e.id, e.run_id, e.state, e.attempt, e.max_attempts,
+                e.cancel_requested_at IS NOT NULL AS cancel_requested,
+                EXISTS (SELECT 1 FROM final_reports f WHERE f.request_id = e.id
+                         AND NOT EXISTS (SELECT 1 FROM report_consumptions c WHERE c.request_id = e.id))
+                  AS report_unaccepted,
+                (SELECT a.id FROM continuation_actions a WHERE a.request_id = e.id AND a.status = 'executing'
+                  ORDER BY a.created_at DESC LIMIT 1) AS executing_action,
+                q.id AS queued_action_id, q.kind AS queued_action_kind
+           FROM execution_requests e
+           LEFT JOIN LATERAL (SELECT a.id, a.kind FROM continuation_actions a
+                               WHERE a.request_id = e.id AND a.status = 'queued'
+                               ORDER BY a.created_at DESC LIMIT 1) q ON TRUE
+          WHERE e.lease_owner IS NOT NULL AND e.lease_deadline < clock_timestamp() AND e.kind = 'run'
+          ORDER BY e.lease_deadline
+          LIMIT $1
+            FOR UPDATE OF e SKIP LOCKED",
+    )
+    .bind(batch)
+    .fetch_all(&mut *tx)
+    .await?;
+    for l in lapsed {
+        handle_lapsed(&mut tx, &l, &mut report).await?;
+    }
+    tx.commit().await?;
+
+    // Continuation windows that ended before any worker claimed them.
+    let mut tx = pool.begin().await?;
+    let expired: Vec<(Uuid, String, Uuid)> = sqlx::query_as(
+        "SELECT a.id, a.kind, a.request_id
+           FROM continuation_actions a JOIN execution_requests e ON e.id = a.request_id
+          WHERE a.status = 'queued' AND a.window_ends_at < now()
+            AND (e.lease_owner IS NULL OR e.lease_deadline < clock_timestamp())
+          ORDER BY a.window_ends_at
+          LIMIT $1
+            FOR UPDATE OF e SKIP LOCKED",
+    )
+    .bind(batch)
+    .fetch_all(&mut *tx)
+    .await?;
+    for (action_id, kind, request_id) in expired {
+        ticket::set_action_status(&mut tx, action_id, "failed").await?;
+        if kind == "checkpoint_continuation" {
+            ticket::stop_at_checkpoint(&mut tx, request_id, "continuation_window_ended").await?;
+        } else {
+            ticket::fence_out(&mut tx, request_id).await?;
+            ticket::set_state(
+                &mut tx,
+                request_id,
+                RequestState::NeedsReconciliation,
+                Some("continuation_window_ended"),
+                None,
+            )
+            .await?;
+        }
+        report.windows_closed += 1;
+    }
+    tx.commit().await?;
+
+    metrics.attempts_requeued.inc_by(report.requeued);
+    metrics.stopped_at_checkpoint.inc_by(report.stopped);
+    metrics.needs_reconciliation.inc_by(report.reconciling);
+    metrics.claims_reannounced.inc_by(report.reannounced);
+    metrics.windows_closed.inc_by(report.windows_closed);
+    metrics.sweeps.inc();
+    Ok(report)
+}
+
+async fn handle_lapsed(
+    conn: &mut PgConnection,
+    l: &Lapsed,
+    report: &mut SweepReport,
+) -> Result<(), sqlx::Error> {
+    let state = RequestState::parse(&l.state);
+    if l.cancel_requested && !state.is_some_and(RequestState::is_terminal) {
+        ticket::fence_out(&mut *conn, l.id).await?;
+        ticket::set_state(
+            &mut *conn,
+            l.id,
+            RequestState::Cancelled,
+            Some("cancelled; its worker stopped answering"),
+            None,
+        )
+        .await?;
+        if let Some(action) = l.executing_action {
+            ticket::set_action_status(&mut *conn, action, "failed").await?;
+        }
+        report.cancelled += 1;
+        return Ok(());
+    }
+    match state {
+        Some(RequestState::Queued) => {
+            // Claimed, then lost before it started: announce it again, same attempt.
+            ticket::fence_out(&mut *conn, l.id).await?;
+            let (kind, routing, action_id) =
+                match (l.queued_action_id, l.queued_action_kind.as_deref()) {
+                    (Some(id), Some("checkpoint_continuation")) => (
+                        JobKind::CheckpointContinuation,
+                        JobQueue::Continuations,
+                        Some(id),
+                    ),
+                    (Some(id), _) => (
+                        JobKind::FinalOutcomeContinuation,
+                        JobQueue::Continuations,
+                        Some(id),
+                    ),
+                    (None, _) => (JobKind::Run, JobQueue::Runs, None),
+                };
+            let message = JobMessage {
+                kind,
+                run_id: l.run_id,
+                request_id: l.id,
+                action_id,
+                attempt: Some(l.attempt),
+            };
+            outbox::enqueue(
+                &mut *conn,
+                routing.routing_key(),
+                &serde_json::to_value(message).unwrap_or_default(),
+            )
+            .await?;
+            report.reannounced += 1;
+        }
+        Some(RequestState::Executing) => {
+            if let Some(action) = l.executing_action {
+                ticket::set_action_status(&mut *conn, action, "failed").await?;
+                ticket::stop_at_checkpoint(&mut *conn, l.id, "continuation_lease_expired").await?;
+                report.stopped += 1;
+            } else if l.report_unaccepted {
+                ticket::fence_out(&mut *conn, l.id).await?;
+                ticket::set_state(
+                    &mut *conn,
+                    l.id,
+                    RequestState::NeedsReconciliation,
+                    Some("final_report_unaccepted"),
+                    None,
+                )
+                .await?;
+                report.reconciling += 1;
+            } else if l.attempt < l.max_attempts {
+                let attempt = ticket::requeue(&mut *conn, l.id, true).await?;
+                tracing::info!(request_id = %l.id, attempt, "lease lapsed; automatic attempt queued");
+                report.requeued += 1;
+            } else {
+                ticket::stop_at_checkpoint(&mut *conn, l.id, "attempts_exhausted").await?;
+                tracing::info!(request_id = %l.id, "lease lapsed with attempts spent; stopped at its last checkpoint");
+                report.stopped += 1;
+            }
+        }
+        // Someone claimed a request with nothing to do and vanished: just clear it.
+        _ => ticket::fence_out(&mut *conn, l.id).await?,
+    }
+    Ok(())
+}
+
+/// Runs the sweeper: competes for leadership, and sweeps every `interval` while leader.
+pub async fn run(
+    pool: PgPool,
+    interval: Duration,
+    metrics: SweeperMetrics,
+    shutdown: CancellationToken,
+) {
+    let options = pool.connect_options().as_ref().clone();
+    while !shutdown.is_cancelled() {
+        // The lock lives on this dedicated connection: if it dies, leadership ends.
+        let mut leader = match PgConnection::connect_with(&options).await {
+            Ok(conn) => conn,
+            Err(e) => {
+                tracing::warn!(error = %e, "sweeper cannot connect; retrying");
+                pause(interval, &shutdown).await;
+                continue;
+            }
+        };
+        let won: Result<bool, _> = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+            .bind(LEADER_LOCK)
+            .fetch_one(&mut leader)
+            .await;
+        if !matches!(won, Ok(true)) {
+            let _ = leader.close().await;
+            pause(interval, &shutdown).await;
+            continue;
+        }
+        tracing::info!("this scheduler leads the lease sweeper");
+        while !shutdown.is_cancelled() {
+            if let Err(e) = sweep_once(&pool, 500, &metrics).await {
+                tracing::warn!(error = %e, "sweep failed");
+            }
+            // Still leader? A lost connection means another may have taken over.
+            if sqlx::query("SELECT 1").execute(&mut leader).await.is_err() {
+                tracing::warn!("sweeper lost its leader connection");
+                break;
+            }
+            pause(interval, &shutdown).await;
+        }
+        let _ = leader.close().await;
+    }
+}
+
+async fn pause(interval: Duration, shutdown: &CancellationToken) {
+    tokio::select! {
+        _ = tokio::time::sleep(interval) => {}
+        _ = shutdown.cancelled() => {}
+    }
+}

@@ -1,0 +1,179 @@
+//! Consumes `cairn.runs` and `cairn.continuations`: at most `concurrency` jobs at once,
+//! each delivery acked only after its request was claimed durably. Reconnects to
+//! RabbitMQ with backoff when the broker goes away.
+
+use crate::job::{Claim, JobOutcome, Worker};
+use backon::{BackoffBuilder, ExponentialBuilder};
+use cairn_common::health::AmqpStatus;
+use cairn_common::queue::{self, JobQueue, Topology};
+use cairn_common::run::JobMessage;
+use futures::StreamExt;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions, BasicRejectOptions};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub struct Consumer {
+    pub worker: Arc<Worker>,
+    pub amqp_url: String,
+    pub topology: Topology,
+    pub concurrency: usize,
+    pub prefetch: u16,
+    pub status: AmqpStatus,
+    pub jobs: TaskTracker,
+}
+
+impl Consumer {
+    /// Takes deliveries until `stop_consuming`; running jobs stop early on `drain`.
+    pub async fn run(self, stop_consuming: CancellationToken, drain: CancellationToken) {
+        let permits = Arc::new(Semaphore::new(self.concurrency));
+        let mut backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(200))
+            .with_max_delay(Duration::from_secs(5))
+            .without_max_times()
+            .build();
+        while !stop_consuming.is_cancelled() {
+            match self.session(&permits, &stop_consuming, &drain).await {
+                Ok(()) => return,
+                Err(e) => {
+                    self.status.set(false);
+                    let wait = backoff.next().unwrap_or(Duration::from_secs(5));
+                    tracing::warn!(error = %e, ?wait, "RabbitMQ consumer stopped; reconnecting");
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = stop_consuming.cancelled() => {}
+                    }
+                }
+            }
+        }
+    }
+
+    /// One connection's worth of consuming. `Ok` means stop was requested.
+    async fn session(
+        &self,
+        permits: &Arc<Semaphore>,
+        stop: &CancellationToken,
+        drain: &CancellationToken,
+    ) -> Result<(), String> {
+        let connection = queue::connect_once(&self.amqp_url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| e.to_string())?;
+        self.topology
+            .declare(&channel)
+            .await
+            .map_err(|e| e.to_string())?;
+        let tag_runs = format!("{}-runs", self.worker.settings.worker_id);
+        let tag_continuations = format!("{}-continuations", self.worker.settings.worker_id);
+        let runs = queue::consume(
+            &channel,
+            &self.topology.queue(JobQueue::Runs),
+            &tag_runs,
+            self.prefetch,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let continuations = queue::consume(
+            &channel,
+            &self.topology.queue(JobQueue::Continuations),
+            &tag_continuations,
+            self.prefetch,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let mut deliveries = futures::stream::select(runs, continuations);
+        self.status.set(true);
+        tracing::info!(
+            concurrency = self.concurrency,
+            prefetch = self.prefetch,
+            "consuming jobs"
+        );
+        let result = loop {
+            // A free slot first, so a delivery is only taken when it can run at once.
+            let permit = tokio::select! {
+                permit = permits.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => break Ok(()),
+                },
+                _ = stop.cancelled() => break Ok(()),
+            };
+            let delivery = tokio::select! {
+                delivery = deliveries.next() => delivery,
+                _ = stop.cancelled() => break Ok(()),
+            };
+            match delivery {
+                Some(Ok(delivery)) => {
+                    let (worker, drain) = (self.worker.clone(), drain.clone());
+                    self.jobs.spawn(process(worker, delivery, permit, drain));
+                }
+                Some(Err(e)) => break Err(e.to_string()),
+                None => break Err("the broker closed the consumer".into()),
+            }
+        };
+        // Stop taking deliveries; prefetched, unstarted ones return to the queue when the
+        // channel closes. Running jobs acked right after their claim and need it no more
+        // (a job caught between claim and ack is redelivered and found claimed).
+        let _ = channel
+            .basic_cancel(tag_runs.as_str().into(), BasicCancelOptions::default())
+            .await;
+        let _ = channel
+            .basic_cancel(
+                tag_continuations.as_str().into(),
+                BasicCancelOptions::default(),
+            )
+            .await;
+        let _ = connection.close(200, "worker stopping".into()).await;
+        self.status.set(false);
+        result
+    }
+}
+
+async fn process(
+    worker: Arc<Worker>,
+    delivery: Delivery,
+    permit: OwnedSemaphorePermit,
+    drain: CancellationToken,
+) {
+    let _permit = permit;
+    let message: JobMessage = match serde_json::from_slice(&delivery.data) {
+        Ok(message) => message,
+        Err(e) => {
+            tracing::error!(error = %e, "undecodable job message; dead-lettering it");
+            let _ = delivery.reject(BasicRejectOptions { requeue: false }).await;
+            return;
+        }
+    };
+    match worker.claim(&message).await {
+        Ok(Claim::Done(outcome)) => {
+            if matches!(outcome, JobOutcome::Dropped(_)) {
+                worker.metrics.deliveries_dropped.inc();
+            }
+            tracing::debug!(request_id = %message.request_id, ?outcome, "delivery handled without running");
+            let _ = delivery.ack(BasicAckOptions::default()).await;
+        }
+        Ok(Claim::Run(claimed)) => {
+            // Claimed durably: ack now, so a long job never holds an unacked delivery.
+            if let Err(e) = delivery.ack(BasicAckOptions::default()).await {
+                tracing::warn!(error = %e, "ack failed after the claim; a redelivery will find the request claimed");
+            }
+            worker.execute(claimed, drain).await;
+        }
+        Err(e) => {
+            // Nothing was claimed: let RabbitMQ redeliver (its delivery limit bounds loops).
+            tracing::warn!(error = %e, request_id = %message.request_id, "claim failed; requeueing the delivery");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let _ = delivery
+                .nack(BasicNackOptions {
+                    requeue: true,
+                    ..Default::default()
+                })
+                .await;
+        }
+    }
+}

@@ -1,0 +1,804 @@
+//! One job: claim the request under a fenced lease, then run its plan, journaling an
+//! intent before and a receipt after every step. Completed steps are reused, never
+//! replayed; a step with an intent and no receipt runs again only if idempotent.
+
+use crate::metrics::WorkerMetrics;
+use crate::renewal::{self, StopReason};
+use crate::report;
+use crate::step::{self, Interruption, StepCommand, StepOutcome};
+use crate::workspace::{self, Workspace};
+use cairn_common::lease::{Lease, LeaseError, Leases};
+use cairn_common::outbox;
+use cairn_common::queue::JobQueue;
+use cairn_common::run::{JobKind, JobMessage, RequestState, StepSpec};
+use cairn_common::ticket;
+use serde_json::json;
+use sqlx::{PgConnection, PgPool};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// Settings every job of this worker shares.
+#[derive(Debug, Clone)]
+pub struct JobSettings {
+    pub worker_id: String,
+    pub workspaces_dir: PathBuf,
+    pub artifacts_dir: PathBuf,
+    pub output_max_bytes: u64,
+    pub output_tail_bytes: usize,
+    pub kill_grace: Duration,
+}
+
+/// How a delivery ended, for logs, metrics and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobOutcome {
+    /// Acked without work: a duplicate, a stale message, or a request another holds.
+    Dropped(String),
+    Completed,
+    /// A retained report was accepted (final-outcome continuation); nothing ran.
+    Accepted,
+    AwaitingVerification,
+    Failed(String),
+    NeedsReconciliation(String),
+    Cancelled,
+    /// Drain: the request went back to the queue for another worker.
+    HandedBack,
+    /// The lease was lost: nothing more was written.
+    Fenced,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum JobError {
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    #[error("database error: {0}")]
+    Db(#[from] sqlx::Error),
+}
+
+/// A claimed request, ready to run.
+pub struct Claimed {
+    lease: Lease,
+    kind: JobKind,
+    action_id: Option<Uuid>,
+    run_id: Uuid,
+    attempt: i32,
+    steps: Vec<StepSpec>,
+    repository: Option<String>,
+    git_ref: Option<String>,
+    max_commands: i32,
+    max_wall_ms: i64,
+    used_commands: i32,
+    used_wall_ms: i64,
+}
+
+#[derive(sqlx::FromRow)]
+struct RequestRow {
+    state: String,
+    kind: String,
+    run_id: Uuid,
+    attempt: i32,
+    steps: serde_json::Value,
+    repository: Option<String>,
+    git_ref: Option<String>,
+    max_commands: i32,
+    max_wall_seconds: i32,
+    used_commands: i32,
+    used_wall_ms: i64,
+    cancel_requested: bool,
+    deadline_passed: bool,
+    queued_for_seconds: f64,
+}
+
+pub struct Worker {
+    pub pool: PgPool,
+    pub leases: Leases,
+    pub settings: JobSettings,
+    pub metrics: WorkerMetrics,
+}
+
+/// The result of a claim attempt.
+pub enum Claim {
+    Run(Box<Claimed>),
+    Done(JobOutcome),
+}
+
+impl Worker {
+    /// Claims the request a message announces and decides whether there is work. Only
+    /// after this returns may the delivery be acked.
+    #[tracing::instrument(skip_all, fields(request_id = %message.request_id, kind = ?message.kind))]
+    pub async fn claim(&self, message: &JobMessage) -> Result<Claim, JobError> {
+        let lease = match self
+            .leases
+            .claim(message.request_id, &self.settings.worker_id)
+            .await
+        {
+            Ok(Some(lease)) => lease,
+            Ok(None) => {
+                return Ok(Claim::Done(JobOutcome::Dropped(
+                    "another worker holds the request".into(),
+                )))
+            }
+            Err(LeaseError::NotFound(_)) => {
+                return Ok(Claim::Done(JobOutcome::Dropped("unknown request".into())))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let mut tx = lease.begin_fenced(&self.pool).await?;
+        let row: RequestRow = sqlx::query_as(
+            "SELECT e.state, e.kind, e.run_id, e.attempt, r.steps, r.repository, r.git_ref, e.max_commands,
+                    e.max_wall_seconds, e.used_commands, e.used_wall_ms,
+                    e.cancel_requested_at IS NOT NULL AS cancel_requested,
+                    COALESCE(r.deadline <= now(), FALSE) AS deadline_passed,
+                    EXTRACT(EPOCH FROM clock_timestamp() - e.queued_at)::float8 AS queued_for_seconds
+               FROM execution_requests e JOIN runs r ON r.id = e.run_id WHERE e.id = $1",
+        )
+        .bind(lease.request_id)
+        .fetch_one(&mut *tx)
+        .await?;
+        let queued = row.state == RequestState::Queued.as_str() && row.kind == "run";
+        let pending_action: Option<(Uuid, String)> = sqlx::query_as(
+            "SELECT id, kind FROM continuation_actions
+              WHERE request_id = $1 AND status = 'queued' AND window_ends_at > now()
+              ORDER BY created_at DESC LIMIT 1",
+        )
+        .bind(lease.request_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+
+        let work = match message.kind {
+            // A plain run message is stale once a reviewed continuation owns the ticket.
+            JobKind::Run if queued && pending_action.is_none() => true,
+            JobKind::CheckpointContinuation | JobKind::FinalOutcomeContinuation => {
+                let expected = match message.kind {
+                    JobKind::CheckpointContinuation => "checkpoint_continuation",
+                    _ => "final_outcome_continuation",
+                };
+                queued
+                    && pending_action.as_ref().is_some_and(|(id, kind)| {
+                        Some(*id) == message.action_id && kind == expected
+                    })
+            }
+            _ => false,
+        };
+        if !work {
+            self.leases.release_in(&mut tx, &lease).await?;
+            tx.commit().await?;
+            self.leases.clear_liveness(&lease).await;
+            return Ok(Claim::Done(JobOutcome::Dropped(format!(
+                "nothing to do: request is {}",
+                row.state
+            ))));
+        }
+        self.metrics.jobs_claimed.inc();
+        self.metrics
+            .claim_latency_seconds
+            .observe(row.queued_for_seconds.max(0.0));
+        if row.cancel_requested || row.deadline_passed {
+            let (state, reason) = if row.cancel_requested {
+                (RequestState::Cancelled, "cancelled before it started")
+            } else {
+                (
+                    RequestState::Failed,
+                    "the run's deadline passed before it started",
+                )
+            };
+            ticket::set_state(&mut tx, lease.request_id, state, Some(reason), None).await?;
+            if let Some((action_id, _)) = pending_action {
+                ticket::set_action_status(&mut tx, action_id, "failed").await?;
+            }
+            self.leases.release_in(&mut tx, &lease).await?;
+            tx.commit().await?;
+            self.leases.clear_liveness(&lease).await;
+            self.metrics.jobs_failed.inc();
+            return Ok(Claim::Done(if row.cancel_requested {
+                JobOutcome::Cancelled
+            } else {
+                JobOutcome::Failed(reason.into())
+            }));
+        }
+        if message.kind == JobKind::FinalOutcomeContinuation {
+            let outcome = self
+                .accept_report(&mut tx, &lease, message.action_id)
+                .await?;
+            self.leases.release_in(&mut tx, &lease).await?;
+            tx.commit().await?;
+            self.leases.clear_liveness(&lease).await;
+            match outcome {
+                JobOutcome::Accepted => self.metrics.jobs_completed.inc(),
+                _ => self.metrics.jobs_failed.inc(),
+            };
+            return Ok(Claim::Done(outcome));
+        }
+        ticket::set_state(
+            &mut tx,
+            lease.request_id,
+            RequestState::Executing,
+            None,
+            None,
+        )
+        .await?;
+        if let Some(action_id) = message.action_id {
+            ticket::set_action_status(&mut tx, action_id, "executing").await?;
+            sqlx::query("UPDATE continuation_actions SET claimed_epoch = $2 WHERE id = $1")
+                .bind(action_id)
+                .bind(lease.epoch)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        let steps: Vec<StepSpec> = serde_json::from_value(row.steps).unwrap_or_default();
+        Ok(Claim::Run(Box::new(Claimed {
+            lease,
+            kind: message.kind,
+            action_id: message.action_id,
+            run_id: row.run_id,
+            attempt: row.attempt,
+            steps,
+            repository: row.repository,
+            git_ref: row.git_ref,
+            max_commands: row.max_commands,
+            max_wall_ms: i64::from(row.max_wall_seconds) * 1000,
+            used_commands: row.used_commands,
+            used_wall_ms: row.used_wall_ms,
+        })))
+    }
+
+    /// Accepts the retained final report exactly once (a unique consumption record).
+    async fn accept_report(
+        &self,
+        conn: &mut PgConnection,
+        lease: &Lease,
+        action_id: Option<Uuid>,
+    ) -> Result<JobOutcome, JobError> {
+        let report: Option<(String, Option<String>)> = sqlx::query_as(
+            "SELECT outcome, followup_kind FROM final_reports WHERE request_id = $1",
+        )
+        .bind(lease.request_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+        let consumed = sqlx::query(
+            "INSERT INTO report_consumptions (request_id, action_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        )
+        .bind(lease.request_id)
+        .bind(action_id)
+        .execute(&mut *conn)
+        .await;
+        let consumed = match (report.as_ref(), consumed) {
+            (Some(_), Ok(done)) => done.rows_affected() == 1,
+            _ => false,
+        };
+        let Some((outcome, followup_kind)) = report.filter(|_| consumed) else {
+            ticket::set_state(
+                &mut *conn,
+                lease.request_id,
+                RequestState::NeedsReconciliation,
+                Some("no retained report to accept"),
+                None,
+            )
+            .await?;
+            if let Some(action_id) = action_id {
+                ticket::set_action_status(&mut *conn, action_id, "needs_reconciliation").await?;
+            }
+            return Ok(JobOutcome::NeedsReconciliation(
+                "no retained report to accept".into(),
+            ));
+        };
+        sqlx::query(
+            "INSERT INTO journal_entries (request_id, entry_kind, lease_epoch, body) VALUES ($1, 'final_report_accepted', $2, $3)",
+        )
+        .bind(lease.request_id)
+        .bind(lease.epoch)
+        .bind(json!({"outcome": outcome, "followup_kind": followup_kind, "action_id": action_id, "worker": self.settings.worker_id}))
+        .execute(&mut *conn)
+        .await?;
+        let verification = followup_kind.as_deref() == Some("verification");
+        let state = if verification {
+            RequestState::AwaitingVerification
+        } else {
+            RequestState::Completed
+        };
+        ticket::set_state(&mut *conn, lease.request_id, state, None, None).await?;
+        if let Some(action_id) = action_id {
+            ticket::set_action_status(&mut *conn, action_id, "completed").await?;
+        }
+        Ok(if action_id.is_some() {
+            JobOutcome::Accepted
+        } else if verification {
+            JobOutcome::AwaitingVerification
+        } else {
+            JobOutcome::Completed
+        })
+    }
+
+    /// Runs a claimed request's plan until it ends, is handed back on `drain`, or the
+    /// lease is lost.
+    #[tracing::instrument(skip_all, fields(request_id = %claimed.lease.request_id, run_id = %claimed.run_id, attempt = claimed.attempt))]
+    pub async fn execute(
+        self: &Arc<Self>,
+        claimed: Box<Claimed>,
+        drain: CancellationToken,
+    ) -> JobOutcome {
+        let stop = CancellationToken::new();
+        let reason = Arc::new(StopReason::default());
+        let keeper = renewal::spawn(
+            self.clone(),
+            claimed.lease.clone(),
+            stop.clone(),
+            reason.clone(),
+        );
+        let drain_watch = {
+            let (stop, reason, drain) = (stop.clone(), reason.clone(), drain.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    _ = drain.cancelled() => { reason.set(renewal::Reason::Drain); stop.cancel(); }
+                    _ = stop.cancelled() => {}
+                }
+            })
+        };
+        let outcome = match self.run_plan(&claimed, &stop, &reason).await {
+            Ok(outcome) => outcome,
+            Err(JobError::Lease(e)) => {
+                tracing::warn!(error = %e, "a durable write was refused: this worker no longer owns the request");
+                self.metrics.stale_writes_rejected.inc();
+                self.metrics.self_fenced.inc();
+                JobOutcome::Fenced
+            }
+            Err(JobError::Db(e)) => {
+                // The lease will lapse and the sweeper will give the request another attempt.
+                tracing::error!(error = %e, "database error while running a job; leaving it to the lease sweeper");
+                JobOutcome::Fenced
+            }
+        };
+        stop.cancel();
+        keeper.stop().await;
+        let _ = drain_watch.await;
+        match &outcome {
+            JobOutcome::Completed | JobOutcome::AwaitingVerification => {
+                self.metrics.jobs_completed.inc();
+            }
+            JobOutcome::HandedBack => {
+                self.metrics.jobs_handed_back.inc();
+            }
+            JobOutcome::Failed(_) | JobOutcome::NeedsReconciliation(_) | JobOutcome::Cancelled => {
+                self.metrics.jobs_failed.inc();
+            }
+            _ => {}
+        }
+        tracing::info!(outcome = ?outcome, "job ended");
+        outcome
+    }
+
+    async fn run_plan(
+        &self,
+        job: &Claimed,
+        stop: &CancellationToken,
+        reason: &StopReason,
+    ) -> Result<JobOutcome, JobError> {
+        let request_id = job.lease.request_id;
+        let workspace = match workspace::prepare(
+            &self.settings.workspaces_dir,
+            request_id,
+            job.repository.as_deref(),
+            job.git_ref.as_deref(),
+        )
+        .await
+        {
+            Ok(workspace) => workspace,
+            Err(e) => {
+                let message = format!("workspace: {e}");
+                return self
+                    .finish(job, RequestState::Failed, Some(&message), None)
+                    .await
+                    .map(|_| JobOutcome::Failed(message));
+            }
+        };
+        let result = self.run_steps(job, &workspace, stop, reason).await;
+        workspace::remove(&workspace).await;
+        result
+    }
+
+    async fn run_steps(
+        &self,
+        job: &Claimed,
+        workspace: &Workspace,
+        stop: &CancellationToken,
+        reason: &StopReason,
+    ) -> Result<JobOutcome, JobError> {
+        let request_id = job.lease.request_id;
+        let journal: Vec<(String, bool)> = sqlx::query_as(
+            "SELECT i.step_key, r.step_key IS NOT NULL FROM journal_intents i
+               LEFT JOIN journal_receipts r ON r.request_id = i.request_id AND r.step_key = i.step_key
+              WHERE i.request_id = $1",
+        )
+        .bind(request_id)
+        .fetch_all(&self.pool)
+        .await?;
+        let journal: HashMap<String, bool> = journal.into_iter().collect();
+        let mut used_commands = job.used_commands;
+        let mut used_wall_ms = job.used_wall_ms;
+        let last = job.steps.len().saturating_sub(1);
+
+        for (index, step) in job.steps.iter().enumerate() {
+            match journal.get(&step.key) {
+                Some(true) => {
+                    // A receipt exists: the effect happened; reuse it and keep its charge.
+                    self.metrics.steps_reused.inc();
+                    tracing::info!(step = %step.key, "step reused from its receipt");
+                    continue;
+                }
+                Some(false) if !step.idempotent => {
+                    let message = format!(
+                        "step {} started and has no receipt: its outcome is unknown",
+                        step.key
+                    );
+                    self.finish(
+                        job,
+                        RequestState::NeedsReconciliation,
+                        Some("unknown_outcome"),
+                        Some(&step.key),
+                    )
+                    .await?;
+                    return Ok(JobOutcome::NeedsReconciliation(message));
+                }
+                Some(false) => {
+                    tracing::info!(step = %step.key, "idempotent step with an unknown outcome runs again")
+                }
+                None => {}
+            }
+            if stop.is_cancelled() {
+                return self.interrupted(job, reason).await;
+            }
+            if used_commands >= job.max_commands {
+                let message = format!(
+                    "budget exhausted: max_commands ({}) spent before step {}",
+                    job.max_commands, step.key
+                );
+                self.finish(job, RequestState::Failed, Some(&message), None)
+                    .await?;
+                return Ok(JobOutcome::Failed(message));
+            }
+            let remaining_wall_ms = job.max_wall_ms - used_wall_ms;
+            if remaining_wall_ms <= 0 {
+                let message = format!(
+                    "budget exhausted: max_wall_seconds spent before step {}",
+                    step.key
+                );
+                self.finish(job, RequestState::Failed, Some(&message), None)
+                    .await?;
+                return Ok(JobOutcome::Failed(message));
+            }
+
+            // The intent, and the command's charge, are durable before the step starts.
+            let mut tx = job.lease.begin_fenced(&self.pool).await?;
+            sqlx::query(
+                "INSERT INTO journal_intents (request_id, step_key, step_index, idempotent, lease_epoch, attempt)
+                 VALUES ($1, $2, $3, $4, $5, $6)
+                 ON CONFLICT (request_id, step_key) DO UPDATE
+                    SET lease_epoch = EXCLUDED.lease_epoch, attempt = EXCLUDED.attempt, started_at = now()",
+            )
+            .bind(request_id)
+            .bind(&step.key)
+            .bind(i32::try_from(index).unwrap_or(i32::MAX))
+            .bind(step.idempotent)
+            .bind(job.lease.epoch)
+            .bind(job.attempt)
+            .execute(&mut *tx)
+            .await?;
+            sqlx::query("UPDATE execution_requests SET used_commands = used_commands + 1, updated_at = now() WHERE id = $1")
+                .bind(request_id)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            used_commands += 1;
+
+            let command = self.command(job, workspace, step, index, remaining_wall_ms);
+            if index == last {
+                let _ = tokio::fs::remove_file(&workspace.report_file).await;
+            }
+            self.metrics.steps_run.inc();
+            tracing::info!(step = %step.key, "step started");
+            let outcome = match step::run(&command, stop).await {
+                Ok(outcome) => outcome,
+                Err(e) => {
+                    // The program could not start: a receipt records it as a failed step.
+                    let message = format!("step {}: {e}", step.key);
+                    self.write_receipt(job, step, &spawn_failure(&message), None)
+                        .await?;
+                    self.finish(job, RequestState::Failed, Some(&message), None)
+                        .await?;
+                    return Ok(JobOutcome::Failed(message));
+                }
+            };
+            if outcome.interrupted == Some(Interruption::Stopped) {
+                return self.interrupted(job, reason).await;
+            }
+            used_wall_ms += outcome.wall_ms;
+            let final_report = if index == last && outcome.succeeded() {
+                match report::read(&workspace.report_file).await {
+                    Ok(report) => report,
+                    Err(message) => {
+                        self.write_receipt(job, step, &outcome, None).await?;
+                        self.finish(job, RequestState::Failed, Some(&message), None)
+                            .await?;
+                        return Ok(JobOutcome::Failed(message));
+                    }
+                }
+            } else {
+                None
+            };
+            self.write_receipt(job, step, &outcome, final_report.as_ref())
+                .await?;
+            tracing::info!(step = %step.key, result = %outcome.describe(), wall_ms = outcome.wall_ms, "step ended");
+            if !outcome.succeeded() {
+                let message = format!("step {} {}", step.key, outcome.describe());
+                self.finish(job, RequestState::Failed, Some(&message), None)
+                    .await?;
+                return Ok(JobOutcome::Failed(message));
+            }
+        }
+        self.complete(job).await
+    }
+
+    fn command(
+        &self,
+        job: &Claimed,
+        workspace: &Workspace,
+        step: &StepSpec,
+        index: usize,
+        remaining_wall_ms: i64,
+    ) -> StepCommand {
+        let mut env: BTreeMap<String, String> = BTreeMap::from([
+            ("HOME".into(), workspace.home.to_string_lossy().into_owned()),
+            ("CAIRN_RUN_ID".into(), job.run_id.simple().to_string()),
+            (
+                "CAIRN_REQUEST_ID".into(),
+                job.lease.request_id.simple().to_string(),
+            ),
+            ("CAIRN_STEP_KEY".into(), step.key.clone()),
+            ("CAIRN_STEP_INDEX".into(), index.to_string()),
+            ("CAIRN_ATTEMPT".into(), job.attempt.to_string()),
+            (
+                "CAIRN_REPORT_FILE".into(),
+                workspace.report_file.to_string_lossy().into_owned(),
+            ),
+        ]);
+        env.extend(step.env.clone());
+        let step_timeout = Duration::from_secs(u64::from(step.timeout_seconds));
+        let wall_left = Duration::from_millis(u64::try_from(remaining_wall_ms).unwrap_or(0));
+        StepCommand {
+            argv: step.argv.clone(),
+            env,
+            cwd: step
+                .cwd
+                .as_ref()
+                .map(|c| workspace.root.join(c))
+                .unwrap_or_else(|| workspace.root.clone()),
+            timeout: step_timeout.min(wall_left),
+            output_base: step::output_base(
+                &self.settings.artifacts_dir,
+                job.lease.request_id,
+                &step.key,
+                job.lease.epoch,
+            ),
+            max_output: self.settings.output_max_bytes,
+            tail_bytes: self.settings.output_tail_bytes,
+            kill_grace: self.settings.kill_grace,
+        }
+    }
+
+    async fn write_receipt(
+        &self,
+        job: &Claimed,
+        step: &StepSpec,
+        outcome: &StepOutcome,
+        final_report: Option<&(report::FinalReport, serde_json::Value)>,
+    ) -> Result<(), JobError> {
+        let mut tx = job.lease.begin_fenced(&self.pool).await?;
+        sqlx::query(
+            "INSERT INTO journal_receipts (request_id, step_key, lease_epoch, attempt, exit_code, signal, timed_out,
+                                           wall_ms, cpu_ms, output_digest, stdout_tail, stderr_tail, output_artifact)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+        )
+        .bind(job.lease.request_id)
+        .bind(&step.key)
+        .bind(job.lease.epoch)
+        .bind(job.attempt)
+        .bind(outcome.exit_code)
+        .bind(outcome.signal)
+        .bind(outcome.interrupted == Some(Interruption::TimedOut))
+        .bind(outcome.wall_ms)
+        .bind(outcome.cpu_ms)
+        .bind(&outcome.output_digest)
+        .bind(&outcome.stdout_tail)
+        .bind(&outcome.stderr_tail)
+        .bind(outcome.stdout_path.with_extension("").to_string_lossy().into_owned())
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE execution_requests SET used_wall_ms = used_wall_ms + $2, used_cpu_ms = used_cpu_ms + $3, updated_at = now()
+              WHERE id = $1",
+        )
+        .bind(job.lease.request_id)
+        .bind(outcome.wall_ms)
+        .bind(outcome.cpu_ms)
+        .execute(&mut *tx)
+        .await?;
+        if let Some((report, body)) = final_report {
+            // Retained with the last receipt; accepted (consumed) separately, once.
+            sqlx::query(
+                "INSERT INTO final_reports (request_id, outcome, followup_kind, body, lease_epoch) VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (request_id) DO NOTHING",
+            )
+            .bind(job.lease.request_id)
+            .bind(report.outcome.as_str())
+            .bind(&report.followup_kind)
+            .bind(body)
+            .bind(job.lease.epoch)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Every step has its receipt: accept the report, if any, and complete.
+    async fn complete(&self, job: &Claimed) -> Result<JobOutcome, JobError> {
+        let mut tx = job.lease.begin_fenced(&self.pool).await?;
+        let has_report: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM final_reports f WHERE f.request_id = $1
+                              AND NOT EXISTS (SELECT 1 FROM report_consumptions c WHERE c.request_id = f.request_id))",
+        )
+        .bind(job.lease.request_id)
+        .fetch_one(&mut *tx)
+        .await?;
+        let outcome = if has_report {
+            self.accept_report(&mut tx, &job.lease, job.action_id)
+                .await?
+        } else {
+            ticket::set_state(
+                &mut tx,
+                job.lease.request_id,
+                RequestState::Completed,
+                None,
+                None,
+            )
+            .await?;
+            if let Some(action_id) = job.action_id {
+                ticket::set_action_status(&mut tx, action_id, "completed").await?;
+            }
+            JobOutcome::Completed
+        };
+        self.leases.release_in(&mut tx, &job.lease).await?;
+        tx.commit().await?;
+        self.leases.clear_liveness(&job.lease).await;
+        Ok(match outcome {
+            JobOutcome::Accepted => JobOutcome::Completed,
+            other => other,
+        })
+    }
+
+    /// Ends the job in `state` and releases the lease, in one fenced transaction.
+    async fn finish(
+        &self,
+        job: &Claimed,
+        state: RequestState,
+        reason: Option<&str>,
+        step: Option<&str>,
+    ) -> Result<(), JobError> {
+        let mut tx = job.lease.begin_fenced(&self.pool).await?;
+        ticket::set_state(&mut tx, job.lease.request_id, state, reason, step).await?;
+        if let Some(action_id) = job.action_id {
+            let status = match state {
+                RequestState::NeedsReconciliation => "needs_reconciliation",
+                RequestState::Completed => "completed",
+                _ => "failed",
+            };
+            ticket::set_action_status(&mut tx, action_id, status).await?;
+        }
+        self.leases.release_in(&mut tx, &job.lease).await?;
+        tx.commit().await?;
+        self.leases.clear_liveness(&job.lease).await;
+        Ok(())
+    }
+
+    /// The job was stopped mid-way: cancelled, drained, or fenced.
+    async fn interrupted(
+        &self,
+        job: &Claimed,
+        reason: &StopReason,
+    ) -> Result<JobOutcome, JobError> {
+        match reason.get() {
+            Some(renewal::Reason::Cancelled) => {
+                self.finish(
+                    job,
+                    RequestState::Cancelled,
+                    Some("cancelled while running"),
+                    None,
+                )
+                .await?;
+                Ok(JobOutcome::Cancelled)
+            }
+            Some(renewal::Reason::Drain) => {
+                self.hand_back(job).await?;
+                Ok(JobOutcome::HandedBack)
+            }
+            Some(renewal::Reason::Fenced) | None => {
+                self.metrics.self_fenced.inc();
+                Ok(JobOutcome::Fenced)
+            }
+        }
+    }
+
+    /// Drain: the request goes back to the queue at once, on the same attempt, for
+    /// another worker; a stopped step has no receipt and follows the unknown-outcome rule.
+    async fn hand_back(&self, job: &Claimed) -> Result<(), JobError> {
+        let mut tx = job.lease.begin_fenced(&self.pool).await?;
+        match (job.kind, job.action_id) {
+            (JobKind::CheckpointContinuation, Some(action_id)) => {
+                let window_open: bool = sqlx::query_scalar(
+                    "SELECT window_ends_at > now() FROM continuation_actions WHERE id = $1",
+                )
+                .bind(action_id)
+                .fetch_one(&mut *tx)
+                .await?;
+                if window_open {
+                    ticket::fence_out(&mut tx, job.lease.request_id).await?;
+                    ticket::set_state(
+                        &mut tx,
+                        job.lease.request_id,
+                        RequestState::Queued,
+                        None,
+                        None,
+                    )
+                    .await?;
+                    ticket::set_action_status(&mut tx, action_id, "queued").await?;
+                    let message = JobMessage {
+                        kind: JobKind::CheckpointContinuation,
+                        run_id: job.run_id,
+                        request_id: job.lease.request_id,
+                        action_id: Some(action_id),
+                        attempt: Some(job.attempt),
+                    };
+                    outbox::enqueue(
+                        &mut tx,
+                        JobQueue::Continuations.routing_key(),
+                        &serde_json::to_value(message).unwrap_or_default(),
+                    )
+                    .await?;
+                } else {
+                    ticket::stop_at_checkpoint(
+                        &mut tx,
+                        job.lease.request_id,
+                        "continuation_window_ended",
+                    )
+                    .await?;
+                    ticket::set_action_status(&mut tx, action_id, "failed").await?;
+                }
+            }
+            _ => {
+                ticket::requeue(&mut tx, job.lease.request_id, false).await?;
+            }
+        }
+        tx.commit().await?;
+        self.leases.clear_liveness(&job.lease).await;
+        Ok(())
+    }
+}
+
+fn spawn_failure(message: &str) -> StepOutcome {
+    StepOutcome {
+        exit_code: None,
+        signal: None,
+        interrupted: None,
+        wall_ms: 0,
+        cpu_ms: 0,
+        output_digest: cairn_common::digest::sha256_hex(message.as_bytes()),
+        stdout_tail: String::new(),
+        stderr_tail: message.to_string(),
+        stdout_path: PathBuf::new(),
+        truncated: false,
+    }
+}

@@ -1,0 +1,105 @@
+//! The worker's metrics.
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone)]
+pub struct WorkerMetrics {
+    pub jobs_claimed: Counter,
+    pub jobs_completed: Counter,
+    pub jobs_failed: Counter,
+    pub jobs_handed_back: Counter,
+    pub deliveries_dropped: Counter,
+    pub steps_run: Counter,
+    pub steps_reused: Counter,
+    pub leases_renewed: Counter,
+    pub leases_lost: Counter,
+    pub self_fenced: Counter,
+    pub stale_writes_rejected: Counter,
+    pub claim_latency_seconds: Histogram,
+}
+
+impl Default for WorkerMetrics {
+    fn default() -> Self {
+        let buckets = [
+            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        ];
+        WorkerMetrics {
+            jobs_claimed: Counter::default(),
+            jobs_completed: Counter::default(),
+            jobs_failed: Counter::default(),
+            jobs_handed_back: Counter::default(),
+            deliveries_dropped: Counter::default(),
+            steps_run: Counter::default(),
+            steps_reused: Counter::default(),
+            leases_renewed: Counter::default(),
+            leases_lost: Counter::default(),
+            self_fenced: Counter::default(),
+            stale_writes_rejected: Counter::default(),
+            claim_latency_seconds: Histogram::new(buckets),
+        }
+    }
+}
+
+impl WorkerMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        let mut add = |name: &str, help: &str, counter: &Counter| {
+            registry.register(name, help, counter.clone())
+        };
+        add(
+            "worker_jobs_claimed",
+            "Deliveries whose request this worker claimed",
+            &m.jobs_claimed,
+        );
+        add(
+            "worker_jobs_completed",
+            "Jobs this worker completed",
+            &m.jobs_completed,
+        );
+        add(
+            "worker_jobs_failed",
+            "Jobs that ended failed, cancelled or needing reconciliation",
+            &m.jobs_failed,
+        );
+        add(
+            "worker_jobs_handed_back",
+            "Jobs handed back to the queue on drain",
+            &m.jobs_handed_back,
+        );
+        add(
+            "worker_deliveries_dropped",
+            "Duplicate or stale deliveries acked and dropped",
+            &m.deliveries_dropped,
+        );
+        add("worker_steps_run", "Steps executed", &m.steps_run);
+        add(
+            "worker_steps_reused",
+            "Steps skipped because a receipt already existed",
+            &m.steps_reused,
+        );
+        add("worker_leases_renewed", "Lease renewals", &m.leases_renewed);
+        add(
+            "worker_leases_lost",
+            "Leases lost (expired or taken over)",
+            &m.leases_lost,
+        );
+        add(
+            "worker_self_fenced",
+            "Jobs stopped because their lease was lost",
+            &m.self_fenced,
+        );
+        add(
+            "worker_stale_writes_rejected",
+            "Durable writes refused because a newer owner exists",
+            &m.stale_writes_rejected,
+        );
+        registry.register(
+            "worker_claim_latency_seconds",
+            "Time from a request being queued to this worker claiming it",
+            m.claim_latency_seconds.clone(),
+        );
+        m
+    }
+}

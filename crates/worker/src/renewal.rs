@@ -1,0 +1,131 @@
+//! The lease keeper: renews a job's lease on its own task, every third of the TTL, so
+//! job work never starves it. It stops the job when the lease is lost (self-fencing:
+//! the step's process group is stopped and nothing more is written) and when the run's
+//! cancellation was requested.
+
+use crate::job::Worker;
+use cairn_common::lease::{Lease, LeaseError};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// Why a job was stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    Fenced,
+    Cancelled,
+    Drain,
+}
+
+/// The first reason a job was stopped for.
+#[derive(Debug, Default)]
+pub struct StopReason(AtomicU8);
+
+impl StopReason {
+    pub fn set(&self, reason: Reason) {
+        let code = match reason {
+            Reason::Fenced => 1,
+            Reason::Cancelled => 2,
+            Reason::Drain => 3,
+        };
+        let _ = self
+            .0
+            .compare_exchange(0, code, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    pub fn get(&self) -> Option<Reason> {
+        match self.0.load(Ordering::SeqCst) {
+            1 => Some(Reason::Fenced),
+            2 => Some(Reason::Cancelled),
+            3 => Some(Reason::Drain),
+            _ => None,
+        }
+    }
+}
+
+pub struct Keeper {
+    done: CancellationToken,
+    task: JoinHandle<()>,
+}
+
+impl Keeper {
+    pub async fn stop(self) {
+        self.done.cancel();
+        let _ = self.task.await;
+    }
+}
+
+pub fn spawn(
+    worker: Arc<Worker>,
+    lease: Lease,
+    stop: CancellationToken,
+    reason: Arc<StopReason>,
+) -> Keeper {
+    let done = CancellationToken::new();
+    let task = tokio::spawn(keep(worker, lease, stop, reason, done.clone()));
+    Keeper { done, task }
+}
+
+async fn keep(
+    worker: Arc<Worker>,
+    mut lease: Lease,
+    stop: CancellationToken,
+    reason: Arc<StopReason>,
+    done: CancellationToken,
+) {
+    let ttl = worker.leases.ttl();
+    let interval = (ttl / 3).max(Duration::from_millis(100));
+    let mut renewed_at = Instant::now();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(interval) => {}
+            _ = done.cancelled() => return,
+        }
+        // Past the deadline without a renewal: fence ourselves before asking anyone.
+        if renewed_at.elapsed() >= ttl {
+            lost(
+                &worker,
+                &stop,
+                &reason,
+                "the lease deadline passed without a renewal",
+            );
+            return;
+        }
+        match worker.leases.renew(&mut lease).await {
+            Ok(()) => {
+                renewed_at = Instant::now();
+                worker.metrics.leases_renewed.inc();
+                let cancel: Result<bool, _> = sqlx::query_scalar(
+                    "SELECT cancel_requested_at IS NOT NULL FROM execution_requests WHERE id = $1",
+                )
+                .bind(lease.request_id)
+                .fetch_one(&worker.pool)
+                .await;
+                if matches!(cancel, Ok(true)) {
+                    tracing::info!(request_id = %lease.request_id, "cancellation requested; stopping the step");
+                    reason.set(Reason::Cancelled);
+                    stop.cancel();
+                }
+            }
+            Err(LeaseError::Db(e)) => {
+                tracing::warn!(error = %e, request_id = %lease.request_id, "lease renewal failed; retrying until the deadline");
+            }
+            Err(e) => {
+                lost(&worker, &stop, &reason, &e.to_string());
+                return;
+            }
+        }
+    }
+}
+
+fn lost(worker: &Worker, stop: &CancellationToken, reason: &StopReason, why: &str) {
+    tracing::warn!(
+        why,
+        "lease lost; self-fencing: stopping the step and writing nothing more"
+    );
+    worker.metrics.leases_lost.inc();
+    reason.set(Reason::Fenced);
+    stop.cancel();
+}

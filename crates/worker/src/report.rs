@@ -1,0 +1,50 @@
+//! The typed final report a run's last step may write to `$CAIRN_REPORT_FILE`.
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct FinalReport {
+    pub outcome: Outcome,
+    #[serde(default)]
+    pub followup_kind: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Complete,
+    Blocked,
+    Clarification,
+    Failed,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Complete => "complete",
+            Outcome::Blocked => "blocked",
+            Outcome::Clarification => "clarification",
+            Outcome::Failed => "failed",
+        }
+    }
+}
+
+/// Reads the report file if the step wrote one: `Ok(None)` when absent, an error
+/// message when it is not a valid report.
+pub async fn read(
+    path: &std::path::Path,
+) -> Result<Option<(FinalReport, serde_json::Value)>, String> {
+    let bytes = match tokio::fs::read(path).await {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read the final report: {e}")),
+    };
+    if bytes.len() > 1024 * 1024 {
+        return Err("the final report is larger than 1 MiB".into());
+    }
+    let body: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| format!("the final report is not JSON: {e}"))?;
+    let report: FinalReport =
+        serde_json::from_value(body.clone()).map_err(|e| format!("invalid final report: {e}"))?;
+    Ok(Some((report, body)))
+}

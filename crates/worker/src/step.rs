@@ -1,0 +1,382 @@
+//! Running one step: its own process group, a cleared environment plus the step's own,
+//! a timeout, bounded captured output, and the CPU time it used.
+//!
+//! The step's process gets `SIGKILL` if the worker dies (parent-death signal), and
+//! every process left in its group is killed when it ends, so nothing a step started
+//! outlives it.
+
+use nix::sys::signal::{killpg, Signal};
+use nix::sys::wait::{waitid, Id as WaitId, WaitPidFlag};
+use nix::unistd::Pid;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+use tokio_util::sync::CancellationToken;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct StepCommand {
+    pub argv: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub cwd: PathBuf,
+    pub timeout: Duration,
+    /// Full output goes here (`.stdout` / `.stderr` appended), bounded by `max_output`.
+    pub output_base: PathBuf,
+    pub max_output: u64,
+    pub tail_bytes: usize,
+    pub kill_grace: Duration,
+}
+
+/// Why a step stopped early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Interruption {
+    TimedOut,
+    /// The job was cancelled (run cancelled, drain, or the lease was lost).
+    Stopped,
+}
+
+/// How a step ended and what it cost.
+#[derive(Debug, Clone)]
+pub struct StepOutcome {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub interrupted: Option<Interruption>,
+    pub wall_ms: i64,
+    pub cpu_ms: i64,
+    /// SHA-256 over stdout then stderr as captured.
+    pub output_digest: String,
+    pub stdout_tail: String,
+    pub stderr_tail: String,
+    pub stdout_path: PathBuf,
+    pub truncated: bool,
+}
+
+impl StepOutcome {
+    pub fn succeeded(&self) -> bool {
+        self.exit_code == Some(0) && self.interrupted.is_none()
+    }
+
+    pub fn describe(&self) -> String {
+        match (self.interrupted, self.exit_code, self.signal) {
+            (Some(Interruption::TimedOut), _, _) => "timed out".into(),
+            (Some(Interruption::Stopped), _, _) => "stopped".into(),
+            (None, Some(code), _) => format!("exited with status {code}"),
+            (None, None, Some(signal)) => format!("killed by signal {signal}"),
+            (None, None, None) => "ended".into(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    #[error("cannot start {program:?}: {source}")]
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("step I/O failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A PATH for steps that set none: the environment is cleared, not empty-handed.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Runs a step to its end, its timeout, or `stop`.
+pub async fn run(
+    command: &StepCommand,
+    stop: &CancellationToken,
+) -> Result<StepOutcome, StepError> {
+    let (program, args) = command.argv.split_first().ok_or_else(|| StepError::Spawn {
+        program: String::new(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty argv"),
+    })?;
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env_clear()
+        .envs(&command.env)
+        .current_dir(&command.cwd)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    if !command.env.contains_key("PATH") {
+        cmd.env("PATH", DEFAULT_PATH);
+    }
+    die_with_parent(&mut cmd);
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(|source| StepError::Spawn {
+        program: program.clone(),
+        source,
+    })?;
+    let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let stdout_path = command.output_base.with_extension("stdout");
+    let stderr_path = command.output_base.with_extension("stderr");
+    let out_task = tokio::spawn(capture(
+        stdout,
+        stdout_path.clone(),
+        command.max_output,
+        command.tail_bytes,
+    ));
+    let err_task = tokio::spawn(capture(
+        stderr,
+        stderr_path,
+        command.max_output,
+        command.tail_bytes,
+    ));
+
+    // Wait for the exit without reaping it, so the CPU time can still be read from
+    // /proc while the process is a zombie.
+    let exited = tokio::task::spawn_blocking(move || {
+        waitid(
+            WaitId::Pid(Pid::from_raw(pid)),
+            WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT,
+        )
+    });
+    tokio::pin!(exited);
+    // Biased: a step that already ended is an ended step, even if a stop arrived at the
+    // same moment; its receipt is then written (or refused by the fence).
+    let interrupted = tokio::select! {
+        biased;
+        _ = &mut exited => None,
+        _ = tokio::time::sleep(command.timeout) => Some(Interruption::TimedOut),
+        _ = stop.cancelled() => Some(Interruption::Stopped),
+    };
+    if interrupted.is_some() {
+        terminate_group(pid, command.kill_grace, &mut exited).await;
+    }
+    let cpu_ms = cpu_ms_of_zombie(pid);
+    let status = child.wait().await?;
+    let wall_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+    // Whatever the step left running in its group ends with it.
+    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+
+    let joined = |r: Result<_, tokio::task::JoinError>| {
+        r.map_err(|e| StepError::Io(std::io::Error::other(e)))
+    };
+    let (out_digest, stdout_tail, out_truncated) = joined(out_task.await)??;
+    let (err_digest, stderr_tail, err_truncated) = joined(err_task.await)??;
+    let mut digest = Sha256::new();
+    digest.update(out_digest);
+    digest.update(err_digest);
+    use std::os::unix::process::ExitStatusExt;
+    Ok(StepOutcome {
+        exit_code: status.code(),
+        signal: status.signal(),
+        interrupted,
+        wall_ms,
+        cpu_ms,
+        output_digest: hex::encode(digest.finalize()),
+        stdout_tail,
+        stderr_tail,
+        stdout_path,
+        truncated: out_truncated || err_truncated,
+    })
+}
+
+/// SIGTERM to the group, SIGKILL after the grace period.
+async fn terminate_group<F>(pid: i32, grace: Duration, exited: &mut std::pin::Pin<&mut F>)
+where
+    F: std::future::Future,
+{
+    let group = Pid::from_raw(pid);
+    let _ = killpg(group, Signal::SIGTERM);
+    if tokio::time::timeout(grace, exited.as_mut()).await.is_err() {
+        let _ = killpg(group, Signal::SIGKILL);
+        exited.as_mut().await;
+    }
+}
+
+#[allow(unsafe_code)]
+fn die_with_parent(cmd: &mut Command) {
+    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
+    // which is async-signal-safe; it touches no memory shared with the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+}
+
+/// User plus system CPU time of an exited, unreaped process and of the children it
+/// waited for, from `/proc/<pid>/stat`.
+fn cpu_ms_of_zombie(pid: i32) -> i64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    // Fields after the parenthesised command name; utime is field 14 (index 11 here).
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+        return 0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: i64 = [11, 12, 13, 14]
+        .iter()
+        .filter_map(|i| fields.get(*i).and_then(|f| f.parse::<i64>().ok()))
+        .sum();
+    let per_second = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .filter(|t| *t > 0)
+        .unwrap_or(100);
+    ticks * 1000 / per_second
+}
+
+/// Streams one output pipe to its artifact file (up to `max` bytes), keeping a digest
+/// and the last `tail` bytes.
+async fn capture<R: AsyncRead + Unpin>(
+    pipe: Option<R>,
+    path: PathBuf,
+    max: u64,
+    tail: usize,
+) -> Result<(Vec<u8>, String, bool), std::io::Error> {
+    let mut digest = Sha256::new();
+    let mut last: Vec<u8> = Vec::new();
+    let mut written: u64 = 0;
+    let mut truncated = false;
+    let Some(mut pipe) = pipe else {
+        return Ok((digest.finalize().to_vec(), String::new(), false));
+    };
+    if let Some(parent) = path.parent() {
+        tokio::fs::create_dir_all(parent).await?;
+    }
+    let mut file = tokio::fs::File::create(&path).await?;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = pipe.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        let chunk = &buf[..n];
+        let room = usize::try_from(max.saturating_sub(written)).unwrap_or(usize::MAX);
+        let kept = &chunk[..chunk.len().min(room)];
+        if kept.len() < chunk.len() {
+            truncated = true;
+        }
+        if !kept.is_empty() {
+            file.write_all(kept).await?;
+            digest.update(kept);
+            written += kept.len() as u64;
+        }
+        // The tail follows the whole stream, even past the artifact bound.
+        last.extend_from_slice(chunk);
+        if last.len() > tail * 2 {
+            last.drain(..last.len() - tail);
+        }
+    }
+    file.flush().await?;
+    if last.len() > tail {
+        last.drain(..last.len() - tail);
+    }
+    Ok((
+        digest.finalize().to_vec(),
+        String::from_utf8_lossy(&last).into_owned(),
+        truncated,
+    ))
+}
+
+/// Where a step's full output lives.
+pub fn output_base(
+    artifacts: &Path,
+    request_id: uuid::Uuid,
+    step_key: &str,
+    epoch: i64,
+) -> PathBuf {
+    artifacts
+        .join("outputs")
+        .join(request_id.simple().to_string())
+        .join(format!("{step_key}.epoch-{epoch}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn command(argv: &[&str], timeout: Duration, dir: &Path) -> StepCommand {
+        StepCommand {
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            env: BTreeMap::from([("GREETING".to_string(), "hello".to_string())]),
+            cwd: dir.to_path_buf(),
+            timeout,
+            output_base: dir.join("out").join("step"),
+            max_output: 16,
+            tail_bytes: 8,
+            kill_grace: Duration::from_millis(200),
+        }
+    }
+
+    fn scratch() -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("cairn-step-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("scratch");
+        dir
+    }
+
+    #[tokio::test]
+    async fn runs_with_only_its_environment_and_bounds_output() {
+        let dir = scratch();
+        std::env::set_var("CAIRN_SHOULD_NOT_LEAK", "secret");
+        let cmd = command(&["sh", "-c", "echo $GREETING-${CAIRN_SHOULD_NOT_LEAK:-none}; echo 0123456789012345678901234; exit 3"], Duration::from_secs(10), &dir);
+        let outcome = run(&cmd, &CancellationToken::new()).await.expect("run");
+        assert_eq!(outcome.exit_code, Some(3));
+        assert!(!outcome.succeeded());
+        let artifact = std::fs::read_to_string(&outcome.stdout_path).expect("artifact");
+        assert_eq!(
+            artifact, "hello-none\n01234",
+            "bounded to 16 bytes, environment cleared"
+        );
+        assert!(outcome.truncated);
+        assert_eq!(
+            outcome.stdout_tail, "8901234\n",
+            "the last 8 bytes of the whole stream"
+        );
+        assert_eq!(outcome.output_digest.len(), 64);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test]
+    async fn a_timeout_kills_the_whole_process_group() {
+        let dir = scratch();
+        let marker = dir.join("survivor");
+        let script = format!("(sleep 1; touch {}) & sleep 30", marker.display());
+        let cmd = command(&["sh", "-c", &script], Duration::from_millis(300), &dir);
+        let started = Instant::now();
+        let outcome = run(&cmd, &CancellationToken::new()).await.expect("run");
+        assert_eq!(outcome.interrupted, Some(Interruption::TimedOut));
+        assert!(started.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(
+            !marker.exists(),
+            "a background child of the step was killed with it"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test]
+    async fn stop_interrupts_and_cpu_time_is_charged() {
+        let dir = scratch();
+        let stop = CancellationToken::new();
+        let cancel = stop.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(700)).await;
+            cancel.cancel();
+        });
+        // Burn CPU until stopped.
+        let cmd = command(
+            &["sh", "-c", "while :; do :; done"],
+            Duration::from_secs(30),
+            &dir,
+        );
+        let outcome = run(&cmd, &stop).await.expect("run");
+        assert_eq!(outcome.interrupted, Some(Interruption::Stopped));
+        assert!(outcome.cpu_ms >= 200, "cpu {} ms", outcome.cpu_ms);
+        assert!(outcome.wall_ms >= 600);
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,261 @@
+//! A scheduler and workers started as real processes, with an admin token and helpers to
+//! submit runs and read their state.
+
+use crate::{free_addr, request, wait_for_status, Isolation, Process};
+use serde_json::{json, Value};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+pub const ADMIN: &str = "e2e-cluster-admin-token";
+
+/// Knobs of a test cluster.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub lease_ttl_seconds: u64,
+    pub drain_seconds: u64,
+    pub kill_grace_seconds: u64,
+    pub sweep_interval_seconds: f64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            lease_ttl_seconds: 2,
+            drain_seconds: 10,
+            kill_grace_seconds: 1,
+            sweep_interval_seconds: 0.3,
+        }
+    }
+}
+
+pub struct Worker {
+    pub id: String,
+    pub process: Process,
+    pub addr: SocketAddr,
+}
+
+pub struct Cluster {
+    pub isolation: Isolation,
+    pub settings: Settings,
+    pub scheduler: Process,
+    pub api: SocketAddr,
+    pub workers: Vec<Worker>,
+    /// Scratch space of this test: workspaces, artifacts, files steps write.
+    pub dir: PathBuf,
+    pub pool: sqlx::PgPool,
+}
+
+impl Cluster {
+    pub async fn start(label: &str, workers: usize, settings: Settings) -> Cluster {
+        let isolation = Isolation::new(label);
+        let dir = std::env::temp_dir().join(format!(
+            "cairn-e2e-{label}-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        std::fs::create_dir_all(&dir).expect("test dir");
+        let api = free_addr();
+        let mut env = isolation.env();
+        env.push(("CAIRN_LISTEN".into(), api.to_string()));
+        env.push(("CAIRN_BOOTSTRAP_ADMIN_TOKEN".into(), ADMIN.into()));
+        env.push((
+            "CAIRN_SWEEP_INTERVAL_SECONDS".into(),
+            settings.sweep_interval_seconds.to_string(),
+        ));
+        let mut scheduler = Process::start("cairn-scheduler", &env);
+        wait_for_status(&mut scheduler, api, "/readyz", 200, Duration::from_secs(60));
+        let pool = sqlx::PgPool::connect(&isolation.database_url)
+            .await
+            .expect("database");
+        let mut cluster = Cluster {
+            isolation,
+            settings,
+            scheduler,
+            api,
+            workers: Vec::new(),
+            dir,
+            pool,
+        };
+        for _ in 0..workers {
+            cluster.add_worker();
+        }
+        cluster
+    }
+
+    /// Starts one more worker (`w1`, `w2`, … in start order) and waits until it is ready.
+    pub fn add_worker(&mut self) -> usize {
+        let index = self.workers.len();
+        let id = format!("w{}", index + 1);
+        let addr = free_addr();
+        let mut env = self.isolation.env();
+        env.extend([
+            ("CAIRN_WORKER_ID".to_string(), id.clone()),
+            ("CAIRN_METRICS_LISTEN".to_string(), addr.to_string()),
+            (
+                "CAIRN_LEASE_TTL_SECONDS".to_string(),
+                self.settings.lease_ttl_seconds.to_string(),
+            ),
+            (
+                "CAIRN_DRAIN_SECONDS".to_string(),
+                self.settings.drain_seconds.to_string(),
+            ),
+            (
+                "CAIRN_KILL_GRACE_SECONDS".to_string(),
+                self.settings.kill_grace_seconds.to_string(),
+            ),
+            (
+                "CAIRN_WORKSPACES_DIR".to_string(),
+                self.dir.join("workspaces").to_string_lossy().into_owned(),
+            ),
+            (
+                "CAIRN_ARTIFACTS_URL".to_string(),
+                self.dir.join("artifacts").to_string_lossy().into_owned(),
+            ),
+            ("CAIRN_WORKER_CONCURRENCY".to_string(), "4".to_string()),
+        ]);
+        let mut process = Process::start("cairn-worker", &env);
+        wait_for_status(&mut process, addr, "/readyz", 200, Duration::from_secs(60));
+        self.workers.push(Worker { id, process, addr });
+        index
+    }
+
+    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
+        let response = request(self.api, method, path, Some(ADMIN), body).expect("API call");
+        let value = serde_json::from_str(&response.body).unwrap_or(Value::Null);
+        (response.status, value)
+    }
+
+    /// Submits a run; returns `(run_id, request_id)`.
+    pub fn submit(&self, spec: &Value) -> (String, String) {
+        let (status, run) = self.call("POST", "/api/v1/runs", Some(spec));
+        assert_eq!(status, 201, "submit failed: {run}");
+        (
+            run["run_id"].as_str().expect("run id").to_string(),
+            run["request_id"].as_str().expect("request id").to_string(),
+        )
+    }
+
+    pub fn run(&self, run_id: &str) -> Value {
+        let (status, run) = self.call("GET", &format!("/api/v1/runs/{run_id}"), None);
+        assert_eq!(status, 200, "{run}");
+        run
+    }
+
+    /// Waits until the run reaches one of `states`, or panics with the logs.
+    pub fn wait_for_state(&self, run_id: &str, states: &[&str], timeout: Duration) -> Value {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let run = self.run(run_id);
+            if states.iter().any(|s| run["state"] == *s) {
+                return run;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "run {run_id} never reached {states:?}; it is {run}\n{}",
+                    self.logs()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until `check` holds, or panics with the logs.
+    pub fn wait_until(&self, what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+        let deadline = Instant::now() + timeout;
+        while !check() {
+            if Instant::now() > deadline {
+                panic!("timed out waiting for {what}\n{}", self.logs());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn journal(&self, run_id: &str) -> Value {
+        self.call("GET", &format!("/api/v1/runs/{run_id}/journal"), None)
+            .1
+    }
+
+    /// The worker holding a request's lease, per PostgreSQL.
+    pub async fn holder(&self, request_id: &str) -> Option<String> {
+        sqlx::query_scalar("SELECT lease_owner FROM execution_requests WHERE id = $1::uuid")
+            .bind(request_id)
+            .fetch_one(&self.pool)
+            .await
+            .expect("holder")
+    }
+
+    pub fn worker_index(&self, id: &str) -> usize {
+        self.workers
+            .iter()
+            .position(|w| w.id == id)
+            .expect("known worker")
+    }
+
+    /// A counter from a worker's `/metrics`.
+    pub fn metric(&self, worker: usize, name: &str) -> f64 {
+        let response = crate::http(self.workers[worker].addr, "GET", "/metrics").expect("metrics");
+        response
+            .body
+            .lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0)
+    }
+
+    /// Lines of a file steps append to.
+    pub fn lines(&self, name: &str) -> Vec<String> {
+        std::fs::read_to_string(self.dir.join(name))
+            .unwrap_or_default()
+            .lines()
+            .map(String::from)
+            .collect()
+    }
+
+    pub fn path(&self, name: &str) -> String {
+        self.dir.join(name).to_string_lossy().into_owned()
+    }
+
+    pub fn logs(&self) -> String {
+        let mut out = format!("--- scheduler ---\n{}", tail(&self.scheduler.log()));
+        for worker in &self.workers {
+            out.push_str(&format!(
+                "\n--- {} ---\n{}",
+                worker.id,
+                tail(&worker.process.log())
+            ));
+        }
+        out
+    }
+}
+
+fn tail(log: &str) -> String {
+    let lines: Vec<&str> = log.lines().collect();
+    lines[lines.len().saturating_sub(40)..].join("\n")
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A step that appends `line` to `file` after sleeping `seconds`.
+pub fn append_step(key: &str, file: &str, line: &str, seconds: f64, idempotent: bool) -> Value {
+    json!({
+        "key": key,
+        "argv": ["sh", "-c", format!("sleep {seconds}; echo {line} >> {file}")],
+        "idempotent": idempotent,
+        "timeout_seconds": 120
+    })
+}
+
+/// A run spec with the given steps and generous budgets.
+pub fn run_spec(steps: Vec<Value>, max_attempts: u32) -> Value {
+    json!({
+        "agent": "e2e",
+        "steps": steps,
+        "budgets": {"max_commands": 50, "max_wall_seconds": 3600},
+        "max_attempts": max_attempts
+    })
+}

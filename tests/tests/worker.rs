@@ -1,0 +1,561 @@
+//! The worker fleet end to end: real scheduler and worker processes, killed, stopped and
+//! drained, against real PostgreSQL, Redis and RabbitMQ.
+
+use cairn_e2e::cluster::{append_step, run_spec, Cluster, Settings};
+use cairn_e2e::ServiceLock;
+use nix::sys::signal::Signal;
+use serde_json::json;
+use std::time::Duration;
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn count(lines: &[String], line: &str) -> usize {
+    lines.iter().filter(|l| l.as_str() == line).count()
+}
+
+/// Submits s1 (quick), s2 (slow, killed mid-way), s3, and kills the worker holding the
+/// run while s2 runs. Returns the cluster, run id and request id.
+async fn kill_during_second_step(
+    label: &str,
+    idempotent: bool,
+    max_attempts: u32,
+) -> (Cluster, String, String) {
+    let cluster = Cluster::start(label, 2, Settings::default()).await;
+    let file = cluster.path("effects");
+    let spec = run_spec(
+        vec![
+            append_step("s1", &file, "s1", 0.0, false),
+            json!({"key": "s2", "argv": ["sh", "-c", format!("echo s2-start >> {file}; sleep 4; echo s2-end >> {file}")], "idempotent": idempotent}),
+            append_step("s3", &file, "s3", 0.0, false),
+        ],
+        max_attempts,
+    );
+    let (run_id, request_id) = cluster.submit(&spec);
+    cluster.wait_until("s2 to start", LONG, || {
+        cluster.lines("effects").contains(&"s2-start".to_string())
+    });
+    let holder = cluster
+        .holder(&request_id)
+        .await
+        .expect("a worker holds the run");
+    let victim = cluster.worker_index(&holder);
+    cluster.workers[victim].process.signal(Signal::SIGKILL);
+    (cluster, run_id, request_id)
+}
+
+#[tokio::test]
+async fn a_run_completes_with_each_step_run_once_and_journaled() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("complete", 1, Settings::default()).await;
+    let file = cluster.path("effects");
+    let report = cluster.path("unused");
+    let spec = run_spec(
+        vec![
+            append_step("a", &file, "a", 0.0, false),
+            append_step("b", &file, "b", 0.0, false),
+            json!({"key": "report", "argv": ["sh", "-c", "echo '{\"outcome\": \"complete\"}' > \"$CAIRN_REPORT_FILE\"; echo done"], "env": {"UNUSED": report}}),
+        ],
+        3,
+    );
+    let (run_id, _) = cluster.submit(&spec);
+    let run = cluster.wait_for_state(&run_id, &["completed"], LONG);
+    assert_eq!(run["usage"]["commands"], 3);
+    assert_eq!(cluster.lines("effects"), ["a", "b"]);
+    let journal = cluster.journal(&run_id);
+    let steps = journal["steps"].as_array().expect("steps");
+    assert_eq!(steps.len(), 3);
+    for step in steps {
+        assert_eq!(step["status"], "completed", "{step}");
+        assert_eq!(step["exit_code"], 0);
+        assert_eq!(step["intent_epoch"], step["receipt_epoch"]);
+    }
+    assert_eq!(steps[2]["stdout_tail"], "done\n");
+    let accepted = journal["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .any(|e| e["entry_kind"] == "final_report_accepted");
+    assert!(accepted, "the final report was accepted: {journal}");
+    let consumed: i64 = sqlx::query_scalar("SELECT count(*) FROM report_consumptions")
+        .fetch_one(&cluster.pool)
+        .await
+        .expect("count");
+    assert_eq!(consumed, 1);
+    assert!(cluster.metric(0, "cairn_worker_steps_run_total") >= 3.0);
+
+    // A failing step fails the run and stops the plan there.
+    let failing = run_spec(
+        vec![
+            json!({"key": "boom", "argv": ["sh", "-c", "echo oops >&2; exit 7"]}),
+            append_step("after", &file, "after", 0.0, false),
+        ],
+        3,
+    );
+    let (failed_id, _) = cluster.submit(&failing);
+    let failed = cluster.wait_for_state(&failed_id, &["failed"], LONG);
+    assert!(
+        failed["stop_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("boom") && r.contains('7')),
+        "{failed}"
+    );
+    assert_eq!(
+        cluster.journal(&failed_id)["steps"][0]["stderr_tail"],
+        "oops\n"
+    );
+    assert!(!cluster.lines("effects").contains(&"after".to_string()));
+}
+
+#[tokio::test]
+async fn sigkill_mid_step_reuses_completed_steps_and_reruns_an_idempotent_one() {
+    let _services = ServiceLock::shared().await;
+    let (cluster, run_id, _) = kill_during_second_step("kill-idem", true, 3).await;
+    let run = cluster.wait_for_state(&run_id, &["completed"], LONG);
+    assert_eq!(run["attempt"], 2, "the sweeper gave it a second attempt");
+    let lines = cluster.lines("effects");
+    assert_eq!(
+        count(&lines, "s1"),
+        1,
+        "s1 had a receipt and was reused: {lines:?}"
+    );
+    assert_eq!(count(&lines, "s3"), 1, "{lines:?}");
+    assert_eq!(
+        count(&lines, "s2-start"),
+        2,
+        "the idempotent step ran again: {lines:?}"
+    );
+    assert_eq!(
+        count(&lines, "s2-end"),
+        1,
+        "the killed step never finished: {lines:?}"
+    );
+    let journal = cluster.journal(&run_id);
+    let s1 = &journal["steps"][0];
+    assert_eq!(s1["receipt_epoch"], 1, "s1's receipt is the first owner's");
+    let s2 = &journal["steps"][1];
+    assert!(s2["receipt_epoch"].as_i64() > Some(1));
+}
+
+#[tokio::test]
+async fn sigkill_mid_step_of_a_non_idempotent_step_needs_reconciliation() {
+    let _services = ServiceLock::shared().await;
+    let (cluster, run_id, _) = kill_during_second_step("kill-once", false, 3).await;
+    let run = cluster.wait_for_state(&run_id, &["needs_reconciliation"], LONG);
+    assert_eq!(run["reconciliation_step"], "s2", "{run}");
+    assert_eq!(run["stop_reason"], "unknown_outcome");
+    std::thread::sleep(Duration::from_millis(500));
+    let lines = cluster.lines("effects");
+    assert_eq!(count(&lines, "s1"), 1, "{lines:?}");
+    assert_eq!(
+        count(&lines, "s2-start"),
+        1,
+        "a step with an unknown outcome is not run again: {lines:?}"
+    );
+    assert_eq!(count(&lines, "s3"), 0, "{lines:?}");
+}
+
+#[tokio::test]
+async fn a_stopped_run_continues_on_the_same_ticket_through_a_reviewed_continuation() {
+    let _services = ServiceLock::shared().await;
+    // One attempt only: when its worker dies, the request stops at its checkpoint.
+    let (cluster, run_id, request_id) = kill_during_second_step("continue", true, 1).await;
+    let stopped = cluster.wait_for_state(&run_id, &["stopped_at_checkpoint"], LONG);
+    assert_eq!(stopped["stop_reason"], "attempts_exhausted");
+    let used = stopped["usage"]["commands"].clone();
+
+    cluster.call(
+        "PUT",
+        "/api/v1/invalid-read-continuity/policy",
+        Some(&json!({"enabled": true, "allow_checkpoint_continuation": true})),
+    );
+    let base = format!("/api/v1/runs/{run_id}/checkpoint-continuations/requests/{request_id}");
+    let (_, candidate) = cluster.call("GET", &format!("{base}/candidate"), None);
+    assert_eq!(candidate["admission"], "READY", "{candidate}");
+    let action = uuid::Uuid::new_v4().simple().to_string();
+    let body = json!({
+        "version": 1, "candidate_digest": candidate["candidate_digest"], "valid_for_seconds": 120,
+        "acknowledge_retained_response_consumed_once": true, "acknowledge_no_completed_effect_replay": true,
+        "acknowledge_same_request_attempt_and_budgets": true, "acknowledge_finite_ownership_lease": true
+    });
+    let (status, receipt) = cluster.call("POST", &format!("{base}/actions/{action}"), Some(&body));
+    assert_eq!(status, 201, "{receipt}");
+
+    let run = cluster.wait_for_state(&run_id, &["completed"], LONG);
+    assert_eq!(
+        run["attempt"], 1,
+        "the same attempt: a continuation adds none"
+    );
+    assert!(
+        run["usage"]["commands"].as_i64() > used.as_i64(),
+        "usage carried forward and grew"
+    );
+    let (_, status) = cluster.call("GET", &format!("{base}/status"), None);
+    assert_eq!(
+        (status["status"].as_str(), status["action_id"].as_str()),
+        (Some("completed"), Some(action.as_str()))
+    );
+    let lines = cluster.lines("effects");
+    assert_eq!(
+        count(&lines, "s1"),
+        1,
+        "completed effects are reused, never replayed: {lines:?}"
+    );
+    assert_eq!(count(&lines, "s3"), 1);
+}
+
+#[tokio::test]
+async fn a_paused_worker_past_its_lease_cannot_write() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("sigstop", 2, Settings::default()).await;
+    let file = cluster.path("effects");
+    let spec = run_spec(
+        vec![
+            json!({"key": "slow", "argv": ["sh", "-c", format!("echo start >> {file}; sleep 2; echo end >> {file}")], "idempotent": true}),
+        ],
+        3,
+    );
+    let (run_id, request_id) = cluster.submit(&spec);
+    cluster.wait_until("the step to start", LONG, || {
+        cluster.lines("effects").contains(&"start".to_string())
+    });
+    let first = cluster.worker_index(&cluster.holder(&request_id).await.expect("holder"));
+    cluster.workers[first].process.signal(Signal::SIGSTOP);
+    // The lease lapses, the sweeper gives the run a second attempt, the other worker runs it.
+    let run = cluster.wait_for_state(&run_id, &["completed"], LONG);
+    assert_eq!(run["attempt"], 2);
+    let journal = cluster.journal(&run_id);
+    let receipt_epoch = journal["steps"][0]["receipt_epoch"].clone();
+    cluster.workers[first].process.signal(Signal::SIGCONT);
+    cluster.wait_until("the paused worker's late write to be refused", LONG, || {
+        cluster.metric(first, "cairn_worker_stale_writes_rejected_total") >= 1.0
+    });
+    assert!(cluster.metric(first, "cairn_worker_self_fenced_total") >= 1.0);
+    std::thread::sleep(Duration::from_millis(500));
+    let after = cluster.journal(&run_id);
+    assert_eq!(
+        after["steps"][0]["receipt_epoch"], receipt_epoch,
+        "nothing the paused worker did became durable"
+    );
+    assert_eq!(cluster.run(&run_id)["state"], "completed");
+}
+
+#[tokio::test]
+async fn sigterm_drains_within_the_drain_time_and_the_run_continues_elsewhere() {
+    let _services = ServiceLock::shared().await;
+    let settings = Settings {
+        drain_seconds: 3,
+        ..Settings::default()
+    };
+    let cluster = Cluster::start("drain", 1, settings).await;
+    let file = cluster.path("effects");
+    let spec = run_spec(
+        vec![
+            json!({"key": "long", "argv": ["sh", "-c", format!("echo start >> {file}; sleep 8; echo end >> {file}")], "idempotent": true}),
+        ],
+        3,
+    );
+    let (run_id, _) = cluster.submit(&spec);
+    cluster.wait_until("the step to start", LONG, || {
+        cluster.lines("effects").contains(&"start".to_string())
+    });
+    let mut cluster = cluster;
+    cluster.add_worker();
+    let started = std::time::Instant::now();
+    cluster.workers[0].process.signal(Signal::SIGTERM);
+    let status = cluster.workers[0]
+        .process
+        .wait_exit(Duration::from_secs(10))
+        .expect("the worker exits");
+    assert!(
+        status.success(),
+        "drained worker exits 0: {}",
+        cluster.workers[0].process.log()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "exited within the drain time ({:?})",
+        started.elapsed()
+    );
+    let run = cluster.wait_for_state(&run_id, &["completed"], LONG);
+    assert_eq!(run["attempt"], 1, "a hand-back is not a failed attempt");
+    assert!(
+        cluster.metric(1, "cairn_worker_jobs_completed_total") >= 1.0,
+        "the second worker finished it"
+    );
+}
+
+#[tokio::test]
+async fn cancelling_a_running_run_stops_its_step_within_a_renewal() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("cancel", 1, Settings::default()).await;
+    let file = cluster.path("effects");
+    let spec = run_spec(
+        vec![
+            json!({"key": "long", "argv": ["sh", "-c", format!("echo start >> {file}; sleep 30; echo end >> {file}")]}),
+        ],
+        3,
+    );
+    let (run_id, _) = cluster.submit(&spec);
+    cluster.wait_until("the step to start", LONG, || {
+        cluster.lines("effects").contains(&"start".to_string())
+    });
+    let (status, _) = cluster.call("POST", &format!("/api/v1/runs/{run_id}/cancel"), None);
+    assert_eq!(status, 202);
+    let started = std::time::Instant::now();
+    cluster.wait_for_state(&run_id, &["cancelled"], LONG);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "stopped within a renewal interval plus the kill grace"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!cluster.lines("effects").contains(&"end".to_string()));
+}
+
+#[tokio::test]
+async fn budgets_are_never_reset_by_a_continuation() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("budget", 2, Settings::default()).await;
+    let file = cluster.path("effects");
+    let spec = json!({
+        "agent": "e2e",
+        "steps": [append_step("a", &file, "a", 0.0, false),
+                  json!({"key": "b", "argv": ["sh", "-c", format!("echo b-start >> {file}; sleep 5")], "idempotent": true})],
+        "budgets": {"max_commands": 2, "max_wall_seconds": 600},
+        "max_attempts": 1
+    });
+    let (run_id, request_id) = cluster.submit(&spec);
+    cluster.wait_until("b to start", LONG, || {
+        cluster.lines("effects").contains(&"b-start".to_string())
+    });
+    let holder = cluster.worker_index(&cluster.holder(&request_id).await.expect("holder"));
+    cluster.workers[holder].process.signal(Signal::SIGKILL);
+    let stopped = cluster.wait_for_state(&run_id, &["stopped_at_checkpoint"], LONG);
+    assert_eq!(
+        stopped["usage"]["commands"], 2,
+        "both commands were charged"
+    );
+
+    cluster.call(
+        "PUT",
+        "/api/v1/invalid-read-continuity/policy",
+        Some(&json!({"enabled": true, "allow_checkpoint_continuation": true})),
+    );
+    let base = format!("/api/v1/runs/{run_id}/checkpoint-continuations/requests/{request_id}");
+    let (_, candidate) = cluster.call("GET", &format!("{base}/candidate"), None);
+    let reasons: Vec<&str> = candidate["holds"]
+        .as_array()
+        .expect("holds")
+        .iter()
+        .filter_map(|h| h["reason"].as_str())
+        .collect();
+    assert!(reasons.contains(&"exhausted_limits"), "{candidate}");
+    let body = json!({
+        "version": 1, "candidate_digest": candidate["candidate_digest"], "valid_for_seconds": 60,
+        "acknowledge_retained_response_consumed_once": true, "acknowledge_no_completed_effect_replay": true,
+        "acknowledge_same_request_attempt_and_budgets": true, "acknowledge_finite_ownership_lease": true
+    });
+    let action = uuid::Uuid::new_v4().simple().to_string();
+    let (status, error) = cluster.call("POST", &format!("{base}/actions/{action}"), Some(&body));
+    assert_eq!(
+        (status, error["error"]["code"].as_str()),
+        (409, Some("candidate_held"))
+    );
+
+    // Even a continuation forced past review gets no more commands from the worker.
+    let mut tx = cluster.pool.begin().await.expect("begin");
+    sqlx::query(
+        "INSERT INTO continuation_actions (id, kind, run_id, request_id, checkpoint_ref, input, input_digest, candidate_digest,
+                witness_digest, admission_seal, valid_for_seconds, window_ends_at, status)
+         VALUES ($1::uuid, 'checkpoint_continuation', $2::uuid, $3::uuid, 'forced', '{}', 'x', 'x', 'x', 'x', 60, now() + interval '60 seconds', 'queued')",
+    )
+    .bind(&action)
+    .bind(&run_id)
+    .bind(&request_id)
+    .execute(&mut *tx)
+    .await
+    .expect("forced action");
+    sqlx::query("UPDATE execution_requests SET state = 'queued' WHERE id = $1::uuid")
+        .bind(&request_id)
+        .execute(&mut *tx)
+        .await
+        .expect("queue");
+    let message = json!({"kind": "checkpoint_continuation", "run_id": uuid::Uuid::parse_str(&run_id).expect("id"),
+                         "request_id": uuid::Uuid::parse_str(&request_id).expect("id"), "action_id": uuid::Uuid::parse_str(&action).expect("id")});
+    cairn_common::outbox::enqueue(&mut tx, "continuations", &message)
+        .await
+        .expect("enqueue");
+    tx.commit().await.expect("commit");
+    let failed = cluster.wait_for_state(&run_id, &["failed"], LONG);
+    assert!(
+        failed["stop_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("max_commands")),
+        "{failed}"
+    );
+    assert_eq!(
+        failed["usage"]["commands"], 2,
+        "no command beyond the budget"
+    );
+    assert_eq!(count(&cluster.lines("effects"), "b-start"), 1);
+}
+
+#[tokio::test]
+async fn a_retained_report_is_accepted_once_through_a_final_outcome_continuation() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("final", 1, Settings::default()).await;
+    let file = cluster.path("effects");
+    let spec = run_spec(vec![append_step("only", &file, "only", 0.0, false)], 1);
+    let (run_id, request_id) = cluster.submit(&spec);
+    cluster.wait_for_state(&run_id, &["completed"], LONG);
+    // Rewind to the boundary the continuation covers: the report was retained with the
+    // last receipt, then the worker lost authority before accepting it.
+    sqlx::query("UPDATE execution_requests SET state = 'needs_reconciliation', stop_reason = 'final_report_unaccepted' WHERE id = $1::uuid")
+        .bind(&request_id)
+        .execute(&cluster.pool)
+        .await
+        .expect("rewind");
+    sqlx::query("UPDATE runs SET state = 'needs_reconciliation' WHERE id = $1::uuid")
+        .bind(&run_id)
+        .execute(&cluster.pool)
+        .await
+        .expect("rewind run");
+    sqlx::query("INSERT INTO final_reports (request_id, outcome, followup_kind, body, lease_epoch) VALUES ($1::uuid, 'blocked', NULL, '{\"outcome\": \"blocked\"}', 1)")
+        .bind(&request_id)
+        .execute(&cluster.pool)
+        .await
+        .expect("report");
+    cluster.call(
+        "PUT",
+        "/api/v1/invalid-read-continuity/policy",
+        Some(&json!({"enabled": true, "allow_final_outcome_continuation": true})),
+    );
+    let base = format!("/api/v1/runs/{run_id}/final-outcome-continuations/requests/{request_id}");
+    let (_, candidate) = cluster.call("GET", &format!("{base}/candidate"), None);
+    assert_eq!(candidate["admission"], "READY", "{candidate}");
+    let body = json!({
+        "version": 1, "candidate_digest": candidate["candidate_digest"], "valid_for_seconds": 60,
+        "acknowledge_already_consumed_final_output": true, "acknowledge_no_completed_effect_replay": true,
+        "acknowledge_same_request_attempt_and_budgets": true, "acknowledge_finite_ownership_lease": true
+    });
+    let action = uuid::Uuid::new_v4().simple().to_string();
+    let (status, _) = cluster.call("POST", &format!("{base}/actions/{action}"), Some(&body));
+    assert_eq!(status, 201);
+    cluster.wait_for_state(&run_id, &["completed"], LONG);
+    let (_, read) = cluster.call("GET", &format!("{base}/status"), None);
+    assert_eq!(read["status"], "completed");
+    let consumed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM report_consumptions WHERE request_id = $1::uuid")
+            .bind(&request_id)
+            .fetch_one(&cluster.pool)
+            .await
+            .expect("count");
+    assert_eq!(consumed, 1, "consumed exactly once");
+    assert_eq!(cluster.lines("effects"), ["only"], "nothing ran again");
+}
+
+/// Redis keeps nothing on disk: restarting it mid-run loses every lease key, and still no
+/// step runs twice and the run finishes.
+#[tokio::test]
+async fn a_redis_restart_mid_run_replays_nothing() {
+    let _services = ServiceLock::exclusive().await;
+    let cluster = Cluster::start("redis", 2, Settings::default()).await;
+    let file = cluster.path("effects");
+    let steps = (1..=4)
+        .map(|i| append_step(&format!("s{i}"), &file, &format!("s{i}"), 0.7, false))
+        .collect();
+    let (run_id, _) = cluster.submit(&run_spec(steps, 3));
+    cluster.wait_until("s1", LONG, || {
+        cluster.lines("effects").contains(&"s1".to_string())
+    });
+    restart_redis();
+    let run = cluster.wait_for_state(&run_id, &["completed"], LONG);
+    assert_eq!(
+        run["attempt"], 1,
+        "the holder kept its lease: PostgreSQL decides, not Redis"
+    );
+    assert_eq!(cluster.lines("effects"), ["s1", "s2", "s3", "s4"]);
+}
+
+fn restart_redis() {
+    let _ = std::process::Command::new("redis-cli")
+        .args(["-p", "6379", "shutdown", "nosave"])
+        .output();
+    std::fs::create_dir_all("/var/lib/redis").expect("redis dir");
+    std::fs::create_dir_all("/var/log/redis").expect("redis log dir");
+    let started = std::process::Command::new("redis-server")
+        .args([
+            "--daemonize",
+            "yes",
+            "--bind",
+            "127.0.0.1",
+            "-::1",
+            "--port",
+            "6379",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args([
+            "--dir",
+            "/var/lib/redis",
+            "--logfile",
+            "/var/log/redis/ci.log",
+        ])
+        .status()
+        .expect("start redis");
+    assert!(started.success());
+    for _ in 0..100 {
+        let pong = std::process::Command::new("redis-cli")
+            .arg("ping")
+            .output()
+            .map(|o| o.stdout)
+            .unwrap_or_default();
+        if pong.starts_with(b"PONG") {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("Redis did not come back");
+}
+
+/// RabbitMQ restarted while runs are being admitted and executed: every admitted run
+/// still completes.
+#[tokio::test]
+async fn a_rabbitmq_restart_mid_run_loses_nothing() {
+    let _services = ServiceLock::exclusive().await;
+    let cluster = Cluster::start("rabbit", 2, Settings::default()).await;
+    let file = cluster.path("effects");
+    let mut runs = Vec::new();
+    for i in 0..10 {
+        runs.push(
+            cluster
+                .submit(&run_spec(
+                    vec![append_step("only", &file, &format!("r{i}"), 0.3, false)],
+                    3,
+                ))
+                .0,
+        );
+    }
+    cairn_e2e::testing::rabbitmqctl(&["stop_app"]);
+    for i in 10..20 {
+        runs.push(
+            cluster
+                .submit(&run_spec(
+                    vec![append_step("only", &file, &format!("r{i}"), 0.3, false)],
+                    3,
+                ))
+                .0,
+        );
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    cairn_e2e::testing::rabbitmqctl(&["start_app"]);
+    cairn_e2e::testing::rabbitmqctl(&["await_startup"]);
+    for run_id in &runs {
+        cluster.wait_for_state(run_id, &["completed"], Duration::from_secs(120));
+    }
+    let lines = cluster.lines("effects");
+    for i in 0..20 {
+        assert_eq!(count(&lines, &format!("r{i}")), 1, "run {i}: {lines:?}");
+    }
+}
