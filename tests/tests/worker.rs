@@ -559,3 +559,77 @@ async fn a_rabbitmq_restart_mid_run_loses_nothing() {
         assert_eq!(count(&lines, &format!("r{i}")), 1, "run {i}: {lines:?}");
     }
 }
+
+/// A continuation is claimable only inside its admitted window: once the window ended
+/// unclaimed, the request is back at a (new) checkpoint, and a fresh review admits it.
+#[tokio::test]
+async fn a_continuation_window_that_ends_unclaimed_admits_nothing() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("window", 1, Settings::default()).await;
+    let file = cluster.path("effects");
+    let spec = run_spec(
+        vec![
+            append_step("s1", &file, "s1", 0.0, false),
+            json!({"key": "s2", "argv": ["sh", "-c", format!("echo s2-start >> {file}; sleep 4; echo s2-end >> {file}")], "idempotent": true}),
+        ],
+        1,
+    );
+    let (run_id, request_id) = cluster.submit(&spec);
+    cluster.wait_until("s2 to start", LONG, || {
+        cluster.lines("effects").contains(&"s2-start".to_string())
+    });
+    cluster.workers[0].process.signal(Signal::SIGKILL);
+    cluster.wait_for_state(&run_id, &["stopped_at_checkpoint"], LONG);
+
+    cluster.call(
+        "PUT",
+        "/api/v1/invalid-read-continuity/policy",
+        Some(&json!({"enabled": true, "allow_checkpoint_continuation": true})),
+    );
+    let base = format!("/api/v1/runs/{run_id}/checkpoint-continuations/requests/{request_id}");
+    // No worker is alive: the one-second window ends unclaimed.
+    let first = admit(&cluster, &base, 1);
+    let stopped = cluster.wait_for_state(&run_id, &["stopped_at_checkpoint"], LONG);
+    assert_eq!(
+        stopped["stop_reason"], "continuation_window_ended",
+        "{stopped}"
+    );
+    let (_, status) = cluster.call("GET", &format!("{base}/status"), None);
+    assert_eq!(
+        (status["status"].as_str(), status["action_id"].as_str()),
+        (Some("failed"), Some(first.as_str()))
+    );
+    let effects_before = cluster.lines("effects");
+    cluster.add_worker();
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        cluster.lines("effects"),
+        effects_before,
+        "the late delivery admitted nothing"
+    );
+    assert_eq!(cluster.run(&run_id)["state"], "stopped_at_checkpoint");
+
+    // The new checkpoint can be reviewed and admitted again.
+    let second = admit(&cluster, &base, 120);
+    cluster.wait_for_state(&run_id, &["completed"], LONG);
+    let (_, status) = cluster.call("GET", &format!("{base}/status"), None);
+    assert_eq!(
+        (status["status"].as_str(), status["action_id"].as_str()),
+        (Some("completed"), Some(second.as_str()))
+    );
+    assert_eq!(count(&cluster.lines("effects"), "s1"), 1);
+}
+
+fn admit(cluster: &Cluster, base: &str, valid_for: u64) -> String {
+    let (_, candidate) = cluster.call("GET", &format!("{base}/candidate"), None);
+    assert_eq!(candidate["admission"], "READY", "{candidate}");
+    let body = json!({
+        "version": 1, "candidate_digest": candidate["candidate_digest"], "valid_for_seconds": valid_for,
+        "acknowledge_retained_response_consumed_once": true, "acknowledge_no_completed_effect_replay": true,
+        "acknowledge_same_request_attempt_and_budgets": true, "acknowledge_finite_ownership_lease": true
+    });
+    let action = uuid::Uuid::new_v4().simple().to_string();
+    let (status, receipt) = cluster.call("POST", &format!("{base}/actions/{action}"), Some(&body));
+    assert_eq!(status, 201, "{receipt}");
+    action
+}

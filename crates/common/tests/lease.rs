@@ -237,3 +237,34 @@ async fn flushall_mid_lease_never_yields_two_committing_owners() {
     b.expect("the new owner commits");
     assert_eq!(committed_notes(&pool).await, ["second"]);
 }
+
+/// A restarted worker that keeps its name (a StatefulSet pod, a fixed CAIRN_WORKER_ID)
+/// is a new owner: only the epoch tells its new lease from its old one.
+#[tokio::test]
+async fn the_epoch_alone_fences_an_older_lease_of_the_same_owner_name() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
+    let _services = ServiceLock::shared().await;
+    let leases = leases(&pool, Duration::from_millis(300)).await;
+    let (_, request) = testing::insert_request(&pool).await;
+    let before = leases
+        .claim(request, "worker-0")
+        .await
+        .expect("claim")
+        .expect("free");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = leases
+        .claim(request, "worker-0")
+        .await
+        .expect("claim")
+        .expect("lapsed");
+    assert_eq!(after.epoch, before.epoch + 1);
+    match fenced_write(&pool, &before, "before-restart").await {
+        Err(LeaseError::StaleOwner { .. }) => {}
+        other => panic!("the older lease must be fenced out by its epoch, got {other:?}"),
+    }
+    fenced_write(&pool, &after, "after-restart")
+        .await
+        .expect("current lease writes");
+    assert_eq!(committed_notes(&pool).await, ["after-restart"]);
+}

@@ -377,6 +377,10 @@ impl Worker {
         stop: &CancellationToken,
         reason: &StopReason,
     ) -> Result<JobOutcome, JobError> {
+        if job.steps.is_empty() {
+            // Nothing to run, so no workspace to make.
+            return self.complete(job).await;
+        }
         let request_id = job.lease.request_id;
         let workspace = match workspace::prepare(
             &self.settings.workspaces_dir,

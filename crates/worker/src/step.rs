@@ -142,14 +142,23 @@ pub async fn run(
     tokio::pin!(exited);
     // Biased: a step that already ended is an ended step, even if a stop arrived at the
     // same moment; its receipt is then written (or refused by the fence).
+    let mut exit_seen = false;
     let interrupted = tokio::select! {
         biased;
-        _ = &mut exited => None,
+        _ = &mut exited => { exit_seen = true; None },
         _ = tokio::time::sleep(command.timeout) => Some(Interruption::TimedOut),
         _ = stop.cancelled() => Some(Interruption::Stopped),
     };
+    // A step that ended on its own while the stop arrived (say the worker was paused
+    // meanwhile) ended: its outcome is recorded, or refused by the fence.
+    let interrupted = match interrupted {
+        Some(Interruption::Stopped) if has_exited(pid) => None,
+        other => other,
+    };
     if interrupted.is_some() {
         terminate_group(pid, command.kill_grace, &mut exited).await;
+    } else if !exit_seen {
+        let _ = exited.await;
     }
     let cpu_ms = cpu_ms_of_zombie(pid);
     let status = child.wait().await?;
@@ -178,6 +187,15 @@ pub async fn run(
         stdout_path,
         truncated: out_truncated || err_truncated,
     })
+}
+
+/// Whether the process has exited (without reaping it).
+fn has_exited(pid: i32) -> bool {
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    !matches!(
+        waitid(WaitId::Pid(Pid::from_raw(pid)), flags),
+        Ok(nix::sys::wait::WaitStatus::StillAlive) | Err(_)
+    )
 }
 
 /// SIGTERM to the group, SIGKILL after the grace period.

@@ -99,12 +99,12 @@ Name of the shared ConfigMap.
 {{/*
 Environment variables taken from the Secret. Call with
 (dict "root" $ "secretName" "name" "keys" (list "databaseUrl" "redisUrl")).
-The bootstrap token and the artifacts URL are optional in the Secret.
+The bootstrap token is optional in the Secret.
 */}}
 {{- define "cairn.secretEnv" -}}
 {{- $root := .root -}}
-{{- $envNames := dict "databaseUrl" "CAIRN_DATABASE_URL" "redisUrl" "CAIRN_REDIS_URL" "amqpUrl" "CAIRN_AMQP_URL" "bootstrapAdminToken" "CAIRN_BOOTSTRAP_ADMIN_TOKEN" "artifactsUrl" "CAIRN_ARTIFACTS_URL" -}}
-{{- $optional := dict "bootstrapAdminToken" true "artifactsUrl" true -}}
+{{- $envNames := dict "databaseUrl" "CAIRN_DATABASE_URL" "redisUrl" "CAIRN_REDIS_URL" "amqpUrl" "CAIRN_AMQP_URL" "bootstrapAdminToken" "CAIRN_BOOTSTRAP_ADMIN_TOKEN" -}}
+{{- $optional := dict "bootstrapAdminToken" true -}}
 {{- range .keys }}
 - name: {{ get $envNames . }}
   valueFrom:
@@ -118,16 +118,44 @@ The bootstrap token and the artifacts URL are optional in the Secret.
 {{- end -}}
 
 {{/*
-Secret keys a long-running component reads. The artifacts URL comes from the Secret
-only when global.artifactsUrl (ConfigMap) is empty.
+Secret keys a long-running component reads, from the release's Secret.
 Call with (dict "root" $ "keys" (list ...)).
 */}}
 {{- define "cairn.runtimeSecretEnv" -}}
-{{- $keys := .keys -}}
-{{- if not .root.Values.global.artifactsUrl -}}
-{{- $keys = append $keys "artifactsUrl" -}}
+{{- include "cairn.secretEnv" (dict "root" .root "secretName" (include "cairn.secretName" .root) "keys" .keys) -}}
 {{- end -}}
-{{- include "cairn.secretEnv" (dict "root" .root "secretName" (include "cairn.secretName" .root) "keys" $keys) -}}
+
+{{/*
+Settings the scheduler and the worker must agree on: both declare the RabbitMQ topology
+(names and the quorum queues' delivery limit) and both use the Redis keys.
+*/}}
+{{- define "cairn.messagingConfig" -}}
+CAIRN_QUEUE_PREFIX: {{ .Values.global.queuePrefix | quote }}
+CAIRN_REDIS_PREFIX: {{ .Values.global.redisPrefix | quote }}
+CAIRN_DELIVERY_LIMIT: {{ int .Values.global.deliveryLimit | quote }}
+{{- end -}}
+
+{{/*
+Environment variables the chart sets itself, each with the values it comes from;
+global.extraConfig may not name them (it would clash with or be shadowed by them).
+*/}}
+{{- define "cairn.chartSetEnv" -}}
+{{- dict
+  "CAIRN_LOG_FORMAT" "global.logFormat"
+  "CAIRN_MIGRATE" "migration.enabled"
+  "CAIRN_QUEUE_PREFIX" "global.queuePrefix"
+  "CAIRN_REDIS_PREFIX" "global.redisPrefix"
+  "CAIRN_DELIVERY_LIMIT" "global.deliveryLimit"
+  "CAIRN_LISTEN" "scheduler.port"
+  "CAIRN_METRICS_LISTEN" "worker.metricsPort and reaper.metricsPort"
+  "CAIRN_SWEEP_INTERVAL_SECONDS" "scheduler.sweepIntervalSeconds"
+  "CAIRN_DRAIN_SECONDS" "scheduler.drainSeconds and worker.drainSeconds"
+  "CAIRN_WORKER_CONCURRENCY" "worker.concurrency"
+  "CAIRN_LEASE_TTL_SECONDS" "worker.leaseTtlSeconds"
+  "CAIRN_KILL_GRACE_SECONDS" "worker.killGraceSeconds"
+  "CAIRN_WORKSPACES_DIR" "worker.workspaces (the volume at /var/lib/cairn/workspaces)"
+  "CAIRN_ARTIFACTS_URL" "worker.artifacts (the volume at /var/lib/cairn/artifacts; the worker keeps artifacts in a local directory only)"
+  | toJson -}}
 {{- end -}}
 
 {{/*
@@ -260,7 +288,7 @@ Checks of combinations the schema cannot express. Rendered from validate.yaml.
 {{- fail "worker.keda.enabled and worker.autoscaling.enabled are both true: KEDA creates its own HPA for the worker Deployment, and two autoscalers would fight over its replicas. Enable only one of them." -}}
 {{- end -}}
 {{- if $v.secrets.existingSecret -}}
-{{- range $k := list "databaseUrl" "redisUrl" "amqpUrl" "bootstrapAdminToken" "artifactsUrl" "amqpManagementUrl" -}}
+{{- range $k := list "databaseUrl" "redisUrl" "amqpUrl" "bootstrapAdminToken" "amqpManagementUrl" -}}
 {{- if get $v.secrets $k -}}
 {{- fail (printf "secrets.existingSecret is set, so the chart creates no Secret and secrets.%s would be ignored: put it in the existing Secret %q under key %q instead, and leave secrets.%s empty." $k $v.secrets.existingSecret (get $v.secrets.keys $k) $k) -}}
 {{- end -}}
@@ -268,19 +296,32 @@ Checks of combinations the schema cannot express. Rendered from validate.yaml.
 {{- else if and $v.worker.keda.enabled (not $v.secrets.amqpManagementUrl) -}}
 {{- fail "worker.keda.enabled needs secrets.amqpManagementUrl: the RabbitMQ management API URL (http://user:pass@host:15672/vhost) KEDA reads the queue depth from." -}}
 {{- end -}}
-{{- if and $v.global.artifactsUrl $v.secrets.artifactsUrl -}}
-{{- fail "global.artifactsUrl and secrets.artifactsUrl are both set: use global.artifactsUrl for a URL without credentials, secrets.artifactsUrl for one with credentials, not both." -}}
-{{- end -}}
-{{- if regexMatch "^[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@" $v.global.artifactsUrl -}}
-{{- fail "global.artifactsUrl holds credentials (user:password@) and would land in a ConfigMap: move it to secrets.artifactsUrl." -}}
-{{- end -}}
+{{- $chartSet := include "cairn.chartSetEnv" . | fromJson -}}
+{{- $secretNames := list "CAIRN_DATABASE_URL" "CAIRN_REDIS_URL" "CAIRN_AMQP_URL" "CAIRN_BOOTSTRAP_ADMIN_TOKEN" -}}
+{{- $extra := list -}}
 {{- range $name, $_ := $v.global.extraConfig -}}
-{{- if has $name (list "CAIRN_DATABASE_URL" "CAIRN_REDIS_URL" "CAIRN_AMQP_URL" "CAIRN_BOOTSTRAP_ADMIN_TOKEN" "CAIRN_ARTIFACTS_URL") -}}
-{{- fail (printf "global.extraConfig.%s is a secret setting and cannot go into a ConfigMap: set it through the secrets block." $name) -}}
+{{- $extra = append $extra (list (printf "global.extraConfig.%s" $name) $name) -}}
+{{- end -}}
+{{- range $comp := list "scheduler" "worker" "reaper" -}}
+{{- range (index $v $comp).extraEnv -}}
+{{- $extra = append $extra (list (printf "%s.extraEnv %s" $comp .name) .name) -}}
 {{- end -}}
 {{- end -}}
-{{- if and $v.worker.confinement.enabled (eq $v.worker.confinement.mode "seccompLocalhost") (not $v.worker.confinement.seccompLocalhostProfile) -}}
-{{- fail "worker.confinement.mode is seccompLocalhost: set worker.confinement.seccompLocalhostProfile to the node-local seccomp profile that allows unshare." -}}
+{{- range $e := $extra -}}
+{{- $where := index $e 0 -}}
+{{- $name := index $e 1 -}}
+{{- if has $name $secretNames -}}
+{{- fail (printf "%s is a secret setting and cannot be a plain value: set it through the secrets block." $where) -}}
+{{- end -}}
+{{- if hasKey $chartSet $name -}}
+{{- fail (printf "%s is set by the chart, from %s: use that instead." $where (get $chartSet $name)) -}}
+{{- end -}}
+{{- end -}}
+{{- if ge (int $v.worker.killGraceSeconds) (int $v.worker.drainSeconds) -}}
+{{- fail (printf "worker.killGraceSeconds (%d) must be less than worker.drainSeconds (%d): the worker stops running steps killGraceSeconds + 1 seconds before the end of its drain, so running steps get drainSeconds - killGraceSeconds - 1 seconds to finish." (int $v.worker.killGraceSeconds) (int $v.worker.drainSeconds)) -}}
+{{- end -}}
+{{- if ge (int $v.scheduler.drainSeconds) (int $v.scheduler.terminationGracePeriodSeconds) -}}
+{{- fail (printf "scheduler.drainSeconds (%d) must be less than scheduler.terminationGracePeriodSeconds (%d), or Kubernetes kills the scheduler before its background work has stopped." (int $v.scheduler.drainSeconds) (int $v.scheduler.terminationGracePeriodSeconds)) -}}
 {{- end -}}
 {{- if and $v.scheduler.autoscaling.enabled (gt (int $v.scheduler.autoscaling.minReplicas) (int $v.scheduler.autoscaling.maxReplicas)) -}}
 {{- fail "scheduler.autoscaling.minReplicas is greater than maxReplicas." -}}

@@ -19,10 +19,15 @@ import yaml
 
 CHART = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CI_DIR = os.path.join(CHART, "ci")
+REPO = os.path.dirname(os.path.dirname(CHART))
 HELM = os.environ.get("HELM", "helm")
 KUBE_VERSION = os.environ.get("KUBE_VERSION", "1.29.0")
 RELEASE = "t"
 WORKSPACES_DIR = "/var/lib/cairn/workspaces"
+ARTIFACTS_DIR = "/var/lib/cairn/artifacts"
+# Seconds a worker may take to exit after its drain, and the least margin the chart allows.
+WORKER_EXIT_AFTER_DRAIN = 1
+MIN_TERMINATION_MARGIN = 5
 
 # Fake secret values: distinctive, so that finding one anywhere is never a coincidence.
 FAKE_SECRETS = {
@@ -30,7 +35,6 @@ FAKE_SECRETS = {
     "secrets.redisUrl": "redis://:Redis-Pw-93bd07@redis.example:6379/0",
     "secrets.amqpUrl": "amqp://cairn:Amqp-Pw-c4e811@mq.example:5672/%2f",
     "secrets.bootstrapAdminToken": "boot-token-7d0c5b9e41",
-    "secrets.artifactsUrl": "s3://ak-4a1b:sk-88f0e3@artifacts.example/cairn",
     "secrets.amqpManagementUrl": "http://cairn:Mgmt-Pw-2be9a6@mq.example:15672/%2f",
 }
 
@@ -134,6 +138,70 @@ def worker(docs):
     return component(docs, "Deployment", "worker")
 
 
+def deep_merge(base, over):
+    out = dict(base)
+    for k, v in (over or {}).items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def effective_values(args):
+    """The chart's values after -f files and --set/--set-string pairs (scalars only)."""
+    with open(os.path.join(CHART, "values.yaml"), encoding="utf-8") as f:
+        values = yaml.safe_load(f)
+    pairs = list(zip(args[::2], args[1::2]))
+    # Like helm: every -f file first, in order, then every --set.
+    for flag, arg in sorted(pairs, key=lambda p: p[0] != "-f"):
+        if flag == "-f":
+            with open(arg, encoding="utf-8") as f:
+                values = deep_merge(values, yaml.safe_load(f))
+        else:
+            for pair in arg.split(","):
+                key, raw = pair.split("=", 1)
+                node = values
+                *path, last = key.split(".")
+                for part in path:
+                    node = node.setdefault(part, {})
+                node[last] = raw if flag == "--set-string" else yaml.safe_load(raw)
+    return values
+
+
+# ---------------------------------------------------------------- what the binaries read
+
+
+def _read_source(path):
+    with open(os.path.join(REPO, path), encoding="utf-8") as f:
+        return f.read()
+
+
+def _struct_envs(text):
+    """{struct name: env names of its fields} and {struct name: flattened field types}."""
+    envs, flattened = {}, {}
+    for m in re.finditer(r"pub struct (\w+) \{(.*?)\n\}", text, re.S):
+        name, body = m.group(1), m.group(2)
+        envs[name] = set(re.findall(r'env = "(CAIRN_[A-Z0-9_]+)"', body))
+        flattened[name] = re.findall(r"#\[command\(flatten\)\]\s*pub \w+: (\w+),", body)
+    return envs, flattened
+
+
+def binary_env(crate):
+    """CAIRN_* variables a binary reads, taken from its config.rs and the shared arguments
+    in crates/common/src/config.rs that it flattens in."""
+    common, _ = _struct_envs(_read_source("crates/common/src/config.rs"))
+    own, flattened = _struct_envs(_read_source(f"crates/{crate}/src/config.rs"))
+    names = set(own["Config"])
+    for struct in flattened["Config"]:
+        assert struct in common, f"{crate}: flattens {struct}, not found in common/config.rs"
+        names |= common[struct]
+    assert "CAIRN_DATABASE_URL" in names and "CAIRN_LOG_FORMAT" in names, (crate, names)
+    return names
+
+
+def migration_env():
+    common, _ = _struct_envs(_read_source("crates/common/src/config.rs"))
+    return common["DatabaseArgs"]
+
+
 def worker_container(docs):
     containers = worker(docs)["spec"]["template"]["spec"]["containers"]
     return [c for c in containers if c["name"] == "worker"][0]
@@ -191,7 +259,22 @@ def test_schema_rejects_unknown_and_bad_values():
         ["--set", "global.logFormat=xml"],
         ["--set", "global.securityContext.runAsUser=0"],
         ["--set", "worker.workspaces.type=hostPath"],
-        ["--set", "worker.terminationMarginSeconds=0"],
+        ["--set", "worker.terminationMarginSeconds=4"],
+        ["--set", "worker.drainSeconds=0"],
+        ["--set", "worker.killGraceSeconds=-1"],
+        ["--set", "worker.concurrency=0"],
+        ["--set", "worker.concurrency=1025"],
+        ["--set", "worker.leaseTtlSeconds=3601"],
+        ["--set", "worker.artifacts.bogus=1"],
+        ["--set-string", "worker.artifacts.emptyDir.sizeLimit=lots"],
+        ["--set", "scheduler.sweepIntervalSeconds=0"],
+        ["--set", "scheduler.sweepIntervalSeconds=3601"],
+        ["--set", "global.deliveryLimit=0"],
+        # Values no binary reads are gone, not ignored.
+        ["--set", "worker.confinement.enabled=true"],
+        ["--set-string", "global.artifactsUrl=s3://bucket/prefix"],
+        ["--set-string", "secrets.artifactsUrl=s3://bucket/prefix"],
+        ["--set-string", "secrets.keys.artifactsUrl=artifacts-url"],
     ):
         render_fails(bad)
 
@@ -233,17 +316,39 @@ def test_common_labels_on_every_resource():
 def test_worker_grace_period_exceeds_drain_and_capture():
     cases = value_sets() + [
         ("long drain", ["--set", "worker.drainSeconds=3600", "--set", "worker.captureSeconds=1800"]),
-        ("no capture", ["--set", "worker.captureSeconds=0", "--set", "worker.drainSeconds=0"]),
+        ("shortest", ["--set", "worker.captureSeconds=0", "--set", "worker.drainSeconds=1",
+                      "--set", "worker.killGraceSeconds=0", "--set", "worker.terminationMarginSeconds=5"]),
     ]
     for label, args in cases:
         docs = render(args)
+        values = effective_values(args)["worker"]
         grace = worker(docs)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         env = container_env(docs, worker_container(docs))
         drain = int(env["CAIRN_DRAIN_SECONDS"])
-        capture = int(env["CAIRN_CAPTURE_SECONDS"])
+        capture = values["captureSeconds"]
+        assert drain == values["drainSeconds"], f"{label}: CAIRN_DRAIN_SECONDS {drain}"
         assert isinstance(grace, int), f"{label}: grace period {grace!r} is not an integer"
-        assert grace > drain, f"{label}: grace {grace} <= CAIRN_DRAIN_SECONDS {drain}"
-        assert grace > drain + capture, f"{label}: grace {grace} <= drain {drain} + capture {capture}"
+        # The worker exits about drain + 1 s after SIGTERM; capture time is kept free and
+        # a margin of at least MIN_TERMINATION_MARGIN seconds comes on top.
+        assert grace > drain + WORKER_EXIT_AFTER_DRAIN, f"{label}: grace {grace} <= drain {drain} + exit"
+        assert grace >= drain + capture + MIN_TERMINATION_MARGIN, (
+            f"{label}: grace {grace} < drain {drain} + capture {capture} + {MIN_TERMINATION_MARGIN}"
+        )
+
+
+def test_worker_kill_grace_less_than_drain():
+    for label, args in value_sets():
+        docs = render(args)
+        env = container_env(docs, worker_container(docs))
+        kill, drain = int(env["CAIRN_KILL_GRACE_SECONDS"]), int(env["CAIRN_DRAIN_SECONDS"])
+        assert kill < drain, f"{label}: CAIRN_KILL_GRACE_SECONDS {kill} >= CAIRN_DRAIN_SECONDS {drain}"
+        assert kill == effective_values(args)["worker"]["killGraceSeconds"], label
+    docs = render(["--set", "worker.drainSeconds=6", "--set", "worker.killGraceSeconds=5"])
+    env = container_env(docs, worker_container(docs))
+    assert (env["CAIRN_DRAIN_SECONDS"], env["CAIRN_KILL_GRACE_SECONDS"]) == ("6", "5")
+    for drain, kill in ((5, 5), (30, 60)):
+        err = render_fails(["--set", f"worker.drainSeconds={drain}", "--set", f"worker.killGraceSeconds={kill}"])
+        assert "worker.killGraceSeconds" in err and "must be less than worker.drainSeconds" in err, err
 
 
 def test_worker_defaults():
@@ -252,14 +357,47 @@ def test_worker_defaults():
     assert env["CAIRN_WORKER_CONCURRENCY"] == "4"
     assert env["CAIRN_LEASE_TTL_SECONDS"] == "30"
     assert env["CAIRN_DRAIN_SECONDS"] == "60"
+    assert env["CAIRN_KILL_GRACE_SECONDS"] == "5"
     assert env["CAIRN_METRICS_LISTEN"] == "0.0.0.0:9090"
     assert env["CAIRN_WORKSPACES_DIR"] == WORKSPACES_DIR
+    assert env["CAIRN_ARTIFACTS_URL"] == ARTIFACTS_DIR
     assert env["CAIRN_QUEUE_PREFIX"] == ""
+    assert env["CAIRN_REDIS_PREFIX"] == "cairn:"
+    assert env["CAIRN_DELIVERY_LIMIT"] == "5"
     assert env["CAIRN_MIGRATE"] == "false", "the hook migrates, not the pods"
     assert env["CAIRN_LOG_FORMAT"] == "json"
-    assert env["CAIRN_CONFINEMENT"] == "false"
+    assert "CAIRN_WORKER_ID" not in env, "the default worker id (host name = pod name, pid) is unique"
     assert worker_container(docs)["args"] == ["cairn-worker"]
     assert worker(docs)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 210
+
+
+def test_worker_artifacts_in_a_writable_local_directory():
+    for label, args in value_sets() + [("sized", ["--set-string", "worker.artifacts.emptyDir.sizeLimit=20Gi"])]:
+        docs = render(args)
+        c = worker_container(docs)
+        env = container_env(docs, c)
+        url = env["CAIRN_ARTIFACTS_URL"]
+        assert isinstance(url, str), f"{label}: CAIRN_ARTIFACTS_URL comes from {url!r}, not a plain value"
+        path = url[len("file://"):] if url.startswith("file://") else url
+        assert "://" not in path, f"{label}: {url} is not a local directory; the worker refuses it"
+        assert path.startswith("/"), f"{label}: {url} is relative to the read-only root filesystem"
+        assert c["securityContext"]["readOnlyRootFilesystem"] is True
+        mounts = [m for m in c["volumeMounts"] if path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")]
+        assert len(mounts) == 1, f"{label}: {path} is not on a mounted volume"
+        assert not mounts[0].get("readOnly"), f"{label}: {path} is mounted read-only"
+        assert mounts[0]["mountPath"] != WORKSPACES_DIR, f"{label}: artifacts share the workspaces volume"
+        vols = {v["name"]: v for v in worker(docs)["spec"]["template"]["spec"]["volumes"]}
+        vol = vols[mounts[0]["name"]]
+        claim = effective_values(args)["worker"]["artifacts"].get("existingClaim")
+        if claim:
+            assert vol["persistentVolumeClaim"] == {"claimName": claim}, f"{label}: {vol}"
+        else:
+            size = effective_values(args)["worker"]["artifacts"]["emptyDir"].get("sizeLimit")
+            assert vol["emptyDir"] == ({"sizeLimit": size} if size else {}), f"{label}: {vol}"
+    for comp in ("scheduler", "reaper"):
+        docs = render()
+        c = component(docs, "Deployment", comp)["spec"]["template"]["spec"]["containers"][0]
+        assert "CAIRN_ARTIFACTS_URL" not in container_env(docs, c), f"{comp} does not read CAIRN_ARTIFACTS_URL"
 
 
 # ---------------------------------------------------------------- scaling
@@ -342,7 +480,7 @@ def test_hpa_values():
         assert hpas[name]["apiVersion"] == "autoscaling/v2"
         assert "replicas" not in dep["spec"], f"{comp}: replicas set next to an HPA"
     assert not of_kind(docs, "ScaledObject")
-    assert component(docs, "Deployment", "reaper")["spec"]["replicas"] == 2
+    assert component(docs, "Deployment", "reaper")["spec"]["replicas"] == 1
 
 
 def test_no_autoscaler_by_default():
@@ -383,20 +521,30 @@ def test_secret_values_never_in_configmaps():
         for c in spec["containers"]:
             for e in c.get("env", []):
                 if e["name"] in ("CAIRN_DATABASE_URL", "CAIRN_REDIS_URL", "CAIRN_AMQP_URL",
-                                 "CAIRN_BOOTSTRAP_ADMIN_TOKEN", "CAIRN_ARTIFACTS_URL"):
+                                 "CAIRN_BOOTSTRAP_ADMIN_TOKEN"):
                     assert "secretKeyRef" in e.get("valueFrom", {}), f"{desc}: {e['name']} not from a Secret"
 
 
-def test_secret_settings_refused_in_configmap_values():
-    err = render_fails(set_args({"global.artifactsUrl": "s3://key:secret@bucket/x"}))
-    assert "secrets.artifactsUrl" in err, err
+def test_secret_and_chart_settings_refused_in_plain_values():
     err = render_fails(set_args({"global.extraConfig.CAIRN_DATABASE_URL": "postgres://x"}))
     assert "secret setting" in err, err
-    docs = render(set_args({"global.artifactsUrl": "s3://bucket/prefix"}))
-    cm = one(docs, "ConfigMap", f"{RELEASE}-cairn-config")
-    assert cm["data"]["CAIRN_ARTIFACTS_URL"] == "s3://bucket/prefix"
-    env_names = [e["name"] for e in worker_container(docs)["env"]]
-    assert "CAIRN_ARTIFACTS_URL" not in env_names, "artifacts URL from both ConfigMap and Secret"
+    err = render_fails(set_args({"reaper.extraEnv[0].name": "CAIRN_REDIS_URL",
+                                 "reaper.extraEnv[0].value": "redis://x"}))
+    assert "reaper.extraEnv CAIRN_REDIS_URL is a secret setting" in err, err
+    # An object store URL would make the worker refuse to start; the chart sets a local path.
+    err = render_fails(set_args({"global.extraConfig.CAIRN_ARTIFACTS_URL": "s3://bucket/prefix"}))
+    assert "set by the chart" in err and "worker.artifacts" in err, err
+    err = render_fails(set_args({"worker.extraEnv[0].name": "CAIRN_ARTIFACTS_URL",
+                                 "worker.extraEnv[0].value": "s3://bucket/prefix"}))
+    assert "worker.extraEnv CAIRN_ARTIFACTS_URL is set by the chart" in err, err
+    err = render_fails(set_args({"global.extraConfig.CAIRN_DRAIN_SECONDS": "5"}))
+    assert "scheduler.drainSeconds and worker.drainSeconds" in err, err
+    docs = render(set_args({"global.extraConfig.CAIRN_DATABASE_MAX_CONNECTIONS": "20",
+                            "worker.extraEnv[0].name": "CAIRN_PREFETCH", "worker.extraEnv[0].value": "8"}))
+    for comp in ("scheduler", "worker", "reaper"):
+        c = component(docs, "Deployment", comp)["spec"]["template"]["spec"]["containers"][0]
+        assert container_env(docs, c)["CAIRN_DATABASE_MAX_CONNECTIONS"] == "20", comp
+    assert container_env(docs, worker_container(docs))["CAIRN_PREFETCH"] == "8"
 
 
 def test_existing_secret():
@@ -444,17 +592,96 @@ def test_components_get_only_the_secrets_they_need():
         spec = component(docs, kind, comp)["spec"]["template"]["spec"]
         return {e["name"] for c in spec["containers"] for e in c.get("env", []) if "valueFrom" in e}
 
-    assert "CAIRN_BOOTSTRAP_ADMIN_TOKEN" in secret_env("scheduler")
-    for comp in ("worker", "reaper"):
-        assert "CAIRN_BOOTSTRAP_ADMIN_TOKEN" not in secret_env(comp), comp
-    assert secret_env("reaper") == {"CAIRN_DATABASE_URL", "CAIRN_ARTIFACTS_URL"}
+    connections = {"CAIRN_DATABASE_URL", "CAIRN_REDIS_URL", "CAIRN_AMQP_URL"}
+    assert secret_env("scheduler") == connections | {"CAIRN_BOOTSTRAP_ADMIN_TOKEN"}
+    assert secret_env("worker") == connections
+    # The reaper reads the database URL only: no Redis or RabbitMQ credentials.
+    assert secret_env("reaper") == {"CAIRN_DATABASE_URL"}
     assert secret_env("migration", "Job") == {"CAIRN_DATABASE_URL"}
+
+
+def test_reaper_gets_no_redis_or_amqp_secret_keys():
+    for label, args in value_sets() + [("all secrets", set_args(FAKE_SECRETS))]:
+        docs = render(args)
+        values = effective_values(args)
+        c = component(docs, "Deployment", "reaper")["spec"]["template"]["spec"]["containers"][0]
+        keys = {e["valueFrom"]["secretKeyRef"]["key"] for e in c.get("env", []) if "valueFrom" in e}
+        assert keys == {values["secrets"]["keys"]["databaseUrl"]}, f"{label}: reaper reads {keys}"
+        for src in c.get("envFrom", []):
+            assert "secretRef" not in src, f"{label}: reaper envFrom a Secret"
+        env = container_env(docs, c)
+        for name in ("CAIRN_REDIS_URL", "CAIRN_AMQP_URL", "CAIRN_REDIS_PREFIX", "CAIRN_QUEUE_PREFIX",
+                     "CAIRN_DELIVERY_LIMIT", "CAIRN_BOOTSTRAP_ADMIN_TOKEN"):
+            assert name not in env, f"{label}: reaper gets {name}"
+
+
+# ---------------------------------------------------------------- settings no binary reads
+
+
+def test_only_variables_the_binaries_read():
+    reads = {
+        "scheduler": binary_env("scheduler"),
+        "worker": binary_env("worker"),
+        "reaper": binary_env("reaper"),
+        "migration": migration_env(),
+    }
+    for label, args in value_sets() + [("all secrets", set_args(FAKE_SECRETS))]:
+        docs = render(args)
+        for desc, spec in pod_specs(docs):
+            comp = desc.rsplit("(", 1)[1].rstrip(")")
+            for c in spec["containers"]:
+                names = set(container_env(docs, c))
+                unread = {n for n in names if n.startswith("CAIRN_")} - reads[comp]
+                assert not unread, f"{label}: {desc} gets {sorted(unread)}, which {comp} does not read"
+                assert names - reads[comp] <= {"HOME"}, f"{label}: {desc}: {sorted(names - reads[comp])}"
+        text = yaml.safe_dump_all(docs)
+        for gone in ("CAIRN_CAPTURE_SECONDS", "CAIRN_CONFINEMENT"):
+            assert gone not in text, f"{label}: {gone} is rendered but no binary reads it"
+    assert {"CAIRN_KILL_GRACE_SECONDS", "CAIRN_ARTIFACTS_URL"} <= reads["worker"]
+    assert "CAIRN_SWEEP_INTERVAL_SECONDS" in reads["scheduler"]
+    assert not reads["reaper"] & {"CAIRN_REDIS_URL", "CAIRN_AMQP_URL", "CAIRN_ARTIFACTS_URL"}
+
+
+def test_shared_messaging_settings_agree():
+    for label, args in value_sets() + [("prefixes", set_args({"global.queuePrefix": "qa.",
+                                                             "global.redisPrefix": "qa:"})
+                                        + ["--set", "global.deliveryLimit=9"])]:
+        docs = render(args)
+        values = effective_values(args)["global"]
+        sched = component(docs, "Deployment", "scheduler")["spec"]["template"]["spec"]["containers"][0]
+        env_s, env_w = container_env(docs, sched), container_env(docs, worker_container(docs))
+        for name, value in (("CAIRN_QUEUE_PREFIX", values["queuePrefix"]),
+                            ("CAIRN_REDIS_PREFIX", values["redisPrefix"]),
+                            ("CAIRN_DELIVERY_LIMIT", str(values["deliveryLimit"]))):
+            assert env_s[name] == env_w[name] == value, f"{label}: {name} {env_s[name]!r} {env_w[name]!r}"
+
+
+def test_scheduler_settings():
+    docs = render()
+    c = component(docs, "Deployment", "scheduler")["spec"]["template"]["spec"]["containers"][0]
+    env = container_env(docs, c)
+    assert env["CAIRN_SWEEP_INTERVAL_SECONDS"] == "5"
+    assert env["CAIRN_DRAIN_SECONDS"] == "10"
+    assert env["CAIRN_LISTEN"] == "0.0.0.0:8080"
+    for label, args in value_sets():
+        docs = render(args)
+        dep = component(docs, "Deployment", "scheduler")
+        env = container_env(docs, dep["spec"]["template"]["spec"]["containers"][0])
+        grace = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert int(env["CAIRN_DRAIN_SECONDS"]) < grace, f"{label}: scheduler drain >= grace {grace}"
+        assert float(env["CAIRN_SWEEP_INTERVAL_SECONDS"]) == float(
+            effective_values(args)["scheduler"]["sweepIntervalSeconds"]), label
+    docs = render(["-f", os.path.join(CI_DIR, "artifacts-claim-values.yaml")])
+    c = component(docs, "Deployment", "scheduler")["spec"]["template"]["spec"]["containers"][0]
+    assert container_env(docs, c)["CAIRN_SWEEP_INTERVAL_SECONDS"] == "2.5"
+    err = render_fails(["--set", "scheduler.drainSeconds=30"])
+    assert "scheduler.drainSeconds (30) must be less than scheduler.terminationGracePeriodSeconds" in err, err
 
 
 # ---------------------------------------------------------------- security
 
 
-def check_container_restricted(desc, c, confinement=None):
+def check_container_restricted(desc, c):
     sc = c.get("securityContext") or {}
     assert sc.get("runAsNonRoot") is True, f"{desc}: runAsNonRoot"
     assert sc.get("allowPrivilegeEscalation") is False, f"{desc}: allowPrivilegeEscalation"
@@ -464,22 +691,13 @@ def check_container_restricted(desc, c, confinement=None):
     caps = sc.get("capabilities") or {}
     assert caps.get("drop") == ["ALL"], f"{desc}: capabilities.drop {caps.get('drop')}"
     seccomp = (sc.get("seccompProfile") or {}).get("type", "RuntimeDefault")
-    if confinement is None:
-        assert not caps.get("add"), f"{desc}: adds capabilities {caps.get('add')}"
-        assert seccomp == "RuntimeDefault", f"{desc}: seccomp {seccomp}"
-    elif confinement == "capability":
-        assert caps.get("add") == ["SYS_ADMIN"], f"{desc}: confinement adds {caps.get('add')}"
-        assert seccomp == "RuntimeDefault", f"{desc}: seccomp {seccomp}"
-    else:
-        assert not caps.get("add"), f"{desc}: adds capabilities {caps.get('add')}"
-        assert seccomp == "Localhost", f"{desc}: seccomp {seccomp}"
+    assert not caps.get("add"), f"{desc}: adds capabilities {caps.get('add')}"
+    assert seccomp == "RuntimeDefault", f"{desc}: seccomp {seccomp}"
 
 
 def test_security_contexts_restricted():
     for label, args in value_sets():
         docs = render(args)
-        conf_values = yaml.safe_load(open(args[1])) if args else {}
-        confinement = ((conf_values or {}).get("worker") or {}).get("confinement") or {}
         for desc, spec in pod_specs(docs):
             where = f"{label}: {desc}"
             psc = spec.get("securityContext") or {}
@@ -489,31 +707,12 @@ def test_security_contexts_restricted():
             assert psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", f"{where}: pod seccomp"
             assert spec.get("automountServiceAccountToken") is False, f"{where}: token mounted"
             assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
+            assert "hostUsers" not in spec, f"{where}: hostUsers"
             tmp_volumes = {v["name"] for v in spec.get("volumes", []) if "emptyDir" in v}
             for c in spec.get("initContainers", []) + spec["containers"]:
-                mode = None
-                if "(worker)" in desc and confinement.get("enabled"):
-                    mode = confinement.get("mode", "capability")
-                check_container_restricted(f"{where} container {c['name']}", c, mode)
+                check_container_restricted(f"{where} container {c['name']}", c)
                 tmp = [m for m in c.get("volumeMounts", []) if m["mountPath"] == "/tmp"]
                 assert tmp and tmp[0]["name"] in tmp_volumes, f"{where}: no writable /tmp emptyDir"
-
-
-def test_confinement_settings():
-    docs = render(["-f", os.path.join(CI_DIR, "confinement-values.yaml")])
-    env = container_env(docs, worker_container(docs))
-    assert env["CAIRN_CONFINEMENT"] == "true"
-    for comp in ("scheduler", "reaper"):
-        c = component(docs, "Deployment", comp)["spec"]["template"]["spec"]["containers"][0]
-        check_container_restricted(comp, c)
-    docs = render(["-f", os.path.join(CI_DIR, "confinement-seccomp-values.yaml")])
-    spec = worker(docs)["spec"]["template"]["spec"]
-    assert spec["hostUsers"] is False
-    sc = worker_container(docs)["securityContext"]
-    assert sc["seccompProfile"] == {"type": "Localhost", "localhostProfile": "profiles/cairn-worker.json"}
-    err = render_fails(["--set", "worker.confinement.enabled=true",
-                        "--set", "worker.confinement.mode=seccompLocalhost"])
-    assert "seccompLocalhostProfile" in err, err
 
 
 # ---------------------------------------------------------------- workloads
@@ -537,7 +736,7 @@ def test_commands_ports_and_probes():
         assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port_name}, comp
     svc = component(docs, "Service", "scheduler")
     assert svc["spec"]["ports"] == [{"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}]
-    assert component(docs, "Deployment", "reaper")["spec"]["replicas"] == 2
+    assert component(docs, "Deployment", "reaper")["spec"]["replicas"] == 1, "the reaper has no sweeps yet"
 
 
 def test_pod_disruption_budgets():
