@@ -12,6 +12,10 @@
 //! - [`lease`]: finite ownership leases: Postgres epoch (the fence) + Redis liveness key.
 //! - [`queue`]: RabbitMQ topology, connections and the manual-ack consumer.
 //! - [`outbox`]: the transactional outbox and its confirming relay.
+//! - [`store`]: the artifact store (`object_store`: local directory, S3, GCS, Azure).
+//! - [`snapshot`]: content-defined chunking, manifests, capture and verified restore.
+//! - [`lineage`]: snapshot records, checkpoint lineage (compare-and-set appends), restores.
+//! - [`hold`]: durable holds on live workspaces.
 //! - [`health`]: `/healthz`, `/readyz` and `/metrics` for every binary.
 //! - [`metrics`]: the Prometheus registry shared by a process.
 //! - [`shutdown`]: SIGTERM/SIGINT turned into a cancellation token.
@@ -23,8 +27,10 @@ pub mod config;
 pub mod db;
 pub mod digest;
 pub mod health;
+pub mod hold;
 pub mod ids;
 pub mod lease;
+pub mod lineage;
 pub mod metrics;
 pub mod outbox;
 pub mod policy;
@@ -32,6 +38,8 @@ pub mod queue;
 pub mod redis_conn;
 pub mod run;
 pub mod shutdown;
+pub mod snapshot;
+pub mod store;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;

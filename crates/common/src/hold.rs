@@ -1,0 +1,140 @@
+//! Durable holds: a live workspace tree is held before it is captured, so a failed or
+//! interrupted capture can never let a release destroy the only live tree.
+//!
+//! A hold ends on cancellation or a terminal task state, else at the earlier of the task
+//! deadline and 14 days (a 1-hour handoff on a non-persistent backend). An existing
+//! shorter hold is never extended.
+
+use chrono::{DateTime, Duration, Utc};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+/// How long a hold may last.
+#[derive(Debug, Clone, Copy)]
+pub struct HoldLimits {
+    pub persistent: Duration,
+    pub handoff: Duration,
+}
+
+impl Default for HoldLimits {
+    fn default() -> Self {
+        HoldLimits {
+            persistent: Duration::days(14),
+            handoff: Duration::hours(1),
+        }
+    }
+}
+
+/// When a new hold expires.
+pub fn expiry(
+    now: DateTime<Utc>,
+    task_deadline: Option<DateTime<Utc>>,
+    persistent_backend: bool,
+    limits: HoldLimits,
+) -> DateTime<Utc> {
+    let limit = now
+        + if persistent_backend {
+            limits.persistent
+        } else {
+            limits.handoff
+        };
+    match task_deadline {
+        Some(deadline) if deadline < limit => deadline,
+        _ => limit,
+    }
+}
+
+/// What a hold is on.
+#[derive(Debug, Clone)]
+pub struct HoldTarget<'a> {
+    pub workspace_id: Uuid,
+    pub run_id: Option<Uuid>,
+    pub task_id: Option<Uuid>,
+    pub agent: &'a str,
+}
+
+/// Holds a workspace until `expires_at`, or keeps the active hold it already has — an
+/// existing hold is never extended. Returns the active hold's id.
+pub async fn hold(
+    conn: &mut PgConnection,
+    target: &HoldTarget<'_>,
+    reason: &str,
+    expires_at: DateTime<Utc>,
+) -> Result<Uuid, sqlx::Error> {
+    let existing: Option<Uuid> = sqlx::query_scalar(
+        "SELECT id FROM holds WHERE workspace_id = $1 AND ended_at IS NULL ORDER BY expires_at LIMIT 1 FOR UPDATE",
+    )
+    .bind(target.workspace_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    if let Some(id) = existing {
+        return Ok(id);
+    }
+    let id = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO holds (id, workspace_id, run_id, task_id, agent, reason, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(id)
+    .bind(target.workspace_id)
+    .bind(target.run_id)
+    .bind(target.task_id)
+    .bind(target.agent)
+    .bind(reason)
+    .bind(expires_at)
+    .execute(conn)
+    .await?;
+    Ok(id)
+}
+
+pub async fn set_capture_in_progress(
+    conn: &mut PgConnection,
+    hold_id: Uuid,
+    in_progress: bool,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE holds SET capture_in_progress = $2 WHERE id = $1")
+        .bind(hold_id)
+        .bind(in_progress)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Ends a hold (idempotent).
+pub async fn end(conn: &mut PgConnection, hold_id: Uuid, reason: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE holds SET ended_at = now(), end_reason = $2, capture_in_progress = FALSE WHERE id = $1 AND ended_at IS NULL")
+        .bind(hold_id)
+        .bind(reason)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// The active hold on a workspace, if any.
+pub async fn active(
+    conn: &mut PgConnection,
+    workspace_id: Uuid,
+) -> Result<Option<(Uuid, DateTime<Utc>)>, sqlx::Error> {
+    sqlx::query_as("SELECT id, expires_at FROM holds WHERE workspace_id = $1 AND ended_at IS NULL AND expires_at > now()")
+        .bind(workspace_id)
+        .fetch_optional(conn)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_hold_is_bounded_by_the_deadline_and_the_backend() {
+        let now = Utc::now();
+        let limits = HoldLimits::default();
+        assert_eq!(expiry(now, None, true, limits), now + Duration::days(14));
+        assert_eq!(expiry(now, None, false, limits), now + Duration::hours(1));
+        let soon = now + Duration::hours(3);
+        assert_eq!(expiry(now, Some(soon), true, limits), soon);
+        assert_eq!(
+            expiry(now, Some(soon), false, limits),
+            now + Duration::hours(1)
+        );
+    }
+}

@@ -1,0 +1,290 @@
+//! Snapshot records and checkpoint lineage.
+//!
+//! A snapshot row moves `creating → uploading → ready` (or `failed`, or `quarantined` on
+//! an integrity failure) and records the store URL that holds its bytes. A checkpoint
+//! has a work-context id, a sequence and a predecessor: an append creates sequence N+1
+//! only against the expected head, so a stale or concurrent capture fails with a
+//! conflict and never overwrites a newer head.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LineageError {
+    #[error("lineage {work_context} moved: expected head {expected:?}, found {actual:?}")]
+    Conflict {
+        work_context: Uuid,
+        expected: Option<Uuid>,
+        actual: Option<Uuid>,
+    },
+    #[error("database error: {0}")]
+    Db(#[from] sqlx::Error),
+}
+
+/// What a new snapshot row describes.
+#[derive(Debug, Clone)]
+pub struct NewSnapshot<'a> {
+    pub kind: &'a str,
+    pub agent: &'a str,
+    pub repository: Option<&'a str>,
+    pub backend: &'a str,
+    pub base_image: Option<&'a str>,
+    pub canonical_ref: Option<&'a str>,
+    pub work_context_id: Option<Uuid>,
+    pub workspace_id: Option<Uuid>,
+    pub store_url: &'a str,
+    pub credential_generation: i64,
+}
+
+/// Inserts a snapshot in `creating`.
+pub async fn create(conn: &mut PgConnection, s: &NewSnapshot<'_>) -> Result<Uuid, sqlx::Error> {
+    let id = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO project_snapshots (id, kind, status, agent, repository, backend, base_image, canonical_ref,
+                                        work_context_id, workspace_id, store_url, credential_generation)
+         VALUES ($1, $2, 'creating', $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+    )
+    .bind(id)
+    .bind(s.kind)
+    .bind(s.agent)
+    .bind(s.repository)
+    .bind(s.backend)
+    .bind(s.base_image)
+    .bind(s.canonical_ref)
+    .bind(s.work_context_id)
+    .bind(s.workspace_id)
+    .bind(s.store_url)
+    .bind(s.credential_generation)
+    .execute(conn)
+    .await?;
+    Ok(id)
+}
+
+/// Moves a snapshot from `from` to `to` (compare-and-set); false if it was elsewhere.
+pub async fn set_status(
+    conn: &mut PgConnection,
+    id: Uuid,
+    from: &[&str],
+    to: &str,
+) -> Result<bool, sqlx::Error> {
+    let from: Vec<String> = from.iter().map(|s| s.to_string()).collect();
+    let done =
+        sqlx::query("UPDATE project_snapshots SET status = $3 WHERE id = $1 AND status = ANY($2)")
+            .bind(id)
+            .bind(&from)
+            .bind(to)
+            .execute(conn)
+            .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Marks a snapshot durable and usable, with its manifest key and size.
+pub async fn mark_ready(
+    conn: &mut PgConnection,
+    id: Uuid,
+    manifest_key: &str,
+    size_bytes: i64,
+) -> Result<bool, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE project_snapshots SET status = 'ready', manifest_key = $2, size_bytes = $3, last_used_at = now()
+          WHERE id = $1 AND status IN ('creating', 'uploading')",
+    )
+    .bind(id)
+    .bind(manifest_key)
+    .bind(size_bytes)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// The current head of a work context: `(snapshot id, sequence)`.
+pub async fn head(
+    conn: &mut PgConnection,
+    work_context: Uuid,
+) -> Result<Option<(Uuid, i64)>, sqlx::Error> {
+    sqlx::query_as("SELECT head_id, sequence FROM lineage_heads WHERE work_context_id = $1 AND retired_at IS NULL")
+        .bind(work_context)
+        .fetch_optional(conn)
+        .await
+}
+
+/// Appends a ready checkpoint as sequence N+1 of its work context, only if the head is
+/// still `expected`. The previous head becomes `superseded`.
+pub async fn append(
+    conn: &mut PgConnection,
+    work_context: Uuid,
+    agent: &str,
+    expected: Option<Uuid>,
+    snapshot_id: Uuid,
+) -> Result<i64, LineageError> {
+    let sequence: Option<i64> = match expected {
+        None => {
+            sqlx::query_scalar(
+                "INSERT INTO lineage_heads (work_context_id, agent, head_id, sequence) VALUES ($1, $2, $3, 1)
+                 ON CONFLICT (work_context_id) DO NOTHING RETURNING sequence",
+            )
+            .bind(work_context)
+            .bind(agent)
+            .bind(snapshot_id)
+            .fetch_optional(&mut *conn)
+            .await?
+        }
+        Some(expected_head) => {
+            sqlx::query_scalar(
+                "UPDATE lineage_heads SET head_id = $3, sequence = sequence + 1, updated_at = now()
+                  WHERE work_context_id = $1 AND head_id = $2 AND retired_at IS NULL
+              RETURNING sequence",
+            )
+            .bind(work_context)
+            .bind(expected_head)
+            .bind(snapshot_id)
+            .fetch_optional(&mut *conn)
+            .await?
+        }
+    };
+    let Some(sequence) = sequence else {
+        let actual = head(&mut *conn, work_context).await?.map(|h| h.0);
+        return Err(LineageError::Conflict {
+            work_context,
+            expected,
+            actual,
+        });
+    };
+    sqlx::query("UPDATE project_snapshots SET work_context_id = $2, sequence = $3, predecessor_id = $4 WHERE id = $1")
+        .bind(snapshot_id)
+        .bind(work_context)
+        .bind(sequence)
+        .bind(expected)
+        .execute(&mut *conn)
+        .await?;
+    if let Some(previous) = expected {
+        sqlx::query(
+            "UPDATE project_snapshots SET retention = 'superseded', retired_at = now()
+              WHERE id = $1 AND retention = 'current'",
+        )
+        .bind(previous)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(sequence)
+}
+
+/// A ready snapshot that may be restored: its row, if usable.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Restorable {
+    pub id: Uuid,
+    pub store_url: String,
+    pub work_context_id: Option<Uuid>,
+    pub credential_generation: i64,
+    pub created_at: DateTime<Utc>,
+}
+
+/// The head checkpoint of exactly this work context, if it is ready and was taken
+/// under the agent's current credential generation. Never another context's.
+pub async fn restorable_head(
+    conn: &mut PgConnection,
+    work_context: Uuid,
+    agent: &str,
+) -> Result<Option<Restorable>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT s.id, s.store_url, s.work_context_id, s.credential_generation, s.created_at
+           FROM lineage_heads h JOIN project_snapshots s ON s.id = h.head_id
+           LEFT JOIN credential_generations g ON g.agent = s.agent
+          WHERE h.work_context_id = $1 AND h.retired_at IS NULL AND s.work_context_id = $1
+            AND s.agent = $2 AND s.kind = 'checkpoint' AND s.status = 'ready' AND s.retention = 'current'
+            AND s.credential_generation >= COALESCE(g.generation, 0)",
+    )
+    .bind(work_context)
+    .bind(agent)
+    .fetch_optional(conn)
+    .await
+}
+
+/// The eligible clean baseline for a key.
+pub async fn restorable_baseline(
+    conn: &mut PgConnection,
+    agent: &str,
+    repository: &str,
+    backend: &str,
+    base_image: Option<&str>,
+    canonical_ref: &str,
+) -> Result<Option<Restorable>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT s.id, s.store_url, s.work_context_id, s.credential_generation, s.created_at
+           FROM project_snapshots s LEFT JOIN credential_generations g ON g.agent = s.agent
+          WHERE s.kind = 'baseline' AND s.status = 'ready' AND s.retention = 'current'
+            AND s.agent = $1 AND s.repository = $2 AND s.backend = $3
+            AND s.base_image IS NOT DISTINCT FROM $4 AND s.canonical_ref = $5
+            AND s.credential_generation >= COALESCE(g.generation, 0)
+          ORDER BY s.created_at DESC LIMIT 1",
+    )
+    .bind(agent)
+    .bind(repository)
+    .bind(backend)
+    .bind(base_image)
+    .bind(canonical_ref)
+    .fetch_optional(conn)
+    .await
+}
+
+/// The agent's current credential generation (0 until the first rotation).
+pub async fn credential_generation(
+    conn: &mut PgConnection,
+    agent: &str,
+) -> Result<i64, sqlx::Error> {
+    let generation: Option<i64> =
+        sqlx::query_scalar("SELECT generation FROM credential_generations WHERE agent = $1")
+            .bind(agent)
+            .fetch_optional(conn)
+            .await?;
+    Ok(generation.unwrap_or(0))
+}
+
+/// Rotates an agent's credentials: every snapshot taken under an older generation is
+/// retired from reuse. The row lock serializes this with captures of the agent.
+pub async fn rotate_credentials(conn: &mut PgConnection, agent: &str) -> Result<i64, sqlx::Error> {
+    let generation: i64 = sqlx::query_scalar(
+        "INSERT INTO credential_generations (agent, generation, rotated_at) VALUES ($1, 1, now())
+         ON CONFLICT (agent) DO UPDATE SET generation = credential_generations.generation + 1, rotated_at = now()
+         RETURNING generation",
+    )
+    .bind(agent)
+    .fetch_one(&mut *conn)
+    .await?;
+    sqlx::query(
+        "UPDATE project_snapshots SET retention = 'retired', retired_at = now(), retire_reason = 'credentials_rotated'
+          WHERE agent = $1 AND credential_generation < $2 AND retention = 'current'",
+    )
+    .bind(agent)
+    .bind(generation)
+    .execute(&mut *conn)
+    .await?;
+    Ok(generation)
+}
+
+/// Records one acquisition attempt.
+pub async fn record_restore(
+    conn: &mut PgConnection,
+    request_id: Option<Uuid>,
+    workspace_id: Option<Uuid>,
+    tier: &str,
+    snapshot_id: Option<Uuid>,
+    outcome: &str,
+    reason: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO snapshot_restores (id, request_id, workspace_id, tier, snapshot_id, outcome, reason)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(Uuid::new_v4())
+    .bind(request_id)
+    .bind(workspace_id)
+    .bind(tier)
+    .bind(snapshot_id)
+    .bind(outcome)
+    .bind(reason)
+    .execute(conn)
+    .await?;
+    Ok(())
+}

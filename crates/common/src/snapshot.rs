@@ -1,0 +1,495 @@
+//! The snapshot engine: content-defined chunks (FastCDC), BLAKE3 ids, zstd.
+//!
+//! A chunk is stored once (`chunks/<id>`) and shared by every snapshot holding it. A
+//! manifest lists paths, modes, symlinks, sizes and chunk ids. A capture skips files
+//! whose stat (size, mtime, inode) matches the previous capture of the same lineage, and
+//! hashes and compresses on every core. A restore writes files in parallel and verifies
+//! every chunk against its id; any mismatch is an [`SnapshotError::Integrity`] error.
+//!
+//! The capture root never holds credential files or nested unrelated repositories, and
+//! a restore refuses any entry that would land outside its root.
+
+use crate::store::{ArtifactStore, StoreError};
+use bytes::Bytes;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Mutex;
+use tokio::runtime::Handle;
+
+const MIN_CHUNK: u32 = 16 * 1024;
+const AVG_CHUNK: u32 = 64 * 1024;
+const MAX_CHUNK: u32 = 256 * 1024;
+const ZSTD_LEVEL: i32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    /// A chunk's content does not match its id, or the manifest is unreadable.
+    #[error("integrity failure: {0}")]
+    Integrity(String),
+    /// A manifest entry would land outside the restore root.
+    #[error("unsafe entry refused: {0}")]
+    UnsafeEntry(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("snapshot I/O error on {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("the restore target {0} is not empty")]
+    TargetNotEmpty(String),
+}
+
+fn io(path: &Path, source: std::io::Error) -> SnapshotError {
+    SnapshotError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryKind {
+    Dir,
+    File,
+    Symlink,
+}
+
+/// One path of a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// Relative to the root, `/`-separated.
+    pub path: String,
+    pub kind: EntryKind,
+    pub mode: u32,
+    #[serde(default)]
+    pub size: u64,
+    #[serde(default)]
+    pub mtime_ns: i64,
+    /// Only for the stat index of the next capture.
+    #[serde(default)]
+    pub inode: u64,
+    #[serde(default)]
+    pub chunks: Vec<String>,
+    #[serde(default)]
+    pub target: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub version: u32,
+    pub entries: Vec<Entry>,
+}
+
+impl Manifest {
+    pub fn total_bytes(&self) -> u64 {
+        self.entries.iter().map(|e| e.size).sum()
+    }
+
+    /// Every chunk id the manifest references.
+    pub fn chunk_ids(&self) -> HashSet<String> {
+        self.entries
+            .iter()
+            .flat_map(|e| e.chunks.iter().cloned())
+            .collect()
+    }
+
+    pub fn paths(&self) -> impl Iterator<Item = &str> {
+        self.entries.iter().map(|e| e.path.as_str())
+    }
+}
+
+pub fn chunk_key(id: &str) -> String {
+    format!("chunks/{}/{id}", &id[..2.min(id.len())])
+}
+
+pub fn manifest_key(snapshot_id: uuid::Uuid) -> String {
+    format!("manifests/{}.json.zst", snapshot_id.simple())
+}
+
+/// What a capture leaves out.
+#[derive(Debug, Clone, Default)]
+pub struct CaptureRules {
+    /// Extra file or directory names (exact) or `*.suffix` patterns to exclude.
+    pub extra_patterns: Vec<String>,
+}
+
+const CREDENTIAL_NAMES: [&str; 10] = [
+    ".git-credentials",
+    ".netrc",
+    "_netrc",
+    ".ssh",
+    ".npmrc",
+    ".pypirc",
+    "id_rsa",
+    "id_dsa",
+    "id_ecdsa",
+    "id_ed25519",
+];
+const CREDENTIAL_SUFFIXES: [&str; 6] = [".pem", ".key", ".p12", ".pfx", ".jks", ".keystore"];
+
+impl CaptureRules {
+    /// Whether a name (one path component) is excluded as a credential or by pattern.
+    pub fn excludes(&self, name: &str) -> bool {
+        if CREDENTIAL_NAMES.contains(&name) || name == ".env" || name.starts_with(".env.") {
+            return true;
+        }
+        if CREDENTIAL_SUFFIXES.iter().any(|s| name.ends_with(s)) {
+            return true;
+        }
+        self.extra_patterns
+            .iter()
+            .any(|p| match p.strip_prefix('*') {
+                Some(suffix) => name.ends_with(suffix),
+                None => p == name,
+            })
+    }
+}
+
+/// Figures of one capture.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CaptureStats {
+    pub files: u64,
+    pub files_unchanged: u64,
+    pub bytes: u64,
+    pub chunks_new: u64,
+    pub bytes_uploaded: u64,
+}
+
+/// Captures `root` into the store. Files whose stat matches `previous` reuse its chunk
+/// ids unread. Chunks are uploaded before the manifest; neither is durable until
+/// [`ArtifactStore::flush`] (which [`capture`] calls) returns.
+pub async fn capture(
+    store: &ArtifactStore,
+    root: &Path,
+    rules: &CaptureRules,
+    previous: Option<&Manifest>,
+    snapshot_id: uuid::Uuid,
+) -> Result<(Manifest, CaptureStats), SnapshotError> {
+    let handle = Handle::current();
+    let store_owned = store.clone();
+    let root = root.to_path_buf();
+    let rules = rules.clone();
+    let previous: HashMap<String, Entry> = previous
+        .map(|m| {
+            m.entries
+                .iter()
+                .map(|e| (e.path.clone(), e.clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let (manifest, stats) = tokio::task::spawn_blocking(move || {
+        capture_blocking(&handle, &store_owned, &root, &rules, &previous)
+    })
+    .await
+    .map_err(|e| SnapshotError::Io {
+        path: "capture".into(),
+        source: std::io::Error::other(e),
+    })??;
+    let encoded =
+        serde_json::to_vec(&manifest).map_err(|e| SnapshotError::Integrity(e.to_string()))?;
+    let compressed = zstd::encode_all(&encoded[..], 3).map_err(|e| io(Path::new("manifest"), e))?;
+    store
+        .put(&manifest_key(snapshot_id), Bytes::from(compressed))
+        .await?;
+    store.flush().await?;
+    Ok((manifest, stats))
+}
+
+fn capture_blocking(
+    handle: &Handle,
+    store: &ArtifactStore,
+    root: &Path,
+    rules: &CaptureRules,
+    previous: &HashMap<String, Entry>,
+) -> Result<(Manifest, CaptureStats), SnapshotError> {
+    let mut entries = Vec::new();
+    let mut walker = walkdir::WalkDir::new(root)
+        .follow_links(false)
+        .sort_by_file_name()
+        .into_iter();
+    while let Some(item) = walker.next() {
+        let item = item.map_err(|e| io(root, std::io::Error::other(e)))?;
+        let path = item.path();
+        if path == root {
+            continue;
+        }
+        let name = item.file_name().to_string_lossy();
+        let is_dir = item.file_type().is_dir();
+        // A nested repository is someone else's tree; the root's own .git is kept.
+        let nested_repo = is_dir && item.depth() > 0 && path.join(".git").exists() && path != root;
+        if rules.excludes(&name) || nested_repo {
+            if is_dir {
+                walker.skip_current_dir();
+            }
+            continue;
+        }
+        let relative = relative_path(root, path)?;
+        let meta = item
+            .metadata()
+            .map_err(|e| io(path, std::io::Error::other(e)))?;
+        let mode = meta.permissions().mode() & 0o7777;
+        let kind = if item.file_type().is_symlink() {
+            EntryKind::Symlink
+        } else if is_dir {
+            EntryKind::Dir
+        } else if item.file_type().is_file() {
+            EntryKind::File
+        } else {
+            continue; // sockets, fifos, devices are not workspace content
+        };
+        let target = if kind == EntryKind::Symlink {
+            Some(
+                std::fs::read_link(path)
+                    .map_err(|e| io(path, e))?
+                    .to_string_lossy()
+                    .into_owned(),
+            )
+        } else {
+            None
+        };
+        entries.push(Entry {
+            path: relative,
+            kind,
+            mode,
+            size: if kind == EntryKind::File {
+                meta.size()
+            } else {
+                0
+            },
+            mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+            inode: meta.ino(),
+            chunks: Vec::new(),
+            target,
+        });
+    }
+
+    let known: Mutex<HashSet<String>> = Mutex::new(
+        previous
+            .values()
+            .flat_map(|e| e.chunks.iter().cloned())
+            .collect(),
+    );
+    let stats = Mutex::new(CaptureStats::default());
+    entries
+        .par_iter_mut()
+        .try_for_each(|entry| -> Result<(), SnapshotError> {
+            if entry.kind != EntryKind::File {
+                return Ok(());
+            }
+            let unchanged = previous.get(&entry.path).is_some_and(|p| {
+                p.kind == EntryKind::File
+                    && p.size == entry.size
+                    && p.mtime_ns == entry.mtime_ns
+                    && p.inode == entry.inode
+            });
+            if let (true, Some(p)) = (unchanged, previous.get(&entry.path)) {
+                entry.chunks = p.chunks.clone();
+                let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
+                s.files += 1;
+                s.files_unchanged += 1;
+                s.bytes += entry.size;
+                return Ok(());
+            }
+            let path = root.join(&entry.path);
+            let file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
+            let chunker = fastcdc::v2020::StreamCDC::new(file, MIN_CHUNK, AVG_CHUNK, MAX_CHUNK);
+            let (mut new_chunks, mut uploaded) = (0u64, 0u64);
+            for chunk in chunker {
+                let chunk = chunk.map_err(|e| io(&path, std::io::Error::other(e)))?;
+                let id = blake3::hash(&chunk.data).to_hex().to_string();
+                let fresh = known
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(id.clone());
+                if fresh && !handle.block_on(store.exists(&chunk_key(&id)))? {
+                    let compressed =
+                        zstd::bulk::compress(&chunk.data, ZSTD_LEVEL).map_err(|e| io(&path, e))?;
+                    uploaded += compressed.len() as u64;
+                    new_chunks += 1;
+                    handle.block_on(store.put(&chunk_key(&id), Bytes::from(compressed)))?;
+                }
+                entry.chunks.push(id);
+            }
+            let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
+            s.files += 1;
+            s.bytes += entry.size;
+            s.chunks_new += new_chunks;
+            s.bytes_uploaded += uploaded;
+            Ok(())
+        })?;
+    let stats = stats.into_inner().unwrap_or_else(|e| e.into_inner());
+    Ok((
+        Manifest {
+            version: 1,
+            entries,
+        },
+        stats,
+    ))
+}
+
+fn relative_path(root: &Path, path: &Path) -> Result<String, SnapshotError> {
+    let relative = path
+        .strip_prefix(root)
+        .map_err(|_| SnapshotError::UnsafeEntry(path.display().to_string()))?;
+    let text = relative.to_str().ok_or_else(|| {
+        SnapshotError::UnsafeEntry(format!("{} is not UTF-8", relative.display()))
+    })?;
+    Ok(text.to_string())
+}
+
+/// Reads a snapshot's manifest.
+pub async fn load_manifest(
+    store: &ArtifactStore,
+    snapshot_id: uuid::Uuid,
+) -> Result<Manifest, SnapshotError> {
+    let bytes = store.get(&manifest_key(snapshot_id)).await?;
+    let decoded = zstd::decode_all(&bytes[..])
+        .map_err(|e| SnapshotError::Integrity(format!("manifest: {e}")))?;
+    serde_json::from_slice(&decoded).map_err(|e| SnapshotError::Integrity(format!("manifest: {e}")))
+}
+
+/// Checks that an entry stays inside the root: relative, no `..`, no empty or `.`
+/// components, and (for symlinks) a target that does not climb out either.
+fn check_entry(entry: &Entry, symlinks: &HashSet<&str>) -> Result<PathBuf, SnapshotError> {
+    let refuse = || SnapshotError::UnsafeEntry(entry.path.clone());
+    if entry.path.is_empty() || entry.path.contains('\0') || entry.path.starts_with('/') {
+        return Err(refuse());
+    }
+    let path = PathBuf::from(&entry.path);
+    if !path.components().all(|c| matches!(c, Component::Normal(_))) {
+        return Err(refuse());
+    }
+    // No entry may pass through a symlink of the snapshot (symlink traversal).
+    let mut prefix = PathBuf::new();
+    let components: Vec<_> = path.components().collect();
+    for component in &components[..components.len().saturating_sub(1)] {
+        prefix.push(component);
+        if symlinks.contains(prefix.to_string_lossy().as_ref()) {
+            return Err(refuse());
+        }
+    }
+    if let Some(target) = &entry.target {
+        let target = Path::new(target);
+        if target.is_absolute() {
+            return Err(refuse());
+        }
+        let mut depth: i64 = i64::try_from(components.len()).unwrap_or(0) - 1;
+        for component in target.components() {
+            match component {
+                Component::ParentDir => depth -= 1,
+                Component::Normal(_) => depth += 1,
+                Component::CurDir => {}
+                _ => return Err(refuse()),
+            }
+            if depth < 0 {
+                return Err(refuse());
+            }
+        }
+    }
+    Ok(path)
+}
+
+/// Figures of one restore.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RestoreStats {
+    pub files: u64,
+    pub bytes: u64,
+}
+
+/// Restores a manifest into `target`, which must be empty or absent. Every entry is
+/// checked before anything is written; every chunk is verified against its id.
+pub async fn restore(
+    store: &ArtifactStore,
+    manifest: &Manifest,
+    target: &Path,
+) -> Result<RestoreStats, SnapshotError> {
+    let symlinks: HashSet<&str> = manifest
+        .entries
+        .iter()
+        .filter(|e| e.kind == EntryKind::Symlink)
+        .map(|e| e.path.as_str())
+        .collect();
+    let mut checked = Vec::with_capacity(manifest.entries.len());
+    for entry in &manifest.entries {
+        checked.push((check_entry(entry, &symlinks)?, entry.clone()));
+    }
+    if target.exists()
+        && std::fs::read_dir(target)
+            .map_err(|e| io(target, e))?
+            .next()
+            .is_some()
+    {
+        return Err(SnapshotError::TargetNotEmpty(target.display().to_string()));
+    }
+    std::fs::create_dir_all(target).map_err(|e| io(target, e))?;
+    let handle = Handle::current();
+    let store = store.clone();
+    let target = target.to_path_buf();
+    tokio::task::spawn_blocking(move || restore_blocking(&handle, &store, &checked, &target))
+        .await
+        .map_err(|e| SnapshotError::Io {
+            path: "restore".into(),
+            source: std::io::Error::other(e),
+        })?
+}
+
+fn restore_blocking(
+    handle: &Handle,
+    store: &ArtifactStore,
+    entries: &[(PathBuf, Entry)],
+    target: &Path,
+) -> Result<RestoreStats, SnapshotError> {
+    for (path, _) in entries.iter().filter(|(_, e)| e.kind == EntryKind::Dir) {
+        let full = target.join(path);
+        std::fs::create_dir_all(&full).map_err(|e| io(&full, e))?;
+    }
+    let stats = Mutex::new(RestoreStats::default());
+    entries
+        .par_iter()
+        .filter(|(_, e)| e.kind == EntryKind::File)
+        .try_for_each(|(path, entry)| -> Result<(), SnapshotError> {
+            let full = target.join(path);
+            if let Some(parent) = full.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+            }
+            let mut out = std::fs::File::create(&full).map_err(|e| io(&full, e))?;
+            for id in &entry.chunks {
+                let compressed = handle.block_on(store.get(&chunk_key(id)))?;
+                let mut data = Vec::with_capacity(AVG_CHUNK as usize);
+                zstd::Decoder::new(&compressed[..])
+                    .and_then(|mut d| d.read_to_end(&mut data))
+                    .map_err(|e| SnapshotError::Integrity(format!("chunk {id}: {e}")))?;
+                if blake3::hash(&data).to_hex().as_str() != id {
+                    return Err(SnapshotError::Integrity(format!(
+                        "chunk {id} does not match its id"
+                    )));
+                }
+                std::io::Write::write_all(&mut out, &data).map_err(|e| io(&full, e))?;
+            }
+            drop(out);
+            std::fs::set_permissions(&full, std::fs::Permissions::from_mode(entry.mode))
+                .map_err(|e| io(&full, e))?;
+            let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
+            s.files += 1;
+            s.bytes += entry.size;
+            Ok(())
+        })?;
+    for (path, entry) in entries.iter().filter(|(_, e)| e.kind == EntryKind::Symlink) {
+        let full = target.join(path);
+        if let (Some(parent), Some(link)) = (full.parent(), entry.target.as_ref()) {
+            std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+            std::os::unix::fs::symlink(link, &full).map_err(|e| io(&full, e))?;
+        }
+    }
+    for (path, entry) in entries.iter().filter(|(_, e)| e.kind == EntryKind::Dir) {
+        let full = target.join(path);
+        std::fs::set_permissions(&full, std::fs::Permissions::from_mode(entry.mode))
+            .map_err(|e| io(&full, e))?;
+    }
+    Ok(stats.into_inner().unwrap_or_else(|e| e.into_inner()))
+}

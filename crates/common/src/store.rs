@@ -1,0 +1,125 @@
+//! The artifact store: immutable, content-addressed objects behind `object_store`.
+//!
+//! A local directory by default (a path or `file://`), S3, GCS or Azure by URL
+//! (`s3://bucket/prefix`, `gs://…`, `az://…`, credentials from the usual environment
+//! variables). Each snapshot row records the URL of the store that holds its bytes;
+//! cleanup opens that store, never the current configuration.
+
+use bytes::Bytes;
+use object_store::local::LocalFileSystem;
+use object_store::path::Path as ObjectPath;
+use object_store::{ObjectStore, PutPayload};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("invalid artifact store URL {0:?}: {1}")]
+    InvalidUrl(String, String),
+    #[error("object {0} not found")]
+    NotFound(String),
+    #[error("artifact store error: {0}")]
+    Backend(#[from] object_store::Error),
+    #[error("artifact store I/O error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+#[derive(Clone, Debug)]
+pub struct ArtifactStore {
+    url: String,
+    store: Arc<dyn ObjectStore>,
+    /// For a local store: its directory, synced before a snapshot is called durable.
+    local: Option<PathBuf>,
+}
+
+impl ArtifactStore {
+    /// Opens the store a URL names; a local directory is created if missing.
+    pub fn open(url: &str) -> Result<ArtifactStore, StoreError> {
+        let local_path = match url.strip_prefix("file://") {
+            Some(path) => Some(path.to_string()),
+            None if !url.contains("://") => Some(url.to_string()),
+            None => None,
+        };
+        if let Some(path) = local_path {
+            std::fs::create_dir_all(&path)?;
+            let root = std::fs::canonicalize(&path)?;
+            let store = LocalFileSystem::new_with_prefix(&root)
+                .map_err(|e| StoreError::InvalidUrl(url.to_string(), e.to_string()))?;
+            return Ok(ArtifactStore {
+                url: format!("file://{}", root.display()),
+                store: Arc::new(store),
+                local: Some(root),
+            });
+        }
+        let parsed = url::Url::parse(url)
+            .map_err(|e| StoreError::InvalidUrl(url.to_string(), e.to_string()))?;
+        let options: Vec<(String, String)> = std::env::vars()
+            .filter(|(k, _)| {
+                k.starts_with("AWS_") || k.starts_with("GOOGLE_") || k.starts_with("AZURE_")
+            })
+            .map(|(k, v)| (k.to_ascii_lowercase(), v))
+            .collect();
+        let (store, prefix) = object_store::parse_url_opts(&parsed, options)
+            .map_err(|e| StoreError::InvalidUrl(url.to_string(), e.to_string()))?;
+        let store: Arc<dyn ObjectStore> = if prefix.as_ref().is_empty() {
+            Arc::from(store)
+        } else {
+            Arc::new(object_store::prefix::PrefixStore::new(store, prefix))
+        };
+        Ok(ArtifactStore {
+            url: url.to_string(),
+            store,
+            local: None,
+        })
+    }
+
+    /// The URL recorded on every snapshot this store holds.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub async fn put(&self, key: &str, bytes: Bytes) -> Result<(), StoreError> {
+        self.store
+            .put(&ObjectPath::from(key), PutPayload::from(bytes))
+            .await?;
+        Ok(())
+    }
+
+    pub async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
+        match self.store.get(&ObjectPath::from(key)).await {
+            Ok(result) => Ok(result.bytes().await?),
+            Err(object_store::Error::NotFound { .. }) => Err(StoreError::NotFound(key.to_string())),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub async fn exists(&self, key: &str) -> Result<bool, StoreError> {
+        match self.store.head(&ObjectPath::from(key)).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Deletes an object; deleting what is already gone succeeds.
+    pub async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        match self.store.delete(&ObjectPath::from(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Makes everything written so far durable. A remote store's puts are durable once
+    /// acknowledged; a local store's files are flushed with one `syncfs(2)`.
+    pub async fn flush(&self) -> Result<(), StoreError> {
+        if let Some(root) = self.local.clone() {
+            tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+                let dir = std::fs::File::open(&root)?;
+                nix::unistd::syncfs(&dir).map_err(std::io::Error::from)
+            })
+            .await
+            .map_err(std::io::Error::other)??;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,188 @@
+//! Checkpoint lineage and holds against the real PostgreSQL.
+
+use cairn_common::hold::{self, HoldTarget};
+use cairn_common::lineage::{self, LineageError, NewSnapshot};
+use cairn_common::testing::TestDb;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+async fn ready_checkpoint(pool: &PgPool, agent: &str, context: Uuid) -> Uuid {
+    let mut conn = pool.acquire().await.expect("conn");
+    let generation = lineage::credential_generation(&mut conn, agent)
+        .await
+        .expect("generation");
+    let id = lineage::create(
+        &mut conn,
+        &NewSnapshot {
+            kind: "checkpoint",
+            agent,
+            repository: None,
+            backend: "local",
+            base_image: None,
+            canonical_ref: None,
+            work_context_id: Some(context),
+            workspace_id: None,
+            store_url: "file:///tmp/store",
+            credential_generation: generation,
+        },
+    )
+    .await
+    .expect("create");
+    assert!(lineage::mark_ready(&mut conn, id, "manifests/x", 1)
+        .await
+        .expect("ready"));
+    id
+}
+
+#[tokio::test]
+async fn of_concurrent_appends_against_one_head_exactly_one_wins() {
+    let db = TestDb::new().await;
+    let context = Uuid::new_v4();
+    let first = ready_checkpoint(&db.pool, "agent", context).await;
+    let mut conn = db.pool.acquire().await.expect("conn");
+    assert_eq!(
+        lineage::append(&mut conn, context, "agent", None, first)
+            .await
+            .expect("first"),
+        1
+    );
+    drop(conn);
+    for round in 0..10 {
+        let head = lineage::head(&mut db.pool.acquire().await.expect("conn"), context)
+            .await
+            .expect("head")
+            .expect("has head");
+        let (a, b) = (
+            ready_checkpoint(&db.pool, "agent", context).await,
+            ready_checkpoint(&db.pool, "agent", context).await,
+        );
+        let (mut ca, mut cb) = (
+            db.pool.acquire().await.expect("conn"),
+            db.pool.acquire().await.expect("conn"),
+        );
+        let (ra, rb) = tokio::join!(
+            lineage::append(&mut ca, context, "agent", Some(head.0), a),
+            lineage::append(&mut cb, context, "agent", Some(head.0), b)
+        );
+        let wins = [ra.is_ok(), rb.is_ok()].iter().filter(|w| **w).count();
+        assert_eq!(wins, 1, "round {round}: exactly one append wins");
+        let loser = if ra.is_ok() { rb } else { ra };
+        assert!(matches!(loser, Err(LineageError::Conflict { .. })));
+        let now = lineage::head(&mut db.pool.acquire().await.expect("conn"), context)
+            .await
+            .expect("head")
+            .expect("head");
+        assert_eq!(now.1, head.1 + 1, "sequence N+1");
+    }
+    // A stale expectation never overwrites.
+    let stale = ready_checkpoint(&db.pool, "agent", context).await;
+    let mut conn = db.pool.acquire().await.expect("conn");
+    assert!(matches!(
+        lineage::append(&mut conn, context, "agent", Some(first), stale).await,
+        Err(LineageError::Conflict { .. })
+    ));
+    assert!(matches!(
+        lineage::append(&mut conn, context, "agent", None, stale).await,
+        Err(LineageError::Conflict { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_restore_only_ever_sees_its_own_work_context() {
+    let db = TestDb::new().await;
+    let (mine, theirs) = (Uuid::new_v4(), Uuid::new_v4());
+    let their_checkpoint = ready_checkpoint(&db.pool, "agent", theirs).await;
+    let mut conn = db.pool.acquire().await.expect("conn");
+    lineage::append(&mut conn, theirs, "agent", None, their_checkpoint)
+        .await
+        .expect("append");
+    assert!(lineage::restorable_head(&mut conn, mine, "agent")
+        .await
+        .expect("query")
+        .is_none());
+    assert_eq!(
+        lineage::restorable_head(&mut conn, theirs, "agent")
+            .await
+            .expect("query")
+            .map(|r| r.id),
+        Some(their_checkpoint)
+    );
+    assert!(
+        lineage::restorable_head(&mut conn, theirs, "another-agent")
+            .await
+            .expect("query")
+            .is_none(),
+        "ownership includes the agent"
+    );
+}
+
+#[tokio::test]
+async fn rotating_credentials_retires_snapshots_from_reuse() {
+    let db = TestDb::new().await;
+    let context = Uuid::new_v4();
+    let checkpoint = ready_checkpoint(&db.pool, "agent", context).await;
+    let mut conn = db.pool.acquire().await.expect("conn");
+    lineage::append(&mut conn, context, "agent", None, checkpoint)
+        .await
+        .expect("append");
+    assert_eq!(
+        lineage::rotate_credentials(&mut conn, "agent")
+            .await
+            .expect("rotate"),
+        1
+    );
+    assert!(lineage::restorable_head(&mut conn, context, "agent")
+        .await
+        .expect("query")
+        .is_none());
+    let (retention, reason): (String, Option<String>) =
+        sqlx::query_as("SELECT retention, retire_reason FROM project_snapshots WHERE id = $1")
+            .bind(checkpoint)
+            .fetch_one(&mut *conn)
+            .await
+            .expect("row");
+    assert_eq!(
+        (retention.as_str(), reason.as_deref()),
+        ("retired", Some("credentials_rotated"))
+    );
+}
+
+#[tokio::test]
+async fn an_existing_shorter_hold_is_never_extended() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.expect("conn");
+    let workspace = Uuid::new_v4();
+    sqlx::query("INSERT INTO workspaces (id, agent, backend, state) VALUES ($1, 'agent', 'local', 'running')")
+        .bind(workspace)
+        .execute(&mut *conn)
+        .await
+        .expect("workspace");
+    let target = HoldTarget {
+        workspace_id: workspace,
+        run_id: None,
+        task_id: None,
+        agent: "agent",
+    };
+    let soon = chrono::Utc::now() + chrono::Duration::minutes(5);
+    let first = hold::hold(&mut conn, &target, "handoff", soon)
+        .await
+        .expect("hold");
+    let later = chrono::Utc::now() + chrono::Duration::days(14);
+    let second = hold::hold(&mut conn, &target, "pause", later)
+        .await
+        .expect("hold");
+    assert_eq!(first, second, "the active hold is kept");
+    let (_, expires) = hold::active(&mut conn, workspace)
+        .await
+        .expect("active")
+        .expect("held");
+    assert!(
+        expires <= soon + chrono::Duration::seconds(1),
+        "not extended"
+    );
+    hold::end(&mut conn, first, "released").await.expect("end");
+    assert!(hold::active(&mut conn, workspace)
+        .await
+        .expect("active")
+        .is_none());
+}

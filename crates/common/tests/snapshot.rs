@@ -1,0 +1,228 @@
+//! The snapshot engine against a real local artifact store.
+
+use cairn_common::snapshot::{self, CaptureRules, Entry, EntryKind, Manifest, SnapshotError};
+use cairn_common::store::ArtifactStore;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+fn scratch(label: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "cairn-snap-{label}-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir).expect("scratch");
+    dir
+}
+
+fn write(root: &Path, path: &str, bytes: &[u8]) {
+    let full = root.join(path);
+    std::fs::create_dir_all(full.parent().expect("parent")).expect("dirs");
+    std::fs::write(full, bytes).expect("write");
+}
+
+fn pseudo_random(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state & 0xff) as u8
+        })
+        .collect()
+}
+
+fn tree(root: &Path) {
+    write(root, "src/main.rs", b"fn main() { println!(\"hi\"); }\n");
+    write(root, "data/blob.bin", &pseudo_random(700_000, 7));
+    write(root, "README.md", &b"text ".repeat(50_000));
+    std::os::unix::fs::symlink("src/main.rs", root.join("entry")).expect("symlink");
+    std::fs::set_permissions(
+        root.join("src/main.rs"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .expect("chmod");
+    // Never captured: credentials and an unrelated nested repository.
+    write(root, ".git-credentials", b"https://user:token@example.com");
+    write(root, ".env", b"SECRET=1");
+    write(root, ".env.production", b"SECRET=2");
+    write(root, ".netrc", b"machine example.com password x");
+    write(root, ".ssh/id_ed25519", b"PRIVATE");
+    write(root, "deploy/server.pem", b"-----BEGIN PRIVATE KEY-----");
+    write(root, "vendor/other/.git/HEAD", b"ref: refs/heads/main");
+    write(root, "vendor/other/lib.rs", b"pub fn other() {}");
+    write(root, "custom.secret", b"configured pattern");
+}
+
+fn rules() -> CaptureRules {
+    CaptureRules {
+        extra_patterns: vec!["*.secret".into()],
+    }
+}
+
+#[tokio::test]
+async fn capture_and_restore_round_trip_without_credentials() {
+    let (src, out, store_dir) = (scratch("src"), scratch("out"), scratch("store"));
+    tree(&src);
+    let store = ArtifactStore::open(store_dir.to_str().expect("utf8")).expect("store");
+    let id = uuid::Uuid::new_v4();
+    let (manifest, stats) = snapshot::capture(&store, &src, &rules(), None, id)
+        .await
+        .expect("capture");
+    let paths: Vec<&str> = manifest.paths().collect();
+    for secret in [
+        ".git-credentials",
+        ".env",
+        ".env.production",
+        ".netrc",
+        ".ssh",
+        ".ssh/id_ed25519",
+        "deploy/server.pem",
+        "vendor/other",
+        "vendor/other/lib.rs",
+        "custom.secret",
+    ] {
+        assert!(
+            !paths.contains(&secret),
+            "{secret} must never be captured: {paths:?}"
+        );
+    }
+    assert!(
+        paths.contains(&"vendor"),
+        "the parent of a nested repository is still captured"
+    );
+    assert!(stats.chunks_new > 0);
+
+    let loaded = snapshot::load_manifest(&store, id).await.expect("manifest");
+    assert_eq!(loaded, manifest);
+    let restored = snapshot::restore(&store, &loaded, &out.join("tree"))
+        .await
+        .expect("restore");
+    assert_eq!(restored.files, 3);
+    let tree_out = out.join("tree");
+    assert_eq!(
+        std::fs::read(tree_out.join("data/blob.bin")).expect("blob"),
+        pseudo_random(700_000, 7)
+    );
+    assert_eq!(
+        std::fs::read_link(tree_out.join("entry")).expect("link"),
+        PathBuf::from("src/main.rs")
+    );
+    let mode = std::fs::metadata(tree_out.join("src/main.rs"))
+        .expect("meta")
+        .permissions()
+        .mode()
+        & 0o777;
+    assert_eq!(mode, 0o755);
+    assert!(!tree_out.join(".env").exists());
+}
+
+#[tokio::test]
+async fn chunks_are_shared_and_unchanged_files_are_not_read_again() {
+    let (src, store_dir) = (scratch("src"), scratch("store"));
+    tree(&src);
+    let store = ArtifactStore::open(store_dir.to_str().expect("utf8")).expect("store");
+    let (first, _) = snapshot::capture(&store, &src, &rules(), None, uuid::Uuid::new_v4())
+        .await
+        .expect("capture");
+    // Change one file: only its chunks are new, every other file is skipped by stat.
+    write(
+        &src,
+        "src/main.rs",
+        b"fn main() { println!(\"changed\"); }\n",
+    );
+    let (second, stats) =
+        snapshot::capture(&store, &src, &rules(), Some(&first), uuid::Uuid::new_v4())
+            .await
+            .expect("capture");
+    assert_eq!(stats.files, 3);
+    assert_eq!(stats.files_unchanged, 2);
+    assert_eq!(stats.chunks_new, 1);
+    let shared = first.chunk_ids().intersection(&second.chunk_ids()).count();
+    assert!(shared >= 2, "unchanged files share their chunks");
+    // A third capture of the same tree without a stat index still uploads nothing new.
+    let (_, again) = snapshot::capture(&store, &src, &rules(), None, uuid::Uuid::new_v4())
+        .await
+        .expect("capture");
+    assert_eq!(
+        again.chunks_new, 0,
+        "content-addressed chunks are stored once"
+    );
+}
+
+#[tokio::test]
+async fn a_corrupted_chunk_fails_the_restore_as_an_integrity_error() {
+    let (src, out, store_dir) = (scratch("src"), scratch("out"), scratch("store"));
+    tree(&src);
+    let store = ArtifactStore::open(store_dir.to_str().expect("utf8")).expect("store");
+    let (manifest, _) = snapshot::capture(&store, &src, &rules(), None, uuid::Uuid::new_v4())
+        .await
+        .expect("capture");
+    let victim = manifest
+        .entries
+        .iter()
+        .find(|e| e.path == "data/blob.bin")
+        .expect("blob")
+        .chunks[0]
+        .clone();
+    let forged = zstd::encode_all(&b"not the original bytes"[..], 1).expect("zstd");
+    store
+        .put(&snapshot::chunk_key(&victim), bytes::Bytes::from(forged))
+        .await
+        .expect("overwrite");
+    match snapshot::restore(&store, &manifest, &out.join("tree")).await {
+        Err(SnapshotError::Integrity(message)) => assert!(message.contains(&victim)),
+        other => panic!("expected an integrity failure, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn entries_escaping_the_root_are_refused_before_anything_is_written() {
+    let store_dir = scratch("store");
+    let store = ArtifactStore::open(store_dir.to_str().expect("utf8")).expect("store");
+    let entry = |path: &str, kind: EntryKind, target: Option<&str>| Entry {
+        path: path.into(),
+        kind,
+        mode: 0o644,
+        size: 0,
+        mtime_ns: 0,
+        inode: 0,
+        chunks: vec![],
+        target: target.map(String::from),
+    };
+    let cases = vec![
+        vec![entry("../escape", EntryKind::File, None)],
+        vec![entry("/etc/passwd", EntryKind::File, None)],
+        vec![entry("a/../../b", EntryKind::File, None)],
+        vec![
+            entry("link", EntryKind::Symlink, Some("/etc")),
+            entry("link/passwd", EntryKind::File, None),
+        ],
+        vec![entry("link", EntryKind::Symlink, Some("../../outside"))],
+        vec![entry("dir/link", EntryKind::Symlink, Some("../.."))],
+    ];
+    for entries in cases {
+        let out = scratch("out").join("tree");
+        let manifest = Manifest {
+            version: 1,
+            entries: entries.clone(),
+        };
+        match snapshot::restore(&store, &manifest, &out).await {
+            Err(SnapshotError::UnsafeEntry(_)) => {}
+            other => panic!("{entries:?} must be refused, got {other:?}"),
+        }
+        assert!(!out.exists(), "nothing written for a refused manifest");
+    }
+    // Links that stay inside are fine.
+    let out = scratch("out").join("tree");
+    let ok = Manifest {
+        version: 1,
+        entries: vec![
+            entry("dir", EntryKind::Dir, None),
+            entry("dir/up", EntryKind::Symlink, Some("../other")),
+        ],
+    };
+    snapshot::restore(&store, &ok, &out)
+        .await
+        .expect("inside links restore");
+}
