@@ -84,8 +84,14 @@ impl Cluster {
 
     /// Starts one more worker (`w1`, `w2`, … in start order) and waits until it is ready.
     pub fn add_worker(&mut self) -> usize {
+        let id = format!("w{}", self.workers.len() + 1);
+        self.add_worker_named(&id)
+    }
+
+    /// Starts a worker with a given id (a restarted worker keeps its name).
+    pub fn add_worker_named(&mut self, id: &str) -> usize {
         let index = self.workers.len();
-        let id = format!("w{}", index + 1);
+        let id = id.to_string();
         let addr = free_addr();
         let mut env = self.isolation.env();
         env.extend([

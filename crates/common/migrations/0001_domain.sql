@@ -228,6 +228,8 @@ CREATE TABLE workspaces (
         'creating', 'running', 'stopped', 'paused', 'error', 'destroyed')),
     host          TEXT,
     path          TEXT,
+    -- The agent's credential generation when the tree was created; rotation ends reuse.
+    credential_generation BIGINT NOT NULL DEFAULT 0,
     paused_at     TIMESTAMPTZ,
     error_reason  TEXT,
     created_at    TIMESTAMPTZ NOT NULL DEFAULT now(),

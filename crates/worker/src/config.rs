@@ -53,6 +53,19 @@ pub struct Config {
         default_value = "./.cairn/workspaces"
     )]
     pub workspaces_dir: PathBuf,
+    /// Name of this workspace backend, part of every baseline's key.
+    #[arg(long, env = "CAIRN_WORKSPACE_BACKEND", default_value = "local")]
+    pub workspace_backend: String,
+    /// Whether workspaces here survive the worker (14-day holds) or not (1-hour handoff).
+    #[arg(long, env = "CAIRN_WORKSPACE_PERSISTENT", default_value_t = false, action = clap::ArgAction::Set)]
+    pub workspace_persistent: bool,
+    /// The image steps run on, part of every baseline's key.
+    #[arg(long, env = "CAIRN_BASE_IMAGE")]
+    pub base_image: Option<String>,
+    /// Extra names (or `*.suffix` patterns), comma-separated, never captured in a
+    /// snapshot; credential files are always left out.
+    #[arg(long, env = "CAIRN_CAPTURE_EXCLUDE", value_delimiter = ',')]
+    pub capture_exclude: Vec<String>,
     /// Largest captured output of one stream of one step, kept as an artifact.
     #[arg(long, env = "CAIRN_OUTPUT_MAX_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub output_max_bytes: u64,

@@ -2,11 +2,12 @@
 //! intent before and a receipt after every step. Completed steps are reused, never
 //! replayed; a step with an intent and no receipt runs again only if idempotent.
 
+use crate::custody::{CustodyError, CustodySettings, Held, Subject};
 use crate::metrics::WorkerMetrics;
 use crate::renewal::{self, StopReason};
 use crate::report;
 use crate::step::{self, Interruption, StepCommand, StepOutcome};
-use crate::workspace::{self, Workspace};
+use crate::workspace::Workspace;
 use cairn_common::lease::{Lease, LeaseError, Leases};
 use cairn_common::outbox;
 use cairn_common::queue::JobQueue;
@@ -58,6 +59,14 @@ pub enum JobError {
     Db(#[from] sqlx::Error),
 }
 
+/// How a plan ended, before the ticket records it.
+enum Ending {
+    Complete,
+    Fail(String),
+    Reconcile { message: String, step: String },
+    Interrupted,
+}
+
 /// A claimed request, ready to run.
 pub struct Claimed {
     lease: Lease,
@@ -72,6 +81,23 @@ pub struct Claimed {
     max_wall_ms: i64,
     used_commands: i32,
     used_wall_ms: i64,
+    agent: String,
+    work_context: Uuid,
+    deadline: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl Claimed {
+    fn subject(&self) -> Subject {
+        Subject {
+            request_id: self.lease.request_id,
+            run_id: self.run_id,
+            work_context: self.work_context,
+            agent: self.agent.clone(),
+            repository: self.repository.clone(),
+            git_ref: self.git_ref.clone(),
+            deadline: self.deadline,
+        }
+    }
 }
 
 #[derive(sqlx::FromRow)]
@@ -90,12 +116,16 @@ struct RequestRow {
     cancel_requested: bool,
     deadline_passed: bool,
     queued_for_seconds: f64,
+    agent: String,
+    task_id: Uuid,
+    deadline: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 pub struct Worker {
     pub pool: PgPool,
     pub leases: Leases,
     pub settings: JobSettings,
+    pub custody: CustodySettings,
     pub metrics: WorkerMetrics,
 }
 
@@ -132,7 +162,8 @@ impl Worker {
                     e.max_wall_seconds, e.used_commands, e.used_wall_ms,
                     e.cancel_requested_at IS NOT NULL AS cancel_requested,
                     COALESCE(r.deadline <= now(), FALSE) AS deadline_passed,
-                    EXTRACT(EPOCH FROM clock_timestamp() - e.queued_at)::float8 AS queued_for_seconds
+                    EXTRACT(EPOCH FROM clock_timestamp() - e.queued_at)::float8 AS queued_for_seconds,
+                    r.agent, r.task_id, r.deadline
                FROM execution_requests e JOIN runs r ON r.id = e.run_id WHERE e.id = $1",
         )
         .bind(lease.request_id)
@@ -243,6 +274,9 @@ impl Worker {
             max_wall_ms: i64::from(row.max_wall_seconds) * 1000,
             used_commands: row.used_commands,
             used_wall_ms: row.used_wall_ms,
+            agent: row.agent,
+            work_context: row.task_id,
+            deadline: row.deadline,
         })))
     }
 
@@ -381,36 +415,68 @@ impl Worker {
             // Nothing to run, so no workspace to make.
             return self.complete(job).await;
         }
-        let request_id = job.lease.request_id;
-        let workspace = match workspace::prepare(
-            &self.settings.workspaces_dir,
-            request_id,
-            job.repository.as_deref(),
-            job.git_ref.as_deref(),
-        )
-        .await
-        {
-            Ok(workspace) => workspace,
-            Err(e) => {
+        let subject = job.subject();
+        let mut held = match self.acquire(&job.lease, &subject).await {
+            Ok(held) => held,
+            Err(CustodyError::Job(e)) => return Err(e),
+            Err(CustodyError::Workspace(e)) => {
                 let message = format!("workspace: {e}");
-                return self
-                    .finish(job, RequestState::Failed, Some(&message), None)
-                    .await
-                    .map(|_| JobOutcome::Failed(message));
+                self.finish(job, RequestState::Failed, Some(&message), None)
+                    .await?;
+                return Ok(JobOutcome::Failed(message));
             }
         };
-        let result = self.run_steps(job, &workspace, stop, reason).await;
-        workspace::remove(&workspace).await;
-        result
+        let ending = self.run_steps(job, &subject, &mut held, stop, reason).await;
+        let fenced = match &ending {
+            Err(JobError::Lease(_)) => true,
+            Ok(Ending::Interrupted) => matches!(reason.get(), Some(renewal::Reason::Fenced) | None),
+            _ => false,
+        };
+        let terminal = matches!(&ending, Ok(Ending::Complete | Ending::Fail(_)))
+            || (matches!(&ending, Ok(Ending::Interrupted))
+                && reason.get() == Some(renewal::Reason::Cancelled));
+        // The workspace is released (or kept under a hold) while the lease is still ours.
+        self.release(
+            &job.lease,
+            &subject,
+            &held,
+            terminal,
+            matches!(&ending, Ok(Ending::Complete)),
+            fenced,
+        )
+        .await;
+        match ending? {
+            Ending::Complete => self.complete(job).await,
+            Ending::Fail(message) => {
+                self.finish(job, RequestState::Failed, Some(&message), None)
+                    .await?;
+                Ok(JobOutcome::Failed(message))
+            }
+            Ending::Reconcile { message, step } => {
+                self.finish(
+                    job,
+                    RequestState::NeedsReconciliation,
+                    Some("unknown_outcome"),
+                    Some(&step),
+                )
+                .await?;
+                Ok(JobOutcome::NeedsReconciliation(message))
+            }
+            Ending::Interrupted => self.interrupted(job, reason).await,
+        }
     }
 
     async fn run_steps(
         &self,
         job: &Claimed,
-        workspace: &Workspace,
+        subject: &Subject,
+        held: &mut Held,
         stop: &CancellationToken,
         reason: &StopReason,
-    ) -> Result<JobOutcome, JobError> {
+    ) -> Result<Ending, JobError> {
+        let _ = reason;
+        let workspace = held.workspace.clone();
+        let workspace = &workspace;
         let request_id = job.lease.request_id;
         let journal: Vec<(String, bool)> = sqlx::query_as(
             "SELECT i.step_key, r.step_key IS NOT NULL FROM journal_intents i
@@ -438,14 +504,10 @@ impl Worker {
                         "step {} started and has no receipt: its outcome is unknown",
                         step.key
                     );
-                    self.finish(
-                        job,
-                        RequestState::NeedsReconciliation,
-                        Some("unknown_outcome"),
-                        Some(&step.key),
-                    )
-                    .await?;
-                    return Ok(JobOutcome::NeedsReconciliation(message));
+                    return Ok(Ending::Reconcile {
+                        message,
+                        step: step.key.clone(),
+                    });
                 }
                 Some(false) => {
                     tracing::info!(step = %step.key, "idempotent step with an unknown outcome runs again")
@@ -453,16 +515,14 @@ impl Worker {
                 None => {}
             }
             if stop.is_cancelled() {
-                return self.interrupted(job, reason).await;
+                return Ok(Ending::Interrupted);
             }
             if used_commands >= job.max_commands {
                 let message = format!(
                     "budget exhausted: max_commands ({}) spent before step {}",
                     job.max_commands, step.key
                 );
-                self.finish(job, RequestState::Failed, Some(&message), None)
-                    .await?;
-                return Ok(JobOutcome::Failed(message));
+                return Ok(Ending::Fail(message));
             }
             let remaining_wall_ms = job.max_wall_ms - used_wall_ms;
             if remaining_wall_ms <= 0 {
@@ -470,9 +530,7 @@ impl Worker {
                     "budget exhausted: max_wall_seconds spent before step {}",
                     step.key
                 );
-                self.finish(job, RequestState::Failed, Some(&message), None)
-                    .await?;
-                return Ok(JobOutcome::Failed(message));
+                return Ok(Ending::Fail(message));
             }
 
             // The intent, and the command's charge, are durable before the step starts.
@@ -503,6 +561,7 @@ impl Worker {
                 let _ = tokio::fs::remove_file(&workspace.report_file).await;
             }
             self.metrics.steps_run.inc();
+            held.uncaptured = true;
             tracing::info!(step = %step.key, "step started");
             let outcome = match step::run(&command, stop).await {
                 Ok(outcome) => outcome,
@@ -511,13 +570,11 @@ impl Worker {
                     let message = format!("step {}: {e}", step.key);
                     self.write_receipt(job, step, &spawn_failure(&message), None)
                         .await?;
-                    self.finish(job, RequestState::Failed, Some(&message), None)
-                        .await?;
-                    return Ok(JobOutcome::Failed(message));
+                    return Ok(Ending::Fail(message));
                 }
             };
             if outcome.interrupted == Some(Interruption::Stopped) {
-                return self.interrupted(job, reason).await;
+                return Ok(Ending::Interrupted);
             }
             used_wall_ms += outcome.wall_ms;
             let final_report = if index == last && outcome.succeeded() {
@@ -525,9 +582,7 @@ impl Worker {
                     Ok(report) => report,
                     Err(message) => {
                         self.write_receipt(job, step, &outcome, None).await?;
-                        self.finish(job, RequestState::Failed, Some(&message), None)
-                            .await?;
-                        return Ok(JobOutcome::Failed(message));
+                        return Ok(Ending::Fail(message));
                     }
                 }
             } else {
@@ -538,12 +593,16 @@ impl Worker {
             tracing::info!(step = %step.key, result = %outcome.describe(), wall_ms = outcome.wall_ms, "step ended");
             if !outcome.succeeded() {
                 let message = format!("step {} {}", step.key, outcome.describe());
-                self.finish(job, RequestState::Failed, Some(&message), None)
-                    .await?;
-                return Ok(JobOutcome::Failed(message));
+                return Ok(Ending::Fail(message));
+            }
+            // Checkpoint after every completed step: a successor restores this tree.
+            match self.checkpoint(&job.lease, subject, held).await {
+                Ok(_) => {}
+                Err(CustodyError::Job(e)) => return Err(e),
+                Err(CustodyError::Workspace(e)) => tracing::warn!(error = %e, "checkpoint skipped"),
             }
         }
-        self.complete(job).await
+        Ok(Ending::Complete)
     }
 
     fn command(

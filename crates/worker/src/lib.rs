@@ -3,6 +3,7 @@
 //!
 //! - [`config`]: its settings.
 //! - [`consumer`]: RabbitMQ consumption with bounded concurrency; ack after claim.
+//! - [`custody`]: workspace acquisition order, checkpoints (capture-before-release), release.
 //! - [`job`]: claim, plan execution, journal writes, completion and hand-back.
 //! - [`renewal`]: the lease keeper that renews, self-fences and notices cancellation.
 //! - [`step`]: running one command: process group, environment, timeout, output, usage.
@@ -12,6 +13,7 @@
 
 pub mod config;
 pub mod consumer;
+pub mod custody;
 pub mod job;
 pub mod metrics;
 pub mod renewal;
@@ -65,6 +67,23 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let registry = Arc::new(registry);
     let worker_id = config.worker_id();
     let ttl = Duration::from_secs(config.lease_ttl_seconds);
+    let store = cairn_common::store::ArtifactStore::open(&artifacts_dir.to_string_lossy())
+        .context("opening the artifact store")?;
+    let custody = custody::CustodySettings {
+        store,
+        backend: config.workspace_backend.clone(),
+        persistent: config.workspace_persistent,
+        base_image: config.base_image.clone(),
+        rules: cairn_common::snapshot::CaptureRules {
+            extra_patterns: config
+                .capture_exclude
+                .iter()
+                .filter(|p| !p.is_empty())
+                .cloned()
+                .collect(),
+        },
+        hold_limits: cairn_common::hold::HoldLimits::default(),
+    };
     let worker = Arc::new(job::Worker {
         pool: pool.clone(),
         leases: Leases::new(pool.clone(), redis.clone(), &config.redis.redis_prefix, ttl),
@@ -76,6 +95,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             output_tail_bytes: config.output_tail_bytes,
             kill_grace: Duration::from_secs(config.kill_grace_seconds),
         },
+        custody,
         metrics,
     });
     let amqp_status = AmqpStatus::default();

@@ -1,6 +1,6 @@
-//! The working directory of a request: a fresh clone of its repository at its ref, or a
-//! scratch directory when it has none. Capture and restore of workspaces are not built
-//! yet, so each claim starts from a fresh tree.
+//! The working directory of a request and the git operations on it: cold clones,
+//! normalizing a restored baseline to the requested ref, and the clean-tree check a
+//! baseline must pass before it is published.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -15,6 +15,8 @@ pub enum WorkspaceError {
     Git(&'static str, String),
     #[error("git {0} timed out")]
     Timeout(&'static str),
+    #[error("the tree is not clean: {0}")]
+    Dirty(String),
 }
 
 /// Paths of one request on this worker.
@@ -28,13 +30,36 @@ pub struct Workspace {
     pub report_file: PathBuf,
 }
 
+impl Workspace {
+    pub fn for_request(base: &Path, request_id: Uuid) -> Workspace {
+        let name = request_id.simple().to_string();
+        Workspace {
+            root: base.join(&name),
+            home: base.join(format!("{name}.home")),
+            report_file: base.join(format!("{name}.report.json")),
+        }
+    }
+
+    /// Makes the private paths and an empty tree, removing leftovers of earlier claims.
+    pub async fn reset(&self) -> Result<(), WorkspaceError> {
+        remove(self).await;
+        tokio::fs::create_dir_all(&self.home).await?;
+        Ok(())
+    }
+}
+
 const GIT_TIMEOUT: Duration = Duration::from_secs(600);
 
-async fn git(step: &'static str, args: &[&str], cwd: Option<&Path>) -> Result<(), WorkspaceError> {
+async fn git_output(
+    step: &'static str,
+    args: &[&str],
+    cwd: Option<&Path>,
+) -> Result<String, WorkspaceError> {
     let mut command = Command::new("git");
     command
         .args(args)
         .env("GIT_TERMINAL_PROMPT", "0")
+        .env("GIT_CONFIG_NOSYSTEM", "1")
         .kill_on_drop(true);
     if let Some(cwd) = cwd {
         command.current_dir(cwd);
@@ -43,7 +68,7 @@ async fn git(step: &'static str, args: &[&str], cwd: Option<&Path>) -> Result<()
         .await
         .map_err(|_| WorkspaceError::Timeout(step))??;
     if output.status.success() {
-        Ok(())
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
     } else {
         Err(WorkspaceError::Git(
             step,
@@ -52,25 +77,23 @@ async fn git(step: &'static str, args: &[&str], cwd: Option<&Path>) -> Result<()
     }
 }
 
-/// Creates a fresh workspace for a request.
-pub async fn prepare(
-    base: &Path,
-    request_id: Uuid,
+async fn git(step: &'static str, args: &[&str], cwd: Option<&Path>) -> Result<(), WorkspaceError> {
+    git_output(step, args, cwd).await.map(|_| ())
+}
+
+/// A cold start: a fresh clone at the ref, or an empty scratch directory.
+pub async fn cold(
+    workspace: &Workspace,
     repository: Option<&str>,
     git_ref: Option<&str>,
-) -> Result<Workspace, WorkspaceError> {
-    let name = request_id.simple().to_string();
-    let workspace = Workspace {
-        root: base.join(&name),
-        home: base.join(format!("{name}.home")),
-        report_file: base.join(format!("{name}.report.json")),
-    };
-    remove(&workspace).await;
-    tokio::fs::create_dir_all(&workspace.home).await?;
+) -> Result<(), WorkspaceError> {
+    let _ = tokio::fs::remove_dir_all(&workspace.root).await;
     match repository {
         None => tokio::fs::create_dir_all(&workspace.root).await?,
         Some(repository) => {
-            tokio::fs::create_dir_all(base).await?;
+            if let Some(parent) = workspace.root.parent() {
+                tokio::fs::create_dir_all(parent).await?;
+            }
             let root = workspace.root.to_string_lossy().into_owned();
             git(
                 "clone",
@@ -86,7 +109,89 @@ pub async fn prepare(
             .await?;
         }
     }
-    Ok(workspace)
+    Ok(())
+}
+
+/// After a baseline restore: the baseline's commit may be stale, so fetch the ref and
+/// check it out, drop local branches and untracked files, keep ignored caches.
+pub async fn normalize(root: &Path, git_ref: Option<&str>) -> Result<(), WorkspaceError> {
+    let wanted = git_ref.unwrap_or("HEAD");
+    git(
+        "fetch",
+        &["fetch", "--quiet", "--force", "origin", wanted],
+        Some(root),
+    )
+    .await?;
+    git(
+        "checkout",
+        &["checkout", "--quiet", "--force", "--detach", "FETCH_HEAD"],
+        Some(root),
+    )
+    .await?;
+    // -d without -x: untracked files go, ignored caches stay.
+    git("clean", &["clean", "--quiet", "-f", "-d"], Some(root)).await?;
+    let branches = git_output(
+        "for-each-ref",
+        &["for-each-ref", "--format=%(refname:short)", "refs/heads"],
+        Some(root),
+    )
+    .await?;
+    for branch in branches.lines().filter(|b| !b.is_empty()) {
+        git("branch", &["branch", "--quiet", "-D", branch], Some(root)).await?;
+    }
+    Ok(())
+}
+
+/// Creates the task branch the steps work on.
+pub async fn task_branch(root: &Path, work_context: Uuid) -> Result<(), WorkspaceError> {
+    let name = format!("cairn/{}", work_context.simple());
+    git(
+        "switch",
+        &["switch", "--quiet", "--force-create", &name],
+        Some(root),
+    )
+    .await
+}
+
+/// A baseline may be published only from a validated clean tree: no tracked or staged
+/// changes, no non-ignored untracked files, no merge, rebase, cherry-pick or bisect.
+pub async fn validate_clean(root: &Path) -> Result<(), WorkspaceError> {
+    let git_dir = root.join(".git");
+    for marker in [
+        "MERGE_HEAD",
+        "rebase-merge",
+        "rebase-apply",
+        "CHERRY_PICK_HEAD",
+        "REVERT_HEAD",
+        "BISECT_LOG",
+    ] {
+        if git_dir.join(marker).exists() {
+            return Err(WorkspaceError::Dirty(format!(
+                "a git operation is in progress ({marker})"
+            )));
+        }
+    }
+    let status = git_output(
+        "status",
+        &["status", "--porcelain=v1", "--untracked-files=normal"],
+        Some(root),
+    )
+    .await?;
+    if !status.trim().is_empty() {
+        let first = status.lines().next().unwrap_or_default().to_string();
+        return Err(WorkspaceError::Dirty(format!(
+            "changes or untracked files ({first})"
+        )));
+    }
+    Ok(())
+}
+
+/// The commit checked out, for the resume context.
+pub async fn head_commit(root: &Path) -> Option<String> {
+    git_output("rev-parse", &["rev-parse", "HEAD"], Some(root))
+        .await
+        .ok()
+        .map(|s| s.trim().to_string())
 }
 
 /// Removes a workspace and its private files.
@@ -94,4 +199,59 @@ pub async fn remove(workspace: &Workspace) {
     let _ = tokio::fs::remove_dir_all(&workspace.root).await;
     let _ = tokio::fs::remove_dir_all(&workspace.home).await;
     let _ = tokio::fs::remove_file(&workspace.report_file).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn repo() -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("cairn-ws-{}", Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        for args in [
+            vec!["init", "--quiet", "-b", "main"],
+            vec!["config", "user.email", "t@example.com"],
+            vec!["config", "user.name", "t"],
+        ] {
+            git("setup", &args, Some(&dir)).await.expect("git");
+        }
+        std::fs::write(dir.join("a.txt"), "a").expect("write");
+        std::fs::write(dir.join(".gitignore"), "cache/\n").expect("write");
+        git("add", &["add", "."], Some(&dir)).await.expect("add");
+        git("commit", &["commit", "--quiet", "-m", "init"], Some(&dir))
+            .await
+            .expect("commit");
+        dir
+    }
+
+    #[tokio::test]
+    async fn a_dirty_tree_cannot_become_a_baseline() {
+        let dir = repo().await;
+        validate_clean(&dir).await.expect("a fresh commit is clean");
+        std::fs::create_dir_all(dir.join("cache")).expect("cache");
+        std::fs::write(dir.join("cache/x"), "ignored").expect("write");
+        validate_clean(&dir)
+            .await
+            .expect("ignored files are allowed");
+        std::fs::write(dir.join("untracked.txt"), "u").expect("write");
+        assert!(matches!(
+            validate_clean(&dir).await,
+            Err(WorkspaceError::Dirty(_))
+        ));
+        std::fs::remove_file(dir.join("untracked.txt")).expect("rm");
+        std::fs::write(dir.join("a.txt"), "changed").expect("write");
+        assert!(matches!(
+            validate_clean(&dir).await,
+            Err(WorkspaceError::Dirty(_))
+        ));
+        git("checkout", &["checkout", "--", "a.txt"], Some(&dir))
+            .await
+            .expect("restore");
+        std::fs::write(dir.join(".git/MERGE_HEAD"), "0000").expect("merge marker");
+        assert!(matches!(
+            validate_clean(&dir).await,
+            Err(WorkspaceError::Dirty(_))
+        ));
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

@@ -1,0 +1,307 @@
+//! Workspace custody end to end: checkpoints restored by successors, the fallback order,
+//! holds that outlive failed or interrupted captures.
+
+use cairn_e2e::cluster::{run_spec, Cluster, Settings};
+use cairn_e2e::ServiceLock;
+use nix::sys::signal::Signal;
+use serde_json::{json, Value};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+const LONG: Duration = Duration::from_secs(90);
+
+fn git(dir: &Path, args: &[&str]) {
+    let status = Command::new("git")
+        .args(args)
+        .current_dir(dir)
+        .status()
+        .expect("git");
+    assert!(status.success(), "git {args:?}");
+}
+
+/// A small upstream repository the runs clone.
+fn upstream(cluster: &Cluster) -> String {
+    let dir = cluster.dir.join("upstream");
+    std::fs::create_dir_all(&dir).expect("dir");
+    git(&dir, &["init", "--quiet", "-b", "main"]);
+    git(&dir, &["config", "user.email", "t@example.com"]);
+    git(&dir, &["config", "user.name", "t"]);
+    std::fs::write(dir.join("README"), "upstream\n").expect("write");
+    git(&dir, &["add", "."]);
+    git(&dir, &["commit", "--quiet", "-m", "init"]);
+    dir.to_string_lossy().into_owned()
+}
+
+fn sh(key: &str, script: String, idempotent: bool) -> Value {
+    json!({"key": key, "argv": ["sh", "-c", script], "idempotent": idempotent, "timeout_seconds": 120})
+}
+
+async fn restores(cluster: &Cluster, request_id: &str) -> Vec<(String, String, Option<String>)> {
+    sqlx::query_as("SELECT tier, outcome, reason FROM snapshot_restores WHERE request_id = $1::uuid ORDER BY created_at")
+        .bind(request_id)
+        .fetch_all(&cluster.pool)
+        .await
+        .expect("restores")
+}
+
+async fn head(cluster: &Cluster, run_id: &str) -> Option<uuid::Uuid> {
+    sqlx::query_scalar("SELECT head_id FROM lineage_heads WHERE work_context_id = $1::uuid")
+        .bind(run_id)
+        .fetch_optional(&cluster.pool)
+        .await
+        .expect("head")
+}
+
+async fn kill_holder(cluster: &Cluster, request_id: &str) -> usize {
+    let holder = cluster.worker_index(&cluster.holder(request_id).await.expect("holder"));
+    cluster.workers[holder].process.signal(Signal::SIGKILL);
+    holder
+}
+
+#[tokio::test]
+async fn a_successor_restores_its_own_checkpoint_and_falls_back_in_order() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("ws-order", 1, Settings::default()).await;
+    let repo = upstream(&cluster);
+    let marks = cluster.path("marks");
+    let spec = json!({
+        "agent": "e2e", "repository": repo, "ref": "main",
+        "steps": [
+            sh("s1", format!("echo from-s1 > made-by-s1; echo s1 >> {marks}"), false),
+            sh("s2", format!("echo s2-start >> {marks}; sleep 3; test -f made-by-s1 && echo s2-saw-s1 >> {marks}"), true),
+            sh("s3", format!("echo s3 >> {marks}; sleep 3"), true),
+        ],
+        "budgets": {"max_commands": 20, "max_wall_seconds": 600}, "max_attempts": 5
+    });
+    // Another work context with checkpoints of its own runs first: never restored here.
+    let (other_run, _) = cluster.submit(&run_spec(
+        vec![sh("x", "echo other > other-file".into(), false)],
+        1,
+    ));
+    cluster.wait_for_state(&other_run, &["completed"], LONG);
+
+    let (run_id, request_id) = cluster.submit(&spec);
+    cluster.wait_until("s2 to start", LONG, || {
+        cluster.lines("marks").contains(&"s2-start".to_string())
+    });
+    let first = restores(&cluster, &request_id).await;
+    assert_eq!(
+        first
+            .iter()
+            .map(|r| (r.0.as_str(), r.1.as_str()))
+            .collect::<Vec<_>>(),
+        [("cold", "succeeded")],
+        "no held tree, no checkpoint of its own and no baseline yet: a cold clone"
+    );
+    let baselines: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM project_snapshots WHERE kind = 'baseline' AND status = 'ready'",
+    )
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("baselines");
+    assert_eq!(baselines, 1, "the clean clone published a baseline");
+    let checkpoint_after_s1 = head(&cluster, &run_id).await.expect("s1 was checkpointed");
+
+    // Kill the worker during s2: the successor restores s1's checkpoint.
+    kill_holder(&cluster, &request_id).await;
+    cluster.add_worker();
+    cluster.wait_until("s3 to start", LONG, || {
+        cluster.lines("marks").contains(&"s3".to_string())
+    });
+    let second = restores(&cluster, &request_id).await;
+    assert!(
+        second.contains(&("checkpoint".into(), "succeeded".into(), None)),
+        "{second:?}"
+    );
+    assert!(
+        cluster.lines("marks").contains(&"s2-saw-s1".to_string()),
+        "the restored tree holds s1's work"
+    );
+    let context: Value =
+        sqlx::query_scalar("SELECT resume_context FROM execution_requests WHERE id = $1::uuid")
+            .bind(&request_id)
+            .fetch_one(&cluster.pool)
+            .await
+            .expect("resume context");
+    assert_eq!(context["restore_tier"], "checkpoint", "{context}");
+
+    // Corrupt the current checkpoint, kill again: it is quarantined and the baseline used.
+    let corrupted = head(&cluster, &run_id).await.expect("head");
+    assert_ne!(corrupted, checkpoint_after_s1, "s2 appended a newer head");
+    let manifest = cluster
+        .dir
+        .join("artifacts")
+        .join("manifests")
+        .join(format!("{}.json.zst", corrupted.simple()));
+    std::fs::write(&manifest, b"garbage").expect("corrupt the manifest");
+    kill_holder(&cluster, &request_id).await;
+    cluster.add_worker();
+    let run = cluster.wait_for_state(&run_id, &["completed"], LONG);
+    assert_eq!(run["attempt"], 3);
+    let third = restores(&cluster, &request_id).await;
+    let tail: Vec<(&str, &str)> = third[third.len() - 2..]
+        .iter()
+        .map(|r| (r.0.as_str(), r.1.as_str()))
+        .collect();
+    assert_eq!(
+        tail,
+        [("checkpoint", "failed"), ("baseline", "succeeded")],
+        "{third:?}"
+    );
+    let status: String = sqlx::query_scalar("SELECT status FROM project_snapshots WHERE id = $1")
+        .bind(corrupted)
+        .fetch_one(&cluster.pool)
+        .await
+        .expect("status");
+    assert_eq!(status, "quarantined");
+    // Completing the task retired its lineage.
+    let retired: bool = sqlx::query_scalar(
+        "SELECT retired_at IS NOT NULL FROM lineage_heads WHERE work_context_id = $1::uuid",
+    )
+    .bind(&run_id)
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("lineage");
+    assert!(retired);
+}
+
+#[tokio::test]
+async fn a_failed_capture_keeps_the_hold_and_the_tree_for_the_same_task() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("ws-hold", 1, Settings::default()).await;
+    let marks = cluster.path("marks");
+    let go = cluster.path("go");
+    let artifacts = cluster.dir.join("artifacts");
+    let spec = run_spec(
+        vec![
+            sh("s1", format!("echo one > work.txt; echo s1 >> {marks}"), false),
+            // s2 changes the tree, then sabotages the store so its checkpoint fails.
+            sh("s2", format!("echo two >> work.txt; rm -rf {0}/manifests && touch {0}/manifests; echo s2 >> {marks}", artifacts.display()), false),
+            sh("s3", format!("echo s3-start >> {marks}; grep -q two work.txt && echo saw-two >> {marks}; [ -f {go} ] || sleep 30"), true),
+        ],
+        3,
+    );
+    let mut cluster = cluster;
+    let (run_id, request_id) = cluster.submit(&spec);
+    cluster.wait_until("s3 to start", LONG, || {
+        cluster.lines("marks").contains(&"s3-start".to_string())
+    });
+    let failed: i64 = sqlx::query_scalar("SELECT count(*) FROM project_snapshots WHERE status = 'failed' AND work_context_id = $1::uuid")
+        .bind(&run_id)
+        .fetch_one(&cluster.pool)
+        .await
+        .expect("failed");
+    assert!(failed >= 1, "s2's capture failed");
+    let (holds, capturing): (i64, bool) = sqlx::query_as(
+        "SELECT count(*), bool_or(capture_in_progress) FROM holds WHERE ended_at IS NULL AND run_id = $1::uuid",
+    )
+    .bind(&run_id)
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("holds");
+    assert_eq!(
+        (holds, capturing),
+        (1, false),
+        "the hold outlives the failed capture"
+    );
+    let sequence: i64 =
+        sqlx::query_scalar("SELECT sequence FROM lineage_heads WHERE work_context_id = $1::uuid")
+            .bind(&run_id)
+            .fetch_one(&cluster.pool)
+            .await
+            .expect("head");
+    assert_eq!(sequence, 1, "the head is still s1's checkpoint");
+    let tree = cluster
+        .dir
+        .join("workspaces")
+        .join(request_id.replace('-', ""));
+    assert_eq!(
+        std::fs::read_to_string(tree.join("work.txt")).expect("live tree"),
+        "one\ntwo\n"
+    );
+
+    // The worker dies; restarted under the same name on the same host, it adopts the
+    // held tree of the same task rather than restoring the older checkpoint.
+    std::fs::write(&go, "").expect("go");
+    std::fs::rename(
+        artifacts.join("manifests"),
+        artifacts.join("manifests.broken"),
+    )
+    .expect("repair store");
+    std::fs::create_dir_all(artifacts.join("manifests")).expect("repair store");
+    kill_holder(&cluster, &request_id).await;
+    cluster.workers[0].process.wait_exit(Duration::from_secs(5));
+    cluster.add_worker_named("w1");
+    cluster.wait_for_state(&run_id, &["completed"], LONG);
+    let tiers = restores(&cluster, &request_id).await;
+    assert!(
+        tiers.contains(&("adopt".into(), "succeeded".into(), None)),
+        "{tiers:?}"
+    );
+    assert!(
+        cluster.lines("marks").contains(&"saw-two".to_string()),
+        "the adopted tree had s2's uncaptured work"
+    );
+}
+
+#[tokio::test]
+async fn a_worker_killed_during_capture_leaves_the_hold_and_the_previous_head() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("ws-kill", 1, Settings::default()).await;
+    let marks = cluster.path("marks");
+    let spec = run_spec(
+        vec![
+            sh("s1", format!("echo s1 >> {marks}"), false),
+            sh(
+                "s2",
+                format!("head -c 60000000 /dev/urandom > big.bin; echo s2 >> {marks}"),
+                false,
+            ),
+            sh("s3", format!("echo s3 >> {marks}"), false),
+        ],
+        1,
+    );
+    let (run_id, request_id) = cluster.submit(&spec);
+    let s1_head = {
+        cluster.wait_until("s2", LONG, || {
+            cluster.lines("marks").contains(&"s2".to_string())
+        });
+        head(&cluster, &run_id).await.expect("s1 checkpoint")
+    };
+    // Wait until s2's capture is under way, then kill the worker in the middle of it.
+    let mut uploading = false;
+    for _ in 0..400 {
+        let n: i64 = sqlx::query_scalar("SELECT count(*) FROM project_snapshots WHERE work_context_id = $1::uuid AND status = 'uploading'")
+            .bind(&run_id)
+            .fetch_one(&cluster.pool)
+            .await
+            .expect("count");
+        if n > 0 {
+            uploading = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(uploading, "s2's capture started");
+    kill_holder(&cluster, &request_id).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        head(&cluster, &run_id).await,
+        Some(s1_head),
+        "the previous head is intact"
+    );
+    let (holds, capturing): (i64, bool) = sqlx::query_as(
+        "SELECT count(*), bool_or(capture_in_progress) FROM holds WHERE ended_at IS NULL AND run_id = $1::uuid",
+    )
+    .bind(&run_id)
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("holds");
+    assert_eq!(
+        (holds, capturing),
+        (1, true),
+        "the hold written before the capture stays"
+    );
+    assert!(!cluster.lines("marks").contains(&"s3".to_string()));
+}
