@@ -420,6 +420,12 @@ async fn cairnctl_drives_every_route() {
     .expect("json");
     assert_eq!(record["outcome"], "uncertain");
 
+    // Credential rotation.
+    let rotated = ctl
+        .ok(BOOTSTRAP, &["--json", "credentials", "rotate", "coder"])
+        .json();
+    assert_eq!(rotated["generation"], 1);
+
     // Token revocation and migrations.
     ctl.ok(BOOTSTRAP, &["token", "revoke", &viewer_id]);
     assert_eq!(ctl.run(&viewer, &["runs", "list"]).code, 6);

@@ -4,6 +4,10 @@
 //! one), submits N runs through the batch API, waits until every run completed, and
 //! prints end-to-end runs per second and admission→claim latency p50/p99, for runs with
 //! no steps (the pipeline's own cost) and runs with one `/bin/true` step.
+//!
+//! `cairn-bench snapshot` times, on one tree: full capture, capture after 1% of the files
+//! changed, and restore — beside `tar | zstd -1 -T0`, `zstd -d | tar -x`, and restic's
+//! backup, incremental backup and restore when restic is installed.
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
@@ -46,6 +50,34 @@ enum Bench {
         )]
         postgres: String,
     },
+    /// One reaper sweep over a table of snapshot rows, a tenth of them due.
+    Reaper {
+        /// Snapshot rows.
+        #[arg(long, default_value_t = 1_000_000)]
+        rows: i64,
+        /// Rows per batch.
+        #[arg(long, default_value_t = 1000)]
+        batch: i64,
+        /// PostgreSQL server (a fresh database is created on it).
+        #[arg(
+            long,
+            env = "CAIRN_BENCH_POSTGRES",
+            default_value = "postgres://postgres@127.0.0.1:5432"
+        )]
+        postgres: String,
+    },
+    /// Snapshot capture, incremental capture and restore against tar+zstd and restic.
+    Snapshot {
+        /// A tree to measure (copied first, never modified); default: a generated tree.
+        #[arg(long)]
+        tree: Option<PathBuf>,
+        /// Files in the generated tree.
+        #[arg(long, default_value_t = 50_000)]
+        files: usize,
+        /// Total size of the generated tree, in MiB.
+        #[arg(long, default_value_t = 1024)]
+        size_mib: u64,
+    },
 }
 
 struct Processes(Vec<Child>);
@@ -85,6 +117,16 @@ fn free_port() -> anyhow::Result<u16> {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Bench::Reaper {
+            rows,
+            batch,
+            postgres,
+        } => reaper_bench(rows, batch, &postgres).await?,
+        Bench::Snapshot {
+            tree,
+            files,
+            size_mib,
+        } => snapshot_bench(tree, files, size_mib).await?,
         Bench::Pipeline {
             runs,
             workers,
@@ -256,4 +298,312 @@ async fn wait_ready(http: &reqwest::Client, url: &str) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     bail!("{url} never answered 200")
+}
+
+fn run_shell(script: &str, env: &[(&str, &str)]) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .status()?;
+    if !status.success() {
+        bail!("`{script}` failed: {status}");
+    }
+    Ok(started.elapsed())
+}
+
+/// A generated tree: mostly source-like text, some incompressible binaries.
+fn generate_tree(root: &std::path::Path, files: usize, size_mib: u64) -> anyhow::Result<()> {
+    let total = size_mib * 1024 * 1024;
+    let per_file = (total / files.max(1) as u64).max(1);
+    let words: Vec<&str> = "fn let match impl struct pub use crate self async await return if else for while loop \
+        value error result option some none string vector map config request worker lease epoch journal"
+        .split_whitespace()
+        .collect();
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for i in 0..files {
+        let dir = root.join(format!("d{:03}/s{:02}", i % 250, (i / 250) % 20));
+        std::fs::create_dir_all(&dir)?;
+        let size = (per_file / 2 + next() % per_file.max(1)) as usize;
+        let binary = i % 10 < 3;
+        let mut data = Vec::with_capacity(size);
+        if binary {
+            while data.len() < size {
+                data.extend_from_slice(&next().to_le_bytes());
+            }
+        } else {
+            while data.len() < size {
+                data.extend_from_slice(words[(next() % words.len() as u64) as usize].as_bytes());
+                data.push(if next() % 12 == 0 { b'\n' } else { b' ' });
+            }
+        }
+        data.truncate(size);
+        std::fs::write(
+            dir.join(format!("f{i}.{}", if binary { "bin" } else { "rs" })),
+            &data,
+        )?;
+    }
+    Ok(())
+}
+
+fn change_one_percent(root: &std::path::Path) -> anyhow::Result<usize> {
+    let mut changed = 0;
+    for (i, entry) in walkdir_files(root)?.into_iter().enumerate() {
+        if i % 100 == 0 {
+            let mut bytes = std::fs::read(&entry)?;
+            bytes.extend_from_slice(b"\n// changed\n");
+            std::fs::write(&entry, bytes)?;
+            changed += 1;
+        }
+    }
+    Ok(changed)
+}
+
+fn walkdir_files(root: &std::path::Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let mut entries: Vec<_> = std::fs::read_dir(&dir)?.collect::<Result<_, _>>()?;
+        entries.sort_by_key(|e| e.path());
+        for entry in entries {
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                stack.push(entry.path());
+            } else if kind.is_file() {
+                out.push(entry.path());
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn line(label: &str, took: Duration, bytes: u64) {
+    let mib = bytes as f64 / (1024.0 * 1024.0);
+    println!(
+        "{label:>42}: {:>7.2} s  ({:.0} MiB/s)",
+        took.as_secs_f64(),
+        mib / took.as_secs_f64().max(1e-9)
+    );
+}
+
+async fn snapshot_bench(tree: Option<PathBuf>, files: usize, size_mib: u64) -> anyhow::Result<()> {
+    use cairn_common::snapshot::{self, CaptureRules};
+    use cairn_common::store::ArtifactStore;
+    let work = std::env::temp_dir().join(format!(
+        "cairn-bench-snap-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    ));
+    std::fs::create_dir_all(&work)?;
+    let src = work.join("tree");
+    match &tree {
+        Some(dir) => {
+            run_shell(
+                &format!("cp -a '{}' '{}'", dir.display(), src.display()),
+                &[],
+            )?;
+        }
+        None => generate_tree(&src, files, size_mib)?,
+    }
+    let bytes: u64 = walkdir_files(&src)?
+        .iter()
+        .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    let count = walkdir_files(&src)?.len();
+    println!(
+        "snapshot: {count} files, {:.0} MiB, {} cores; page cache warm for every tool",
+        bytes as f64 / 1048576.0,
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    );
+    let s = src.display();
+    let w = work.display();
+
+    // Every figure includes making its output durable (sync), as a snapshot must be.
+    run_shell("sync", &[])?;
+    let tar = run_shell(
+        &format!("tar -C '{s}' -cf - . | zstd -q -1 -T0 -o '{w}/tree.tar.zst' && sync"),
+        &[],
+    )?;
+    line("tar | zstd -1 -T0 (+ sync)", tar, bytes);
+    let store = ArtifactStore::open(&work.join("store").to_string_lossy())?;
+    let rules = CaptureRules::default();
+    run_shell("sync", &[])?;
+    let started = Instant::now();
+    let (full, stats) = snapshot::capture(&store, &src, &rules, None, uuid::Uuid::new_v4()).await?;
+    line(
+        "cairn full capture (durable, syncfs)",
+        started.elapsed(),
+        bytes,
+    );
+    println!(
+        "{:>42}  {} chunks, {:.0} MiB stored",
+        "",
+        stats.chunks_new,
+        stats.bytes_uploaded as f64 / 1048576.0
+    );
+
+    let restic = Command::new("restic")
+        .arg("version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    let repo = format!("{w}/restic");
+    let restic_env = [
+        ("RESTIC_PASSWORD", "bench"),
+        ("RESTIC_REPOSITORY", repo.as_str()),
+    ];
+    if restic {
+        run_shell("restic init -q", &restic_env)?;
+        line(
+            "restic backup (+ sync)",
+            run_shell(&format!("restic backup -q '{s}' && sync"), &restic_env)?,
+            bytes,
+        );
+    }
+
+    let changed = change_one_percent(&src)?;
+    run_shell("sync", &[])?;
+    println!("{:>42}  changed {changed} files (1%)", "");
+    let started = Instant::now();
+    let (_, inc) =
+        snapshot::capture(&store, &src, &rules, Some(&full), uuid::Uuid::new_v4()).await?;
+    let incremental = started.elapsed();
+    line("cairn capture after 1% changed", incremental, bytes);
+    println!(
+        "{:>42}  {} files re-read, {} new chunks",
+        "",
+        inc.files - inc.files_unchanged,
+        inc.chunks_new
+    );
+    if restic {
+        run_shell("sync", &[])?;
+        let took = run_shell(&format!("restic backup -q '{s}' && sync"), &restic_env)?;
+        line("restic incremental backup (+ sync)", took, bytes);
+        println!(
+            "{:>42}  cairn is {:.1}x faster",
+            "",
+            took.as_secs_f64() / incremental.as_secs_f64().max(1e-9)
+        );
+    }
+
+    run_shell("sync", &[])?;
+    let started = Instant::now();
+    snapshot::restore(&store, &full, &work.join("restored")).await?;
+    run_shell("sync", &[])?;
+    line("cairn restore (verified, + sync)", started.elapsed(), bytes);
+    std::fs::create_dir_all(work.join("untarred"))?;
+    run_shell("sync", &[])?;
+    line(
+        "zstd -d | tar -x (+ sync)",
+        run_shell(
+            &format!("zstd -q -d -c '{w}/tree.tar.zst' | tar -C '{w}/untarred' -xf - && sync"),
+            &[],
+        )?,
+        bytes,
+    );
+    if restic {
+        line(
+            "restic restore (+ sync)",
+            run_shell(
+                &format!("restic restore -q latest --target '{w}/restic-out' && sync"),
+                &restic_env,
+            )?,
+            bytes,
+        );
+    } else {
+        println!(
+            "{:>42}  restic is not installed; its figures are skipped",
+            ""
+        );
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    Ok(())
+}
+
+async fn reaper_bench(rows: i64, batch: i64, postgres: &str) -> anyhow::Result<()> {
+    let stamp = uuid::Uuid::new_v4().simple().to_string();
+    let database = format!("cairn_bench_{}", &stamp[..12]);
+    let server = postgres.trim_end_matches('/');
+    let admin = sqlx::PgPool::connect(&format!("{server}/postgres")).await?;
+    sqlx::query(&format!("CREATE DATABASE \"{database}\""))
+        .execute(&admin)
+        .await?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&format!("{server}/{database}"))
+        .await?;
+    cairn_common::db::migrate(&pool).await?;
+    let store = std::env::temp_dir().join(format!("cairn-bench-reaper-{}", &stamp[..12]));
+    std::fs::create_dir_all(&store)?;
+    let store_url = format!("file://{}", store.display());
+    let started = Instant::now();
+    sqlx::query(
+        "INSERT INTO project_snapshots (id, kind, status, retention, agent, backend, store_url, created_at, last_used_at, retired_at)
+         SELECT gen_random_uuid(), 'checkpoint', 'ready',
+                CASE WHEN i % 10 = 0 THEN 'retired' ELSE 'current' END,
+                'agent-' || (i % 100), 'local', $2, now() - interval '30 days', now(),
+                CASE WHEN i % 10 = 0 THEN now() - interval '8 days' END
+           FROM generate_series(1, $1) AS i",
+    )
+    .bind(rows)
+    .bind(&store_url)
+    .execute(&pool)
+    .await?;
+    sqlx::query("ANALYZE project_snapshots")
+        .execute(&pool)
+        .await?;
+    println!(
+        "reaper: {rows} snapshot rows ({} due) written in {:.1}s",
+        rows / 10,
+        started.elapsed().as_secs_f64()
+    );
+    let plan: Vec<String> = sqlx::query_scalar(
+        "EXPLAIN SELECT id, store_url, repair_attempts FROM project_snapshots
+          WHERE status <> 'deleted'
+            AND ((retention IN ('retired', 'superseded') OR status IN ('failed', 'quarantined'))
+                 AND (COALESCE(retired_at, created_at) <= now() - interval '7 days'
+                      OR retire_reason IN ('workspace_destroyed', 'memory_expired'))
+                 AND status NOT IN ('creating', 'uploading', 'restoring')
+              OR retention = 'pending_operator_repair' AND next_repair_at <= now())
+          ORDER BY COALESCE(retired_at, created_at) LIMIT 1000 FOR UPDATE SKIP LOCKED",
+    )
+    .fetch_all(&pool)
+    .await?;
+    println!("the reclaim scan:\n  {}", plan.join("\n  "));
+    let durations = cairn_reaper::retention::Durations::default();
+    let started = Instant::now();
+    let report = cairn_reaper::retention::Sweep {
+        pool: &pool,
+        now: chrono::Utc::now(),
+        durations: &durations,
+        batch,
+        dry_run: false,
+    }
+    .run()
+    .await?;
+    let took = started.elapsed();
+    println!(
+        "sweep: {} snapshots reclaimed in {:.2}s = {:.0} due rows/s ({:.0} table rows/s), batches of {batch}",
+        report.snapshots_reclaimed,
+        took.as_secs_f64(),
+        report.snapshots_reclaimed as f64 / took.as_secs_f64(),
+        rows as f64 / took.as_secs_f64()
+    );
+    pool.close().await;
+    sqlx::query(&format!(
+        "DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"
+    ))
+    .execute(&admin)
+    .await?;
+    let _ = std::fs::remove_dir_all(&store);
+    Ok(())
 }

@@ -72,6 +72,13 @@ enum Command {
     /// Manage API tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Rotate an agent's credentials: its snapshots are retired from reuse.
+    #[command(subcommand)]
+    Credentials(CredentialsCommand),
+    /// The reaper's last sweep and the artifacts waiting for operator repair (reads the
+    /// database directly).
+    #[command(subcommand)]
+    Reaper(ReaperCommand),
     /// Create the database if missing and apply every pending migration.
     Migrate {
         #[command(flatten)]
@@ -165,6 +172,28 @@ enum TokenCommand {
     Revoke { token_id: String },
 }
 
+#[derive(Debug, Subcommand)]
+enum ReaperCommand {
+    /// The last sweeps: when, who led, what each rule did.
+    Status {
+        #[command(flatten)]
+        database: DatabaseArgs,
+        #[arg(long, default_value_t = 5)]
+        limit: i64,
+    },
+    /// Artifacts that could not be deleted, with the reason and the next retry.
+    Pending {
+        #[command(flatten)]
+        database: DatabaseArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum CredentialsCommand {
+    /// Start a new credential generation for AGENT.
+    Rotate { agent: String },
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli: Cli = parse_or_exit();
@@ -217,6 +246,7 @@ async fn run(cli: Cli) -> Result<u8, CallError> {
     };
     match cli.command {
         Command::Migrate { database } => migrate(&database).await,
+        Command::Reaper(command) => reaper(command, json).await,
         Command::NewId => {
             println!("{}", Id::new());
             Ok(exit::OK)
@@ -230,6 +260,26 @@ async fn run(cli: Cli) -> Result<u8, CallError> {
         }
         Command::Policy(command) => policy(&client()?, command, json).await,
         Command::Token(command) => tokens(&client()?, command, json).await,
+        Command::Credentials(CredentialsCommand::Rotate { agent }) => {
+            let answer = client()?
+                .call(
+                    Method::POST,
+                    &format!("/api/v1/agents/{agent}/credentials/rotate"),
+                    None,
+                    &[],
+                )
+                .await?;
+            if json {
+                output::json(&answer.body);
+            } else {
+                println!(
+                    "agent {agent} is at credential generation {}; {} snapshots retired from reuse",
+                    output::text(&answer.body["generation"]),
+                    output::text(&answer.body["snapshots_retired"])
+                );
+            }
+            Ok(exit::OK)
+        }
     }
 }
 
@@ -828,4 +878,136 @@ async fn tokens(client: &Client, command: TokenCommand, json: bool) -> Result<u8
         println!("revoked {}", output::text(&body["token_id"]));
     }
     Ok(exit::OK)
+}
+
+async fn connect_database(args: &DatabaseArgs) -> Result<sqlx::PgPool, CallError> {
+    if let Err(e) = cairn_common::db::validate_url(&args.database_url) {
+        cairn_common::config::exit_invalid(format!("CAIRN_DATABASE_URL: {e}"));
+    }
+    sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&args.database_url)
+        .await
+        .map_err(|e| CallError::new(exit::UNCERTAIN, format!("cannot reach PostgreSQL: {e}")))
+}
+
+type Timestamp = chrono::DateTime<chrono::Utc>;
+/// started, finished, dry run, summary.
+type SweepRow = (Timestamp, Option<Timestamp>, bool, Value);
+/// id, kind, store, reason, attempts, next retry.
+type PendingRow = (
+    uuid::Uuid,
+    String,
+    String,
+    Option<String>,
+    i32,
+    Option<Timestamp>,
+);
+
+async fn reaper(command: ReaperCommand, json: bool) -> Result<u8, CallError> {
+    let failed = |e: sqlx::Error| CallError::new(exit::ERROR, format!("query failed: {e}"));
+    match command {
+        ReaperCommand::Status { database, limit } => {
+            let pool = connect_database(&database).await?;
+            let rows: Vec<SweepRow> = sqlx::query_as(
+                "SELECT started_at, finished_at, dry_run, summary FROM sweeps WHERE component = 'reaper' ORDER BY id DESC LIMIT $1",
+            )
+            .bind(limit.clamp(1, 1000))
+            .fetch_all(&pool)
+            .await
+            .map_err(failed)?;
+            if json {
+                let list: Vec<Value> = rows
+                    .iter()
+                    .map(|(s, f, d, summary)| json!({"started_at": s, "finished_at": f, "dry_run": d, "summary": summary}))
+                    .collect();
+                output::json(&Value::Array(list));
+            } else if rows.is_empty() {
+                println!("no sweep has run yet");
+            } else {
+                let table: Vec<Vec<String>> = rows
+                    .iter()
+                    .map(|(started, finished, _, s)| {
+                        vec![
+                            started.to_rfc3339(),
+                            finished
+                                .map(|f| format!("{} ms", (f - *started).num_milliseconds()))
+                                .unwrap_or_default(),
+                            output::text(&s["leader"]),
+                            output::text(&s["idle_heads_retired"]),
+                            output::text(&s["snapshots_reclaimed"]),
+                            output::text(&s["bytes_reclaimed"]),
+                            output::text(&s["holds_ended"]),
+                            output::text(&s["credential_retired"]),
+                            output::text(&s["sandbox_retired"]),
+                            output::text(&s["reclaim_failed"]),
+                        ]
+                    })
+                    .collect();
+                output::table(
+                    &[
+                        "started",
+                        "took",
+                        "leader",
+                        "idle",
+                        "reclaimed",
+                        "bytes",
+                        "holds",
+                        "credentials",
+                        "sandbox",
+                        "failed",
+                    ],
+                    &table,
+                );
+            }
+            Ok(exit::OK)
+        }
+        ReaperCommand::Pending { database } => {
+            let pool = connect_database(&database).await?;
+            let rows: Vec<PendingRow> = sqlx::query_as(
+                "SELECT id, kind, store_url, repair_reason, repair_attempts, next_repair_at FROM project_snapshots
+                  WHERE retention = 'pending_operator_repair' ORDER BY next_repair_at",
+            )
+            .fetch_all(&pool)
+            .await
+            .map_err(failed)?;
+            if json {
+                let list: Vec<Value> = rows
+                    .iter()
+                    .map(|(id, kind, store, reason, attempts, next)| {
+                        json!({"snapshot_id": id.simple().to_string(), "kind": kind, "store_url": store, "reason": reason,
+                               "attempts": attempts, "next_retry_at": next})
+                    })
+                    .collect();
+                output::json(&Value::Array(list));
+            } else {
+                let table: Vec<Vec<String>> = rows
+                    .iter()
+                    .map(|(id, kind, store, reason, attempts, next)| {
+                        vec![
+                            id.simple().to_string(),
+                            kind.clone(),
+                            store.clone(),
+                            attempts.to_string(),
+                            next.map(|n| n.to_rfc3339()).unwrap_or_default(),
+                            reason.clone().unwrap_or_default(),
+                        ]
+                    })
+                    .collect();
+                output::table(
+                    &[
+                        "snapshot",
+                        "kind",
+                        "store",
+                        "attempts",
+                        "next retry",
+                        "reason",
+                    ],
+                    &table,
+                );
+            }
+            Ok(exit::OK)
+        }
+    }
 }

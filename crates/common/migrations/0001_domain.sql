@@ -252,6 +252,7 @@ CREATE TABLE holds (
     end_reason           TEXT
 );
 CREATE INDEX holds_active_idx ON holds (expires_at) WHERE ended_at IS NULL;
+CREATE INDEX holds_run_idx ON holds (run_id) WHERE ended_at IS NULL;
 
 -- Snapshot metadata: baselines, checkpoints and sandbox snapshots. The bytes live in
 -- the artifact store named by store_url, which cleanup uses (never the current config).
@@ -289,6 +290,22 @@ CREATE INDEX project_snapshots_baseline_idx
     ON project_snapshots (agent, repository, backend, base_image, canonical_ref)
     WHERE kind = 'baseline';
 CREATE INDEX project_snapshots_retention_idx ON project_snapshots (retention, retired_at);
+-- The reaper's scans: what may be reclaimed, and what is due for a repair retry.
+CREATE INDEX project_snapshots_reclaim_idx ON project_snapshots (COALESCE(retired_at, created_at))
+    WHERE status <> 'deleted' AND (retention IN ('retired', 'superseded') OR status IN ('failed', 'quarantined'));
+CREATE INDEX project_snapshots_repair_idx ON project_snapshots (next_repair_at)
+    WHERE retention = 'pending_operator_repair';
+CREATE INDEX project_snapshots_agent_idx ON project_snapshots (agent, credential_generation)
+    WHERE retention = 'current';
+
+-- Which chunks each snapshot's manifest references, so a chunk is deleted only when no
+-- manifest in its store references it any more.
+CREATE TABLE snapshot_chunks (
+    snapshot_id  UUID NOT NULL REFERENCES project_snapshots (id),
+    chunk_id     TEXT NOT NULL,
+    PRIMARY KEY (snapshot_id, chunk_id)
+);
+CREATE INDEX snapshot_chunks_chunk_idx ON snapshot_chunks (chunk_id);
 
 -- The head of each checkpoint lineage; appends compare-and-set against it.
 CREATE TABLE lineage_heads (

@@ -98,6 +98,39 @@ pub async fn mark_ready(
     Ok(done.rows_affected() == 1)
 }
 
+/// Records which chunks a snapshot references (with `mark_ready`, in one transaction),
+/// and takes the store's capture lock shared: see [`lock_store_for_capture`].
+pub async fn record_chunks(
+    conn: &mut PgConnection,
+    snapshot_id: Uuid,
+    chunk_ids: &[String],
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO snapshot_chunks (snapshot_id, chunk_id) SELECT $1, c FROM UNNEST($2::text[]) AS c
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(snapshot_id)
+    .bind(chunk_ids)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Registers a capture with its store: taken shared (for the transaction) before a
+/// capture's snapshot row is created; the reaper takes it exclusively while it deletes
+/// chunks, and defers deletion while any capture of the store is in progress. So a chunk
+/// a capture found already stored cannot vanish under it.
+pub async fn lock_store_for_capture(
+    conn: &mut PgConnection,
+    store_url: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_xact_lock_shared(hashtext($1))")
+        .bind(store_url)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// The current head of a work context: `(snapshot id, sequence)`.
 pub async fn head(
     conn: &mut PgConnection,
@@ -239,6 +272,19 @@ pub async fn credential_generation(
             .fetch_optional(conn)
             .await?;
     Ok(generation.unwrap_or(0))
+}
+
+/// Locks the agent's generation row for the caller's transaction (creating it at 0)
+/// and returns the generation: captures hold it shared, rotation takes it exclusively.
+pub async fn lock_generation(conn: &mut PgConnection, agent: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query("INSERT INTO credential_generations (agent) VALUES ($1) ON CONFLICT DO NOTHING")
+        .bind(agent)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query_scalar("SELECT generation FROM credential_generations WHERE agent = $1 FOR SHARE")
+        .bind(agent)
+        .fetch_one(conn)
+        .await
 }
 
 /// Rotates an agent's credentials: every snapshot taken under an older generation is

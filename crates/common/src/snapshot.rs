@@ -192,7 +192,7 @@ pub async fn capture(
     })??;
     let encoded =
         serde_json::to_vec(&manifest).map_err(|e| SnapshotError::Integrity(e.to_string()))?;
-    let compressed = zstd::encode_all(&encoded[..], 3).map_err(|e| io(Path::new("manifest"), e))?;
+    let compressed = zstd::encode_all(&encoded[..], 1).map_err(|e| io(Path::new("manifest"), e))?;
     store
         .put(&manifest_key(snapshot_id), Bytes::from(compressed))
         .await?;

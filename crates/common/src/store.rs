@@ -101,6 +101,15 @@ impl ArtifactStore {
         }
     }
 
+    /// The size of an object, `None` when it does not exist.
+    pub async fn size(&self, key: &str) -> Result<Option<u64>, StoreError> {
+        match self.store.head(&ObjectPath::from(key)).await {
+            Ok(meta) => Ok(Some(meta.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Deletes an object; deleting what is already gone succeeds.
     pub async fn delete(&self, key: &str) -> Result<(), StoreError> {
         match self.store.delete(&ObjectPath::from(key)).await {

@@ -1,4 +1,5 @@
-//! The reaper's settings: flags and `CAIRN_*` environment variables.
+//! The reaper's settings: flags and `CAIRN_*` environment variables. Every duration is
+//! configuration with the product's default.
 
 use cairn_common::config::{DatabaseArgs, LogArgs};
 use clap::Parser;
@@ -10,7 +11,6 @@ use std::net::SocketAddr;
 pub struct Config {
     #[command(flatten)]
     pub database: DatabaseArgs,
-
     #[command(flatten)]
     pub log: LogArgs,
     /// Address of the probes (`/healthz`, `/readyz`) and `/metrics`.
@@ -19,14 +19,70 @@ pub struct Config {
     /// Apply pending migrations at start (they serialize on an advisory lock).
     #[arg(long, env = "CAIRN_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
     pub migrate: bool,
-    /// Seconds to let running work finish after SIGTERM before stopping it.
+    /// Seconds to let a running sweep finish after SIGTERM.
     #[arg(long, env = "CAIRN_DRAIN_SECONDS", default_value_t = 30)]
     pub drain_seconds: u64,
+    /// Seconds between sweeps of the leader (and between a standby's leadership tries).
+    #[arg(long, env = "CAIRN_REAPER_INTERVAL_SECONDS", default_value_t = 60.0)]
+    pub interval_seconds: f64,
+    /// Rows per batch (one transaction each).
+    #[arg(long, env = "CAIRN_REAPER_BATCH", default_value_t = 1000,
+          value_parser = clap::value_parser!(i64).range(1..=100_000))]
+    pub batch: i64,
+    /// Checkpoint heads neither captured nor restored for this long are retired.
+    #[arg(long, env = "CAIRN_IDLE_HEAD_SECONDS", default_value_t = 14 * 86_400)]
+    pub idle_head_seconds: i64,
+    /// Retired, superseded and failed snapshots lose their bytes after this long.
+    #[arg(long, env = "CAIRN_RECLAIM_AFTER_SECONDS", default_value_t = 7 * 86_400)]
+    pub reclaim_after_seconds: i64,
+    /// Snapshots of a destroyed workspace are deleted after this grace.
+    #[arg(long, env = "CAIRN_DESTROYED_GRACE_SECONDS", default_value_t = 86_400)]
+    pub destroyed_grace_seconds: i64,
+    /// Memory checkpoints expire this long after their pause.
+    #[arg(long, env = "CAIRN_MEMORY_CHECKPOINT_SECONDS", default_value_t = 72 * 3_600)]
+    pub memory_checkpoint_seconds: i64,
+    /// Print what one sweep would do, change nothing, and exit.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Run one sweep (as leader) and exit.
+    #[arg(long)]
+    pub once: bool,
 }
 
 impl Config {
-    /// Checks what clap cannot: the service URLs.
+    /// Checks what clap cannot.
     pub fn validate(&self) -> Result<(), String> {
-        cairn_common::component::validate_urls(Some(&self.database), None, None)
+        cairn_common::component::validate_urls(Some(&self.database), None, None)?;
+        if !(0.05..=86_400.0).contains(&self.interval_seconds) {
+            return Err("CAIRN_REAPER_INTERVAL_SECONDS: from 0.05 to 86400".into());
+        }
+        for (name, value) in [
+            ("CAIRN_IDLE_HEAD_SECONDS", self.idle_head_seconds),
+            ("CAIRN_RECLAIM_AFTER_SECONDS", self.reclaim_after_seconds),
+            (
+                "CAIRN_DESTROYED_GRACE_SECONDS",
+                self.destroyed_grace_seconds,
+            ),
+            (
+                "CAIRN_MEMORY_CHECKPOINT_SECONDS",
+                self.memory_checkpoint_seconds,
+            ),
+        ] {
+            if value < 0 {
+                return Err(format!("{name}: must not be negative"));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn durations(&self) -> crate::retention::Durations {
+        use chrono::Duration;
+        crate::retention::Durations {
+            idle_head: Duration::seconds(self.idle_head_seconds),
+            reclaim_after: Duration::seconds(self.reclaim_after_seconds),
+            destroyed_grace: Duration::seconds(self.destroyed_grace_seconds),
+            memory_checkpoint: Duration::seconds(self.memory_checkpoint_seconds),
+            ..Default::default()
+        }
     }
 }

@@ -1,17 +1,124 @@
-//! The reaper. It connects to PostgreSQL and serves its probes and metrics; the
-//! retention sweeps are not built yet.
+//! The reaper: an independent process, one active leader at a time (a PostgreSQL
+//! advisory lock on a dedicated connection; a standby retries and takes over when the
+//! leader's connection dies), sweeping retention rules in batches.
 //!
 //! - [`config`]: its settings.
-//! - [`run`]: runs until the shutdown token is cancelled.
+//! - [`retention`]: the rules, each batched, resumable and idempotent.
+//! - [`run`]: leadership, the sweep loop, probes and metrics.
 
 pub mod config;
+pub mod retention;
 
 use anyhow::Context;
 use cairn_common::health::{self, Readiness};
 use cairn_common::{db, metrics};
 pub use config::Config;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use sqlx::{Connection, PgConnection, PgPool};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
+
+/// The advisory lock key of the reaper leader ("cairnrpr").
+const LEADER_LOCK: i64 = 0x6361_6972_6e72_7072;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuleLabels {
+    pub rule: String,
+    pub outcome: String,
+}
+
+#[derive(Clone)]
+pub struct ReaperMetrics {
+    pub items: Family<RuleLabels, Counter>,
+    pub bytes_reclaimed: Counter,
+    pub sweeps: Counter,
+    pub sweep_duration_seconds: Histogram,
+    pub leader: Gauge,
+}
+
+impl ReaperMetrics {
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = ReaperMetrics {
+            items: Family::default(),
+            bytes_reclaimed: Counter::default(),
+            sweeps: Counter::default(),
+            sweep_duration_seconds: Histogram::new([
+                0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0,
+            ]),
+            leader: Gauge::default(),
+        };
+        registry.register(
+            "reaper_items",
+            "Items handled per rule and outcome",
+            m.items.clone(),
+        );
+        registry.register(
+            "reaper_bytes_reclaimed",
+            "Bytes of snapshot artifacts deleted",
+            m.bytes_reclaimed.clone(),
+        );
+        registry.register("reaper_sweeps", "Sweeps completed", m.sweeps.clone());
+        registry.register(
+            "reaper_sweep_duration_seconds",
+            "Duration of a sweep",
+            m.sweep_duration_seconds.clone(),
+        );
+        registry.register(
+            "reaper_leader",
+            "1 while this instance leads",
+            m.leader.clone(),
+        );
+        m
+    }
+
+    fn count(&self, rule: &str, outcome: &str, n: u64) {
+        if n > 0 {
+            self.items
+                .get_or_create(&RuleLabels {
+                    rule: rule.into(),
+                    outcome: outcome.into(),
+                })
+                .inc_by(n);
+        }
+    }
+
+    pub fn observe(&self, report: &retention::SweepReport, took: Duration) {
+        self.count("idle_heads", "retired", report.idle_heads_retired);
+        self.count("reclaim", "reclaimed", report.snapshots_reclaimed);
+        self.count("reclaim", "deferred", report.reclaim_deferred);
+        self.count("reclaim", "failed", report.reclaim_failed);
+        self.count("holds", "ended", report.holds_ended);
+        self.count("credentials", "retired", report.credential_retired);
+        self.count("sandbox_retention", "retired", report.sandbox_retired);
+        self.bytes_reclaimed.inc_by(report.bytes_reclaimed);
+        self.sweeps.inc();
+        self.sweep_duration_seconds.observe(took.as_secs_f64());
+    }
+}
+
+/// One sweep with the configuration's rules and the current time.
+pub async fn sweep(
+    pool: &PgPool,
+    config: &Config,
+    dry_run: bool,
+) -> Result<retention::SweepReport, sqlx::Error> {
+    let durations = config.durations();
+    retention::Sweep {
+        pool,
+        now: chrono::Utc::now(),
+        durations: &durations,
+        batch: config.batch,
+        dry_run,
+    }
+    .run()
+    .await
+}
 
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let pool = db::connect(
@@ -23,19 +130,117 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     if config.migrate {
         db::migrate(&pool).await.context("migrating the database")?;
     }
+    if config.dry_run {
+        let report = sweep(&pool, &config, true).await.context("dry-run sweep")?;
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+        return Ok(());
+    }
     let listener = tokio::net::TcpListener::bind(config.metrics_listen)
         .await
         .with_context(|| format!("binding {}", config.metrics_listen))?;
-    let registry = Arc::new(metrics::registry());
+    let mut registry = metrics::registry();
+    let reaper_metrics = ReaperMetrics::register(&mut registry);
     let readiness = Readiness {
         postgres: Some(pool.clone()),
         ..Default::default()
     };
-    tracing::info!(listen = %config.metrics_listen, "reaper probes listening");
-    health::serve(listener, health::router(readiness, registry), shutdown)
-        .await
-        .context("serving probes")?;
+    let probes_stop = CancellationToken::new();
+    let probes = tokio::spawn(health::serve(
+        listener,
+        health::router(readiness, Arc::new(registry)),
+        probes_stop.clone(),
+    ));
+    tracing::info!(listen = %config.metrics_listen, "reaper started");
+    let identity = format!(
+        "{}-{}",
+        nix_hostname().unwrap_or_else(|| "reaper".into()),
+        std::process::id()
+    );
+    lead(&pool, &config, &reaper_metrics, &identity, &shutdown).await;
+    probes_stop.cancel();
+    let _ = probes.await;
     pool.close().await;
     tracing::info!("reaper stopped");
     Ok(())
+}
+
+fn nix_hostname() -> Option<String> {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+}
+
+/// Competes for leadership; sweeps every interval while leader.
+async fn lead(
+    pool: &PgPool,
+    config: &Config,
+    metrics: &ReaperMetrics,
+    identity: &str,
+    shutdown: &CancellationToken,
+) {
+    let interval = Duration::from_secs_f64(config.interval_seconds);
+    let options = pool.connect_options().as_ref().clone();
+    while !shutdown.is_cancelled() {
+        let mut leader = match PgConnection::connect_with(&options).await {
+            Ok(conn) => conn,
+            Err(e) => {
+                tracing::warn!(error = %e, "reaper cannot connect; retrying");
+                pause(interval, shutdown).await;
+                continue;
+            }
+        };
+        let won: Result<bool, _> = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+            .bind(LEADER_LOCK)
+            .fetch_one(&mut leader)
+            .await;
+        if !matches!(won, Ok(true)) {
+            let _ = leader.close().await;
+            if config.once {
+                tracing::info!("another reaper leads; nothing to do");
+                return;
+            }
+            pause(interval, shutdown).await;
+            continue;
+        }
+        metrics.leader.set(1);
+        tracing::info!(identity, "this reaper leads");
+        while !shutdown.is_cancelled() {
+            let started = chrono::Utc::now();
+            let clock = Instant::now();
+            match sweep(pool, config, false).await {
+                Ok(report) => {
+                    metrics.observe(&report, clock.elapsed());
+                    tracing::info!(?report, took = ?clock.elapsed(), "sweep done");
+                    if let Err(e) = retention::record_sweep(pool, started, &report, identity).await
+                    {
+                        tracing::warn!(error = %e, "sweep not recorded");
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "sweep failed; the next one resumes"),
+            }
+            if config.once {
+                break;
+            }
+            if sqlx::query("SELECT 1").execute(&mut leader).await.is_err() {
+                tracing::warn!("reaper lost its leader connection");
+                break;
+            }
+            pause(interval, shutdown).await;
+        }
+        metrics.leader.set(0);
+        let _ = leader.close().await;
+        if config.once {
+            return;
+        }
+    }
+}
+
+async fn pause(interval: Duration, shutdown: &CancellationToken) {
+    tokio::select! {
+        _ = tokio::time::sleep(interval) => {}
+        _ = shutdown.cancelled() => {}
+    }
 }

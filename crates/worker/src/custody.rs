@@ -503,8 +503,18 @@ impl Worker {
             .await
             .map_err(|e| e.to_string())?;
         let reference = canonical_ref(subject);
+        drop(conn);
+        // The snapshot row is written under the credential lock (see `checkpoint`).
+        let mut tx = self.pool.begin().await.map_err(|e| e.to_string())?;
+        let generation = lineage::lock_generation(&mut tx, &subject.agent)
+            .await
+            .map_err(|e| e.to_string())?
+            .max(generation);
+        lineage::lock_store_for_capture(&mut tx, self.custody.store.url())
+            .await
+            .map_err(|e| e.to_string())?;
         let id = lineage::create(
-            &mut conn,
+            &mut tx,
             &NewSnapshot {
                 kind: "baseline",
                 agent: &subject.agent,
@@ -520,7 +530,11 @@ impl Worker {
         )
         .await
         .map_err(|e| e.to_string())?;
-        let _ = lineage::set_status(&mut conn, id, &["creating"], "uploading").await;
+        lineage::set_status(&mut tx, id, &["creating"], "uploading")
+            .await
+            .map_err(|e| e.to_string())?;
+        tx.commit().await.map_err(|e| e.to_string())?;
+        let mut conn = self.pool.acquire().await.map_err(|e| e.to_string())?;
         match snapshot::capture(
             &self.custody.store,
             &workspace.root,
@@ -532,9 +546,15 @@ impl Worker {
         {
             Ok((manifest, _)) => {
                 let size = i64::try_from(manifest.total_bytes()).unwrap_or(i64::MAX);
-                lineage::mark_ready(&mut conn, id, &snapshot::manifest_key(id), size)
+                let mut tx = self.pool.begin().await.map_err(|e| e.to_string())?;
+                lineage::mark_ready(&mut tx, id, &snapshot::manifest_key(id), size)
                     .await
                     .map_err(|e| e.to_string())?;
+                let chunks: Vec<String> = manifest.chunk_ids().into_iter().collect();
+                lineage::record_chunks(&mut tx, id, &chunks)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                tx.commit().await.map_err(|e| e.to_string())?;
                 tracing::info!(snapshot_id = %id, "published a clean baseline");
                 Ok(())
             }
@@ -562,12 +582,11 @@ impl Worker {
             self.custody.hold_limits,
         );
         let mut tx = lease.begin_fenced(&self.pool).await?;
-        let generation = lineage::credential_generation(&mut tx, &subject.agent).await?;
-        // Capture is serialized with credential revocation on the generation row.
-        sqlx::query("SELECT generation FROM credential_generations WHERE agent = $1 FOR SHARE")
-            .bind(&subject.agent)
-            .execute(&mut *tx)
-            .await?;
+        // Capture is serialized with credential rotation: the generation row is locked
+        // until this snapshot row exists, so a rotation either sees it (and retires it)
+        // or happened before (and it records the new generation).
+        let generation = lineage::lock_generation(&mut tx, &subject.agent).await?;
+        lineage::lock_store_for_capture(&mut tx, self.custody.store.url()).await?;
         let target = HoldTarget {
             workspace_id: held.workspace_id,
             run_id: Some(subject.run_id),
@@ -627,6 +646,8 @@ impl Worker {
             size,
         )
         .await?;
+        let chunks: Vec<String> = manifest.chunk_ids().into_iter().collect();
+        lineage::record_chunks(&mut tx, snapshot_id, &chunks).await?;
         match lineage::append(
             &mut tx,
             subject.work_context,

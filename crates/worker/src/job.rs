@@ -435,16 +435,13 @@ impl Worker {
         let terminal = matches!(&ending, Ok(Ending::Complete | Ending::Fail(_)))
             || (matches!(&ending, Ok(Ending::Interrupted))
                 && reason.get() == Some(renewal::Reason::Cancelled));
+        // A task is done (its lineage retired) when it completed without asking for more:
+        // a blocked or clarification report pauses it, and its checkpoint stays current.
+        let done = matches!(&ending, Ok(Ending::Complete))
+            && !self.paused_by_report(job.lease.request_id).await;
         // The workspace is released (or kept under a hold) while the lease is still ours.
-        self.release(
-            &job.lease,
-            &subject,
-            &held,
-            terminal,
-            matches!(&ending, Ok(Ending::Complete)),
-            fenced,
-        )
-        .await;
+        self.release(&job.lease, &subject, &held, terminal, done, fenced)
+            .await;
         match ending? {
             Ending::Complete => self.complete(job).await,
             Ending::Fail(message) => {
@@ -603,6 +600,19 @@ impl Worker {
             }
         }
         Ok(Ending::Complete)
+    }
+
+    async fn paused_by_report(&self, request_id: Uuid) -> bool {
+        let outcome: Option<(String, Option<String>)> = sqlx::query_as(
+            "SELECT outcome, followup_kind FROM final_reports WHERE request_id = $1",
+        )
+        .bind(request_id)
+        .fetch_optional(&self.pool)
+        .await
+        .unwrap_or(None);
+        outcome.is_some_and(|(outcome, followup)| {
+            outcome == "blocked" || outcome == "clarification" || followup.is_some()
+        })
     }
 
     fn command(

@@ -3,11 +3,12 @@
 //! - [`error`]: the error body every route shares.
 //! - [`json`]: the strict JSON extractor.
 //! - [`auth`]: tokens and roles.
-//! - [`runs`], [`policy`], [`continuation`], [`tokens`]: the routes.
+//! - [`runs`], [`policy`], [`continuation`], [`tokens`], [`credentials`]: the routes.
 //! - [`openapi`]: the generated OpenAPI document.
 
 pub mod auth;
 pub mod continuation;
+pub mod credentials;
 pub mod error;
 pub mod json;
 pub mod openapi;
@@ -115,6 +116,10 @@ pub fn router(state: AppState) -> Router {
         .route(
             &format!("{final_outcome}/status"),
             get(continuation::final_status),
+        )
+        .route(
+            "/api/v1/agents/{agent}/credentials/rotate",
+            post(credentials::rotate),
         )
         .route("/api/v1/tokens", post(tokens::create))
         .route("/api/v1/tokens/{token_id}/revoke", post(tokens::revoke))

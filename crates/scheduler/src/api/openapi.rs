@@ -1,6 +1,6 @@
 //! The OpenAPI 3 document, generated from the handlers' annotations and types.
 
-use super::{continuation, error, policy, runs, tokens};
+use super::{continuation, credentials, error, policy, runs, tokens};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
@@ -13,7 +13,7 @@ use utoipa::{Modify, OpenApi};
         policy::get_policy, policy::put_policy,
         continuation::checkpoint_candidate, continuation::checkpoint_action, continuation::checkpoint_status,
         continuation::final_candidate, continuation::final_action, continuation::final_status,
-        tokens::create, tokens::revoke,
+        tokens::create, tokens::revoke, credentials::rotate,
     ),
     components(schemas(error::ErrorBody, error::ErrorDetail)),
     modifiers(&BearerAuth)

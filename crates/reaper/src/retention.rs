@@ -1,0 +1,393 @@
+//! The reaper's rules. Every rule works in batches, each batch one transaction over
+//! rows locked `FOR UPDATE SKIP LOCKED`, and every change re-checks in its `WHERE` the
+//! state it observed (compare-and-set), so a snapshot captured or restored between the
+//! read and the write is left alone. A crash loses at most the batch in flight; the
+//! next sweep redoes it. Time is the `now` passed in, so tests can move it.
+
+use cairn_common::snapshot;
+use cairn_common::store::ArtifactStore;
+use chrono::{DateTime, Duration, Utc};
+use serde::Serialize;
+use sqlx::{PgConnection, PgPool};
+use std::collections::HashMap;
+use uuid::Uuid;
+
+/// Every duration of the rules; the defaults are the product's.
+#[derive(Debug, Clone)]
+pub struct Durations {
+    pub idle_head: Duration,
+    pub reclaim_after: Duration,
+    pub destroyed_grace: Duration,
+    pub memory_checkpoint: Duration,
+    pub repair_backoff_max: Duration,
+}
+
+impl Default for Durations {
+    fn default() -> Self {
+        Durations {
+            idle_head: Duration::days(14),
+            reclaim_after: Duration::days(7),
+            destroyed_grace: Duration::hours(24),
+            memory_checkpoint: Duration::hours(72),
+            repair_backoff_max: Duration::hours(24),
+        }
+    }
+}
+
+/// What one sweep did (or, in a dry run, would do).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SweepReport {
+    pub idle_heads_retired: u64,
+    pub snapshots_reclaimed: u64,
+    pub reclaim_deferred: u64,
+    pub reclaim_failed: u64,
+    pub bytes_reclaimed: u64,
+    pub holds_ended: u64,
+    pub credential_retired: u64,
+    pub sandbox_retired: u64,
+    pub dry_run: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Rule {
+    Credentials,
+    IdleHeads,
+    Sandbox,
+    Holds,
+}
+
+pub struct Sweep<'a> {
+    pub pool: &'a PgPool,
+    pub now: DateTime<Utc>,
+    pub durations: &'a Durations,
+    pub batch: i64,
+    pub dry_run: bool,
+}
+
+impl Sweep<'_> {
+    /// Runs every rule once, until none has more due rows.
+    pub async fn run(&self) -> Result<SweepReport, sqlx::Error> {
+        let mut report = SweepReport {
+            dry_run: self.dry_run,
+            ..Default::default()
+        };
+        report.credential_retired = self.repeat(Rule::Credentials).await?;
+        report.idle_heads_retired = self.repeat(Rule::IdleHeads).await?;
+        report.sandbox_retired = self.repeat(Rule::Sandbox).await?;
+        report.holds_ended = self.repeat(Rule::Holds).await?;
+        self.reclaim(&mut report).await?;
+        Ok(report)
+    }
+
+    /// Runs one batch rule until a batch finds less than a full batch. A dry run rolls
+    /// its batch back and runs each rule once.
+    async fn repeat(&self, rule: Rule) -> Result<u64, sqlx::Error> {
+        let mut total = 0;
+        loop {
+            let mut tx = self.pool.begin().await?;
+            let n = match rule {
+                Rule::Credentials => self.credentials(&mut tx).await?,
+                Rule::IdleHeads => self.idle_heads(&mut tx).await?,
+                Rule::Sandbox => self.sandbox(&mut tx).await?,
+                Rule::Holds => self.holds(&mut tx).await?,
+            };
+            total += n;
+            if self.dry_run {
+                tx.rollback().await?;
+                return Ok(total);
+            }
+            tx.commit().await?;
+            if (n as i64) < self.batch {
+                return Ok(total);
+            }
+        }
+    }
+
+    /// Rule 4: snapshots taken under a rotated credential generation leave reuse.
+    async fn credentials(&self, conn: &mut PgConnection) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE project_snapshots s SET retention = 'retired', retired_at = $1, retire_reason = 'credentials_rotated'
+              WHERE s.id IN (
+                    SELECT p.id FROM project_snapshots p JOIN credential_generations g ON g.agent = p.agent
+                     WHERE p.retention = 'current' AND p.credential_generation < g.generation
+                       AND p.status NOT IN ('creating', 'uploading', 'restoring')
+                     LIMIT $2 FOR UPDATE OF p SKIP LOCKED)
+                AND s.retention = 'current'",
+        )
+        .bind(self.now)
+        .bind(self.batch)
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Rule 1: checkpoint heads neither captured nor restored for the idle period.
+    async fn idle_heads(&self, conn: &mut PgConnection) -> Result<u64, sqlx::Error> {
+        let cutoff = self.now - self.durations.idle_head;
+        let due: Vec<(Uuid, Uuid)> = sqlx::query_as(
+            "SELECT h.work_context_id, s.id FROM lineage_heads h JOIN project_snapshots s ON s.id = h.head_id
+              WHERE h.retired_at IS NULL AND s.last_used_at <= $1 AND s.status NOT IN ('creating', 'uploading', 'restoring')
+              ORDER BY s.last_used_at LIMIT $2 FOR UPDATE OF h, s SKIP LOCKED",
+        )
+        .bind(cutoff)
+        .bind(self.batch)
+        .fetch_all(&mut *conn)
+        .await?;
+        if due.is_empty() {
+            return Ok(0);
+        }
+        let (contexts, heads): (Vec<Uuid>, Vec<Uuid>) = due.into_iter().unzip();
+        sqlx::query("UPDATE lineage_heads SET retired_at = $2 WHERE work_context_id = ANY($1) AND retired_at IS NULL")
+            .bind(&contexts)
+            .bind(self.now)
+            .execute(&mut *conn)
+            .await?;
+        let done = sqlx::query(
+            "UPDATE project_snapshots SET retention = 'retired', retired_at = $2, retire_reason = 'idle'
+              WHERE id = ANY($1) AND retention = 'current' AND last_used_at <= $3",
+        )
+        .bind(&heads)
+        .bind(self.now)
+        .bind(cutoff)
+        .execute(&mut *conn)
+        .await?;
+        Ok(done.rows_affected().max(contexts.len() as u64))
+    }
+
+    /// Rule 5: sandbox retention. The latest stop snapshot of a live workspace stays;
+    /// older ones are superseded; named snapshots stay until deleted; snapshots of a
+    /// destroyed workspace go after the grace; memory checkpoints expire after the pause.
+    async fn sandbox(&self, conn: &mut PgConnection) -> Result<u64, sqlx::Error> {
+        let superseded = sqlx::query(
+            "UPDATE project_snapshots s SET retention = 'superseded', retired_at = $1, retire_reason = 'newer_stop_snapshot'
+              WHERE s.id IN (
+                    SELECT p.id FROM project_snapshots p
+                     WHERE p.kind = 'stop' AND p.retention = 'current' AND p.status = 'ready'
+                       AND EXISTS (SELECT 1 FROM project_snapshots n WHERE n.workspace_id = p.workspace_id
+                                     AND n.kind = 'stop' AND n.status = 'ready' AND n.created_at > p.created_at)
+                     LIMIT $2 FOR UPDATE OF p SKIP LOCKED)
+                AND s.retention = 'current'",
+        )
+        .bind(self.now)
+        .bind(self.batch)
+        .execute(&mut *conn)
+        .await?;
+        let destroyed = sqlx::query(
+            "UPDATE project_snapshots s SET retention = 'retired', retired_at = $1, retire_reason = 'workspace_destroyed'
+              WHERE s.id IN (
+                    SELECT p.id FROM project_snapshots p JOIN workspaces w ON w.id = p.workspace_id
+                     WHERE p.kind IN ('stop', 'memory', 'checkpoint') AND p.retention = 'current'
+                       AND w.state = 'destroyed' AND w.destroyed_at <= $3
+                       AND p.status NOT IN ('creating', 'uploading', 'restoring')
+                     LIMIT $2 FOR UPDATE OF p SKIP LOCKED)
+                AND s.retention = 'current'",
+        )
+        .bind(self.now)
+        .bind(self.batch)
+        .bind(self.now - self.durations.destroyed_grace)
+        .execute(&mut *conn)
+        .await?;
+        let memory = sqlx::query(
+            "UPDATE project_snapshots s SET retention = 'retired', retired_at = $1, retire_reason = 'memory_expired'
+              WHERE s.id IN (
+                    SELECT p.id FROM project_snapshots p JOIN workspaces w ON w.id = p.workspace_id
+                     WHERE p.kind = 'memory' AND p.retention = 'current' AND w.paused_at <= $3
+                     LIMIT $2 FOR UPDATE OF p SKIP LOCKED)
+                AND s.retention = 'current'",
+        )
+        .bind(self.now)
+        .bind(self.batch)
+        .bind(self.now - self.durations.memory_checkpoint)
+        .execute(&mut *conn)
+        .await?;
+        Ok(superseded.rows_affected() + destroyed.rows_affected() + memory.rows_affected())
+    }
+
+    /// Rule 3: holds past their expiry, or of cancelled and terminal tasks; never a hold
+    /// whose capture is in progress.
+    async fn holds(&self, conn: &mut PgConnection) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(
+            "UPDATE holds h SET ended_at = $1,
+                    end_reason = CASE WHEN h.expires_at <= $1 THEN 'expired' ELSE 'task_ended' END
+              WHERE h.id IN (
+                    SELECT x.id FROM holds x LEFT JOIN runs r ON r.id = x.run_id
+                     WHERE x.ended_at IS NULL AND NOT x.capture_in_progress
+                       AND (x.expires_at <= $1 OR r.state IN ('completed', 'failed', 'cancelled'))
+                     LIMIT $2 FOR UPDATE OF x SKIP LOCKED)
+                AND h.ended_at IS NULL AND NOT h.capture_in_progress",
+        )
+        .bind(self.now)
+        .bind(self.batch)
+        .execute(conn)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// Rules 2, 6 and 7: delete the bytes of retired, superseded and failed snapshots
+    /// once their retention window has passed, through the store each snapshot records.
+    /// A chunk goes only when no other manifest of its store references it, and not while
+    /// a capture of that store is in progress. What cannot be deleted waits for repair,
+    /// retried with backoff.
+    async fn reclaim(&self, report: &mut SweepReport) -> Result<(), sqlx::Error> {
+        let window = self.now - self.durations.reclaim_after;
+        loop {
+            let mut tx = self.pool.begin().await?;
+            let due: Vec<(Uuid, String, i32)> = sqlx::query_as(
+                "SELECT id, store_url, repair_attempts FROM project_snapshots
+                  WHERE status <> 'deleted'
+                    AND ((retention IN ('retired', 'superseded') OR status IN ('failed', 'quarantined'))
+                         AND (COALESCE(retired_at, created_at) <= $1
+                              OR retire_reason IN ('workspace_destroyed', 'memory_expired'))
+                         AND status NOT IN ('creating', 'uploading', 'restoring')
+                      OR retention = 'pending_operator_repair' AND next_repair_at <= $2)
+                  ORDER BY COALESCE(retired_at, created_at) LIMIT $3
+                  FOR UPDATE SKIP LOCKED",
+            )
+            .bind(window)
+            .bind(self.now)
+            .bind(self.batch)
+            .fetch_all(&mut *tx)
+            .await?;
+            let found = due.len() as i64;
+            let mut by_store: HashMap<String, Vec<(Uuid, i32)>> = HashMap::new();
+            for (id, store, attempts) in due {
+                by_store.entry(store).or_default().push((id, attempts));
+            }
+            let mut progressed = false;
+            for (store_url, snapshots) in by_store {
+                progressed |= self
+                    .reclaim_store(&mut tx, &store_url, &snapshots, report)
+                    .await?;
+            }
+            if self.dry_run {
+                tx.rollback().await?;
+                return Ok(());
+            }
+            tx.commit().await?;
+            if found < self.batch || !progressed {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn reclaim_store(
+        &self,
+        conn: &mut PgConnection,
+        store_url: &str,
+        snapshots: &[(Uuid, i32)],
+        report: &mut SweepReport,
+    ) -> Result<bool, sqlx::Error> {
+        let ids: Vec<Uuid> = snapshots.iter().map(|s| s.0).collect();
+        // New captures of this store wait while chunks are deleted; running ones defer it.
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+            .bind(store_url)
+            .execute(&mut *conn)
+            .await?;
+        let capturing: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM project_snapshots WHERE store_url = $1 AND status IN ('creating', 'uploading'))",
+        )
+        .bind(store_url)
+        .fetch_one(&mut *conn)
+        .await?;
+        if capturing {
+            report.reclaim_deferred += ids.len() as u64;
+            return Ok(false);
+        }
+        let orphans: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT c.chunk_id FROM snapshot_chunks c
+              WHERE c.snapshot_id = ANY($1)
+                AND NOT EXISTS (SELECT 1 FROM snapshot_chunks o JOIN project_snapshots p ON p.id = o.snapshot_id
+                                 WHERE o.chunk_id = c.chunk_id AND NOT (o.snapshot_id = ANY($1))
+                                   AND p.store_url = $2 AND p.status <> 'deleted')",
+        )
+        .bind(&ids)
+        .bind(store_url)
+        .fetch_all(&mut *conn)
+        .await?;
+        if self.dry_run {
+            report.snapshots_reclaimed += ids.len() as u64;
+            return Ok(true);
+        }
+        match delete_objects(store_url, &ids, &orphans).await {
+            Ok(bytes) => {
+                sqlx::query("DELETE FROM snapshot_chunks WHERE snapshot_id = ANY($1)")
+                    .bind(&ids)
+                    .execute(&mut *conn)
+                    .await?;
+                let done = sqlx::query(
+                    "UPDATE project_snapshots SET status = 'deleted', retention = 'reclaimed', repair_reason = NULL,
+                            next_repair_at = NULL
+                      WHERE id = ANY($1) AND status <> 'deleted'",
+                )
+                .bind(&ids)
+                .execute(&mut *conn)
+                .await?;
+                report.snapshots_reclaimed += done.rows_affected();
+                report.bytes_reclaimed += bytes;
+                Ok(true)
+            }
+            Err(reason) => {
+                tracing::warn!(store = store_url, %reason, count = ids.len(), "cannot reclaim; pending operator repair");
+                for (id, attempts) in snapshots {
+                    let minutes = 1i64 << (*attempts).clamp(0, 20);
+                    let wait = Duration::minutes(minutes).min(self.durations.repair_backoff_max);
+                    sqlx::query(
+                        "UPDATE project_snapshots SET retention = 'pending_operator_repair', repair_reason = $2,
+                                repair_attempts = repair_attempts + 1, next_repair_at = $3
+                          WHERE id = $1 AND status <> 'deleted'",
+                    )
+                    .bind(id)
+                    .bind(&reason)
+                    .bind(self.now + wait)
+                    .execute(&mut *conn)
+                    .await?;
+                }
+                report.reclaim_failed += ids.len() as u64;
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// Deletes manifests and orphan chunks through the store the snapshots name (never the
+/// current configuration). Returns the bytes freed.
+async fn delete_objects(
+    store_url: &str,
+    snapshots: &[Uuid],
+    chunks: &[String],
+) -> Result<u64, String> {
+    let store = ArtifactStore::open(store_url).map_err(|e| e.to_string())?;
+    let mut keys: Vec<String> = snapshots
+        .iter()
+        .map(|id| snapshot::manifest_key(*id))
+        .collect();
+    keys.extend(chunks.iter().map(|c| snapshot::chunk_key(c)));
+    let mut bytes = 0;
+    for key in keys {
+        bytes += store
+            .size(&key)
+            .await
+            .map_err(|e| e.to_string())?
+            .unwrap_or(0);
+        store.delete(&key).await.map_err(|e| e.to_string())?;
+    }
+    Ok(bytes)
+}
+
+/// Records a sweep for `cairnctl reaper status`.
+pub async fn record_sweep(
+    pool: &PgPool,
+    started: DateTime<Utc>,
+    report: &SweepReport,
+    leader: &str,
+) -> Result<(), sqlx::Error> {
+    let mut summary = serde_json::to_value(report).unwrap_or_default();
+    summary["leader"] = serde_json::Value::from(leader);
+    sqlx::query("INSERT INTO sweeps (component, started_at, finished_at, dry_run, summary) VALUES ('reaper', $1, now(), $2, $3)")
+        .bind(started)
+        .bind(report.dry_run)
+        .bind(summary)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
