@@ -574,7 +574,7 @@ async fn reaper_bench(rows: i64, batch: i64, postgres: &str) -> anyhow::Result<(
                       OR retire_reason IN ('workspace_destroyed', 'memory_expired'))
                  AND status NOT IN ('creating', 'uploading', 'restoring')
               OR retention = 'pending_operator_repair' AND next_repair_at <= now())
-          ORDER BY COALESCE(retired_at, created_at) LIMIT 1000 FOR UPDATE SKIP LOCKED",
+          LIMIT 1000 FOR UPDATE SKIP LOCKED",
     )
     .fetch_all(&pool)
     .await?;

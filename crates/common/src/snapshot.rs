@@ -153,6 +153,8 @@ impl CaptureRules {
 /// Figures of one capture.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CaptureStats {
+    /// Keys of the chunks this capture wrote (to make exactly them durable).
+    pub written: Vec<String>,
     pub files: u64,
     pub files_unchanged: u64,
     pub bytes: u64,
@@ -299,6 +301,7 @@ fn capture_blocking(
             let file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
             let chunker = fastcdc::v2020::StreamCDC::new(file, MIN_CHUNK, AVG_CHUNK, MAX_CHUNK);
             let (mut new_chunks, mut uploaded) = (0u64, 0u64);
+            let mut written = Vec::new();
             for chunk in chunker {
                 let chunk = chunk.map_err(|e| io(&path, std::io::Error::other(e)))?;
                 let id = blake3::hash(&chunk.data).to_hex().to_string();
@@ -312,6 +315,7 @@ fn capture_blocking(
                     uploaded += compressed.len() as u64;
                     new_chunks += 1;
                     handle.block_on(store.put(&chunk_key(&id), Bytes::from(compressed)))?;
+                    written.push(chunk_key(&id));
                 }
                 entry.chunks.push(id);
             }

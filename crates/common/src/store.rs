@@ -73,6 +73,23 @@ impl ArtifactStore {
         })
     }
 
+    /// Opens a store that must already exist: a local directory that is missing (say an
+    /// unmounted volume) is an error rather than a new empty store.
+    pub fn open_existing(url: &str) -> Result<ArtifactStore, StoreError> {
+        let local =
+            url.strip_prefix("file://")
+                .or(if url.contains("://") { None } else { Some(url) });
+        if let Some(path) = local {
+            if !std::path::Path::new(path).is_dir() {
+                return Err(StoreError::InvalidUrl(
+                    url.to_string(),
+                    "the directory does not exist".into(),
+                ));
+            }
+        }
+        Self::open(url)
+    }
+
     /// The URL recorded on every snapshot this store holds.
     pub fn url(&self) -> &str {
         &self.url
@@ -116,6 +133,36 @@ impl ArtifactStore {
             Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Makes the named objects durable: for a local store each file and its directory
+    /// is synced (one `syncfs` instead when there are many); a remote store's puts are
+    /// durable once acknowledged.
+    pub async fn flush_keys(&self, keys: Vec<String>) -> Result<(), StoreError> {
+        const PER_FILE_LIMIT: usize = 256;
+        let Some(root) = self.local.clone() else {
+            return Ok(());
+        };
+        if keys.len() > PER_FILE_LIMIT {
+            return self.flush().await;
+        }
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            let mut dirs = std::collections::BTreeSet::new();
+            for key in keys {
+                let path = root.join(&key);
+                std::fs::File::open(&path)?.sync_all()?;
+                if let Some(dir) = path.parent() {
+                    dirs.insert(dir.to_path_buf());
+                }
+            }
+            for dir in dirs {
+                std::fs::File::open(&dir)?.sync_all()?;
+            }
+            Ok(())
+        })
+        .await
+        .map_err(std::io::Error::other)??;
+        Ok(())
     }
 
     /// Makes everything written so far durable. A remote store's puts are durable once

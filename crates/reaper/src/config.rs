@@ -41,6 +41,10 @@ pub struct Config {
     /// Memory checkpoints expire this long after their pause.
     #[arg(long, env = "CAIRN_MEMORY_CHECKPOINT_SECONDS", default_value_t = 72 * 3_600)]
     pub memory_checkpoint_seconds: i64,
+    /// A capture still `creating` or `uploading` after this long was interrupted: it is
+    /// failed, so it no longer defers reclamation in its store.
+    #[arg(long, env = "CAIRN_STALE_CAPTURE_SECONDS", default_value_t = 6 * 3_600)]
+    pub stale_capture_seconds: i64,
     /// Print what one sweep would do, change nothing, and exit.
     #[arg(long)]
     pub dry_run: bool,
@@ -82,6 +86,7 @@ impl Config {
             reclaim_after: Duration::seconds(self.reclaim_after_seconds),
             destroyed_grace: Duration::seconds(self.destroyed_grace_seconds),
             memory_checkpoint: Duration::seconds(self.memory_checkpoint_seconds),
+            stale_capture: Duration::seconds(self.stale_capture_seconds),
             ..Default::default()
         }
     }

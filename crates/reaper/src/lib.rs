@@ -96,6 +96,7 @@ impl ReaperMetrics {
         self.count("holds", "ended", report.holds_ended);
         self.count("credentials", "retired", report.credential_retired);
         self.count("sandbox_retention", "retired", report.sandbox_retired);
+        self.count("stale_captures", "failed", report.stale_captures_failed);
         self.bytes_reclaimed.inc_by(report.bytes_reclaimed);
         self.sweeps.inc();
         self.sweep_duration_seconds.observe(took.as_secs_f64());
@@ -210,7 +211,18 @@ async fn lead(
         while !shutdown.is_cancelled() {
             let started = chrono::Utc::now();
             let clock = Instant::now();
-            match sweep(pool, config, false).await {
+            // A sweep commits batch by batch; past the drain time after SIGTERM it is
+            // dropped mid-batch (that batch rolls back) and the next leader redoes it.
+            let drain = Duration::from_secs(config.drain_seconds);
+            let outcome = tokio::select! {
+                outcome = sweep(pool, config, false) => Some(outcome),
+                _ = async { shutdown.cancelled().await; tokio::time::sleep(drain).await } => None,
+            };
+            let Some(outcome) = outcome else {
+                tracing::warn!(?drain, "sweep stopped by shutdown; the next one resumes");
+                break;
+            };
+            match outcome {
                 Ok(report) => {
                     metrics.observe(&report, clock.elapsed());
                     tracing::info!(?report, took = ?clock.elapsed(), "sweep done");

@@ -20,6 +20,8 @@ pub struct Durations {
     pub destroyed_grace: Duration,
     pub memory_checkpoint: Duration,
     pub repair_backoff_max: Duration,
+    /// A capture still `creating` or `uploading` after this long was interrupted.
+    pub stale_capture: Duration,
 }
 
 impl Default for Durations {
@@ -30,6 +32,7 @@ impl Default for Durations {
             destroyed_grace: Duration::hours(24),
             memory_checkpoint: Duration::hours(72),
             repair_backoff_max: Duration::hours(24),
+            stale_capture: Duration::hours(6),
         }
     }
 }
@@ -45,11 +48,13 @@ pub struct SweepReport {
     pub holds_ended: u64,
     pub credential_retired: u64,
     pub sandbox_retired: u64,
+    pub stale_captures_failed: u64,
     pub dry_run: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
 enum Rule {
+    StaleCaptures,
     Credentials,
     IdleHeads,
     Sandbox,
@@ -71,6 +76,7 @@ impl Sweep<'_> {
             dry_run: self.dry_run,
             ..Default::default()
         };
+        report.stale_captures_failed = self.repeat(Rule::StaleCaptures).await?;
         report.credential_retired = self.repeat(Rule::Credentials).await?;
         report.idle_heads_retired = self.repeat(Rule::IdleHeads).await?;
         report.sandbox_retired = self.repeat(Rule::Sandbox).await?;
@@ -86,6 +92,7 @@ impl Sweep<'_> {
         loop {
             let mut tx = self.pool.begin().await?;
             let n = match rule {
+                Rule::StaleCaptures => self.stale_captures(&mut tx).await?,
                 Rule::Credentials => self.credentials(&mut tx).await?,
                 Rule::IdleHeads => self.idle_heads(&mut tx).await?,
                 Rule::Sandbox => self.sandbox(&mut tx).await?,
@@ -101,6 +108,35 @@ impl Sweep<'_> {
                 return Ok(total);
             }
         }
+    }
+
+    /// A capture interrupted for good (its worker died mid-way) fails, so it no longer
+    /// defers reclamation in its store, and its hold is no longer "capturing" (the hold
+    /// itself stays until it expires: the live tree may still be on its host).
+    async fn stale_captures(&self, conn: &mut PgConnection) -> Result<u64, sqlx::Error> {
+        let stale: Vec<(Uuid, Option<Uuid>)> = sqlx::query_as(
+            "UPDATE project_snapshots SET status = 'failed', retire_reason = 'capture_interrupted'
+              WHERE id IN (SELECT id FROM project_snapshots
+                            WHERE status IN ('creating', 'uploading') AND created_at <= $1
+                            LIMIT $2 FOR UPDATE SKIP LOCKED)
+                AND status IN ('creating', 'uploading')
+          RETURNING id, workspace_id",
+        )
+        .bind(self.now - self.durations.stale_capture)
+        .bind(self.batch)
+        .fetch_all(&mut *conn)
+        .await?;
+        let workspaces: Vec<Uuid> = stale.iter().filter_map(|s| s.1).collect();
+        sqlx::query(
+            "UPDATE holds h SET capture_in_progress = FALSE
+              WHERE h.workspace_id = ANY($1) AND h.capture_in_progress AND h.ended_at IS NULL
+                AND NOT EXISTS (SELECT 1 FROM project_snapshots p WHERE p.workspace_id = h.workspace_id
+                                  AND p.status IN ('creating', 'uploading'))",
+        )
+        .bind(&workspaces)
+        .execute(conn)
+        .await?;
+        Ok(stale.len() as u64)
     }
 
     /// Rule 4: snapshots taken under a rotated credential generation leave reuse.
@@ -176,7 +212,7 @@ impl Sweep<'_> {
             "UPDATE project_snapshots s SET retention = 'retired', retired_at = $1, retire_reason = 'workspace_destroyed'
               WHERE s.id IN (
                     SELECT p.id FROM project_snapshots p JOIN workspaces w ON w.id = p.workspace_id
-                     WHERE p.kind IN ('stop', 'memory', 'checkpoint') AND p.retention = 'current'
+                     WHERE p.kind IN ('stop', 'memory') AND p.retention = 'current'
                        AND w.state = 'destroyed' AND w.destroyed_at <= $3
                        AND p.status NOT IN ('creating', 'uploading', 'restoring')
                      LIMIT $2 FOR UPDATE OF p SKIP LOCKED)
@@ -240,8 +276,7 @@ impl Sweep<'_> {
                               OR retire_reason IN ('workspace_destroyed', 'memory_expired'))
                          AND status NOT IN ('creating', 'uploading', 'restoring')
                       OR retention = 'pending_operator_repair' AND next_repair_at <= $2)
-                  ORDER BY COALESCE(retired_at, created_at) LIMIT $3
-                  FOR UPDATE SKIP LOCKED",
+                  LIMIT $3 FOR UPDATE SKIP LOCKED",
             )
             .bind(window)
             .bind(self.now)
@@ -356,7 +391,8 @@ async fn delete_objects(
     snapshots: &[Uuid],
     chunks: &[String],
 ) -> Result<u64, String> {
-    let store = ArtifactStore::open(store_url).map_err(|e| e.to_string())?;
+    // Never create a missing local store: an empty directory would look "deleted".
+    let store = ArtifactStore::open_existing(store_url).map_err(|e| e.to_string())?;
     let mut keys: Vec<String> = snapshots
         .iter()
         .map(|id| snapshot::manifest_key(*id))

@@ -388,6 +388,7 @@ async fn an_unreachable_backend_waits_for_repair_and_a_later_retry_succeeds() {
     assert_eq!(sweep(&db.pool, now).await.reclaim_failed, 0);
     // The operator repairs the backend; a later sweep reclaims it.
     std::fs::remove_file(&blocker).expect("repair");
+    std::fs::create_dir_all(blocker.join("store")).expect("repair");
     let later = sweep(&db.pool, now + Duration::minutes(5)).await;
     assert_eq!(later.snapshots_reclaimed, 1, "{later:?}");
     assert_eq!(field(&db.pool, id).await.0, "deleted");
@@ -515,4 +516,74 @@ async fn a_dry_run_changes_nothing() {
     .expect("dry run");
     assert_eq!(report.credential_retired, 1, "it says what it would do");
     assert_eq!(field(&db.pool, id).await.1, "current", "and does nothing");
+}
+
+#[tokio::test]
+async fn an_interrupted_capture_fails_after_a_while_and_stops_deferring_reclamation() {
+    let db = TestDb::new().await;
+    let workspace = Uuid::new_v4();
+    sqlx::query("INSERT INTO workspaces (id, agent, backend, state) VALUES ($1, 'agent', 'local', 'running')")
+        .bind(workspace)
+        .execute(&db.pool)
+        .await
+        .expect("workspace");
+    let mut conn = db.pool.acquire().await.expect("conn");
+    let id = lineage::create(
+        &mut conn,
+        &NewSnapshot {
+            kind: "checkpoint",
+            agent: "agent",
+            repository: None,
+            backend: "local",
+            base_image: None,
+            canonical_ref: None,
+            work_context_id: Some(Uuid::new_v4()),
+            workspace_id: Some(workspace),
+            store_url: "file:///tmp/none",
+            credential_generation: 0,
+        },
+    )
+    .await
+    .expect("create");
+    lineage::set_status(&mut conn, id, &["creating"], "uploading")
+        .await
+        .expect("uploading");
+    sqlx::query("INSERT INTO holds (id, workspace_id, agent, reason, expires_at, capture_in_progress) VALUES ($1, $2, 'agent', 'capture', now() + interval '1 day', TRUE)")
+        .bind(Uuid::new_v4())
+        .bind(workspace)
+        .execute(&mut *conn)
+        .await
+        .expect("hold");
+    let created: DateTime<Utc> =
+        sqlx::query_scalar("SELECT created_at FROM project_snapshots WHERE id = $1")
+            .bind(id)
+            .fetch_one(&mut *conn)
+            .await
+            .expect("created");
+    assert_eq!(
+        sweep(&db.pool, created + Duration::hours(5))
+            .await
+            .stale_captures_failed,
+        0,
+        "still in progress"
+    );
+    assert_eq!(
+        sweep(&db.pool, created + Duration::hours(6))
+            .await
+            .stale_captures_failed,
+        1
+    );
+    assert_eq!(field(&db.pool, id).await.0, "failed");
+    let (capturing, ended): (bool, bool) = sqlx::query_as(
+        "SELECT capture_in_progress, ended_at IS NOT NULL FROM holds WHERE workspace_id = $1",
+    )
+    .bind(workspace)
+    .fetch_one(&mut *conn)
+    .await
+    .expect("hold");
+    assert_eq!(
+        (capturing, ended),
+        (false, false),
+        "the hold stays, no longer capturing"
+    );
 }

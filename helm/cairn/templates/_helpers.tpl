@@ -155,6 +155,16 @@ global.extraConfig may not name them (it would clash with or be shadowed by them
   "CAIRN_KILL_GRACE_SECONDS" "worker.killGraceSeconds"
   "CAIRN_WORKSPACES_DIR" "worker.workspaces (the volume at /var/lib/cairn/workspaces)"
   "CAIRN_ARTIFACTS_URL" "worker.artifacts (the volume at /var/lib/cairn/artifacts; the worker keeps artifacts in a local directory only)"
+  "CAIRN_WORKSPACE_BACKEND" "worker.workspaceBackend"
+  "CAIRN_WORKSPACE_PERSISTENT" "worker.workspacePersistent"
+  "CAIRN_BASE_IMAGE" "worker.baseImage"
+  "CAIRN_CAPTURE_EXCLUDE" "worker.captureExclude"
+  "CAIRN_REAPER_INTERVAL_SECONDS" "reaper.intervalSeconds"
+  "CAIRN_REAPER_BATCH" "reaper.batch"
+  "CAIRN_IDLE_HEAD_SECONDS" "reaper.retention.idleHeadSeconds"
+  "CAIRN_RECLAIM_AFTER_SECONDS" "reaper.retention.reclaimAfterSeconds"
+  "CAIRN_DESTROYED_GRACE_SECONDS" "reaper.retention.destroyedGraceSeconds"
+  "CAIRN_MEMORY_CHECKPOINT_SECONDS" "reaper.retention.memoryCheckpointSeconds"
   | toJson -}}
 {{- end -}}
 

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import traceback
 
 import yaml
@@ -28,6 +29,30 @@ ARTIFACTS_DIR = "/var/lib/cairn/artifacts"
 # Seconds a worker may take to exit after its drain, and the least margin the chart allows.
 WORKER_EXIT_AFTER_DRAIN = 1
 MIN_TERMINATION_MARGIN = 5
+
+# The reaper's settings and their defaults, which are the binary's own.
+REAPER_DEFAULTS = {
+    "CAIRN_REAPER_INTERVAL_SECONDS": "60",
+    "CAIRN_REAPER_BATCH": "1000",
+    "CAIRN_IDLE_HEAD_SECONDS": "1209600",
+    "CAIRN_RECLAIM_AFTER_SECONDS": "604800",
+    "CAIRN_DESTROYED_GRACE_SECONDS": "86400",
+    "CAIRN_MEMORY_CHECKPOINT_SECONDS": "259200",
+}
+# Where each reaper setting comes from in the values.
+REAPER_VALUES = {
+    "CAIRN_REAPER_INTERVAL_SECONDS": ("intervalSeconds",),
+    "CAIRN_REAPER_BATCH": ("batch",),
+    "CAIRN_IDLE_HEAD_SECONDS": ("retention", "idleHeadSeconds"),
+    "CAIRN_RECLAIM_AFTER_SECONDS": ("retention", "reclaimAfterSeconds"),
+    "CAIRN_DESTROYED_GRACE_SECONDS": ("retention", "destroyedGraceSeconds"),
+    "CAIRN_MEMORY_CHECKPOINT_SECONDS": ("retention", "memoryCheckpointSeconds"),
+}
+# The worker's snapshot settings rendered with their defaults (the binary's own).
+WORKER_SNAPSHOT_DEFAULTS = {
+    "CAIRN_WORKSPACE_BACKEND": "local",
+    "CAIRN_WORKSPACE_PERSISTENT": "false",
+}
 
 # Fake secret values: distinctive, so that finding one anywhere is never a coincidence.
 FAKE_SECRETS = {
@@ -207,6 +232,15 @@ def worker_container(docs):
     return [c for c in containers if c["name"] == "worker"][0]
 
 
+def reaper(docs):
+    return component(docs, "Deployment", "reaper")
+
+
+def reaper_container(docs):
+    containers = reaper(docs)["spec"]["template"]["spec"]["containers"]
+    return [c for c in containers if c["name"] == "reaper"][0]
+
+
 # ---------------------------------------------------------------- values and schema
 
 
@@ -270,6 +304,19 @@ def test_schema_rejects_unknown_and_bad_values():
         ["--set", "scheduler.sweepIntervalSeconds=0"],
         ["--set", "scheduler.sweepIntervalSeconds=3601"],
         ["--set", "global.deliveryLimit=0"],
+        ["--set", "reaper.intervalSeconds=0"],
+        ["--set", "reaper.intervalSeconds=86401"],
+        ["--set", "reaper.batch=0"],
+        ["--set", "reaper.batch=100001"],
+        ["--set", "reaper.retention.idleHeadSeconds=-1"],
+        ["--set", "reaper.retention.bogus=1"],
+        ["--set-string", "reaper.retention.reclaimAfterSeconds=7d"],
+        ["--set-string", "worker.workspacePersistent=yes"],
+        ["--set-string", "worker.workspaceBackend="],
+        ["--set-string", "worker.captureExclude[0]=a,b"],
+        ["--set-string", "worker.captureExclude[0]=build/out"],
+        # The reaper's drain setting is read but not used: the chart does not set it.
+        ["--set", "reaper.drainSeconds=30"],
         # Values no binary reads are gone, not ignored.
         ["--set", "worker.confinement.enabled=true"],
         ["--set-string", "global.artifactsUrl=s3://bucket/prefix"],
@@ -480,7 +527,7 @@ def test_hpa_values():
         assert hpas[name]["apiVersion"] == "autoscaling/v2"
         assert "replicas" not in dep["spec"], f"{comp}: replicas set next to an HPA"
     assert not of_kind(docs, "ScaledObject")
-    assert component(docs, "Deployment", "reaper")["spec"]["replicas"] == 1
+    assert component(docs, "Deployment", "reaper")["spec"]["replicas"] == 2, "the reaper is never autoscaled"
 
 
 def test_no_autoscaler_by_default():
@@ -638,6 +685,8 @@ def test_only_variables_the_binaries_read():
         for gone in ("CAIRN_CAPTURE_SECONDS", "CAIRN_CONFINEMENT"):
             assert gone not in text, f"{label}: {gone} is rendered but no binary reads it"
     assert {"CAIRN_KILL_GRACE_SECONDS", "CAIRN_ARTIFACTS_URL"} <= reads["worker"]
+    assert set(WORKER_SNAPSHOT_DEFAULTS) | {"CAIRN_BASE_IMAGE", "CAIRN_CAPTURE_EXCLUDE"} <= reads["worker"]
+    assert set(REAPER_DEFAULTS) <= reads["reaper"]
     assert "CAIRN_SWEEP_INTERVAL_SECONDS" in reads["scheduler"]
     assert not reads["reaper"] & {"CAIRN_REDIS_URL", "CAIRN_AMQP_URL", "CAIRN_ARTIFACTS_URL"}
 
@@ -676,6 +725,124 @@ def test_scheduler_settings():
     assert container_env(docs, c)["CAIRN_SWEEP_INTERVAL_SECONDS"] == "2.5"
     err = render_fails(["--set", "scheduler.drainSeconds=30"])
     assert "scheduler.drainSeconds (30) must be less than scheduler.terminationGracePeriodSeconds" in err, err
+
+
+# ---------------------------------------------------------------- reaper
+
+
+def test_reaper_leader_and_standby_by_default():
+    docs = render()
+    dep = reaper(docs)
+    assert dep["spec"]["replicas"] == 2, "a leader and a standby by default"
+    env = container_env(docs, reaper_container(docs))
+    assert env["CAIRN_REAPER_INTERVAL_SECONDS"] == "60", env.get("CAIRN_REAPER_INTERVAL_SECONDS")
+    for name, value in REAPER_DEFAULTS.items():
+        assert env[name] == value, f"{name}={env.get(name)!r}, expected the binary's default {value}"
+    # Its PodDisruptionBudget never lets a drain take both away.
+    pdb = component(docs, "PodDisruptionBudget", "reaper")
+    spec = pdb["spec"]
+    if "minAvailable" in spec:
+        assert int(spec["minAvailable"]) >= 1, spec
+    else:
+        assert isinstance(spec["maxUnavailable"], int), spec
+        assert dep["spec"]["replicas"] - spec["maxUnavailable"] >= 1, spec
+
+
+def check_reaper_settings(label, args):
+    docs = render(args)
+    values = effective_values(args)["reaper"]
+    env = container_env(docs, reaper_container(docs))
+    for name, path in REAPER_VALUES.items():
+        value = values
+        for part in path:
+            value = value[part]
+        assert float(env[name]) == float(value), f"{label}: {name}={env[name]!r}, values say {value!r}"
+        if name != "CAIRN_REAPER_INTERVAL_SECONDS":
+            assert re.fullmatch(r"[0-9]+", env[name]), f"{label}: {name}={env[name]!r} is not an integer"
+    assert reaper(docs)["spec"]["replicas"] == int(values["replicas"]), label
+    if label == "set":
+        assert env["CAIRN_REAPER_INTERVAL_SECONDS"] == "0.5", env["CAIRN_REAPER_INTERVAL_SECONDS"]
+
+
+def test_reaper_settings_follow_the_values():
+    # --set passes 0.5 as a string; a values file passes a number.
+    fd, fractional = tempfile.mkstemp(suffix=".yaml")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write("reaper:\n  intervalSeconds: 0.5\n")
+    cases = value_sets() + [(
+        "set",
+        ["-f", fractional, "--set", "reaper.batch=50", "--set", "reaper.replicas=1",
+         "--set", "reaper.retention.idleHeadSeconds=3600", "--set", "reaper.retention.reclaimAfterSeconds=0",
+         "--set", "reaper.retention.destroyedGraceSeconds=60", "--set", "reaper.retention.memoryCheckpointSeconds=120"],
+    )]
+    try:
+        for label, args in cases:
+            check_reaper_settings(label, args)
+    finally:
+        os.unlink(fractional)
+    # Large durations stay plain integers (never 1.2096e+06).
+    docs = render(["--set", "reaper.retention.idleHeadSeconds=31536000"])
+    assert container_env(docs, reaper_container(docs))["CAIRN_IDLE_HEAD_SECONDS"] == "31536000"
+    # The settings are the chart's: extraEnv and extraConfig may not shadow them.
+    err = render_fails(set_args({"reaper.extraEnv[0].name": "CAIRN_REAPER_INTERVAL_SECONDS",
+                                 "reaper.extraEnv[0].value": "5"}))
+    assert "set by the chart" in err and "reaper.intervalSeconds" in err, err
+    err = render_fails(set_args({"global.extraConfig.CAIRN_RECLAIM_AFTER_SECONDS": "0"}))
+    assert "reaper.retention.reclaimAfterSeconds" in err, err
+
+
+def test_reaper_mounts_the_shared_artifact_store():
+    for label, args in value_sets():
+        docs = render(args)
+        claim = effective_values(args)["worker"]["artifacts"].get("existingClaim")
+        spec = reaper(docs)["spec"]["template"]["spec"]
+        vols = {v["name"]: v for v in spec["volumes"]}
+        mounts = {m["mountPath"]: m for m in reaper_container(docs)["volumeMounts"]}
+        if not claim:
+            # Each worker's store is its own emptyDir: there is nothing to share.
+            assert ARTIFACTS_DIR not in mounts, f"{label}: reaper mounts {ARTIFACTS_DIR} without a shared claim"
+            assert not [v for v in vols.values() if "persistentVolumeClaim" in v], f"{label}: {vols}"
+            continue
+        # Snapshots record the workers' store URL; the reaper deletes through it, so it
+        # must see the same claim at the same path, writable.
+        w_env = container_env(docs, worker_container(docs))
+        assert w_env["CAIRN_ARTIFACTS_URL"] == ARTIFACTS_DIR, label
+        mount = mounts.get(ARTIFACTS_DIR)
+        assert mount, f"{label}: the reaper does not mount {ARTIFACTS_DIR}"
+        assert not mount.get("readOnly"), f"{label}: the reaper's store is read-only"
+        assert vols[mount["name"]]["persistentVolumeClaim"] == {"claimName": claim}, f"{label}: {vols[mount['name']]}"
+        w_vols = {v["name"]: v for v in worker(docs)["spec"]["template"]["spec"]["volumes"]}
+        w_mount = [m for m in worker_container(docs)["volumeMounts"] if m["mountPath"] == ARTIFACTS_DIR][0]
+        assert w_vols[w_mount["name"]]["persistentVolumeClaim"] == {"claimName": claim}, label
+        assert "CAIRN_ARTIFACTS_URL" not in container_env(docs, reaper_container(docs)), label
+
+
+# ---------------------------------------------------------------- worker snapshots
+
+
+def test_worker_snapshot_settings():
+    docs = render()
+    env = container_env(docs, worker_container(docs))
+    for name, value in WORKER_SNAPSHOT_DEFAULTS.items():
+        assert env[name] == value, f"{name}={env.get(name)!r}, expected the binary's default {value}"
+    for name in ("CAIRN_BASE_IMAGE", "CAIRN_CAPTURE_EXCLUDE"):
+        assert name not in env, f"{name} is rendered without a value"
+    docs = render(["-f", os.path.join(CI_DIR, "artifacts-claim-values.yaml")])
+    env = container_env(docs, worker_container(docs))
+    assert env["CAIRN_WORKSPACE_BACKEND"] == "kubernetes"
+    assert env["CAIRN_BASE_IMAGE"] == "registry.example.com/cairn:0.1.0"
+    assert env["CAIRN_CAPTURE_EXCLUDE"] == "node_modules,*.log"
+    docs = render(["--set", "worker.workspacePersistent=true", "--set-string", "worker.captureExclude[0]=target"])
+    env = container_env(docs, worker_container(docs))
+    assert env["CAIRN_WORKSPACE_PERSISTENT"] == "true"
+    assert env["CAIRN_CAPTURE_EXCLUDE"] == "target"
+    err = render_fails(set_args({"worker.extraEnv[0].name": "CAIRN_CAPTURE_EXCLUDE",
+                                 "worker.extraEnv[0].value": "*.tmp"}))
+    assert "worker.captureExclude" in err, err
+    for comp in ("scheduler", "reaper"):
+        c = component(render(), "Deployment", comp)["spec"]["template"]["spec"]["containers"][0]
+        names = set(container_env(render(), c))
+        assert not names & (set(WORKER_SNAPSHOT_DEFAULTS) | {"CAIRN_BASE_IMAGE", "CAIRN_CAPTURE_EXCLUDE"}), comp
 
 
 # ---------------------------------------------------------------- security
@@ -736,7 +903,7 @@ def test_commands_ports_and_probes():
         assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port_name}, comp
     svc = component(docs, "Service", "scheduler")
     assert svc["spec"]["ports"] == [{"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}]
-    assert component(docs, "Deployment", "reaper")["spec"]["replicas"] == 1, "the reaper has no sweeps yet"
+    assert component(docs, "Deployment", "reaper")["spec"]["replicas"] == 2, "a leader and a standby"
 
 
 def test_pod_disruption_budgets():
