@@ -25,3 +25,33 @@ pub fn validate_urls(
     }
     Ok(())
 }
+
+/// What every binary's `main` does after parsing and validating its configuration:
+/// tracing, a shutdown token for SIGTERM/SIGINT, the component's `run`, an exit status.
+pub async fn main<C, F, Fut, E>(
+    component: &str,
+    config: C,
+    log_format: crate::config::LogFormat,
+    run: F,
+) -> std::process::ExitCode
+where
+    F: FnOnce(C, tokio_util::sync::CancellationToken) -> Fut,
+    Fut: std::future::Future<Output = Result<(), E>>,
+    E: std::fmt::Display,
+{
+    crate::telemetry::init(log_format);
+    let shutdown = match crate::shutdown::on_signal() {
+        Ok(token) => token,
+        Err(e) => {
+            eprintln!("cannot install signal handlers: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match run(config, shutdown).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = format!("{e:#}"), "{component} failed");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

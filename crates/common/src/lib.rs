@@ -9,6 +9,7 @@
 //! - [`ticket`]: state changes of an execution request, shared by worker and sweeper.
 //! - [`policy`]: the saved-work recovery policy.
 //! - [`ids`]: the 32-lowercase-hex identifiers of runs, requests and actions.
+//! - [`leader`]: single-leader roles through an advisory lock on a dedicated connection.
 //! - [`lease`]: finite ownership leases: Postgres epoch (the fence) + Redis liveness key.
 //! - [`queue`]: RabbitMQ topology, connections and the manual-ack consumer.
 //! - [`outbox`]: the transactional outbox and its confirming relay.
@@ -29,6 +30,7 @@ pub mod digest;
 pub mod health;
 pub mod hold;
 pub mod ids;
+pub mod leader;
 pub mod lease;
 pub mod lineage;
 pub mod metrics;

@@ -11,6 +11,7 @@ pub mod retention;
 
 use anyhow::Context;
 use cairn_common::health::{self, Readiness};
+use cairn_common::leader::{pause, Leadership};
 use cairn_common::{db, metrics};
 pub use config::Config;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -19,7 +20,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use sqlx::{Connection, PgConnection, PgPool};
+use sqlx::PgPool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -183,29 +184,15 @@ async fn lead(
     shutdown: &CancellationToken,
 ) {
     let interval = Duration::from_secs_f64(config.interval_seconds);
-    let options = pool.connect_options().as_ref().clone();
     while !shutdown.is_cancelled() {
-        let mut leader = match PgConnection::connect_with(&options).await {
-            Ok(conn) => conn,
-            Err(e) => {
-                tracing::warn!(error = %e, "reaper cannot connect; retrying");
-                pause(interval, shutdown).await;
-                continue;
-            }
-        };
-        let won: Result<bool, _> = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
-            .bind(LEADER_LOCK)
-            .fetch_one(&mut leader)
-            .await;
-        if !matches!(won, Ok(true)) {
-            let _ = leader.close().await;
+        let Some(mut leadership) = Leadership::try_acquire(pool, LEADER_LOCK).await else {
             if config.once {
                 tracing::info!("another reaper leads; nothing to do");
                 return;
             }
             pause(interval, shutdown).await;
             continue;
-        }
+        };
         metrics.leader.set(1);
         tracing::info!(identity, "this reaper leads");
         while !shutdown.is_cancelled() {
@@ -236,23 +223,16 @@ async fn lead(
             if config.once {
                 break;
             }
-            if sqlx::query("SELECT 1").execute(&mut leader).await.is_err() {
+            if !leadership.still_held().await {
                 tracing::warn!("reaper lost its leader connection");
                 break;
             }
             pause(interval, shutdown).await;
         }
         metrics.leader.set(0);
-        let _ = leader.close().await;
+        leadership.release().await;
         if config.once {
             return;
         }
-    }
-}
-
-async fn pause(interval: Duration, shutdown: &CancellationToken) {
-    tokio::select! {
-        _ = tokio::time::sleep(interval) => {}
-        _ = shutdown.cancelled() => {}
     }
 }

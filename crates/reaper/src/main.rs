@@ -1,5 +1,4 @@
 use cairn_common::config::{exit_invalid, parse_or_exit};
-use cairn_common::{shutdown, telemetry};
 use cairn_reaper::Config;
 use std::process::ExitCode;
 
@@ -9,19 +8,6 @@ async fn main() -> ExitCode {
     if let Err(reason) = config.validate() {
         exit_invalid(reason);
     }
-    telemetry::init(config.log.log_format);
-    let shutdown = match shutdown::on_signal() {
-        Ok(token) => token,
-        Err(e) => {
-            eprintln!("cannot install signal handlers: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match cairn_reaper::run(config, shutdown).await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!(error = format!("{e:#}"), "reaper failed");
-            ExitCode::FAILURE
-        }
-    }
+    let log_format = config.log.log_format;
+    cairn_common::component::main("reaper", config, log_format, cairn_reaper::run).await
 }

@@ -10,12 +10,13 @@
 //!
 //! Every change moves the lease epoch on, so a paused former owner writes nothing.
 
+use cairn_common::leader::{pause, Leadership};
 use cairn_common::run::{JobKind, JobMessage, RequestState};
 use cairn_common::{outbox, queue::JobQueue, ticket};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use sqlx::postgres::PgConnection;
-use sqlx::{Connection, PgPool};
+use sqlx::PgPool;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -264,45 +265,23 @@ pub async fn run(
     metrics: SweeperMetrics,
     shutdown: CancellationToken,
 ) {
-    let options = pool.connect_options().as_ref().clone();
     while !shutdown.is_cancelled() {
-        // The lock lives on this dedicated connection: if it dies, leadership ends.
-        let mut leader = match PgConnection::connect_with(&options).await {
-            Ok(conn) => conn,
-            Err(e) => {
-                tracing::warn!(error = %e, "sweeper cannot connect; retrying");
-                pause(interval, &shutdown).await;
-                continue;
-            }
-        };
-        let won: Result<bool, _> = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
-            .bind(LEADER_LOCK)
-            .fetch_one(&mut leader)
-            .await;
-        if !matches!(won, Ok(true)) {
-            let _ = leader.close().await;
+        let Some(mut leadership) = Leadership::try_acquire(&pool, LEADER_LOCK).await else {
             pause(interval, &shutdown).await;
             continue;
-        }
+        };
         tracing::info!("this scheduler leads the lease sweeper");
         while !shutdown.is_cancelled() {
             if let Err(e) = sweep_once(&pool, 500, &metrics).await {
                 tracing::warn!(error = %e, "sweep failed");
             }
             // Still leader? A lost connection means another may have taken over.
-            if sqlx::query("SELECT 1").execute(&mut leader).await.is_err() {
+            if !leadership.still_held().await {
                 tracing::warn!("sweeper lost its leader connection");
                 break;
             }
             pause(interval, &shutdown).await;
         }
-        let _ = leader.close().await;
-    }
-}
-
-async fn pause(interval: Duration, shutdown: &CancellationToken) {
-    tokio::select! {
-        _ = tokio::time::sleep(interval) => {}
-        _ = shutdown.cancelled() => {}
+        leadership.release().await;
     }
 }
