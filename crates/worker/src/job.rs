@@ -426,7 +426,7 @@ impl Worker {
                 return Ok(JobOutcome::Failed(message));
             }
         };
-        let ending = self.run_steps(job, &subject, &mut held, stop, reason).await;
+        let ending = self.run_steps(job, &subject, &mut held, stop).await;
         let fenced = match &ending {
             Err(JobError::Lease(_)) => true,
             Ok(Ending::Interrupted) => matches!(reason.get(), Some(renewal::Reason::Fenced) | None),
@@ -469,9 +469,7 @@ impl Worker {
         subject: &Subject,
         held: &mut Held,
         stop: &CancellationToken,
-        reason: &StopReason,
     ) -> Result<Ending, JobError> {
-        let _ = reason;
         let workspace = held.workspace.clone();
         let workspace = &workspace;
         let request_id = job.lease.request_id;
