@@ -51,15 +51,7 @@ pub struct Isolation {
 impl Isolation {
     pub fn new(label: &str) -> Isolation {
         let prefix = testing::unique_prefix(label);
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_secs();
-        // The cairn_t_<time>_ form lets later runs drop what a killed run left behind.
-        let database_name = format!(
-            "cairn_t_{now}_{}",
-            &uuid::Uuid::new_v4().simple().to_string()[..12]
-        );
+        let database_name = testing::database_name();
         Isolation {
             database_url: format!("{}/{database_name}", server_url()),
             database_name,

@@ -412,11 +412,12 @@ async fn snapshot_bench(tree: Option<PathBuf>, files: usize, size_mib: u64) -> a
         }
         None => generate_tree(&src, files, size_mib)?,
     }
-    let bytes: u64 = walkdir_files(&src)?
+    let files_in_tree = walkdir_files(&src)?;
+    let bytes: u64 = files_in_tree
         .iter()
         .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
         .sum();
-    let count = walkdir_files(&src)?.len();
+    let count = files_in_tree.len();
     println!(
         "snapshot: {count} files, {:.0} MiB, {} cores; page cache warm for every tool",
         bytes as f64 / 1048576.0,

@@ -109,6 +109,20 @@ pub async fn end(conn: &mut PgConnection, hold_id: Uuid, reason: &str) -> Result
     Ok(())
 }
 
+/// Ends every active hold on a workspace (its task ended).
+pub async fn end_for_workspace(
+    conn: &mut PgConnection,
+    workspace_id: Uuid,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE holds SET ended_at = now(), end_reason = $2, capture_in_progress = FALSE WHERE workspace_id = $1 AND ended_at IS NULL")
+        .bind(workspace_id)
+        .bind(reason)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// The active hold on a workspace, if any.
 pub async fn active(
     conn: &mut PgConnection,

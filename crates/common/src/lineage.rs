@@ -203,6 +203,28 @@ pub async fn append(
     Ok(sequence)
 }
 
+/// Retires a work context's lineage (its task is done): the head and its current
+/// checkpoints leave reuse; the reaper reclaims them after the retention window.
+pub async fn retire(
+    conn: &mut PgConnection,
+    work_context: Uuid,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE lineage_heads SET retired_at = now() WHERE work_context_id = $1 AND retired_at IS NULL")
+        .bind(work_context)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query(
+        "UPDATE project_snapshots SET retention = 'retired', retired_at = now(), retire_reason = $2
+          WHERE work_context_id = $1 AND kind = 'checkpoint' AND retention = 'current'",
+    )
+    .bind(work_context)
+    .bind(reason)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// A ready snapshot that may be restored: its row, if usable.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Restorable {

@@ -146,16 +146,27 @@ pub struct TestDb {
 
 const STALE_TEST_DB_SECS: u64 = 6 * 3600;
 
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("clock after 1970")
+        .as_secs()
+}
+
+/// A unique test database name, `cairn_t_<unix time>_<id>`, so later runs can drop what
+/// a killed run left behind.
+pub fn database_name() -> String {
+    format!(
+        "cairn_t_{}_{}",
+        unix_now(),
+        &Uuid::new_v4().simple().to_string()[..12]
+    )
+}
+
 impl TestDb {
     pub async fn new() -> TestDb {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .expect("clock after 1970")
-            .as_secs();
-        let name = format!(
-            "cairn_t_{now}_{}",
-            &Uuid::new_v4().simple().to_string()[..12]
-        );
+        let now = unix_now();
+        let name = database_name();
         let admin = sqlx::PgPool::connect(&format!("{}/postgres", postgres_server_url()))
             .await
             .expect("connect to the PostgreSQL server");

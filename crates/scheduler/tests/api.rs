@@ -726,7 +726,7 @@ async fn stop_at_checkpoint(api: &Api, run_id: &str) -> (Uuid, Uuid) {
         .await
         .expect("receipt");
     let mut conn = api.pool().acquire().await.expect("conn");
-    let journal = api::continuation::journal_digest(&mut conn, request_id)
+    let journal = cairn_common::ticket::journal_digest(&mut conn, request_id)
         .await
         .expect("digest");
     sqlx::query(

@@ -728,35 +728,20 @@ impl Worker {
                     .bind(held.workspace_id)
                     .execute(&mut *tx)
                     .await?;
+                if terminal {
+                    // Any hold of a terminal task ends with it, in the same transaction.
+                    hold::end_for_workspace(&mut tx, held.workspace_id, "task_ended").await?;
+                }
             }
             if completed {
-                sqlx::query("UPDATE lineage_heads SET retired_at = now() WHERE work_context_id = $1 AND retired_at IS NULL")
-                    .bind(subject.work_context)
-                    .execute(&mut *tx)
-                    .await?;
-                sqlx::query(
-                    "UPDATE project_snapshots SET retention = 'retired', retired_at = now(), retire_reason = 'task_completed'
-                      WHERE work_context_id = $1 AND kind = 'checkpoint' AND retention = 'current'",
-                )
-                .bind(subject.work_context)
-                .execute(&mut *tx)
-                .await?;
+                lineage::retire(&mut tx, subject.work_context, "task_completed").await?;
             }
             tx.commit().await?;
             Ok::<_, CustodyError>(())
         }
         .await;
         match result {
-            Ok(()) if !keep => {
-                if terminal {
-                    // Any hold of a terminal task ends with it.
-                    let _ = sqlx::query("UPDATE holds SET ended_at = now(), end_reason = 'task_ended' WHERE workspace_id = $1 AND ended_at IS NULL")
-                        .bind(held.workspace_id)
-                        .execute(&self.pool)
-                        .await;
-                }
-                workspace::remove(&held.workspace).await
-            }
+            Ok(()) if !keep => workspace::remove(&held.workspace).await,
             Ok(()) => {
                 let _ = tokio::fs::remove_dir_all(&held.workspace.home).await;
                 tracing::info!(path = %held.workspace.root.display(), "uncaptured tree kept under a hold");

@@ -158,14 +158,6 @@ struct RequestFacts {
     operator_role: Option<String>,
 }
 
-/// Digest of the journal's receipts of a request: what a checkpoint retained.
-pub async fn journal_digest(
-    conn: &mut PgConnection,
-    request_id: Uuid,
-) -> Result<String, sqlx::Error> {
-    cairn_common::ticket::journal_digest(conn, request_id).await
-}
-
 async fn facts(
     conn: &mut PgConnection,
     run_id: Uuid,
@@ -263,7 +255,7 @@ async fn candidate(
             "the request's commands, wall time or deadline are spent",
         );
     }
-    let journal = journal_digest(conn, request_id).await?;
+    let journal = cairn_common::ticket::journal_digest(conn, request_id).await?;
 
     let mut retained_outcome = None;
     let mut report_digest = None;
@@ -435,105 +427,105 @@ struct ActionInput {
     raw: serde_json::Value,
 }
 
-fn check_common(
-    version: u32,
-    candidate_digest: &str,
-    valid_for_seconds: u32,
-    acks: &[(&str, bool)],
-) -> Result<(), ApiError> {
-    if version != 1 {
-        return Err(ApiError::unprocessable("version", "version must be 1"));
-    }
-    if !digest::is_digest(candidate_digest) {
-        return Err(ApiError::unprocessable(
-            "candidate_digest",
-            "a 64-character lowercase hex digest",
-        ));
-    }
-    if !(1..=MAX_WINDOW_SECONDS as u32).contains(&valid_for_seconds) {
-        return Err(ApiError::unprocessable(
-            "valid_for_seconds",
-            "from 1 to 7200",
-        ));
-    }
-    for (name, value) in acks {
-        if !value {
+impl ActionInput {
+    /// Checks what both version-1 bodies share and keeps the exact body for its digest.
+    fn validated<T: Serialize>(
+        body: &T,
+        version: u32,
+        candidate_digest: &str,
+        valid_for_seconds: u32,
+        acknowledgements: &[(&'static str, bool)],
+    ) -> Result<Self, ApiError> {
+        if version != 1 {
+            return Err(ApiError::unprocessable("version", "version must be 1"));
+        }
+        if !digest::is_digest(candidate_digest) {
+            return Err(ApiError::unprocessable(
+                "candidate_digest",
+                "a 64-character lowercase hex digest",
+            ));
+        }
+        if !(1..=MAX_WINDOW_SECONDS as u32).contains(&valid_for_seconds) {
+            return Err(ApiError::unprocessable(
+                "valid_for_seconds",
+                "from 1 to 7200",
+            ));
+        }
+        if let Some((name, _)) = acknowledgements.iter().find(|(_, given)| !given) {
             return Err(ApiError::unprocessable(
                 *name,
                 "this acknowledgement must be true",
             ));
         }
+        Ok(ActionInput {
+            candidate_digest: candidate_digest.to_string(),
+            valid_for_seconds,
+            raw: serde_json::to_value(body).unwrap_or_default(),
+        })
     }
-    Ok(())
 }
 
 impl TryFrom<CheckpointContinuationInputV1> for ActionInput {
     type Error = ApiError;
 
-    fn try_from(body: CheckpointContinuationInputV1) -> Result<Self, ApiError> {
-        check_common(
-            body.version,
-            &body.candidate_digest,
-            body.valid_for_seconds,
-            &[
-                (
-                    "acknowledge_retained_response_consumed_once",
-                    body.acknowledge_retained_response_consumed_once,
-                ),
-                (
-                    "acknowledge_no_completed_effect_replay",
-                    body.acknowledge_no_completed_effect_replay,
-                ),
-                (
-                    "acknowledge_same_request_attempt_and_budgets",
-                    body.acknowledge_same_request_attempt_and_budgets,
-                ),
-                (
-                    "acknowledge_finite_ownership_lease",
-                    body.acknowledge_finite_ownership_lease,
-                ),
-            ],
-        )?;
-        Ok(ActionInput {
-            candidate_digest: body.candidate_digest.clone(),
-            valid_for_seconds: body.valid_for_seconds,
-            raw: serde_json::to_value(&body).unwrap_or_default(),
-        })
+    fn try_from(b: CheckpointContinuationInputV1) -> Result<Self, ApiError> {
+        let acknowledgements = [
+            (
+                "acknowledge_retained_response_consumed_once",
+                b.acknowledge_retained_response_consumed_once,
+            ),
+            (
+                "acknowledge_no_completed_effect_replay",
+                b.acknowledge_no_completed_effect_replay,
+            ),
+            (
+                "acknowledge_same_request_attempt_and_budgets",
+                b.acknowledge_same_request_attempt_and_budgets,
+            ),
+            (
+                "acknowledge_finite_ownership_lease",
+                b.acknowledge_finite_ownership_lease,
+            ),
+        ];
+        Self::validated(
+            &b,
+            b.version,
+            &b.candidate_digest,
+            b.valid_for_seconds,
+            &acknowledgements,
+        )
     }
 }
 
 impl TryFrom<FinalOutcomeContinuationInputV1> for ActionInput {
     type Error = ApiError;
 
-    fn try_from(body: FinalOutcomeContinuationInputV1) -> Result<Self, ApiError> {
-        check_common(
-            body.version,
-            &body.candidate_digest,
-            body.valid_for_seconds,
-            &[
-                (
-                    "acknowledge_already_consumed_final_output",
-                    body.acknowledge_already_consumed_final_output,
-                ),
-                (
-                    "acknowledge_no_completed_effect_replay",
-                    body.acknowledge_no_completed_effect_replay,
-                ),
-                (
-                    "acknowledge_same_request_attempt_and_budgets",
-                    body.acknowledge_same_request_attempt_and_budgets,
-                ),
-                (
-                    "acknowledge_finite_ownership_lease",
-                    body.acknowledge_finite_ownership_lease,
-                ),
-            ],
-        )?;
-        Ok(ActionInput {
-            candidate_digest: body.candidate_digest.clone(),
-            valid_for_seconds: body.valid_for_seconds,
-            raw: serde_json::to_value(&body).unwrap_or_default(),
-        })
+    fn try_from(b: FinalOutcomeContinuationInputV1) -> Result<Self, ApiError> {
+        let acknowledgements = [
+            (
+                "acknowledge_already_consumed_final_output",
+                b.acknowledge_already_consumed_final_output,
+            ),
+            (
+                "acknowledge_no_completed_effect_replay",
+                b.acknowledge_no_completed_effect_replay,
+            ),
+            (
+                "acknowledge_same_request_attempt_and_budgets",
+                b.acknowledge_same_request_attempt_and_budgets,
+            ),
+            (
+                "acknowledge_finite_ownership_lease",
+                b.acknowledge_finite_ownership_lease,
+            ),
+        ];
+        Self::validated(
+            &b,
+            b.version,
+            &b.candidate_digest,
+            b.valid_for_seconds,
+            &acknowledgements,
+        )
     }
 }
 
