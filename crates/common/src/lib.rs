@@ -17,6 +17,7 @@
 //! - [`snapshot`]: content-defined chunking, manifests, capture and verified restore.
 //! - [`lineage`]: snapshot records, checkpoint lineage (compare-and-set appends), restores.
 //! - [`hold`]: durable holds on live workspaces.
+//! - [`verification`]: frozen checks of a verification handoff, purposes and digests.
 //! - [`health`]: `/healthz`, `/readyz` and `/metrics` for every binary.
 //! - [`metrics`]: the Prometheus registry shared by a process.
 //! - [`shutdown`]: SIGTERM/SIGINT turned into a cancellation token.
@@ -46,3 +47,4 @@ pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod ticket;
+pub mod verification;

@@ -155,3 +155,54 @@ pub async fn set_action_status(
         .await?;
     Ok(())
 }
+
+/// Sets the status of a verification adoption (and its reason, when one is given).
+pub async fn set_adoption_status(
+    conn: &mut PgConnection,
+    adoption_id: Uuid,
+    status: &str,
+    reason: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE verification_adoptions SET status = $2, stop_reason = COALESCE($3, stop_reason), updated_at = now() WHERE id = $1",
+    )
+    .bind(adoption_id)
+    .bind(status)
+    .bind(reason)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Queues an adopted verification again (same adoption, the given attempt), fencing out
+/// whoever held it: a worker's drain, or the lease sweeper after a lapse.
+pub async fn requeue_verification(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    request_id: Uuid,
+    adoption_id: Uuid,
+    attempt: i32,
+) -> Result<(), sqlx::Error> {
+    fence_out(&mut *conn, request_id).await?;
+    sqlx::query("UPDATE execution_requests SET attempt = $2, queued_at = now() WHERE id = $1")
+        .bind(request_id)
+        .bind(attempt)
+        .execute(&mut *conn)
+        .await?;
+    set_state(&mut *conn, request_id, RequestState::Queued, None, None).await?;
+    set_adoption_status(&mut *conn, adoption_id, "queued", None).await?;
+    let message = JobMessage {
+        kind: JobKind::Verification,
+        run_id,
+        request_id,
+        action_id: Some(adoption_id),
+        attempt: Some(attempt),
+    };
+    outbox::enqueue(
+        &mut *conn,
+        JobQueue::Verifications.routing_key(),
+        &serde_json::to_value(message).unwrap_or_default(),
+    )
+    .await?;
+    Ok(())
+}

@@ -6,6 +6,8 @@
 //! - A run whose retained final report was never accepted needs reconciliation.
 //! - A checkpoint continuation whose finite lease or window ended stops at its checkpoint
 //!   again; only another reviewed continuation takes it further.
+//! - A verification gets another attempt of the same adoption; with attempts spent, its
+//!   handoff waits for a new adoption.
 //! - A claim that never started (lapsed while still `queued`) is announced again.
 //!
 //! Every change moves the lease epoch on, so a paused former owner writes nothing.
@@ -92,6 +94,8 @@ struct Lapsed {
     executing_action: Option<Uuid>,
     queued_action_id: Option<Uuid>,
     queued_action_kind: Option<String>,
+    executing_verification: Option<Uuid>,
+    queued_verification: Option<Uuid>,
 }
 
 /// One sweep, in one transaction per batch. Safe to run concurrently with itself
@@ -111,7 +115,11 @@ pub async fn sweep_once(
                   AS report_unaccepted,
                 (SELECT a.id FROM continuation_actions a WHERE a.request_id = e.id AND a.status = 'executing'
                   ORDER BY a.created_at DESC LIMIT 1) AS executing_action,
-                q.id AS queued_action_id, q.kind AS queued_action_kind
+                q.id AS queued_action_id, q.kind AS queued_action_kind,
+                (SELECT v.id FROM verification_adoptions v WHERE v.execution_request_id = e.id AND v.status = 'executing'
+                  ORDER BY v.created_at DESC LIMIT 1) AS executing_verification,
+                (SELECT v.id FROM verification_adoptions v WHERE v.execution_request_id = e.id AND v.status = 'queued'
+                  ORDER BY v.created_at DESC LIMIT 1) AS queued_verification
            FROM execution_requests e
            LEFT JOIN LATERAL (SELECT a.id, a.kind FROM continuation_actions a
                                WHERE a.request_id = e.id AND a.status = 'queued'
@@ -190,10 +198,19 @@ async fn handle_lapsed(
         if let Some(action) = l.executing_action {
             ticket::set_action_status(&mut *conn, action, "failed").await?;
         }
+        if let Some(adoption) = l.executing_verification {
+            ticket::set_adoption_status(&mut *conn, adoption, "cancelled", Some("cancelled"))
+                .await?;
+        }
         report.cancelled += 1;
         return Ok(());
     }
     match state {
+        Some(RequestState::Queued) if l.queued_verification.is_some() => {
+            let adoption = l.queued_verification.unwrap_or_default();
+            ticket::requeue_verification(&mut *conn, l.run_id, l.id, adoption, l.attempt).await?;
+            report.reannounced += 1;
+        }
         Some(RequestState::Queued) => {
             // Claimed, then lost before it started: announce it again, same attempt.
             ticket::fence_out(&mut *conn, l.id).await?;
@@ -227,7 +244,9 @@ async fn handle_lapsed(
             report.reannounced += 1;
         }
         Some(RequestState::Executing) => {
-            if let Some(action) = l.executing_action {
+            if let Some(adoption) = l.executing_verification {
+                lapsed_verification(&mut *conn, l, adoption, report).await?;
+            } else if let Some(action) = l.executing_action {
                 ticket::set_action_status(&mut *conn, action, "failed").await?;
                 ticket::stop_at_checkpoint(&mut *conn, l.id, "continuation_lease_expired").await?;
                 report.stopped += 1;
@@ -255,6 +274,48 @@ async fn handle_lapsed(
         // Someone claimed a request with nothing to do and vanished: just clear it.
         _ => ticket::fence_out(&mut *conn, l.id).await?,
     }
+    Ok(())
+}
+
+/// A verification whose worker vanished: another attempt of the same adoption while
+/// attempts remain (checks with results are not run again); then the handoff waits for a
+/// new adoption, and the request says why.
+async fn lapsed_verification(
+    conn: &mut PgConnection,
+    l: &Lapsed,
+    adoption: Uuid,
+    report: &mut SweepReport,
+) -> Result<(), sqlx::Error> {
+    if l.attempt < l.max_attempts {
+        ticket::requeue_verification(&mut *conn, l.run_id, l.id, adoption, l.attempt + 1).await?;
+        tracing::info!(request_id = %l.id, attempt = l.attempt + 1, "verification lease lapsed; queued again");
+        report.requeued += 1;
+        return Ok(());
+    }
+    ticket::fence_out(&mut *conn, l.id).await?;
+    ticket::set_adoption_status(
+        &mut *conn,
+        adoption,
+        "failed",
+        Some("verification_attempts_exhausted"),
+    )
+    .await?;
+    sqlx::query(
+        "UPDATE verification_handoffs SET state = 'pending', updated_at = now()
+          WHERE id = (SELECT handoff_id FROM verification_adoptions WHERE id = $1)",
+    )
+    .bind(adoption)
+    .execute(&mut *conn)
+    .await?;
+    ticket::set_state(
+        &mut *conn,
+        l.id,
+        RequestState::AwaitingVerification,
+        Some("verification_attempts_exhausted"),
+        None,
+    )
+    .await?;
+    report.stopped += 1;
     Ok(())
 }
 

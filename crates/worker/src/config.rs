@@ -69,6 +69,11 @@ pub struct Config {
     /// Largest captured output of one stream of one step, kept as an artifact.
     #[arg(long, env = "CAIRN_OUTPUT_MAX_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub output_max_bytes: u64,
+    /// How verification checks are confined: `auto` (a network namespace with only
+    /// loopback where the host allows one, otherwise unconfined and never reusable),
+    /// `required` (an unconfinable check fails the verification) or `off`.
+    #[arg(long, env = "CAIRN_VERIFY_CONFINEMENT", value_enum, default_value_t = crate::confine::Mode::Auto)]
+    pub verify_confinement: crate::confine::Mode,
     /// Bytes of the end of each stream kept with the receipt in the database.
     #[arg(long, env = "CAIRN_OUTPUT_TAIL_BYTES", default_value_t = 4096)]
     pub output_tail_bytes: usize,

@@ -1,4 +1,4 @@
-//! Consumes `cairn.runs` and `cairn.continuations`: at most `concurrency` jobs at once,
+//! Consumes `cairn.runs`, `cairn.continuations` and `cairn.verifications`: at most `concurrency` jobs at once,
 //! each delivery acked only after its request was claimed durably. Reconnects to
 //! RabbitMQ with backoff when the broker goes away.
 
@@ -69,25 +69,18 @@ impl Consumer {
             .declare(&channel)
             .await
             .map_err(|e| e.to_string())?;
-        let tag_runs = format!("{}-runs", self.worker.settings.worker_id);
-        let tag_continuations = format!("{}-continuations", self.worker.settings.worker_id);
-        let runs = queue::consume(
-            &channel,
-            &self.topology.queue(JobQueue::Runs),
-            &tag_runs,
-            self.prefetch,
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-        let continuations = queue::consume(
-            &channel,
-            &self.topology.queue(JobQueue::Continuations),
-            &tag_continuations,
-            self.prefetch,
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-        let mut deliveries = futures::stream::select(runs, continuations);
+        let mut consumers = Vec::with_capacity(JobQueue::ALL.len());
+        let mut tags = Vec::with_capacity(JobQueue::ALL.len());
+        for queue in JobQueue::ALL {
+            let tag = format!("{}-{}", self.worker.settings.worker_id, queue.routing_key());
+            let consumer =
+                queue::consume(&channel, &self.topology.queue(queue), &tag, self.prefetch)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            consumers.push(consumer);
+            tags.push(tag);
+        }
+        let mut deliveries = futures::stream::select_all(consumers);
         self.status.set(true);
         tracing::info!(
             concurrency = self.concurrency,
@@ -119,15 +112,11 @@ impl Consumer {
         // Stop taking deliveries; prefetched, unstarted ones return to the queue when the
         // channel closes. Running jobs acked right after their claim and need it no more
         // (a job caught between claim and ack is redelivered and found claimed).
-        let _ = channel
-            .basic_cancel(tag_runs.as_str().into(), BasicCancelOptions::default())
-            .await;
-        let _ = channel
-            .basic_cancel(
-                tag_continuations.as_str().into(),
-                BasicCancelOptions::default(),
-            )
-            .await;
+        for tag in &tags {
+            let _ = channel
+                .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+                .await;
+        }
         let _ = connection.close(200, "worker stopping".into()).await;
         self.status.set(false);
         result

@@ -7,6 +7,7 @@ use crate::metrics::WorkerMetrics;
 use crate::renewal::{self, StopReason};
 use crate::report;
 use crate::step::{self, Interruption, StepCommand, StepOutcome};
+use crate::verification;
 use crate::workspace::Workspace;
 use cairn_common::lease::{Lease, LeaseError, Leases};
 use cairn_common::outbox;
@@ -31,6 +32,7 @@ pub struct JobSettings {
     pub output_max_bytes: u64,
     pub output_tail_bytes: usize,
     pub kill_grace: Duration,
+    pub confinement: crate::confine::Policy,
 }
 
 /// How a delivery ended, for logs, metrics and tests.
@@ -67,27 +69,34 @@ enum Ending {
     Interrupted,
 }
 
+/// A final report as the worker retains it.
+pub struct RetainedReport {
+    report: report::FinalReport,
+    body: serde_json::Value,
+    source_digest: Option<String>,
+}
+
 /// A claimed request, ready to run.
 pub struct Claimed {
-    lease: Lease,
-    kind: JobKind,
-    action_id: Option<Uuid>,
-    run_id: Uuid,
-    attempt: i32,
-    steps: Vec<StepSpec>,
-    repository: Option<String>,
-    git_ref: Option<String>,
-    max_commands: i32,
-    max_wall_ms: i64,
-    used_commands: i32,
-    used_wall_ms: i64,
-    agent: String,
-    work_context: Uuid,
-    deadline: Option<chrono::DateTime<chrono::Utc>>,
+    pub(crate) lease: Lease,
+    pub(crate) kind: JobKind,
+    pub(crate) action_id: Option<Uuid>,
+    pub(crate) run_id: Uuid,
+    pub(crate) attempt: i32,
+    pub(crate) steps: Vec<StepSpec>,
+    pub(crate) repository: Option<String>,
+    pub(crate) git_ref: Option<String>,
+    pub(crate) max_commands: i32,
+    pub(crate) max_wall_ms: i64,
+    pub(crate) used_commands: i32,
+    pub(crate) used_wall_ms: i64,
+    pub(crate) agent: String,
+    pub(crate) work_context: Uuid,
+    pub(crate) deadline: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 impl Claimed {
-    fn subject(&self) -> Subject {
+    pub(crate) fn subject(&self) -> Subject {
         Subject {
             request_id: self.lease.request_id,
             run_id: self.run_id,
@@ -170,10 +179,14 @@ impl Worker {
         .fetch_one(&mut *tx)
         .await?;
         let queued = row.state == RequestState::Queued.as_str() && row.kind == "run";
+        // A reviewed continuation or an adopted verification that owns the ticket now.
         let pending_action: Option<(Uuid, String)> = sqlx::query_as(
-            "SELECT id, kind FROM continuation_actions
-              WHERE request_id = $1 AND status = 'queued' AND window_ends_at > now()
-              ORDER BY created_at DESC LIMIT 1",
+            "(SELECT id, kind, created_at FROM continuation_actions
+               WHERE request_id = $1 AND status = 'queued' AND window_ends_at > now())
+             UNION ALL
+             (SELECT id, 'verification', created_at FROM verification_adoptions
+               WHERE execution_request_id = $1 AND status = 'queued')
+             ORDER BY created_at DESC LIMIT 1",
         )
         .bind(lease.request_id)
         .fetch_optional(&mut *tx)
@@ -182,17 +195,20 @@ impl Worker {
         let work = match message.kind {
             // A plain run message is stale once a reviewed continuation owns the ticket.
             JobKind::Run if queued && pending_action.is_none() => true,
-            JobKind::CheckpointContinuation | JobKind::FinalOutcomeContinuation => {
+            JobKind::CheckpointContinuation
+            | JobKind::FinalOutcomeContinuation
+            | JobKind::Verification => {
                 let expected = match message.kind {
                     JobKind::CheckpointContinuation => "checkpoint_continuation",
-                    _ => "final_outcome_continuation",
+                    JobKind::FinalOutcomeContinuation => "final_outcome_continuation",
+                    _ => "verification",
                 };
                 queued
                     && pending_action.as_ref().is_some_and(|(id, kind)| {
                         Some(*id) == message.action_id && kind == expected
                     })
             }
-            _ => false,
+            JobKind::Run => false,
         };
         if !work {
             self.leases.release_in(&mut tx, &lease).await?;
@@ -217,8 +233,13 @@ impl Worker {
                 )
             };
             ticket::set_state(&mut tx, lease.request_id, state, Some(reason), None).await?;
-            if let Some((action_id, _)) = pending_action {
-                ticket::set_action_status(&mut tx, action_id, "failed").await?;
+            if let Some((action_id, kind)) = pending_action {
+                if kind == "verification" {
+                    ticket::set_adoption_status(&mut tx, action_id, "cancelled", Some(reason))
+                        .await?;
+                } else {
+                    ticket::set_action_status(&mut tx, action_id, "failed").await?;
+                }
             }
             self.leases.release_in(&mut tx, &lease).await?;
             tx.commit().await?;
@@ -251,13 +272,19 @@ impl Worker {
             None,
         )
         .await?;
-        if let Some(action_id) = message.action_id {
-            ticket::set_action_status(&mut tx, action_id, "executing").await?;
-            sqlx::query("UPDATE continuation_actions SET claimed_epoch = $2 WHERE id = $1")
-                .bind(action_id)
-                .bind(lease.epoch)
-                .execute(&mut *tx)
-                .await?;
+        match (message.kind, message.action_id) {
+            (JobKind::Verification, Some(adoption_id)) => {
+                verification::claim_adoption(&mut tx, adoption_id, lease.epoch).await?;
+            }
+            (_, Some(action_id)) => {
+                ticket::set_action_status(&mut tx, action_id, "executing").await?;
+                sqlx::query("UPDATE continuation_actions SET claimed_epoch = $2 WHERE id = $1")
+                    .bind(action_id)
+                    .bind(lease.epoch)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            (_, None) => {}
         }
         tx.commit().await?;
         let steps: Vec<StepSpec> = serde_json::from_value(row.steps).unwrap_or_default();
@@ -287,8 +314,8 @@ impl Worker {
         lease: &Lease,
         action_id: Option<Uuid>,
     ) -> Result<JobOutcome, JobError> {
-        let report: Option<(String, Option<String>)> = sqlx::query_as(
-            "SELECT outcome, followup_kind FROM final_reports WHERE request_id = $1",
+        let report: Option<(String, Option<String>, serde_json::Value, Option<String>)> = sqlx::query_as(
+            "SELECT outcome, followup_kind, body, source_digest FROM final_reports WHERE request_id = $1",
         )
         .bind(lease.request_id)
         .fetch_optional(&mut *conn)
@@ -304,7 +331,8 @@ impl Worker {
             (Some(_), Ok(done)) => done.rows_affected() == 1,
             _ => false,
         };
-        let Some((outcome, followup_kind)) = report.filter(|_| consumed) else {
+        let Some((outcome, followup_kind, body, source_digest)) = report.filter(|_| consumed)
+        else {
             ticket::set_state(
                 &mut *conn,
                 lease.request_id,
@@ -328,7 +356,16 @@ impl Worker {
         .bind(json!({"outcome": outcome, "followup_kind": followup_kind, "action_id": action_id, "worker": self.settings.worker_id}))
         .execute(&mut *conn)
         .await?;
-        let verification = followup_kind.as_deref() == Some("verification");
+        let verification = followup_kind.as_deref() == Some(report::VERIFICATION);
+        if verification {
+            verification::open_handoff(
+                &mut *conn,
+                lease.request_id,
+                &body,
+                source_digest.as_deref(),
+            )
+            .await?;
+        }
         let state = if verification {
             RequestState::AwaitingVerification
         } else {
@@ -411,6 +448,9 @@ impl Worker {
         stop: &CancellationToken,
         reason: &StopReason,
     ) -> Result<JobOutcome, JobError> {
+        if job.kind == JobKind::Verification {
+            return self.run_verification(job, stop, reason).await;
+        }
         if job.steps.is_empty() {
             // Nothing to run, so no workspace to make.
             return self.complete(job).await;
@@ -573,7 +613,7 @@ impl Worker {
             }
             used_wall_ms += outcome.wall_ms;
             let final_report = if index == last && outcome.succeeded() {
-                match report::read(&workspace.report_file).await {
+                match self.read_report(workspace).await {
                     Ok(report) => report,
                     Err(message) => {
                         self.write_receipt(job, step, &outcome, None).await?;
@@ -598,6 +638,27 @@ impl Worker {
             }
         }
         Ok(Ending::Complete)
+    }
+
+    /// Reads the final report; one that asks for verification is retained with the
+    /// digest of the source its checks will verify.
+    async fn read_report(&self, workspace: &Workspace) -> Result<Option<RetainedReport>, String> {
+        let Some((report, body)) = report::read(&workspace.report_file).await? else {
+            return Ok(None);
+        };
+        let source_digest = if report.asks_for_verification() {
+            let scope = crate::scope::measure(&workspace.root, &self.custody.rules)
+                .await
+                .map_err(|e| format!("cannot measure the source to verify: {e}"))?;
+            Some(scope.source_digest)
+        } else {
+            None
+        };
+        Ok(Some(RetainedReport {
+            report,
+            body,
+            source_digest,
+        }))
     }
 
     async fn paused_by_report(&self, request_id: Uuid) -> bool {
@@ -657,6 +718,7 @@ impl Worker {
             max_output: self.settings.output_max_bytes,
             tail_bytes: self.settings.output_tail_bytes,
             kill_grace: self.settings.kill_grace,
+            isolate_network: false,
         }
     }
 
@@ -665,7 +727,7 @@ impl Worker {
         job: &Claimed,
         step: &StepSpec,
         outcome: &StepOutcome,
-        final_report: Option<&(report::FinalReport, serde_json::Value)>,
+        final_report: Option<&RetainedReport>,
     ) -> Result<(), JobError> {
         let mut tx = job.lease.begin_fenced(&self.pool).await?;
         sqlx::query(
@@ -697,17 +759,19 @@ impl Worker {
         .bind(outcome.cpu_ms)
         .execute(&mut *tx)
         .await?;
-        if let Some((report, body)) = final_report {
+        if let Some(retained) = final_report {
             // Retained with the last receipt; accepted (consumed) separately, once.
             sqlx::query(
-                "INSERT INTO final_reports (request_id, outcome, followup_kind, body, lease_epoch) VALUES ($1, $2, $3, $4, $5)
+                "INSERT INTO final_reports (request_id, outcome, followup_kind, body, lease_epoch, source_digest)
+                 VALUES ($1, $2, $3, $4, $5, $6)
                  ON CONFLICT (request_id) DO NOTHING",
             )
             .bind(job.lease.request_id)
-            .bind(report.outcome.as_str())
-            .bind(&report.followup_kind)
-            .bind(body)
+            .bind(retained.report.outcome.as_str())
+            .bind(&retained.report.followup_kind)
+            .bind(&retained.body)
             .bind(job.lease.epoch)
+            .bind(&retained.source_digest)
             .execute(&mut *tx)
             .await?;
         }
@@ -859,7 +923,8 @@ impl Worker {
     }
 }
 
-fn spawn_failure(message: &str) -> StepOutcome {
+/// The outcome recorded for a command that could not start.
+pub(crate) fn spawn_failure(message: &str) -> StepOutcome {
     StepOutcome {
         exit_code: None,
         signal: None,

@@ -7,18 +7,24 @@
 //! - [`job`]: claim, plan execution, journal writes, completion and hand-back.
 //! - [`renewal`]: the lease keeper that renews, self-fences and notices cancellation.
 //! - [`step`]: running one command: process group, environment, timeout, output, usage.
+//! - [`verification`]: verification handoffs: frozen checks, confined runs, reuse.
+//! - [`confine`]: the network namespace a verification check runs in.
+//! - [`scope`]: the digests a check's reuse is bound to (source, lock files, env, runner).
 //! - [`workspace`]: the working directory of a request.
 //! - [`report`]: the typed final report.
 //! - [`metrics`]: the worker's metrics.
 
 pub mod config;
+pub mod confine;
 pub mod consumer;
 pub mod custody;
 pub mod job;
 pub mod metrics;
 pub mod renewal;
 pub mod report;
+pub mod scope;
 pub mod step;
+pub mod verification;
 pub mod workspace;
 
 use anyhow::Context;
@@ -94,6 +100,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             output_max_bytes: config.output_max_bytes,
             output_tail_bytes: config.output_tail_bytes,
             kill_grace: Duration::from_secs(config.kill_grace_seconds),
+            confinement: confine::Policy::resolve(config.verify_confinement),
         },
         custody,
         metrics,

@@ -1,12 +1,42 @@
 //! The typed final report a run's last step may write to `$CAIRN_REPORT_FILE`.
 
+use cairn_common::verification::VerificationRequest;
 use serde::Deserialize;
+
+/// What asks for a verification handoff.
+pub const VERIFICATION: &str = "verification";
 
 #[derive(Debug, Clone, Deserialize)]
 pub struct FinalReport {
     pub outcome: Outcome,
     #[serde(default)]
     pub followup_kind: Option<String>,
+    /// The frozen checks, when `followup_kind` is `verification`.
+    #[serde(default)]
+    pub verification: Option<VerificationRequest>,
+}
+
+impl FinalReport {
+    pub fn asks_for_verification(&self) -> bool {
+        self.followup_kind.as_deref() == Some(VERIFICATION)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        match (&self.verification, self.asks_for_verification()) {
+            (Some(request), true) => request
+                .validate("verification.")
+                .map_err(|e| format!("invalid final report: {}: {}", e.field, e.message)),
+            (None, true) => Err(
+                "invalid final report: followup_kind verification needs verification.commands"
+                    .into(),
+            ),
+            (Some(_), false) => Err(
+                "invalid final report: verification is given but followup_kind is not verification"
+                    .into(),
+            ),
+            (None, false) => Ok(()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -46,5 +76,6 @@ pub async fn read(
         serde_json::from_slice(&bytes).map_err(|e| format!("the final report is not JSON: {e}"))?;
     let report: FinalReport =
         serde_json::from_value(body.clone()).map_err(|e| format!("invalid final report: {e}"))?;
+    report.validate()?;
     Ok(Some((report, body)))
 }

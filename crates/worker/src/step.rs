@@ -29,6 +29,8 @@ pub struct StepCommand {
     pub max_output: u64,
     pub tail_bytes: usize,
     pub kill_grace: Duration,
+    /// Start in a new network namespace with only loopback (verification checks).
+    pub isolate_network: bool,
 }
 
 /// Why a step stopped early.
@@ -83,7 +85,7 @@ pub enum StepError {
 }
 
 /// A PATH for steps that set none: the environment is cleared, not empty-handed.
-const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Runs a step to its end, its timeout, or `stop`.
 pub async fn run(
@@ -108,6 +110,9 @@ pub async fn run(
         cmd.env("PATH", DEFAULT_PATH);
     }
     die_with_parent(&mut cmd);
+    if command.isolate_network {
+        crate::confine::isolate_network(&mut cmd);
+    }
     let started = Instant::now();
     let mut child = cmd.spawn().map_err(|source| StepError::Spawn {
         program: program.clone(),
@@ -326,6 +331,7 @@ mod tests {
             max_output: 16,
             tail_bytes: 8,
             kill_grace: Duration::from_millis(200),
+            isolate_network: false,
         }
     }
 

@@ -50,7 +50,7 @@ impl Workspace {
 
 const GIT_TIMEOUT: Duration = Duration::from_secs(600);
 
-async fn git_output(
+pub(crate) async fn git_output(
     step: &'static str,
     args: &[&str],
     cwd: Option<&Path>,

@@ -3,7 +3,8 @@
 //! - [`error`]: the error body every route shares.
 //! - [`json`]: the strict JSON extractor.
 //! - [`auth`]: tokens and roles.
-//! - [`runs`], [`policy`], [`continuation`], [`tokens`], [`credentials`]: the routes.
+//! - [`runs`], [`policy`], [`continuation`], [`verification`], [`tokens`], [`credentials`]:
+//!   the routes.
 //! - [`openapi`]: the generated OpenAPI document.
 
 pub mod auth;
@@ -15,6 +16,7 @@ pub mod openapi;
 pub mod policy;
 pub mod runs;
 pub mod tokens;
+pub mod verification;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
@@ -31,6 +33,7 @@ use uuid::Uuid;
 pub struct ApiMetrics {
     pub runs_admitted: Counter,
     pub continuations_admitted: Counter,
+    pub verifications_adopted: Counter,
 }
 
 impl ApiMetrics {
@@ -45,6 +48,11 @@ impl ApiMetrics {
             "continuations_admitted",
             "Reviewed continuation actions admitted",
             metrics.continuations_admitted.clone(),
+        );
+        registry.register(
+            "verifications_adopted",
+            "Verification handoffs adopted (each queued on the same ticket)",
+            metrics.verifications_adopted.clone(),
         );
         metrics
     }
@@ -116,6 +124,18 @@ pub fn router(state: AppState) -> Router {
         .route(
             &format!("{final_outcome}/status"),
             get(continuation::final_status),
+        )
+        .route(
+            "/api/v1/runs/{run_id}/verification-handoffs/candidates",
+            get(verification::candidates),
+        )
+        .route(
+            "/api/v1/runs/{run_id}/verification-handoffs/adoptions",
+            post(verification::adopt),
+        )
+        .route(
+            "/api/v1/runs/{run_id}/verification-handoffs/adoptions/{request_id}",
+            get(verification::adoption),
         )
         .route(
             "/api/v1/agents/{agent}/credentials/rotate",

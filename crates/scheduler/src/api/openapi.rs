@@ -1,18 +1,19 @@
 //! The OpenAPI 3 document, generated from the handlers' annotations and types.
 
-use super::{continuation, credentials, error, policy, runs, tokens};
+use super::{continuation, credentials, error, policy, runs, tokens, verification};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Cairn scheduler API", description = "Admission of runs and reviewed continuations."),
+    info(title = "Cairn scheduler API", description = "Admission of runs, reviewed continuations and verification handoffs."),
     paths(
         runs::submit, runs::submit_batch, runs::list, runs::show, runs::cancel,
         runs::execution_requests, runs::journal,
         policy::get_policy, policy::put_policy,
         continuation::checkpoint_candidate, continuation::checkpoint_action, continuation::checkpoint_status,
         continuation::final_candidate, continuation::final_action, continuation::final_status,
+        verification::candidates, verification::adopt, verification::adoption,
         tokens::create, tokens::revoke, credentials::rotate,
     ),
     components(schemas(error::ErrorBody, error::ErrorDetail)),

@@ -1,0 +1,268 @@
+//! The scope a verification check runs in, as digests: the workspace source, the
+//! declared dependency inputs (lock files), the effective environment and the runner.
+//! A passed check may be reused only when every one of them is unchanged.
+
+use cairn_common::digest;
+use cairn_common::snapshot::CaptureRules;
+use serde::Serialize;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Lock files: the declared dependency inputs of a tree, wherever they sit in it.
+pub const LOCK_FILES: [&str; 14] = [
+    "Cargo.lock",
+    "package-lock.json",
+    "npm-shrinkwrap.json",
+    "yarn.lock",
+    "pnpm-lock.yaml",
+    "bun.lockb",
+    "poetry.lock",
+    "Pipfile.lock",
+    "uv.lock",
+    "requirements.txt",
+    "go.sum",
+    "Gemfile.lock",
+    "composer.lock",
+    "flake.lock",
+];
+
+/// Digests of a workspace's source and of its dependency inputs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SourceScope {
+    pub source_digest: String,
+    pub dependency_digest: String,
+    pub files: usize,
+}
+
+/// Everything a check's reuse is bound to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Scope {
+    pub source_digest: String,
+    pub dependency_digest: String,
+    pub environment_digest: String,
+    pub runner_digest: String,
+}
+
+impl Scope {
+    pub fn digest(&self) -> String {
+        digest::of(self)
+    }
+
+    /// The first digest that differs from `prior`, named as a reason to run fresh.
+    pub fn changed_from(&self, prior: &Scope) -> Option<&'static str> {
+        if self.source_digest != prior.source_digest {
+            Some("source_changed")
+        } else if self.dependency_digest != prior.dependency_digest {
+            Some("dependencies_changed")
+        } else if self.environment_digest != prior.environment_digest {
+            Some("environment_changed")
+        } else if self.runner_digest != prior.runner_digest {
+            Some("runner_changed")
+        } else {
+            None
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScopeError {
+    #[error("cannot list the source: {0}")]
+    Listing(String),
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+/// Measures the source of `root`: in a git tree, the tracked and the non-ignored
+/// untracked files (build outputs in ignored directories are not source); elsewhere,
+/// every file. `.git`, credential files and excluded names are never part of it, just as
+/// they are never captured.
+pub async fn measure(root: &Path, rules: &CaptureRules) -> Result<SourceScope, ScopeError> {
+    let paths = if root.join(".git").exists() {
+        let listing = crate::workspace::git_output(
+            "ls-files",
+            &[
+                "ls-files",
+                "-z",
+                "--cached",
+                "--others",
+                "--exclude-standard",
+            ],
+            Some(root),
+        )
+        .await
+        .map_err(|e| ScopeError::Listing(e.to_string()))?;
+        let mut paths: Vec<String> = listing
+            .split('\0')
+            .filter(|p| !p.is_empty() && !p.ends_with('/'))
+            .map(String::from)
+            .collect();
+        paths.sort();
+        paths.dedup();
+        Some(paths)
+    } else {
+        None
+    };
+    let (root, rules) = (root.to_path_buf(), rules.clone());
+    tokio::task::spawn_blocking(move || hash_tree(&root, &rules, paths))
+        .await
+        .map_err(|e| ScopeError::Listing(e.to_string()))?
+}
+
+fn hash_tree(
+    root: &Path,
+    rules: &CaptureRules,
+    listed: Option<Vec<String>>,
+) -> Result<SourceScope, ScopeError> {
+    let paths = match listed {
+        Some(paths) => paths,
+        None => walk(root, rules),
+    };
+    let mut source: Vec<(String, String)> = Vec::with_capacity(paths.len());
+    let mut dependencies: Vec<(String, String)> = Vec::new();
+    for path in paths {
+        if Path::new(&path)
+            .components()
+            .any(|c| c.as_os_str().to_str().is_some_and(|n| rules.excludes(n)))
+        {
+            continue;
+        }
+        let entry = hash_entry(&root.join(&path)).map_err(|source| ScopeError::Read {
+            path: path.clone(),
+            source,
+        })?;
+        let is_lock = Path::new(&path)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| LOCK_FILES.contains(&n));
+        if is_lock {
+            dependencies.push((path.clone(), entry.clone()));
+        }
+        source.push((path, entry));
+    }
+    Ok(SourceScope {
+        source_digest: digest::of(&source),
+        dependency_digest: digest::of(&dependencies),
+        files: source.len(),
+    })
+}
+
+/// Every file under `root` but `.git` and excluded names, as sorted relative paths.
+fn walk(root: &Path, rules: &CaptureRules) -> Vec<String> {
+    let mut paths: Vec<String> = walkdir::WalkDir::new(root)
+        .min_depth(1)
+        .into_iter()
+        .filter_entry(|e| {
+            let name = e.file_name().to_string_lossy();
+            name != ".git" && !rules.excludes(&name)
+        })
+        .filter_map(Result::ok)
+        .filter(|e| !e.file_type().is_dir())
+        .filter_map(|e| {
+            e.path()
+                .strip_prefix(root)
+                .ok()
+                .map(|p| p.to_string_lossy().into_owned())
+        })
+        .collect();
+    paths.sort();
+    paths
+}
+
+/// One entry: its kind, executable bit and content hash (a symlink by its target; a
+/// tracked file that is gone as `deleted`).
+fn hash_entry(path: &PathBuf) -> Result<String, std::io::Error> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok("deleted".into()),
+        Err(e) => return Err(e),
+    };
+    if meta.file_type().is_symlink() {
+        let target = std::fs::read_link(path)?;
+        return Ok(format!("link:{}", target.to_string_lossy()));
+    }
+    if meta.is_dir() {
+        // A submodule or nested repository: not part of this source.
+        return Ok("dir".into());
+    }
+    let mut hasher = blake3::Hasher::new();
+    hasher.update_reader(std::fs::File::open(path)?)?;
+    let exec = meta.permissions().mode() & 0o111 != 0;
+    Ok(format!(
+        "file:{}:{}",
+        if exec { "x" } else { "-" },
+        hasher.finalize().to_hex()
+    ))
+}
+
+/// The effective environment of a check, with the per-run scratch paths replaced by a
+/// placeholder so the same environment gives the same digest on every run.
+pub fn environment_digest(env: &BTreeMap<String, String>, scratch: &Path) -> String {
+    let scratch = scratch.to_string_lossy();
+    let normalized: BTreeMap<&str, String> = env
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.replace(scratch.as_ref(), "<scratch>")))
+        .collect();
+    digest::of(&normalized)
+}
+
+/// The runner: how checks are confined and on what they run.
+pub fn runner_digest(confined: bool, backend: &str, base_image: Option<&str>) -> String {
+    digest::of_json(&json!({
+        "runner": "cairn-worker",
+        "version": env!("CARGO_PKG_VERSION"),
+        "confinement": if confined { "linux-netns" } else { "none" },
+        "backend": backend,
+        "base_image": base_image,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn source_and_dependency_digests_follow_the_files() {
+        let dir = std::env::temp_dir().join(format!("cairn-scope-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(dir.join("src")).expect("dir");
+        std::fs::write(dir.join("src/main.rs"), "fn main() {}").expect("write");
+        std::fs::write(dir.join("Cargo.lock"), "v1").expect("write");
+        std::fs::write(dir.join(".netrc"), "secret").expect("write");
+        let rules = CaptureRules::default();
+        let first = measure(&dir, &rules).await.expect("measure");
+        assert_eq!(first.files, 2, "the credential file is not source");
+
+        std::fs::write(dir.join(".netrc"), "other secret").expect("write");
+        assert_eq!(measure(&dir, &rules).await.expect("measure"), first);
+
+        std::fs::write(dir.join("src/main.rs"), "fn main() { }").expect("write");
+        let edited = measure(&dir, &rules).await.expect("measure");
+        assert_ne!(edited.source_digest, first.source_digest);
+        assert_eq!(edited.dependency_digest, first.dependency_digest);
+
+        std::fs::write(dir.join("Cargo.lock"), "v2").expect("write");
+        let locked = measure(&dir, &rules).await.expect("measure");
+        assert_ne!(locked.dependency_digest, edited.dependency_digest);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn scratch_paths_do_not_change_the_environment_digest() {
+        let env = |scratch: &str| {
+            BTreeMap::from([
+                ("HOME".to_string(), scratch.to_string()),
+                ("MODE".to_string(), "a".to_string()),
+            ])
+        };
+        let a = environment_digest(&env("/tmp/one"), Path::new("/tmp/one"));
+        let b = environment_digest(&env("/tmp/two"), Path::new("/tmp/two"));
+        assert_eq!(a, b);
+        let mut other = env("/tmp/two");
+        other.insert("MODE".into(), "b".into());
+        assert_ne!(a, environment_digest(&other, Path::new("/tmp/two")));
+    }
+}

@@ -1,0 +1,882 @@
+//! Verification handoffs on the worker.
+//!
+//! A run whose final report asks for verification opens a handoff with its frozen checks
+//! and the digest of the source they verify. Once an operator adopts it, a worker claims
+//! the same ticket, restores the same work context's tree and runs every check confined
+//! (a network namespace with only loopback, a private scratch `HOME`/`TMPDIR`, a cleared
+//! environment, its own process group, a timeout), journaling a scope witness, an intent
+//! and a receipt for each. A declared check whose earlier passed, confined result matches
+//! the current scope is reused instead of run. The source and dependency digests are
+//! measured again inside the completion transaction: a late change rolls back the
+//! completion and the reuse receipt, and every command already run stays charged.
+
+use crate::custody::CustodyError;
+use crate::job::{spawn_failure, Claimed, JobError, JobOutcome, Worker};
+use crate::renewal::{self, StopReason};
+use crate::scope::{self, Scope, SourceScope};
+use crate::step::{self, Interruption, StepCommand, StepOutcome};
+use cairn_common::run::RequestState;
+use cairn_common::ticket;
+use cairn_common::verification::{self as checks, CheckCommand, VerificationRequest};
+use chrono::{DateTime, Utc};
+use serde_json::{json, Value};
+use sqlx::PgConnection;
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// Opens the handoff of an accepted report that asks for verification: the frozen
+/// checks and the source they verify. A report without valid checks opens none (the
+/// request still waits, and its candidate says there is nothing to adopt).
+pub(crate) async fn open_handoff(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+    body: &Value,
+    source_digest: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    let request = body
+        .get("verification")
+        .cloned()
+        .map(serde_json::from_value::<VerificationRequest>);
+    let commands = match request {
+        Some(Ok(request)) if request.validate("verification.").is_ok() => request.commands,
+        _ => {
+            tracing::warn!(%request_id, "the report asks for verification without valid checks; no handoff opened");
+            return Ok(());
+        }
+    };
+    sqlx::query(
+        "INSERT INTO verification_handoffs (id, run_id, request_id, commands, commands_digest, state, agent, source_digest)
+         SELECT $1, e.run_id, e.id, $3, $4, 'pending', r.agent, $5
+           FROM execution_requests e JOIN runs r ON r.id = e.run_id WHERE e.id = $2
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(Uuid::new_v4())
+    .bind(request_id)
+    .bind(serde_json::to_value(&commands).unwrap_or_default())
+    .bind(checks::commands_digest(&commands))
+    .bind(source_digest)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The adoption a worker claimed: it executes now, under this epoch.
+pub(crate) async fn claim_adoption(
+    conn: &mut PgConnection,
+    adoption_id: Uuid,
+    epoch: i64,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE verification_adoptions SET status = 'executing', claimed_epoch = $2, updated_at = now() WHERE id = $1",
+    )
+    .bind(adoption_id)
+    .bind(epoch)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+async fn set_handoff_state(
+    conn: &mut PgConnection,
+    handoff_id: Uuid,
+    state: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE verification_handoffs SET state = $2, updated_at = now() WHERE id = $1")
+        .bind(handoff_id)
+        .bind(state)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// An adoption as the worker runs it.
+struct Adoption {
+    id: Uuid,
+    handoff_id: Uuid,
+    commands: Vec<CheckCommand>,
+    source_digest: Option<String>,
+    declared: HashSet<String>,
+}
+
+async fn load(pool: &sqlx::PgPool, adoption_id: Uuid) -> Result<Option<Adoption>, sqlx::Error> {
+    let row: Option<(Uuid, Value, Option<String>, Vec<String>)> = sqlx::query_as(
+        "SELECT h.id, h.commands, h.source_digest, a.reusable_digests
+           FROM verification_adoptions a JOIN verification_handoffs h ON h.id = a.handoff_id
+          WHERE a.id = $1",
+    )
+    .bind(adoption_id)
+    .fetch_optional(pool)
+    .await?;
+    Ok(
+        row.and_then(|(handoff_id, commands, source_digest, declared)| {
+            Some(Adoption {
+                id: adoption_id,
+                handoff_id,
+                commands: serde_json::from_value(commands).ok()?,
+                source_digest,
+                declared: declared.into_iter().collect(),
+            })
+        }),
+    )
+}
+
+/// A passed, confined, reusable result an earlier verification recorded.
+#[derive(Debug, Clone, sqlx::FromRow)]
+struct Prior {
+    id: Uuid,
+    request_id: Option<Uuid>,
+    attempt: i32,
+    lease_epoch: i64,
+    step_key: Option<String>,
+    exit_code: Option<i32>,
+    output_digest: String,
+    stdout_tail: String,
+    stderr_tail: String,
+    wall_ms: i64,
+    scope_digest: String,
+    source_digest: String,
+    dependency_digest: String,
+    environment_digest: String,
+    runner_digest: String,
+    started_at: DateTime<Utc>,
+    finished_at: DateTime<Utc>,
+}
+
+impl Prior {
+    fn scope(&self) -> Scope {
+        Scope {
+            source_digest: self.source_digest.clone(),
+            dependency_digest: self.dependency_digest.clone(),
+            environment_digest: self.environment_digest.clone(),
+            runner_digest: self.runner_digest.clone(),
+        }
+    }
+}
+
+/// What to do with one frozen check.
+struct Plan<'a> {
+    index: usize,
+    check: &'a CheckCommand,
+    command_digest: String,
+    env: BTreeMap<String, String>,
+    scratch: PathBuf,
+    scope: Scope,
+    /// Declared independent of time and external state, and of a reusable kind.
+    reusable: bool,
+    prior: Option<Prior>,
+    fresh_reason: Option<&'static str>,
+}
+
+/// How a verification ended, before the lease is given up.
+enum Ending {
+    /// The completion committed: every check has a result.
+    Completed {
+        passed: bool,
+        summary: String,
+    },
+    /// Nothing was completed (and nothing is recorded yet).
+    Fail(String),
+    Interrupted,
+}
+
+const PRIOR_SELECT: &str = "SELECT r.id, r.request_id, r.attempt, r.lease_epoch, r.step_key, r.exit_code, r.output_digest,
+        r.stdout_tail, r.stderr_tail, r.wall_ms, r.scope_digest, r.source_digest, r.dependency_digest,
+        r.environment_digest, r.runner_digest, r.started_at, r.finished_at
+   FROM verification_results r JOIN verification_adoptions a ON a.id = r.adoption_id
+  WHERE r.command_digest = $1 AND r.agent = $2 AND r.repository IS NOT DISTINCT FROM $3
+    AND r.passed AND r.confined AND r.reusable AND r.reused_from IS NULL AND a.status = 'completed'";
+
+impl Worker {
+    /// Runs an adopted verification on its claimed ticket.
+    pub(crate) async fn run_verification(
+        &self,
+        job: &Claimed,
+        stop: &CancellationToken,
+        reason: &StopReason,
+    ) -> Result<JobOutcome, JobError> {
+        let adoption = match job.action_id {
+            Some(id) => load(&self.pool, id).await?,
+            None => None,
+        };
+        let Some(adoption) = adoption else {
+            let message = "the adopted handoff could not be read".to_string();
+            self.end_verification(job, None, RequestState::Failed, &message)
+                .await?;
+            return Ok(JobOutcome::Failed(message));
+        };
+        let subject = job.subject();
+        let mut held = match self.acquire(&job.lease, &subject).await {
+            Ok(held) => held,
+            Err(CustodyError::Job(e)) => return Err(e),
+            Err(CustodyError::Workspace(e)) => {
+                let message = format!("workspace: {e}");
+                self.end_verification(job, Some(&adoption), RequestState::Failed, &message)
+                    .await?;
+                return Ok(JobOutcome::Failed(message));
+            }
+        };
+        let ending = self
+            .verify(job, &adoption, &held.workspace.root, stop)
+            .await;
+        // Checks verify a source they must not change (a change fails the verification),
+        // so the tree holds nothing to capture.
+        held.uncaptured = false;
+        let fenced = match &ending {
+            Err(JobError::Lease(_)) => true,
+            Ok(Ending::Interrupted) => matches!(reason.get(), Some(renewal::Reason::Fenced) | None),
+            _ => false,
+        };
+        let drained = matches!(&ending, Ok(Ending::Interrupted))
+            && reason.get() == Some(renewal::Reason::Drain);
+        let passed = matches!(&ending, Ok(Ending::Completed { passed: true, .. }));
+        self.release(&job.lease, &subject, &held, !drained, passed, fenced)
+            .await;
+        let _ = tokio::fs::remove_dir_all(scratch_root(&self.settings.workspaces_dir, job)).await;
+        match ending? {
+            Ending::Completed { passed, summary } => {
+                let mut tx = job.lease.begin_fenced(&self.pool).await?;
+                self.leases.release_in(&mut tx, &job.lease).await?;
+                tx.commit().await?;
+                self.leases.clear_liveness(&job.lease).await;
+                Ok(if passed {
+                    JobOutcome::Completed
+                } else {
+                    JobOutcome::Failed(summary)
+                })
+            }
+            Ending::Fail(message) => {
+                self.end_verification(job, Some(&adoption), RequestState::Failed, &message)
+                    .await?;
+                Ok(JobOutcome::Failed(message))
+            }
+            Ending::Interrupted => match reason.get() {
+                Some(renewal::Reason::Cancelled) => {
+                    self.end_verification(
+                        job,
+                        Some(&adoption),
+                        RequestState::Cancelled,
+                        "cancelled while verifying",
+                    )
+                    .await?;
+                    Ok(JobOutcome::Cancelled)
+                }
+                Some(renewal::Reason::Drain) => {
+                    self.hand_back_verification(job, adoption.id).await?;
+                    Ok(JobOutcome::HandedBack)
+                }
+                Some(renewal::Reason::Fenced) | None => {
+                    self.metrics.self_fenced.inc();
+                    Ok(JobOutcome::Fenced)
+                }
+            },
+        }
+    }
+
+    async fn verify(
+        &self,
+        job: &Claimed,
+        adoption: &Adoption,
+        root: &Path,
+        stop: &CancellationToken,
+    ) -> Result<Ending, JobError> {
+        let before = match scope::measure(root, &self.custody.rules).await {
+            Ok(scope) => scope,
+            Err(e) => return Ok(Ending::Fail(format!("cannot measure the source: {e}"))),
+        };
+        if adoption.source_digest.as_deref() != Some(before.source_digest.as_str()) {
+            return Ok(Ending::Fail(
+                "verification_source_changed: the restored workspace is not the source the handoff froze".into(),
+            ));
+        }
+        let policy = self.settings.confinement;
+        if policy.mode == crate::confine::Mode::Required && !policy.confines() {
+            return Ok(Ending::Fail(
+                "confinement is required and this host cannot create network namespaces".into(),
+            ));
+        }
+        let confined = policy.confines();
+        let plans = self.plan(job, adoption, &before, confined).await?;
+        self.journal_reuse_intent(job, adoption, &plans).await?;
+
+        let recorded: Vec<i32> = sqlx::query_scalar(
+            "SELECT command_index FROM verification_results WHERE adoption_id = $1",
+        )
+        .bind(adoption.id)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut used_commands: i32 =
+            sqlx::query_scalar("SELECT used_commands FROM execution_requests WHERE id = $1")
+                .bind(job.lease.request_id)
+                .fetch_one(&self.pool)
+                .await?;
+        let mut used_wall_ms = job.used_wall_ms;
+        for plan in &plans {
+            let index = i32::try_from(plan.index).unwrap_or(i32::MAX);
+            if plan.prior.is_some() || recorded.contains(&index) {
+                // Reused at completion, or already run by an earlier attempt of this adoption.
+                continue;
+            }
+            if stop.is_cancelled() {
+                return Ok(Ending::Interrupted);
+            }
+            if used_commands >= job.max_commands {
+                return Ok(Ending::Fail(format!(
+                    "budget exhausted: max_commands ({}) spent before check {}",
+                    job.max_commands, plan.index
+                )));
+            }
+            let wall_left = job.max_wall_ms - used_wall_ms;
+            if wall_left <= 0 {
+                return Ok(Ending::Fail(format!(
+                    "budget exhausted: max_wall_seconds spent before check {}",
+                    plan.index
+                )));
+            }
+            let outcome = self
+                .run_check(job, adoption, plan, root, confined, wall_left, stop)
+                .await?;
+            used_commands += 1;
+            match outcome {
+                Some(outcome) => used_wall_ms += outcome.wall_ms,
+                None => return Ok(Ending::Interrupted),
+            }
+        }
+        self.complete_verification(job, adoption, &before, &plans, root)
+            .await
+    }
+
+    /// Decides, for each check, whether an earlier result can stand for it.
+    async fn plan<'a>(
+        &self,
+        job: &Claimed,
+        adoption: &'a Adoption,
+        source: &SourceScope,
+        confined: bool,
+    ) -> Result<Vec<Plan<'a>>, JobError> {
+        let runner = scope::runner_digest(
+            confined,
+            &self.custody.backend,
+            self.custody.base_image.as_deref(),
+        );
+        let mut plans = Vec::with_capacity(adoption.commands.len());
+        for (i, check) in adoption.commands.iter().enumerate() {
+            let index = i + 1;
+            let scratch = scratch_root(&self.settings.workspaces_dir, job).join(index.to_string());
+            let env = check_env(check, &scratch);
+            let scope = Scope {
+                source_digest: source.source_digest.clone(),
+                dependency_digest: source.dependency_digest.clone(),
+                environment_digest: scope::environment_digest(&env, &scratch),
+                runner_digest: runner.clone(),
+            };
+            let command_digest = checks::command_digest(check);
+            let declared = adoption.declared.contains(&command_digest);
+            let reusable = declared && check.purpose.reuse_eligible();
+            let (prior, fresh_reason) = if !declared {
+                (None, Some("not_declared"))
+            } else if !check.purpose.reuse_eligible() {
+                (None, Some("never_reusable"))
+            } else if !confined {
+                (None, Some("unconfined"))
+            } else {
+                self.find_prior(job, &command_digest, &scope).await?
+            };
+            plans.push(Plan {
+                index,
+                check,
+                command_digest,
+                env,
+                scratch,
+                scope,
+                reusable,
+                prior,
+                fresh_reason,
+            });
+        }
+        Ok(plans)
+    }
+
+    /// The latest original result that matches every digest now; if none, why not.
+    async fn find_prior(
+        &self,
+        job: &Claimed,
+        command_digest: &str,
+        scope: &Scope,
+    ) -> Result<(Option<Prior>, Option<&'static str>), JobError> {
+        let exact: Option<Prior> = sqlx::query_as(&format!(
+            "{PRIOR_SELECT} AND r.source_digest = $4 AND r.dependency_digest = $5
+               AND r.environment_digest = $6 AND r.runner_digest = $7
+             ORDER BY r.finished_at DESC LIMIT 1"
+        ))
+        .bind(command_digest)
+        .bind(&job.agent)
+        .bind(&job.repository)
+        .bind(&scope.source_digest)
+        .bind(&scope.dependency_digest)
+        .bind(&scope.environment_digest)
+        .bind(&scope.runner_digest)
+        .fetch_optional(&self.pool)
+        .await?;
+        if exact.is_some() {
+            return Ok((exact, None));
+        }
+        let latest: Option<Prior> = sqlx::query_as(&format!(
+            "{PRIOR_SELECT} ORDER BY r.finished_at DESC LIMIT 1"
+        ))
+        .bind(command_digest)
+        .bind(&job.agent)
+        .bind(&job.repository)
+        .fetch_optional(&self.pool)
+        .await?;
+        let reason = latest
+            .and_then(|p| scope.changed_from(&p.scope()))
+            .unwrap_or("no_prior_result");
+        Ok((None, Some(reason)))
+    }
+
+    async fn journal_reuse_intent(
+        &self,
+        job: &Claimed,
+        adoption: &Adoption,
+        plans: &[Plan<'_>],
+    ) -> Result<(), JobError> {
+        let referenced: Vec<Value> = plans
+            .iter()
+            .filter_map(|p| {
+                p.prior.as_ref().map(|prior| {
+                    json!({
+                        "index": p.index,
+                        "command_digest": p.command_digest,
+                        "source_result_id": prior.id.simple().to_string(),
+                        "source_request_id": prior.request_id.map(|id| id.simple().to_string()),
+                        "source_attempt": prior.attempt,
+                    })
+                })
+            })
+            .collect();
+        if referenced.is_empty() {
+            return Ok(());
+        }
+        let mut tx = job.lease.begin_fenced(&self.pool).await?;
+        journal(
+            &mut tx,
+            job,
+            "verification_reuse_intent",
+            json!({"adoption_id": adoption.id.simple().to_string(), "checks": referenced}),
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Runs one check fresh: witness, intent and charge first, then the confined command,
+    /// then its receipt and result. `None` when the job was stopped mid-check.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_check(
+        &self,
+        job: &Claimed,
+        adoption: &Adoption,
+        plan: &Plan<'_>,
+        root: &Path,
+        confined: bool,
+        wall_left_ms: i64,
+        stop: &CancellationToken,
+    ) -> Result<Option<StepOutcome>, JobError> {
+        let step_key = checks::step_key(adoption.id, plan.index);
+        let mut tx = job.lease.begin_fenced(&self.pool).await?;
+        journal(
+            &mut tx,
+            job,
+            "verification_build_scope",
+            json!({
+                "adoption_id": adoption.id.simple().to_string(),
+                "index": plan.index,
+                "command_digest": plan.command_digest,
+                "purpose": plan.check.purpose,
+                "confined": confined,
+                "source_digest": plan.scope.source_digest,
+                "dependency_digest": plan.scope.dependency_digest,
+                "environment_digest": plan.scope.environment_digest,
+                "runner_digest": plan.scope.runner_digest,
+                "scope_digest": plan.scope.digest(),
+            }),
+        )
+        .await?;
+        sqlx::query(
+            "INSERT INTO journal_intents (request_id, step_key, step_index, idempotent, lease_epoch, attempt)
+             VALUES ($1, $2, $3, TRUE, $4, $5)
+             ON CONFLICT (request_id, step_key) DO UPDATE
+                SET lease_epoch = EXCLUDED.lease_epoch, attempt = EXCLUDED.attempt, started_at = now()",
+        )
+        .bind(job.lease.request_id)
+        .bind(&step_key)
+        .bind(i32::try_from(plan.index).unwrap_or(i32::MAX))
+        .bind(job.lease.epoch)
+        .bind(job.attempt)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE execution_requests SET used_commands = used_commands + 1, updated_at = now() WHERE id = $1")
+            .bind(job.lease.request_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+
+        let command = StepCommand {
+            argv: plan.check.argv.clone(),
+            env: plan.env.clone(),
+            cwd: plan
+                .check
+                .cwd
+                .as_ref()
+                .map(|c| root.join(c))
+                .unwrap_or_else(|| root.to_path_buf()),
+            timeout: Duration::from_secs(u64::from(plan.check.timeout_seconds)).min(
+                Duration::from_millis(u64::try_from(wall_left_ms).unwrap_or(0)),
+            ),
+            output_base: step::output_base(
+                &self.settings.artifacts_dir,
+                job.lease.request_id,
+                &step_key,
+                job.lease.epoch,
+            ),
+            max_output: self.settings.output_max_bytes,
+            tail_bytes: self.settings.output_tail_bytes,
+            kill_grace: self.settings.kill_grace,
+            isolate_network: confined,
+        };
+        self.metrics.steps_run.inc();
+        let started_at = Utc::now();
+        tracing::info!(check = plan.index, confined, "verification check started");
+        let outcome = match tokio::fs::create_dir_all(&plan.scratch).await {
+            Err(e) => spawn_failure(&format!("check {}: no scratch directory: {e}", plan.index)),
+            Ok(()) => match step::run(&command, stop).await {
+                Ok(outcome) => outcome,
+                Err(e) => spawn_failure(&format!("check {}: {e}", plan.index)),
+            },
+        };
+        let _ = tokio::fs::remove_dir_all(&plan.scratch).await;
+        if outcome.interrupted == Some(Interruption::Stopped) {
+            return Ok(None);
+        }
+        let finished_at = Utc::now();
+        tracing::info!(check = plan.index, result = %outcome.describe(), "verification check ended");
+
+        let mut tx = job.lease.begin_fenced(&self.pool).await?;
+        sqlx::query(
+            "INSERT INTO journal_receipts (request_id, step_key, lease_epoch, attempt, exit_code, signal, timed_out,
+                                           wall_ms, cpu_ms, output_digest, stdout_tail, stderr_tail, output_artifact)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
+             ON CONFLICT (request_id, step_key) DO NOTHING",
+        )
+        .bind(job.lease.request_id)
+        .bind(&step_key)
+        .bind(job.lease.epoch)
+        .bind(job.attempt)
+        .bind(outcome.exit_code)
+        .bind(outcome.signal)
+        .bind(outcome.interrupted == Some(Interruption::TimedOut))
+        .bind(outcome.wall_ms)
+        .bind(outcome.cpu_ms)
+        .bind(&outcome.output_digest)
+        .bind(&outcome.stdout_tail)
+        .bind(&outcome.stderr_tail)
+        .bind(outcome.stdout_path.with_extension("").to_string_lossy().into_owned())
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE execution_requests SET used_wall_ms = used_wall_ms + $2, used_cpu_ms = used_cpu_ms + $3, updated_at = now()
+              WHERE id = $1",
+        )
+        .bind(job.lease.request_id)
+        .bind(outcome.wall_ms)
+        .bind(outcome.cpu_ms)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO verification_results (id, adoption_id, command_index, command_digest, purpose, confined, reusable,
+                    scope_digest, exit_code, passed, output_digest, started_at, finished_at, request_id, agent, repository,
+                    attempt, lease_epoch, step_key, source_digest, dependency_digest, environment_digest, runner_digest,
+                    timed_out, wall_ms, stdout_tail, stderr_tail, fresh_reason)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21,
+                     $22, $23, $24, $25, $26, $27, $28)",
+        )
+        .bind(Uuid::new_v4())
+        .bind(adoption.id)
+        .bind(i32::try_from(plan.index).unwrap_or(i32::MAX))
+        .bind(&plan.command_digest)
+        .bind(plan.check.purpose.as_str())
+        .bind(confined)
+        // Only a confined run can ever stand for a later one.
+        .bind(plan.reusable && confined)
+        .bind(plan.scope.digest())
+        .bind(outcome.exit_code)
+        .bind(outcome.succeeded())
+        .bind(&outcome.output_digest)
+        .bind(started_at)
+        .bind(finished_at)
+        .bind(job.lease.request_id)
+        .bind(&job.agent)
+        .bind(&job.repository)
+        .bind(job.attempt)
+        .bind(job.lease.epoch)
+        .bind(&step_key)
+        .bind(&plan.scope.source_digest)
+        .bind(&plan.scope.dependency_digest)
+        .bind(&plan.scope.environment_digest)
+        .bind(&plan.scope.runner_digest)
+        .bind(outcome.interrupted == Some(Interruption::TimedOut))
+        .bind(outcome.wall_ms)
+        .bind(&outcome.stdout_tail)
+        .bind(&outcome.stderr_tail)
+        .bind(plan.fresh_reason)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(outcome))
+    }
+
+    /// The completion transaction: measure the source again inside it; if anything
+    /// changed, roll back (no completion, no reuse receipt); otherwise record the reused
+    /// results, the completion receipt, the reuse receipt and the verdict at once.
+    async fn complete_verification(
+        &self,
+        job: &Claimed,
+        adoption: &Adoption,
+        before: &SourceScope,
+        plans: &[Plan<'_>],
+        root: &Path,
+    ) -> Result<Ending, JobError> {
+        let mut tx = job.lease.begin_fenced(&self.pool).await?;
+        let after = scope::measure(root, &self.custody.rules).await;
+        let late_change = match &after {
+            Ok(after) if after.source_digest != before.source_digest => Some("the source"),
+            Ok(after) if after.dependency_digest != before.dependency_digest => {
+                Some("the dependency inputs")
+            }
+            Ok(_) => None,
+            Err(_) => Some("the source (it can no longer be measured)"),
+        };
+        // The environment is derived again from the frozen checks and the runner.
+        let environment_changed = plans.iter().any(|p| {
+            scope::environment_digest(&check_env(p.check, &p.scratch), &p.scratch)
+                != p.scope.environment_digest
+        });
+        if let Some(what) = late_change.or(environment_changed.then_some("the environment")) {
+            drop(tx);
+            let message = format!(
+                "verification_late_change: {what} changed while the checks ran; nothing was completed and every check already run stays charged"
+            );
+            tracing::warn!(%message);
+            return Ok(Ending::Fail(message));
+        }
+
+        let mut reused = Vec::new();
+        for plan in plans {
+            let Some(prior) = &plan.prior else { continue };
+            sqlx::query(
+                "INSERT INTO verification_results (id, adoption_id, command_index, command_digest, purpose, confined,
+                        reusable, scope_digest, exit_code, passed, output_digest, reused_from, started_at, finished_at,
+                        request_id, agent, repository, attempt, lease_epoch, step_key, source_digest, dependency_digest,
+                        environment_digest, runner_digest, wall_ms, stdout_tail, stderr_tail)
+                 VALUES ($1, $2, $3, $4, $5, TRUE, TRUE, $6, $7, TRUE, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
+                         $18, $19, $20, $21, $22, $23, $24)
+                 ON CONFLICT (adoption_id, command_index) DO NOTHING",
+            )
+            .bind(Uuid::new_v4())
+            .bind(adoption.id)
+            .bind(i32::try_from(plan.index).unwrap_or(i32::MAX))
+            .bind(&plan.command_digest)
+            .bind(plan.check.purpose.as_str())
+            .bind(&prior.scope_digest)
+            .bind(prior.exit_code)
+            .bind(&prior.output_digest)
+            .bind(prior.id)
+            .bind(prior.started_at)
+            .bind(prior.finished_at)
+            .bind(job.lease.request_id)
+            .bind(&job.agent)
+            .bind(&job.repository)
+            .bind(prior.attempt)
+            .bind(prior.lease_epoch)
+            .bind(&prior.step_key)
+            .bind(&prior.source_digest)
+            .bind(&prior.dependency_digest)
+            .bind(&prior.environment_digest)
+            .bind(&prior.runner_digest)
+            .bind(prior.wall_ms)
+            .bind(&prior.stdout_tail)
+            .bind(&prior.stderr_tail)
+            .execute(&mut *tx)
+            .await?;
+            reused.push(json!({
+                "index": plan.index,
+                "command_digest": plan.command_digest,
+                "reused_result_id": prior.id.simple().to_string(),
+                "source_request_id": prior.request_id.map(|id| id.simple().to_string()),
+                "source_step_key": prior.step_key,
+                "source_attempt": prior.attempt,
+            }));
+        }
+        let results: Vec<(i32, bool, bool, Option<i32>)> = sqlx::query_as(
+            "SELECT command_index, passed, reused_from IS NOT NULL, exit_code FROM verification_results
+              WHERE adoption_id = $1 ORDER BY command_index",
+        )
+        .bind(adoption.id)
+        .fetch_all(&mut *tx)
+        .await?;
+        let failed: Vec<String> = results
+            .iter()
+            .filter(|(_, passed, _, _)| !passed)
+            .map(|(index, _, _, code)| match code {
+                Some(code) => format!("check {index} exited with status {code}"),
+                None => format!("check {index} did not finish"),
+            })
+            .collect();
+        let passed = failed.is_empty() && results.len() == plans.len();
+        let fresh = results.iter().filter(|(_, _, reused, _)| !reused).count();
+        let completion_id: i64 = sqlx::query_scalar(
+            "INSERT INTO journal_entries (request_id, entry_kind, lease_epoch, body)
+             VALUES ($1, 'verification_completion', $2, $3) RETURNING id",
+        )
+        .bind(job.lease.request_id)
+        .bind(job.lease.epoch)
+        .bind(json!({
+            "adoption_id": adoption.id.simple().to_string(),
+            "handoff_id": adoption.handoff_id.simple().to_string(),
+            "passed": passed,
+            "checks": results.len(),
+            "fresh_checks": fresh,
+            "reused_checks": reused.len(),
+            "source_digest": before.source_digest,
+            "dependency_digest": before.dependency_digest,
+            "worker": self.settings.worker_id,
+        }))
+        .fetch_one(&mut *tx)
+        .await?;
+        if !reused.is_empty() {
+            journal(
+                &mut tx,
+                job,
+                "verification_reuse_receipt",
+                json!({
+                    "adoption_id": adoption.id.simple().to_string(),
+                    "completion_receipt": completion_id,
+                    // Applies to the referenced checks only; the others ran again.
+                    "new_execution_count": 0,
+                    "checks": reused,
+                }),
+            )
+            .await?;
+        }
+        let summary = if passed {
+            format!("{} checks passed ({} reused)", results.len(), reused.len())
+        } else {
+            format!("verification failed: {}", failed.join("; "))
+        };
+        set_handoff_state(
+            &mut tx,
+            adoption.handoff_id,
+            if passed { "passed" } else { "failed" },
+        )
+        .await?;
+        ticket::set_adoption_status(
+            &mut tx,
+            adoption.id,
+            "completed",
+            (!passed).then_some(summary.as_str()),
+        )
+        .await?;
+        let (state, reason) = if passed {
+            (RequestState::Completed, None)
+        } else {
+            (RequestState::Failed, Some(summary.as_str()))
+        };
+        ticket::set_state(&mut tx, job.lease.request_id, state, reason, None).await?;
+        tx.commit().await?;
+        Ok(Ending::Completed { passed, summary })
+    }
+
+    /// Ends the verification without a completion, and gives up the lease.
+    async fn end_verification(
+        &self,
+        job: &Claimed,
+        adoption: Option<&Adoption>,
+        state: RequestState,
+        reason: &str,
+    ) -> Result<(), JobError> {
+        let mut tx = job.lease.begin_fenced(&self.pool).await?;
+        ticket::set_state(&mut tx, job.lease.request_id, state, Some(reason), None).await?;
+        if let Some(adoption) = adoption {
+            let status = if state == RequestState::Cancelled {
+                "cancelled"
+            } else {
+                "failed"
+            };
+            ticket::set_adoption_status(&mut tx, adoption.id, status, Some(reason)).await?;
+            set_handoff_state(&mut tx, adoption.handoff_id, "failed").await?;
+        }
+        self.leases.release_in(&mut tx, &job.lease).await?;
+        tx.commit().await?;
+        self.leases.clear_liveness(&job.lease).await;
+        Ok(())
+    }
+
+    /// Drain: the adoption goes back to its queue on the same attempt.
+    async fn hand_back_verification(
+        &self,
+        job: &Claimed,
+        adoption_id: Uuid,
+    ) -> Result<(), JobError> {
+        let mut tx = job.lease.begin_fenced(&self.pool).await?;
+        ticket::requeue_verification(
+            &mut tx,
+            job.run_id,
+            job.lease.request_id,
+            adoption_id,
+            job.attempt,
+        )
+        .await?;
+        tx.commit().await?;
+        self.leases.clear_liveness(&job.lease).await;
+        Ok(())
+    }
+}
+
+async fn journal(
+    conn: &mut PgConnection,
+    job: &Claimed,
+    kind: &str,
+    body: Value,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO journal_entries (request_id, entry_kind, lease_epoch, body) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(job.lease.request_id)
+    .bind(kind)
+    .bind(job.lease.epoch)
+    .bind(body)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Where a request's checks get their private scratch directories (outside the tree).
+fn scratch_root(workspaces_dir: &Path, job: &Claimed) -> PathBuf {
+    workspaces_dir.join(format!("{}.scratch", job.lease.request_id.simple()))
+}
+
+/// A check's whole environment: the runner's variables, then the check's own.
+fn check_env(check: &CheckCommand, scratch: &Path) -> BTreeMap<String, String> {
+    let scratch = scratch.to_string_lossy().into_owned();
+    let mut env = BTreeMap::from([
+        ("HOME".to_string(), scratch.clone()),
+        ("TMPDIR".to_string(), scratch),
+        ("PATH".to_string(), step::DEFAULT_PATH.to_string()),
+        ("LANG".to_string(), "C.UTF-8".to_string()),
+    ]);
+    env.extend(check.env.clone());
+    env
+}
