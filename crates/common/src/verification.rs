@@ -177,7 +177,10 @@ mod tests {
         let mut b = a.clone();
         b.env.insert("MODE".into(), "x".into());
         assert_eq!(command_digest(&a), command_digest(&b));
-        assert_ne!(commands_digest(std::slice::from_ref(&a)), commands_digest(&[b]));
+        assert_ne!(
+            commands_digest(std::slice::from_ref(&a)),
+            commands_digest(&[b])
+        );
         let mut c = a.clone();
         c.purpose = Purpose::Test;
         assert_ne!(command_digest(&a), command_digest(&c));

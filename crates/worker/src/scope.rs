@@ -51,10 +51,11 @@ impl Scope {
 
     /// The first digest that differs from `prior`, named as a reason to run fresh.
     pub fn changed_from(&self, prior: &Scope) -> Option<&'static str> {
-        if self.source_digest != prior.source_digest {
-            Some("source_changed")
-        } else if self.dependency_digest != prior.dependency_digest {
+        // Lock files are part of the source too: name the narrower change first.
+        if self.dependency_digest != prior.dependency_digest {
             Some("dependencies_changed")
+        } else if self.source_digest != prior.source_digest {
+            Some("source_changed")
         } else if self.environment_digest != prior.environment_digest {
             Some("environment_changed")
         } else if self.runner_digest != prior.runner_digest {

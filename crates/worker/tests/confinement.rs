@@ -20,7 +20,9 @@ async fn run(argv: &[&str], isolate_network: bool, dir: &PathBuf) -> StepOutcome
         env: BTreeMap::new(),
         cwd: dir.clone(),
         timeout: Duration::from_secs(30),
-        output_base: dir.join("out").join(if isolate_network { "confined" } else { "open" }),
+        output_base: dir
+            .join("out")
+            .join(if isolate_network { "confined" } else { "open" }),
         max_output: 64 * 1024,
         tail_bytes: 4096,
         kill_grace: Duration::from_millis(200),
@@ -47,7 +49,10 @@ async fn a_confined_check_cannot_reach_the_host_loopback_but_has_its_own() {
     assert_eq!(open.stdout_tail, "connected\n");
 
     let confined = run(&["bash", "-c", &connect], true, &dir).await;
-    assert!(!confined.succeeded(), "confined must not reach the host: {confined:?}");
+    assert!(
+        !confined.succeeded(),
+        "confined must not reach the host: {confined:?}"
+    );
     assert_eq!(confined.stdout_tail, "");
 
     // Loopback inside the namespace is up: a check can still talk to itself.

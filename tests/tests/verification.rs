@@ -1,0 +1,327 @@
+//! Verification handoffs end to end: a run's report freezes checks, an operator adopts
+//! them, a worker runs them confined on the same ticket, and a later verification reuses
+//! a passed check only while source, lock file, environment and runner are unchanged.
+
+use cairn_e2e::cluster::{Cluster, Settings};
+use cairn_e2e::ServiceLock;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const LONG: Duration = Duration::from_secs(90);
+
+/// The tree a run leaves: its source file and its lock file.
+struct Tree<'a> {
+    source: &'a str,
+    lock: &'a str,
+    mode: &'a str,
+}
+
+/// A run that writes `tree`, then reports that it needs verification by `checks`.
+fn verified_run(tree: &Tree, checks: Value) -> Value {
+    let report = json!({
+        "outcome": "complete",
+        "followup_kind": "verification",
+        "verification": {"commands": checks}
+    });
+    let checks_env = json!({"MODE": tree.mode});
+    let report = report
+        .to_string()
+        .replace("\"__ENV__\"", &checks_env.to_string());
+    json!({
+        "agent": "e2e",
+        "steps": [
+            {"key": "write", "argv": ["sh", "-c", "printf '%s' \"$SOURCE\" > src.txt; printf '%s' \"$LOCK\" > Cargo.lock"],
+             "env": {"SOURCE": tree.source, "LOCK": tree.lock}},
+            {"key": "report", "argv": ["sh", "-c", "printf '%s' \"$REPORT\" > \"$CAIRN_REPORT_FILE\""],
+             "env": {"REPORT": report}}
+        ],
+        "budgets": {"max_commands": 20, "max_wall_seconds": 3600},
+        "max_attempts": 3
+    })
+}
+
+/// A source-build check that appends to a file outside its scratch directory, so every
+/// real execution leaves a line.
+fn build_check(effects: &str) -> Value {
+    json!({
+        "argv": ["sh", "-c", format!("test -f src.txt && echo \"built $MODE\" >> {effects} && echo ok")],
+        "purpose": "source_build",
+        "env": "__ENV__"
+    })
+}
+
+/// Runs `spec` to its handoff, adopts it declaring check 1 reusable, and returns the
+/// run id and the adoption once it has ended.
+fn verify(cluster: &Cluster, spec: &Value, adoption_id: &str) -> (String, Value) {
+    let (run_id, _) = cluster.submit(spec);
+    cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
+    let base = format!("/api/v1/runs/{run_id}/verification-handoffs");
+    let (status, candidate) = cluster.call("GET", &format!("{base}/candidates?agent=e2e"), None);
+    assert_eq!(status, 200, "{candidate}");
+    assert_eq!(candidate["admission"], "READY", "{candidate}");
+    let body = json!({
+        "request_id": adoption_id,
+        "agent": "e2e",
+        "pending_request_digest": candidate["pending_request_digest"],
+        "source_digest": candidate["source_digest"],
+        "commands_digest": candidate["commands_digest"],
+        "policy_digest": candidate["policy_digest"],
+        "provider_digest": candidate["provider_digest"],
+        "reusable_build_checks": [{
+            "command_digest": candidate["reusable_build_candidates"][0]["command_digest"],
+            "purpose": "source_build",
+            "independent_of_time_and_external_state": true
+        }]
+    });
+    let (status, receipt) = cluster.call("POST", &format!("{base}/adoptions"), Some(&body));
+    assert_eq!(status, 201, "{receipt}");
+    cluster.wait_for_state(&run_id, &["completed", "failed"], LONG);
+    let (status, adoption) = cluster.call("GET", &format!("{base}/adoptions/{adoption_id}"), None);
+    assert_eq!(status, 200, "{adoption}");
+    (run_id, adoption)
+}
+
+fn entries<'a>(journal: &'a Value, kind: &str) -> Vec<&'a Value> {
+    journal["entries"]
+        .as_array()
+        .map(|e| e.iter().filter(|e| e["entry_kind"] == kind).collect())
+        .unwrap_or_default()
+}
+
+fn id(n: u32) -> String {
+    format!("{n:032x}")
+}
+
+#[tokio::test]
+async fn a_passed_check_is_reused_only_while_its_whole_scope_is_unchanged() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("verify", 1, Settings::default()).await;
+    let effects = cluster.path("effects");
+    let original = Tree {
+        source: "fn main() {}",
+        lock: "lock v1",
+        mode: "a",
+    };
+
+    // 1. First verification: the check runs, confined, and passes.
+    let spec = verified_run(&original, json!([build_check(&effects)]));
+    let (first_run, first) = verify(&cluster, &spec, &id(1));
+    assert_eq!(cluster.run(&first_run)["state"], "completed", "{first}");
+    assert_eq!(first["status"], "completed");
+    assert_eq!(first["handoff_state"], "passed");
+    let check = &first["results"][0];
+    assert_eq!(check["display"], "Executed", "{first}");
+    assert_eq!(check["passed"], true);
+    assert_eq!(check["confined"], true);
+    assert_eq!(check["reusable"], true);
+    assert_eq!(check["fresh_reason"], "no_prior_result");
+    assert_eq!(check["stdout_tail"], "ok\n");
+    assert_eq!(cluster.lines("effects"), ["built a"]);
+    let journal = cluster.journal(&first_run);
+    assert_eq!(entries(&journal, "verification_build_scope").len(), 1);
+    assert_eq!(entries(&journal, "verification_completion").len(), 1);
+    assert!(entries(&journal, "verification_reuse_receipt").is_empty());
+    assert_eq!(
+        cluster.run(&first_run)["usage"]["commands"],
+        3,
+        "two steps and one check"
+    );
+
+    // 2. The same source, lock file and environment: reused, not executed again.
+    let (second_run, second) = verify(&cluster, &spec, &id(2));
+    assert_eq!(cluster.run(&second_run)["state"], "completed", "{second}");
+    let reused = &second["results"][0];
+    assert_eq!(
+        reused["display"], "Reused prior verified result",
+        "{second}"
+    );
+    assert_eq!(reused["reused"], true);
+    assert_eq!(
+        reused["started_at"], check["started_at"],
+        "original timestamps"
+    );
+    assert_eq!(reused["finished_at"], check["finished_at"]);
+    assert_eq!(reused["output_digest"], check["output_digest"]);
+    assert_eq!(reused["stdout_tail"], "ok\n");
+    assert_eq!(reused["attempt"], check["attempt"]);
+    let first_request = cluster.run(&first_run)["request_id"].clone();
+    assert_eq!(reused["source_execution"]["request_id"], first_request);
+    assert_eq!(
+        cluster.lines("effects"),
+        ["built a"],
+        "the check did not run again"
+    );
+    assert_eq!(
+        cluster.run(&second_run)["usage"]["commands"],
+        2,
+        "a reused check is not another execution"
+    );
+    let journal = cluster.journal(&second_run);
+    let intents = entries(&journal, "verification_reuse_intent");
+    assert_eq!(intents.len(), 1, "{journal}");
+    let completion = entries(&journal, "verification_completion");
+    let receipts = entries(&journal, "verification_reuse_receipt");
+    assert_eq!((completion.len(), receipts.len()), (1, 1), "{journal}");
+    assert_eq!(receipts[0]["body"]["new_execution_count"], 0);
+    assert_eq!(
+        receipts[0]["body"]["completion_receipt"],
+        completion[0]["id"]
+    );
+    assert_eq!(receipts[0]["body"]["checks"][0]["index"], 1);
+
+    // 3. A changed environment variable: fresh.
+    let env_changed = Tree {
+        mode: "b",
+        ..original
+    };
+    let spec = verified_run(&env_changed, json!([build_check(&effects)]));
+    let (_, third) = verify(&cluster, &spec, &id(3));
+    assert_eq!(third["results"][0]["reused"], false, "{third}");
+    assert_eq!(third["results"][0]["fresh_reason"], "environment_changed");
+    assert_eq!(cluster.lines("effects"), ["built a", "built b"]);
+
+    // 4. One changed source file: fresh.
+    let source_changed = Tree {
+        source: "fn main() { run() }",
+        ..original
+    };
+    let spec = verified_run(&source_changed, json!([build_check(&effects)]));
+    let (_, fourth) = verify(&cluster, &spec, &id(4));
+    assert_eq!(fourth["results"][0]["reused"], false, "{fourth}");
+    assert_eq!(fourth["results"][0]["fresh_reason"], "source_changed");
+    assert_eq!(cluster.lines("effects").len(), 3);
+
+    // 5. A changed lock file: fresh.
+    let lock_changed = Tree {
+        lock: "lock v2",
+        ..original
+    };
+    let spec = verified_run(&lock_changed, json!([build_check(&effects)]));
+    let (_, fifth) = verify(&cluster, &spec, &id(5));
+    assert_eq!(fifth["results"][0]["reused"], false, "{fifth}");
+    assert_eq!(fifth["results"][0]["fresh_reason"], "dependencies_changed");
+    assert_eq!(cluster.lines("effects").len(), 4);
+
+    // 6. A late change: a second check rewrites the source while the first is planned
+    //    for reuse. The completion and the reuse receipt roll back; the charge stays.
+    let mutate = json!({
+        "argv": ["sh", "-c", "echo changed >> src.txt"],
+        "purpose": "test"
+    });
+    let spec = verified_run(&original, json!([build_check(&effects), mutate]));
+    let (late_run, late) = verify(&cluster, &spec, &id(6));
+    let run = cluster.run(&late_run);
+    assert_eq!(run["state"], "failed", "{late}");
+    assert!(
+        run["stop_reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("verification_late_change")),
+        "{run}"
+    );
+    assert_eq!(late["status"], "failed");
+    let results = late["results"].as_array().expect("results");
+    assert_eq!(
+        results.len(),
+        1,
+        "only the fresh check's result stays: {late}"
+    );
+    assert_eq!(results[0]["index"], 2);
+    assert_eq!(run["usage"]["commands"], 3, "the fresh check stays charged");
+    let journal = cluster.journal(&late_run);
+    assert_eq!(entries(&journal, "verification_reuse_intent").len(), 1);
+    assert!(
+        entries(&journal, "verification_completion").is_empty(),
+        "{journal}"
+    );
+    assert!(entries(&journal, "verification_reuse_receipt").is_empty());
+    assert_eq!(
+        cluster.lines("effects").len(),
+        4,
+        "the planned reuse never ran"
+    );
+}
+
+#[tokio::test]
+async fn a_database_check_always_runs_fresh_and_an_invalid_report_opens_no_handoff() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("verify-db", 1, Settings::default()).await;
+    let effects = cluster.path("effects");
+    let tree = Tree {
+        source: "x",
+        lock: "l",
+        mode: "a",
+    };
+    let database = json!({
+        "argv": ["sh", "-c", format!("echo db >> {effects}")],
+        "purpose": "database_integration"
+    });
+    let spec = verified_run(&tree, json!([build_check(&effects), database]));
+    let (run_id, _) = cluster.submit(&spec);
+    cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
+    let base = format!("/api/v1/runs/{run_id}/verification-handoffs");
+    let (_, candidate) = cluster.call("GET", &format!("{base}/candidates?agent=e2e"), None);
+    let offered: Vec<&Value> = candidate["reusable_build_candidates"]
+        .as_array()
+        .expect("candidates")
+        .iter()
+        .collect();
+    assert_eq!(offered.len(), 1, "{candidate}");
+    let body = |selected: Vec<Value>| {
+        json!({
+            "request_id": id(7),
+            "agent": "e2e",
+            "pending_request_digest": candidate["pending_request_digest"],
+            "source_digest": candidate["source_digest"],
+            "commands_digest": candidate["commands_digest"],
+            "policy_digest": candidate["policy_digest"],
+            "provider_digest": candidate["provider_digest"],
+            "reusable_build_checks": selected
+        })
+    };
+    let declared = body(vec![json!({
+        "command_digest": candidate["commands"][1]["command_digest"],
+        "purpose": "source_build",
+        "independent_of_time_and_external_state": true
+    })]);
+    let (status, error) = cluster.call("POST", &format!("{base}/adoptions"), Some(&declared));
+    assert_eq!(status, 422, "{error}");
+    assert_eq!(error["error"]["code"], "not_reusable");
+    assert_eq!(cluster.run(&run_id)["state"], "awaiting_verification");
+
+    let (status, _) = cluster.call("POST", &format!("{base}/adoptions"), Some(&body(vec![])));
+    assert_eq!(status, 201);
+    cluster.wait_for_state(&run_id, &["completed"], LONG);
+    let (_, adoption) = cluster.call("GET", &format!("{base}/adoptions/{}", id(7)), None);
+    let results = adoption["results"].as_array().expect("results");
+    assert_eq!(results.len(), 2, "{adoption}");
+    assert!(results
+        .iter()
+        .all(|r| r["reusable"] == false && r["passed"] == true));
+    assert_eq!(results[1]["fresh_reason"], "not_declared");
+    assert_eq!(cluster.lines("effects"), ["built a", "db"]);
+
+    // A report that asks for verification without valid checks fails its step.
+    let broken = json!({
+        "agent": "e2e",
+        "steps": [{"key": "report", "argv": ["sh", "-c",
+            "echo '{\"outcome\": \"complete\", \"followup_kind\": \"verification\"}' > \"$CAIRN_REPORT_FILE\""]}],
+        "budgets": {"max_commands": 5, "max_wall_seconds": 600}
+    });
+    let (broken_id, _) = cluster.submit(&broken);
+    let run = cluster.wait_for_state(&broken_id, &["failed"], LONG);
+    assert!(
+        run["stop_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("verification.commands")),
+        "{run}"
+    );
+    let (status, error) = cluster.call(
+        "GET",
+        &format!("/api/v1/runs/{broken_id}/verification-handoffs/candidates?agent=e2e"),
+        None,
+    );
+    assert_eq!(
+        (status, &error["error"]["code"]),
+        (409, &json!("no_pending_handoff"))
+    );
+}
