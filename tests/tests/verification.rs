@@ -288,10 +288,55 @@ async fn a_database_check_always_runs_fresh_and_an_invalid_report_opens_no_hando
     assert_eq!(error["error"]["code"], "not_reusable");
     assert_eq!(cluster.run(&run_id)["state"], "awaiting_verification");
 
-    let (status, _) = cluster.call("POST", &format!("{base}/adoptions"), Some(&body(vec![])));
-    assert_eq!(status, 201);
+    // Through cairnctl: a template from the candidate, adopted once, then its status.
+    let template = cairnctl(
+        &cluster,
+        &[
+            "verification",
+            "candidates",
+            &run_id,
+            "--agent",
+            "e2e",
+            "--template",
+        ],
+    );
+    assert_eq!(template.0, 0, "{}", template.1);
+    let document: Value = serde_json::from_str(&template.1).expect("template");
+    assert_eq!(document["reusable_build_checks"], json!([]));
+    let request_id = document["request_id"]
+        .as_str()
+        .expect("request id")
+        .to_string();
+    let path = cluster.path("adoption.json");
+    std::fs::write(&path, document.to_string()).expect("document");
+    let adopted = cairnctl(&cluster, &["verification", "adopt", &run_id, &path]);
+    assert_eq!(adopted.0, 0, "{}", adopted.1);
+    let again = cairnctl(&cluster, &["verification", "adopt", &run_id, &path]);
+    assert_eq!(
+        again.0, 0,
+        "the same document reads the same receipt: {}",
+        again.1
+    );
+    let mut changed = document.clone();
+    changed["reusable_build_checks"] = json!([{
+        "command_digest": candidate["commands"][0]["command_digest"],
+        "purpose": "source_build",
+        "independent_of_time_and_external_state": true
+    }]);
+    std::fs::write(&path, changed.to_string()).expect("document");
+    let conflict = cairnctl(&cluster, &["verification", "adopt", &run_id, &path]);
+    assert_eq!(
+        conflict.0, 4,
+        "the saved request id keeps its input: {}",
+        conflict.1
+    );
     cluster.wait_for_state(&run_id, &["completed"], LONG);
-    let (_, adoption) = cluster.call("GET", &format!("{base}/adoptions/{}", id(7)), None);
+    let status = cairnctl(
+        &cluster,
+        &["--json", "verification", "status", &run_id, &request_id],
+    );
+    assert_eq!(status.0, 0, "{}", status.1);
+    let adoption: Value = serde_json::from_str(&status.1).expect("status");
     let results = adoption["results"].as_array().expect("results");
     assert_eq!(results.len(), 2, "{adoption}");
     assert!(results
@@ -323,5 +368,91 @@ async fn a_database_check_always_runs_fresh_and_an_invalid_report_opens_no_hando
     assert_eq!(
         (status, &error["error"]["code"]),
         (409, &json!("no_pending_handoff"))
+    );
+}
+
+/// Runs `cairnctl` against the cluster's scheduler: (exit code, stdout + stderr).
+fn cairnctl(cluster: &Cluster, args: &[&str]) -> (i32, String) {
+    let output = std::process::Command::new(cairn_e2e::binary("cairnctl"))
+        .args(args)
+        .env("CAIRN_SERVER", format!("http://{}", cluster.api))
+        .env("CAIRN_TOKEN", cairn_e2e::cluster::ADMIN)
+        .env("CAIRN_STATE_DIR", cluster.path("cairnctl-state"))
+        .output()
+        .expect("run cairnctl");
+    let mut text = String::from_utf8_lossy(&output.stdout).into_owned();
+    if !output.status.success() {
+        text.push_str(&String::from_utf8_lossy(&output.stderr));
+    }
+    (output.status.code().unwrap_or(-1), text)
+}
+
+#[tokio::test]
+async fn a_worker_killed_mid_check_leaves_the_verification_to_another_without_rerunning_finished_checks(
+) {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("verify-kill", 2, Settings::default()).await;
+    let effects = cluster.path("effects");
+    let tree = Tree {
+        source: "y",
+        lock: "l",
+        mode: "a",
+    };
+    let first = json!({"argv": ["sh", "-c", format!("echo one >> {effects}")], "purpose": "test"});
+    let slow = json!({
+        "argv": ["sh", "-c", format!("echo start >> {effects}; sleep 4; echo two >> {effects}")],
+        "purpose": "test",
+        "timeout_seconds": 60
+    });
+    let spec = verified_run(&tree, json!([first, slow]));
+    let (run_id, request_id) = cluster.submit(&spec);
+    cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
+    let base = format!("/api/v1/runs/{run_id}/verification-handoffs");
+    let (_, candidate) = cluster.call("GET", &format!("{base}/candidates?agent=e2e"), None);
+    let body = json!({
+        "request_id": id(9),
+        "agent": "e2e",
+        "pending_request_digest": candidate["pending_request_digest"],
+        "source_digest": candidate["source_digest"],
+        "commands_digest": candidate["commands_digest"],
+        "policy_digest": candidate["policy_digest"],
+        "provider_digest": candidate["provider_digest"]
+    });
+    let (status, receipt) = cluster.call("POST", &format!("{base}/adoptions"), Some(&body));
+    assert_eq!(status, 201, "{receipt}");
+    cluster.wait_until("the slow check to start", LONG, || {
+        cluster.lines("effects").contains(&"start".to_string())
+    });
+    let holder = cluster
+        .holder(&request_id)
+        .await
+        .expect("a worker holds the verification");
+    let victim = cluster.worker_index(&holder);
+    cluster.workers[victim]
+        .process
+        .signal(nix::sys::signal::Signal::SIGKILL);
+
+    let run = cluster.wait_for_state(&run_id, &["completed", "failed"], LONG);
+    assert_eq!(run["state"], "completed", "{run}\n{}", cluster.logs());
+    let lines = cluster.lines("effects");
+    let count = |line: &str| lines.iter().filter(|l| *l == line).count();
+    assert_eq!(
+        count("one"),
+        1,
+        "a check with a result is not run again: {lines:?}"
+    );
+    assert_eq!(
+        count("start"),
+        2,
+        "the interrupted check ran again: {lines:?}"
+    );
+    assert_eq!(count("two"), 1, "{lines:?}");
+    let (_, adoption) = cluster.call("GET", &format!("{base}/adoptions/{}", id(9)), None);
+    assert_eq!(adoption["status"], "completed", "{adoption}");
+    assert_eq!(adoption["results"][0]["attempt"], 1);
+    assert_eq!(adoption["results"][1]["attempt"], 2);
+    assert_eq!(
+        run["usage"]["commands"], 5,
+        "two steps, and three check executions are all charged"
     );
 }

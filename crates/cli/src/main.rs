@@ -7,6 +7,7 @@
 mod actions;
 mod client;
 mod output;
+mod verification;
 
 use cairn_common::config::{parse_or_exit, DatabaseArgs};
 use cairn_common::ids::Id;
@@ -66,6 +67,9 @@ enum Command {
     /// Reviewed acceptance of a retained final report.
     #[command(subcommand, name = "final-outcome-continuations")]
     FinalOutcomeContinuations(ContinuationCommand),
+    /// Verification handoffs: candidates, adoption of the frozen checks, their results.
+    #[command(subcommand)]
+    Verification(verification::VerificationCommand),
     /// Read or change the saved-work recovery policy.
     #[command(subcommand)]
     Policy(PolicyCommand),
@@ -258,6 +262,7 @@ async fn run(cli: Cli) -> Result<u8, CallError> {
         Command::FinalOutcomeContinuations(command) => {
             continuation(&client()?, "final-outcome-continuations", command, json).await
         }
+        Command::Verification(command) => verification::command(&client()?, command, json).await,
         Command::Policy(command) => policy(&client()?, command, json).await,
         Command::Token(command) => tokens(&client()?, command, json).await,
         Command::Credentials(CredentialsCommand::Rotate { agent }) => {

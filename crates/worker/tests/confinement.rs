@@ -4,7 +4,7 @@
 use cairn_worker::step::{self, StepCommand, StepOutcome};
 use std::collections::BTreeMap;
 use std::net::TcpListener;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -14,11 +14,11 @@ fn scratch() -> PathBuf {
     dir
 }
 
-async fn run(argv: &[&str], isolate_network: bool, dir: &PathBuf) -> StepOutcome {
+async fn run(argv: &[&str], isolate_network: bool, dir: &Path) -> StepOutcome {
     let command = StepCommand {
         argv: argv.iter().map(|s| s.to_string()).collect(),
         env: BTreeMap::new(),
-        cwd: dir.clone(),
+        cwd: dir.to_path_buf(),
         timeout: Duration::from_secs(30),
         output_base: dir
             .join("out")

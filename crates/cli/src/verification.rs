@@ -1,0 +1,307 @@
+//! `cairnctl verification`: read a run's pending handoff, adopt its frozen checks once
+//! (the request id and exact document saved locally first), and follow the adoption.
+
+use crate::client::{exit, CallError, Client};
+use crate::{actions, id, output, read_document};
+use cairn_common::ids::Id;
+use clap::Subcommand;
+use reqwest::Method;
+use serde_json::{json, Value};
+use std::path::PathBuf;
+
+#[derive(Debug, Subcommand)]
+pub enum VerificationCommand {
+    /// Inspect the run's pending handoff: its digests, frozen checks and the checks that
+    /// may be declared reusable. Starts no work.
+    Candidates {
+        run: String,
+        /// The provider the verification runs under (the run's agent).
+        #[arg(long)]
+        agent: String,
+        /// Print an adoption document for this candidate, with a new request id.
+        #[arg(long)]
+        template: bool,
+        /// With --template: declare these checks (1-based) reusable.
+        #[arg(long, value_delimiter = ',')]
+        reuse: Vec<usize>,
+    },
+    /// Adopt the frozen checks: records the document's request_id and the exact
+    /// DOCUMENT locally, then POSTs once. Never retries and never invents another id.
+    Adopt {
+        run: String,
+        /// The JSON body (`-` for stdin).
+        document: PathBuf,
+        /// Where records are kept (default: $XDG_STATE_HOME/cairn/actions).
+        #[arg(long, env = "CAIRN_STATE_DIR")]
+        state_dir: Option<PathBuf>,
+    },
+    /// Read a saved adoption and every check's result (executed or reused).
+    Status { run: String, request_id: String },
+}
+
+pub async fn command(
+    client: &Client,
+    command: VerificationCommand,
+    json: bool,
+) -> Result<u8, CallError> {
+    match command {
+        VerificationCommand::Candidates {
+            run,
+            agent,
+            template,
+            reuse,
+        } => {
+            let run = id(&run, "RUN")?;
+            let candidate = client
+                .get(&format!(
+                    "/api/v1/runs/{run}/verification-handoffs/candidates?agent={agent}"
+                ))
+                .await?;
+            if template {
+                output::json(&adoption_template(&candidate, &reuse)?);
+                return Ok(exit::OK);
+            }
+            if json {
+                output::json(&candidate);
+            } else {
+                output::fields(
+                    &candidate,
+                    &[
+                        "admission",
+                        "run_id",
+                        "request_id",
+                        "handoff_id",
+                        "agent",
+                        "pending_request_digest",
+                        "source_digest",
+                        "commands_digest",
+                        "policy_digest",
+                        "provider_digest",
+                    ],
+                );
+                println!("budget                  {}", candidate["budget"]);
+                let reusable: Vec<&Value> = candidate["reusable_build_candidates"]
+                    .as_array()
+                    .map(|a| a.iter().map(|c| &c["command_digest"]).collect())
+                    .unwrap_or_default();
+                let rows: Vec<Vec<String>> = candidate["commands"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|c| {
+                        vec![
+                            output::text(&c["index"]),
+                            output::text(&c["purpose"]),
+                            if reusable.contains(&&c["command_digest"]) {
+                                "yes"
+                            } else {
+                                "no"
+                            }
+                            .to_string(),
+                            output::text(&c["command_digest"]),
+                            output::text(&c["arguments"]),
+                        ]
+                    })
+                    .collect();
+                output::table(
+                    &[
+                        "check",
+                        "purpose",
+                        "reusable",
+                        "command_digest",
+                        "arguments",
+                    ],
+                    &rows,
+                );
+                for hold in candidate["holds"].as_array().into_iter().flatten() {
+                    println!("held: {}", output::text(hold));
+                }
+            }
+            Ok(if candidate["admission"] == "READY" {
+                exit::OK
+            } else {
+                exit::CONFLICT
+            })
+        }
+        VerificationCommand::Adopt {
+            run,
+            document,
+            state_dir,
+        } => adopt(client, &id(&run, "RUN")?, &document, state_dir, json).await,
+        VerificationCommand::Status { run, request_id } => {
+            let path = format!(
+                "/api/v1/runs/{}/verification-handoffs/adoptions/{}",
+                id(&run, "RUN")?,
+                id(&request_id, "REQUEST_ID")?
+            );
+            let adoption = client.get(&path).await?;
+            if json {
+                output::json(&adoption);
+            } else {
+                output::fields(
+                    &adoption,
+                    &[
+                        "status",
+                        "handoff_state",
+                        "request_id",
+                        "run_id",
+                        "agent",
+                        "stop_reason",
+                        "input_digest",
+                        "policy_digest",
+                    ],
+                );
+                let rows: Vec<Vec<String>> = adoption["results"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|r| {
+                        vec![
+                            output::text(&r["index"]),
+                            output::text(&r["display"]),
+                            if r["passed"] == true {
+                                "passed"
+                            } else {
+                                "failed"
+                            }
+                            .to_string(),
+                            output::text(&r["confined"]),
+                            output::text(&r["reusable"]),
+                            output::text(&r["exit_code"]),
+                            output::text(&r["fresh_reason"]),
+                        ]
+                    })
+                    .collect();
+                output::table(
+                    &[
+                        "check",
+                        "result",
+                        "status",
+                        "confined",
+                        "reusable",
+                        "exit",
+                        "fresh reason",
+                    ],
+                    &rows,
+                );
+            }
+            Ok(exit::OK)
+        }
+    }
+}
+
+/// An adoption document for the candidate as it is now, with a new request id.
+fn adoption_template(candidate: &Value, reuse: &[usize]) -> Result<Value, CallError> {
+    let mut selected = Vec::new();
+    for index in reuse {
+        let offered = candidate["reusable_build_candidates"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|c| c["index"] == json!(index));
+        let Some(offered) = offered else {
+            return Err(CallError::new(
+                exit::REJECTED,
+                format!("check {index} is not among the candidate's reusable_build_candidates"),
+            ));
+        };
+        selected.push(json!({
+            "command_digest": offered["command_digest"],
+            "purpose": "source_build",
+            "independent_of_time_and_external_state": true
+        }));
+    }
+    Ok(json!({
+        "request_id": Id::new().to_string(),
+        "agent": candidate["agent"],
+        "pending_request_digest": candidate["pending_request_digest"],
+        "source_digest": candidate["source_digest"],
+        "commands_digest": candidate["commands_digest"],
+        "policy_digest": candidate["policy_digest"],
+        "provider_digest": candidate["provider_digest"],
+        "reusable_build_checks": selected
+    }))
+}
+
+async fn adopt(
+    client: &Client,
+    run: &str,
+    document: &PathBuf,
+    state_dir: Option<PathBuf>,
+    json: bool,
+) -> Result<u8, CallError> {
+    let text = read_document(document)?;
+    let body: Value = serde_json::from_str(&text).map_err(|e| {
+        CallError::new(
+            exit::REJECTED,
+            format!("{}: not JSON: {e}", document.display()),
+        )
+    })?;
+    let request_id = body["request_id"]
+        .as_str()
+        .ok_or_else(|| CallError::new(exit::REJECTED, "the document needs a request_id"))
+        .and_then(|r| id(r, "request_id"))?;
+    let dir = actions::state_dir(state_dir.as_deref());
+    let status_hint = format!("cairnctl verification status {run} {request_id}");
+    let kind = "verification_adoption".to_string();
+    let record = match actions::load(&dir, &request_id)
+        .map_err(|e| CallError::new(exit::ERROR, e.to_string()))?
+    {
+        Some(saved) if saved.body != body || saved.run_id != run || saved.kind != kind => {
+            return Err(CallError::new(
+                exit::CONFLICT,
+                format!("request {request_id} was saved earlier with other input; keep that decision and read it with: {status_hint}"),
+            ));
+        }
+        Some(saved) => saved,
+        None => actions::SavedAction {
+            kind,
+            run_id: run.to_string(),
+            request_id: request_id.clone(),
+            action_id: request_id.clone(),
+            body: body.clone(),
+            saved_at: chrono::Utc::now().to_rfc3339(),
+            outcome: "unsubmitted".into(),
+        },
+    };
+    let saved_path = actions::save(&dir, &record).map_err(|e| {
+        CallError::new(
+            exit::ERROR,
+            format!("could not save the request locally, so nothing was sent: {e}"),
+        )
+    })?;
+    let path = format!("/api/v1/runs/{run}/verification-handoffs/adoptions");
+    let result = client.call(Method::POST, &path, Some(&body), &[]).await;
+    let outcome = match &result {
+        Ok(_) => "saved",
+        Err(e) if e.code == exit::UNCERTAIN => "uncertain",
+        Err(_) => "rejected",
+    };
+    let _ = actions::save(
+        &dir,
+        &actions::SavedAction {
+            outcome: outcome.into(),
+            ..record
+        },
+    );
+    match result {
+        Ok(answer) => {
+            if json {
+                output::json(&answer.body);
+            } else {
+                println!(
+                    "adopted {request_id} ({}); record: {}",
+                    output::text(&answer.body["status"]),
+                    saved_path.display()
+                );
+                println!("follow it with: {status_hint}");
+            }
+            Ok(exit::OK)
+        }
+        Err(e) if e.code == exit::UNCERTAIN => Err(CallError::new(
+            exit::UNCERTAIN,
+            format!("{e}\nthe outcome is unknown; do not submit again with another id. Read it with: {status_hint}"),
+        )),
+        Err(e) => Err(e),
+    }
+}
