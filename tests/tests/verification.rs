@@ -156,6 +156,10 @@ async fn a_passed_check_is_reused_only_while_its_whole_scope_is_unchanged() {
         2,
         "a reused check is not another execution"
     );
+    assert_eq!(
+        cluster.metric(0, "cairn_worker_verification_checks_reused_total"),
+        1.0
+    );
     let journal = cluster.journal(&second_run);
     let intents = entries(&journal, "verification_reuse_intent");
     assert_eq!(intents.len(), 1, "{journal}");

@@ -17,6 +17,9 @@ pub struct WorkerMetrics {
     pub leases_lost: Counter,
     pub self_fenced: Counter,
     pub stale_writes_rejected: Counter,
+    pub checks_run: Counter,
+    pub checks_reused: Counter,
+    pub checks_unconfined: Counter,
     pub claim_latency_seconds: Histogram,
 }
 
@@ -37,6 +40,9 @@ impl Default for WorkerMetrics {
             leases_lost: Counter::default(),
             self_fenced: Counter::default(),
             stale_writes_rejected: Counter::default(),
+            checks_run: Counter::default(),
+            checks_reused: Counter::default(),
+            checks_unconfined: Counter::default(),
             claim_latency_seconds: Histogram::new(buckets),
         }
     }
@@ -94,6 +100,21 @@ impl WorkerMetrics {
             "worker_stale_writes_rejected",
             "Durable writes refused because a newer owner exists",
             &m.stale_writes_rejected,
+        );
+        add(
+            "worker_verification_checks_run",
+            "Verification checks executed",
+            &m.checks_run,
+        );
+        add(
+            "worker_verification_checks_reused",
+            "Verification checks answered by an earlier passed, confined result",
+            &m.checks_reused,
+        );
+        add(
+            "worker_verification_checks_unconfined",
+            "Verification checks that ran without a network namespace (never reusable)",
+            &m.checks_unconfined,
         );
         registry.register(
             "worker_claim_latency_seconds",

@@ -251,6 +251,58 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    #[tokio::test]
+    async fn in_a_git_tree_ignored_build_output_is_not_source() {
+        let dir = std::env::temp_dir().join(format!("cairn-scope-git-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let git = |args: &[&str]| {
+            let ok = std::process::Command::new("git")
+                .args(args)
+                .current_dir(&dir)
+                .env("GIT_CONFIG_NOSYSTEM", "1")
+                .env("GIT_AUTHOR_NAME", "t")
+                .env("GIT_AUTHOR_EMAIL", "t@example.com")
+                .env("GIT_COMMITTER_NAME", "t")
+                .env("GIT_COMMITTER_EMAIL", "t@example.com")
+                .status()
+                .expect("git")
+                .success();
+            assert!(ok, "git {args:?}");
+        };
+        git(&["init", "--quiet", "-b", "main"]);
+        std::fs::write(dir.join(".gitignore"), "target/\n").expect("write");
+        std::fs::write(dir.join("lib.rs"), "pub fn f() {}").expect("write");
+        git(&["add", "."]);
+        git(&["commit", "--quiet", "-m", "init"]);
+        let rules = CaptureRules::default();
+        let first = measure(&dir, &rules).await.expect("measure");
+        assert_eq!(first.files, 2);
+
+        std::fs::create_dir_all(dir.join("target")).expect("dir");
+        std::fs::write(dir.join("target/out.o"), "object").expect("write");
+        assert_eq!(
+            measure(&dir, &rules).await.expect("measure"),
+            first,
+            "ignored output"
+        );
+
+        std::fs::write(dir.join("new.rs"), "// new").expect("write");
+        let untracked = measure(&dir, &rules).await.expect("measure");
+        assert_ne!(
+            untracked.source_digest, first.source_digest,
+            "untracked source counts"
+        );
+        std::fs::remove_file(dir.join("new.rs")).expect("remove");
+
+        std::fs::remove_file(dir.join("lib.rs")).expect("remove");
+        let deleted = measure(&dir, &rules).await.expect("measure");
+        assert_ne!(
+            deleted.source_digest, first.source_digest,
+            "a deleted file counts"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[test]
     fn scratch_paths_do_not_change_the_environment_digest() {
         let env = |scratch: &str| {

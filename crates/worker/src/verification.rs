@@ -547,7 +547,10 @@ impl Worker {
             kill_grace: self.settings.kill_grace,
             isolate_network: confined,
         };
-        self.metrics.steps_run.inc();
+        self.metrics.checks_run.inc();
+        if !confined {
+            self.metrics.checks_unconfined.inc();
+        }
         let started_at = Utc::now();
         tracing::info!(check = plan.index, confined, "verification check started");
         let outcome = match tokio::fs::create_dir_all(&plan.scratch).await {
@@ -796,6 +799,7 @@ impl Worker {
         };
         ticket::set_state(&mut tx, job.lease.request_id, state, reason, None).await?;
         tx.commit().await?;
+        self.metrics.checks_reused.inc_by(reused.len() as u64);
         Ok(Ending::Completed { passed, summary })
     }
 

@@ -159,6 +159,7 @@ global.extraConfig may not name them (it would clash with or be shadowed by them
   "CAIRN_WORKSPACE_PERSISTENT" "worker.workspacePersistent"
   "CAIRN_BASE_IMAGE" "worker.baseImage"
   "CAIRN_CAPTURE_EXCLUDE" "worker.captureExclude"
+  "CAIRN_VERIFY_CONFINEMENT" "worker.verifyConfinement"
   "CAIRN_REAPER_INTERVAL_SECONDS" "reaper.intervalSeconds"
   "CAIRN_REAPER_BATCH" "reaper.batch"
   "CAIRN_IDLE_HEAD_SECONDS" "reaper.retention.idleHeadSeconds"
