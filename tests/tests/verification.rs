@@ -460,3 +460,61 @@ async fn a_worker_killed_mid_check_leaves_the_verification_to_another_without_re
         "two steps, and three check executions are all charged"
     );
 }
+
+#[tokio::test]
+async fn a_draining_worker_hands_a_verification_back_on_the_same_attempt() {
+    let _services = ServiceLock::shared().await;
+    let settings = Settings {
+        drain_seconds: 3,
+        ..Settings::default()
+    };
+    let cluster = Cluster::start("verify-drain", 2, settings).await;
+    let effects = cluster.path("effects");
+    let tree = Tree {
+        source: "z",
+        lock: "l",
+        mode: "a",
+    };
+    let slow = json!({
+        "argv": ["sh", "-c", format!("echo start >> {effects}; sleep 6; echo done >> {effects}")],
+        "purpose": "test",
+        "timeout_seconds": 60
+    });
+    let spec = verified_run(&tree, json!([slow]));
+    let (run_id, request_id) = cluster.submit(&spec);
+    cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
+    let base = format!("/api/v1/runs/{run_id}/verification-handoffs");
+    let (_, candidate) = cluster.call("GET", &format!("{base}/candidates?agent=e2e"), None);
+    let body = json!({
+        "request_id": id(10),
+        "agent": "e2e",
+        "pending_request_digest": candidate["pending_request_digest"],
+        "source_digest": candidate["source_digest"],
+        "commands_digest": candidate["commands_digest"],
+        "policy_digest": candidate["policy_digest"],
+        "provider_digest": candidate["provider_digest"]
+    });
+    let (status, receipt) = cluster.call("POST", &format!("{base}/adoptions"), Some(&body));
+    assert_eq!(status, 201, "{receipt}");
+    cluster.wait_until("the check to start", LONG, || {
+        cluster.lines("effects").contains(&"start".to_string())
+    });
+    let holder = cluster.holder(&request_id).await.expect("a holder");
+    let draining = cluster.worker_index(&holder);
+    cluster.workers[draining]
+        .process
+        .signal(nix::sys::signal::Signal::SIGTERM);
+
+    let run = cluster.wait_for_state(&run_id, &["completed", "failed"], LONG);
+    assert_eq!(run["state"], "completed", "{run}\n{}", cluster.logs());
+    assert!(
+        cluster.metric(1 - draining, "cairn_worker_jobs_completed_total") >= 1.0,
+        "the other worker finished it"
+    );
+    let (_, adoption) = cluster.call("GET", &format!("{base}/adoptions/{}", id(10)), None);
+    assert_eq!(
+        adoption["results"][0]["attempt"], 1,
+        "a hand-back keeps the attempt: {adoption}"
+    );
+    assert_eq!(cluster.lines("effects"), ["start", "start", "done"]);
+}

@@ -235,8 +235,12 @@ impl Worker {
             ticket::set_state(&mut tx, lease.request_id, state, Some(reason), None).await?;
             if let Some((action_id, kind)) = pending_action {
                 if kind == "verification" {
-                    ticket::set_adoption_status(&mut tx, action_id, "cancelled", Some(reason))
-                        .await?;
+                    let status = if row.cancel_requested {
+                        "cancelled"
+                    } else {
+                        "failed"
+                    };
+                    ticket::set_adoption_status(&mut tx, action_id, status, Some(reason)).await?;
                 } else {
                     ticket::set_action_status(&mut tx, action_id, "failed").await?;
                 }
