@@ -280,6 +280,11 @@ async fn snapshots_of_rotated_credentials_are_retired() {
 #[tokio::test]
 async fn sandbox_snapshots_follow_their_workspace() {
     let db = TestDb::new().await;
+    // An existing store: the reaper never creates a missing one (that waits for repair).
+    let store_dir =
+        std::env::temp_dir().join(format!("cairn-sandbox-store-{}", Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&store_dir).expect("store");
+    let store = format!("file://{}", store_dir.display());
     let live = Uuid::new_v4();
     let destroyed = Uuid::new_v4();
     let paused = Uuid::new_v4();
@@ -298,13 +303,12 @@ async fn sandbox_snapshots_follow_their_workspace() {
             .await
             .expect("workspace");
     }
-    let older_stop = snapshot_row(&db.pool, "stop", "file:///tmp/none", None, Some(live)).await;
+    let older_stop = snapshot_row(&db.pool, "stop", &store, None, Some(live)).await;
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    let latest_stop = snapshot_row(&db.pool, "stop", "file:///tmp/none", None, Some(live)).await;
-    let named = snapshot_row(&db.pool, "named", "file:///tmp/none", None, Some(destroyed)).await;
-    let of_destroyed =
-        snapshot_row(&db.pool, "stop", "file:///tmp/none", None, Some(destroyed)).await;
-    let memory = snapshot_row(&db.pool, "memory", "file:///tmp/none", None, Some(paused)).await;
+    let latest_stop = snapshot_row(&db.pool, "stop", &store, None, Some(live)).await;
+    let named = snapshot_row(&db.pool, "named", &store, None, Some(destroyed)).await;
+    let of_destroyed = snapshot_row(&db.pool, "stop", &store, None, Some(destroyed)).await;
+    let memory = snapshot_row(&db.pool, "memory", &store, None, Some(paused)).await;
 
     sweep(&db.pool, now + Duration::hours(23)).await;
     assert_eq!(
@@ -343,6 +347,7 @@ async fn sandbox_snapshots_follow_their_workspace() {
         "current",
         "the latest stop snapshot lives with its workspace"
     );
+    let _ = std::fs::remove_dir_all(&store_dir);
 }
 
 #[tokio::test]
