@@ -518,3 +518,68 @@ async fn a_draining_worker_hands_a_verification_back_on_the_same_attempt() {
     );
     assert_eq!(cluster.lines("effects"), ["start", "start", "done"]);
 }
+
+#[tokio::test]
+async fn a_database_check_with_an_unknown_outcome_is_not_run_again() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("verify-unknown", 1, Settings::default()).await;
+    let effects = cluster.path("effects");
+    let tree = Tree {
+        source: "w",
+        lock: "l",
+        mode: "a",
+    };
+    let database = json!({
+        "argv": ["sh", "-c", format!("echo migrate >> {effects}; sleep 30")],
+        "purpose": "database_integration",
+        "timeout_seconds": 120
+    });
+    let spec = verified_run(&tree, json!([database]));
+    let (run_id, _) = cluster.submit(&spec);
+    cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
+    let base = format!("/api/v1/runs/{run_id}/verification-handoffs");
+    let (_, candidate) = cluster.call("GET", &format!("{base}/candidates?agent=e2e"), None);
+    let body = json!({
+        "request_id": id(11),
+        "agent": "e2e",
+        "pending_request_digest": candidate["pending_request_digest"],
+        "source_digest": candidate["source_digest"],
+        "commands_digest": candidate["commands_digest"],
+        "policy_digest": candidate["policy_digest"],
+        "provider_digest": candidate["provider_digest"]
+    });
+    let (status, receipt) = cluster.call("POST", &format!("{base}/adoptions"), Some(&body));
+    assert_eq!(status, 201, "{receipt}");
+    cluster.wait_until("the database check to start", LONG, || {
+        cluster.lines("effects") == ["migrate"]
+    });
+    cluster.workers[0]
+        .process
+        .signal(nix::sys::signal::Signal::SIGKILL);
+    cluster.add_worker();
+
+    let run = cluster.wait_for_state(
+        &run_id,
+        &["needs_reconciliation", "completed", "failed"],
+        LONG,
+    );
+    assert_eq!(
+        run["state"],
+        "needs_reconciliation",
+        "{run}\n{}",
+        cluster.logs()
+    );
+    assert_eq!(
+        run["reconciliation_step"],
+        format!("verify:{}:1", id(11)),
+        "{run}"
+    );
+    assert_eq!(
+        cluster.lines("effects"),
+        ["migrate"],
+        "not run a second time"
+    );
+    let (_, adoption) = cluster.call("GET", &format!("{base}/adoptions/{}", id(11)), None);
+    assert_eq!(adoption["status"], "failed", "{adoption}");
+    assert_eq!(adoption["handoff_state"], "failed");
+}

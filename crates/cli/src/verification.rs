@@ -52,6 +52,16 @@ pub async fn command(
             reuse,
         } => {
             let run = id(&run, "RUN")?;
+            let valid_agent = !agent.is_empty()
+                && agent
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+            if !valid_agent {
+                return Err(CallError::new(
+                    exit::USAGE,
+                    "AGENT is letters, digits, '.', '_' or '-'",
+                ));
+            }
             let candidate = client
                 .get(&format!(
                     "/api/v1/runs/{run}/verification-handoffs/candidates?agent={agent}"

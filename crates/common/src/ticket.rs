@@ -174,6 +174,23 @@ pub async fn set_adoption_status(
     Ok(())
 }
 
+/// Sets the state of the handoff an adoption adopted.
+pub async fn set_handoff_state_of(
+    conn: &mut PgConnection,
+    adoption_id: Uuid,
+    state: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE verification_handoffs SET state = $2, updated_at = now()
+          WHERE id = (SELECT handoff_id FROM verification_adoptions WHERE id = $1)",
+    )
+    .bind(adoption_id)
+    .bind(state)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// Queues an adopted verification again (same adoption, the given attempt), fencing out
 /// whoever held it: a worker's drain, or the lease sweeper after a lapse.
 pub async fn requeue_verification(

@@ -198,9 +198,13 @@ async fn handle_lapsed(
         if let Some(action) = l.executing_action {
             ticket::set_action_status(&mut *conn, action, "failed").await?;
         }
-        if let Some(adoption) = l.executing_verification {
+        for adoption in [l.executing_verification, l.queued_verification]
+            .into_iter()
+            .flatten()
+        {
             ticket::set_adoption_status(&mut *conn, adoption, "cancelled", Some("cancelled"))
                 .await?;
+            ticket::set_handoff_state_of(&mut *conn, adoption, "failed").await?;
         }
         report.cancelled += 1;
         return Ok(());
@@ -300,13 +304,7 @@ async fn lapsed_verification(
         Some("verification_attempts_exhausted"),
     )
     .await?;
-    sqlx::query(
-        "UPDATE verification_handoffs SET state = 'pending', updated_at = now()
-          WHERE id = (SELECT handoff_id FROM verification_adoptions WHERE id = $1)",
-    )
-    .bind(adoption)
-    .execute(&mut *conn)
-    .await?;
+    ticket::set_handoff_state_of(&mut *conn, adoption, "pending").await?;
     ticket::set_state(
         &mut *conn,
         l.id,

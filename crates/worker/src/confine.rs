@@ -1,5 +1,7 @@
 //! Confinement of verification checks on Linux: a new network namespace in which only
-//! loopback exists (and is up), so a check reaches nothing outside its own process tree.
+//! loopback exists (and is up), so a check reaches nothing outside its own process tree
+//! over the network, and no capability left to leave it. Unix sockets bound to paths in
+//! the filesystem remain reachable: there is no mount namespace.
 //! The rest of the confinement (private scratch `HOME`/`TMPDIR`, a cleared environment,
 //! its own process group, a timeout) is the step runner's.
 
@@ -42,11 +44,85 @@ impl Policy {
     }
 }
 
-/// Runs in the forked child before exec: a new network namespace, then loopback up.
-/// Only async-signal-safe system calls, no allocation.
+/// Runs in the forked child before exec: a new network namespace, loopback up, then
+/// every capability dropped and `no_new_privs` set, so the check cannot re-enter the
+/// host's namespace (`setns` needs `CAP_SYS_ADMIN`) nor regain privileges through a
+/// set-user-id program. Only async-signal-safe system calls, no allocation.
 fn enter_network_namespace() -> io::Result<()> {
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).map_err(io::Error::from)?;
-    loopback_up()
+    loopback_up()?;
+    drop_privileges()
+}
+
+/// `struct __user_cap_header_struct` of capget(2)/capset(2).
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: libc::c_int,
+}
+
+/// `struct __user_cap_data_struct`; version 3 takes two of them (64 capabilities).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+const CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+/// Higher than any capability the kernel knows; unknown ones fail with EINVAL, ignored.
+const LAST_CAPABILITY: libc::c_ulong = 63;
+
+#[allow(unsafe_code)]
+fn drop_privileges() -> io::Result<()> {
+    // SAFETY: prctl(2) and capset(2) with stack-owned, correctly laid out arguments.
+    unsafe {
+        if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // The bounding set first (it needs CAP_SETPCAP, still held), so that exec of a
+        // root-owned process cannot regain what is dropped below.
+        for capability in 0..=LAST_CAPABILITY {
+            if libc::prctl(libc::PR_CAPBSET_DROP, capability, 0, 0, 0) != 0 {
+                let error = io::Error::last_os_error();
+                if error.raw_os_error() != Some(libc::EINVAL) {
+                    return Err(error);
+                }
+            }
+        }
+        if libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        ) != 0
+        {
+            let error = io::Error::last_os_error();
+            if error.raw_os_error() != Some(libc::EINVAL) {
+                return Err(error);
+            }
+        }
+        let mut header = CapHeader {
+            version: CAPABILITY_VERSION_3,
+            pid: 0,
+        };
+        let data = [CapData {
+            effective: 0,
+            permitted: 0,
+            inheritable: 0,
+        }; 2];
+        if libc::syscall(
+            libc::SYS_capset,
+            &mut header as *mut CapHeader,
+            data.as_ptr(),
+        ) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
 }
 
 #[allow(unsafe_code)]

@@ -241,6 +241,7 @@ impl Worker {
                         "failed"
                     };
                     ticket::set_adoption_status(&mut tx, action_id, status, Some(reason)).await?;
+                    ticket::set_handoff_state_of(&mut tx, action_id, "failed").await?;
                 } else {
                     ticket::set_action_status(&mut tx, action_id, "failed").await?;
                 }

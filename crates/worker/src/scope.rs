@@ -77,51 +77,26 @@ pub enum ScopeError {
     },
 }
 
-/// Measures the source of `root`: in a git tree, the tracked and the non-ignored
-/// untracked files (build outputs in ignored directories are not source); elsewhere,
-/// every file. `.git`, credential files and excluded names are never part of it, just as
-/// they are never captured.
+/// Measures the source of `root`: every file the tree's own `.gitignore` files do not
+/// ignore (build output in ignored directories is not source). `.git`, nested
+/// repositories, credential files and excluded names never count, just as they are never
+/// captured. Nothing here runs git or reads `.git`: a check may have written to it, and
+/// the worker must not act on what a check wrote there.
 pub async fn measure(root: &Path, rules: &CaptureRules) -> Result<SourceScope, ScopeError> {
-    let paths = if root.join(".git").exists() {
-        let listing = crate::workspace::git_output(
-            "ls-files",
-            &[
-                "ls-files",
-                "-z",
-                "--cached",
-                "--others",
-                "--exclude-standard",
-            ],
-            Some(root),
-        )
-        .await
-        .map_err(|e| ScopeError::Listing(e.to_string()))?;
-        let mut paths: Vec<String> = listing
-            .split('\0')
-            .filter(|p| !p.is_empty() && !p.ends_with('/'))
-            .map(String::from)
-            .collect();
-        paths.sort();
-        paths.dedup();
-        Some(paths)
-    } else {
-        None
-    };
     let (root, rules) = (root.to_path_buf(), rules.clone());
-    tokio::task::spawn_blocking(move || hash_tree(&root, &rules, paths))
-        .await
-        .map_err(|e| ScopeError::Listing(e.to_string()))?
+    tokio::task::spawn_blocking(move || {
+        let paths = list(&root, &rules)?;
+        hash_tree(&root, &rules, paths)
+    })
+    .await
+    .map_err(|e| ScopeError::Listing(e.to_string()))?
 }
 
 fn hash_tree(
     root: &Path,
     rules: &CaptureRules,
-    listed: Option<Vec<String>>,
+    paths: Vec<String>,
 ) -> Result<SourceScope, ScopeError> {
-    let paths = match listed {
-        Some(paths) => paths,
-        None => walk(root, rules),
-    };
     let mut source: Vec<(String, String)> = Vec::with_capacity(paths.len());
     let mut dependencies: Vec<(String, String)> = Vec::new();
     for path in paths {
@@ -151,26 +126,39 @@ fn hash_tree(
     })
 }
 
-/// Every file under `root` but `.git` and excluded names, as sorted relative paths.
-fn walk(root: &Path, rules: &CaptureRules) -> Vec<String> {
-    let mut paths: Vec<String> = walkdir::WalkDir::new(root)
-        .min_depth(1)
-        .into_iter()
-        .filter_entry(|e| {
-            let name = e.file_name().to_string_lossy();
-            name != ".git" && !rules.excludes(&name)
+/// The source files under `root`, as sorted relative paths. Only the tree's `.gitignore`
+/// files apply: not `.git/info/exclude`, not any global git configuration.
+fn list(root: &Path, rules: &CaptureRules) -> Result<Vec<String>, ScopeError> {
+    let filter_rules = rules.clone();
+    let walker = ignore::WalkBuilder::new(root)
+        .hidden(false)
+        .parents(false)
+        .ignore(false)
+        .git_ignore(true)
+        .git_global(false)
+        .git_exclude(false)
+        .require_git(false)
+        .follow_links(false)
+        .filter_entry(move |entry| {
+            let name = entry.file_name().to_string_lossy();
+            let nested_repository = entry.depth() > 0
+                && entry.file_type().is_some_and(|t| t.is_dir())
+                && entry.path().join(".git").exists();
+            name != ".git" && !filter_rules.excludes(&name) && !nested_repository
         })
-        .filter_map(Result::ok)
-        .filter(|e| !e.file_type().is_dir())
-        .filter_map(|e| {
-            e.path()
-                .strip_prefix(root)
-                .ok()
-                .map(|p| p.to_string_lossy().into_owned())
-        })
-        .collect();
+        .build();
+    let mut paths = Vec::new();
+    for entry in walker {
+        let entry = entry.map_err(|e| ScopeError::Listing(e.to_string()))?;
+        if entry.depth() == 0 || entry.file_type().is_some_and(|t| t.is_dir()) {
+            continue;
+        }
+        if let Ok(relative) = entry.path().strip_prefix(root) {
+            paths.push(relative.to_string_lossy().into_owned());
+        }
+    }
     paths.sort();
-    paths
+    Ok(paths)
 }
 
 /// One entry: its kind, executable bit and content hash (a symlink by its target; a
@@ -252,7 +240,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn in_a_git_tree_ignored_build_output_is_not_source() {
+    async fn ignored_output_git_internals_and_nested_repositories_are_not_source() {
         let dir = std::env::temp_dir().join(format!("cairn-scope-git-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).expect("dir");
         let git = |args: &[&str]| {
@@ -285,6 +273,26 @@ mod tests {
             first,
             "ignored output"
         );
+
+        // What a check writes into .git cannot hide a file from the source.
+        std::fs::write(dir.join(".git/info/exclude"), "hidden.rs\n").expect("write");
+        std::fs::write(dir.join("hidden.rs"), "// hidden").expect("write");
+        let hidden = measure(&dir, &rules).await.expect("measure");
+        assert_ne!(
+            hidden.source_digest, first.source_digest,
+            ".git/info/exclude is not read"
+        );
+        std::fs::remove_file(dir.join("hidden.rs")).expect("remove");
+
+        // A nested repository is not this source (it is never captured either).
+        std::fs::create_dir_all(dir.join("vendored/.git")).expect("dir");
+        std::fs::write(dir.join("vendored/lib.rs"), "x").expect("write");
+        assert_eq!(
+            measure(&dir, &rules).await.expect("measure"),
+            first,
+            "nested repository"
+        );
+        std::fs::remove_dir_all(dir.join("vendored")).expect("remove");
 
         std::fs::write(dir.join("new.rs"), "// new").expect("write");
         let untracked = measure(&dir, &rules).await.expect("measure");

@@ -143,6 +143,8 @@ struct Prior {
     runner_digest: String,
     started_at: DateTime<Utc>,
     finished_at: DateTime<Utc>,
+    /// The completion receipt (journal entry) that accepted the original result.
+    accepted_by: Option<i64>,
 }
 
 impl Prior {
@@ -170,6 +172,12 @@ struct Plan<'a> {
     fresh_reason: Option<&'static str>,
 }
 
+impl Plan<'_> {
+    fn index_i32(&self) -> i32 {
+        i32::try_from(self.index).unwrap_or(i32::MAX)
+    }
+}
+
 /// How a verification ended, before the lease is given up.
 enum Ending {
     /// The completion committed: every check has a result.
@@ -179,12 +187,18 @@ enum Ending {
     },
     /// Nothing was completed (and nothing is recorded yet).
     Fail(String),
+    /// A check that may not run twice started and has no receipt (its step key).
+    Reconcile(String),
     Interrupted,
 }
 
 const PRIOR_SELECT: &str = "SELECT r.id, r.request_id, r.attempt, r.lease_epoch, r.step_key, r.exit_code, r.output_digest,
         r.stdout_tail, r.stderr_tail, r.wall_ms, r.scope_digest, r.source_digest, r.dependency_digest,
-        r.environment_digest, r.runner_digest, r.started_at, r.finished_at
+        r.environment_digest, r.runner_digest, r.started_at, r.finished_at,
+        (SELECT j.id FROM journal_entries j
+          WHERE j.request_id = r.request_id AND j.entry_kind = 'verification_completion'
+            AND j.body->>'adoption_id' = replace(r.adoption_id::text, '-', '')
+          ORDER BY j.id DESC LIMIT 1) AS accepted_by
    FROM verification_results r JOIN verification_adoptions a ON a.id = r.adoption_id
   WHERE r.command_digest = $1 AND r.agent = $2 AND r.repository IS NOT DISTINCT FROM $3
     AND r.passed AND r.confined AND r.reusable AND r.reused_from IS NULL AND a.status = 'completed'";
@@ -203,7 +217,7 @@ impl Worker {
         };
         let Some(adoption) = adoption else {
             let message = "the adopted handoff could not be read".to_string();
-            self.end_verification(job, None, RequestState::Failed, &message)
+            self.end_verification(job, None, RequestState::Failed, &message, None)
                 .await?;
             return Ok(JobOutcome::Failed(message));
         };
@@ -213,7 +227,7 @@ impl Worker {
             Err(CustodyError::Job(e)) => return Err(e),
             Err(CustodyError::Workspace(e)) => {
                 let message = format!("workspace: {e}");
-                self.end_verification(job, Some(&adoption), RequestState::Failed, &message)
+                self.end_verification(job, Some(&adoption), RequestState::Failed, &message, None)
                     .await?;
                 return Ok(JobOutcome::Failed(message));
             }
@@ -248,9 +262,22 @@ impl Worker {
                 })
             }
             Ending::Fail(message) => {
-                self.end_verification(job, Some(&adoption), RequestState::Failed, &message)
+                self.end_verification(job, Some(&adoption), RequestState::Failed, &message, None)
                     .await?;
                 Ok(JobOutcome::Failed(message))
+            }
+            Ending::Reconcile(step) => {
+                self.end_verification(
+                    job,
+                    Some(&adoption),
+                    RequestState::NeedsReconciliation,
+                    "unknown_outcome",
+                    Some(&step),
+                )
+                .await?;
+                Ok(JobOutcome::NeedsReconciliation(format!(
+                    "check {step} started and has no receipt: its outcome is unknown"
+                )))
             }
             Ending::Interrupted => match reason.get() {
                 Some(renewal::Reason::Cancelled) => {
@@ -259,6 +286,7 @@ impl Worker {
                         Some(&adoption),
                         RequestState::Cancelled,
                         "cancelled while verifying",
+                        None,
                     )
                     .await?;
                     Ok(JobOutcome::Cancelled)
@@ -298,24 +326,52 @@ impl Worker {
             ));
         }
         let confined = policy.confines();
-        let plans = self.plan(job, adoption, &before, confined).await?;
-        self.journal_reuse_intent(job, adoption, &plans).await?;
-
+        // Results an earlier attempt of this adoption already recorded stand as they are.
         let recorded: Vec<i32> = sqlx::query_scalar(
             "SELECT command_index FROM verification_results WHERE adoption_id = $1",
         )
         .bind(adoption.id)
         .fetch_all(&self.pool)
         .await?;
+        // A check that started and has no receipt has an unknown outcome: it runs again
+        // only if it is of a kind that may (a source check); otherwise a person decides.
+        let unknown: Vec<(String, bool)> = sqlx::query_as(
+            "SELECT i.step_key, i.idempotent FROM journal_intents i
+               LEFT JOIN journal_receipts r ON r.request_id = i.request_id AND r.step_key = i.step_key
+              WHERE i.request_id = $1 AND i.step_key LIKE $2 AND r.step_key IS NULL",
+        )
+        .bind(job.lease.request_id)
+        .bind(format!("verify:{}:%", adoption.id.simple()))
+        .fetch_all(&self.pool)
+        .await?;
+        if let Some((step, _)) = unknown.iter().find(|(_, idempotent)| !idempotent) {
+            return Ok(Ending::Reconcile(step.clone()));
+        }
+        let plans = self
+            .plan(job, adoption, &before, confined, &recorded)
+            .await?;
         let mut used_commands: i32 =
             sqlx::query_scalar("SELECT used_commands FROM execution_requests WHERE id = $1")
                 .bind(job.lease.request_id)
                 .fetch_one(&self.pool)
                 .await?;
+        let to_run = plans
+            .iter()
+            .filter(|p| p.prior.is_none() && !recorded.contains(&p.index_i32()))
+            .count();
+        let remaining = i64::from(job.max_commands) - i64::from(used_commands);
+        if to_run as i64 > remaining {
+            // Fail before anything runs, rather than charge some checks and stop midway.
+            return Ok(Ending::Fail(format!(
+                "budget exhausted: {to_run} checks must run and {} of max_commands ({}) remain",
+                remaining.max(0),
+                job.max_commands
+            )));
+        }
+        self.journal_reuse_intent(job, adoption, &plans).await?;
         let mut used_wall_ms = job.used_wall_ms;
         for plan in &plans {
-            let index = i32::try_from(plan.index).unwrap_or(i32::MAX);
-            if plan.prior.is_some() || recorded.contains(&index) {
+            if plan.prior.is_some() || recorded.contains(&plan.index_i32()) {
                 // Reused at completion, or already run by an earlier attempt of this adoption.
                 continue;
             }
@@ -355,6 +411,7 @@ impl Worker {
         adoption: &'a Adoption,
         source: &SourceScope,
         confined: bool,
+        recorded: &[i32],
     ) -> Result<Vec<Plan<'a>>, JobError> {
         let runner = scope::runner_digest(
             confined,
@@ -375,7 +432,10 @@ impl Worker {
             let command_digest = checks::command_digest(check);
             let declared = adoption.declared.contains(&command_digest);
             let reusable = declared && check.purpose.reuse_eligible();
-            let (prior, fresh_reason) = if !declared {
+            let already = recorded.contains(&i32::try_from(index).unwrap_or(i32::MAX));
+            let (prior, fresh_reason) = if already {
+                (None, None)
+            } else if !declared {
                 (None, Some("not_declared"))
             } else if !check.purpose.reuse_eligible() {
                 (None, Some("never_reusable"))
@@ -453,6 +513,7 @@ impl Worker {
                         "source_result_id": prior.id.simple().to_string(),
                         "source_request_id": prior.request_id.map(|id| id.simple().to_string()),
                         "source_attempt": prior.attempt,
+                        "source_completion_receipt": prior.accepted_by,
                     })
                 })
             })
@@ -507,13 +568,16 @@ impl Worker {
         .await?;
         sqlx::query(
             "INSERT INTO journal_intents (request_id, step_key, step_index, idempotent, lease_epoch, attempt)
-             VALUES ($1, $2, $3, TRUE, $4, $5)
+             VALUES ($1, $2, $3, $4, $5, $6)
              ON CONFLICT (request_id, step_key) DO UPDATE
                 SET lease_epoch = EXCLUDED.lease_epoch, attempt = EXCLUDED.attempt, started_at = now()",
         )
         .bind(job.lease.request_id)
         .bind(&step_key)
-        .bind(i32::try_from(plan.index).unwrap_or(i32::MAX))
+        .bind(plan.index_i32())
+        // Source checks may run again after an unknown outcome; checks of changing
+        // services or generated output may not.
+        .bind(plan.check.purpose.reuse_eligible())
         .bind(job.lease.epoch)
         .bind(job.attempt)
         .execute(&mut *tx)
@@ -662,12 +726,10 @@ impl Worker {
             Ok(_) => None,
             Err(_) => Some("the source (it can no longer be measured)"),
         };
-        // The environment is derived again from the frozen checks and the runner.
-        let environment_changed = plans.iter().any(|p| {
-            scope::environment_digest(&check_env(p.check, &p.scratch), &p.scratch)
-                != p.scope.environment_digest
-        });
-        if let Some(what) = late_change.or(environment_changed.then_some("the environment")) {
+        // The environment of a check is a function of its frozen command and the runner's
+        // fixed variables only (nothing is inherited from the worker), so it is bound by
+        // the witness; what can change under a running verification is the tree.
+        if let Some(what) = late_change {
             drop(tx);
             let message = format!(
                 "verification_late_change: {what} changed while the checks ran; nothing was completed and every check already run stays charged"
@@ -679,7 +741,7 @@ impl Worker {
         let mut reused = Vec::new();
         for plan in plans {
             let Some(prior) = &plan.prior else { continue };
-            sqlx::query(
+            let inserted = sqlx::query(
                 "INSERT INTO verification_results (id, adoption_id, command_index, command_digest, purpose, confined,
                         reusable, scope_digest, exit_code, passed, output_digest, reused_from, started_at, finished_at,
                         request_id, agent, repository, attempt, lease_epoch, step_key, source_digest, dependency_digest,
@@ -714,6 +776,9 @@ impl Worker {
             .bind(&prior.stderr_tail)
             .execute(&mut *tx)
             .await?;
+            if inserted.rows_affected() == 0 {
+                continue;
+            }
             reused.push(json!({
                 "index": plan.index,
                 "command_digest": plan.command_digest,
@@ -721,6 +786,7 @@ impl Worker {
                 "source_request_id": prior.request_id.map(|id| id.simple().to_string()),
                 "source_step_key": prior.step_key,
                 "source_attempt": prior.attempt,
+                "source_completion_receipt": prior.accepted_by,
             }));
         }
         let results: Vec<(i32, bool, bool, Option<i32>)> = sqlx::query_as(
@@ -810,9 +876,10 @@ impl Worker {
         adoption: Option<&Adoption>,
         state: RequestState,
         reason: &str,
+        step: Option<&str>,
     ) -> Result<(), JobError> {
         let mut tx = job.lease.begin_fenced(&self.pool).await?;
-        ticket::set_state(&mut tx, job.lease.request_id, state, Some(reason), None).await?;
+        ticket::set_state(&mut tx, job.lease.request_id, state, Some(reason), step).await?;
         if let Some(adoption) = adoption {
             let status = if state == RequestState::Cancelled {
                 "cancelled"
@@ -869,7 +936,12 @@ async fn journal(
 
 /// Where a request's checks get their private scratch directories (outside the tree).
 fn scratch_root(workspaces_dir: &Path, job: &Claimed) -> PathBuf {
-    workspaces_dir.join(format!("{}.scratch", job.lease.request_id.simple()))
+    // Per epoch: a fenced-out owner on the same host never shares or removes it.
+    workspaces_dir.join(format!(
+        "{}.scratch-{}",
+        job.lease.request_id.simple(),
+        job.lease.epoch
+    ))
 }
 
 /// A check's whole environment: the runner's variables, then the check's own.

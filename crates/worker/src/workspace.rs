@@ -50,7 +50,7 @@ impl Workspace {
 
 const GIT_TIMEOUT: Duration = Duration::from_secs(600);
 
-pub(crate) async fn git_output(
+async fn git_output(
     step: &'static str,
     args: &[&str],
     cwd: Option<&Path>,

@@ -71,6 +71,35 @@ async fn a_confined_check_cannot_reach_the_host_loopback_but_has_its_own() {
         .filter_map(|l| l.split(':').next().map(str::trim))
         .collect();
     assert_eq!(interfaces, ["lo"], "{}", links.stdout_tail);
+
+    // No capability is left, so the host's namespace cannot be entered again, and
+    // set-user-id programs gain nothing.
+    let status = run(&["cat", "/proc/self/status"], true, &dir).await;
+    for field in ["CapEff", "CapPrm", "CapBnd", "CapAmb"] {
+        let line = status
+            .stdout_tail
+            .lines()
+            .find(|l| l.starts_with(field))
+            .unwrap_or_default()
+            .to_string();
+        assert!(line.ends_with("0000000000000000"), "{line}");
+    }
+    assert!(
+        status.stdout_tail.lines().any(|l| l == "NoNewPrivs:\t1"),
+        "{}",
+        status.stdout_tail
+    );
+    let reenter = run(
+        &["nsenter", "--net=/proc/1/ns/net", "bash", "-c", &connect],
+        true,
+        &dir,
+    )
+    .await;
+    assert!(
+        !reenter.succeeded(),
+        "setns back to the host must fail: {reenter:?}"
+    );
+    assert_eq!(reenter.stdout_tail, "");
     drop(listener);
     let _ = std::fs::remove_dir_all(&dir);
 }
