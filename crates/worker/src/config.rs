@@ -69,6 +69,15 @@ pub struct Config {
     /// Largest captured output of one stream of one step, kept as an artifact.
     #[arg(long, env = "CAIRN_OUTPUT_MAX_BYTES", default_value_t = 8 * 1024 * 1024)]
     pub output_max_bytes: u64,
+    /// Seconds between two passes of the workspace janitor, which removes this worker's
+    /// trees once no hold guards them.
+    #[arg(long, env = "CAIRN_JANITOR_INTERVAL_SECONDS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub janitor_interval_seconds: u64,
+    /// Seconds a tree is left alone after its hold expired, so an adoption that saw the
+    /// hold alive finishes first.
+    #[arg(long, env = "CAIRN_JANITOR_GRACE_SECONDS", default_value_t = 600)]
+    pub janitor_grace_seconds: u64,
     /// How verification checks are confined: `auto` (a network namespace with only
     /// loopback where the host allows one, otherwise unconfined and never reusable),
     /// `required` (an unconfinable check fails the verification) or `off`.

@@ -136,6 +136,8 @@ pub struct Worker {
     pub settings: JobSettings,
     pub custody: CustodySettings,
     pub metrics: WorkerMetrics,
+    /// Requests this process runs jobs for; the janitor never touches their trees.
+    pub active: Arc<crate::janitor::ActiveRequests>,
 }
 
 /// The result of a claim attempt.
@@ -292,6 +294,7 @@ impl Worker {
             (_, None) => {}
         }
         tx.commit().await?;
+        self.active.enter(lease.request_id).await;
         let steps: Vec<StepSpec> = serde_json::from_value(row.steps).unwrap_or_default();
         Ok(Claim::Run(Box::new(Claimed {
             lease,
@@ -431,6 +434,7 @@ impl Worker {
         stop.cancel();
         keeper.stop().await;
         let _ = drain_watch.await;
+        self.active.leave(claimed.lease.request_id).await;
         match &outcome {
             JobOutcome::Completed | JobOutcome::AwaitingVerification => {
                 self.metrics.jobs_completed.inc();

@@ -5,6 +5,7 @@
 //! - [`consumer`]: RabbitMQ consumption with bounded concurrency; ack after claim.
 //! - [`custody`]: workspace acquisition order, checkpoints (capture-before-release), release.
 //! - [`job`]: claim, plan execution, journal writes, completion and hand-back.
+//! - [`janitor`]: removes this host's trees once no hold guards them.
 //! - [`renewal`]: the lease keeper that renews, self-fences and notices cancellation.
 //! - [`step`]: running one command: process group, environment, timeout, output, usage.
 //! - [`verification`]: verification handoffs: frozen checks, confined runs, reuse.
@@ -18,6 +19,7 @@ pub mod config;
 pub mod confine;
 pub mod consumer;
 pub mod custody;
+pub mod janitor;
 pub mod job;
 pub mod metrics;
 pub mod renewal;
@@ -104,7 +106,22 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         },
         custody,
         metrics,
+        active: Arc::new(janitor::ActiveRequests::default()),
     });
+    let janitor_stop = CancellationToken::new();
+    let janitor = tokio::spawn(
+        janitor::Janitor {
+            worker_id: worker_id.clone(),
+            workspaces_dir: worker.settings.workspaces_dir.clone(),
+            grace: Duration::from_secs(config.janitor_grace_seconds),
+        }
+        .run(
+            pool.clone(),
+            worker.active.clone(),
+            Duration::from_secs(config.janitor_interval_seconds),
+            janitor_stop.clone(),
+        ),
+    );
     let amqp_status = AmqpStatus::default();
     let jobs = TaskTracker::new();
     let drain = CancellationToken::new();
@@ -160,6 +177,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             );
         }
     }
+    janitor_stop.cancel();
+    let _ = janitor.await;
     probes_stop.cancel();
     let _ = probes.await;
     pool.close().await;
