@@ -309,12 +309,12 @@ fn capture_blocking(
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(id.clone());
-                if fresh && !handle.block_on(store.exists(&chunk_key(&id)))? {
+                if fresh && !store.exists_blocking(handle, &chunk_key(&id))? {
                     let compressed =
                         zstd::bulk::compress(&chunk.data, ZSTD_LEVEL).map_err(|e| io(&path, e))?;
                     uploaded += compressed.len() as u64;
                     new_chunks += 1;
-                    handle.block_on(store.put(&chunk_key(&id), Bytes::from(compressed)))?;
+                    store.put_blocking(handle, &chunk_key(&id), Bytes::from(compressed))?;
                     written.push(chunk_key(&id));
                 }
                 entry.chunks.push(id);
@@ -463,7 +463,7 @@ fn restore_blocking(
             }
             let mut out = std::fs::File::create(&full).map_err(|e| io(&full, e))?;
             for id in &entry.chunks {
-                let compressed = handle.block_on(store.get(&chunk_key(id)))?;
+                let compressed = store.get_blocking(handle, &chunk_key(id))?;
                 let mut data = Vec::with_capacity(AVG_CHUNK as usize);
                 zstd::Decoder::new(&compressed[..])
                     .and_then(|mut d| d.read_to_end(&mut data))

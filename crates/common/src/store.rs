@@ -11,6 +11,7 @@ use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutPayload};
 use std::path::PathBuf;
 use std::sync::Arc;
+use tokio::runtime::Handle;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -115,6 +116,63 @@ impl ArtifactStore {
             Ok(_) => Ok(true),
             Err(object_store::Error::NotFound { .. }) => Ok(false),
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// [`Self::exists`] for a caller on a blocking thread (the capture's workers). A local
+    /// store is asked directly, without a hop through the runtime per object.
+    pub fn exists_blocking(&self, handle: &Handle, key: &str) -> Result<bool, StoreError> {
+        match &self.local {
+            Some(root) => match std::fs::metadata(root.join(key)) {
+                Ok(meta) => Ok(meta.is_file()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+                Err(e) => Err(e.into()),
+            },
+            None => handle.block_on(self.exists(key)),
+        }
+    }
+
+    /// [`Self::put`] for a caller on a blocking thread. A local object is written to a
+    /// temporary name and renamed into place, so a reader (or a later capture that
+    /// deduplicates against it) never sees a partial object.
+    pub fn put_blocking(&self, handle: &Handle, key: &str, bytes: Bytes) -> Result<(), StoreError> {
+        let Some(root) = &self.local else {
+            return handle.block_on(self.put(key, bytes));
+        };
+        let path = root.join(key);
+        let temporary = path.with_file_name(format!(
+            "{}#{}",
+            path.file_name().and_then(|n| n.to_str()).unwrap_or("object"),
+            uuid::Uuid::new_v4().simple()
+        ));
+        let write = |temporary: &std::path::Path| std::fs::write(temporary, &bytes);
+        if let Err(e) = write(&temporary) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                return Err(e.into());
+            }
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            write(&temporary)?;
+        }
+        if let Err(e) = std::fs::rename(&temporary, &path) {
+            let _ = std::fs::remove_file(&temporary);
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// [`Self::get`] for a caller on a blocking thread (the restore's workers).
+    pub fn get_blocking(&self, handle: &Handle, key: &str) -> Result<Bytes, StoreError> {
+        match &self.local {
+            Some(root) => match std::fs::read(root.join(key)) {
+                Ok(bytes) => Ok(Bytes::from(bytes)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                    Err(StoreError::NotFound(key.to_string()))
+                }
+                Err(e) => Err(e.into()),
+            },
+            None => handle.block_on(self.get(key)),
         }
     }
 
