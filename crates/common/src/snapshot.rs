@@ -298,26 +298,52 @@ fn capture_blocking(
                 return Ok(());
             }
             let path = root.join(&entry.path);
-            let file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
-            let chunker = fastcdc::v2020::StreamCDC::new(file, MIN_CHUNK, AVG_CHUNK, MAX_CHUNK);
             let (mut new_chunks, mut uploaded) = (0u64, 0u64);
             let mut written = Vec::new();
-            for chunk in chunker {
-                let chunk = chunk.map_err(|e| io(&path, std::io::Error::other(e)))?;
-                let id = blake3::hash(&chunk.data).to_hex().to_string();
+            let mut store_chunk = |data: &[u8]| -> Result<String, SnapshotError> {
+                let id = blake3::hash(data).to_hex().to_string();
                 let fresh = known
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(id.clone());
                 if fresh && !store.exists_blocking(handle, &chunk_key(&id))? {
-                    let compressed =
-                        zstd::bulk::compress(&chunk.data, ZSTD_LEVEL).map_err(|e| io(&path, e))?;
+                    let compressed = compress(data).map_err(|e| io(&path, e))?;
                     uploaded += compressed.len() as u64;
                     new_chunks += 1;
                     store.put_blocking(handle, &chunk_key(&id), Bytes::from(compressed))?;
                     written.push(chunk_key(&id));
                 }
-                entry.chunks.push(id);
+                Ok(id)
+            };
+            let mut file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
+            if entry.size <= IN_MEMORY_LIMIT {
+                // Most files are small: read each into this thread's buffer and chunk it
+                // there, instead of a fresh stream buffer per file.
+                let chunks = READ_BUFFER.with(|buffer| -> Result<Vec<String>, SnapshotError> {
+                    let mut buffer = buffer.borrow_mut();
+                    buffer.clear();
+                    file.read_to_end(&mut buffer).map_err(|e| io(&path, e))?;
+                    let mut ids = Vec::new();
+                    if buffer.is_empty() {
+                        return Ok(ids);
+                    }
+                    for chunk in
+                        fastcdc::v2020::FastCDC::new(&buffer, MIN_CHUNK, AVG_CHUNK, MAX_CHUNK)
+                    {
+                        ids.push(store_chunk(
+                            &buffer[chunk.offset..chunk.offset + chunk.length],
+                        )?);
+                    }
+                    Ok(ids)
+                })?;
+                entry.chunks = chunks;
+            } else {
+                let chunker = fastcdc::v2020::StreamCDC::new(file, MIN_CHUNK, AVG_CHUNK, MAX_CHUNK);
+                for chunk in chunker {
+                    let chunk = chunk.map_err(|e| io(&path, std::io::Error::other(e)))?;
+                    let id = store_chunk(&chunk.data)?;
+                    entry.chunks.push(id);
+                }
             }
             let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
             s.files += 1;
@@ -334,6 +360,45 @@ fn capture_blocking(
         },
         stats,
     ))
+}
+
+/// Files up to this size are chunked in memory.
+const IN_MEMORY_LIMIT: u64 = 8 * 1024 * 1024;
+
+thread_local! {
+    /// Each capture worker's file buffer, reused from file to file.
+    static READ_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    /// Each worker's compression and decompression contexts, reused from chunk to chunk
+    /// (creating one per chunk costs more than compressing a small chunk).
+    static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> = const { std::cell::RefCell::new(None) };
+    static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { std::cell::RefCell::new(None) };
+}
+
+fn compress(data: &[u8]) -> std::io::Result<Vec<u8>> {
+    COMPRESSOR.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        if cell.is_none() {
+            *cell = Some(zstd::bulk::Compressor::new(ZSTD_LEVEL)?);
+        }
+        match cell.as_mut() {
+            Some(compressor) => compressor.compress(data),
+            None => zstd::bulk::compress(data, ZSTD_LEVEL),
+        }
+    })
+}
+
+/// Decompresses a chunk, which is never larger than [`MAX_CHUNK`].
+fn decompress(data: &[u8]) -> std::io::Result<Vec<u8>> {
+    DECOMPRESSOR.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        if cell.is_none() {
+            *cell = Some(zstd::bulk::Decompressor::new()?);
+        }
+        match cell.as_mut() {
+            Some(decompressor) => decompressor.decompress(data, MAX_CHUNK as usize),
+            None => zstd::bulk::decompress(data, MAX_CHUNK as usize),
+        }
+    })
 }
 
 fn relative_path(root: &Path, path: &Path) -> Result<String, SnapshotError> {
@@ -464,9 +529,7 @@ fn restore_blocking(
             let mut out = std::fs::File::create(&full).map_err(|e| io(&full, e))?;
             for id in &entry.chunks {
                 let compressed = store.get_blocking(handle, &chunk_key(id))?;
-                let mut data = Vec::with_capacity(AVG_CHUNK as usize);
-                zstd::Decoder::new(&compressed[..])
-                    .and_then(|mut d| d.read_to_end(&mut data))
+                let data = decompress(&compressed)
                     .map_err(|e| SnapshotError::Integrity(format!("chunk {id}: {e}")))?;
                 if blake3::hash(&data).to_hex().as_str() != id {
                     return Err(SnapshotError::Integrity(format!(

@@ -142,7 +142,9 @@ impl ArtifactStore {
         let path = root.join(key);
         let temporary = path.with_file_name(format!(
             "{}#{}",
-            path.file_name().and_then(|n| n.to_str()).unwrap_or("object"),
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("object"),
             uuid::Uuid::new_v4().simple()
         ));
         let write = |temporary: &std::path::Path| std::fs::write(temporary, &bytes);

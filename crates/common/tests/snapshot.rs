@@ -226,3 +226,52 @@ async fn entries_escaping_the_root_are_refused_before_anything_is_written() {
         .await
         .expect("inside links restore");
 }
+
+#[tokio::test]
+async fn small_files_chunked_in_memory_and_large_files_streamed_cut_the_same_chunks() {
+    let root = scratch("sizes");
+    let restored = scratch("sizes-restored");
+    let store = ArtifactStore::open(&scratch("sizes-store").to_string_lossy()).expect("store");
+    // 9 MiB is streamed; its first 7 MiB, as a file of its own, is chunked in memory.
+    let large = pseudo_random(9 * 1024 * 1024, 11);
+    write(&root, "large.bin", &large);
+    write(&root, "prefix.bin", &large[..7 * 1024 * 1024]);
+    write(&root, "empty", b"");
+    let (manifest, _) = snapshot::capture(
+        &store,
+        &root,
+        &CaptureRules::default(),
+        None,
+        uuid::Uuid::new_v4(),
+    )
+    .await
+    .expect("capture");
+    let chunks = |path: &str| -> Vec<String> {
+        manifest
+            .entries
+            .iter()
+            .find(|e| e.path == path)
+            .map(|e| e.chunks.clone())
+            .expect("entry")
+    };
+    let (large_chunks, prefix_chunks) = (chunks("large.bin"), chunks("prefix.bin"));
+    assert!(chunks("empty").is_empty());
+    assert!(prefix_chunks.len() > 10);
+    // Content-defined cuts: the shared prefix yields the same chunks, except the last
+    // one of the shorter file, which ends where the file ends.
+    let shared = prefix_chunks.len() - 1;
+    assert_eq!(large_chunks[..shared], prefix_chunks[..shared]);
+    std::fs::remove_dir_all(&restored).expect("clean target");
+    snapshot::restore(&store, &manifest, &restored)
+        .await
+        .expect("restore");
+    assert_eq!(
+        std::fs::read(restored.join("large.bin")).expect("large"),
+        large
+    );
+    assert_eq!(
+        std::fs::read(restored.join("prefix.bin")).expect("prefix"),
+        &large[..7 * 1024 * 1024]
+    );
+    assert_eq!(std::fs::read(restored.join("empty")).expect("empty"), b"");
+}
