@@ -448,6 +448,8 @@ async fn snapshot_bench(tree: Option<PathBuf>, files: usize, size_mib: u64) -> a
     run_shell("sync", &[])?;
     let started = Instant::now();
     let (full, stats) = snapshot::capture(&store, &src, &rules, None, uuid::Uuid::new_v4()).await?;
+    // Shared with the next capture, as a worker shares its last manifest.
+    let full = std::sync::Arc::new(full);
     line(
         "cairn full capture (durable, syncfs)",
         started.elapsed(),
@@ -483,8 +485,14 @@ async fn snapshot_bench(tree: Option<PathBuf>, files: usize, size_mib: u64) -> a
     run_shell("sync", &[])?;
     println!("{:>42}  changed {changed} files (1%)", "");
     let started = Instant::now();
-    let (_, inc) =
-        snapshot::capture(&store, &src, &rules, Some(&full), uuid::Uuid::new_v4()).await?;
+    let (_, inc) = snapshot::capture(
+        &store,
+        &src,
+        &rules,
+        Some(full.clone()),
+        uuid::Uuid::new_v4(),
+    )
+    .await?;
     let incremental = started.elapsed();
     line("cairn capture after 1% changed", incremental, bytes);
     println!(

@@ -17,7 +17,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use tokio::runtime::Handle;
 
 const MIN_CHUNK: u32 = 16 * 1024;
@@ -169,23 +169,15 @@ pub async fn capture(
     store: &ArtifactStore,
     root: &Path,
     rules: &CaptureRules,
-    previous: Option<&Manifest>,
+    previous: Option<Arc<Manifest>>,
     snapshot_id: uuid::Uuid,
 ) -> Result<(Manifest, CaptureStats), SnapshotError> {
     let handle = Handle::current();
     let store_owned = store.clone();
     let root = root.to_path_buf();
     let rules = rules.clone();
-    let previous: HashMap<String, Entry> = previous
-        .map(|m| {
-            m.entries
-                .iter()
-                .map(|e| (e.path.clone(), e.clone()))
-                .collect()
-        })
-        .unwrap_or_default();
     let (manifest, stats) = tokio::task::spawn_blocking(move || {
-        capture_blocking(&handle, &store_owned, &root, &rules, &previous)
+        capture_blocking(&handle, &store_owned, &root, &rules, previous.as_deref())
     })
     .await
     .map_err(|e| SnapshotError::Io {
@@ -202,80 +194,87 @@ pub async fn capture(
     Ok((manifest, stats))
 }
 
+/// Every capturable entry under `root`, depth-first in file-name order (the manifest's
+/// order), directories read on all cores.
+fn walk(root: &Path, dir: &Path, rules: &CaptureRules) -> Result<Vec<Entry>, SnapshotError> {
+    let mut children = std::fs::read_dir(dir)
+        .and_then(|read| read.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| io(dir, e))?;
+    children.sort_by_key(|child| child.file_name());
+    let parts = children
+        .par_iter()
+        .map(|child| -> Result<Vec<Entry>, SnapshotError> {
+            let path = child.path();
+            let name = child.file_name();
+            let file_type = child.file_type().map_err(|e| io(&path, e))?;
+            let is_dir = file_type.is_dir();
+            // A nested repository is someone else's tree; the root's own .git is kept.
+            let nested_repo = is_dir && path.join(".git").exists();
+            if rules.excludes(&name.to_string_lossy()) || nested_repo {
+                return Ok(Vec::new());
+            }
+            let kind = if file_type.is_symlink() {
+                EntryKind::Symlink
+            } else if is_dir {
+                EntryKind::Dir
+            } else if file_type.is_file() {
+                EntryKind::File
+            } else {
+                return Ok(Vec::new()); // sockets, fifos, devices are not workspace content
+            };
+            // Not through a symlink: the entry itself.
+            let meta = child.metadata().map_err(|e| io(&path, e))?;
+            let target = if kind == EntryKind::Symlink {
+                Some(
+                    std::fs::read_link(&path)
+                        .map_err(|e| io(&path, e))?
+                        .to_string_lossy()
+                        .into_owned(),
+                )
+            } else {
+                None
+            };
+            let mut entries = vec![Entry {
+                path: relative_path(root, &path)?,
+                kind,
+                mode: meta.permissions().mode() & 0o7777,
+                size: if kind == EntryKind::File {
+                    meta.size()
+                } else {
+                    0
+                },
+                mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+                inode: meta.ino(),
+                chunks: Vec::new(),
+                target,
+            }];
+            if is_dir {
+                entries.extend(walk(root, &path, rules)?);
+            }
+            Ok(entries)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(parts.into_iter().flatten().collect())
+}
+
 fn capture_blocking(
     handle: &Handle,
     store: &ArtifactStore,
     root: &Path,
     rules: &CaptureRules,
-    previous: &HashMap<String, Entry>,
+    previous: Option<&Manifest>,
 ) -> Result<(Manifest, CaptureStats), SnapshotError> {
-    let mut entries = Vec::new();
-    let mut walker = walkdir::WalkDir::new(root)
-        .follow_links(false)
-        .sort_by_file_name()
-        .into_iter();
-    while let Some(item) = walker.next() {
-        let item = item.map_err(|e| io(root, std::io::Error::other(e)))?;
-        let path = item.path();
-        if path == root {
-            continue;
-        }
-        let name = item.file_name().to_string_lossy();
-        let is_dir = item.file_type().is_dir();
-        // A nested repository is someone else's tree; the root's own .git is kept.
-        let nested_repo = is_dir && item.depth() > 0 && path.join(".git").exists() && path != root;
-        if rules.excludes(&name) || nested_repo {
-            if is_dir {
-                walker.skip_current_dir();
-            }
-            continue;
-        }
-        let relative = relative_path(root, path)?;
-        let meta = item
-            .metadata()
-            .map_err(|e| io(path, std::io::Error::other(e)))?;
-        let mode = meta.permissions().mode() & 0o7777;
-        let kind = if item.file_type().is_symlink() {
-            EntryKind::Symlink
-        } else if is_dir {
-            EntryKind::Dir
-        } else if item.file_type().is_file() {
-            EntryKind::File
-        } else {
-            continue; // sockets, fifos, devices are not workspace content
-        };
-        let target = if kind == EntryKind::Symlink {
-            Some(
-                std::fs::read_link(path)
-                    .map_err(|e| io(path, e))?
-                    .to_string_lossy()
-                    .into_owned(),
-            )
-        } else {
-            None
-        };
-        entries.push(Entry {
-            path: relative,
-            kind,
-            mode,
-            size: if kind == EntryKind::File {
-                meta.size()
-            } else {
-                0
-            },
-            mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
-            inode: meta.ino(),
-            chunks: Vec::new(),
-            target,
-        });
-    }
-
-    let known: Mutex<HashSet<String>> = Mutex::new(
-        previous
-            .values()
-            .flat_map(|e| e.chunks.iter().cloned())
-            .collect(),
-    );
+    let mut entries = walk(root, root, rules)?;
+    // The stat index and the known chunks borrow the previous manifest: nothing copied.
+    let previous: HashMap<&str, &Entry> = previous
+        .map(|m| m.entries.iter().map(|e| (e.path.as_str(), e)).collect())
+        .unwrap_or_default();
+    let previous_chunks: HashSet<&str> = previous
+        .values()
+        .flat_map(|e| e.chunks.iter().map(String::as_str))
+        .collect();
+    // Chunks written by this capture (the previous manifest's are known already).
+    let known: Mutex<HashSet<String>> = Mutex::new(HashSet::new());
     let stats = Mutex::new(CaptureStats::default());
     entries
         .par_iter_mut()
@@ -283,13 +282,13 @@ fn capture_blocking(
             if entry.kind != EntryKind::File {
                 return Ok(());
             }
-            let unchanged = previous.get(&entry.path).is_some_and(|p| {
+            let unchanged = previous.get(entry.path.as_str()).is_some_and(|p| {
                 p.kind == EntryKind::File
                     && p.size == entry.size
                     && p.mtime_ns == entry.mtime_ns
                     && p.inode == entry.inode
             });
-            if let (true, Some(p)) = (unchanged, previous.get(&entry.path)) {
+            if let (true, Some(p)) = (unchanged, previous.get(entry.path.as_str())) {
                 entry.chunks = p.chunks.clone();
                 let mut s = stats.lock().unwrap_or_else(|e| e.into_inner());
                 s.files += 1;
@@ -302,10 +301,11 @@ fn capture_blocking(
             let mut written = Vec::new();
             let mut store_chunk = |data: &[u8]| -> Result<String, SnapshotError> {
                 let id = blake3::hash(data).to_hex().to_string();
-                let fresh = known
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(id.clone());
+                let fresh = !previous_chunks.contains(id.as_str())
+                    && known
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(id.clone());
                 if fresh && !store.exists_blocking(handle, &chunk_key(&id))? {
                     let compressed = compress(data).map_err(|e| io(&path, e))?;
                     uploaded += compressed.len() as u64;

@@ -131,10 +131,15 @@ async fn chunks_are_shared_and_unchanged_files_are_not_read_again() {
         "src/main.rs",
         b"fn main() { println!(\"changed\"); }\n",
     );
-    let (second, stats) =
-        snapshot::capture(&store, &src, &rules(), Some(&first), uuid::Uuid::new_v4())
-            .await
-            .expect("capture");
+    let (second, stats) = snapshot::capture(
+        &store,
+        &src,
+        &rules(),
+        Some(std::sync::Arc::new(first.clone())),
+        uuid::Uuid::new_v4(),
+    )
+    .await
+    .expect("capture");
     assert_eq!(stats.files, 3);
     assert_eq!(stats.files_unchanged, 2);
     assert_eq!(stats.chunks_new, 1);

@@ -20,6 +20,7 @@ use cairn_common::lineage::{self, LineageError, NewSnapshot};
 use cairn_common::snapshot::{self, CaptureRules, Manifest, SnapshotError};
 use cairn_common::store::ArtifactStore;
 use serde_json::{json, Value};
+use std::sync::Arc;
 use uuid::Uuid;
 
 /// Settings of workspace custody on this worker.
@@ -55,7 +56,7 @@ pub struct Held {
     /// The lineage head the next checkpoint must find.
     pub head: Option<Uuid>,
     /// The stat index for the next capture.
-    pub manifest: Option<Manifest>,
+    pub manifest: Option<Arc<Manifest>>,
     /// Whether the live tree holds work not yet captured.
     pub uncaptured: bool,
     pub resume_context: Value,
@@ -132,7 +133,7 @@ impl Worker {
                             workspace,
                             generation,
                             Some(head.id),
-                            Some(manifest),
+                            Some(Arc::new(manifest)),
                             "checkpoint",
                             Some(head.id),
                             attempts,
@@ -433,7 +434,7 @@ impl Worker {
         workspace: Workspace,
         generation: i64,
         head: Option<Uuid>,
-        manifest: Option<Manifest>,
+        manifest: Option<Arc<Manifest>>,
         tier: &str,
         snapshot: Option<Uuid>,
         attempts: Vec<Value>,
@@ -618,7 +619,7 @@ impl Worker {
             &self.custody.store,
             &held.workspace.root,
             &self.custody.rules,
-            held.manifest.as_ref(),
+            held.manifest.clone(),
             snapshot_id,
         )
         .await;
@@ -662,7 +663,7 @@ impl Worker {
                 hold::end(&mut tx, hold_id, "captured").await?;
                 tx.commit().await?;
                 held.head = Some(snapshot_id);
-                held.manifest = Some(manifest);
+                held.manifest = Some(Arc::new(manifest));
                 held.uncaptured = false;
                 tracing::info!(%snapshot_id, sequence, "checkpoint appended");
                 Ok(true)
