@@ -153,8 +153,6 @@ impl CaptureRules {
 /// Figures of one capture.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CaptureStats {
-    /// Keys of the chunks this capture wrote (to make exactly them durable).
-    pub written: Vec<String>,
     pub files: u64,
     pub files_unchanged: u64,
     pub bytes: u64,
@@ -298,7 +296,6 @@ fn capture_blocking(
             }
             let path = root.join(&entry.path);
             let (mut new_chunks, mut uploaded) = (0u64, 0u64);
-            let mut written = Vec::new();
             let mut store_chunk = |data: &[u8]| -> Result<String, SnapshotError> {
                 let id = blake3::hash(data).to_hex().to_string();
                 let fresh = !previous_chunks.contains(id.as_str())
@@ -311,7 +308,6 @@ fn capture_blocking(
                     uploaded += compressed.len() as u64;
                     new_chunks += 1;
                     store.put_blocking(handle, &chunk_key(&id), Bytes::from(compressed))?;
-                    written.push(chunk_key(&id));
                 }
                 Ok(id)
             };
