@@ -193,46 +193,81 @@ pub async fn capture(
 }
 
 /// Every capturable entry under `root`, depth-first in file-name order (the manifest's
-/// order), directories read on all cores.
-fn walk(root: &Path, dir: &Path, rules: &CaptureRules) -> Result<Vec<Entry>, SnapshotError> {
+/// order). Directories are read level by level, each level on all cores, then put in
+/// order with an explicit stack: no recursion, so no depth can exhaust a thread's stack.
+fn walk(root: &Path, rules: &CaptureRules) -> Result<Vec<Entry>, SnapshotError> {
+    let mut children: HashMap<PathBuf, Vec<(Entry, bool)>> = HashMap::new();
+    let mut level = vec![root.to_path_buf()];
+    while !level.is_empty() {
+        let read = level
+            .par_iter()
+            .map(|dir| Ok((dir.clone(), read_children(root, dir, rules)?)))
+            .collect::<Result<Vec<_>, SnapshotError>>()?;
+        level = read
+            .iter()
+            .flat_map(|(_, kids)| kids.iter().filter(|(_, descend)| *descend))
+            .map(|(entry, _)| root.join(&entry.path))
+            .collect();
+        children.extend(read);
+    }
+    let mut entries = Vec::new();
+    let mut stack: Vec<(Entry, bool)> = children.remove(root).unwrap_or_default();
+    stack.reverse();
+    while let Some((entry, descend)) = stack.pop() {
+        if descend {
+            if let Some(kids) = children.remove(&root.join(&entry.path)) {
+                stack.extend(kids.into_iter().rev());
+            }
+        }
+        entries.push(entry);
+    }
+    Ok(entries)
+}
+
+/// The capturable children of `dir` in file-name order, each with whether to descend.
+fn read_children(
+    root: &Path,
+    dir: &Path,
+    rules: &CaptureRules,
+) -> Result<Vec<(Entry, bool)>, SnapshotError> {
     let mut children = std::fs::read_dir(dir)
         .and_then(|read| read.collect::<Result<Vec<_>, _>>())
         .map_err(|e| io(dir, e))?;
     children.sort_by_key(|child| child.file_name());
-    let parts = children
-        .par_iter()
-        .map(|child| -> Result<Vec<Entry>, SnapshotError> {
-            let path = child.path();
-            let name = child.file_name();
-            let file_type = child.file_type().map_err(|e| io(&path, e))?;
-            let is_dir = file_type.is_dir();
-            // A nested repository is someone else's tree; the root's own .git is kept.
-            let nested_repo = is_dir && path.join(".git").exists();
-            if rules.excludes(&name.to_string_lossy()) || nested_repo {
-                return Ok(Vec::new());
-            }
-            let kind = if file_type.is_symlink() {
-                EntryKind::Symlink
-            } else if is_dir {
-                EntryKind::Dir
-            } else if file_type.is_file() {
-                EntryKind::File
-            } else {
-                return Ok(Vec::new()); // sockets, fifos, devices are not workspace content
-            };
-            // Not through a symlink: the entry itself.
-            let meta = child.metadata().map_err(|e| io(&path, e))?;
-            let target = if kind == EntryKind::Symlink {
-                Some(
-                    std::fs::read_link(&path)
-                        .map_err(|e| io(&path, e))?
-                        .to_string_lossy()
-                        .into_owned(),
-                )
-            } else {
-                None
-            };
-            let mut entries = vec![Entry {
+    let mut entries = Vec::with_capacity(children.len());
+    for child in children {
+        let path = child.path();
+        let name = child.file_name();
+        let file_type = child.file_type().map_err(|e| io(&path, e))?;
+        let is_dir = file_type.is_dir();
+        // A nested repository is someone else's tree; the root's own .git is kept.
+        let nested_repo = is_dir && path.join(".git").exists();
+        if rules.excludes(&name.to_string_lossy()) || nested_repo {
+            continue;
+        }
+        let kind = if file_type.is_symlink() {
+            EntryKind::Symlink
+        } else if is_dir {
+            EntryKind::Dir
+        } else if file_type.is_file() {
+            EntryKind::File
+        } else {
+            continue; // sockets, fifos, devices are not workspace content
+        };
+        // Not through a symlink: the entry itself.
+        let meta = child.metadata().map_err(|e| io(&path, e))?;
+        let target = if kind == EntryKind::Symlink {
+            Some(
+                std::fs::read_link(&path)
+                    .map_err(|e| io(&path, e))?
+                    .to_string_lossy()
+                    .into_owned(),
+            )
+        } else {
+            None
+        };
+        entries.push((
+            Entry {
                 path: relative_path(root, &path)?,
                 kind,
                 mode: meta.permissions().mode() & 0o7777,
@@ -245,14 +280,11 @@ fn walk(root: &Path, dir: &Path, rules: &CaptureRules) -> Result<Vec<Entry>, Sna
                 inode: meta.ino(),
                 chunks: Vec::new(),
                 target,
-            }];
-            if is_dir {
-                entries.extend(walk(root, &path, rules)?);
-            }
-            Ok(entries)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(parts.into_iter().flatten().collect())
+            },
+            is_dir,
+        ));
+    }
+    Ok(entries)
 }
 
 fn capture_blocking(
@@ -262,7 +294,7 @@ fn capture_blocking(
     rules: &CaptureRules,
     previous: Option<&Manifest>,
 ) -> Result<(Manifest, CaptureStats), SnapshotError> {
-    let mut entries = walk(root, root, rules)?;
+    let mut entries = walk(root, rules)?;
     // The stat index and the known chunks borrow the previous manifest: nothing copied.
     let previous: HashMap<&str, &Entry> = previous
         .map(|m| m.entries.iter().map(|e| (e.path.as_str(), e)).collect())
@@ -428,6 +460,14 @@ fn check_entry(entry: &Entry, symlinks: &HashSet<&str>) -> Result<PathBuf, Snaps
     let path = PathBuf::from(&entry.path);
     if !path.components().all(|c| matches!(c, Component::Normal(_))) {
         return Err(refuse());
+    }
+    // A chunk id names an object in the store: 64 lowercase hex, nothing a path could
+    // be made of.
+    if let Some(bad) = entry.chunks.iter().find(|id| !crate::digest::is_digest(id)) {
+        return Err(SnapshotError::Integrity(format!(
+            "malformed chunk id {bad:?} in {}",
+            entry.path
+        )));
     }
     // No entry may pass through a symlink of the snapshot (symlink traversal).
     let mut prefix = PathBuf::new();

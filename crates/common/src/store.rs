@@ -148,14 +148,17 @@ impl ArtifactStore {
             uuid::Uuid::new_v4().simple()
         ));
         let write = |temporary: &std::path::Path| std::fs::write(temporary, &bytes);
-        if let Err(e) = write(&temporary) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                return Err(e.into());
-            }
-            if let Some(parent) = path.parent() {
-                std::fs::create_dir_all(parent)?;
-            }
-            write(&temporary)?;
+        let written = match write(&temporary) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => path
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|()| write(&temporary)),
+            other => other,
+        };
+        if let Err(e) = written {
+            // A failed write (a full disk, say) leaves nothing behind.
+            let _ = std::fs::remove_file(&temporary);
+            return Err(e.into());
         }
         if let Err(e) = std::fs::rename(&temporary, &path) {
             let _ = std::fs::remove_file(&temporary);

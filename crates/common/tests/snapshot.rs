@@ -218,6 +218,19 @@ async fn entries_escaping_the_root_are_refused_before_anything_is_written() {
         }
         assert!(!out.exists(), "nothing written for a refused manifest");
     }
+    // A chunk id is never a path: nothing is read from outside the store.
+    let out = scratch("out").join("tree");
+    let mut sneaky = entry("file", EntryKind::File, None);
+    sneaky.chunks = vec!["../../../../etc/passwd".into()];
+    let manifest = Manifest {
+        version: 1,
+        entries: vec![sneaky],
+    };
+    match snapshot::restore(&store, &manifest, &out).await {
+        Err(SnapshotError::Integrity(message)) => assert!(message.contains("malformed chunk id")),
+        other => panic!("a path as a chunk id must be refused, got {other:?}"),
+    }
+    assert!(!out.exists(), "nothing written for a refused manifest");
     // Links that stay inside are fine.
     let out = scratch("out").join("tree");
     let ok = Manifest {

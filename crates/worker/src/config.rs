@@ -76,7 +76,8 @@ pub struct Config {
     pub janitor_interval_seconds: u64,
     /// Seconds a tree is left alone after its hold expired, so an adoption that saw the
     /// hold alive finishes first.
-    #[arg(long, env = "CAIRN_JANITOR_GRACE_SECONDS", default_value_t = 600)]
+    #[arg(long, env = "CAIRN_JANITOR_GRACE_SECONDS", default_value_t = 600,
+          value_parser = clap::value_parser!(u64).range(60..))]
     pub janitor_grace_seconds: u64,
     /// How verification checks are confined: `auto` (a network namespace with only
     /// loopback where the host allows one, otherwise unconfined and never reusable),

@@ -463,6 +463,21 @@ impl Worker {
         .bind(generation)
         .execute(&mut *tx)
         .await?;
+        // The tree at this path is now this one: older rows of the path (runs of the
+        // request that were fenced or died here) describe nothing any more.
+        sqlx::query(
+            "WITH stale AS (
+                 UPDATE workspaces SET state = 'destroyed', destroyed_at = now(), updated_at = now()
+                  WHERE host = $1 AND path = $2 AND id <> $3 AND state <> 'destroyed'
+              RETURNING id)
+             UPDATE holds SET ended_at = now(), end_reason = 'tree_replaced'
+              WHERE ended_at IS NULL AND workspace_id IN (SELECT id FROM stale)",
+        )
+        .bind(&self.settings.worker_id)
+        .bind(workspace.root.to_string_lossy().as_ref())
+        .bind(workspace_id)
+        .execute(&mut *tx)
+        .await?;
         sqlx::query("UPDATE execution_requests SET resume_context = $2 WHERE id = $1")
             .bind(subject.request_id)
             .bind(&resume_context)

@@ -4,26 +4,50 @@
 //! Holds are what keep a tree; the reaper ends expired holds, and this removes what they
 //! kept. A request a job of this process is running is never touched.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::sync::Mutex;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-/// The requests this process runs jobs for: their trees are in use.
+/// The requests this process runs jobs for, with how many: their trees are in use. (A
+/// fenced job may still be releasing when a new claim of its request starts.)
 #[derive(Debug, Default)]
-pub struct ActiveRequests(Mutex<HashSet<Uuid>>);
+pub struct ActiveRequests(Mutex<HashMap<Uuid, usize>>);
 
 impl ActiveRequests {
     pub async fn enter(&self, request_id: Uuid) {
-        self.0.lock().await.insert(request_id);
+        *self.0.lock().await.entry(request_id).or_default() += 1;
     }
 
     pub async fn leave(&self, request_id: Uuid) {
-        self.0.lock().await.remove(&request_id);
+        let mut running = self.0.lock().await;
+        if let Some(count) = running.get_mut(&request_id) {
+            *count -= 1;
+            if *count == 0 {
+                running.remove(&request_id);
+            }
+        }
     }
 }
+
+/// What makes a workspace row's tree unguarded: no live hold on it, nothing changed
+/// within the grace, and no other row for the same path (a later run of the request on
+/// this host) that is guarded or recent. Used to pick rows and again to take one.
+const UNGUARDED: &str = "w.updated_at < now() - make_interval(secs => $2)
+    AND NOT EXISTS (SELECT 1 FROM holds h
+                     WHERE h.workspace_id = w.id AND h.ended_at IS NULL
+                       AND (h.capture_in_progress OR h.expires_at > now() - make_interval(secs => $2)))
+    AND NOT EXISTS (SELECT 1 FROM workspaces o
+                     WHERE o.host = w.host AND o.path = w.path AND o.id <> w.id AND o.state <> 'destroyed'
+                       AND (o.updated_at >= now() - make_interval(secs => $2)
+                            OR EXISTS (SELECT 1 FROM holds g
+                                        WHERE g.workspace_id = o.id AND g.ended_at IS NULL
+                                          AND (g.capture_in_progress OR g.expires_at > now() - make_interval(secs => $2)))))";
+
+/// Marks a tree (or its home) moved aside for removal.
+const TRASH: &str = "removed-";
 
 /// What one sweep did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -51,21 +75,23 @@ impl Janitor {
         active: &ActiveRequests,
     ) -> Result<JanitorReport, sqlx::Error> {
         let grace = self.grace.as_secs_f64();
-        let rows: Vec<(Uuid, Option<String>)> = sqlx::query_as(
+        // Only rows of trees directly in this worker's directory, so rows it would skip
+        // never crowd out the rest.
+        let prefix = format!("{}/", self.workspaces_dir.display());
+        let rows: Vec<(Uuid, Option<String>)> = sqlx::query_as(&format!(
             "SELECT w.id, w.path FROM workspaces w
               WHERE w.host = $1 AND w.state IN ('stopped', 'running')
-                AND w.updated_at < now() - make_interval(secs => $2)
-                AND NOT EXISTS (SELECT 1 FROM holds h
-                                 WHERE h.workspace_id = w.id AND h.ended_at IS NULL
-                                   AND (h.capture_in_progress OR h.expires_at > now() - make_interval(secs => $2)))
+                AND starts_with(w.path, $3) AND {UNGUARDED}
               ORDER BY w.updated_at
-              LIMIT 500",
-        )
+              LIMIT 500"
+        ))
         .bind(&self.worker_id)
         .bind(grace)
+        .bind(&prefix)
         .fetch_all(pool)
         .await?;
         let mut report = JanitorReport::default();
+        self.empty_trash().await;
         for (workspace_id, path) in rows {
             let Some((path, request_id)) = path.as_deref().and_then(|p| self.tree_of(p)) else {
                 report.skipped += 1;
@@ -76,15 +102,17 @@ impl Janitor {
             // after the tree is gone.
             let trash = {
                 let running = active.0.lock().await;
-                if running.contains(&request_id) {
+                if running.contains_key(&request_id) {
                     continue;
                 }
                 let mut tx = pool.begin().await?;
-                let taken = sqlx::query(
-                    "UPDATE workspaces SET state = 'destroyed', destroyed_at = now(), updated_at = now()
-                      WHERE id = $1 AND state IN ('stopped', 'running')",
-                )
+                // Taken only if it is still unguarded now, not just when it was listed.
+                let taken = sqlx::query(&format!(
+                    "UPDATE workspaces w SET state = 'destroyed', destroyed_at = now(), updated_at = now()
+                      WHERE w.id = $1 AND w.state IN ('stopped', 'running') AND {UNGUARDED}"
+                ))
                 .bind(workspace_id)
+                .bind(grace)
                 .execute(&mut *tx)
                 .await?
                 .rows_affected();
@@ -93,20 +121,36 @@ impl Janitor {
                 }
                 cairn_common::hold::end_for_workspace(&mut tx, workspace_id, "tree_removed")
                     .await?;
-                let trash = path.with_extension(format!("removed-{}", Uuid::new_v4().simple()));
+                let suffix = format!("{TRASH}{}", Uuid::new_v4().simple());
+                let trash = path.with_extension(&suffix);
                 let moved = std::fs::rename(&path, &trash).is_ok();
+                if moved {
+                    let home = path.with_extension("home");
+                    let _ = std::fs::rename(&home, home.with_extension(format!("home{suffix}")));
+                }
                 tx.commit().await?;
                 drop(running);
-                moved.then_some(trash)
+                moved
             };
-            if let Some(trash) = trash {
-                let _ = tokio::fs::remove_dir_all(&trash).await;
+            if trash {
+                self.empty_trash().await;
             }
-            let _ = tokio::fs::remove_dir_all(path.with_extension("home")).await;
             report.removed += 1;
             tracing::info!(%workspace_id, path = %path.display(), "removed a tree no hold guards");
         }
         Ok(report)
+    }
+
+    /// Removes what was moved aside (also what an earlier pass could not remove).
+    async fn empty_trash(&self) {
+        let Ok(mut entries) = tokio::fs::read_dir(&self.workspaces_dir).await else {
+            return;
+        };
+        while let Ok(Some(entry)) = entries.next_entry().await {
+            if entry.file_name().to_string_lossy().contains(TRASH) {
+                let _ = tokio::fs::remove_dir_all(entry.path()).await;
+            }
+        }
     }
 
     /// The tree at `path` if it is one of this worker's request trees (a request id

@@ -191,7 +191,38 @@ async fn only_trees_no_hold_guards_are_removed() {
             assert_eq!(open, 0, "{}: its holds end with it", case.label);
         }
     }
+    // Two rows of one path: a stale run of the request, and a later run that left its
+    // tree under a live hold. The stale row must not take the guarded tree with it.
+    let shared = base.join(Uuid::new_v4().simple().to_string());
+    std::fs::create_dir_all(&shared).expect("tree");
+    let (stale, guarded) = (Uuid::new_v4(), Uuid::new_v4());
+    for (id, state, ago) in [(stale, "running", 7200.0), (guarded, "stopped", 3600.0)] {
+        sqlx::query(
+            "INSERT INTO workspaces (id, agent, backend, state, host, path, updated_at)
+             VALUES ($1, 'agent', 'local', $2, 'w-test', $3, now() - make_interval(secs => $4))",
+        )
+        .bind(id)
+        .bind(state)
+        .bind(shared.to_string_lossy().as_ref())
+        .bind(ago)
+        .execute(&db.pool)
+        .await
+        .expect("workspace");
+    }
+    sqlx::query(
+        "INSERT INTO holds (id, workspace_id, agent, reason, expires_at)
+         VALUES ($1, $2, 'agent', 'uncaptured tree', now() + interval '1 hour')",
+    )
+    .bind(Uuid::new_v4())
+    .bind(guarded)
+    .execute(&db.pool)
+    .await
+    .expect("hold");
     let again = janitor.sweep_once(&db.pool, &active).await.expect("sweep");
+    assert!(
+        shared.exists(),
+        "a live hold on the path's later row keeps the tree"
+    );
     assert_eq!(again.removed, 0, "a second pass finds nothing more");
     let leftovers: Vec<_> = std::fs::read_dir(&base)
         .expect("base")
