@@ -50,15 +50,23 @@ fn build_check(effects: &str) -> Value {
     })
 }
 
-/// Runs `spec` to its handoff, adopts it declaring check 1 reusable, and returns the
-/// run id and the adoption once it has ended.
-fn verify(cluster: &Cluster, spec: &Value, adoption_id: &str) -> (String, Value) {
-    let (run_id, _) = cluster.submit(spec);
-    cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
+/// Reads the run's current candidate and adopts it under `adoption_id`, declaring the
+/// offered reusable checks at `reuse` (positions in `reusable_build_candidates`).
+fn adopt(cluster: &Cluster, run_id: &str, adoption_id: &str, reuse: &[usize]) {
     let base = format!("/api/v1/runs/{run_id}/verification-handoffs");
     let (status, candidate) = cluster.call("GET", &format!("{base}/candidates?agent=e2e"), None);
     assert_eq!(status, 200, "{candidate}");
     assert_eq!(candidate["admission"], "READY", "{candidate}");
+    let selected: Vec<Value> = reuse
+        .iter()
+        .map(|i| {
+            json!({
+                "command_digest": candidate["reusable_build_candidates"][*i]["command_digest"],
+                "purpose": "source_build",
+                "independent_of_time_and_external_state": true
+            })
+        })
+        .collect();
     let body = json!({
         "request_id": adoption_id,
         "agent": "e2e",
@@ -67,15 +75,20 @@ fn verify(cluster: &Cluster, spec: &Value, adoption_id: &str) -> (String, Value)
         "commands_digest": candidate["commands_digest"],
         "policy_digest": candidate["policy_digest"],
         "provider_digest": candidate["provider_digest"],
-        "reusable_build_checks": [{
-            "command_digest": candidate["reusable_build_candidates"][0]["command_digest"],
-            "purpose": "source_build",
-            "independent_of_time_and_external_state": true
-        }]
+        "reusable_build_checks": selected
     });
     let (status, receipt) = cluster.call("POST", &format!("{base}/adoptions"), Some(&body));
     assert_eq!(status, 201, "{receipt}");
+}
+
+/// Runs `spec` to its handoff, adopts it declaring check 1 reusable, and returns the
+/// run id and the adoption once it has ended.
+fn verify(cluster: &Cluster, spec: &Value, adoption_id: &str) -> (String, Value) {
+    let (run_id, _) = cluster.submit(spec);
+    cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
+    adopt(cluster, &run_id, adoption_id, &[0]);
     cluster.wait_for_state(&run_id, &["completed", "failed"], LONG);
+    let base = format!("/api/v1/runs/{run_id}/verification-handoffs");
     let (status, adoption) = cluster.call("GET", &format!("{base}/adoptions/{adoption_id}"), None);
     assert_eq!(status, 200, "{adoption}");
     (run_id, adoption)
@@ -412,18 +425,7 @@ async fn a_worker_killed_mid_check_leaves_the_verification_to_another_without_re
     let (run_id, request_id) = cluster.submit(&spec);
     cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
     let base = format!("/api/v1/runs/{run_id}/verification-handoffs");
-    let (_, candidate) = cluster.call("GET", &format!("{base}/candidates?agent=e2e"), None);
-    let body = json!({
-        "request_id": id(9),
-        "agent": "e2e",
-        "pending_request_digest": candidate["pending_request_digest"],
-        "source_digest": candidate["source_digest"],
-        "commands_digest": candidate["commands_digest"],
-        "policy_digest": candidate["policy_digest"],
-        "provider_digest": candidate["provider_digest"]
-    });
-    let (status, receipt) = cluster.call("POST", &format!("{base}/adoptions"), Some(&body));
-    assert_eq!(status, 201, "{receipt}");
+    adopt(&cluster, &run_id, &id(9), &[]);
     cluster.wait_until("the slow check to start", LONG, || {
         cluster.lines("effects").contains(&"start".to_string())
     });
@@ -484,18 +486,7 @@ async fn a_draining_worker_hands_a_verification_back_on_the_same_attempt() {
     let (run_id, request_id) = cluster.submit(&spec);
     cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
     let base = format!("/api/v1/runs/{run_id}/verification-handoffs");
-    let (_, candidate) = cluster.call("GET", &format!("{base}/candidates?agent=e2e"), None);
-    let body = json!({
-        "request_id": id(10),
-        "agent": "e2e",
-        "pending_request_digest": candidate["pending_request_digest"],
-        "source_digest": candidate["source_digest"],
-        "commands_digest": candidate["commands_digest"],
-        "policy_digest": candidate["policy_digest"],
-        "provider_digest": candidate["provider_digest"]
-    });
-    let (status, receipt) = cluster.call("POST", &format!("{base}/adoptions"), Some(&body));
-    assert_eq!(status, 201, "{receipt}");
+    adopt(&cluster, &run_id, &id(10), &[]);
     cluster.wait_until("the check to start", LONG, || {
         cluster.lines("effects").contains(&"start".to_string())
     });
@@ -538,18 +529,7 @@ async fn a_database_check_with_an_unknown_outcome_is_not_run_again() {
     let (run_id, _) = cluster.submit(&spec);
     cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
     let base = format!("/api/v1/runs/{run_id}/verification-handoffs");
-    let (_, candidate) = cluster.call("GET", &format!("{base}/candidates?agent=e2e"), None);
-    let body = json!({
-        "request_id": id(11),
-        "agent": "e2e",
-        "pending_request_digest": candidate["pending_request_digest"],
-        "source_digest": candidate["source_digest"],
-        "commands_digest": candidate["commands_digest"],
-        "policy_digest": candidate["policy_digest"],
-        "provider_digest": candidate["provider_digest"]
-    });
-    let (status, receipt) = cluster.call("POST", &format!("{base}/adoptions"), Some(&body));
-    assert_eq!(status, 201, "{receipt}");
+    adopt(&cluster, &run_id, &id(11), &[]);
     cluster.wait_until("the database check to start", LONG, || {
         cluster.lines("effects") == ["migrate"]
     });

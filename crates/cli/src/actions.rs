@@ -2,6 +2,8 @@
 //! *before* the single POST, so an uncertain response never leads to a new id or a
 //! changed body, only to reading the status.
 
+use crate::client::{exit, Answer, CallError, Client};
+use reqwest::Method;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -55,4 +57,62 @@ pub fn save(dir: &Path, action: &SavedAction) -> anyhow::Result<PathBuf> {
     }
     std::fs::rename(&tmp, &path)?;
     Ok(path)
+}
+
+/// Submits a caller-owned decision once: the record (id and exact body) is saved before
+/// the single POST to `path`, and the outcome after it. A record saved earlier with other
+/// input is a conflict; an uncertain outcome says to read the status (`status_hint`),
+/// never to submit again. Returns the answer and where the record is.
+pub async fn submit_once(
+    client: &Client,
+    dir: &Path,
+    record: SavedAction,
+    path: &str,
+    status_hint: &str,
+) -> Result<(Answer, PathBuf), CallError> {
+    let id = record.action_id.clone();
+    let record = match load(dir, &id).map_err(|e| CallError::new(exit::ERROR, e.to_string()))? {
+        Some(saved)
+            if saved.body != record.body
+                || saved.run_id != record.run_id
+                || saved.request_id != record.request_id
+                || saved.kind != record.kind =>
+        {
+            return Err(CallError::new(
+                exit::CONFLICT,
+                format!("{id} was saved earlier with other input; keep that decision and read it with: {status_hint}"),
+            ));
+        }
+        Some(saved) => saved,
+        None => record,
+    };
+    let saved_path = save(dir, &record).map_err(|e| {
+        CallError::new(
+            exit::ERROR,
+            format!("could not save {id} locally, so nothing was sent: {e}"),
+        )
+    })?;
+    let result = client
+        .call(Method::POST, path, Some(&record.body), &[])
+        .await;
+    let outcome = match &result {
+        Ok(_) => "saved",
+        Err(e) if e.code == exit::UNCERTAIN => "uncertain",
+        Err(_) => "rejected",
+    };
+    let _ = save(
+        dir,
+        &SavedAction {
+            outcome: outcome.into(),
+            ..record
+        },
+    );
+    match result {
+        Ok(answer) => Ok((answer, saved_path)),
+        Err(e) if e.code == exit::UNCERTAIN => Err(CallError::new(
+            exit::UNCERTAIN,
+            format!("{e}\nthe outcome is unknown; do not submit again under another id. Read it with: {status_hint}"),
+        )),
+        Err(e) => Err(e),
+    }
 }

@@ -694,68 +694,30 @@ async fn continuation(
             }
             let dir = actions::state_dir(state_dir.as_deref());
             let status_hint = format!("cairnctl {route} status {run} {request}");
-            let record = match actions::load(&dir, &action)
-                .map_err(|e| CallError::new(exit::ERROR, e.to_string()))?
-            {
-                Some(saved)
-                    if saved.body != body
-                        || saved.run_id != run
-                        || saved.request_id != request
-                        || saved.kind != kind =>
-                {
-                    return Err(CallError::new(
-                        exit::CONFLICT,
-                        format!("action {action} was saved earlier with other input; keep that decision and read it with: {status_hint}"),
-                    ));
-                }
-                Some(saved) => saved,
-                None => actions::SavedAction {
-                    kind: kind.clone(),
-                    run_id: run.clone(),
-                    request_id: request.clone(),
-                    action_id: action.clone(),
-                    body: body.clone(),
-                    saved_at: chrono::Utc::now().to_rfc3339(),
-                    outcome: "unsubmitted".into(),
-                },
+            let record = actions::SavedAction {
+                kind: kind.clone(),
+                run_id: run.clone(),
+                request_id: request.clone(),
+                action_id: action.clone(),
+                body,
+                saved_at: chrono::Utc::now().to_rfc3339(),
+                outcome: "unsubmitted".into(),
             };
-            let saved_path = actions::save(&dir, &record).map_err(|e| {
-                CallError::new(
-                    exit::ERROR,
-                    format!("could not save the action locally, so nothing was sent: {e}"),
-                )
-            })?;
             let path = format!("/api/v1/runs/{run}/{route}/requests/{request}/actions/{action}");
-            let result = client.call(Method::POST, &path, Some(&body), &[]).await;
-            let outcome = match &result {
-                Ok(_) => "saved",
-                Err(e) if e.code == exit::UNCERTAIN => "uncertain",
-                Err(_) => "rejected",
-            };
-            let _ = actions::save(
-                &dir,
-                &actions::SavedAction {
-                    outcome: outcome.into(),
-                    ..record
-                },
-            );
-            match result {
-                Ok(answer) => {
-                    if json {
-                        output::json(&answer.body);
-                    } else {
-                        println!("saved action {action} ({}); record: {}", output::text(&answer.body["status"]), saved_path.display());
-                        output::fields(&answer.body, &["witness_digest", "admission_seal"]);
-                        println!("follow it with: {status_hint}");
-                    }
-                    Ok(exit::OK)
-                }
-                Err(e) if e.code == exit::UNCERTAIN => Err(CallError::new(
-                    exit::UNCERTAIN,
-                    format!("{e}\nthe outcome is unknown; do not submit another action. Read it with: {status_hint}"),
-                )),
-                Err(e) => Err(e),
+            let (answer, saved_path) =
+                actions::submit_once(client, &dir, record, &path, &status_hint).await?;
+            if json {
+                output::json(&answer.body);
+            } else {
+                println!(
+                    "saved action {action} ({}); record: {}",
+                    output::text(&answer.body["status"]),
+                    saved_path.display()
+                );
+                output::fields(&answer.body, &["witness_digest", "admission_seal"]);
+                println!("follow it with: {status_hint}");
             }
+            Ok(exit::OK)
         }
         ContinuationCommand::Status { run, request } => {
             let path = format!(

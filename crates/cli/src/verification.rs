@@ -5,7 +5,6 @@ use crate::client::{exit, CallError, Client};
 use crate::{actions, id, output, read_document};
 use cairn_common::ids::Id;
 use clap::Subcommand;
-use reqwest::Method;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 
@@ -253,65 +252,27 @@ async fn adopt(
         .and_then(|r| id(r, "request_id"))?;
     let dir = actions::state_dir(state_dir.as_deref());
     let status_hint = format!("cairnctl verification status {run} {request_id}");
-    let kind = "verification_adoption".to_string();
-    let record = match actions::load(&dir, &request_id)
-        .map_err(|e| CallError::new(exit::ERROR, e.to_string()))?
-    {
-        Some(saved) if saved.body != body || saved.run_id != run || saved.kind != kind => {
-            return Err(CallError::new(
-                exit::CONFLICT,
-                format!("request {request_id} was saved earlier with other input; keep that decision and read it with: {status_hint}"),
-            ));
-        }
-        Some(saved) => saved,
-        None => actions::SavedAction {
-            kind,
-            run_id: run.to_string(),
-            request_id: request_id.clone(),
-            action_id: request_id.clone(),
-            body: body.clone(),
-            saved_at: chrono::Utc::now().to_rfc3339(),
-            outcome: "unsubmitted".into(),
-        },
+    let record = actions::SavedAction {
+        kind: "verification_adoption".into(),
+        run_id: run.to_string(),
+        request_id: request_id.clone(),
+        action_id: request_id.clone(),
+        body,
+        saved_at: chrono::Utc::now().to_rfc3339(),
+        outcome: "unsubmitted".into(),
     };
-    let saved_path = actions::save(&dir, &record).map_err(|e| {
-        CallError::new(
-            exit::ERROR,
-            format!("could not save the request locally, so nothing was sent: {e}"),
-        )
-    })?;
     let path = format!("/api/v1/runs/{run}/verification-handoffs/adoptions");
-    let result = client.call(Method::POST, &path, Some(&body), &[]).await;
-    let outcome = match &result {
-        Ok(_) => "saved",
-        Err(e) if e.code == exit::UNCERTAIN => "uncertain",
-        Err(_) => "rejected",
-    };
-    let _ = actions::save(
-        &dir,
-        &actions::SavedAction {
-            outcome: outcome.into(),
-            ..record
-        },
-    );
-    match result {
-        Ok(answer) => {
-            if json {
-                output::json(&answer.body);
-            } else {
-                println!(
-                    "adopted {request_id} ({}); record: {}",
-                    output::text(&answer.body["status"]),
-                    saved_path.display()
-                );
-                println!("follow it with: {status_hint}");
-            }
-            Ok(exit::OK)
-        }
-        Err(e) if e.code == exit::UNCERTAIN => Err(CallError::new(
-            exit::UNCERTAIN,
-            format!("{e}\nthe outcome is unknown; do not submit again with another id. Read it with: {status_hint}"),
-        )),
-        Err(e) => Err(e),
+    let (answer, saved_path) =
+        actions::submit_once(client, &dir, record, &path, &status_hint).await?;
+    if json {
+        output::json(&answer.body);
+    } else {
+        println!(
+            "adopted {request_id} ({}); record: {}",
+            output::text(&answer.body["status"]),
+            saved_path.display()
+        );
+        println!("follow it with: {status_hint}");
     }
+    Ok(exit::OK)
 }

@@ -96,6 +96,53 @@ fn valid_name(text: &str, max: usize) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
 }
 
+/// Checks a command anything runs (a step, a verification check): a program, no NUL,
+/// valid variables, a working directory inside the workspace, a timeout of 1..=86400 s.
+/// `at` names a field of the command.
+pub fn check_command(
+    argv: &[String],
+    env: &BTreeMap<String, String>,
+    cwd: Option<&str>,
+    timeout_seconds: u32,
+    at: impl Fn(&str) -> String,
+) -> Result<(), FieldError> {
+    if argv.is_empty() || argv[0].is_empty() {
+        return Err(FieldError::new(at("argv"), "a program is required"));
+    }
+    if argv.iter().any(|a| a.contains('\0')) {
+        return Err(FieldError::new(at("argv"), "arguments cannot contain NUL"));
+    }
+    for (name, value) in env {
+        let valid = !name.is_empty()
+            && !name.contains('=')
+            && !name.contains('\0')
+            && !value.contains('\0');
+        if !valid {
+            return Err(FieldError::new(
+                at("env"),
+                format!("invalid variable {name:?}"),
+            ));
+        }
+    }
+    if let Some(cwd) = cwd {
+        let escapes = cwd.starts_with('/')
+            || cwd.contains('\0')
+            || std::path::Path::new(cwd)
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir));
+        if escapes {
+            return Err(FieldError::new(
+                at("cwd"),
+                "a relative path inside the workspace",
+            ));
+        }
+    }
+    if !(1..=86_400).contains(&timeout_seconds) {
+        return Err(FieldError::new(at("timeout_seconds"), "from 1 to 86400"));
+    }
+    Ok(())
+}
+
 impl RunSpec {
     /// Checks everything serde cannot. `prefix` names the field path (`runs[3].`).
     pub fn validate(&self, prefix: &str, now: DateTime<Utc>) -> Result<(), FieldError> {
@@ -142,40 +189,13 @@ impl RunSpec {
             if !keys.insert(step.key.as_str()) {
                 return Err(FieldError::new(at("key"), "step keys must be unique"));
             }
-            if step.argv.is_empty() || step.argv[0].is_empty() {
-                return Err(FieldError::new(at("argv"), "a program is required"));
-            }
-            if step.argv.iter().any(|a| a.contains('\0')) {
-                return Err(FieldError::new(at("argv"), "arguments cannot contain NUL"));
-            }
-            for (name, value) in &step.env {
-                let ok_name = !name.is_empty()
-                    && !name.contains('=')
-                    && !name.contains('\0')
-                    && !value.contains('\0');
-                if !ok_name {
-                    return Err(FieldError::new(
-                        at("env"),
-                        format!("invalid variable {name:?}"),
-                    ));
-                }
-            }
-            if let Some(cwd) = &step.cwd {
-                let escapes = cwd.starts_with('/')
-                    || cwd.contains('\0')
-                    || std::path::Path::new(cwd)
-                        .components()
-                        .any(|c| matches!(c, std::path::Component::ParentDir));
-                if escapes {
-                    return Err(FieldError::new(
-                        at("cwd"),
-                        "a relative path inside the workspace",
-                    ));
-                }
-            }
-            if !(1..=86_400).contains(&step.timeout_seconds) {
-                return Err(FieldError::new(at("timeout_seconds"), "from 1 to 86400"));
-            }
+            check_command(
+                &step.argv,
+                &step.env,
+                step.cwd.as_deref(),
+                step.timeout_seconds,
+                at,
+            )?;
         }
         if self.budgets.max_commands > 100_000 {
             return Err(FieldError::new(

@@ -6,7 +6,7 @@
 //! changed variable makes a check run fresh without changing which check it is.
 
 use crate::digest;
-use crate::run::FieldError;
+use crate::run::{check_command, FieldError};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -92,45 +92,22 @@ impl VerificationRequest {
         }
         for (i, check) in self.commands.iter().enumerate() {
             let at = |name: &str| format!("{prefix}commands[{i}].{name}");
-            if check.argv.is_empty() || check.argv[0].is_empty() {
-                return Err(FieldError::new(at("argv"), "a program is required"));
-            }
-            if check.argv.iter().any(|a| a.contains('\0')) {
-                return Err(FieldError::new(at("argv"), "arguments cannot contain NUL"));
-            }
-            for (name, value) in &check.env {
-                let bad = name.is_empty()
-                    || name.contains('=')
-                    || name.contains('\0')
-                    || value.contains('\0');
-                if bad {
-                    return Err(FieldError::new(
-                        at("env"),
-                        format!("invalid variable {name:?}"),
-                    ));
-                }
-                if RUNNER_VARIABLES.contains(&name.as_str()) {
-                    return Err(FieldError::new(
-                        at("env"),
-                        format!("{name} is set by the runner"),
-                    ));
-                }
-            }
-            if let Some(cwd) = &check.cwd {
-                let escapes = cwd.starts_with('/')
-                    || cwd.contains('\0')
-                    || std::path::Path::new(cwd)
-                        .components()
-                        .any(|c| matches!(c, std::path::Component::ParentDir));
-                if escapes {
-                    return Err(FieldError::new(
-                        at("cwd"),
-                        "a relative path inside the workspace",
-                    ));
-                }
-            }
-            if !(1..=86_400).contains(&check.timeout_seconds) {
-                return Err(FieldError::new(at("timeout_seconds"), "from 1 to 86400"));
+            check_command(
+                &check.argv,
+                &check.env,
+                check.cwd.as_deref(),
+                check.timeout_seconds,
+                at,
+            )?;
+            if let Some(name) = check
+                .env
+                .keys()
+                .find(|name| RUNNER_VARIABLES.contains(&name.as_str()))
+            {
+                return Err(FieldError::new(
+                    at("env"),
+                    format!("{name} is set by the runner"),
+                ));
             }
         }
         Ok(())

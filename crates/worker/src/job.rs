@@ -739,35 +739,7 @@ impl Worker {
         final_report: Option<&RetainedReport>,
     ) -> Result<(), JobError> {
         let mut tx = job.lease.begin_fenced(&self.pool).await?;
-        sqlx::query(
-            "INSERT INTO journal_receipts (request_id, step_key, lease_epoch, attempt, exit_code, signal, timed_out,
-                                           wall_ms, cpu_ms, output_digest, stdout_tail, stderr_tail, output_artifact)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
-        )
-        .bind(job.lease.request_id)
-        .bind(&step.key)
-        .bind(job.lease.epoch)
-        .bind(job.attempt)
-        .bind(outcome.exit_code)
-        .bind(outcome.signal)
-        .bind(outcome.interrupted == Some(Interruption::TimedOut))
-        .bind(outcome.wall_ms)
-        .bind(outcome.cpu_ms)
-        .bind(&outcome.output_digest)
-        .bind(&outcome.stdout_tail)
-        .bind(&outcome.stderr_tail)
-        .bind(outcome.stdout_path.with_extension("").to_string_lossy().into_owned())
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "UPDATE execution_requests SET used_wall_ms = used_wall_ms + $2, used_cpu_ms = used_cpu_ms + $3, updated_at = now()
-              WHERE id = $1",
-        )
-        .bind(job.lease.request_id)
-        .bind(outcome.wall_ms)
-        .bind(outcome.cpu_ms)
-        .execute(&mut *tx)
-        .await?;
+        record_receipt(&mut tx, &job.lease, job.attempt, &step.key, outcome).await?;
         if let Some(retained) = final_report {
             // Retained with the last receipt; accepted (consumed) separately, once.
             sqlx::query(
@@ -930,6 +902,47 @@ impl Worker {
         self.leases.clear_liveness(&job.lease).await;
         Ok(())
     }
+}
+
+/// Writes a command's receipt and charges its wall and CPU time, inside the caller's
+/// fenced transaction.
+pub(crate) async fn record_receipt(
+    conn: &mut PgConnection,
+    lease: &Lease,
+    attempt: i32,
+    step_key: &str,
+    outcome: &StepOutcome,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO journal_receipts (request_id, step_key, lease_epoch, attempt, exit_code, signal, timed_out,
+                                       wall_ms, cpu_ms, output_digest, stdout_tail, stderr_tail, output_artifact)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+    )
+    .bind(lease.request_id)
+    .bind(step_key)
+    .bind(lease.epoch)
+    .bind(attempt)
+    .bind(outcome.exit_code)
+    .bind(outcome.signal)
+    .bind(outcome.interrupted == Some(Interruption::TimedOut))
+    .bind(outcome.wall_ms)
+    .bind(outcome.cpu_ms)
+    .bind(&outcome.output_digest)
+    .bind(&outcome.stdout_tail)
+    .bind(&outcome.stderr_tail)
+    .bind(outcome.stdout_path.with_extension("").to_string_lossy().into_owned())
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "UPDATE execution_requests SET used_wall_ms = used_wall_ms + $2, used_cpu_ms = used_cpu_ms + $3, updated_at = now()
+          WHERE id = $1",
+    )
+    .bind(lease.request_id)
+    .bind(outcome.wall_ms)
+    .bind(outcome.cpu_ms)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
 }
 
 /// The outcome recorded for a command that could not start.

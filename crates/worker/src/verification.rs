@@ -11,7 +11,7 @@
 //! completion and the reuse receipt, and every command already run stays charged.
 
 use crate::custody::CustodyError;
-use crate::job::{spawn_failure, Claimed, JobError, JobOutcome, Worker};
+use crate::job::{record_receipt, spawn_failure, Claimed, JobError, JobOutcome, Worker};
 use crate::renewal::{self, StopReason};
 use crate::scope::{self, Scope, SourceScope};
 use crate::step::{self, Interruption, StepCommand, StepOutcome};
@@ -632,36 +632,7 @@ impl Worker {
         tracing::info!(check = plan.index, result = %outcome.describe(), "verification check ended");
 
         let mut tx = job.lease.begin_fenced(&self.pool).await?;
-        sqlx::query(
-            "INSERT INTO journal_receipts (request_id, step_key, lease_epoch, attempt, exit_code, signal, timed_out,
-                                           wall_ms, cpu_ms, output_digest, stdout_tail, stderr_tail, output_artifact)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)
-             ON CONFLICT (request_id, step_key) DO NOTHING",
-        )
-        .bind(job.lease.request_id)
-        .bind(&step_key)
-        .bind(job.lease.epoch)
-        .bind(job.attempt)
-        .bind(outcome.exit_code)
-        .bind(outcome.signal)
-        .bind(outcome.interrupted == Some(Interruption::TimedOut))
-        .bind(outcome.wall_ms)
-        .bind(outcome.cpu_ms)
-        .bind(&outcome.output_digest)
-        .bind(&outcome.stdout_tail)
-        .bind(&outcome.stderr_tail)
-        .bind(outcome.stdout_path.with_extension("").to_string_lossy().into_owned())
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "UPDATE execution_requests SET used_wall_ms = used_wall_ms + $2, used_cpu_ms = used_cpu_ms + $3, updated_at = now()
-              WHERE id = $1",
-        )
-        .bind(job.lease.request_id)
-        .bind(outcome.wall_ms)
-        .bind(outcome.cpu_ms)
-        .execute(&mut *tx)
-        .await?;
+        record_receipt(&mut tx, &job.lease, job.attempt, &step_key, &outcome).await?;
         sqlx::query(
             "INSERT INTO verification_results (id, adoption_id, command_index, command_digest, purpose, confined, reusable,
                     scope_digest, exit_code, passed, output_digest, started_at, finished_at, request_id, agent, repository,
