@@ -169,10 +169,9 @@ async fn a_passed_check_is_reused_only_while_its_whole_scope_is_unchanged() {
         2,
         "a reused check is not another execution"
     );
-    assert_eq!(
-        cluster.metric(0, "cairn_worker_verification_checks_reused_total"),
-        1.0
-    );
+    cluster.wait_until("the reused check to be counted", LONG, || {
+        cluster.metric(0, "cairn_worker_verification_checks_reused_total") == 1.0
+    });
     let journal = cluster.journal(&second_run);
     let intents = entries(&journal, "verification_reuse_intent");
     assert_eq!(intents.len(), 1, "{journal}");
@@ -498,9 +497,11 @@ async fn a_draining_worker_hands_a_verification_back_on_the_same_attempt() {
 
     let run = cluster.wait_for_state(&run_id, &["completed", "failed"], LONG);
     assert_eq!(run["state"], "completed", "{run}\n{}", cluster.logs());
-    assert!(
-        cluster.metric(1 - draining, "cairn_worker_jobs_completed_total") >= 1.0,
-        "the other worker finished it"
+    // The metric moves just after the completion commits: wait for it, do not race it.
+    cluster.wait_until(
+        "the other worker to count the job it finished",
+        LONG,
+        || cluster.metric(1 - draining, "cairn_worker_jobs_completed_total") >= 1.0,
     );
     let (_, adoption) = cluster.call("GET", &format!("{base}/adoptions/{}", id(10)), None);
     assert_eq!(

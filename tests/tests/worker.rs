@@ -228,8 +228,8 @@ async fn a_paused_worker_past_its_lease_cannot_write() {
     cluster.workers[first].process.signal(Signal::SIGCONT);
     cluster.wait_until("the paused worker's late write to be refused", LONG, || {
         cluster.metric(first, "cairn_worker_stale_writes_rejected_total") >= 1.0
+            && cluster.metric(first, "cairn_worker_self_fenced_total") >= 1.0
     });
-    assert!(cluster.metric(first, "cairn_worker_self_fenced_total") >= 1.0);
     std::thread::sleep(Duration::from_millis(500));
     let after = cluster.journal(&run_id);
     assert_eq!(
@@ -278,9 +278,11 @@ async fn sigterm_drains_within_the_drain_time_and_the_run_continues_elsewhere() 
     );
     let run = cluster.wait_for_state(&run_id, &["completed"], LONG);
     assert_eq!(run["attempt"], 1, "a hand-back is not a failed attempt");
-    assert!(
-        cluster.metric(1, "cairn_worker_jobs_completed_total") >= 1.0,
-        "the second worker finished it"
+    // The metric moves just after the completion commits: wait for it, do not race it.
+    cluster.wait_until(
+        "the second worker to count the job it finished",
+        LONG,
+        || cluster.metric(1, "cairn_worker_jobs_completed_total") >= 1.0,
     );
 }
 
