@@ -222,7 +222,7 @@ impl Worker {
             return Ok(JobOutcome::Failed(message));
         };
         let subject = job.subject();
-        let mut held = match self.acquire(&job.lease, &subject).await {
+        let held = match self.acquire(&job.lease, &subject).await {
             Ok(held) => held,
             Err(CustodyError::Job(e)) => return Err(e),
             Err(CustodyError::Workspace(e)) => {
@@ -232,12 +232,11 @@ impl Worker {
                 return Ok(JobOutcome::Failed(message));
             }
         };
+        // Checks add nothing to capture (a changed source fails the verification); a tree
+        // adopted with uncaptured work keeps that state, so a drain keeps it held.
         let ending = self
             .verify(job, &adoption, &held.workspace.root, stop)
             .await;
-        // Checks verify a source they must not change (a change fails the verification),
-        // so the tree holds nothing to capture.
-        held.uncaptured = false;
         let fenced = match &ending {
             Err(JobError::Lease(_)) => true,
             Ok(Ending::Interrupted) => matches!(reason.get(), Some(renewal::Reason::Fenced) | None),
