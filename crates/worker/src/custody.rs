@@ -141,17 +141,16 @@ impl Worker {
                         .await;
                 }
                 Err(reason) => {
-                    attempts.push(json!({"tier": "checkpoint", "snapshot_id": head.id, "outcome": "failed", "reason": reason}));
-                    self.record(
+                    self.tier_failed(
                         lease,
                         subject,
+                        &workspace,
                         "checkpoint",
-                        Some(head.id),
-                        "failed",
-                        Some(&reason),
+                        head.id,
+                        &reason,
+                        &mut attempts,
                     )
                     .await?;
-                    workspace.reset().await?;
                 }
             }
         } else {
@@ -216,17 +215,16 @@ impl Worker {
                             .await;
                     }
                     Err(reason) => {
-                        attempts.push(json!({"tier": "baseline", "snapshot_id": baseline.id, "outcome": "failed", "reason": reason}));
-                        self.record(
+                        self.tier_failed(
                             lease,
                             subject,
+                            &workspace,
                             "baseline",
-                            Some(baseline.id),
-                            "failed",
-                            Some(&reason),
+                            baseline.id,
+                            &reason,
+                            &mut attempts,
                         )
                         .await?;
-                        workspace.reset().await?;
                     }
                 }
             } else {
@@ -352,6 +350,28 @@ impl Worker {
             uncaptured: true,
             ..held
         }))
+    }
+
+    /// A snapshot tier that failed: its attempt is recorded (in the resume context and in
+    /// `snapshot_restores`) and the tree is emptied for the next tier.
+    #[allow(clippy::too_many_arguments)]
+    async fn tier_failed(
+        &self,
+        lease: &Lease,
+        subject: &Subject,
+        workspace: &Workspace,
+        tier: &str,
+        snapshot: Uuid,
+        reason: &str,
+        attempts: &mut Vec<Value>,
+    ) -> Result<(), CustodyError> {
+        attempts.push(
+            json!({"tier": tier, "snapshot_id": snapshot, "outcome": "failed", "reason": reason}),
+        );
+        self.record(lease, subject, tier, Some(snapshot), "failed", Some(reason))
+            .await?;
+        workspace.reset().await?;
+        Ok(())
     }
 
     /// Restores a snapshot; an integrity failure quarantines it. Returns the reason on failure.

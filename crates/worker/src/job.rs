@@ -797,7 +797,7 @@ impl Worker {
     }
 
     /// Ends the job in `state` and releases the lease, in one fenced transaction.
-    async fn finish(
+    pub(crate) async fn finish(
         &self,
         job: &Claimed,
         state: RequestState,
@@ -806,13 +806,27 @@ impl Worker {
     ) -> Result<(), JobError> {
         let mut tx = job.lease.begin_fenced(&self.pool).await?;
         ticket::set_state(&mut tx, job.lease.request_id, state, reason, step).await?;
-        if let Some(action_id) = job.action_id {
-            let status = match state {
-                RequestState::NeedsReconciliation => "needs_reconciliation",
-                RequestState::Completed => "completed",
-                _ => "failed",
-            };
-            ticket::set_action_status(&mut tx, action_id, status).await?;
+        match (job.kind, job.action_id) {
+            // A verification that ends without its completion fails its adoption and
+            // handoff (or is cancelled with them).
+            (JobKind::Verification, Some(adoption_id)) => {
+                let status = if state == RequestState::Cancelled {
+                    "cancelled"
+                } else {
+                    "failed"
+                };
+                ticket::set_adoption_status(&mut tx, adoption_id, status, reason).await?;
+                ticket::set_handoff_state_of(&mut tx, adoption_id, "failed").await?;
+            }
+            (_, Some(action_id)) => {
+                let status = match state {
+                    RequestState::NeedsReconciliation => "needs_reconciliation",
+                    RequestState::Completed => "completed",
+                    _ => "failed",
+                };
+                ticket::set_action_status(&mut tx, action_id, status).await?;
+            }
+            (_, None) => {}
         }
         self.leases.release_in(&mut tx, &job.lease).await?;
         tx.commit().await?;

@@ -79,19 +79,6 @@ pub(crate) async fn claim_adoption(
     Ok(())
 }
 
-async fn set_handoff_state(
-    conn: &mut PgConnection,
-    handoff_id: Uuid,
-    state: &str,
-) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE verification_handoffs SET state = $2, updated_at = now() WHERE id = $1")
-        .bind(handoff_id)
-        .bind(state)
-        .execute(conn)
-        .await?;
-    Ok(())
-}
-
 /// An adoption as the worker runs it.
 struct Adoption {
     id: Uuid,
@@ -217,7 +204,7 @@ impl Worker {
         };
         let Some(adoption) = adoption else {
             let message = "the adopted handoff could not be read".to_string();
-            self.end_verification(job, None, RequestState::Failed, &message, None)
+            self.finish(job, RequestState::Failed, Some(&message), None)
                 .await?;
             return Ok(JobOutcome::Failed(message));
         };
@@ -227,7 +214,7 @@ impl Worker {
             Err(CustodyError::Job(e)) => return Err(e),
             Err(CustodyError::Workspace(e)) => {
                 let message = format!("workspace: {e}");
-                self.end_verification(job, Some(&adoption), RequestState::Failed, &message, None)
+                self.finish(job, RequestState::Failed, Some(&message), None)
                     .await?;
                 return Ok(JobOutcome::Failed(message));
             }
@@ -261,16 +248,15 @@ impl Worker {
                 })
             }
             Ending::Fail(message) => {
-                self.end_verification(job, Some(&adoption), RequestState::Failed, &message, None)
+                self.finish(job, RequestState::Failed, Some(&message), None)
                     .await?;
                 Ok(JobOutcome::Failed(message))
             }
             Ending::Reconcile(step) => {
-                self.end_verification(
+                self.finish(
                     job,
-                    Some(&adoption),
                     RequestState::NeedsReconciliation,
-                    "unknown_outcome",
+                    Some("unknown_outcome"),
                     Some(&step),
                 )
                 .await?;
@@ -280,11 +266,10 @@ impl Worker {
             }
             Ending::Interrupted => match reason.get() {
                 Some(renewal::Reason::Cancelled) => {
-                    self.end_verification(
+                    self.finish(
                         job,
-                        Some(&adoption),
                         RequestState::Cancelled,
-                        "cancelled while verifying",
+                        Some("cancelled while verifying"),
                         None,
                     )
                     .await?;
@@ -815,9 +800,9 @@ impl Worker {
         } else {
             format!("verification failed: {}", failed.join("; "))
         };
-        set_handoff_state(
+        ticket::set_handoff_state_of(
             &mut tx,
-            adoption.handoff_id,
+            adoption.id,
             if passed { "passed" } else { "failed" },
         )
         .await?;
@@ -837,32 +822,6 @@ impl Worker {
         tx.commit().await?;
         self.metrics.checks_reused.inc_by(reused.len() as u64);
         Ok(Ending::Completed { passed, summary })
-    }
-
-    /// Ends the verification without a completion, and gives up the lease.
-    async fn end_verification(
-        &self,
-        job: &Claimed,
-        adoption: Option<&Adoption>,
-        state: RequestState,
-        reason: &str,
-        step: Option<&str>,
-    ) -> Result<(), JobError> {
-        let mut tx = job.lease.begin_fenced(&self.pool).await?;
-        ticket::set_state(&mut tx, job.lease.request_id, state, Some(reason), step).await?;
-        if let Some(adoption) = adoption {
-            let status = if state == RequestState::Cancelled {
-                "cancelled"
-            } else {
-                "failed"
-            };
-            ticket::set_adoption_status(&mut tx, adoption.id, status, Some(reason)).await?;
-            set_handoff_state(&mut tx, adoption.handoff_id, "failed").await?;
-        }
-        self.leases.release_in(&mut tx, &job.lease).await?;
-        tx.commit().await?;
-        self.leases.clear_liveness(&job.lease).await;
-        Ok(())
     }
 
     /// Drain: the adoption goes back to its queue on the same attempt.
