@@ -564,3 +564,52 @@ async fn a_database_check_with_an_unknown_outcome_is_not_run_again() {
     assert_eq!(adoption["status"], "failed", "{adoption}");
     assert_eq!(adoption["handoff_state"], "failed");
 }
+
+#[tokio::test]
+async fn a_paused_worker_past_its_lease_cannot_record_a_check() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("verify-sigstop", 2, Settings::default()).await;
+    let effects = cluster.path("effects");
+    let tree = Tree {
+        source: "v",
+        lock: "l",
+        mode: "a",
+    };
+    let slow = json!({
+        "argv": ["sh", "-c", format!("echo start >> {effects}; sleep 2; echo end >> {effects}")],
+        "purpose": "test",
+        "timeout_seconds": 60
+    });
+    let spec = verified_run(&tree, json!([slow]));
+    let (run_id, request_id) = cluster.submit(&spec);
+    cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
+    adopt(&cluster, &run_id, &id(12), &[]);
+    cluster.wait_until("the check to start", LONG, || {
+        cluster.lines("effects").contains(&"start".to_string())
+    });
+    let first = cluster.worker_index(&cluster.holder(&request_id).await.expect("holder"));
+    cluster.workers[first]
+        .process
+        .signal(nix::sys::signal::Signal::SIGSTOP);
+    // The lease lapses; the sweeper queues the adoption again and the other worker runs it.
+    let run = cluster.wait_for_state(&run_id, &["completed", "failed"], LONG);
+    assert_eq!(run["state"], "completed", "{run}\n{}", cluster.logs());
+    cluster.workers[first]
+        .process
+        .signal(nix::sys::signal::Signal::SIGCONT);
+    cluster.wait_until("the paused worker to find itself fenced", LONG, || {
+        cluster.metric(first, "cairn_worker_stale_writes_rejected_total") >= 1.0
+            && cluster.metric(first, "cairn_worker_self_fenced_total") >= 1.0
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let base = format!("/api/v1/runs/{run_id}/verification-handoffs");
+    let (_, adoption) = cluster.call("GET", &format!("{base}/adoptions/{}", id(12)), None);
+    let results = adoption["results"].as_array().expect("results");
+    assert_eq!(results.len(), 1, "{adoption}");
+    assert_eq!(
+        results[0]["attempt"], 2,
+        "only the new owner's result is durable"
+    );
+    assert_eq!(adoption["status"], "completed");
+    assert_eq!(cluster.run(&run_id)["state"], "completed");
+}
