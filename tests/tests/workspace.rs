@@ -133,7 +133,7 @@ async fn a_successor_restores_its_own_checkpoint_and_falls_back_in_order() {
         .dir
         .join("artifacts")
         .join("manifests")
-        .join(format!("{}.json.zst", corrupted.simple()));
+        .join(format!("{}.zst", corrupted.simple()));
     std::fs::write(&manifest, b"garbage").expect("corrupt the manifest");
     kill_holder(&cluster, &request_id).await;
     cluster.add_worker();

@@ -456,9 +456,10 @@ async fn snapshot_bench(tree: Option<PathBuf>, files: usize, size_mib: u64) -> a
         bytes,
     );
     println!(
-        "{:>42}  {} chunks, {:.0} MiB stored",
+        "{:>42}  {} chunks in {} packs, {:.0} MiB stored",
         "",
         stats.chunks_new,
+        stats.packs_new,
         stats.bytes_uploaded as f64 / 1048576.0
     );
 

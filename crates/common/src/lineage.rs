@@ -98,19 +98,19 @@ pub async fn mark_ready(
     Ok(done.rows_affected() == 1)
 }
 
-/// Records which chunks a snapshot references (with `mark_ready`, in one transaction),
-/// and takes the store's capture lock shared: see [`lock_store_for_capture`].
-pub async fn record_chunks(
+/// Records which packs a snapshot references (with `mark_ready`, in one transaction),
+/// so the reaper deletes a pack only when no snapshot of its store references it.
+pub async fn record_packs(
     conn: &mut PgConnection,
     snapshot_id: Uuid,
-    chunk_ids: &[String],
+    pack_ids: &[Uuid],
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "INSERT INTO snapshot_chunks (snapshot_id, chunk_id) SELECT $1, c FROM UNNEST($2::text[]) AS c
+        "INSERT INTO snapshot_packs (snapshot_id, pack_id) SELECT $1, p FROM UNNEST($2::uuid[]) AS p
          ON CONFLICT DO NOTHING",
     )
     .bind(snapshot_id)
-    .bind(chunk_ids)
+    .bind(pack_ids)
     .execute(conn)
     .await?;
     Ok(())

@@ -5,12 +5,14 @@
 //! variables). Each snapshot row records the URL of the store that holds its bytes;
 //! cleanup opens that store, never the current configuration.
 
+use crate::snapshot::pack::Catalog;
 use bytes::Bytes;
+use futures::TryStreamExt;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutPayload};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use tokio::runtime::Handle;
 
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +33,8 @@ pub struct ArtifactStore {
     store: Arc<dyn ObjectStore>,
     /// For a local store: its directory, synced before a snapshot is called durable.
     local: Option<PathBuf>,
+    /// Which chunks the store holds, as far as this process has read its pack indexes.
+    catalog: Arc<Mutex<Catalog>>,
 }
 
 impl ArtifactStore {
@@ -50,6 +54,7 @@ impl ArtifactStore {
                 url: format!("file://{}", root.display()),
                 store: Arc::new(store),
                 local: Some(root),
+                catalog: Arc::default(),
             });
         }
         let parsed = url::Url::parse(url)
@@ -71,6 +76,7 @@ impl ArtifactStore {
             url: url.to_string(),
             store,
             local: None,
+            catalog: Arc::default(),
         })
     }
 
@@ -94,6 +100,60 @@ impl ArtifactStore {
     /// The URL recorded on every snapshot this store holds.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// The chunk catalog captures of this store consult (see [`Catalog::refresh`]).
+    pub fn catalog(&self) -> &Mutex<Catalog> {
+        &self.catalog
+    }
+
+    /// For a local store, the file that holds an object.
+    pub fn local_path(&self, key: &str) -> Option<PathBuf> {
+        self.local.as_ref().map(|root| root.join(key))
+    }
+
+    /// The keys of every object under a prefix (which ends with `/`), for a caller on a
+    /// blocking thread.
+    pub fn list_blocking(&self, handle: &Handle, prefix: &str) -> Result<Vec<String>, StoreError> {
+        if let Some(root) = &self.local {
+            let names = match std::fs::read_dir(root.join(prefix)) {
+                Ok(read) => read,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+                Err(e) => return Err(e.into()),
+            };
+            let mut keys = Vec::new();
+            for name in names {
+                let name = name?.file_name();
+                // Temporary names of objects being written carry a '#'.
+                if let Some(name) = name.to_str().filter(|n| !n.contains('#')) {
+                    keys.push(format!("{prefix}{name}"));
+                }
+            }
+            return Ok(keys);
+        }
+        let prefix_path = ObjectPath::from(prefix.trim_end_matches('/'));
+        handle.block_on(async {
+            let listed: Vec<_> = self.store.list(Some(&prefix_path)).try_collect().await?;
+            Ok(listed.into_iter().map(|meta| meta.location.to_string()).collect())
+        })
+    }
+
+    /// A byte range of an object, for a caller on a blocking thread.
+    pub fn get_range_blocking(
+        &self,
+        handle: &Handle,
+        key: &str,
+        range: std::ops::Range<u64>,
+    ) -> Result<Bytes, StoreError> {
+        handle.block_on(async {
+            match self.store.get_range(&ObjectPath::from(key), range).await {
+                Ok(bytes) => Ok(bytes),
+                Err(object_store::Error::NotFound { .. }) => {
+                    Err(StoreError::NotFound(key.to_string()))
+                }
+                Err(e) => Err(e.into()),
+            }
+        })
     }
 
     pub async fn put(&self, key: &str, bytes: Bytes) -> Result<(), StoreError> {

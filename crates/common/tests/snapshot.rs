@@ -145,14 +145,51 @@ async fn chunks_are_shared_and_unchanged_files_are_not_read_again() {
     assert_eq!(stats.chunks_new, 1);
     let shared = first.chunk_ids().intersection(&second.chunk_ids()).count();
     assert!(shared >= 2, "unchanged files share their chunks");
-    // A third capture of the same tree without a stat index still uploads nothing new.
-    let (_, again) = snapshot::capture(&store, &src, &rules(), None, uuid::Uuid::new_v4())
+    // A third capture of the same tree without a stat index, by another process (a
+    // store opened afresh reads the pack indexes), still stores nothing new.
+    let elsewhere = ArtifactStore::open(store_dir.to_str().expect("utf8")).expect("store");
+    let (third, again) =
+        snapshot::capture(&elsewhere, &src, &rules(), None, uuid::Uuid::new_v4())
+            .await
+            .expect("capture");
+    assert_eq!(
+        (again.chunks_new, again.packs_new),
+        (0, 0),
+        "content-addressed chunks are stored once per store"
+    );
+    let out = scratch("out");
+    snapshot::restore(&elsewhere, &third, &out.join("tree"))
+        .await
+        .expect("restore from packs another capture wrote");
+    assert_eq!(
+        std::fs::read(out.join("tree/src/main.rs")).expect("read"),
+        b"fn main() { println!(\"changed\"); }\n"
+    );
+}
+
+#[tokio::test]
+async fn a_pack_whose_index_is_gone_is_never_referenced_again() {
+    let (src, store_dir) = (scratch("src"), scratch("store"));
+    tree(&src);
+    let store = ArtifactStore::open(store_dir.to_str().expect("utf8")).expect("store");
+    let (first, _) = snapshot::capture(&store, &src, &rules(), None, uuid::Uuid::new_v4())
         .await
         .expect("capture");
-    assert_eq!(
-        again.chunks_new, 0,
-        "content-addressed chunks are stored once"
-    );
+    // The reaper reclaims a pack index first, then the pack.
+    for pack in &first.packs {
+        store.delete(&snapshot::index_key(*pack)).await.expect("index");
+        store.delete(&snapshot::pack_key(*pack)).await.expect("pack");
+    }
+    // The same process captures again: its catalog forgets the reclaimed packs, so the
+    // chunks are stored anew and the snapshot restores.
+    let (second, stats) = snapshot::capture(&store, &src, &rules(), None, uuid::Uuid::new_v4())
+        .await
+        .expect("capture");
+    assert!(stats.chunks_new > 0);
+    assert!(second.packs.iter().all(|p| !first.packs.contains(p)));
+    snapshot::restore(&store, &second, &scratch("out").join("tree"))
+        .await
+        .expect("restore");
 }
 
 #[tokio::test]
@@ -168,15 +205,21 @@ async fn a_corrupted_chunk_fails_the_restore_as_an_integrity_error() {
         .iter()
         .find(|e| e.path == "data/blob.bin")
         .expect("blob")
-        .chunks[0]
-        .clone();
+        .chunks[0];
+    // Overwrite the chunk's bytes inside its pack with a valid zstd frame of other bytes.
+    let key = snapshot::pack_key(manifest.packs[victim.pack as usize]);
+    let mut pack = store.get(&key).await.expect("pack").to_vec();
     let forged = zstd::encode_all(&b"not the original bytes"[..], 1).expect("zstd");
+    let start = victim.offset as usize;
+    pack[start..start + forged.len()].copy_from_slice(&forged);
     store
-        .put(&snapshot::chunk_key(&victim), bytes::Bytes::from(forged))
+        .put(&key, bytes::Bytes::from(pack))
         .await
         .expect("overwrite");
     match snapshot::restore(&store, &manifest, &out.join("tree")).await {
-        Err(SnapshotError::Integrity(message)) => assert!(message.contains(&victim)),
+        Err(SnapshotError::Integrity(message)) => {
+            assert!(message.contains(&victim.id.to_hex()), "{message}")
+        }
         other => panic!("expected an integrity failure, got {other:?}"),
     }
 }
@@ -209,7 +252,8 @@ async fn entries_escaping_the_root_are_refused_before_anything_is_written() {
     for entries in cases {
         let out = scratch("out").join("tree");
         let manifest = Manifest {
-            version: 1,
+            version: 2,
+            packs: vec![],
             entries: entries.clone(),
         };
         match snapshot::restore(&store, &manifest, &out).await {
@@ -218,23 +262,30 @@ async fn entries_escaping_the_root_are_refused_before_anything_is_written() {
         }
         assert!(!out.exists(), "nothing written for a refused manifest");
     }
-    // A chunk id is never a path: nothing is read from outside the store.
+    // A chunk must lie in a pack the manifest lists: nothing is read from anywhere else.
     let out = scratch("out").join("tree");
     let mut sneaky = entry("file", EntryKind::File, None);
-    sneaky.chunks = vec!["../../../../etc/passwd".into()];
+    sneaky.chunks = vec![snapshot::ChunkRef {
+        id: snapshot::ChunkId::of(b"x"),
+        pack: 3,
+        offset: 0,
+        length: 10,
+    }];
     let manifest = Manifest {
-        version: 1,
+        version: 2,
+        packs: vec![uuid::Uuid::new_v4()],
         entries: vec![sneaky],
     };
     match snapshot::restore(&store, &manifest, &out).await {
-        Err(SnapshotError::Integrity(message)) => assert!(message.contains("malformed chunk id")),
-        other => panic!("a path as a chunk id must be refused, got {other:?}"),
+        Err(SnapshotError::Integrity(message)) => assert!(message.contains("names no pack")),
+        other => panic!("a chunk outside the manifest's packs must be refused, got {other:?}"),
     }
     assert!(!out.exists(), "nothing written for a refused manifest");
     // Links that stay inside are fine.
     let out = scratch("out").join("tree");
     let ok = Manifest {
-        version: 1,
+        version: 2,
+        packs: vec![],
         entries: vec![
             entry("dir", EntryKind::Dir, None),
             entry("dir/up", EntryKind::Symlink, Some("../other")),
@@ -264,12 +315,12 @@ async fn small_files_chunked_in_memory_and_large_files_streamed_cut_the_same_chu
     )
     .await
     .expect("capture");
-    let chunks = |path: &str| -> Vec<String> {
+    let chunks = |path: &str| -> Vec<snapshot::ChunkId> {
         manifest
             .entries
             .iter()
             .find(|e| e.path == path)
-            .map(|e| e.chunks.clone())
+            .map(|e| e.chunks.iter().map(|c| c.id).collect())
             .expect("entry")
     };
     let (large_chunks, prefix_chunks) = (chunks("large.bin"), chunks("prefix.bin"));

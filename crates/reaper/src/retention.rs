@@ -261,7 +261,7 @@ impl Sweep<'_> {
 
     /// Rules 2, 6 and 7: delete the bytes of retired, superseded and failed snapshots
     /// once their retention window has passed, through the store each snapshot records.
-    /// A chunk goes only when no other manifest of its store references it, and not while
+    /// A pack goes only when no other manifest of its store references it, and not while
     /// a capture of that store is in progress. What cannot be deleted waits for repair,
     /// retried with backoff.
     async fn reclaim(&self, report: &mut SweepReport) -> Result<(), sqlx::Error> {
@@ -313,7 +313,7 @@ impl Sweep<'_> {
         report: &mut SweepReport,
     ) -> Result<bool, sqlx::Error> {
         let ids: Vec<Uuid> = snapshots.iter().map(|s| s.0).collect();
-        // New captures of this store wait while chunks are deleted; running ones defer it.
+        // New captures of this store wait while packs are deleted; running ones defer it.
         sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
             .bind(store_url)
             .execute(&mut *conn)
@@ -328,7 +328,20 @@ impl Sweep<'_> {
             report.reclaim_deferred += ids.len() as u64;
             return Ok(false);
         }
-        let orphans: Vec<String> = sqlx::query_scalar(
+        // A pack (or, for snapshots of the first format, a chunk object) goes only when
+        // no other live snapshot of this store references it.
+        let orphan_packs: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT DISTINCT c.pack_id FROM snapshot_packs c
+              WHERE c.snapshot_id = ANY($1)
+                AND NOT EXISTS (SELECT 1 FROM snapshot_packs o JOIN project_snapshots p ON p.id = o.snapshot_id
+                                 WHERE o.pack_id = c.pack_id AND NOT (o.snapshot_id = ANY($1))
+                                   AND p.store_url = $2 AND p.status <> 'deleted')",
+        )
+        .bind(&ids)
+        .bind(store_url)
+        .fetch_all(&mut *conn)
+        .await?;
+        let orphan_chunks: Vec<String> = sqlx::query_scalar(
             "SELECT DISTINCT c.chunk_id FROM snapshot_chunks c
               WHERE c.snapshot_id = ANY($1)
                 AND NOT EXISTS (SELECT 1 FROM snapshot_chunks o JOIN project_snapshots p ON p.id = o.snapshot_id
@@ -343,12 +356,14 @@ impl Sweep<'_> {
             report.snapshots_reclaimed += ids.len() as u64;
             return Ok(true);
         }
-        match delete_objects(store_url, &ids, &orphans).await {
+        match delete_objects(store_url, &ids, &orphan_packs, &orphan_chunks).await {
             Ok(bytes) => {
-                sqlx::query("DELETE FROM snapshot_chunks WHERE snapshot_id = ANY($1)")
-                    .bind(&ids)
-                    .execute(&mut *conn)
-                    .await?;
+                for table in ["snapshot_packs", "snapshot_chunks"] {
+                    sqlx::query(&format!("DELETE FROM {table} WHERE snapshot_id = ANY($1)"))
+                        .bind(&ids)
+                        .execute(&mut *conn)
+                        .await?;
+                }
                 let done = sqlx::query(
                     "UPDATE project_snapshots SET status = 'deleted', retention = 'reclaimed', repair_reason = NULL,
                             next_repair_at = NULL
@@ -384,20 +399,27 @@ impl Sweep<'_> {
     }
 }
 
-/// Deletes manifests and orphan chunks through the store the snapshots name (never the
-/// current configuration). Returns the bytes freed.
+/// Deletes manifests and orphan packs through the store the snapshots name (never the
+/// current configuration). A pack's index goes before the pack, so no capture can find
+/// a chunk in a pack that is gone. Returns the bytes freed.
 async fn delete_objects(
     store_url: &str,
     snapshots: &[Uuid],
-    chunks: &[String],
+    packs: &[Uuid],
+    legacy_chunks: &[String],
 ) -> Result<u64, String> {
     // Never create a missing local store: an empty directory would look "deleted".
     let store = ArtifactStore::open_existing(store_url).map_err(|e| e.to_string())?;
     let mut keys: Vec<String> = snapshots
         .iter()
-        .map(|id| snapshot::manifest_key(*id))
+        .flat_map(|id| [snapshot::manifest_key(*id), snapshot::legacy_manifest_key(*id)])
         .collect();
-    keys.extend(chunks.iter().map(|c| snapshot::chunk_key(c)));
+    keys.extend(
+        packs
+            .iter()
+            .flat_map(|p| [snapshot::index_key(*p), snapshot::pack_key(*p)]),
+    );
+    keys.extend(legacy_chunks.iter().map(|c| snapshot::legacy_chunk_key(c)));
     let mut bytes = 0;
     for key in keys {
         bytes += store

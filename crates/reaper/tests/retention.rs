@@ -112,37 +112,34 @@ async fn retired_bytes_are_reclaimed_after_seven_days_through_their_own_store() 
     let store = ArtifactStore::open(store_dir.to_str().expect("utf8")).expect("store");
     let tree = scratch("tree");
     std::fs::write(tree.join("shared.txt"), "shared by both snapshots").expect("write");
-    std::fs::write(tree.join("only-old.txt"), "only in the old one").expect("write");
-    let old = snapshot_row(
-        &db.pool,
-        "checkpoint",
-        store.url(),
-        Some(Uuid::new_v4()),
-        None,
-    )
-    .await;
-    let (old_manifest, _) = snapshot::capture(&store, &tree, &CaptureRules::default(), None, old)
+    let (old, new) = (
+        snapshot_row(&db.pool, "checkpoint", store.url(), Some(Uuid::new_v4()), None).await,
+        snapshot_row(&db.pool, "checkpoint", store.url(), Some(Uuid::new_v4()), None).await,
+    );
+    // The newer snapshot's capture runs first here, so the shared content lies in its
+    // pack and the older snapshot's own content in a pack only the older one names.
+    let (new_manifest, _) = snapshot::capture(&store, &tree, &CaptureRules::default(), None, new)
         .await
         .expect("capture");
-    std::fs::remove_file(tree.join("only-old.txt")).expect("rm");
-    let new = snapshot_row(
-        &db.pool,
-        "checkpoint",
-        store.url(),
-        Some(Uuid::new_v4()),
-        None,
-    )
-    .await;
-    let (new_manifest, _) = snapshot::capture(&store, &tree, &CaptureRules::default(), None, new)
+    std::fs::write(tree.join("only-old.txt"), "only in the old one").expect("write");
+    let (old_manifest, _) = snapshot::capture(&store, &tree, &CaptureRules::default(), None, old)
         .await
         .expect("capture");
     let mut conn = db.pool.acquire().await.expect("conn");
     for (id, manifest) in [(old, &old_manifest), (new, &new_manifest)] {
-        let chunks: Vec<String> = manifest.chunk_ids().into_iter().collect();
-        lineage::record_chunks(&mut conn, id, &chunks)
+        lineage::record_packs(&mut conn, id, &manifest.pack_ids())
             .await
-            .expect("chunks");
+            .expect("packs");
     }
+    let only_old: Vec<Uuid> = old_manifest
+        .packs
+        .iter()
+        .filter(|p| !new_manifest.packs.contains(p))
+        .copied()
+        .collect();
+    assert_eq!(only_old.len(), 1, "the older snapshot's own pack");
+    assert_eq!(new_manifest.packs.len(), 1);
+    assert!(old_manifest.packs.contains(&new_manifest.packs[0]), "shared");
     let retired_at = Utc::now();
     sqlx::query(
         "UPDATE project_snapshots SET retention = 'superseded', retired_at = $2 WHERE id = $1",
@@ -174,22 +171,22 @@ async fn retired_bytes_are_reclaimed_after_seven_days_through_their_own_store() 
         .exists(&snapshot::manifest_key(old))
         .await
         .expect("exists"));
-    let only_old: Vec<String> = old_manifest
-        .chunk_ids()
-        .difference(&new_manifest.chunk_ids())
-        .cloned()
-        .collect();
-    assert!(!only_old.is_empty());
-    for chunk in &only_old {
-        assert!(
-            !store
-                .exists(&snapshot::chunk_key(chunk))
-                .await
-                .expect("exists"),
-            "an orphan chunk is deleted"
-        );
+    for pack in &only_old {
+        for key in [snapshot::index_key(*pack), snapshot::pack_key(*pack)] {
+            assert!(
+                !store.exists(&key).await.expect("exists"),
+                "{key} of an orphan pack is deleted"
+            );
+        }
     }
-    // A chunk another manifest still references survives, and that snapshot restores.
+    assert!(
+        store
+            .exists(&snapshot::pack_key(new_manifest.packs[0]))
+            .await
+            .expect("exists"),
+        "a pack another snapshot references survives"
+    );
+    // The snapshot that shares a pack restores whole.
     snapshot::restore(&store, &new_manifest, &scratch("out").join("tree"))
         .await
         .expect("the newer snapshot is whole");
@@ -427,10 +424,9 @@ async fn a_capture_running_beside_a_sweep_loses_no_chunk() {
             .await
             .expect("capture");
         let mut conn = db.pool.acquire().await.expect("conn");
-        let chunks: Vec<String> = manifest.chunk_ids().into_iter().collect();
-        lineage::record_chunks(&mut conn, old, &chunks)
+        lineage::record_packs(&mut conn, old, &manifest.pack_ids())
             .await
-            .expect("chunks");
+            .expect("packs");
         sqlx::query("UPDATE project_snapshots SET retention = 'retired', retired_at = now() - interval '8 days' WHERE id = $1")
             .bind(old)
             .execute(&mut *conn)
@@ -476,10 +472,9 @@ async fn a_capture_running_beside_a_sweep_loses_no_chunk() {
             lineage::mark_ready(&mut tx, id, &snapshot::manifest_key(id), 1)
                 .await
                 .expect("ready");
-            let chunks: Vec<String> = manifest.chunk_ids().into_iter().collect();
-            lineage::record_chunks(&mut tx, id, &chunks)
+            lineage::record_packs(&mut tx, id, &manifest.pack_ids())
                 .await
-                .expect("chunks");
+                .expect("packs");
             tx.commit().await.expect("commit");
             manifest
         };

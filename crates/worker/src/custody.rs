@@ -586,8 +586,7 @@ impl Worker {
                 lineage::mark_ready(&mut tx, id, &snapshot::manifest_key(id), size)
                     .await
                     .map_err(|e| e.to_string())?;
-                let chunks: Vec<String> = manifest.chunk_ids().into_iter().collect();
-                lineage::record_chunks(&mut tx, id, &chunks)
+                lineage::record_packs(&mut tx, id, &manifest.pack_ids())
                     .await
                     .map_err(|e| e.to_string())?;
                 tx.commit().await.map_err(|e| e.to_string())?;
@@ -682,8 +681,7 @@ impl Worker {
             size,
         )
         .await?;
-        let chunks: Vec<String> = manifest.chunk_ids().into_iter().collect();
-        lineage::record_chunks(&mut tx, snapshot_id, &chunks).await?;
+        lineage::record_packs(&mut tx, snapshot_id, &manifest.pack_ids()).await?;
         match lineage::append(
             &mut tx,
             subject.work_context,

@@ -1,0 +1,253 @@
+//! Capture: a tree into packs and a manifest.
+
+use super::manifest::{self, ChunkRef, Entry, EntryKind, Manifest};
+use super::pack::{self, ChunkId, Location, PackBuilder, PackedChunk, Sealed};
+use super::walk::walk;
+use super::{io, CaptureRules, CaptureStats, SnapshotError, MAX_CHUNK, MIN_CHUNK};
+use crate::store::ArtifactStore;
+use bytes::Bytes;
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::io::Read;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use tokio::runtime::Handle;
+use uuid::Uuid;
+
+/// Files up to this size are chunked in memory.
+const IN_MEMORY_LIMIT: u64 = 8 * 1024 * 1024;
+
+thread_local! {
+    /// Each capture worker's file buffer, reused from file to file.
+    static READ_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Captures `root` into the store. Files whose stat matches `previous` reuse its chunks
+/// unread; a chunk the store already holds (in any lineage) is not stored again. Packs
+/// are written before the manifest, and neither is called durable before
+/// [`ArtifactStore::flush`] (which this calls) returns.
+pub async fn capture(
+    store: &ArtifactStore,
+    root: &Path,
+    rules: &CaptureRules,
+    previous: Option<Arc<Manifest>>,
+    snapshot_id: Uuid,
+) -> Result<(Manifest, CaptureStats), SnapshotError> {
+    let handle = Handle::current();
+    let store_owned = store.clone();
+    let root = root.to_path_buf();
+    let rules = rules.clone();
+    let (manifest, stats, written) = tokio::task::spawn_blocking(move || {
+        capture_blocking(&handle, &store_owned, &root, &rules, previous.as_deref())
+    })
+    .await
+    .map_err(|e| SnapshotError::Io {
+        path: "capture".into(),
+        source: std::io::Error::other(e),
+    })??;
+    let encoded = manifest::encode(&manifest)?;
+    store
+        .put(&manifest::manifest_key(snapshot_id), Bytes::from(encoded))
+        .await?;
+    store.flush().await?;
+    let mut catalog = store.catalog().lock().unwrap_or_else(PoisonError::into_inner);
+    for (pack, chunks) in &written {
+        catalog.add(*pack, chunks);
+    }
+    Ok((manifest, stats))
+}
+
+/// The packs a new manifest names. It starts as the previous manifest's list, so the
+/// chunks of unchanged files keep their references as they are.
+struct PackTable {
+    ids: Vec<Uuid>,
+    positions: HashMap<Uuid, u32>,
+}
+
+impl PackTable {
+    fn starting_with(ids: &[Uuid]) -> PackTable {
+        PackTable {
+            ids: ids.to_vec(),
+            positions: ids
+                .iter()
+                .enumerate()
+                .map(|(i, id)| (*id, u32::try_from(i).unwrap_or(u32::MAX)))
+                .collect(),
+        }
+    }
+
+    fn place(&mut self, id: ChunkId, location: Location) -> ChunkRef {
+        let next = u32::try_from(self.ids.len()).unwrap_or(u32::MAX);
+        let pack = *self.positions.entry(location.pack).or_insert_with(|| {
+            self.ids.push(location.pack);
+            next
+        });
+        ChunkRef {
+            id,
+            pack,
+            offset: location.offset,
+            length: location.length,
+        }
+    }
+
+    /// Drops the packs no entry references any more, renumbering the references.
+    fn compact(self, entries: &mut [Entry]) -> Vec<Uuid> {
+        let mut used = vec![false; self.ids.len()];
+        for chunk in entries.iter().flat_map(|e| e.chunks.iter()) {
+            used[chunk.pack as usize] = true;
+        }
+        if used.iter().all(|u| *u) {
+            return self.ids;
+        }
+        let mut renumbered = vec![0u32; self.ids.len()];
+        let mut kept = Vec::new();
+        for (i, id) in self.ids.iter().enumerate() {
+            if used[i] {
+                renumbered[i] = u32::try_from(kept.len()).unwrap_or(u32::MAX);
+                kept.push(*id);
+            }
+        }
+        for chunk in entries.iter_mut().flat_map(|e| e.chunks.iter_mut()) {
+            chunk.pack = renumbered[chunk.pack as usize];
+        }
+        kept
+    }
+}
+
+/// What the capture's workers share: the pack table, the packs being filled, and the
+/// packs written so far.
+struct Shared {
+    table: PackTable,
+    builder: PackBuilder,
+    written: Vec<(Uuid, Vec<PackedChunk>)>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+type Captured = (Manifest, CaptureStats, Vec<(Uuid, Vec<PackedChunk>)>);
+
+fn capture_blocking(
+    handle: &Handle,
+    store: &ArtifactStore,
+    root: &Path,
+    rules: &CaptureRules,
+    previous: Option<&Manifest>,
+) -> Result<Captured, SnapshotError> {
+    let stored = lock(store.catalog()).refresh(handle, store)?;
+    let mut entries = walk(root, rules)?;
+    // The stat index and the known chunks borrow the previous manifest: nothing copied.
+    let previous_entries: HashMap<&str, &Entry> = previous
+        .map(|m| m.entries.iter().map(|e| (e.path.as_str(), e)).collect())
+        .unwrap_or_default();
+    let previous_chunks: HashMap<ChunkId, ChunkRef> = previous_entries
+        .values()
+        .flat_map(|e| e.chunks.iter().map(|c| (c.id, *c)))
+        .collect();
+    let shared = Mutex::new(Shared {
+        table: PackTable::starting_with(previous.map_or(&[][..], |m| &m.packs)),
+        builder: PackBuilder::default(),
+        written: Vec::new(),
+    });
+    let write = |sealed: Sealed| -> Result<(), SnapshotError> {
+        let written = sealed.write(handle, store)?;
+        lock(&shared).written.push(written);
+        Ok(())
+    };
+    let stats = Mutex::new(CaptureStats::default());
+    entries
+        .par_iter_mut()
+        .try_for_each(|entry| -> Result<(), SnapshotError> {
+            if entry.kind != EntryKind::File {
+                return Ok(());
+            }
+            if let Some(p) = previous_entries.get(entry.path.as_str()).filter(|p| {
+                p.kind == EntryKind::File
+                    && p.size == entry.size
+                    && p.mtime_ns == entry.mtime_ns
+                    && p.inode == entry.inode
+            }) {
+                entry.chunks = p.chunks.clone();
+                let mut s = lock(&stats);
+                s.files += 1;
+                s.files_unchanged += 1;
+                s.bytes += entry.size;
+                return Ok(());
+            }
+            let path = root.join(&entry.path);
+            let (mut new_chunks, mut uploaded) = (0u64, 0u64);
+            let mut store_chunk = |data: &[u8]| -> Result<ChunkRef, SnapshotError> {
+                let id = ChunkId::of(data);
+                if let Some(known) = previous_chunks.get(&id) {
+                    return Ok(*known);
+                }
+                if let Some(location) = stored.get(&id) {
+                    return Ok(lock(&shared).table.place(id, *location));
+                }
+                {
+                    let mut shared = lock(&shared);
+                    if let Some(location) = shared.builder.find(&id) {
+                        return Ok(shared.table.place(id, location));
+                    }
+                }
+                // Compressed outside the lock; a chunk two workers meet at once is
+                // compressed twice but added once.
+                let compressed = pack::compress(data).map_err(|e| io(&path, e))?;
+                let (chunk, sealed) = {
+                    let mut shared = lock(&shared);
+                    let before = shared.builder.find(&id);
+                    let (location, sealed) = shared.builder.add(id, &compressed);
+                    if before.is_none() {
+                        new_chunks += 1;
+                        uploaded += compressed.len() as u64;
+                    }
+                    (shared.table.place(id, location), sealed)
+                };
+                if let Some(sealed) = sealed {
+                    write(sealed)?;
+                }
+                Ok(chunk)
+            };
+            let mut file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
+            if entry.size <= IN_MEMORY_LIMIT {
+                // Most files are small: read each into this thread's buffer and chunk it
+                // there, instead of a fresh stream buffer per file.
+                entry.chunks = READ_BUFFER.with(|buffer| -> Result<_, SnapshotError> {
+                    let mut buffer = buffer.borrow_mut();
+                    buffer.clear();
+                    file.read_to_end(&mut buffer).map_err(|e| io(&path, e))?;
+                    fastcdc::v2020::FastCDC::new(&buffer, MIN_CHUNK, super::AVG_CHUNK, MAX_CHUNK)
+                        .map(|c| store_chunk(&buffer[c.offset..c.offset + c.length]))
+                        .collect()
+                })?;
+            } else {
+                let chunker =
+                    fastcdc::v2020::StreamCDC::new(file, MIN_CHUNK, super::AVG_CHUNK, MAX_CHUNK);
+                for chunk in chunker {
+                    let chunk = chunk.map_err(|e| io(&path, std::io::Error::other(e)))?;
+                    entry.chunks.push(store_chunk(&chunk.data)?);
+                }
+            }
+            let mut s = lock(&stats);
+            s.files += 1;
+            s.bytes += entry.size;
+            s.chunks_new += new_chunks;
+            s.bytes_uploaded += uploaded;
+            Ok(())
+        })?;
+    let last = lock(&shared).builder.finish();
+    if let Some(sealed) = last {
+        write(sealed)?;
+    }
+    let Shared { table, written, .. } = shared.into_inner().unwrap_or_else(PoisonError::into_inner);
+    let packs = table.compact(&mut entries);
+    let mut stats = stats.into_inner().unwrap_or_else(PoisonError::into_inner);
+    stats.packs_new = written.len() as u64;
+    let manifest = Manifest {
+        version: manifest::VERSION,
+        packs,
+        entries,
+    };
+    Ok((manifest, stats, written))
+}

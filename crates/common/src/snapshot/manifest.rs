@@ -1,0 +1,223 @@
+//! Manifests: what a snapshot holds, path by path, and where each chunk is stored.
+//!
+//! Encoded compactly (postcard, then zstd): a manifest is written on every checkpoint,
+//! so its size is part of the cost of capturing a small change in a large tree.
+
+use super::pack::ChunkId;
+use super::{io, SnapshotError};
+use crate::store::ArtifactStore;
+use serde::{Deserialize, Serialize};
+use std::collections::HashSet;
+use std::path::{Component, Path, PathBuf};
+
+/// The format written today; see [`decode`].
+pub const VERSION: u32 = 2;
+const MAGIC: &[u8] = b"cairn-manifest\n";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EntryKind {
+    Dir,
+    File,
+    Symlink,
+}
+
+/// One chunk of a file: its id and its place in one of the manifest's packs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkRef {
+    pub id: ChunkId,
+    /// Index into [`Manifest::packs`].
+    pub pack: u32,
+    pub offset: u32,
+    /// Compressed length.
+    pub length: u32,
+}
+
+/// One path of a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Entry {
+    /// Relative to the root, `/`-separated.
+    pub path: String,
+    pub kind: EntryKind,
+    pub mode: u32,
+    pub size: u64,
+    pub mtime_ns: i64,
+    /// Only for the stat index of the next capture.
+    pub inode: u64,
+    pub chunks: Vec<ChunkRef>,
+    pub target: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub version: u32,
+    /// The packs holding this snapshot's chunks.
+    pub packs: Vec<uuid::Uuid>,
+    pub entries: Vec<Entry>,
+}
+
+impl Manifest {
+    pub fn total_bytes(&self) -> u64 {
+        self.entries.iter().map(|e| e.size).sum()
+    }
+
+    /// Every chunk id the manifest references.
+    pub fn chunk_ids(&self) -> HashSet<ChunkId> {
+        self.entries
+            .iter()
+            .flat_map(|e| e.chunks.iter().map(|c| c.id))
+            .collect()
+    }
+
+    /// Every pack the manifest references: what a snapshot keeps alive in its store.
+    pub fn pack_ids(&self) -> Vec<uuid::Uuid> {
+        self.packs.clone()
+    }
+
+    pub fn paths(&self) -> impl Iterator<Item = &str> {
+        self.entries.iter().map(|e| e.path.as_str())
+    }
+}
+
+pub fn manifest_key(snapshot_id: uuid::Uuid) -> String {
+    format!("manifests/{}.zst", snapshot_id.simple())
+}
+
+/// Where the first format kept a manifest; only deleted now (by the reaper).
+pub fn legacy_manifest_key(snapshot_id: uuid::Uuid) -> String {
+    format!("manifests/{}.json.zst", snapshot_id.simple())
+}
+
+/// Where the first format kept each chunk (one object per chunk); only deleted now.
+pub fn legacy_chunk_key(id: &str) -> String {
+    format!("chunks/{}/{id}", &id[..2.min(id.len())])
+}
+
+pub fn encode(manifest: &Manifest) -> Result<Vec<u8>, SnapshotError> {
+    let mut plain = MAGIC.to_vec();
+    let body =
+        postcard::to_stdvec(manifest).map_err(|e| SnapshotError::Integrity(e.to_string()))?;
+    plain.extend_from_slice(&body);
+    zstd::bulk::compress(&plain, 1).map_err(|e| io(Path::new("manifest"), e))
+}
+
+pub fn decode(bytes: &[u8]) -> Result<Manifest, SnapshotError> {
+    let bad = |what: String| SnapshotError::Integrity(format!("manifest: {what}"));
+    let plain = zstd::decode_all(bytes).map_err(|e| bad(e.to_string()))?;
+    let body = plain
+        .strip_prefix(MAGIC)
+        .ok_or_else(|| bad("not a Cairn manifest of a supported format".into()))?;
+    let manifest: Manifest = postcard::from_bytes(body).map_err(|e| bad(e.to_string()))?;
+    if manifest.version != VERSION {
+        return Err(bad(format!("unsupported version {}", manifest.version)));
+    }
+    let packs = manifest.packs.len();
+    if let Some(entry) = manifest
+        .entries
+        .iter()
+        .find(|e| e.chunks.iter().any(|c| c.pack as usize >= packs))
+    {
+        return Err(bad(format!("{} names a pack it does not list", entry.path)));
+    }
+    Ok(manifest)
+}
+
+/// Reads a snapshot's manifest.
+pub async fn load_manifest(
+    store: &ArtifactStore,
+    snapshot_id: uuid::Uuid,
+) -> Result<Manifest, SnapshotError> {
+    decode(&store.get(&manifest_key(snapshot_id)).await?)
+}
+
+/// Checks that an entry stays inside the root: relative, no `..`, no empty or `.`
+/// components, and (for symlinks) a target that does not climb out either; and that
+/// its chunks name packs of the manifest.
+pub(super) fn check_entry(
+    entry: &Entry,
+    symlinks: &HashSet<&str>,
+    packs: usize,
+) -> Result<PathBuf, SnapshotError> {
+    let refuse = || SnapshotError::UnsafeEntry(entry.path.clone());
+    if entry.path.is_empty() || entry.path.contains('\0') || entry.path.starts_with('/') {
+        return Err(refuse());
+    }
+    let path = PathBuf::from(&entry.path);
+    if !path.components().all(|c| matches!(c, Component::Normal(_))) {
+        return Err(refuse());
+    }
+    if let Some(bad) = entry
+        .chunks
+        .iter()
+        .find(|c| c.pack as usize >= packs || c.length > super::pack::MAX_STORED_CHUNK)
+    {
+        return Err(SnapshotError::Integrity(format!(
+            "chunk {} of {} names no pack of the manifest or is oversized",
+            bad.id, entry.path
+        )));
+    }
+    // No entry may pass through a symlink of the snapshot (symlink traversal).
+    let mut prefix = PathBuf::new();
+    let components: Vec<_> = path.components().collect();
+    for component in &components[..components.len().saturating_sub(1)] {
+        prefix.push(component);
+        if symlinks.contains(prefix.to_string_lossy().as_ref()) {
+            return Err(refuse());
+        }
+    }
+    if let Some(target) = &entry.target {
+        let target = Path::new(target);
+        if target.is_absolute() {
+            return Err(refuse());
+        }
+        let mut depth: i64 = i64::try_from(components.len()).unwrap_or(0) - 1;
+        for component in target.components() {
+            match component {
+                Component::ParentDir => depth -= 1,
+                Component::Normal(_) => depth += 1,
+                Component::CurDir => {}
+                _ => return Err(refuse()),
+            }
+            if depth < 0 {
+                return Err(refuse());
+            }
+        }
+    }
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manifest_round_trips_and_garbage_is_an_integrity_error() {
+        let manifest = Manifest {
+            version: VERSION,
+            packs: vec![uuid::Uuid::new_v4()],
+            entries: vec![Entry {
+                path: "a/b".into(),
+                kind: EntryKind::File,
+                mode: 0o644,
+                size: 3,
+                mtime_ns: -5,
+                inode: 9,
+                chunks: vec![ChunkRef {
+                    id: ChunkId::of(b"abc"),
+                    pack: 0,
+                    offset: 7,
+                    length: 12,
+                }],
+                target: None,
+            }],
+        };
+        let encoded = encode(&manifest).expect("encode");
+        assert_eq!(decode(&encoded).expect("decode"), manifest);
+        for garbage in [
+            &b"garbage"[..],
+            &zstd::encode_all(&b"{\"version\":1}"[..], 1).expect("zstd")[..],
+            &encoded[..encoded.len() / 2],
+        ] {
+            assert!(matches!(decode(garbage), Err(SnapshotError::Integrity(_))));
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! Packs: many compressed chunks in one object, so capturing many small files writes a
+//! few large objects instead of one object per chunk.
+//!
+//! A pack (`packs/<aa>/<id>`) is a run of zstd-compressed chunks. Its index
+//! (`index/<id>`) lists each chunk's id, offset and length and is written after the
+//! pack, so an index never names a pack that is not stored. A store's catalog is the
+//! union of its indexes: a capture consults it, so a chunk is stored once per store
+//! whichever lineage stored it first.
+
+use super::SnapshotError;
+use crate::store::{ArtifactStore, StoreError};
+use bytes::Bytes;
+use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::Arc;
+use tokio::runtime::Handle;
+use uuid::Uuid;
+
+/// A pack is sealed once it holds this many bytes.
+pub const PACK_TARGET: usize = 8 * 1024 * 1024;
+/// The largest compressed chunk a manifest or an index may name (a chunk is at most
+/// 256 KiB and zstd adds little even to incompressible data).
+pub const MAX_STORED_CHUNK: u32 = 512 * 1024;
+const INDEX_MAGIC: &[u8] = b"cairn-pack-index\n";
+
+/// A chunk's BLAKE3 digest.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ChunkId(pub [u8; 32]);
+
+impl ChunkId {
+    pub fn of(data: &[u8]) -> ChunkId {
+        ChunkId(*blake3::hash(data).as_bytes())
+    }
+
+    pub fn to_hex(&self) -> String {
+        hex::encode(self.0)
+    }
+}
+
+impl fmt::Display for ChunkId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_hex())
+    }
+}
+
+impl fmt::Debug for ChunkId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ChunkId({})", self.to_hex())
+    }
+}
+
+pub fn pack_key(id: Uuid) -> String {
+    let name = id.simple().to_string();
+    format!("packs/{}/{name}", &name[..2])
+}
+
+pub fn index_key(id: Uuid) -> String {
+    format!("{INDEX_PREFIX}{}", id.simple())
+}
+
+const INDEX_PREFIX: &str = "index/";
+
+/// Where a chunk is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Location {
+    pub pack: Uuid,
+    pub offset: u32,
+    pub length: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackedChunk {
+    pub id: ChunkId,
+    pub offset: u32,
+    pub length: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct PackIndex {
+    pack: Uuid,
+    chunks: Vec<PackedChunk>,
+}
+
+fn encode_index(pack: Uuid, chunks: &[PackedChunk]) -> Result<Vec<u8>, SnapshotError> {
+    let mut bytes = INDEX_MAGIC.to_vec();
+    let index = PackIndex {
+        pack,
+        chunks: chunks.to_vec(),
+    };
+    let body = postcard::to_stdvec(&index).map_err(|e| SnapshotError::Integrity(e.to_string()))?;
+    bytes.extend_from_slice(&body);
+    Ok(bytes)
+}
+
+fn decode_index(pack: Uuid, bytes: &[u8]) -> Option<Vec<PackedChunk>> {
+    let index: PackIndex = postcard::from_bytes(bytes.strip_prefix(INDEX_MAGIC)?).ok()?;
+    let sane = index.pack == pack
+        && index
+            .chunks
+            .iter()
+            .all(|c| c.length <= MAX_STORED_CHUNK && c.offset.checked_add(c.length).is_some());
+    sane.then_some(index.chunks)
+}
+
+/// A full pack, ready to be written.
+pub struct Sealed {
+    pub id: Uuid,
+    pub bytes: Vec<u8>,
+    pub chunks: Vec<PackedChunk>,
+}
+
+impl Sealed {
+    /// Writes the pack, then its index; returns what the catalog learns from it.
+    pub fn write(
+        self,
+        handle: &Handle,
+        store: &ArtifactStore,
+    ) -> Result<(Uuid, Vec<PackedChunk>), SnapshotError> {
+        let index = encode_index(self.id, &self.chunks)?;
+        store.put_blocking(handle, &pack_key(self.id), Bytes::from(self.bytes))?;
+        store.put_blocking(handle, &index_key(self.id), Bytes::from(index))?;
+        Ok((self.id, self.chunks))
+    }
+}
+
+/// The packs one capture fills, and every chunk it has put in them.
+pub struct PackBuilder {
+    open: Sealed,
+    added: HashMap<ChunkId, Location>,
+}
+
+impl Default for PackBuilder {
+    fn default() -> Self {
+        PackBuilder {
+            open: empty_pack(),
+            added: HashMap::new(),
+        }
+    }
+}
+
+fn empty_pack() -> Sealed {
+    Sealed {
+        id: Uuid::new_v4(),
+        bytes: Vec::with_capacity(PACK_TARGET + MAX_STORED_CHUNK as usize),
+        chunks: Vec::new(),
+    }
+}
+
+impl PackBuilder {
+    /// Where this capture already put a chunk.
+    pub fn find(&self, id: &ChunkId) -> Option<Location> {
+        self.added.get(id).copied()
+    }
+
+    /// Adds a compressed chunk (unless this capture added it already) and returns where
+    /// it is, with the pack it filled, which the caller writes outside the lock.
+    pub fn add(&mut self, id: ChunkId, compressed: &[u8]) -> (Location, Option<Sealed>) {
+        if let Some(location) = self.find(&id) {
+            return (location, None);
+        }
+        // A pack never reaches 4 GiB (it is sealed at PACK_TARGET).
+        let offset = u32::try_from(self.open.bytes.len()).unwrap_or(u32::MAX);
+        let length = u32::try_from(compressed.len()).unwrap_or(u32::MAX);
+        self.open.bytes.extend_from_slice(compressed);
+        self.open.chunks.push(PackedChunk { id, offset, length });
+        let location = Location {
+            pack: self.open.id,
+            offset,
+            length,
+        };
+        self.added.insert(id, location);
+        let full = self.open.bytes.len() >= PACK_TARGET;
+        (location, full.then(|| std::mem::replace(&mut self.open, empty_pack())))
+    }
+
+    /// The last, partly filled pack, if it holds anything.
+    pub fn finish(&mut self) -> Option<Sealed> {
+        let last = std::mem::replace(&mut self.open, empty_pack());
+        (!last.chunks.is_empty()).then_some(last)
+    }
+}
+
+/// What a store holds: every chunk named by an index, by id.
+#[derive(Default)]
+pub struct Catalog {
+    packs: HashSet<Uuid>,
+    chunks: Arc<HashMap<ChunkId, Location>>,
+}
+
+impl fmt::Debug for Catalog {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Catalog")
+            .field("packs", &self.packs.len())
+            .field("chunks", &self.chunks.len())
+            .finish()
+    }
+}
+
+impl Catalog {
+    /// Brings the catalog up to the store's indexes: packs whose index is gone (the
+    /// reaper deletes the index first) are forgotten, new indexes are read. An index
+    /// that cannot be read is skipped: its chunks are then merely stored again.
+    pub fn refresh(
+        &mut self,
+        handle: &Handle,
+        store: &ArtifactStore,
+    ) -> Result<Arc<HashMap<ChunkId, Location>>, StoreError> {
+        let listed: HashSet<Uuid> = store
+            .list_blocking(handle, INDEX_PREFIX)?
+            .iter()
+            .filter_map(|key| key.strip_prefix(INDEX_PREFIX))
+            .filter_map(|name| Uuid::try_parse(name).ok())
+            .collect();
+        let gone: HashSet<Uuid> = self.packs.difference(&listed).copied().collect();
+        if !gone.is_empty() {
+            Arc::make_mut(&mut self.chunks).retain(|_, l| !gone.contains(&l.pack));
+            self.packs.retain(|p| !gone.contains(p));
+        }
+        let new: Vec<Uuid> = listed.difference(&self.packs).copied().collect();
+        let read: Vec<(Uuid, Option<Vec<PackedChunk>>)> = new
+            .par_iter()
+            .map(|pack| {
+                let bytes = match store.get_blocking(handle, &index_key(*pack)) {
+                    Ok(bytes) => bytes,
+                    Err(StoreError::NotFound(_)) => return Ok((*pack, None)),
+                    Err(e) => return Err(e),
+                };
+                let chunks = decode_index(*pack, &bytes);
+                if chunks.is_none() {
+                    tracing::warn!(%pack, "unreadable pack index skipped");
+                }
+                Ok((*pack, chunks))
+            })
+            .collect::<Result<_, StoreError>>()?;
+        for (pack, chunks) in read {
+            if let Some(chunks) = chunks {
+                self.add(pack, &chunks);
+            }
+        }
+        Ok(self.chunks.clone())
+    }
+
+    /// Records a pack this process wrote.
+    pub fn add(&mut self, pack: Uuid, chunks: &[PackedChunk]) {
+        let map = Arc::make_mut(&mut self.chunks);
+        for chunk in chunks {
+            map.entry(chunk.id).or_insert(Location {
+                pack,
+                offset: chunk.offset,
+                length: chunk.length,
+            });
+        }
+        self.packs.insert(pack);
+    }
+}
+
+thread_local! {
+    /// Each worker's compression and decompression contexts, reused from chunk to chunk
+    /// (creating one per chunk costs more than compressing a small chunk).
+    static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> = const { std::cell::RefCell::new(None) };
+    static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { std::cell::RefCell::new(None) };
+}
+
+pub fn compress(data: &[u8]) -> std::io::Result<Vec<u8>> {
+    COMPRESSOR.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        if cell.is_none() {
+            *cell = Some(zstd::bulk::Compressor::new(super::ZSTD_LEVEL)?);
+        }
+        match cell.as_mut() {
+            Some(compressor) => compressor.compress(data),
+            None => zstd::bulk::compress(data, super::ZSTD_LEVEL),
+        }
+    })
+}
+
+/// Decompresses a chunk, which is never larger than [`super::MAX_CHUNK`].
+pub fn decompress(data: &[u8]) -> std::io::Result<Vec<u8>> {
+    DECOMPRESSOR.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        if cell.is_none() {
+            *cell = Some(zstd::bulk::Decompressor::new()?);
+        }
+        let limit = super::MAX_CHUNK as usize;
+        match cell.as_mut() {
+            Some(decompressor) => decompressor.decompress(data, limit),
+            None => zstd::bulk::decompress(data, limit),
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_builder_seals_full_packs_and_adds_a_chunk_once() {
+        let mut builder = PackBuilder::default();
+        let chunk = vec![7u8; 300 * 1024];
+        let (first, sealed) = builder.add(ChunkId::of(&chunk), &chunk);
+        assert!(sealed.is_none());
+        let (again, _) = builder.add(ChunkId::of(&chunk), &chunk);
+        assert_eq!(first, again, "the same chunk is added once");
+        let mut sealed_packs = Vec::new();
+        for i in 0..40u32 {
+            let mut data = chunk.clone();
+            data[..4].copy_from_slice(&i.to_le_bytes());
+            if let (_, Some(sealed)) = builder.add(ChunkId::of(&data), &data) {
+                sealed_packs.push(sealed);
+            }
+        }
+        assert_eq!(sealed_packs.len(), 1, "12 MB of chunks seal one 8 MiB pack");
+        assert!(sealed_packs[0].bytes.len() >= PACK_TARGET);
+        let last = builder.finish().expect("a partly filled pack");
+        assert_ne!(last.id, sealed_packs[0].id);
+        assert!(builder.finish().is_none());
+        let index = encode_index(last.id, &last.chunks).expect("encode");
+        assert_eq!(decode_index(last.id, &index), Some(last.chunks.clone()));
+        assert_eq!(decode_index(Uuid::new_v4(), &index), None, "another pack's index");
+    }
+}

@@ -1,0 +1,189 @@
+//! Restore: a manifest into an empty directory, every chunk verified against its id.
+
+use super::manifest::{check_entry, ChunkRef, Entry, EntryKind, Manifest};
+use super::pack::{self, ChunkId};
+use super::{io, RestoreStats, SnapshotError};
+use crate::store::ArtifactStore;
+use rayon::prelude::*;
+use std::collections::HashSet;
+use std::io::Write;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+use tokio::runtime::Handle;
+use uuid::Uuid;
+
+/// Restores a manifest into `target`, which must be empty or absent. Every entry is
+/// checked before anything is written; every chunk is verified against its id.
+pub async fn restore(
+    store: &ArtifactStore,
+    manifest: &Manifest,
+    target: &Path,
+) -> Result<RestoreStats, SnapshotError> {
+    let symlinks: HashSet<&str> = manifest
+        .entries
+        .iter()
+        .filter(|e| e.kind == EntryKind::Symlink)
+        .map(|e| e.path.as_str())
+        .collect();
+    let mut checked = Vec::with_capacity(manifest.entries.len());
+    for entry in &manifest.entries {
+        checked.push((
+            check_entry(entry, &symlinks, manifest.packs.len())?,
+            entry.clone(),
+        ));
+    }
+    if target.exists()
+        && std::fs::read_dir(target)
+            .map_err(|e| io(target, e))?
+            .next()
+            .is_some()
+    {
+        return Err(SnapshotError::TargetNotEmpty(target.display().to_string()));
+    }
+    std::fs::create_dir_all(target).map_err(|e| io(target, e))?;
+    let handle = Handle::current();
+    let reader = PackReader::new(store.clone(), handle, manifest.packs.clone());
+    let target = target.to_path_buf();
+    tokio::task::spawn_blocking(move || restore_blocking(&reader, &checked, &target))
+        .await
+        .map_err(|e| SnapshotError::Io {
+            path: "restore".into(),
+            source: std::io::Error::other(e),
+        })?
+}
+
+/// Reads chunks out of a manifest's packs. A local pack is opened once per restore and
+/// read at offsets from every worker; a remote one is read by range.
+struct PackReader {
+    store: ArtifactStore,
+    handle: Handle,
+    packs: Vec<Uuid>,
+    open: Vec<Mutex<Option<Arc<std::fs::File>>>>,
+}
+
+/// Beyond this many packs a restore opens a pack per read instead of keeping each open.
+const OPEN_PACKS_LIMIT: usize = 512;
+
+impl PackReader {
+    fn new(store: ArtifactStore, handle: Handle, packs: Vec<Uuid>) -> PackReader {
+        let open = if packs.len() <= OPEN_PACKS_LIMIT {
+            packs.iter().map(|_| Mutex::new(None)).collect()
+        } else {
+            Vec::new()
+        };
+        PackReader {
+            store,
+            handle,
+            packs,
+            open,
+        }
+    }
+
+    /// The chunk's bytes, decompressed and checked against its id.
+    fn read(&self, chunk: &ChunkRef) -> Result<Vec<u8>, SnapshotError> {
+        let pack = self.packs.get(chunk.pack as usize).ok_or_else(|| {
+            SnapshotError::Integrity(format!("chunk {} names no pack", chunk.id))
+        })?;
+        let key = pack::pack_key(*pack);
+        let compressed = match (self.store.local_path(&key), self.open.get(chunk.pack as usize)) {
+            (Some(path), Some(slot)) => {
+                let file = {
+                    let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+                    match slot.as_ref() {
+                        Some(file) => file.clone(),
+                        None => {
+                            let file = Arc::new(open_pack(&path, &key)?);
+                            *slot = Some(file.clone());
+                            file
+                        }
+                    }
+                };
+                read_at(&file, chunk, &key)?
+            }
+            (Some(path), None) => read_at(&open_pack(&path, &key)?, chunk, &key)?,
+            (None, _) => {
+                let start = u64::from(chunk.offset);
+                self.store
+                    .get_range_blocking(&self.handle, &key, start..start + u64::from(chunk.length))?
+                    .to_vec()
+            }
+        };
+        let data = pack::decompress(&compressed)
+            .map_err(|e| SnapshotError::Integrity(format!("chunk {}: {e}", chunk.id)))?;
+        if ChunkId::of(&data) != chunk.id {
+            return Err(SnapshotError::Integrity(format!(
+                "chunk {} does not match its id",
+                chunk.id
+            )));
+        }
+        Ok(data)
+    }
+}
+
+fn open_pack(path: &Path, key: &str) -> Result<std::fs::File, SnapshotError> {
+    std::fs::File::open(path).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => crate::store::StoreError::NotFound(key.to_string()).into(),
+        _ => io(path, e),
+    })
+}
+
+fn read_at(file: &std::fs::File, chunk: &ChunkRef, key: &str) -> Result<Vec<u8>, SnapshotError> {
+    use std::os::unix::fs::FileExt;
+    let mut bytes = vec![0u8; chunk.length as usize];
+    file.read_exact_at(&mut bytes, u64::from(chunk.offset))
+        .map_err(|e| match e.kind() {
+            // A pack shorter than the manifest says was cut or replaced.
+            std::io::ErrorKind::UnexpectedEof => {
+                SnapshotError::Integrity(format!("chunk {} lies beyond the end of {key}", chunk.id))
+            }
+            _ => io(Path::new(key), e),
+        })?;
+    Ok(bytes)
+}
+
+fn restore_blocking(
+    reader: &PackReader,
+    entries: &[(PathBuf, Entry)],
+    target: &Path,
+) -> Result<RestoreStats, SnapshotError> {
+    for (path, _) in entries.iter().filter(|(_, e)| e.kind == EntryKind::Dir) {
+        let full = target.join(path);
+        std::fs::create_dir_all(&full).map_err(|e| io(&full, e))?;
+    }
+    let stats = Mutex::new(RestoreStats::default());
+    entries
+        .par_iter()
+        .filter(|(_, e)| e.kind == EntryKind::File)
+        .try_for_each(|(path, entry)| -> Result<(), SnapshotError> {
+            let full = target.join(path);
+            if let Some(parent) = full.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+            }
+            let mut out = std::fs::File::create(&full).map_err(|e| io(&full, e))?;
+            for chunk in &entry.chunks {
+                let data = reader.read(chunk)?;
+                out.write_all(&data).map_err(|e| io(&full, e))?;
+            }
+            drop(out);
+            std::fs::set_permissions(&full, std::fs::Permissions::from_mode(entry.mode))
+                .map_err(|e| io(&full, e))?;
+            let mut s = stats.lock().unwrap_or_else(PoisonError::into_inner);
+            s.files += 1;
+            s.bytes += entry.size;
+            Ok(())
+        })?;
+    for (path, entry) in entries.iter().filter(|(_, e)| e.kind == EntryKind::Symlink) {
+        let full = target.join(path);
+        if let (Some(parent), Some(link)) = (full.parent(), entry.target.as_ref()) {
+            std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+            std::os::unix::fs::symlink(link, &full).map_err(|e| io(&full, e))?;
+        }
+    }
+    for (path, entry) in entries.iter().filter(|(_, e)| e.kind == EntryKind::Dir) {
+        let full = target.join(path);
+        std::fs::set_permissions(&full, std::fs::Permissions::from_mode(entry.mode))
+            .map_err(|e| io(&full, e))?;
+    }
+    Ok(stats.into_inner().unwrap_or_else(PoisonError::into_inner))
+}

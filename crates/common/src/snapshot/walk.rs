@@ -1,0 +1,113 @@
+//! The capture's walk: every capturable entry under a root, in manifest order.
+
+use super::manifest::{Entry, EntryKind};
+use super::{io, CaptureRules, SnapshotError};
+use rayon::prelude::*;
+use std::collections::HashMap;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+/// Every capturable entry under `root`, depth-first in file-name order (the manifest's
+/// order). Directories are read level by level, each level on all cores, then put in
+/// order with an explicit stack: no recursion, so no depth can exhaust a thread's stack.
+pub(super) fn walk(root: &Path, rules: &CaptureRules) -> Result<Vec<Entry>, SnapshotError> {
+    let mut children: HashMap<PathBuf, Vec<(Entry, bool)>> = HashMap::new();
+    let mut level = vec![root.to_path_buf()];
+    while !level.is_empty() {
+        let read = level
+            .par_iter()
+            .map(|dir| Ok((dir.clone(), read_children(root, dir, rules)?)))
+            .collect::<Result<Vec<_>, SnapshotError>>()?;
+        level = read
+            .iter()
+            .flat_map(|(_, kids)| kids.iter().filter(|(_, descend)| *descend))
+            .map(|(entry, _)| root.join(&entry.path))
+            .collect();
+        children.extend(read);
+    }
+    let mut entries = Vec::new();
+    let mut stack: Vec<(Entry, bool)> = children.remove(root).unwrap_or_default();
+    stack.reverse();
+    while let Some((entry, descend)) = stack.pop() {
+        if descend {
+            if let Some(kids) = children.remove(&root.join(&entry.path)) {
+                stack.extend(kids.into_iter().rev());
+            }
+        }
+        entries.push(entry);
+    }
+    Ok(entries)
+}
+
+/// The capturable children of `dir` in file-name order, each with whether to descend.
+fn read_children(
+    root: &Path,
+    dir: &Path,
+    rules: &CaptureRules,
+) -> Result<Vec<(Entry, bool)>, SnapshotError> {
+    let mut children = std::fs::read_dir(dir)
+        .and_then(|read| read.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| io(dir, e))?;
+    children.sort_by_key(|child| child.file_name());
+    let mut entries = Vec::with_capacity(children.len());
+    for child in children {
+        let path = child.path();
+        let name = child.file_name();
+        let file_type = child.file_type().map_err(|e| io(&path, e))?;
+        let is_dir = file_type.is_dir();
+        // A nested repository is someone else's tree; the root's own .git is kept.
+        let nested_repo = is_dir && path.join(".git").exists();
+        if rules.excludes(&name.to_string_lossy()) || nested_repo {
+            continue;
+        }
+        let kind = if file_type.is_symlink() {
+            EntryKind::Symlink
+        } else if is_dir {
+            EntryKind::Dir
+        } else if file_type.is_file() {
+            EntryKind::File
+        } else {
+            continue; // sockets, fifos, devices are not workspace content
+        };
+        // Not through a symlink: the entry itself.
+        let meta = child.metadata().map_err(|e| io(&path, e))?;
+        let target = if kind == EntryKind::Symlink {
+            Some(
+                std::fs::read_link(&path)
+                    .map_err(|e| io(&path, e))?
+                    .to_string_lossy()
+                    .into_owned(),
+            )
+        } else {
+            None
+        };
+        entries.push((
+            Entry {
+                path: relative_path(root, &path)?,
+                kind,
+                mode: meta.permissions().mode() & 0o7777,
+                size: if kind == EntryKind::File {
+                    meta.size()
+                } else {
+                    0
+                },
+                mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+                inode: meta.ino(),
+                chunks: Vec::new(),
+                target,
+            },
+            is_dir,
+        ));
+    }
+    Ok(entries)
+}
+
+fn relative_path(root: &Path, path: &Path) -> Result<String, SnapshotError> {
+    let relative = path
+        .strip_prefix(root)
+        .map_err(|_| SnapshotError::UnsafeEntry(path.display().to_string()))?;
+    let text = relative.to_str().ok_or_else(|| {
+        SnapshotError::UnsafeEntry(format!("{} is not UTF-8", relative.display()))
+    })?;
+    Ok(text.to_string())
+}
