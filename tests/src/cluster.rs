@@ -44,6 +44,8 @@ pub struct Cluster {
     /// Scratch space of this test: workspaces, artifacts, files steps write.
     pub dir: PathBuf,
     pub pool: sqlx::PgPool,
+    /// Extra environment of workers started from now on (it overrides the defaults).
+    pub worker_env: Vec<(String, String)>,
 }
 
 impl Cluster {
@@ -75,6 +77,7 @@ impl Cluster {
             workers: Vec::new(),
             dir,
             pool,
+            worker_env: Vec::new(),
         };
         for _ in 0..workers {
             cluster.add_worker();
@@ -119,6 +122,7 @@ impl Cluster {
             ),
             ("CAIRN_WORKER_CONCURRENCY".to_string(), "4".to_string()),
         ]);
+        env.extend(self.worker_env.iter().cloned());
         let mut process = Process::start("cairn-worker", &env);
         wait_for_status(&mut process, addr, "/readyz", 200, Duration::from_secs(60));
         self.workers.push(Worker { id, process, addr });

@@ -305,3 +305,79 @@ async fn a_worker_killed_during_capture_leaves_the_hold_and_the_previous_head() 
     );
     assert!(!cluster.lines("marks").contains(&"s3".to_string()));
 }
+
+/// Workers with their own artifacts directories (as on separate hosts) share checkpoints
+/// through the configured snapshot store: the successor restores from it, and nothing of
+/// the snapshots lands in a worker's own directory.
+#[tokio::test]
+async fn workers_share_checkpoints_through_the_configured_snapshot_store() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("ws-store", 0, Settings::default()).await;
+    let shared = cluster.dir.join("shared-snapshots");
+    let shared_url = format!("file://{}", shared.display());
+    let own = |n: usize| {
+        [
+            ("CAIRN_SNAPSHOT_STORE_URL".to_string(), shared_url.clone()),
+            (
+                "CAIRN_ARTIFACTS_URL".to_string(),
+                cluster.path(&format!("artifacts-w{n}")),
+            ),
+            (
+                "CAIRN_WORKSPACES_DIR".to_string(),
+                cluster.path(&format!("workspaces-w{n}")),
+            ),
+        ]
+    };
+    let (first_env, second_env) = (own(1).to_vec(), own(2).to_vec());
+    cluster.worker_env = first_env;
+    cluster.add_worker();
+    let repo = upstream(&cluster);
+    let marks = cluster.path("marks");
+    let spec = json!({
+        "agent": "e2e", "repository": repo, "ref": "main",
+        "steps": [
+            sh("s1", format!("echo from-s1 > made-by-s1; echo s1 >> {marks}"), false),
+            sh("s2", format!("echo s2-start >> {marks}; sleep 3; test -f made-by-s1 && echo s2-saw-s1 >> {marks}"), true),
+        ],
+        "budgets": {"max_commands": 20, "max_wall_seconds": 600}, "max_attempts": 5
+    });
+    let (run_id, request_id) = cluster.submit(&spec);
+    cluster.wait_until("s2 to start", LONG, || {
+        cluster.lines("marks").contains(&"s2-start".to_string())
+    });
+    assert!(
+        head(&cluster, &run_id).await.is_some(),
+        "s1 was checkpointed"
+    );
+    kill_holder(&cluster, &request_id).await;
+    cluster.worker_env = second_env;
+    cluster.add_worker();
+    cluster.wait_for_state(&run_id, &["completed"], LONG);
+    let tiers = restores(&cluster, &request_id).await;
+    assert!(
+        tiers.contains(&("checkpoint".into(), "succeeded".into(), None)),
+        "{tiers:?}"
+    );
+    assert!(cluster.lines("marks").contains(&"s2-saw-s1".to_string()));
+    let stores: Vec<String> =
+        sqlx::query_scalar("SELECT DISTINCT store_url FROM project_snapshots")
+            .fetch_all(&cluster.pool)
+            .await
+            .expect("stores");
+    assert_eq!(
+        stores,
+        [format!(
+            "file://{}",
+            std::fs::canonicalize(&shared).expect("shared").display()
+        )]
+    );
+    assert!(shared.join("packs").is_dir() && shared.join("manifests").is_dir());
+    for n in 1..=2 {
+        let own = cluster.dir.join(format!("artifacts-w{n}"));
+        assert!(
+            !own.join("packs").exists() && !own.join("manifests").exists(),
+            "no snapshot bytes in {}",
+            own.display()
+        );
+    }
+}

@@ -109,6 +109,9 @@ impl Leases {
                     lease_owner = $2,
                     lease_deadline = clock_timestamp() + make_interval(secs => $3),
                     claimed_at = clock_timestamp(),
+                    -- A pause recorded by an earlier owner is not this owner's: a pause
+                    -- still requested is carried out again (captured, then recorded).
+                    paused_at = NULL,
                     updated_at = clock_timestamp()
               WHERE id = $1
                 AND (lease_owner IS NULL OR lease_deadline < clock_timestamp())

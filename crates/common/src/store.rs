@@ -134,7 +134,10 @@ impl ArtifactStore {
         let prefix_path = ObjectPath::from(prefix.trim_end_matches('/'));
         handle.block_on(async {
             let listed: Vec<_> = self.store.list(Some(&prefix_path)).try_collect().await?;
-            Ok(listed.into_iter().map(|meta| meta.location.to_string()).collect())
+            Ok(listed
+                .into_iter()
+                .map(|meta| meta.location.to_string())
+                .collect())
         })
     }
 

@@ -412,7 +412,12 @@ async fn delete_objects(
     let store = ArtifactStore::open_existing(store_url).map_err(|e| e.to_string())?;
     let mut keys: Vec<String> = snapshots
         .iter()
-        .flat_map(|id| [snapshot::manifest_key(*id), snapshot::legacy_manifest_key(*id)])
+        .flat_map(|id| {
+            [
+                snapshot::manifest_key(*id),
+                snapshot::legacy_manifest_key(*id),
+            ]
+        })
         .collect();
     keys.extend(
         packs

@@ -113,8 +113,22 @@ async fn retired_bytes_are_reclaimed_after_seven_days_through_their_own_store() 
     let tree = scratch("tree");
     std::fs::write(tree.join("shared.txt"), "shared by both snapshots").expect("write");
     let (old, new) = (
-        snapshot_row(&db.pool, "checkpoint", store.url(), Some(Uuid::new_v4()), None).await,
-        snapshot_row(&db.pool, "checkpoint", store.url(), Some(Uuid::new_v4()), None).await,
+        snapshot_row(
+            &db.pool,
+            "checkpoint",
+            store.url(),
+            Some(Uuid::new_v4()),
+            None,
+        )
+        .await,
+        snapshot_row(
+            &db.pool,
+            "checkpoint",
+            store.url(),
+            Some(Uuid::new_v4()),
+            None,
+        )
+        .await,
     );
     // The newer snapshot's capture runs first here, so the shared content lies in its
     // pack and the older snapshot's own content in a pack only the older one names.
@@ -139,7 +153,10 @@ async fn retired_bytes_are_reclaimed_after_seven_days_through_their_own_store() 
         .collect();
     assert_eq!(only_old.len(), 1, "the older snapshot's own pack");
     assert_eq!(new_manifest.packs.len(), 1);
-    assert!(old_manifest.packs.contains(&new_manifest.packs[0]), "shared");
+    assert!(
+        old_manifest.packs.contains(&new_manifest.packs[0]),
+        "shared"
+    );
     let retired_at = Utc::now();
     sqlx::query(
         "UPDATE project_snapshots SET retention = 'superseded', retired_at = $2 WHERE id = $1",

@@ -53,6 +53,13 @@ pub struct Config {
         default_value = "./.cairn/workspaces"
     )]
     pub workspaces_dir: PathBuf,
+    /// Where workspace snapshots (packs and manifests) are stored: a local directory, or
+    /// an object store URL (`s3://bucket/prefix`, `gs://…`, `az://…`, credentials from
+    /// the usual `AWS_*`, `GOOGLE_*`, `AZURE_*` variables). Empty: the artifacts
+    /// directory. Workers that may continue each other's work, and the reaper, must all
+    /// reach it.
+    #[arg(long, env = "CAIRN_SNAPSHOT_STORE_URL", default_value = "")]
+    pub snapshot_store_url: String,
     /// Name of this workspace backend, part of every baseline's key.
     #[arg(long, env = "CAIRN_WORKSPACE_BACKEND", default_value = "local")]
     pub workspace_backend: String,
@@ -84,6 +91,11 @@ pub struct Config {
     /// `required` (an unconfinable check fails the verification) or `off`.
     #[arg(long, env = "CAIRN_VERIFY_CONFINEMENT", value_enum, default_value_t = crate::confine::Mode::Auto)]
     pub verify_confinement: crate::confine::Mode,
+    /// Seconds a paused job stays paused before it behaves like a stop (its processes
+    /// end and it stops at its checkpoint).
+    #[arg(long, env = "CAIRN_PAUSE_LIMIT_SECONDS", default_value_t = 1800,
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    pub pause_limit_seconds: u64,
     /// Bytes of the end of each stream kept with the receipt in the database.
     #[arg(long, env = "CAIRN_OUTPUT_TAIL_BYTES", default_value_t = 4096)]
     pub output_tail_bytes: usize,
@@ -98,7 +110,25 @@ impl Config {
             Some(&self.amqp),
         )?;
         self.artifacts_dir()?;
+        if !self.snapshot_store_url.is_empty() && self.snapshot_store_url.contains("://") {
+            let scheme = self.snapshot_store_url.split("://").next().unwrap_or("");
+            if !["file", "s3", "gs", "az", "azure", "abfs", "abfss", "https"].contains(&scheme) {
+                return Err(format!(
+                    "CAIRN_SNAPSHOT_STORE_URL: {:?} is not a directory or an s3://, gs:// or az:// URL",
+                    self.snapshot_store_url
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// The snapshot store's URL: the artifacts directory unless one is configured.
+    pub fn snapshot_store(&self, artifacts_dir: &std::path::Path) -> String {
+        if self.snapshot_store_url.is_empty() {
+            artifacts_dir.to_string_lossy().into_owned()
+        } else {
+            self.snapshot_store_url.clone()
+        }
     }
 
     /// The local artifact directory (output artifacts are files here).
@@ -109,7 +139,7 @@ impl Config {
         }
         if url.contains("://") {
             return Err(format!(
-                "CAIRN_ARTIFACTS_URL: this worker keeps step output in a local directory; {url:?} is not one"
+                "CAIRN_ARTIFACTS_URL: this worker keeps step output in a local directory; {url:?} is not one (put snapshots in an object store with CAIRN_SNAPSHOT_STORE_URL)"
             ));
         }
         Ok(PathBuf::from(url))

@@ -275,7 +275,7 @@ impl Worker {
         // ticket, so whoever had the tree (a worker that died, or released it held) is gone.
         let candidate: Option<(Uuid, String, Uuid)> = sqlx::query_as(
             "SELECT w.id, w.path, h.id FROM workspaces w JOIN holds h ON h.workspace_id = w.id
-              WHERE w.task_id = $1 AND w.agent = $2 AND w.host = $3 AND w.state IN ('running', 'stopped')
+              WHERE w.task_id = $1 AND w.agent = $2 AND w.host = $3 AND w.state IN ('running', 'stopped', 'paused')
                 AND w.credential_generation = $4 AND h.ended_at IS NULL AND h.expires_at > now()
                 AND NOT h.capture_in_progress
               ORDER BY w.updated_at DESC LIMIT 1",

@@ -80,7 +80,7 @@ impl Janitor {
         let prefix = format!("{}/", self.workspaces_dir.display());
         let rows: Vec<(Uuid, Option<String>)> = sqlx::query_as(&format!(
             "SELECT w.id, w.path FROM workspaces w
-              WHERE w.host = $1 AND w.state IN ('stopped', 'running')
+              WHERE w.host = $1 AND w.state IN ('stopped', 'running', 'paused')
                 AND starts_with(w.path, $3) AND {UNGUARDED}
               ORDER BY w.updated_at
               LIMIT 500"
@@ -109,7 +109,7 @@ impl Janitor {
                 // Taken only if it is still unguarded now, not just when it was listed.
                 let taken = sqlx::query(&format!(
                     "UPDATE workspaces w SET state = 'destroyed', destroyed_at = now(), updated_at = now()
-                      WHERE w.id = $1 AND w.state IN ('stopped', 'running') AND {UNGUARDED}"
+                      WHERE w.id = $1 AND w.state IN ('stopped', 'running', 'paused') AND {UNGUARDED}"
                 ))
                 .bind(workspace_id)
                 .bind(grace)

@@ -4,6 +4,7 @@
 
 use crate::custody::{CustodyError, CustodySettings, Held, Subject};
 use crate::metrics::WorkerMetrics;
+use crate::pause::{self, Pausing};
 use crate::renewal::{self, StopReason};
 use crate::report;
 use crate::step::{self, Interruption, StepCommand, StepOutcome};
@@ -18,6 +19,7 @@ use serde_json::json;
 use sqlx::{PgConnection, PgPool};
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -33,6 +35,8 @@ pub struct JobSettings {
     pub output_tail_bytes: usize,
     pub kill_grace: Duration,
     pub confinement: crate::confine::Policy,
+    /// How long a pause may last before it behaves like a stop.
+    pub pause_limit: Duration,
 }
 
 /// How a delivery ended, for logs, metrics and tests.
@@ -51,6 +55,8 @@ pub enum JobOutcome {
     HandedBack,
     /// The lease was lost: nothing more was written.
     Fenced,
+    /// Paused past the limit: stopped at its checkpoint.
+    StoppedAtCheckpoint,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -402,11 +408,13 @@ impl Worker {
     ) -> JobOutcome {
         let stop = CancellationToken::new();
         let reason = Arc::new(StopReason::default());
+        let (pause_sender, pause) = tokio::sync::watch::channel(false);
         let keeper = renewal::spawn(
             self.clone(),
             claimed.lease.clone(),
             stop.clone(),
             reason.clone(),
+            pause_sender,
         );
         let drain_watch = {
             let (stop, reason, drain) = (stop.clone(), reason.clone(), drain.clone());
@@ -417,7 +425,7 @@ impl Worker {
                 }
             })
         };
-        let outcome = match self.run_plan(&claimed, &stop, &reason).await {
+        let outcome = match self.run_plan(&claimed, &stop, &reason, pause).await {
             Ok(outcome) => outcome,
             Err(JobError::Lease(e)) => {
                 tracing::warn!(error = %e, "a durable write was refused: this worker no longer owns the request");
@@ -456,6 +464,7 @@ impl Worker {
         job: &Claimed,
         stop: &CancellationToken,
         reason: &StopReason,
+        mut pause: tokio::sync::watch::Receiver<bool>,
     ) -> Result<JobOutcome, JobError> {
         if job.kind == JobKind::Verification {
             return self.run_verification(job, stop, reason).await;
@@ -475,7 +484,9 @@ impl Worker {
                 return Ok(JobOutcome::Failed(message));
             }
         };
-        let ending = self.run_steps(job, &subject, &mut held, stop).await;
+        let ending = self
+            .run_steps(job, &subject, &mut held, stop, reason, &mut pause)
+            .await;
         let fenced = match &ending {
             Err(JobError::Lease(_)) => true,
             Ok(Ending::Interrupted) => matches!(reason.get(), Some(renewal::Reason::Fenced) | None),
@@ -518,6 +529,8 @@ impl Worker {
         subject: &Subject,
         held: &mut Held,
         stop: &CancellationToken,
+        reason: &StopReason,
+        pause: &mut tokio::sync::watch::Receiver<bool>,
     ) -> Result<Ending, JobError> {
         let workspace = held.workspace.clone();
         let workspace = &workspace;
@@ -557,6 +570,17 @@ impl Worker {
                     tracing::info!(step = %step.key, "idempotent step with an unknown outcome runs again")
                 }
                 None => {}
+            }
+            if pause::requested(pause) {
+                let at = Pausing {
+                    job,
+                    subject,
+                    step: None,
+                    group: 0,
+                    stop,
+                    reason,
+                };
+                self.pause_here(at, held, pause).await?;
             }
             if stop.is_cancelled() {
                 return Ok(Ending::Interrupted);
@@ -607,7 +631,27 @@ impl Worker {
             self.metrics.steps_run.inc();
             held.uncaptured = true;
             tracing::info!(step = %step.key, "step started");
-            let outcome = match step::run(&command, stop).await {
+            let group = AtomicI32::new(0);
+            let running = step::run_published(&command, stop, &group);
+            tokio::pin!(running);
+            let result = loop {
+                tokio::select! {
+                    biased;
+                    result = &mut running => break result,
+                    _ = pause::until_requested(pause) => {
+                        let at = Pausing {
+                            job,
+                            subject,
+                            step: Some(&step.key),
+                            group: group.load(Ordering::SeqCst),
+                            stop,
+                            reason,
+                        };
+                        self.pause_here(at, held, pause).await?;
+                    }
+                }
+            };
+            let outcome = match result {
                 Ok(outcome) => outcome,
                 Err(e) => {
                     // The program could not start: a receipt records it as a failed step.
@@ -855,11 +899,35 @@ impl Worker {
                 self.hand_back(job).await?;
                 Ok(JobOutcome::HandedBack)
             }
+            Some(renewal::Reason::PauseExpired) => {
+                self.stop_after_pause(job).await?;
+                Ok(JobOutcome::StoppedAtCheckpoint)
+            }
             Some(renewal::Reason::Fenced) | None => {
                 self.metrics.self_fenced.inc();
                 Ok(JobOutcome::Fenced)
             }
         }
+    }
+
+    /// A pause past its limit behaves like a stop: the request stops at its checkpoint
+    /// (a reviewed continuation can take it further) and the lease is released.
+    async fn stop_after_pause(&self, job: &Claimed) -> Result<(), JobError> {
+        let mut tx = job.lease.begin_fenced(&self.pool).await?;
+        self.leases.release_in(&mut tx, &job.lease).await?;
+        if let Some(action_id) = job.action_id {
+            ticket::set_action_status(&mut tx, action_id, "failed").await?;
+        }
+        sqlx::query(
+            "UPDATE execution_requests SET pause_requested_at = NULL, paused_at = NULL WHERE id = $1",
+        )
+        .bind(job.lease.request_id)
+        .execute(&mut *tx)
+        .await?;
+        ticket::stop_at_checkpoint(&mut tx, job.lease.request_id, "pause_expired").await?;
+        tx.commit().await?;
+        self.leases.clear_liveness(&job.lease).await;
+        Ok(())
     }
 
     /// Drain: the request goes back to the queue at once, on the same attempt, for

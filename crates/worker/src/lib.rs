@@ -22,6 +22,7 @@ pub mod custody;
 pub mod janitor;
 pub mod job;
 pub mod metrics;
+pub mod pause;
 pub mod renewal;
 pub mod report;
 pub mod scope;
@@ -75,8 +76,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let registry = Arc::new(registry);
     let worker_id = config.worker_id();
     let ttl = Duration::from_secs(config.lease_ttl_seconds);
-    let store = cairn_common::store::ArtifactStore::open(&artifacts_dir.to_string_lossy())
-        .context("opening the artifact store")?;
+    let snapshot_store = config.snapshot_store(&artifacts_dir);
+    let store = cairn_common::store::ArtifactStore::open(&snapshot_store)
+        .with_context(|| format!("opening the snapshot store {snapshot_store}"))?;
     let custody = custody::CustodySettings {
         store,
         backend: config.workspace_backend.clone(),
@@ -103,6 +105,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             output_tail_bytes: config.output_tail_bytes,
             kill_grace: Duration::from_secs(config.kill_grace_seconds),
             confinement: confine::Policy::resolve(config.verify_confinement),
+            pause_limit: Duration::from_secs(config.pause_limit_seconds),
         },
         custody,
         metrics,

@@ -12,6 +12,7 @@ pub struct WorkerMetrics {
     pub jobs_handed_back: Counter,
     pub deliveries_dropped: Counter,
     pub steps_run: Counter,
+    pub pauses: Counter,
     pub steps_reused: Counter,
     pub leases_renewed: Counter,
     pub leases_lost: Counter,
@@ -35,6 +36,7 @@ impl Default for WorkerMetrics {
             jobs_handed_back: Counter::default(),
             deliveries_dropped: Counter::default(),
             steps_run: Counter::default(),
+            pauses: Counter::default(),
             steps_reused: Counter::default(),
             leases_renewed: Counter::default(),
             leases_lost: Counter::default(),
@@ -80,6 +82,11 @@ impl WorkerMetrics {
             &m.deliveries_dropped,
         );
         add("worker_steps_run", "Steps executed", &m.steps_run);
+        add(
+            "worker_pauses",
+            "Pauses recorded (after their checkpoint capture)",
+            &m.pauses,
+        );
         add(
             "worker_steps_reused",
             "Steps skipped because a receipt already existed",

@@ -1,13 +1,14 @@
 //! The lease keeper: renews a job's lease on its own task, every third of the TTL, so
 //! job work never starves it. It stops the job when the lease is lost (self-fencing:
 //! the step's process group is stopped and nothing more is written) and when the run's
-//! cancellation was requested.
+//! cancellation was requested; it also passes on pause and resume requests.
 
 use crate::job::Worker;
 use cairn_common::lease::{Lease, LeaseError};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -17,6 +18,8 @@ pub enum Reason {
     Fenced,
     Cancelled,
     Drain,
+    /// Paused past the pause limit: it stops like a stop.
+    PauseExpired,
 }
 
 /// The first reason a job was stopped for.
@@ -29,6 +32,7 @@ impl StopReason {
             Reason::Fenced => 1,
             Reason::Cancelled => 2,
             Reason::Drain => 3,
+            Reason::PauseExpired => 4,
         };
         let _ = self
             .0
@@ -40,6 +44,7 @@ impl StopReason {
             1 => Some(Reason::Fenced),
             2 => Some(Reason::Cancelled),
             3 => Some(Reason::Drain),
+            4 => Some(Reason::PauseExpired),
             _ => None,
         }
     }
@@ -62,9 +67,10 @@ pub fn spawn(
     lease: Lease,
     stop: CancellationToken,
     reason: Arc<StopReason>,
+    pause: watch::Sender<bool>,
 ) -> Keeper {
     let done = CancellationToken::new();
-    let task = tokio::spawn(keep(worker, lease, stop, reason, done.clone()));
+    let task = tokio::spawn(keep(worker, lease, stop, reason, pause, done.clone()));
     Keeper { done, task }
 }
 
@@ -73,6 +79,7 @@ async fn keep(
     mut lease: Lease,
     stop: CancellationToken,
     reason: Arc<StopReason>,
+    pause: watch::Sender<bool>,
     done: CancellationToken,
 ) {
     let ttl = worker.leases.ttl();
@@ -97,13 +104,17 @@ async fn keep(
             Ok(()) => {
                 renewed_at = Instant::now();
                 worker.metrics.leases_renewed.inc();
-                let cancel: Result<bool, _> = sqlx::query_scalar(
-                    "SELECT cancel_requested_at IS NOT NULL FROM execution_requests WHERE id = $1",
+                let asked: Result<(bool, bool), _> = sqlx::query_as(
+                    "SELECT cancel_requested_at IS NOT NULL, pause_requested_at IS NOT NULL
+                       FROM execution_requests WHERE id = $1",
                 )
                 .bind(lease.request_id)
                 .fetch_one(&worker.pool)
                 .await;
-                if matches!(cancel, Ok(true)) {
+                if let Ok((_, paused)) = asked {
+                    pause.send_if_modified(|p| std::mem::replace(p, paused) != paused);
+                }
+                if matches!(asked, Ok((true, _))) {
                     tracing::info!(request_id = %lease.request_id, "cancellation requested; stopping the step");
                     reason.set(Reason::Cancelled);
                     stop.cancel();

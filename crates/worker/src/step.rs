@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
@@ -92,6 +93,16 @@ pub async fn run(
     command: &StepCommand,
     stop: &CancellationToken,
 ) -> Result<StepOutcome, StepError> {
+    run_published(command, stop, &AtomicI32::new(0)).await
+}
+
+/// [`run`], publishing the step's process group id in `group` while it runs (0 before
+/// and after), so a pause can stop and continue the group.
+pub async fn run_published(
+    command: &StepCommand,
+    stop: &CancellationToken,
+    group: &AtomicI32,
+) -> Result<StepOutcome, StepError> {
     let (program, args) = command.argv.split_first().ok_or_else(|| StepError::Spawn {
         program: String::new(),
         source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty argv"),
@@ -119,6 +130,7 @@ pub async fn run(
         source,
     })?;
     let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+    group.store(pid, Ordering::SeqCst);
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
     let stdout_path = command.output_base.with_extension("stdout");
@@ -166,6 +178,7 @@ pub async fn run(
         let _ = exited.await;
     }
     let cpu_ms = cpu_ms_of_zombie(pid);
+    group.store(0, Ordering::SeqCst);
     let status = child.wait().await?;
     let wall_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
     // Whatever the step left running in its group ends with it.

@@ -279,7 +279,8 @@ impl Worker {
                     self.hand_back_verification(job, adoption.id).await?;
                     Ok(JobOutcome::HandedBack)
                 }
-                Some(renewal::Reason::Fenced) | None => {
+                // A verification is never paused (pause applies to a run's own request).
+                Some(renewal::Reason::Fenced | renewal::Reason::PauseExpired) | None => {
                     self.metrics.self_fenced.inc();
                     Ok(JobOutcome::Fenced)
                 }

@@ -50,7 +50,10 @@ pub async fn capture(
         .put(&manifest::manifest_key(snapshot_id), Bytes::from(encoded))
         .await?;
     store.flush().await?;
-    let mut catalog = store.catalog().lock().unwrap_or_else(PoisonError::into_inner);
+    let mut catalog = store
+        .catalog()
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
     for (pack, chunks) in &written {
         catalog.add(*pack, chunks);
     }

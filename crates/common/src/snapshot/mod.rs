@@ -18,8 +18,8 @@ mod walk;
 
 pub use capture::capture;
 pub use manifest::{
-    legacy_chunk_key, legacy_manifest_key, load_manifest, manifest_key, ChunkRef, Entry,
-    EntryKind, Manifest,
+    legacy_chunk_key, legacy_manifest_key, load_manifest, manifest_key, ChunkRef, Entry, EntryKind,
+    Manifest,
 };
 pub use pack::{index_key, pack_key, ChunkId};
 pub use restore::restore;

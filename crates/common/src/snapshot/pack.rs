@@ -172,7 +172,10 @@ impl PackBuilder {
         };
         self.added.insert(id, location);
         let full = self.open.bytes.len() >= PACK_TARGET;
-        (location, full.then(|| std::mem::replace(&mut self.open, empty_pack())))
+        (
+            location,
+            full.then(|| std::mem::replace(&mut self.open, empty_pack())),
+        )
     }
 
     /// The last, partly filled pack, if it holds anything.
@@ -318,6 +321,10 @@ mod tests {
         assert!(builder.finish().is_none());
         let index = encode_index(last.id, &last.chunks).expect("encode");
         assert_eq!(decode_index(last.id, &index), Some(last.chunks.clone()));
-        assert_eq!(decode_index(Uuid::new_v4(), &index), None, "another pack's index");
+        assert_eq!(
+            decode_index(Uuid::new_v4(), &index),
+            None,
+            "another pack's index"
+        );
     }
 }

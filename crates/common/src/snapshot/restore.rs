@@ -82,11 +82,15 @@ impl PackReader {
 
     /// The chunk's bytes, decompressed and checked against its id.
     fn read(&self, chunk: &ChunkRef) -> Result<Vec<u8>, SnapshotError> {
-        let pack = self.packs.get(chunk.pack as usize).ok_or_else(|| {
-            SnapshotError::Integrity(format!("chunk {} names no pack", chunk.id))
-        })?;
+        let pack = self
+            .packs
+            .get(chunk.pack as usize)
+            .ok_or_else(|| SnapshotError::Integrity(format!("chunk {} names no pack", chunk.id)))?;
         let key = pack::pack_key(*pack);
-        let compressed = match (self.store.local_path(&key), self.open.get(chunk.pack as usize)) {
+        let compressed = match (
+            self.store.local_path(&key),
+            self.open.get(chunk.pack as usize),
+        ) {
             (Some(path), Some(slot)) => {
                 let file = {
                     let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
@@ -102,12 +106,7 @@ impl PackReader {
                 read_at(&file, chunk, &key)?
             }
             (Some(path), None) => read_at(&open_pack(&path, &key)?, chunk, &key)?,
-            (None, _) => {
-                let start = u64::from(chunk.offset);
-                self.store
-                    .get_range_blocking(&self.handle, &key, start..start + u64::from(chunk.length))?
-                    .to_vec()
-            }
+            (None, _) => self.read_range(chunk, &key)?,
         };
         let data = pack::decompress(&compressed)
             .map_err(|e| SnapshotError::Integrity(format!("chunk {}: {e}", chunk.id)))?;
@@ -118,6 +117,28 @@ impl PackReader {
             )));
         }
         Ok(data)
+    }
+}
+
+impl PackReader {
+    /// A chunk of a remote pack. A pack shorter than the manifest says (cut or replaced)
+    /// is an integrity failure, like a local one.
+    fn read_range(&self, chunk: &ChunkRef, key: &str) -> Result<Vec<u8>, SnapshotError> {
+        let start = u64::from(chunk.offset);
+        let end = start + u64::from(chunk.length);
+        let short =
+            || SnapshotError::Integrity(format!("chunk {} lies beyond the end of {key}", chunk.id));
+        match self.store.get_range_blocking(&self.handle, key, start..end) {
+            Ok(bytes) if bytes.len() as u64 == end - start => Ok(bytes.to_vec()),
+            Ok(_) => Err(short()),
+            Err(e) => {
+                let size = self.handle.block_on(self.store.size(key)).unwrap_or(None);
+                match size {
+                    Some(size) if size < end => Err(short()),
+                    _ => Err(e.into()),
+                }
+            }
+        }
     }
 }
 

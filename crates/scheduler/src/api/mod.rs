@@ -13,6 +13,7 @@ pub mod credentials;
 pub mod error;
 pub mod json;
 pub mod openapi;
+pub mod pause;
 pub mod policy;
 pub mod runs;
 pub mod tokens;
@@ -92,6 +93,11 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/runs/batch", post(runs::submit_batch))
         .route("/api/v1/runs/{run_id}", get(runs::show))
         .route("/api/v1/runs/{run_id}/cancel", post(runs::cancel))
+        .route(
+            "/api/v1/runs/{run_id}/pause",
+            post(pause::pause).get(pause::show),
+        )
+        .route("/api/v1/runs/{run_id}/resume", post(pause::resume))
         .route(
             "/api/v1/runs/{run_id}/execution-requests",
             get(runs::execution_requests),

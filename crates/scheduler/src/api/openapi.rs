@@ -1,6 +1,6 @@
 //! The OpenAPI 3 document, generated from the handlers' annotations and types.
 
-use super::{continuation, credentials, error, policy, runs, tokens, verification};
+use super::{continuation, credentials, error, pause, policy, runs, tokens, verification};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
@@ -9,7 +9,7 @@ use utoipa::{Modify, OpenApi};
     info(title = "Cairn scheduler API", description = "Admission of runs, reviewed continuations and verification handoffs."),
     paths(
         runs::submit, runs::submit_batch, runs::list, runs::show, runs::cancel,
-        runs::execution_requests, runs::journal,
+        runs::execution_requests, runs::journal, pause::pause, pause::resume, pause::show,
         policy::get_policy, policy::put_policy,
         continuation::checkpoint_candidate, continuation::checkpoint_action, continuation::checkpoint_status,
         continuation::final_candidate, continuation::final_action, continuation::final_status,

@@ -1,0 +1,180 @@
+//! Pause: an operator asked a running job to pause (`POST /api/v1/runs/{id}/pause`).
+//!
+//! The step's processes are stopped (`SIGSTOP` to its process group), the tree is
+//! captured as a checkpoint under a durable hold, and only then is the request recorded
+//! paused: the scheduler's paused reply always follows the capture. Resume continues the
+//! processes (`SIGCONT`). A pause that outlasts its limit (30 minutes by default)
+//! behaves like a stop: the processes end and the request stops at its checkpoint, from
+//! which a reviewed continuation can take it further.
+
+use crate::custody::{CustodyError, Held, Subject};
+use crate::job::{Claimed, JobError, Worker};
+use crate::renewal::{Reason, StopReason};
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use serde_json::json;
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// How a pause ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseEnd {
+    Resumed,
+    /// The limit passed: the job is stopped (reason [`Reason::PauseExpired`]).
+    Expired,
+    /// Cancelled, drained or fenced while paused.
+    Stopped,
+}
+
+/// Sends `signal` to a step's process group; `group` 0 means no step is running.
+fn signal_group(group: i32, signal: Signal) {
+    if group > 0 {
+        let _ = killpg(Pid::from_raw(group), signal);
+    }
+}
+
+/// Whether a pause is requested now.
+pub fn requested(pause: &watch::Receiver<bool>) -> bool {
+    *pause.borrow()
+}
+
+/// Waits until a pause is requested (never returns if the keeper is gone).
+pub async fn until_requested(pause: &mut watch::Receiver<bool>) {
+    if pause.wait_for(|p| *p).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+pub struct Pausing<'a> {
+    pub job: &'a Claimed,
+    pub subject: &'a Subject,
+    pub step: Option<&'a str>,
+    /// The running step's process group, 0 between steps.
+    pub group: i32,
+    pub stop: &'a CancellationToken,
+    pub reason: &'a StopReason,
+}
+
+impl Worker {
+    /// Pauses here until resumed, stopped, or past the limit.
+    pub(crate) async fn pause_here(
+        &self,
+        at: Pausing<'_>,
+        held: &mut Held,
+        pause: &mut watch::Receiver<bool>,
+    ) -> Result<PauseEnd, JobError> {
+        let Pausing {
+            job,
+            subject,
+            step,
+            group,
+            stop,
+            reason,
+        } = at;
+        signal_group(group, Signal::SIGSTOP);
+        tracing::info!(
+            step,
+            "pause requested: processes stopped, capturing a checkpoint"
+        );
+        let mut capture_failed = false;
+        if held.uncaptured {
+            match self.checkpoint(&job.lease, subject, held).await {
+                Ok(appended) => capture_failed = !appended,
+                Err(CustodyError::Job(e)) => {
+                    signal_group(group, Signal::SIGCONT);
+                    return Err(e);
+                }
+                Err(CustodyError::Workspace(e)) => {
+                    tracing::warn!(error = %e, "pause checkpoint failed; the hold keeps the tree");
+                    capture_failed = true;
+                }
+            }
+        }
+        let limit = self.settings.pause_limit;
+        let expires_at =
+            chrono::Utc::now() + chrono::Duration::from_std(limit).unwrap_or(chrono::Duration::MAX);
+        let record = json!({
+            // Ids in API bodies are simple (no hyphens).
+            "snapshot_id": held.head.map(|id| id.simple().to_string()),
+            "step": step,
+            "capture_failed": capture_failed,
+            "expires_at": expires_at,
+        });
+        let mut tx = job.lease.begin_fenced(&self.pool).await?;
+        sqlx::query(
+            "UPDATE execution_requests SET paused_at = now(), pause_checkpoint = $2, updated_at = now()
+              WHERE id = $1",
+        )
+        .bind(job.lease.request_id)
+        .bind(&record)
+        .execute(&mut *tx)
+        .await?;
+        set_workspace_paused(&mut tx, held, true).await?;
+        tx.commit().await?;
+        self.metrics.pauses.inc();
+        tracing::info!(snapshot_id = ?held.head, capture_failed, "paused");
+
+        let end = wait(pause, stop, limit).await;
+        // Stopped processes cannot act on SIGTERM: continue them whatever comes next.
+        signal_group(group, Signal::SIGCONT);
+        match end {
+            PauseEnd::Resumed => {
+                let mut tx = job.lease.begin_fenced(&self.pool).await?;
+                sqlx::query(
+                    "UPDATE execution_requests SET paused_at = NULL, updated_at = now() WHERE id = $1",
+                )
+                .bind(job.lease.request_id)
+                .execute(&mut *tx)
+                .await?;
+                set_workspace_paused(&mut tx, held, false).await?;
+                tx.commit().await?;
+                // The step goes on changing the tree.
+                held.uncaptured |= group > 0;
+                tracing::info!("resumed");
+            }
+            PauseEnd::Expired => {
+                tracing::info!(?limit, "paused past the limit: stopping like a stop");
+                held.uncaptured |= group > 0;
+                reason.set(Reason::PauseExpired);
+                stop.cancel();
+            }
+            PauseEnd::Stopped => held.uncaptured |= group > 0,
+        }
+        Ok(end)
+    }
+}
+
+async fn wait(
+    pause: &mut watch::Receiver<bool>,
+    stop: &CancellationToken,
+    limit: Duration,
+) -> PauseEnd {
+    let resumed = async {
+        if pause.wait_for(|p| !*p).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        _ = resumed => PauseEnd::Resumed,
+        _ = tokio::time::sleep(limit) => PauseEnd::Expired,
+        _ = stop.cancelled() => PauseEnd::Stopped,
+    }
+}
+
+async fn set_workspace_paused(
+    conn: &mut sqlx::PgConnection,
+    held: &Held,
+    paused: bool,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE workspaces SET state = CASE WHEN $2 THEN 'paused' ELSE 'running' END,
+                paused_at = CASE WHEN $2 THEN now() END, updated_at = now()
+          WHERE id = $1 AND state IN ('running', 'paused')",
+    )
+    .bind(held.workspace_id)
+    .bind(paused)
+    .execute(conn)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,201 @@
+//! Pause and resume end to end: the step's processes stop, a checkpoint is captured
+//! before the paused reply, resume continues them, and a pause past its limit behaves
+//! like a stop.
+
+use cairn_common::snapshot;
+use cairn_common::store::ArtifactStore;
+use cairn_e2e::cluster::{Cluster, Settings};
+use cairn_e2e::ServiceLock;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const LONG: Duration = Duration::from_secs(90);
+
+/// A step that counts to `to`, a tenth of a second apart, in the tree (`ticks`) and in
+/// a file outside it (the last count), and leaves its process id outside too.
+fn counting_step(cluster: &Cluster, to: u32) -> Value {
+    let (count, pid) = (cluster.path("count"), cluster.path("pid"));
+    let script = format!(
+        "echo $$ > {pid}; for i in $(seq 1 {to}); do echo $i >> ticks; echo $i > {count}; sleep 0.1; done"
+    );
+    json!({"key": "count", "argv": ["sh", "-c", script], "idempotent": true, "timeout_seconds": 300})
+}
+
+fn count(cluster: &Cluster) -> u32 {
+    cluster
+        .lines("count")
+        .first()
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(0)
+}
+
+fn spec(cluster: &Cluster, to: u32) -> Value {
+    json!({
+        "agent": "e2e",
+        "steps": [
+            {"key": "prepare", "argv": ["sh", "-c", "echo prepared > prepared.txt"], "idempotent": false, "timeout_seconds": 60},
+            counting_step(cluster, to),
+        ],
+        "budgets": {"max_commands": 10, "max_wall_seconds": 600}, "max_attempts": 1
+    })
+}
+
+#[tokio::test]
+async fn a_pause_captures_before_its_reply_and_resume_continues_the_step() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("pause", 1, Settings::default()).await;
+    let (run_id, request_id) = cluster.submit(&spec(&cluster, 60));
+    let pause = format!("/api/v1/runs/{run_id}/pause");
+    let resume = format!("/api/v1/runs/{run_id}/resume");
+    cluster.wait_until("the counting step to start", LONG, || count(&cluster) >= 3);
+
+    // Bad input changes nothing.
+    let (status, body) = cluster.call("POST", &format!("{pause}?wait_seconds=99"), None);
+    assert_eq!(
+        (status, body["error"]["field"].as_str()),
+        (400, Some("wait_seconds"))
+    );
+    let (status, _) = cluster.call("POST", "/api/v1/runs/not-an-id/pause", None);
+    assert_eq!(status, 400);
+    let unknown = uuid::Uuid::new_v4().simple();
+    let (status, _) = cluster.call("POST", &format!("/api/v1/runs/{unknown}/pause"), None);
+    assert_eq!(status, 404);
+    let (status, body) = cluster.call("POST", &resume, None);
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("not_paused"))
+    );
+
+    let (status, paused) = cluster.call("POST", &format!("{pause}?wait_seconds=25"), None);
+    assert_eq!(status, 200, "{paused}");
+    assert_eq!(paused["state"], "paused");
+    assert_eq!(paused["checkpoint"]["step"], "count");
+    assert_eq!(paused["checkpoint"]["capture_failed"], false);
+    let snapshot_id: uuid::Uuid = paused["checkpoint"]["snapshot_id"]
+        .as_str()
+        .expect("a checkpoint")
+        .parse()
+        .expect("uuid");
+
+    // The checkpoint was durable before the reply: ready, the lineage head, and it holds
+    // the ticks counted up to the pause.
+    let (status_of, head): (String, uuid::Uuid) = sqlx::query_as(
+        "SELECT s.status, h.head_id FROM project_snapshots s
+           JOIN lineage_heads h ON h.work_context_id = s.work_context_id WHERE s.id = $1",
+    )
+    .bind(snapshot_id)
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("snapshot");
+    assert_eq!((status_of.as_str(), head), ("ready", snapshot_id));
+    let at_pause = count(&cluster);
+    let store =
+        ArtifactStore::open(&cluster.path("artifacts")).expect("the cluster's artifact store");
+    let manifest = snapshot::load_manifest(&store, snapshot_id)
+        .await
+        .expect("manifest");
+    let restored = std::path::Path::new(&cluster.path("restored")).to_path_buf();
+    snapshot::restore(&store, &manifest, &restored)
+        .await
+        .expect("restore");
+    let ticks = std::fs::read_to_string(restored.join("ticks")).expect("ticks");
+    assert!(restored.join("prepared.txt").exists());
+    let captured = ticks.lines().count() as u32;
+    assert!(
+        captured >= 3 && captured <= at_pause,
+        "{captured} ticks captured, {at_pause} counted"
+    );
+
+    // The processes are stopped: nothing counts while paused.
+    std::thread::sleep(Duration::from_millis(1200));
+    assert_eq!(count(&cluster), at_pause, "a paused step does not run");
+    let state: String = sqlx::query_scalar(
+        "SELECT w.state FROM workspaces w JOIN execution_requests e ON e.run_id = w.run_id
+          WHERE e.id = $1::uuid ORDER BY w.created_at DESC LIMIT 1",
+    )
+    .bind(&request_id)
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("workspace");
+    assert_eq!(state, "paused");
+    let (status, again) = cluster.call("POST", &pause, None);
+    assert_eq!(
+        (status, again["paused_at"].clone()),
+        (200, paused["paused_at"].clone()),
+        "pausing a paused run changes nothing"
+    );
+    let (_, shown) = cluster.call("GET", &pause, None);
+    assert_eq!(shown["state"], "paused");
+
+    let (status, resumed) = cluster.call("POST", &format!("{resume}?wait_seconds=25"), None);
+    assert_eq!(
+        (status, resumed["state"].as_str()),
+        (200, Some("running")),
+        "{resumed}"
+    );
+    cluster.wait_until("counting to go on", LONG, || count(&cluster) > at_pause);
+    let run = cluster.wait_for_state(&run_id, &["completed"], LONG);
+    assert_eq!(count(&cluster), 60, "{run}");
+    assert_eq!(cluster.metric(0, "cairn_worker_pauses_total"), 1.0);
+    let (status, body) = cluster.call("POST", &pause, None);
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("not_running"))
+    );
+}
+
+#[tokio::test]
+async fn a_pause_past_its_limit_stops_at_its_checkpoint() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("pause-limit", 0, Settings::default()).await;
+    cluster.worker_env = vec![("CAIRN_PAUSE_LIMIT_SECONDS".into(), "2".into())];
+    cluster.add_worker();
+    let (run_id, request_id) = cluster.submit(&spec(&cluster, 600));
+    cluster.wait_until("the counting step to start", LONG, || count(&cluster) >= 3);
+    let (status, paused) = cluster.call(
+        "POST",
+        &format!("/api/v1/runs/{run_id}/pause?wait_seconds=25"),
+        None,
+    );
+    assert_eq!(status, 200, "{paused}");
+    let run = cluster.wait_for_state(&run_id, &["stopped_at_checkpoint"], LONG);
+    let (reason, pause_requested): (Option<String>, bool) = sqlx::query_as(
+        "SELECT stop_reason, pause_requested_at IS NOT NULL FROM execution_requests WHERE id = $1::uuid",
+    )
+    .bind(&request_id)
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("request");
+    assert_eq!(reason.as_deref(), Some("pause_expired"), "{run}");
+    assert!(!pause_requested);
+    // Like a stop: the step's processes are gone, its files stay captured.
+    let pid: i32 = cluster.lines("pid")[0].parse().expect("pid");
+    cluster.wait_until("the stopped step's process to end", LONG, || {
+        !std::path::Path::new(&format!("/proc/{pid}")).exists()
+    });
+    // The pause checkpoint is in the run's lineage; the release after the stop captured
+    // the tree once more (capture before release), so a continuation restores that.
+    let pause_snapshot: uuid::Uuid = paused["checkpoint"]["snapshot_id"]
+        .as_str()
+        .expect("a checkpoint")
+        .parse()
+        .expect("uuid");
+    let (context, status_of): (Option<uuid::Uuid>, String) =
+        sqlx::query_as("SELECT work_context_id, status FROM project_snapshots WHERE id = $1")
+            .bind(pause_snapshot)
+            .fetch_one(&cluster.pool)
+            .await
+            .expect("pause snapshot");
+    assert_eq!(
+        (context.map(|c| c.simple().to_string()), status_of.as_str()),
+        (Some(run_id.clone()), "ready")
+    );
+    let head: Option<uuid::Uuid> = sqlx::query_scalar(
+        "SELECT head_id FROM lineage_heads WHERE work_context_id = $1::uuid AND retired_at IS NULL",
+    )
+    .bind(&run_id)
+    .fetch_optional(&cluster.pool)
+    .await
+    .expect("head");
+    assert!(head.is_some(), "a stopped run keeps a current checkpoint");
+}
