@@ -193,6 +193,18 @@ async fn cairnctl_drives_every_route() {
         3
     );
 
+    // Nothing executes here (no worker): pause and resume are conflicts, and a viewer
+    // may not pause at all.
+    assert_eq!(
+        ctl.run(
+            &operator,
+            &["runs", "pause", &second_id, "--wait-seconds", "0"]
+        )
+        .code,
+        4
+    );
+    assert_eq!(ctl.run(&operator, &["runs", "resume", &second_id]).code, 4);
+    assert_eq!(ctl.run(&viewer, &["runs", "pause", &second_id]).code, 6);
     let cancelled = ctl
         .ok(&operator, &["--json", "runs", "cancel", &second_id])
         .json();

@@ -127,6 +127,19 @@ async fn a_pause_captures_before_its_reply_and_resume_continues_the_step() {
     let (_, shown) = cluster.call("GET", &pause, None);
     assert_eq!(shown["state"], "paused");
 
+    // cairnctl shows the same pause (pausing again changes nothing).
+    let ctl = std::process::Command::new(cairn_e2e::binary("cairnctl"))
+        .args(["runs", "pause", &run_id])
+        .env("CAIRN_SERVER", format!("http://{}", cluster.api))
+        .env("CAIRN_TOKEN", cairn_e2e::cluster::ADMIN)
+        .output()
+        .expect("cairnctl");
+    let said = String::from_utf8_lossy(&ctl.stdout);
+    assert!(
+        ctl.status.success() && said.contains(&format!("checkpoint {}", snapshot_id.simple())),
+        "{said}{}",
+        String::from_utf8_lossy(&ctl.stderr)
+    );
     let (status, resumed) = cluster.call("POST", &format!("{resume}?wait_seconds=25"), None);
     assert_eq!(
         (status, resumed["state"].as_str()),

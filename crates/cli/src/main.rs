@@ -120,6 +120,21 @@ enum RunsCommand {
     },
     /// Cancel a run.
     Cancel { run: String },
+    /// Pause a running run: its step's processes stop and a checkpoint is captured
+    /// before the paused reply. Pausing a paused run shows its pause again.
+    Pause {
+        run: String,
+        /// Seconds to wait for the worker's capture (0 to 60).
+        #[arg(long, default_value_t = 30)]
+        wait_seconds: u64,
+    },
+    /// Resume a paused run: its step's processes continue.
+    Resume {
+        run: String,
+        /// Seconds to wait for the worker (0 to 60).
+        #[arg(long, default_value_t = 30)]
+        wait_seconds: u64,
+    },
     /// Show a run's journal: every step's intent and receipt.
     Journal { run: String },
     /// Show a run's execution requests.
@@ -479,6 +494,45 @@ async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u8, C
                 println!("cancel requested: the worker holding run {run} stops it within one lease renewal");
             } else {
                 println!("run {run} is {}", output::text(&answer.body["state"]));
+            }
+            Ok(exit::OK)
+        }
+        RunsCommand::Pause { run, wait_seconds } => {
+            let run = id(&run, "RUN")?;
+            let path = format!("/api/v1/runs/{run}/pause?wait_seconds={wait_seconds}");
+            let answer = client.call(Method::POST, &path, None, &[]).await?;
+            if json {
+                output::json(&answer.body);
+            } else if answer.status.as_u16() == 202 {
+                println!(
+                    "pausing: the worker has not recorded the pause yet; run this again to see it"
+                );
+            } else {
+                let checkpoint = &answer.body["checkpoint"];
+                println!(
+                    "run {run} paused at {}; checkpoint {}{}; it stops at its checkpoint at {} unless resumed",
+                    output::text(&answer.body["paused_at"]),
+                    output::text(&checkpoint["snapshot_id"]),
+                    if checkpoint["capture_failed"] == true {
+                        " (this capture failed: a hold keeps the live tree)"
+                    } else {
+                        ""
+                    },
+                    output::text(&checkpoint["expires_at"]),
+                );
+            }
+            Ok(exit::OK)
+        }
+        RunsCommand::Resume { run, wait_seconds } => {
+            let run = id(&run, "RUN")?;
+            let path = format!("/api/v1/runs/{run}/resume?wait_seconds={wait_seconds}");
+            let answer = client.call(Method::POST, &path, None, &[]).await?;
+            if json {
+                output::json(&answer.body);
+            } else if answer.status.as_u16() == 202 {
+                println!("resuming: the worker has not continued the step yet");
+            } else {
+                println!("run {run} is running again");
             }
             Ok(exit::OK)
         }

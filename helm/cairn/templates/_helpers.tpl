@@ -154,12 +154,14 @@ global.extraConfig may not name them (it would clash with or be shadowed by them
   "CAIRN_LEASE_TTL_SECONDS" "worker.leaseTtlSeconds"
   "CAIRN_KILL_GRACE_SECONDS" "worker.killGraceSeconds"
   "CAIRN_WORKSPACES_DIR" "worker.workspaces (the volume at /var/lib/cairn/workspaces)"
-  "CAIRN_ARTIFACTS_URL" "worker.artifacts (the volume at /var/lib/cairn/artifacts; the worker keeps artifacts in a local directory only)"
+  "CAIRN_ARTIFACTS_URL" "worker.artifacts (the volume at /var/lib/cairn/artifacts; step output stays in a local directory, but snapshots can go to an object store with worker.snapshotStore.url)"
+  "CAIRN_SNAPSHOT_STORE_URL" "worker.snapshotStore.url"
   "CAIRN_WORKSPACE_BACKEND" "worker.workspaceBackend"
   "CAIRN_WORKSPACE_PERSISTENT" "worker.workspacePersistent"
   "CAIRN_BASE_IMAGE" "worker.baseImage"
   "CAIRN_CAPTURE_EXCLUDE" "worker.captureExclude"
   "CAIRN_VERIFY_CONFINEMENT" "worker.verifyConfinement"
+  "CAIRN_PAUSE_LIMIT_SECONDS" "worker.pauseLimitSeconds"
   "CAIRN_REAPER_INTERVAL_SECONDS" "reaper.intervalSeconds"
   "CAIRN_REAPER_BATCH" "reaper.batch"
   "CAIRN_IDLE_HEAD_SECONDS" "reaper.retention.idleHeadSeconds"
@@ -167,6 +169,18 @@ global.extraConfig may not name them (it would clash with or be shadowed by them
   "CAIRN_DESTROYED_GRACE_SECONDS" "reaper.retention.destroyedGraceSeconds"
   "CAIRN_MEMORY_CHECKPOINT_SECONDS" "reaper.retention.memoryCheckpointSeconds"
   | toJson -}}
+{{- end -}}
+
+{{/*
+envFrom entry of the worker and reaper containers for the snapshot store's credentials
+(worker.snapshotStore.existingSecret); renders nothing when it is empty. The reaper
+deletes snapshots through the URL each one records, so it needs the workers' credentials.
+*/}}
+{{- define "cairn.snapshotStoreEnvFrom" -}}
+{{- with .Values.worker.snapshotStore.existingSecret }}
+- secretRef:
+    name: {{ . | quote }}
+{{- end }}
 {{- end -}}
 
 {{/*
@@ -309,6 +323,8 @@ Checks of combinations the schema cannot express. Rendered from validate.yaml.
 {{- end -}}
 {{- $chartSet := include "cairn.chartSetEnv" . | fromJson -}}
 {{- $secretNames := list "CAIRN_DATABASE_URL" "CAIRN_REDIS_URL" "CAIRN_AMQP_URL" "CAIRN_BOOTSTRAP_ADMIN_TOKEN" -}}
+{{- /* Object store credentials (keys, secrets, tokens, SAS) come from worker.snapshotStore.existingSecret only. */ -}}
+{{- $storeSecretPattern := "^(AWS|GOOGLE|AZURE)_[A-Z0-9_]*(KEY|SECRET|TOKEN|PASSWORD|SAS)" -}}
 {{- $extra := list -}}
 {{- range $name, $_ := $v.global.extraConfig -}}
 {{- $extra = append $extra (list (printf "global.extraConfig.%s" $name) $name) -}}
@@ -327,6 +343,25 @@ Checks of combinations the schema cannot express. Rendered from validate.yaml.
 {{- if hasKey $chartSet $name -}}
 {{- fail (printf "%s is set by the chart, from %s: use that instead." $where (get $chartSet $name)) -}}
 {{- end -}}
+{{- if regexMatch $storeSecretPattern $name -}}
+{{- fail (printf "%s is an object store credential and cannot be a plain value: put it in a Secret named by worker.snapshotStore.existingSecret." $where) -}}
+{{- end -}}
+{{- end -}}
+{{- $store := $v.worker.snapshotStore -}}
+{{- if regexMatch "^[A-Za-z][A-Za-z0-9+.-]*://[^/]*@|[?#]" $store.url -}}
+{{- fail (printf "worker.snapshotStore.url %q holds user information, a query or a fragment: it goes into a ConfigMap, so it must hold no credentials. Put the store's credentials (AWS_*, GOOGLE_*, AZURE_* variables) in a Secret named by worker.snapshotStore.existingSecret." $store.url) -}}
+{{- end -}}
+{{- $localStore := "" -}}
+{{- if hasPrefix "file://" $store.url -}}
+{{- $localStore = trimPrefix "file://" $store.url -}}
+{{- else if hasPrefix "/" $store.url -}}
+{{- $localStore = $store.url -}}
+{{- end -}}
+{{- if and $localStore (not (regexMatch "^/var/lib/cairn/artifacts(/|$)" $localStore)) -}}
+{{- fail (printf "worker.snapshotStore.url %q is a local directory outside /var/lib/cairn/artifacts: the root filesystem is read-only and that volume (worker.artifacts) is the only one the chart gives for snapshots. Use a directory under it, an object store URL, or leave it empty." $store.url) -}}
+{{- end -}}
+{{- if and $store.existingSecret (eq $store.existingSecret (include "cairn.secretName" .)) -}}
+{{- fail (printf "worker.snapshotStore.existingSecret %q is the Secret of the connection URLs: all its keys would become environment variables of the workers and the reaper. Put the object store's credentials in a Secret of their own." $store.existingSecret) -}}
 {{- end -}}
 {{- if ge (int $v.worker.killGraceSeconds) (int $v.worker.drainSeconds) -}}
 {{- fail (printf "worker.killGraceSeconds (%d) must be less than worker.drainSeconds (%d): the worker stops running steps killGraceSeconds + 1 seconds before the end of its drain, so running steps get drainSeconds - killGraceSeconds - 1 seconds to finish." (int $v.worker.killGraceSeconds) (int $v.worker.drainSeconds)) -}}

@@ -315,6 +315,14 @@ def test_schema_rejects_unknown_and_bad_values():
         ["--set-string", "worker.workspaceBackend="],
         ["--set-string", "worker.captureExclude[0]=a,b"],
         ["--set-string", "worker.captureExclude[0]=build/out"],
+        ["--set", "worker.pauseLimitSeconds=0"],
+        ["--set", "worker.pauseLimitSeconds=86401"],
+        ["--set-string", "worker.pauseLimitSeconds=60"],
+        ["--set-string", "worker.snapshotStore.url=ftp://x"],
+        ["--set-string", "worker.snapshotStore.url=cairn-snapshots"],
+        ["--set-string", "worker.snapshotStore.url=s3://bucket/a b"],
+        ["--set-string", "worker.snapshotStore.existingSecret=Not_A_Name"],
+        ["--set", "worker.snapshotStore.bogus=1"],
         # The reaper's drain setting is read but not used: the chart does not set it.
         ["--set", "reaper.drainSeconds=30"],
         # Values no binary reads are gone, not ignored.
@@ -413,6 +421,8 @@ def test_worker_defaults():
     assert env["CAIRN_DELIVERY_LIMIT"] == "5"
     assert env["CAIRN_MIGRATE"] == "false", "the hook migrates, not the pods"
     assert env["CAIRN_LOG_FORMAT"] == "json"
+    assert env["CAIRN_PAUSE_LIMIT_SECONDS"] == "1800"
+    assert "CAIRN_SNAPSHOT_STORE_URL" not in env, "empty: the worker keeps snapshots in its artifacts directory"
     assert "CAIRN_WORKER_ID" not in env, "the default worker id (host name = pod name, pid) is unique"
     assert worker_container(docs)["args"] == ["cairn-worker"]
     assert worker(docs)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 210
@@ -654,8 +664,11 @@ def test_reaper_gets_no_redis_or_amqp_secret_keys():
         c = component(docs, "Deployment", "reaper")["spec"]["template"]["spec"]["containers"][0]
         keys = {e["valueFrom"]["secretKeyRef"]["key"] for e in c.get("env", []) if "valueFrom" in e}
         assert keys == {values["secrets"]["keys"]["databaseUrl"]}, f"{label}: reaper reads {keys}"
-        for src in c.get("envFrom", []):
-            assert "secretRef" not in src, f"{label}: reaper envFrom a Secret"
+        # The only Secret it takes whole is the snapshot store's credentials, when set.
+        store_secret = values["worker"]["snapshotStore"]["existingSecret"]
+        refs = [src["secretRef"]["name"] for src in c.get("envFrom", []) if "secretRef" in src]
+        assert refs == ([store_secret] if store_secret else []), f"{label}: reaper envFrom Secrets {refs}"
+        assert values["secrets"]["existingSecret"] not in refs, f"{label}: reaper envFrom the connections Secret"
         env = container_env(docs, c)
         for name in ("CAIRN_REDIS_URL", "CAIRN_AMQP_URL", "CAIRN_REDIS_PREFIX", "CAIRN_QUEUE_PREFIX",
                      "CAIRN_DELIVERY_LIMIT", "CAIRN_BOOTSTRAP_ADMIN_TOKEN"):
@@ -843,6 +856,103 @@ def test_worker_snapshot_settings():
         c = component(render(), "Deployment", comp)["spec"]["template"]["spec"]["containers"][0]
         names = set(container_env(render(), c))
         assert not names & (set(WORKER_SNAPSHOT_DEFAULTS) | {"CAIRN_BASE_IMAGE", "CAIRN_CAPTURE_EXCLUDE"}), comp
+
+
+def envfrom_secrets(container):
+    """Names of the Secrets a container takes whole (envFrom secretRef)."""
+    return [src["secretRef"]["name"] for src in container.get("envFrom", []) if "secretRef" in src]
+
+
+def test_worker_pause_limit():
+    docs = render()
+    assert container_env(docs, worker_container(docs))["CAIRN_PAUSE_LIMIT_SECONDS"] == "1800"
+    docs = render(["--set", "worker.pauseLimitSeconds=60"])
+    assert container_env(docs, worker_container(docs))["CAIRN_PAUSE_LIMIT_SECONDS"] == "60"
+    # Large values stay plain integers (never 8.64e+04).
+    docs = render(["--set", "worker.pauseLimitSeconds=86400"])
+    assert container_env(docs, worker_container(docs))["CAIRN_PAUSE_LIMIT_SECONDS"] == "86400"
+    for label, args in value_sets():
+        docs = render(args)
+        env = container_env(docs, worker_container(docs))
+        assert env["CAIRN_PAUSE_LIMIT_SECONDS"] == str(effective_values(args)["worker"]["pauseLimitSeconds"]), label
+    for comp in ("scheduler", "reaper"):
+        docs = render()
+        c = component(docs, "Deployment", comp)["spec"]["template"]["spec"]["containers"][0]
+        assert "CAIRN_PAUSE_LIMIT_SECONDS" not in container_env(docs, c), comp
+    err = render_fails(set_args({"worker.extraEnv[0].name": "CAIRN_PAUSE_LIMIT_SECONDS",
+                                 "worker.extraEnv[0].value": "5"}))
+    assert "worker.pauseLimitSeconds" in err, err
+
+
+def test_snapshot_store_default_is_the_artifacts_directory():
+    docs = render()
+    for cm in of_kind(docs, "ConfigMap"):
+        assert "CAIRN_SNAPSHOT_STORE_URL" not in (cm.get("data") or {}), cm["metadata"]["name"]
+    for desc, spec in pod_specs(docs):
+        for c in spec["containers"]:
+            assert not envfrom_secrets(c), f"{desc}: envFrom Secrets {envfrom_secrets(c)}"
+            assert "CAIRN_SNAPSHOT_STORE_URL" not in container_env(docs, c), desc
+
+
+def test_snapshot_store_in_an_object_store():
+    args = ["-f", os.path.join(CI_DIR, "snapshot-store-values.yaml")]
+    docs = render(args)
+    w_cm = one(docs, "ConfigMap", f"{RELEASE}-cairn-worker")
+    assert w_cm["data"]["CAIRN_SNAPSHOT_STORE_URL"] == "s3://cairn-snapshots/prod"
+    assert container_env(docs, worker_container(docs))["CAIRN_SNAPSHOT_STORE_URL"] == "s3://cairn-snapshots/prod"
+    # Workers and the reaper alike get the store's credentials, from the Secret only.
+    assert envfrom_secrets(worker_container(docs)) == ["cairn-snapshot-store"]
+    assert envfrom_secrets(reaper_container(docs)) == ["cairn-snapshot-store"]
+    # The reaper deletes through the URL each snapshot records: it is not given the URL.
+    assert "CAIRN_SNAPSHOT_STORE_URL" not in container_env(docs, reaper_container(docs))
+    for comp in ("scheduler",):
+        c = component(docs, "Deployment", comp)["spec"]["template"]["spec"]["containers"][0]
+        assert not envfrom_secrets(c), comp
+        assert "CAIRN_SNAPSHOT_STORE_URL" not in container_env(docs, c), comp
+    assert not envfrom_secrets(component(docs, "Job", "migration")["spec"]["template"]["spec"]["containers"][0])
+    for cm in of_kind(docs, "ConfigMap"):
+        if cm["metadata"]["name"] != w_cm["metadata"]["name"]:
+            assert "CAIRN_SNAPSHOT_STORE_URL" not in (cm.get("data") or {}), cm["metadata"]["name"]
+    # Step output stays on the artifacts volume; no shared claim is needed for snapshots.
+    assert container_env(docs, worker_container(docs))["CAIRN_ARTIFACTS_URL"] == ARTIFACTS_DIR
+    assert ARTIFACTS_DIR not in [m["mountPath"] for m in reaper_container(docs)["volumeMounts"]]
+    # Each setting works alone: a URL without a Secret (workload identity), a local directory.
+    docs = render(set_args({"worker.snapshotStore.url": "gs://bucket/prefix"}))
+    assert container_env(docs, worker_container(docs))["CAIRN_SNAPSHOT_STORE_URL"] == "gs://bucket/prefix"
+    assert not envfrom_secrets(worker_container(docs)) and not envfrom_secrets(reaper_container(docs))
+    docs = render(set_args({"worker.snapshotStore.url": "file:///var/lib/cairn/artifacts/snapshots"}))
+    assert container_env(docs, worker_container(docs))["CAIRN_SNAPSHOT_STORE_URL"] == \
+        "file:///var/lib/cairn/artifacts/snapshots"
+    # A config change rolls the workers.
+    before = worker(render())["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    after = worker(render(args))["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    assert before != after
+
+
+def test_snapshot_store_credentials_never_plain():
+    # Credentials in the URL would land in the ConfigMap.
+    for url in ("s3://AKIA:Secret-9f@bucket/prefix", "az://container/prefix?sig=abc"):
+        err = render_fails(set_args({"worker.snapshotStore.url": url}))
+        assert "worker.snapshotStore.existingSecret" in err, err
+    for where in ("global.extraConfig.AWS_SECRET_ACCESS_KEY", "global.extraConfig.AZURE_STORAGE_ACCOUNT_KEY"):
+        err = render_fails(set_args({where: "x"}))
+        assert "object store credential" in err, err
+    err = render_fails(set_args({"reaper.extraEnv[0].name": "GOOGLE_SERVICE_ACCOUNT_KEY",
+                                 "reaper.extraEnv[0].value": "x"}))
+    assert "reaper.extraEnv GOOGLE_SERVICE_ACCOUNT_KEY is an object store credential" in err, err
+    # Non-secret store settings may still be plain values.
+    docs = render(set_args({"global.extraConfig.AWS_REGION": "eu-west-1"}))
+    assert container_env(docs, worker_container(docs))["AWS_REGION"] == "eu-west-1"
+    # The connections Secret is never taken whole.
+    err = render_fails(["-f", os.path.join(CI_DIR, "existing-secret-values.yaml")]
+                       + set_args({"worker.snapshotStore.existingSecret": "cairn-connections"}))
+    assert "Secret of the connection URLs" in err, err
+    err = render_fails(set_args({"worker.snapshotStore.existingSecret": f"{RELEASE}-cairn"}))
+    assert "Secret of the connection URLs" in err, err
+    # A local directory must be on the artifacts volume: the root filesystem is read-only.
+    for url in ("/tmp/snapshots", "file:///var/lib/cairn/workspaces/s", "/var/lib/cairn/artifactsX"):
+        err = render_fails(set_args({"worker.snapshotStore.url": url}))
+        assert "outside /var/lib/cairn/artifacts" in err, err
 
 
 # ---------------------------------------------------------------- security
