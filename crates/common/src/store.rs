@@ -57,6 +57,8 @@ impl ArtifactStore {
                 catalog: Arc::default(),
             });
         }
+        // One store, one spelling: its URL keys the reaper's lock and its reclaim scope.
+        let url = url.trim_end_matches('/');
         let parsed = url::Url::parse(url)
             .map_err(|e| StoreError::InvalidUrl(url.to_string(), e.to_string()))?;
         let options: Vec<(String, String)> = std::env::vars()

@@ -185,11 +185,27 @@ async fn a_pack_whose_index_is_gone_is_never_referenced_again() {
             .await
             .expect("pack");
     }
-    // The same process captures again: its catalog forgets the reclaimed packs, so the
-    // chunks are stored anew and the snapshot restores.
-    let (second, stats) = snapshot::capture(&store, &src, &rules(), None, uuid::Uuid::new_v4())
-        .await
-        .expect("capture");
+    // The reclaimed snapshot's bytes are gone: an integrity failure, not a retryable miss.
+    match snapshot::restore(&store, &first, &scratch("out").join("tree")).await {
+        Err(SnapshotError::Integrity(message)) => assert!(message.contains("missing"), "{message}"),
+        other => panic!("a missing pack must be an integrity failure, got {other:?}"),
+    }
+    // The same process captures again, even with the reclaimed manifest as its stat
+    // index: its catalog forgets the reclaimed packs and unchanged files are read again,
+    // so the chunks are stored anew and the snapshot restores.
+    let (second, stats) = snapshot::capture(
+        &store,
+        &src,
+        &rules(),
+        Some(std::sync::Arc::new(first.clone())),
+        uuid::Uuid::new_v4(),
+    )
+    .await
+    .expect("capture");
+    assert_eq!(
+        stats.files_unchanged, 0,
+        "nothing reused from reclaimed packs"
+    );
     assert!(stats.chunks_new > 0);
     assert!(second.packs.iter().all(|p| !first.packs.contains(p)));
     snapshot::restore(&store, &second, &scratch("out").join("tree"))

@@ -583,9 +583,12 @@ impl Worker {
             Ok((manifest, _)) => {
                 let size = i64::try_from(manifest.total_bytes()).unwrap_or(i64::MAX);
                 let mut tx = self.pool.begin().await.map_err(|e| e.to_string())?;
-                lineage::mark_ready(&mut tx, id, &snapshot::manifest_key(id), size)
+                let ready = lineage::mark_ready(&mut tx, id, &snapshot::manifest_key(id), size)
                     .await
                     .map_err(|e| e.to_string())?;
+                if !ready {
+                    return Err("the baseline was failed while it was captured".into());
+                }
                 lineage::record_packs(&mut tx, id, &manifest.pack_ids())
                     .await
                     .map_err(|e| e.to_string())?;
@@ -674,13 +677,23 @@ impl Worker {
         };
         let mut tx = lease.begin_fenced(&self.pool).await?;
         let size = i64::try_from(manifest.total_bytes()).unwrap_or(i64::MAX);
-        lineage::mark_ready(
+        let ready = lineage::mark_ready(
             &mut tx,
             snapshot_id,
             &snapshot::manifest_key(snapshot_id),
             size,
         )
         .await?;
+        if !ready {
+            // The row left `uploading` meanwhile (the reaper failed a capture that took
+            // too long, and may have reclaimed packs it reused): never append it.
+            drop(tx);
+            tracing::warn!(%snapshot_id, "the snapshot was failed while it was captured; not appended, the hold keeps the tree");
+            let mut tx = lease.begin_fenced(&self.pool).await?;
+            hold::set_capture_in_progress(&mut tx, hold_id, false).await?;
+            tx.commit().await?;
+            return Ok(false);
+        }
         lineage::record_packs(&mut tx, snapshot_id, &manifest.pack_ids()).await?;
         match lineage::append(
             &mut tx,
@@ -710,8 +723,11 @@ impl Worker {
                     ?actual,
                     "a newer checkpoint exists; this capture is stale and not appended"
                 );
+                // The transaction that marked it ready was rolled back: it is still
+                // `uploading`, which would defer every reclamation in its store.
                 let mut tx = lease.begin_fenced(&self.pool).await?;
-                lineage::set_status(&mut tx, snapshot_id, &["ready"], "failed").await?;
+                lineage::set_status(&mut tx, snapshot_id, &["uploading", "ready"], "failed")
+                    .await?;
                 hold::set_capture_in_progress(&mut tx, hold_id, false).await?;
                 tx.commit().await?;
                 Ok(false)

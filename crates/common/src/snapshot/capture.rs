@@ -45,18 +45,38 @@ pub async fn capture(
         path: "capture".into(),
         source: std::io::Error::other(e),
     })??;
+    // Packs are durable before an index names them, and everything is durable before
+    // the caller marks the snapshot ready.
+    store.flush().await?;
+    let mut indexes = tokio::task::JoinSet::new();
+    for (pack, chunks) in &written {
+        let (store, pack, chunks) = (store.clone(), *pack, chunks.clone());
+        indexes.spawn(async move { pack::write_index(&store, pack, &chunks).await });
+    }
+    while let Some(written) = indexes.join_next().await {
+        written.map_err(|e| SnapshotError::Io {
+            path: "index".into(),
+            source: std::io::Error::other(e),
+        })??;
+    }
     let encoded = manifest::encode(&manifest)?;
     store
         .put(&manifest::manifest_key(snapshot_id), Bytes::from(encoded))
         .await?;
     store.flush().await?;
-    let mut catalog = store
-        .catalog()
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    for (pack, chunks) in &written {
-        catalog.add(*pack, chunks);
-    }
+    // The catalog lock may be held by another capture's refresh: wait off the runtime.
+    let catalog_store = store.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut catalog = lock(catalog_store.catalog());
+        for (pack, chunks) in &written {
+            catalog.add(*pack, chunks);
+        }
+    })
+    .await
+    .map_err(|e| SnapshotError::Io {
+        path: "catalog".into(),
+        source: std::io::Error::other(e),
+    })?;
     Ok((manifest, stats))
 }
 
@@ -138,11 +158,24 @@ fn capture_blocking(
     rules: &CaptureRules,
     previous: Option<&Manifest>,
 ) -> Result<Captured, SnapshotError> {
-    let stored = lock(store.catalog()).refresh(handle, store)?;
+    let known = lock(store.catalog()).refresh(handle, store)?;
+    let stored = known.chunks;
     let mut entries = walk(root, rules)?;
+    // The previous manifest is reused only where its packs are still in this store (a
+    // reclaimed pack's index is gone; a manifest of another store names none of them).
+    let reusable: Vec<bool> = previous.map_or_else(Vec::new, |m| {
+        m.packs.iter().map(|p| known.packs.contains(p)).collect()
+    });
+    let in_store = |chunks: &[ChunkRef]| chunks.iter().all(|c| reusable[c.pack as usize]);
     // The stat index and the known chunks borrow the previous manifest: nothing copied.
     let previous_entries: HashMap<&str, &Entry> = previous
-        .map(|m| m.entries.iter().map(|e| (e.path.as_str(), e)).collect())
+        .map(|m| {
+            m.entries
+                .iter()
+                .filter(|e| in_store(&e.chunks))
+                .map(|e| (e.path.as_str(), e))
+                .collect()
+        })
         .unwrap_or_default();
     let previous_chunks: HashMap<ChunkId, ChunkRef> = previous_entries
         .values()

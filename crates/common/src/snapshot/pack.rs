@@ -112,17 +112,29 @@ pub struct Sealed {
 }
 
 impl Sealed {
-    /// Writes the pack, then its index; returns what the catalog learns from it.
+    /// Writes the pack (not its index: see [`write_index`]); returns what its index will
+    /// say.
     pub fn write(
         self,
         handle: &Handle,
         store: &ArtifactStore,
     ) -> Result<(Uuid, Vec<PackedChunk>), SnapshotError> {
-        let index = encode_index(self.id, &self.chunks)?;
         store.put_blocking(handle, &pack_key(self.id), Bytes::from(self.bytes))?;
-        store.put_blocking(handle, &index_key(self.id), Bytes::from(index))?;
         Ok((self.id, self.chunks))
     }
+}
+
+/// Writes a pack's index. Only once the pack is durable: an index is what lets other
+/// captures reuse the pack's chunks, so it must never outlive a pack lost in a crash.
+pub async fn write_index(
+    store: &ArtifactStore,
+    pack: Uuid,
+    chunks: &[PackedChunk],
+) -> Result<(), SnapshotError> {
+    store
+        .put(&index_key(pack), Bytes::from(encode_index(pack, chunks)?))
+        .await?;
+    Ok(())
 }
 
 /// The packs one capture fills, and every chunk it has put in them.
@@ -192,6 +204,12 @@ pub struct Catalog {
     chunks: Arc<HashMap<ChunkId, Location>>,
 }
 
+/// What a capture may reuse: the packs whose index is listed, and their chunks.
+pub struct Known {
+    pub packs: HashSet<Uuid>,
+    pub chunks: Arc<HashMap<ChunkId, Location>>,
+}
+
 impl fmt::Debug for Catalog {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Catalog")
@@ -205,11 +223,7 @@ impl Catalog {
     /// Brings the catalog up to the store's indexes: packs whose index is gone (the
     /// reaper deletes the index first) are forgotten, new indexes are read. An index
     /// that cannot be read is skipped: its chunks are then merely stored again.
-    pub fn refresh(
-        &mut self,
-        handle: &Handle,
-        store: &ArtifactStore,
-    ) -> Result<Arc<HashMap<ChunkId, Location>>, StoreError> {
+    pub fn refresh(&mut self, handle: &Handle, store: &ArtifactStore) -> Result<Known, StoreError> {
         let listed: HashSet<Uuid> = store
             .list_blocking(handle, INDEX_PREFIX)?
             .iter()
@@ -242,7 +256,10 @@ impl Catalog {
                 self.add(pack, &chunks);
             }
         }
-        Ok(self.chunks.clone())
+        Ok(Known {
+            packs: self.packs.clone(),
+            chunks: self.chunks.clone(),
+        })
     }
 
     /// Records a pack this process wrote.

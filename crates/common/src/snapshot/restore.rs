@@ -3,7 +3,7 @@
 use super::manifest::{check_entry, ChunkRef, Entry, EntryKind, Manifest};
 use super::pack::{self, ChunkId};
 use super::{io, RestoreStats, SnapshotError};
-use crate::store::ArtifactStore;
+use crate::store::{ArtifactStore, StoreError};
 use rayon::prelude::*;
 use std::collections::HashSet;
 use std::io::Write;
@@ -63,7 +63,7 @@ struct PackReader {
 }
 
 /// Beyond this many packs a restore opens a pack per read instead of keeping each open.
-const OPEN_PACKS_LIMIT: usize = 512;
+const OPEN_PACKS_LIMIT: usize = 128;
 
 impl PackReader {
     fn new(store: ArtifactStore, handle: Handle, packs: Vec<Uuid>) -> PackReader {
@@ -131,6 +131,7 @@ impl PackReader {
         match self.store.get_range_blocking(&self.handle, key, start..end) {
             Ok(bytes) if bytes.len() as u64 == end - start => Ok(bytes.to_vec()),
             Ok(_) => Err(short()),
+            Err(StoreError::NotFound(_)) => Err(missing(key)),
             Err(e) => {
                 let size = self.handle.block_on(self.store.size(key)).unwrap_or(None);
                 match size {
@@ -142,9 +143,14 @@ impl PackReader {
     }
 }
 
+/// A pack the manifest names and the store does not hold: the snapshot lost bytes.
+fn missing(key: &str) -> SnapshotError {
+    SnapshotError::Integrity(format!("{key} is missing from the store"))
+}
+
 fn open_pack(path: &Path, key: &str) -> Result<std::fs::File, SnapshotError> {
     std::fs::File::open(path).map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => crate::store::StoreError::NotFound(key.to_string()).into(),
+        std::io::ErrorKind::NotFound => missing(key),
         _ => io(path, e),
     })
 }

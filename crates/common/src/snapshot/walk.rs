@@ -91,7 +91,10 @@ fn read_children(
                 } else {
                     0
                 },
-                mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+                mtime_ns: meta
+                    .mtime()
+                    .saturating_mul(1_000_000_000)
+                    .saturating_add(meta.mtime_nsec()),
                 inode: meta.ino(),
                 chunks: Vec::new(),
                 target,
