@@ -37,6 +37,22 @@ fn sh(key: &str, script: String, idempotent: bool) -> Value {
     json!({"key": key, "argv": ["sh", "-c", script], "idempotent": idempotent, "timeout_seconds": 120})
 }
 
+/// A run of an upstream clone: s1 leaves a file, s2 (3 s) checks it is there; marks in
+/// the cluster's `marks` file (`s1`, `s2-start`, `s2-saw-s1`, and whatever `then` adds).
+fn s1_then_s2(cluster: &Cluster, then: Option<Value>) -> Value {
+    let repo = upstream(cluster);
+    let marks = cluster.path("marks");
+    let mut steps = vec![
+        sh("s1", format!("echo from-s1 > made-by-s1; echo s1 >> {marks}"), false),
+        sh("s2", format!("echo s2-start >> {marks}; sleep 3; test -f made-by-s1 && echo s2-saw-s1 >> {marks}"), true),
+    ];
+    steps.extend(then);
+    json!({
+        "agent": "e2e", "repository": repo, "ref": "main", "steps": steps,
+        "budgets": {"max_commands": 20, "max_wall_seconds": 600}, "max_attempts": 5
+    })
+}
+
 async fn restores(cluster: &Cluster, request_id: &str) -> Vec<(String, String, Option<String>)> {
     sqlx::query_as("SELECT tier, outcome, reason FROM snapshot_restores WHERE request_id = $1::uuid ORDER BY created_at")
         .bind(request_id)
@@ -63,17 +79,11 @@ async fn kill_holder(cluster: &Cluster, request_id: &str) -> usize {
 async fn a_successor_restores_its_own_checkpoint_and_falls_back_in_order() {
     let _services = ServiceLock::shared().await;
     let mut cluster = Cluster::start("ws-order", 1, Settings::default()).await;
-    let repo = upstream(&cluster);
     let marks = cluster.path("marks");
-    let spec = json!({
-        "agent": "e2e", "repository": repo, "ref": "main",
-        "steps": [
-            sh("s1", format!("echo from-s1 > made-by-s1; echo s1 >> {marks}"), false),
-            sh("s2", format!("echo s2-start >> {marks}; sleep 3; test -f made-by-s1 && echo s2-saw-s1 >> {marks}"), true),
-            sh("s3", format!("echo s3 >> {marks}; sleep 3"), true),
-        ],
-        "budgets": {"max_commands": 20, "max_wall_seconds": 600}, "max_attempts": 5
-    });
+    let spec = s1_then_s2(
+        &cluster,
+        Some(sh("s3", format!("echo s3 >> {marks}; sleep 3"), true)),
+    );
     // Another work context with checkpoints of its own runs first: never restored here.
     let (other_run, _) = cluster.submit(&run_spec(
         vec![sh("x", "echo other > other-file".into(), false)],
@@ -331,16 +341,7 @@ async fn workers_share_checkpoints_through_the_configured_snapshot_store() {
     let (first_env, second_env) = (own(1).to_vec(), own(2).to_vec());
     cluster.worker_env = first_env;
     cluster.add_worker();
-    let repo = upstream(&cluster);
-    let marks = cluster.path("marks");
-    let spec = json!({
-        "agent": "e2e", "repository": repo, "ref": "main",
-        "steps": [
-            sh("s1", format!("echo from-s1 > made-by-s1; echo s1 >> {marks}"), false),
-            sh("s2", format!("echo s2-start >> {marks}; sleep 3; test -f made-by-s1 && echo s2-saw-s1 >> {marks}"), true),
-        ],
-        "budgets": {"max_commands": 20, "max_wall_seconds": 600}, "max_attempts": 5
-    });
+    let spec = s1_then_s2(&cluster, None);
     let (run_id, request_id) = cluster.submit(&spec);
     cluster.wait_until("s2 to start", LONG, || {
         cluster.lines("marks").contains(&"s2-start".to_string())

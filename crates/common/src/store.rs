@@ -200,9 +200,9 @@ impl ArtifactStore {
     /// [`Self::put`] for a caller on a blocking thread. A local object is written to a
     /// temporary name and renamed into place, so a reader (or a later capture that
     /// deduplicates against it) never sees a partial object.
-    pub fn put_blocking(&self, handle: &Handle, key: &str, bytes: Bytes) -> Result<(), StoreError> {
+    pub fn put_blocking(&self, handle: &Handle, key: &str, bytes: &[u8]) -> Result<(), StoreError> {
         let Some(root) = &self.local else {
-            return handle.block_on(self.put(key, bytes));
+            return handle.block_on(self.put(key, Bytes::copy_from_slice(bytes)));
         };
         let path = root.join(key);
         let temporary = path.with_file_name(format!(
@@ -212,7 +212,7 @@ impl ArtifactStore {
                 .unwrap_or("object"),
             uuid::Uuid::new_v4().simple()
         ));
-        let write = |temporary: &std::path::Path| std::fs::write(temporary, &bytes);
+        let write = |temporary: &std::path::Path| std::fs::write(temporary, bytes);
         let written = match write(&temporary) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => path
                 .parent()

@@ -330,28 +330,10 @@ impl Sweep<'_> {
         }
         // A pack (or, for snapshots of the first format, a chunk object) goes only when
         // no other live snapshot of this store references it.
-        let orphan_packs: Vec<Uuid> = sqlx::query_scalar(
-            "SELECT DISTINCT c.pack_id FROM snapshot_packs c
-              WHERE c.snapshot_id = ANY($1)
-                AND NOT EXISTS (SELECT 1 FROM snapshot_packs o JOIN project_snapshots p ON p.id = o.snapshot_id
-                                 WHERE o.pack_id = c.pack_id AND NOT (o.snapshot_id = ANY($1))
-                                   AND p.store_url = $2 AND p.status <> 'deleted')",
-        )
-        .bind(&ids)
-        .bind(store_url)
-        .fetch_all(&mut *conn)
-        .await?;
-        let orphan_chunks: Vec<String> = sqlx::query_scalar(
-            "SELECT DISTINCT c.chunk_id FROM snapshot_chunks c
-              WHERE c.snapshot_id = ANY($1)
-                AND NOT EXISTS (SELECT 1 FROM snapshot_chunks o JOIN project_snapshots p ON p.id = o.snapshot_id
-                                 WHERE o.chunk_id = c.chunk_id AND NOT (o.snapshot_id = ANY($1))
-                                   AND p.store_url = $2 AND p.status <> 'deleted')",
-        )
-        .bind(&ids)
-        .bind(store_url)
-        .fetch_all(&mut *conn)
-        .await?;
+        let orphan_packs: Vec<Uuid> =
+            orphans(&mut *conn, "snapshot_packs", "pack_id", &ids, store_url).await?;
+        let orphan_chunks: Vec<String> =
+            orphans(&mut *conn, "snapshot_chunks", "chunk_id", &ids, store_url).await?;
         if self.dry_run {
             report.snapshots_reclaimed += ids.len() as u64;
             return Ok(true);
@@ -435,6 +417,31 @@ async fn delete_objects(
         store.delete(&key).await.map_err(|e| e.to_string())?;
     }
     Ok(bytes)
+}
+
+/// The objects (`column` of `table`) the snapshots `ids` reference that no other live
+/// snapshot of the store references.
+async fn orphans<T>(
+    conn: &mut PgConnection,
+    table: &str,
+    column: &str,
+    ids: &[Uuid],
+    store_url: &str,
+) -> Result<Vec<T>, sqlx::Error>
+where
+    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
+{
+    sqlx::query_scalar(&format!(
+        "SELECT DISTINCT c.{column} FROM {table} c
+          WHERE c.snapshot_id = ANY($1)
+            AND NOT EXISTS (SELECT 1 FROM {table} o JOIN project_snapshots p ON p.id = o.snapshot_id
+                             WHERE o.{column} = c.{column} AND NOT (o.snapshot_id = ANY($1))
+                               AND p.store_url = $2 AND p.status <> 'deleted')"
+    ))
+    .bind(ids)
+    .bind(store_url)
+    .fetch_all(conn)
+    .await
 }
 
 /// Records a sweep for `cairnctl reaper status`.

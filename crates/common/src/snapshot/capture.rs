@@ -1,7 +1,7 @@
 //! Capture: a tree into packs and a manifest.
 
 use super::manifest::{self, ChunkRef, Entry, EntryKind, Manifest};
-use super::pack::{self, ChunkId, Location, PackBuilder, PackedChunk, Sealed};
+use super::pack::{self, ChunkId, Location, PackBuilder, Sealed, Written};
 use super::walk::walk;
 use super::{io, CaptureRules, CaptureStats, SnapshotError, MAX_CHUNK, MIN_CHUNK};
 use crate::store::ArtifactStore;
@@ -142,14 +142,14 @@ impl PackTable {
 struct Shared {
     table: PackTable,
     builder: PackBuilder,
-    written: Vec<(Uuid, Vec<PackedChunk>)>,
+    written: Vec<Written>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-type Captured = (Manifest, CaptureStats, Vec<(Uuid, Vec<PackedChunk>)>);
+type Captured = (Manifest, CaptureStats, Vec<Written>);
 
 fn capture_blocking(
     handle: &Handle,
@@ -187,8 +187,10 @@ fn capture_blocking(
         written: Vec::new(),
     });
     let write = |sealed: Sealed| -> Result<(), SnapshotError> {
-        let written = sealed.write(handle, store)?;
-        lock(&shared).written.push(written);
+        let (written, buffer) = sealed.write(handle, store)?;
+        let mut shared = lock(&shared);
+        shared.written.push(written);
+        shared.builder.recycle(buffer);
         Ok(())
     };
     let stats = Mutex::new(CaptureStats::default());
@@ -229,17 +231,17 @@ fn capture_blocking(
                 }
                 // Compressed outside the lock; a chunk two workers meet at once is
                 // compressed twice but added once.
-                let compressed = pack::compress(data).map_err(|e| io(&path, e))?;
-                let (chunk, sealed) = {
+                let (chunk, sealed) = pack::with_compressed(data, |compressed| {
                     let mut shared = lock(&shared);
                     let before = shared.builder.find(&id);
-                    let (location, sealed) = shared.builder.add(id, &compressed);
+                    let (location, sealed) = shared.builder.add(id, compressed);
                     if before.is_none() {
                         new_chunks += 1;
                         uploaded += compressed.len() as u64;
                     }
                     (shared.table.place(id, location), sealed)
-                };
+                })
+                .map_err(|e| io(&path, e))?;
                 if let Some(sealed) = sealed {
                     write(sealed)?;
                 }
@@ -252,7 +254,22 @@ fn capture_blocking(
                 entry.chunks = READ_BUFFER.with(|buffer| -> Result<_, SnapshotError> {
                     let mut buffer = buffer.borrow_mut();
                     buffer.clear();
-                    file.read_to_end(&mut buffer).map_err(|e| io(&path, e))?;
+                    // The walk saw the size: reserve it and read through `take`, which
+                    // (unlike a plain `File`) does not stat the file again for a hint.
+                    buffer.reserve(usize::try_from(entry.size).unwrap_or(0) + 1);
+                    (&mut file)
+                        .take(u64::MAX)
+                        .read_to_end(&mut buffer)
+                        .map_err(|e| io(&path, e))?;
+                    if buffer.is_empty() {
+                        return Ok(Vec::new());
+                    }
+                    // A file that fits in one chunk is one chunk (as restic keeps files
+                    // below its minimum whole): cut points only pay off in larger files,
+                    // and scanning for them costs as much as compressing.
+                    if buffer.len() <= MAX_CHUNK as usize {
+                        return Ok(vec![store_chunk(&buffer)?]);
+                    }
                     fastcdc::v2020::FastCDC::new(&buffer, MIN_CHUNK, super::AVG_CHUNK, MAX_CHUNK)
                         .map(|c| store_chunk(&buffer[c.offset..c.offset + c.length]))
                         .collect()

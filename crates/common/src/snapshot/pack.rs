@@ -104,6 +104,9 @@ fn decode_index(pack: Uuid, bytes: &[u8]) -> Option<Vec<PackedChunk>> {
     sane.then_some(index.chunks)
 }
 
+/// A written pack and the chunks its index will list.
+pub type Written = (Uuid, Vec<PackedChunk>);
+
 /// A full pack, ready to be written.
 pub struct Sealed {
     pub id: Uuid,
@@ -113,14 +116,16 @@ pub struct Sealed {
 
 impl Sealed {
     /// Writes the pack (not its index: see [`write_index`]); returns what its index will
-    /// say.
+    /// say, and the emptied buffer for the next pack.
     pub fn write(
         self,
         handle: &Handle,
         store: &ArtifactStore,
-    ) -> Result<(Uuid, Vec<PackedChunk>), SnapshotError> {
-        store.put_blocking(handle, &pack_key(self.id), Bytes::from(self.bytes))?;
-        Ok((self.id, self.chunks))
+    ) -> Result<(Written, Vec<u8>), SnapshotError> {
+        store.put_blocking(handle, &pack_key(self.id), &self.bytes)?;
+        let mut buffer = self.bytes;
+        buffer.clear();
+        Ok(((self.id, self.chunks), buffer))
     }
 }
 
@@ -141,21 +146,26 @@ pub async fn write_index(
 pub struct PackBuilder {
     open: Sealed,
     added: HashMap<ChunkId, Location>,
+    /// Buffers of written packs, reused: a fresh 8 MiB buffer costs a page fault per
+    /// page as it fills.
+    spare: Vec<Vec<u8>>,
 }
 
 impl Default for PackBuilder {
     fn default() -> Self {
         PackBuilder {
-            open: empty_pack(),
+            open: empty_pack(None),
             added: HashMap::new(),
+            spare: Vec::new(),
         }
     }
 }
 
-fn empty_pack() -> Sealed {
+fn empty_pack(buffer: Option<Vec<u8>>) -> Sealed {
     Sealed {
         id: Uuid::new_v4(),
-        bytes: Vec::with_capacity(PACK_TARGET + MAX_STORED_CHUNK as usize),
+        bytes: buffer
+            .unwrap_or_else(|| Vec::with_capacity(PACK_TARGET + MAX_STORED_CHUNK as usize)),
         chunks: Vec::new(),
     }
 }
@@ -184,15 +194,21 @@ impl PackBuilder {
         };
         self.added.insert(id, location);
         let full = self.open.bytes.len() >= PACK_TARGET;
-        (
-            location,
-            full.then(|| std::mem::replace(&mut self.open, empty_pack())),
-        )
+        let sealed = full.then(|| {
+            let next = empty_pack(self.spare.pop());
+            std::mem::replace(&mut self.open, next)
+        });
+        (location, sealed)
+    }
+
+    /// Takes back a written pack's buffer for a later pack.
+    pub fn recycle(&mut self, buffer: Vec<u8>) {
+        self.spare.push(buffer);
     }
 
     /// The last, partly filled pack, if it holds anything.
     pub fn finish(&mut self) -> Option<Sealed> {
-        let last = std::mem::replace(&mut self.open, empty_pack());
+        let last = std::mem::replace(&mut self.open, empty_pack(None));
         (!last.chunks.is_empty()).then_some(last)
     }
 }
@@ -281,33 +297,50 @@ thread_local! {
     /// (creating one per chunk costs more than compressing a small chunk).
     static COMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Compressor<'static>>> = const { std::cell::RefCell::new(None) };
     static DECOMPRESSOR: std::cell::RefCell<Option<zstd::bulk::Decompressor<'static>>> = const { std::cell::RefCell::new(None) };
+    /// Each worker's output buffers, reused (a fresh one per chunk is an mmap and a page
+    /// fault per page).
+    static COMPRESSED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    static DECOMPRESSED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-pub fn compress(data: &[u8]) -> std::io::Result<Vec<u8>> {
+/// Compresses a chunk into this thread's buffer and hands the result to `then`.
+pub fn with_compressed<T>(data: &[u8], then: impl FnOnce(&[u8]) -> T) -> std::io::Result<T> {
     COMPRESSOR.with(|cell| {
         let mut cell = cell.borrow_mut();
         if cell.is_none() {
             *cell = Some(zstd::bulk::Compressor::new(super::ZSTD_LEVEL)?);
         }
-        match cell.as_mut() {
-            Some(compressor) => compressor.compress(data),
-            None => zstd::bulk::compress(data, super::ZSTD_LEVEL),
-        }
+        let compressor = cell
+            .as_mut()
+            .ok_or_else(|| std::io::Error::other("no compressor"))?;
+        COMPRESSED.with(|out| {
+            let mut out = out.borrow_mut();
+            out.clear();
+            out.reserve(zstd::zstd_safe::compress_bound(data.len()));
+            compressor.compress_to_buffer(data, &mut *out)?;
+            Ok(then(&out))
+        })
     })
 }
 
-/// Decompresses a chunk, which is never larger than [`super::MAX_CHUNK`].
-pub fn decompress(data: &[u8]) -> std::io::Result<Vec<u8>> {
+/// Decompresses a chunk (never larger than [`super::MAX_CHUNK`]) into this thread's
+/// buffer and hands the result to `then`.
+pub fn with_decompressed<T>(data: &[u8], then: impl FnOnce(&[u8]) -> T) -> std::io::Result<T> {
     DECOMPRESSOR.with(|cell| {
         let mut cell = cell.borrow_mut();
         if cell.is_none() {
             *cell = Some(zstd::bulk::Decompressor::new()?);
         }
-        let limit = super::MAX_CHUNK as usize;
-        match cell.as_mut() {
-            Some(decompressor) => decompressor.decompress(data, limit),
-            None => zstd::bulk::decompress(data, limit),
-        }
+        let decompressor = cell
+            .as_mut()
+            .ok_or_else(|| std::io::Error::other("no decompressor"))?;
+        DECOMPRESSED.with(|out| {
+            let mut out = out.borrow_mut();
+            out.clear();
+            out.reserve(super::MAX_CHUNK as usize);
+            decompressor.decompress_to_buffer(data, &mut *out)?;
+            Ok(then(&out))
+        })
     })
 }
 

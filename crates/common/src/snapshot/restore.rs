@@ -80,14 +80,27 @@ impl PackReader {
         }
     }
 
-    /// The chunk's bytes, decompressed and checked against its id.
-    fn read(&self, chunk: &ChunkRef) -> Result<Vec<u8>, SnapshotError> {
+    /// Hands the chunk's bytes, decompressed and checked against its id, to `then`.
+    fn with_chunk<T>(
+        &self,
+        chunk: &ChunkRef,
+        then: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T, SnapshotError> {
         let pack = self
             .packs
             .get(chunk.pack as usize)
             .ok_or_else(|| SnapshotError::Integrity(format!("chunk {} names no pack", chunk.id)))?;
         let key = pack::pack_key(*pack);
-        let compressed = match (
+        let verified = |compressed: &[u8]| -> Result<T, SnapshotError> {
+            pack::with_decompressed(compressed, |data| {
+                (ChunkId::of(data) == chunk.id).then(|| then(data))
+            })
+            .map_err(|e| SnapshotError::Integrity(format!("chunk {}: {e}", chunk.id)))?
+            .ok_or_else(|| {
+                SnapshotError::Integrity(format!("chunk {} does not match its id", chunk.id))
+            })
+        };
+        match (
             self.store.local_path(&key),
             self.open.get(chunk.pack as usize),
         ) {
@@ -103,20 +116,11 @@ impl PackReader {
                         }
                     }
                 };
-                read_at(&file, chunk, &key)?
+                with_read_at(&file, chunk, &key, verified)
             }
-            (Some(path), None) => read_at(&open_pack(&path, &key)?, chunk, &key)?,
-            (None, _) => self.read_range(chunk, &key)?,
-        };
-        let data = pack::decompress(&compressed)
-            .map_err(|e| SnapshotError::Integrity(format!("chunk {}: {e}", chunk.id)))?;
-        if ChunkId::of(&data) != chunk.id {
-            return Err(SnapshotError::Integrity(format!(
-                "chunk {} does not match its id",
-                chunk.id
-            )));
+            (Some(path), None) => with_read_at(&open_pack(&path, &key)?, chunk, &key, verified),
+            (None, _) => verified(&self.read_range(chunk, &key)?),
         }
-        Ok(data)
     }
 }
 
@@ -155,18 +159,36 @@ fn open_pack(path: &Path, key: &str) -> Result<std::fs::File, SnapshotError> {
     })
 }
 
-fn read_at(file: &std::fs::File, chunk: &ChunkRef, key: &str) -> Result<Vec<u8>, SnapshotError> {
+thread_local! {
+    /// Each restore worker's buffer for compressed chunks, reused.
+    static PACKED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Reads a chunk's compressed bytes out of a local pack into this thread's buffer.
+fn with_read_at<T>(
+    file: &std::fs::File,
+    chunk: &ChunkRef,
+    key: &str,
+    then: impl FnOnce(&[u8]) -> Result<T, SnapshotError>,
+) -> Result<T, SnapshotError> {
     use std::os::unix::fs::FileExt;
-    let mut bytes = vec![0u8; chunk.length as usize];
-    file.read_exact_at(&mut bytes, u64::from(chunk.offset))
-        .map_err(|e| match e.kind() {
-            // A pack shorter than the manifest says was cut or replaced.
-            std::io::ErrorKind::UnexpectedEof => {
-                SnapshotError::Integrity(format!("chunk {} lies beyond the end of {key}", chunk.id))
-            }
-            _ => io(Path::new(key), e),
-        })?;
-    Ok(bytes)
+    PACKED.with(|buffer| {
+        let mut buffer = buffer.borrow_mut();
+        let length = chunk.length as usize;
+        if buffer.len() < length {
+            buffer.resize(length, 0);
+        }
+        file.read_exact_at(&mut buffer[..length], u64::from(chunk.offset))
+            .map_err(|e| match e.kind() {
+                // A pack shorter than the manifest says was cut or replaced.
+                std::io::ErrorKind::UnexpectedEof => SnapshotError::Integrity(format!(
+                    "chunk {} lies beyond the end of {key}",
+                    chunk.id
+                )),
+                _ => io(Path::new(key), e),
+            })?;
+        then(&buffer[..length])
+    })
 }
 
 fn restore_blocking(
@@ -189,8 +211,9 @@ fn restore_blocking(
             }
             let mut out = std::fs::File::create(&full).map_err(|e| io(&full, e))?;
             for chunk in &entry.chunks {
-                let data = reader.read(chunk)?;
-                out.write_all(&data).map_err(|e| io(&full, e))?;
+                reader
+                    .with_chunk(chunk, |data| out.write_all(data))?
+                    .map_err(|e| io(&full, e))?;
             }
             drop(out);
             std::fs::set_permissions(&full, std::fs::Permissions::from_mode(entry.mode))
