@@ -571,7 +571,7 @@ impl Worker {
                 }
                 None => {}
             }
-            if pause::requested(pause) {
+            if pause::requested(pause) && !stop.is_cancelled() {
                 let at = Pausing {
                     job,
                     subject,
@@ -638,7 +638,8 @@ impl Worker {
                 tokio::select! {
                     biased;
                     result = &mut running => break result,
-                    _ = pause::until_requested(pause) => {
+                    // Once stopped (a pause past its limit included), never pause again.
+                    _ = pause::until_requested(pause), if !stop.is_cancelled() => {
                         let at = Pausing {
                             job,
                             subject,
@@ -647,7 +648,14 @@ impl Worker {
                             stop,
                             reason,
                         };
-                        self.pause_here(at, held, pause).await?;
+                        if let Err(e) = self.pause_here(at, held, pause).await {
+                            // Fenced (or the database failed) while pausing: end the step
+                            // the usual way, its whole group with it, then give up.
+                            reason.set(renewal::Reason::Fenced);
+                            stop.cancel();
+                            let _ = (&mut running).await;
+                            return Err(e);
+                        }
                     }
                 }
             };

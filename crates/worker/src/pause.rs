@@ -57,34 +57,62 @@ pub struct Pausing<'a> {
 }
 
 impl Worker {
-    /// Pauses here until resumed, stopped, or past the limit.
+    /// Pauses here until resumed, stopped, or past the limit. The step's processes are
+    /// continued on every way out, errors included.
     pub(crate) async fn pause_here(
         &self,
         at: Pausing<'_>,
         held: &mut Held,
         pause: &mut watch::Receiver<bool>,
     ) -> Result<PauseEnd, JobError> {
-        let Pausing {
-            job,
-            subject,
-            step,
-            group,
-            stop,
-            reason,
-        } = at;
-        signal_group(group, Signal::SIGSTOP);
+        signal_group(at.group, Signal::SIGSTOP);
+        let end = self.paused(&at, held, pause).await;
+        // Stopped processes cannot act on SIGTERM: continue them whatever comes next.
+        signal_group(at.group, Signal::SIGCONT);
+        let end = end?;
+        let step_goes_on = at.group > 0;
+        match end {
+            PauseEnd::Resumed => {
+                let mut tx = at.job.lease.begin_fenced(&self.pool).await?;
+                sqlx::query(
+                    "UPDATE execution_requests SET paused_at = NULL, updated_at = now() WHERE id = $1",
+                )
+                .bind(at.job.lease.request_id)
+                .execute(&mut *tx)
+                .await?;
+                set_workspace_paused(&mut tx, held, false).await?;
+                tx.commit().await?;
+                // The step goes on changing the tree.
+                held.uncaptured |= step_goes_on;
+                tracing::info!("resumed");
+            }
+            PauseEnd::Expired => {
+                tracing::info!(limit = ?self.settings.pause_limit, "paused past the limit: stopping like a stop");
+                held.uncaptured |= step_goes_on;
+                at.reason.set(Reason::PauseExpired);
+                at.stop.cancel();
+            }
+            PauseEnd::Stopped => held.uncaptured |= step_goes_on,
+        }
+        Ok(end)
+    }
+
+    /// With the processes stopped: capture, record the pause, wait for its end.
+    async fn paused(
+        &self,
+        at: &Pausing<'_>,
+        held: &mut Held,
+        pause: &mut watch::Receiver<bool>,
+    ) -> Result<PauseEnd, JobError> {
         tracing::info!(
-            step,
+            step = at.step,
             "pause requested: processes stopped, capturing a checkpoint"
         );
         let mut capture_failed = false;
         if held.uncaptured {
-            match self.checkpoint(&job.lease, subject, held).await {
+            match self.checkpoint(&at.job.lease, at.subject, held).await {
                 Ok(appended) => capture_failed = !appended,
-                Err(CustodyError::Job(e)) => {
-                    signal_group(group, Signal::SIGCONT);
-                    return Err(e);
-                }
+                Err(CustodyError::Job(e)) => return Err(e),
                 Err(CustodyError::Workspace(e)) => {
                     tracing::warn!(error = %e, "pause checkpoint failed; the hold keeps the tree");
                     capture_failed = true;
@@ -97,16 +125,16 @@ impl Worker {
         let record = json!({
             // Ids in API bodies are simple (no hyphens).
             "snapshot_id": held.head.map(|id| id.simple().to_string()),
-            "step": step,
+            "step": at.step,
             "capture_failed": capture_failed,
             "expires_at": expires_at,
         });
-        let mut tx = job.lease.begin_fenced(&self.pool).await?;
+        let mut tx = at.job.lease.begin_fenced(&self.pool).await?;
         sqlx::query(
             "UPDATE execution_requests SET paused_at = now(), pause_checkpoint = $2, updated_at = now()
               WHERE id = $1",
         )
-        .bind(job.lease.request_id)
+        .bind(at.job.lease.request_id)
         .bind(&record)
         .execute(&mut *tx)
         .await?;
@@ -114,34 +142,7 @@ impl Worker {
         tx.commit().await?;
         self.metrics.pauses.inc();
         tracing::info!(snapshot_id = ?held.head, capture_failed, "paused");
-
-        let end = wait(pause, stop, limit).await;
-        // Stopped processes cannot act on SIGTERM: continue them whatever comes next.
-        signal_group(group, Signal::SIGCONT);
-        match end {
-            PauseEnd::Resumed => {
-                let mut tx = job.lease.begin_fenced(&self.pool).await?;
-                sqlx::query(
-                    "UPDATE execution_requests SET paused_at = NULL, updated_at = now() WHERE id = $1",
-                )
-                .bind(job.lease.request_id)
-                .execute(&mut *tx)
-                .await?;
-                set_workspace_paused(&mut tx, held, false).await?;
-                tx.commit().await?;
-                // The step goes on changing the tree.
-                held.uncaptured |= group > 0;
-                tracing::info!("resumed");
-            }
-            PauseEnd::Expired => {
-                tracing::info!(?limit, "paused past the limit: stopping like a stop");
-                held.uncaptured |= group > 0;
-                reason.set(Reason::PauseExpired);
-                stop.cancel();
-            }
-            PauseEnd::Stopped => held.uncaptured |= group > 0,
-        }
-        Ok(end)
+        Ok(wait(pause, at.stop, limit).await)
     }
 }
 

@@ -127,7 +127,7 @@ async fn settle(
 
 /// Pause a running run: its step's processes stop and a checkpoint is captured before
 /// the paused reply.
-#[utoipa::path(post, path = "/api/v1/runs/{run_id}/pause", tag = "runs",
+#[utoipa::path(post, path = "/api/v1/runs/{run_id}/pause", tag = "runs", operation_id = "pause_run",
     params(("run_id" = String, Path), WaitQuery),
     responses(
         (status = 200, description = "Paused: the checkpoint was captured first", body = PauseView),
@@ -165,7 +165,7 @@ pub async fn pause(
 }
 
 /// Resume a paused run: its step's processes continue.
-#[utoipa::path(post, path = "/api/v1/runs/{run_id}/resume", tag = "runs",
+#[utoipa::path(post, path = "/api/v1/runs/{run_id}/resume", tag = "runs", operation_id = "resume_run",
     params(("run_id" = String, Path), WaitQuery),
     responses(
         (status = 200, description = "Running again", body = PauseView),
@@ -205,7 +205,7 @@ pub async fn resume(
 }
 
 /// Read a run's pause state.
-#[utoipa::path(get, path = "/api/v1/runs/{run_id}/pause", tag = "runs",
+#[utoipa::path(get, path = "/api/v1/runs/{run_id}/pause", tag = "runs", operation_id = "show_pause",
     params(("run_id" = String, Path)),
     responses((status = 200, body = PauseView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
