@@ -141,7 +141,7 @@ async fn retired_bytes_are_reclaimed_after_seven_days_through_their_own_store() 
         .expect("capture");
     let mut conn = db.pool.acquire().await.expect("conn");
     for (id, manifest) in [(old, &old_manifest), (new, &new_manifest)] {
-        lineage::record_packs(&mut conn, id, &manifest.pack_ids())
+        lineage::record_packs(&mut conn, id, &manifest.packs)
             .await
             .expect("packs");
     }
@@ -441,7 +441,7 @@ async fn a_capture_running_beside_a_sweep_loses_no_chunk() {
             .await
             .expect("capture");
         let mut conn = db.pool.acquire().await.expect("conn");
-        lineage::record_packs(&mut conn, old, &manifest.pack_ids())
+        lineage::record_packs(&mut conn, old, &manifest.packs)
             .await
             .expect("packs");
         sqlx::query("UPDATE project_snapshots SET retention = 'retired', retired_at = now() - interval '8 days' WHERE id = $1")
@@ -489,7 +489,7 @@ async fn a_capture_running_beside_a_sweep_loses_no_chunk() {
             lineage::mark_ready(&mut tx, id, &snapshot::manifest_key(id), 1)
                 .await
                 .expect("ready");
-            lineage::record_packs(&mut tx, id, &manifest.pack_ids())
+            lineage::record_packs(&mut tx, id, &manifest.packs)
                 .await
                 .expect("packs");
             tx.commit().await.expect("commit");

@@ -589,7 +589,7 @@ impl Worker {
                 if !ready {
                     return Err("the baseline was failed while it was captured".into());
                 }
-                lineage::record_packs(&mut tx, id, &manifest.pack_ids())
+                lineage::record_packs(&mut tx, id, &manifest.packs)
                     .await
                     .map_err(|e| e.to_string())?;
                 tx.commit().await.map_err(|e| e.to_string())?;
@@ -694,7 +694,7 @@ impl Worker {
             tx.commit().await?;
             return Ok(false);
         }
-        lineage::record_packs(&mut tx, snapshot_id, &manifest.pack_ids()).await?;
+        lineage::record_packs(&mut tx, snapshot_id, &manifest.packs).await?;
         match lineage::append(
             &mut tx,
             subject.work_context,

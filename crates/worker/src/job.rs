@@ -474,15 +474,9 @@ impl Worker {
             return self.complete(job).await;
         }
         let subject = job.subject();
-        let mut held = match self.acquire(&job.lease, &subject).await {
+        let mut held = match self.acquire_or_fail(job, &subject).await? {
             Ok(held) => held,
-            Err(CustodyError::Job(e)) => return Err(e),
-            Err(CustodyError::Workspace(e)) => {
-                let message = format!("workspace: {e}");
-                self.finish(job, RequestState::Failed, Some(&message), None)
-                    .await?;
-                return Ok(JobOutcome::Failed(message));
-            }
+            Err(failed) => return Ok(failed),
         };
         let ending = self
             .run_steps(job, &subject, &mut held, stop, reason, &mut pause)
@@ -523,6 +517,25 @@ impl Worker {
         }
     }
 
+    /// Acquires the job's workspace; when none can be had, the request fails with the
+    /// reason and the outcome comes back instead.
+    pub(crate) async fn acquire_or_fail(
+        &self,
+        job: &Claimed,
+        subject: &Subject,
+    ) -> Result<Result<Held, JobOutcome>, JobError> {
+        match self.acquire(&job.lease, subject).await {
+            Ok(held) => Ok(Ok(held)),
+            Err(CustodyError::Job(e)) => Err(e),
+            Err(CustodyError::Workspace(e)) => {
+                let message = format!("workspace: {e}");
+                self.finish(job, RequestState::Failed, Some(&message), None)
+                    .await?;
+                Ok(Err(JobOutcome::Failed(message)))
+            }
+        }
+    }
+
     async fn run_steps(
         &self,
         job: &Claimed,
@@ -548,6 +561,14 @@ impl Worker {
         let mut used_wall_ms = job.used_wall_ms;
         let last = job.steps.len().saturating_sub(1);
 
+        let pausing = |step, group| Pausing {
+            job,
+            subject,
+            step,
+            group,
+            stop,
+            reason,
+        };
         for (index, step) in job.steps.iter().enumerate() {
             match journal.get(&step.key) {
                 Some(true) => {
@@ -572,15 +593,7 @@ impl Worker {
                 None => {}
             }
             if pause::requested(pause) && !stop.is_cancelled() {
-                let at = Pausing {
-                    job,
-                    subject,
-                    step: None,
-                    group: 0,
-                    stop,
-                    reason,
-                };
-                self.pause_here(at, held, pause).await?;
+                self.pause_here(pausing(None, 0), held, pause).await?;
             }
             if stop.is_cancelled() {
                 return Ok(Ending::Interrupted);
@@ -640,14 +653,7 @@ impl Worker {
                     result = &mut running => break result,
                     // Once stopped (a pause past its limit included), never pause again.
                     _ = pause::until_requested(pause), if !stop.is_cancelled() => {
-                        let at = Pausing {
-                            job,
-                            subject,
-                            step: Some(&step.key),
-                            group: group.load(Ordering::SeqCst),
-                            stop,
-                            reason,
-                        };
+                        let at = pausing(Some(&step.key), group.load(Ordering::SeqCst));
                         if let Err(e) = self.pause_here(at, held, pause).await {
                             // Fenced (or the database failed) while pausing: end the step
                             // the usual way, its whole group with it, then give up.

@@ -10,7 +10,6 @@
 //! measured again inside the completion transaction: a late change rolls back the
 //! completion and the reuse receipt, and every command already run stays charged.
 
-use crate::custody::CustodyError;
 use crate::job::{record_receipt, spawn_failure, Claimed, JobError, JobOutcome, Worker};
 use crate::renewal::{self, StopReason};
 use crate::scope::{self, Scope, SourceScope};
@@ -209,15 +208,9 @@ impl Worker {
             return Ok(JobOutcome::Failed(message));
         };
         let subject = job.subject();
-        let held = match self.acquire(&job.lease, &subject).await {
+        let held = match self.acquire_or_fail(job, &subject).await? {
             Ok(held) => held,
-            Err(CustodyError::Job(e)) => return Err(e),
-            Err(CustodyError::Workspace(e)) => {
-                let message = format!("workspace: {e}");
-                self.finish(job, RequestState::Failed, Some(&message), None)
-                    .await?;
-                return Ok(JobOutcome::Failed(message));
-            }
+            Err(failed) => return Ok(failed),
         };
         // Checks add nothing to capture (a changed source fails the verification); a tree
         // adopted with uncaptured work keeps that state, so a drain keeps it held.

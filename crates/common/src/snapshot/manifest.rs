@@ -68,11 +68,6 @@ impl Manifest {
             .collect()
     }
 
-    /// Every pack the manifest references: what a snapshot keeps alive in its store.
-    pub fn pack_ids(&self) -> Vec<uuid::Uuid> {
-        self.packs.clone()
-    }
-
     pub fn paths(&self) -> impl Iterator<Item = &str> {
         self.entries.iter().map(|e| e.path.as_str())
     }

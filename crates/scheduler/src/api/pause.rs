@@ -144,18 +144,15 @@ pub async fn pause(
     caller.require(Role::Operator)?;
     let run_id = path_id(&run_id, "run_id")?;
     let wait = wait_of(query)?;
-    let asked = sqlx::query(
+    ask(
+        &state.pool,
+        run_id,
         "UPDATE execution_requests SET pause_requested_at = COALESCE(pause_requested_at, now()), updated_at = now()
           WHERE run_id = $1 AND kind = 'run' AND state = 'executing'
             AND lease_owner IS NOT NULL AND lease_deadline > clock_timestamp()",
+        not_running,
     )
-    .bind(run_id)
-    .execute(&state.pool)
     .await?;
-    if asked.rows_affected() == 0 {
-        load(&state.pool, run_id).await?;
-        return Err(not_running());
-    }
     let current = settle(&state.pool, run_id, wait, |v| v.state != "pausing").await?;
     match current.state.as_str() {
         "paused" => Ok((StatusCode::OK, Json(current)).into_response()),
@@ -182,20 +179,14 @@ pub async fn resume(
     caller.require(Role::Operator)?;
     let run_id = path_id(&run_id, "run_id")?;
     let wait = wait_of(query)?;
-    let asked = sqlx::query(
+    ask(
+        &state.pool,
+        run_id,
         "UPDATE execution_requests SET pause_requested_at = NULL, updated_at = now()
           WHERE run_id = $1 AND kind = 'run' AND state = 'executing' AND pause_requested_at IS NOT NULL",
+        || ApiError::conflict("not_paused", "the run is not paused or pausing"),
     )
-    .bind(run_id)
-    .execute(&state.pool)
     .await?;
-    if asked.rows_affected() == 0 {
-        load(&state.pool, run_id).await?;
-        return Err(ApiError::conflict(
-            "not_paused",
-            "the run is not paused or pausing",
-        ));
-    }
     let current = settle(&state.pool, run_id, wait, |v| v.state != "resuming").await?;
     let status = match current.state.as_str() {
         "resuming" => StatusCode::ACCEPTED,
@@ -217,6 +208,22 @@ pub async fn show(
     caller.require(Role::Viewer)?;
     let run_id = path_id(&run_id, "run_id")?;
     Ok(Json(view(run_id, load(&state.pool, run_id).await?)))
+}
+
+/// Records a pause or resume request (`sql` updates the run's request when it may);
+/// an unknown run is a 404, a run in no state to take it is `refused`.
+async fn ask(
+    pool: &PgPool,
+    run_id: Uuid,
+    sql: &str,
+    refused: impl FnOnce() -> ApiError,
+) -> Result<(), ApiError> {
+    let asked = sqlx::query(sql).bind(run_id).execute(pool).await?;
+    if asked.rows_affected() == 0 {
+        load(pool, run_id).await?;
+        return Err(refused());
+    }
+    Ok(())
 }
 
 fn not_running() -> ApiError {
