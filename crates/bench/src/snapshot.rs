@@ -1,0 +1,258 @@
+//! `cairn-bench snapshot`: the snapshot engine beside tar + zstd and restic.
+
+use anyhow::bail;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn run_shell(script: &str, env: &[(&str, &str)]) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg(script)
+        .envs(env.iter().copied())
+        .stdout(Stdio::null())
+        .status()?;
+    if !status.success() {
+        bail!("`{script}` failed: {status}");
+    }
+    Ok(started.elapsed())
+}
+
+/// A generated tree: mostly source-like text, some incompressible binaries.
+pub fn generate_tree(root: &std::path::Path, files: usize, size_mib: u64) -> anyhow::Result<()> {
+    let total = size_mib * 1024 * 1024;
+    let per_file = (total / files.max(1) as u64).max(1);
+    let words: Vec<&str> = "fn let match impl struct pub use crate self async await return if else for while loop \
+        value error result option some none string vector map config request worker lease epoch journal"
+        .split_whitespace()
+        .collect();
+    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for i in 0..files {
+        let dir = root.join(format!("d{:03}/s{:02}", i % 250, (i / 250) % 20));
+        std::fs::create_dir_all(&dir)?;
+        let size = (per_file / 2 + next() % per_file.max(1)) as usize;
+        let binary = i % 10 < 3;
+        let mut data = Vec::with_capacity(size);
+        if binary {
+            while data.len() < size {
+                data.extend_from_slice(&next().to_le_bytes());
+            }
+        } else {
+            while data.len() < size {
+                data.extend_from_slice(words[(next() % words.len() as u64) as usize].as_bytes());
+                data.push(if next() % 12 == 0 { b'\n' } else { b' ' });
+            }
+        }
+        data.truncate(size);
+        std::fs::write(
+            dir.join(format!("f{i}.{}", if binary { "bin" } else { "rs" })),
+            &data,
+        )?;
+    }
+    Ok(())
+}
+
+pub fn change_one_percent(root: &std::path::Path) -> anyhow::Result<usize> {
+    let mut changed = 0;
+    for (i, entry) in walkdir_files(root)?.into_iter().enumerate() {
+        if i % 100 == 0 {
+            let mut bytes = std::fs::read(&entry)?;
+            bytes.extend_from_slice(b"\n// changed\n");
+            std::fs::write(&entry, bytes)?;
+            changed += 1;
+        }
+    }
+    Ok(changed)
+}
+
+pub fn walkdir_files(root: &std::path::Path) -> anyhow::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let mut entries: Vec<_> = std::fs::read_dir(&dir)?.collect::<Result<_, _>>()?;
+        entries.sort_by_key(|e| e.path());
+        for entry in entries {
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                stack.push(entry.path());
+            } else if kind.is_file() {
+                out.push(entry.path());
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn line(label: &str, took: Duration, bytes: u64) {
+    let mib = bytes as f64 / (1024.0 * 1024.0);
+    println!(
+        "{label:>42}: {:>7.2} s  ({:.0} MiB/s)",
+        took.as_secs_f64(),
+        mib / took.as_secs_f64().max(1e-9)
+    );
+}
+
+pub async fn run(tree: Option<PathBuf>, files: usize, size_mib: u64) -> anyhow::Result<()> {
+    use cairn_common::snapshot::{self, CaptureRules};
+    use cairn_common::store::ArtifactStore;
+    let work = std::env::temp_dir().join(format!(
+        "cairn-bench-snap-{}",
+        &uuid::Uuid::new_v4().simple().to_string()[..12]
+    ));
+    std::fs::create_dir_all(&work)?;
+    let src = work.join("tree");
+    match &tree {
+        Some(dir) => {
+            run_shell(
+                &format!("cp -a '{}' '{}'", dir.display(), src.display()),
+                &[],
+            )?;
+        }
+        None => generate_tree(&src, files, size_mib)?,
+    }
+    let files_in_tree = walkdir_files(&src)?;
+    let bytes: u64 = files_in_tree
+        .iter()
+        .map(|p| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    let count = files_in_tree.len();
+    println!(
+        "snapshot: {count} files, {:.0} MiB, {} cores; page cache warm for every tool",
+        bytes as f64 / 1048576.0,
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    );
+    let s = src.display();
+    let w = work.display();
+
+    // Every figure includes making its output durable (sync), as a snapshot must be.
+    run_shell("sync", &[])?;
+    let tar = run_shell(
+        &format!("tar -C '{s}' -cf - . | zstd -q -1 -T0 -o '{w}/tree.tar.zst' && sync"),
+        &[],
+    )?;
+    line("tar | zstd -1 -T0 (+ sync)", tar, bytes);
+    let store = ArtifactStore::open(&work.join("store").to_string_lossy())?;
+    let rules = CaptureRules::default();
+    run_shell("sync", &[])?;
+    let started = Instant::now();
+    let (full, stats) = snapshot::capture(&store, &src, &rules, None, uuid::Uuid::new_v4()).await?;
+    // Shared with the next capture, as a worker shares its last manifest.
+    let full = std::sync::Arc::new(full);
+    line(
+        "cairn full capture (durable, syncfs)",
+        started.elapsed(),
+        bytes,
+    );
+    println!(
+        "{:>42}  {} chunks in {} packs, {:.0} MiB stored",
+        "",
+        stats.chunks_new,
+        stats.packs_new,
+        stats.bytes_uploaded as f64 / 1048576.0
+    );
+
+    let restic = Command::new("restic")
+        .arg("version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    let repo = format!("{w}/restic");
+    let restic_env = [
+        ("RESTIC_PASSWORD", "bench"),
+        ("RESTIC_REPOSITORY", repo.as_str()),
+    ];
+    if restic {
+        run_shell("restic init -q", &restic_env)?;
+        line(
+            "restic backup (+ sync)",
+            run_shell(&format!("restic backup -q '{s}' && sync"), &restic_env)?,
+            bytes,
+        );
+    }
+
+    let changed = change_one_percent(&src)?;
+    run_shell("sync", &[])?;
+    println!("{:>42}  changed {changed} files (1%)", "");
+    let started = Instant::now();
+    let (_, inc) = snapshot::capture(
+        &store,
+        &src,
+        &rules,
+        Some(full.clone()),
+        uuid::Uuid::new_v4(),
+    )
+    .await?;
+    let incremental = started.elapsed();
+    line("cairn capture after 1% changed", incremental, bytes);
+    println!(
+        "{:>42}  {} files re-read, {} new chunks",
+        "",
+        inc.files - inc.files_unchanged,
+        inc.chunks_new
+    );
+    if restic {
+        run_shell("sync", &[])?;
+        let took = run_shell(&format!("restic backup -q '{s}' && sync"), &restic_env)?;
+        line("restic incremental backup (+ sync)", took, bytes);
+        println!(
+            "{:>42}  cairn is {:.1}x faster",
+            "",
+            took.as_secs_f64() / incremental.as_secs_f64().max(1e-9)
+        );
+    }
+
+    // Restores are shown with and without the final sync: the sync (the disk writing a
+    // 1 GiB tree back) varies several-fold from run to run on a shared disk.
+    run_shell("sync", &[])?;
+    let started = Instant::now();
+    snapshot::restore(&store, &full, &work.join("restored")).await?;
+    let restored = started.elapsed();
+    let synced = run_shell("sync", &[])?;
+    line("cairn restore (verified, + sync)", restored + synced, bytes);
+    println!(
+        "{:>42}  {:.2} s restoring, {:.2} s sync",
+        "",
+        restored.as_secs_f64(),
+        synced.as_secs_f64()
+    );
+    std::fs::create_dir_all(work.join("untarred"))?;
+    run_shell("sync", &[])?;
+    let untarred = run_shell(
+        &format!("zstd -q -d -c '{w}/tree.tar.zst' | tar -C '{w}/untarred' -xf -"),
+        &[],
+    )?;
+    let synced = run_shell("sync", &[])?;
+    line("zstd -d | tar -x (+ sync)", untarred + synced, bytes);
+    println!(
+        "{:>42}  {:.2} s extracting, {:.2} s sync",
+        "",
+        untarred.as_secs_f64(),
+        synced.as_secs_f64()
+    );
+    if restic {
+        line(
+            "restic restore (+ sync)",
+            run_shell(
+                &format!("restic restore -q latest --target '{w}/restic-out' && sync"),
+                &restic_env,
+            )?,
+            bytes,
+        );
+    } else {
+        println!(
+            "{:>42}  restic is not installed; its figures are skipped",
+            ""
+        );
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    Ok(())
+}

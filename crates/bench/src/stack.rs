@@ -1,0 +1,207 @@
+//! A scheduler and workers started from the binaries next to this one, on a fresh
+//! database, queue prefix and Redis prefix; torn down (database and queues dropped) at
+//! the end.
+
+use anyhow::{bail, Context};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+struct Processes(Vec<Child>);
+
+impl Drop for Processes {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            // SIGTERM via kill(1) keeps this crate free of unsafe code.
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(child.id().to_string())
+                .status();
+        }
+        for child in &mut self.0 {
+            let _ = child.wait();
+        }
+    }
+}
+
+fn bin_dir() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe()?;
+    Ok(exe.parent().context("binary directory")?.to_path_buf())
+}
+
+pub fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// What a stack is made of.
+pub struct StackSettings<'a> {
+    pub postgres: &'a str,
+    pub workers: usize,
+    pub concurrency: u32,
+    /// Extra environment of every worker.
+    pub worker_env: Vec<(String, String)>,
+}
+
+pub struct Stack {
+    pub base: String,
+    pub token: String,
+    pub http: reqwest::Client,
+    pub pool: sqlx::PgPool,
+    /// Scratch space: workspaces, artifacts.
+    pub work: PathBuf,
+    postgres: String,
+    database: String,
+    prefix: String,
+    processes: Processes,
+}
+
+impl Stack {
+    pub async fn start(settings: StackSettings<'_>) -> anyhow::Result<Stack> {
+        let bin = bin_dir()?;
+        let stamp = uuid::Uuid::new_v4().simple().to_string();
+        let database = format!("cairn_bench_{}", &stamp[..12]);
+        let postgres = settings.postgres.trim_end_matches('/').to_string();
+        let database_url = format!("{postgres}/{database}");
+        let prefix = format!("bench-{}.", &stamp[..12]);
+        let work = std::env::temp_dir().join(format!("cairn-bench-{}", &stamp[..12]));
+        let token = format!("bench-admin-{stamp}");
+        let port = free_port()?;
+        let common = |cmd: &mut Command| {
+            cmd.env("CAIRN_DATABASE_URL", &database_url)
+                .env("CAIRN_QUEUE_PREFIX", &prefix)
+                .env("CAIRN_REDIS_PREFIX", &prefix)
+                .env("CAIRN_LOG_FORMAT", "json")
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+        };
+        let mut processes = Processes(Vec::new());
+        let mut scheduler = Command::new(bin.join("cairn-scheduler"));
+        common(&mut scheduler);
+        scheduler
+            .env("CAIRN_LISTEN", format!("127.0.0.1:{port}"))
+            .env("CAIRN_BOOTSTRAP_ADMIN_TOKEN", &token)
+            .env("CAIRN_DATABASE_MAX_CONNECTIONS", "20");
+        processes.0.push(
+            scheduler
+                .spawn()
+                .context("starting cairn-scheduler (build with --release first)")?,
+        );
+        let http = reqwest::Client::new();
+        let base = format!("http://127.0.0.1:{port}");
+        wait_ready(&http, &format!("{base}/readyz")).await?;
+        for i in 0..settings.workers {
+            let mut worker = Command::new(bin.join("cairn-worker"));
+            common(&mut worker);
+            worker
+                .env("CAIRN_WORKER_ID", format!("bench-{i}"))
+                .env(
+                    "CAIRN_METRICS_LISTEN",
+                    format!("127.0.0.1:{}", free_port()?),
+                )
+                .env("CAIRN_WORKER_CONCURRENCY", settings.concurrency.to_string())
+                .env(
+                    "CAIRN_DATABASE_MAX_CONNECTIONS",
+                    (settings.concurrency + 4).to_string(),
+                )
+                .env("CAIRN_WORKSPACES_DIR", work.join(format!("workspaces-{i}")))
+                .env("CAIRN_ARTIFACTS_URL", work.join("artifacts"))
+                .envs(settings.worker_env.iter().map(|(k, v)| (k, v)));
+            processes
+                .0
+                .push(worker.spawn().context("starting cairn-worker")?);
+        }
+        let pool = sqlx::PgPool::connect(&database_url).await?;
+        Ok(Stack {
+            base,
+            token,
+            http,
+            pool,
+            work,
+            postgres,
+            database,
+            prefix,
+            processes,
+        })
+    }
+
+    /// Submits runs in one batch; returns their run ids.
+    pub async fn submit(&self, runs: &[serde_json::Value]) -> anyhow::Result<Vec<String>> {
+        let response = self
+            .http
+            .post(format!("{}/api/v1/runs/batch", self.base))
+            .bearer_auth(&self.token)
+            .json(&serde_json::json!({ "runs": runs }))
+            .send()
+            .await?;
+        if response.status().as_u16() != 201 {
+            bail!("batch submission failed: {}", response.text().await?);
+        }
+        let body: serde_json::Value = response.json().await?;
+        Ok(body["run_ids"]
+            .as_array()
+            .map(|ids| {
+                ids.iter()
+                    .filter_map(|r| r.as_str().map(String::from))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
+    /// Waits until `count` requests ended (completed or failed), up to `timeout`.
+    pub async fn wait_ended(&self, count: usize, timeout: Duration) -> anyhow::Result<()> {
+        let started = std::time::Instant::now();
+        loop {
+            let done: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM execution_requests WHERE state IN ('completed', 'failed', 'needs_reconciliation', 'stopped_at_checkpoint', 'cancelled')",
+            )
+            .fetch_one(&self.pool)
+            .await?;
+            if done as usize >= count {
+                return Ok(());
+            }
+            if started.elapsed() > timeout {
+                bail!("only {done} of {count} runs ended within {timeout:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Stops the processes and drops the database, queues and scratch space.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        self.pool.close().await;
+        drop(self.processes);
+        let admin = sqlx::PgPool::connect(&format!("{}/postgres", self.postgres)).await?;
+        sqlx::query(&format!(
+            "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+            self.database
+        ))
+        .execute(&admin)
+        .await?;
+        for queue in ["runs", "continuations", "verifications", "dead"] {
+            let _ = Command::new("rabbitmqctl")
+                .args([
+                    "-q",
+                    "delete_queue",
+                    &format!("{}cairn.{queue}", self.prefix),
+                ])
+                .output();
+        }
+        let _ = std::fs::remove_dir_all(&self.work);
+        Ok(())
+    }
+}
+
+async fn wait_ready(http: &reqwest::Client, url: &str) -> anyhow::Result<()> {
+    for _ in 0..240 {
+        if let Ok(response) = http.get(url).send().await {
+            if response.status().is_success() {
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    bail!("{url} never answered 200")
+}
