@@ -166,6 +166,130 @@ async fn chunks_are_shared_and_unchanged_files_are_not_read_again() {
     );
 }
 
+/// An in-place rewrite that keeps the size, the mtime and the inode (`cp -p`, `touch -r`,
+/// `rsync --inplace -t`) still moves the change time: the next capture reads the file.
+#[tokio::test]
+async fn an_in_place_rewrite_that_keeps_size_mtime_and_inode_is_captured() {
+    use std::io::{Seek, Write};
+    use std::os::unix::fs::MetadataExt;
+    let (src, store_dir) = (scratch("src"), scratch("store"));
+    write(&src, "a.txt", b"before");
+    write(&src, "b.txt", b"unchanged");
+    let store = ArtifactStore::open(store_dir.to_str().expect("utf8")).expect("store");
+    let (first, _) = snapshot::capture(&store, &src, &rules(), None, uuid::Uuid::new_v4())
+        .await
+        .expect("capture");
+    let path = src.join("a.txt");
+    let before = std::fs::metadata(&path).expect("meta");
+    // The change time has a clock tick's resolution: make sure one passes.
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .expect("open");
+    file.rewind().expect("rewind");
+    file.write_all(b"AFTER!").expect("rewrite");
+    file.set_modified(before.modified().expect("mtime"))
+        .expect("mtime back");
+    drop(file);
+    let after = std::fs::metadata(&path).expect("meta");
+    assert_eq!(
+        (after.len(), after.mtime(), after.mtime_nsec(), after.ino()),
+        (
+            before.len(),
+            before.mtime(),
+            before.mtime_nsec(),
+            before.ino()
+        ),
+        "size, mtime and inode are those the stat index saw"
+    );
+    let (second, stats) = snapshot::capture(
+        &store,
+        &src,
+        &rules(),
+        Some(std::sync::Arc::new(first)),
+        uuid::Uuid::new_v4(),
+    )
+    .await
+    .expect("capture");
+    assert_eq!(
+        (stats.files, stats.files_unchanged),
+        (2, 1),
+        "a.txt read again"
+    );
+    let out = scratch("out");
+    snapshot::restore(&store, &second, &out.join("tree"))
+        .await
+        .expect("restore");
+    assert_eq!(
+        std::fs::read(out.join("tree/a.txt")).expect("read"),
+        b"AFTER!"
+    );
+}
+
+/// What a capture leaves out is reported (counts and paths, never content), and a tree
+/// restored with its own stat index is unchanged from its snapshot: its next capture
+/// would read nothing.
+#[tokio::test]
+async fn skipped_entries_are_reported_and_a_restored_tree_is_unchanged_from_its_snapshot() {
+    let (src, store_dir, out) = (scratch("src"), scratch("store"), scratch("out"));
+    tree(&src);
+    nix::unistd::mkfifo(&src.join("pipe"), nix::sys::stat::Mode::S_IRWXU).expect("fifo");
+    let store = ArtifactStore::open(store_dir.to_str().expect("utf8")).expect("store");
+    let scanned = snapshot::scan(&src, &rules()).await.expect("scan");
+    let skipped = scanned.skipped.clone();
+    assert_eq!(
+        (
+            skipped.credentials,
+            skipped.excluded,
+            skipped.nested_repositories,
+            skipped.special_files
+        ),
+        (6, 1, 1, 1),
+        "{skipped:?}"
+    );
+    for path in [".env", ".ssh", "custom.secret", "vendor/other", "pipe"] {
+        assert!(skipped.paths.contains(&path.to_string()), "{skipped:?}");
+    }
+    let id = uuid::Uuid::new_v4();
+    let (manifest, _) = snapshot::capture_scanned(&store, &src, scanned, None, id)
+        .await
+        .expect("capture");
+    let index = snapshot::restore_indexed(&store, &manifest, &out.join("tree"), &rules())
+        .await
+        .expect("restore");
+    let restored = snapshot::scan(&out.join("tree"), &rules())
+        .await
+        .expect("scan");
+    assert!(
+        restored.unchanged_from(&index),
+        "nothing changed since the restore"
+    );
+    assert!(
+        !restored.unchanged_from(&manifest),
+        "the capture's own stats name other inodes"
+    );
+    write(&out.join("tree"), "src/new.rs", b"new");
+    let changed = snapshot::scan(&out.join("tree"), &rules())
+        .await
+        .expect("scan");
+    assert!(!changed.unchanged_from(&index), "a new file is a change");
+    let (_, stats) = snapshot::capture_scanned(
+        &store,
+        &out.join("tree"),
+        changed,
+        Some(std::sync::Arc::new(index)),
+        uuid::Uuid::new_v4(),
+    )
+    .await
+    .expect("capture");
+    assert_eq!(
+        stats.files - stats.files_unchanged,
+        1,
+        "only the new file is read after a restore"
+    );
+}
+
 #[tokio::test]
 async fn a_pack_whose_index_is_gone_is_never_referenced_again() {
     let (src, store_dir) = (scratch("src"), scratch("store"));
@@ -255,6 +379,7 @@ async fn entries_escaping_the_root_are_refused_before_anything_is_written() {
         mode: 0o644,
         size: 0,
         mtime_ns: 0,
+        ctime_ns: 0,
         inode: 0,
         chunks: vec![],
         target: target.map(String::from),

@@ -3,7 +3,7 @@
 use super::manifest::{self, ChunkRef, Entry, EntryKind, Manifest};
 use super::pack::{self, ChunkId, Location, PackBuilder, Sealed, Written};
 use super::walk::walk;
-use super::{io, CaptureRules, CaptureStats, SnapshotError, MAX_CHUNK, MIN_CHUNK};
+use super::{io, CaptureRules, CaptureStats, Skipped, SnapshotError, MAX_CHUNK, MIN_CHUNK};
 use crate::store::ArtifactStore;
 use bytes::Bytes;
 use rayon::prelude::*;
@@ -22,6 +22,55 @@ thread_local! {
     static READ_BUFFER: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// A tree as the walk saw it: what a capture would hold (stats only, nothing read) and
+/// what it leaves out.
+#[derive(Debug, Clone)]
+pub struct Scan {
+    entries: Vec<Entry>,
+    pub skipped: Skipped,
+}
+
+impl Scan {
+    /// Whether the tree is exactly what `manifest` describes, by the stat index's rules
+    /// (see the module's header): then a capture would store nothing new.
+    pub fn unchanged_from(&self, manifest: &Manifest) -> bool {
+        self.entries.len() == manifest.entries.len()
+            && self
+                .entries
+                .iter()
+                .zip(&manifest.entries)
+                .all(|(now, then)| {
+                    now.path == then.path
+                        && match now.kind {
+                            // A directory's own times move with its entries, compared here.
+                            EntryKind::Dir => then.kind == EntryKind::Dir && then.mode == now.mode,
+                            _ => then.same_stat(now),
+                        }
+                })
+    }
+
+    pub fn entries(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub(super) fn into_entries(self) -> Vec<Entry> {
+        self.entries
+    }
+}
+
+/// Walks `root` (on a blocking thread): the stats of every capturable entry.
+pub async fn scan(root: &Path, rules: &CaptureRules) -> Result<Scan, SnapshotError> {
+    let root = root.to_path_buf();
+    let rules = rules.clone();
+    tokio::task::spawn_blocking(move || walk(&root, &rules))
+        .await
+        .map_err(|e| SnapshotError::Io {
+            path: "walk".into(),
+            source: std::io::Error::other(e),
+        })?
+        .map(|(entries, skipped)| Scan { entries, skipped })
+}
+
 /// Captures `root` into the store. Files whose stat matches `previous` reuse its chunks
 /// unread; a chunk the store already holds (in any lineage) is not stored again. Packs
 /// are written before the manifest, and neither is called durable before
@@ -33,12 +82,29 @@ pub async fn capture(
     previous: Option<Arc<Manifest>>,
     snapshot_id: Uuid,
 ) -> Result<(Manifest, CaptureStats), SnapshotError> {
+    let scanned = scan(root, rules).await?;
+    capture_scanned(store, root, scanned, previous, snapshot_id).await
+}
+
+/// [`capture`] of a tree already walked (the tree must not have changed since).
+pub async fn capture_scanned(
+    store: &ArtifactStore,
+    root: &Path,
+    scanned: Scan,
+    previous: Option<Arc<Manifest>>,
+    snapshot_id: Uuid,
+) -> Result<(Manifest, CaptureStats), SnapshotError> {
     let handle = Handle::current();
     let store_owned = store.clone();
     let root = root.to_path_buf();
-    let rules = rules.clone();
     let (manifest, stats, written) = tokio::task::spawn_blocking(move || {
-        capture_blocking(&handle, &store_owned, &root, &rules, previous.as_deref())
+        capture_blocking(
+            &handle,
+            &store_owned,
+            &root,
+            scanned.entries,
+            previous.as_deref(),
+        )
     })
     .await
     .map_err(|e| SnapshotError::Io {
@@ -155,12 +221,11 @@ fn capture_blocking(
     handle: &Handle,
     store: &ArtifactStore,
     root: &Path,
-    rules: &CaptureRules,
+    mut entries: Vec<Entry>,
     previous: Option<&Manifest>,
 ) -> Result<Captured, SnapshotError> {
     let known = lock(store.catalog()).refresh(handle, store)?;
     let stored = known.chunks;
-    let mut entries = walk(root, rules)?;
     // The previous manifest is reused only where its packs are still in this store (a
     // reclaimed pack's index is gone; a manifest of another store names none of them).
     let reusable: Vec<bool> = previous.map_or_else(Vec::new, |m| {
@@ -200,12 +265,10 @@ fn capture_blocking(
             if entry.kind != EntryKind::File {
                 return Ok(());
             }
-            if let Some(p) = previous_entries.get(entry.path.as_str()).filter(|p| {
-                p.kind == EntryKind::File
-                    && p.size == entry.size
-                    && p.mtime_ns == entry.mtime_ns
-                    && p.inode == entry.inode
-            }) {
+            if let Some(p) = previous_entries
+                .get(entry.path.as_str())
+                .filter(|p| p.same_stat(entry))
+            {
                 entry.chunks = p.chunks.clone();
                 let mut s = lock(&stats);
                 s.files += 1;

@@ -10,8 +10,9 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashSet;
 use std::path::{Component, Path, PathBuf};
 
-/// The format written today; see [`decode`].
-pub const VERSION: u32 = 2;
+/// The format written today; see [`decode`]. Version 2 had no change time.
+pub const VERSION: u32 = 3;
+const VERSION_WITHOUT_CTIME: u32 = 2;
 const MAGIC: &[u8] = b"cairn-manifest\n";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,10 +42,52 @@ pub struct Entry {
     pub mode: u32,
     pub size: u64,
     pub mtime_ns: i64,
+    /// Only for the stat index of the next capture: the inode change time, which no
+    /// write can set back (unlike the mtime), and [`UNKNOWN_CTIME`] in older manifests.
+    pub ctime_ns: i64,
     /// Only for the stat index of the next capture.
     pub inode: u64,
     pub chunks: Vec<ChunkRef>,
     pub target: Option<String>,
+}
+
+/// The change time of entries read from a manifest that did not record it: it never
+/// matches a file's, so such a file is read again by the next capture.
+pub const UNKNOWN_CTIME: i64 = i64::MIN;
+
+impl Entry {
+    /// Whether `now` (as the walk saw it) is this entry unchanged: same kind, size, mode,
+    /// mtime, change time and inode. Any write to a file's content moves its change time,
+    /// whatever the writer does to its mtime (`cp -p`, `touch -r`, `rsync -t`).
+    pub fn same_stat(&self, now: &Entry) -> bool {
+        self.kind == now.kind
+            && self.size == now.size
+            && self.mode == now.mode
+            && self.mtime_ns == now.mtime_ns
+            && self.ctime_ns == now.ctime_ns
+            && self.inode == now.inode
+            && self.target == now.target
+    }
+}
+
+/// An entry of a version-2 manifest (no change time).
+#[derive(Serialize, Deserialize)]
+struct EntryWithoutCtime {
+    path: String,
+    kind: EntryKind,
+    mode: u32,
+    size: u64,
+    mtime_ns: i64,
+    inode: u64,
+    chunks: Vec<ChunkRef>,
+    target: Option<String>,
+}
+
+/// A version-2 manifest after its version.
+#[derive(Serialize, Deserialize)]
+struct ManifestWithoutCtime {
+    packs: Vec<uuid::Uuid>,
+    entries: Vec<EntryWithoutCtime>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -101,10 +144,36 @@ pub fn decode(bytes: &[u8]) -> Result<Manifest, SnapshotError> {
     let body = plain
         .strip_prefix(MAGIC)
         .ok_or_else(|| bad("not a Cairn manifest of a supported format".into()))?;
-    let manifest: Manifest = postcard::from_bytes(body).map_err(|e| bad(e.to_string()))?;
-    if manifest.version != VERSION {
-        return Err(bad(format!("unsupported version {}", manifest.version)));
-    }
+    let (version, _) = postcard::take_from_bytes::<u32>(body).map_err(|e| bad(e.to_string()))?;
+    let manifest: Manifest = match version {
+        VERSION => postcard::from_bytes(body).map_err(|e| bad(e.to_string()))?,
+        VERSION_WITHOUT_CTIME => {
+            let (_, rest) =
+                postcard::take_from_bytes::<u32>(body).map_err(|e| bad(e.to_string()))?;
+            let old: ManifestWithoutCtime =
+                postcard::from_bytes(rest).map_err(|e| bad(e.to_string()))?;
+            Manifest {
+                version: VERSION,
+                packs: old.packs,
+                entries: old
+                    .entries
+                    .into_iter()
+                    .map(|e| Entry {
+                        path: e.path,
+                        kind: e.kind,
+                        mode: e.mode,
+                        size: e.size,
+                        mtime_ns: e.mtime_ns,
+                        ctime_ns: UNKNOWN_CTIME,
+                        inode: e.inode,
+                        chunks: e.chunks,
+                        target: e.target,
+                    })
+                    .collect(),
+            }
+        }
+        other => return Err(bad(format!("unsupported version {other}"))),
+    };
     let packs = manifest.packs.len();
     if let Some(entry) = manifest
         .entries
@@ -195,6 +264,7 @@ mod tests {
                 mode: 0o644,
                 size: 3,
                 mtime_ns: -5,
+                ctime_ns: 11,
                 inode: 9,
                 chunks: vec![ChunkRef {
                     id: ChunkId::of(b"abc"),
@@ -214,5 +284,29 @@ mod tests {
         ] {
             assert!(matches!(decode(garbage), Err(SnapshotError::Integrity(_))));
         }
+    }
+
+    #[test]
+    fn a_version_2_manifest_reads_with_an_unknown_change_time() {
+        let old = ManifestWithoutCtime {
+            packs: vec![],
+            entries: vec![EntryWithoutCtime {
+                path: "f".into(),
+                kind: EntryKind::File,
+                mode: 0o600,
+                size: 0,
+                mtime_ns: 4,
+                inode: 2,
+                chunks: vec![],
+                target: None,
+            }],
+        };
+        let mut plain = MAGIC.to_vec();
+        plain.extend(postcard::to_stdvec(&(VERSION_WITHOUT_CTIME, old)).expect("encode"));
+        let decoded = decode(&zstd::bulk::compress(&plain, 1).expect("zstd")).expect("decode");
+        assert_eq!(decoded.version, VERSION);
+        assert_eq!(decoded.entries[0].path, "f");
+        assert_eq!(decoded.entries[0].mtime_ns, 4);
+        assert_eq!(decoded.entries[0].ctime_ns, UNKNOWN_CTIME);
     }
 }

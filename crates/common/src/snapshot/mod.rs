@@ -2,13 +2,21 @@
 //!
 //! A chunk is stored once per store, in a pack ([`pack`]), and shared by every snapshot
 //! holding it. A manifest ([`manifest`]) lists paths, modes, symlinks, sizes and where
-//! each chunk is. A capture ([`capture()`]) skips files whose stat (size, mtime, inode)
-//! matches the previous capture of the same lineage, and hashes and compresses on every
-//! core. A restore ([`restore()`]) writes files in parallel and verifies every chunk
-//! against its id; any mismatch is an [`SnapshotError::Integrity`] error.
+//! each chunk is. A capture ([`capture()`]) skips files whose stat matches the previous
+//! capture of the same lineage, and hashes and compresses on every core. A restore
+//! ([`restore()`]) writes files in parallel and verifies every chunk against its id; any
+//! mismatch is an [`SnapshotError::Integrity`] error.
 //!
-//! The capture root never holds credential files or nested unrelated repositories, and
-//! a restore refuses any entry that would land outside its root.
+//! **What the stat index trusts**: a file is read again unless its size, mode, mtime,
+//! change time (ctime) and inode all equal the previous capture's. The change time is
+//! set by the kernel on every write and cannot be set back by a process (only by
+//! changing the system clock), so an in-place rewrite that keeps size, mtime and inode
+//! (`cp -p`, `touch -r`, `rsync --inplace -t`) is still seen, as git and restic see it.
+//!
+//! The capture root never holds credential files, excluded names, nested unrelated
+//! repositories, special files or names that are not UTF-8; each capture reports what
+//! it left out ([`Skipped`]). A restore refuses any entry that would land outside its
+//! root.
 
 mod capture;
 pub mod manifest;
@@ -16,13 +24,13 @@ pub mod pack;
 mod restore;
 mod walk;
 
-pub use capture::capture;
+pub use capture::{capture, capture_scanned, scan, Scan};
 pub use manifest::{
     legacy_chunk_key, legacy_manifest_key, load_manifest, manifest_key, ChunkRef, Entry, EntryKind,
     Manifest,
 };
 pub use pack::{index_key, pack_key, ChunkId};
-pub use restore::restore;
+pub use restore::{restore, restore_indexed};
 
 use crate::store::StoreError;
 use std::path::Path;
@@ -82,11 +90,17 @@ const CREDENTIAL_SUFFIXES: [&str; 6] = [".pem", ".key", ".p12", ".pfx", ".jks", 
 impl CaptureRules {
     /// Whether a name (one path component) is excluded as a credential or by pattern.
     pub fn excludes(&self, name: &str) -> bool {
-        if CREDENTIAL_NAMES.contains(&name) || name == ".env" || name.starts_with(".env.") {
-            return true;
-        }
-        if CREDENTIAL_SUFFIXES.iter().any(|s| name.ends_with(s)) {
-            return true;
+        self.exclusion(name).is_some()
+    }
+
+    /// Why a name (one path component) is excluded, if it is.
+    pub fn exclusion(&self, name: &str) -> Option<Exclusion> {
+        if CREDENTIAL_NAMES.contains(&name)
+            || name == ".env"
+            || name.starts_with(".env.")
+            || CREDENTIAL_SUFFIXES.iter().any(|s| name.ends_with(s))
+        {
+            return Some(Exclusion::Credential);
         }
         self.extra_patterns
             .iter()
@@ -94,6 +108,68 @@ impl CaptureRules {
                 Some(suffix) => name.ends_with(suffix),
                 None => p == name,
             })
+            .then_some(Exclusion::Pattern)
+    }
+}
+
+/// Why an entry is outside the captured scope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exclusion {
+    Credential,
+    /// A name of `CAIRN_CAPTURE_EXCLUDE`.
+    Pattern,
+    NestedRepository,
+    /// A socket, fifo or device.
+    SpecialFile,
+    /// A name (or a symlink target) that is not UTF-8.
+    NameNotUtf8,
+}
+
+/// At most this many skipped paths are listed; the counts cover all of them.
+pub const SKIPPED_PATHS_LISTED: usize = 50;
+
+/// What a capture left out: counts per reason and the first paths (never content).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Skipped {
+    pub credentials: u64,
+    pub excluded: u64,
+    pub nested_repositories: u64,
+    pub special_files: u64,
+    pub names_not_utf8: u64,
+    /// Relative paths (lossy UTF-8), at most [`SKIPPED_PATHS_LISTED`].
+    pub paths: Vec<String>,
+}
+
+impl Skipped {
+    pub fn add(&mut self, why: Exclusion, path: String) {
+        *match why {
+            Exclusion::Credential => &mut self.credentials,
+            Exclusion::Pattern => &mut self.excluded,
+            Exclusion::NestedRepository => &mut self.nested_repositories,
+            Exclusion::SpecialFile => &mut self.special_files,
+            Exclusion::NameNotUtf8 => &mut self.names_not_utf8,
+        } += 1;
+        if self.paths.len() < SKIPPED_PATHS_LISTED {
+            self.paths.push(path);
+        }
+    }
+
+    pub fn merge(&mut self, other: Skipped) {
+        self.credentials += other.credentials;
+        self.excluded += other.excluded;
+        self.nested_repositories += other.nested_repositories;
+        self.special_files += other.special_files;
+        self.names_not_utf8 += other.names_not_utf8;
+        let room = SKIPPED_PATHS_LISTED.saturating_sub(self.paths.len());
+        self.paths.extend(other.paths.into_iter().take(room));
+    }
+
+    pub fn total(&self) -> u64 {
+        self.credentials
+            + self.excluded
+            + self.nested_repositories
+            + self.special_files
+            + self.names_not_utf8
     }
 }
 

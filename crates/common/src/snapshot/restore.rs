@@ -2,7 +2,7 @@
 
 use super::manifest::{check_entry, ChunkRef, Entry, EntryKind, Manifest};
 use super::pack::{self, ChunkId};
-use super::{io, RestoreStats, SnapshotError};
+use super::{io, CaptureRules, RestoreStats, SnapshotError};
 use crate::store::{ArtifactStore, StoreError};
 use rayon::prelude::*;
 use std::collections::HashSet;
@@ -51,6 +51,46 @@ pub async fn restore(
             path: "restore".into(),
             source: std::io::Error::other(e),
         })?
+}
+
+/// [`restore`], then the restored tree's own stats as the stat index of its next capture:
+/// the manifest with each entry's chunks under the stats the restore gave the files
+/// (new inodes and times), so that capture reads nothing the restore wrote.
+pub async fn restore_indexed(
+    store: &ArtifactStore,
+    manifest: &Manifest,
+    target: &Path,
+    rules: &CaptureRules,
+) -> Result<Manifest, SnapshotError> {
+    restore(store, manifest, target).await?;
+    let restored = super::scan(target, rules).await?;
+    let by_path: std::collections::HashMap<&str, &Entry> = manifest
+        .entries
+        .iter()
+        .map(|e| (e.path.as_str(), e))
+        .collect();
+    // An entry the restore did not give exactly (none, barring a concurrent writer) is
+    // left out of the index: the next capture reads it.
+    let entries = restored
+        .into_entries()
+        .into_iter()
+        .filter_map(|mut now| {
+            let then = by_path.get(now.path.as_str())?;
+            let same = then.kind == now.kind
+                && then.size == now.size
+                && then.mode == now.mode
+                && then.target == now.target;
+            same.then(|| {
+                now.chunks = then.chunks.clone();
+                now
+            })
+        })
+        .collect();
+    Ok(Manifest {
+        version: manifest.version,
+        packs: manifest.packs.clone(),
+        entries,
+    })
 }
 
 /// Reads chunks out of a manifest's packs. A local pack is opened once per restore and
