@@ -93,6 +93,16 @@ impl Cluster {
 
     /// Starts a worker with a given id (a restarted worker keeps its name).
     pub fn add_worker_named(&mut self, id: &str) -> usize {
+        self.start_worker(id, true)
+    }
+
+    /// Starts a worker without waiting for it to be ready (it may die first, as a
+    /// worker meant to reach a crash point does).
+    pub fn add_worker_unready(&mut self, id: &str) -> usize {
+        self.start_worker(id, false)
+    }
+
+    fn start_worker(&mut self, id: &str, wait_ready: bool) -> usize {
         let index = self.workers.len();
         let id = id.to_string();
         let addr = free_addr();
@@ -112,9 +122,10 @@ impl Cluster {
                 "CAIRN_KILL_GRACE_SECONDS".to_string(),
                 self.settings.kill_grace_seconds.to_string(),
             ),
+            // One directory per worker id (a restarted worker keeps its directory).
             (
                 "CAIRN_WORKSPACES_DIR".to_string(),
-                self.dir.join("workspaces").to_string_lossy().into_owned(),
+                self.workspaces(&id).to_string_lossy().into_owned(),
             ),
             (
                 "CAIRN_ARTIFACTS_URL".to_string(),
@@ -124,9 +135,16 @@ impl Cluster {
         ]);
         env.extend(self.worker_env.iter().cloned());
         let mut process = Process::start("cairn-worker", &env);
-        wait_for_status(&mut process, addr, "/readyz", 200, Duration::from_secs(60));
+        if wait_ready {
+            wait_for_status(&mut process, addr, "/readyz", 200, Duration::from_secs(60));
+        }
         self.workers.push(Worker { id, process, addr });
         index
+    }
+
+    /// The workspaces directory of the worker `id`.
+    pub fn workspaces(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("workspaces-{id}"))
     }
 
     pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> (u16, Value) {
@@ -183,6 +201,17 @@ impl Cluster {
     pub fn journal(&self, run_id: &str) -> Value {
         self.call("GET", &format!("/api/v1/runs/{run_id}/journal"), None)
             .1
+    }
+
+    /// Why a request stopped, and the step it waits on: `(stop_reason, reconciliation_step)`.
+    pub async fn stop_reason(&self, request_id: &str) -> (Option<String>, Option<String>) {
+        sqlx::query_as(
+            "SELECT stop_reason, reconciliation_step FROM execution_requests WHERE id = $1::uuid",
+        )
+        .bind(request_id)
+        .fetch_one(&self.pool)
+        .await
+        .expect("request")
     }
 
     /// The worker holding a request's lease, per PostgreSQL.

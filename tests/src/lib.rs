@@ -93,6 +93,10 @@ pub struct Process {
 
 impl Process {
     pub fn start(name: &str, env: &[(String, String)]) -> Process {
+        Self::start_with_args(name, env, &[])
+    }
+
+    pub fn start_with_args(name: &str, env: &[(String, String)], args: &[&str]) -> Process {
         let log = std::env::temp_dir().join(format!(
             "cairn-e2e-{name}-{}.log",
             uuid::Uuid::new_v4().simple()
@@ -100,6 +104,7 @@ impl Process {
         let out = std::fs::File::create(&log).expect("create log file");
         let err = out.try_clone().expect("clone log file");
         let child = Command::new(binary(name))
+            .args(args)
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(out)

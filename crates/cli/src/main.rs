@@ -556,6 +556,12 @@ async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u8, C
                                     output::text(&s["wall_ms"]),
                                     output::text(&s["intent_epoch"]),
                                     output::text(&s["receipt_epoch"]),
+                                    output::text(&s["tree_tier"]),
+                                    // The snapshot holding the step's effects.
+                                    s["snapshot_id"]
+                                        .as_str()
+                                        .map(|id| id.chars().take(12).collect())
+                                        .unwrap_or_else(|| "-".into()),
                                 ]
                             })
                             .collect()
@@ -569,6 +575,8 @@ async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u8, C
                         "wall_ms",
                         "intent_epoch",
                         "receipt_epoch",
+                        "tree",
+                        "snapshot",
                     ],
                     &rows,
                 );

@@ -109,6 +109,23 @@ pub async fn end(conn: &mut PgConnection, hold_id: Uuid, reason: &str) -> Result
     Ok(())
 }
 
+/// Moves an active hold onto another workspace row (an adopted tree's new row), so the
+/// tree is guarded without a gap. No capture of the new row is running yet.
+pub async fn move_to(
+    conn: &mut PgConnection,
+    hold_id: Uuid,
+    workspace_id: Uuid,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE holds SET workspace_id = $2, capture_in_progress = FALSE WHERE id = $1 AND ended_at IS NULL",
+    )
+        .bind(hold_id)
+        .bind(workspace_id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// Ends every active hold on a workspace (its task ended).
 pub async fn end_for_workspace(
     conn: &mut PgConnection,

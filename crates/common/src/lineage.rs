@@ -1,10 +1,17 @@
 //! Snapshot records and checkpoint lineage.
 //!
 //! A snapshot row moves `creating → uploading → ready` (or `failed`, or `quarantined` on
-//! an integrity failure) and records the store URL that holds its bytes. A checkpoint
-//! has a work-context id, a sequence and a predecessor: an append creates sequence N+1
-//! only against the expected head, so a stale or concurrent capture fails with a
-//! conflict and never overwrites a newer head.
+//! an integrity failure) and records the store URL that holds its bytes, and who
+//! captures it (request and lease epoch). A restore only reads: it is recorded in
+//! `snapshot_restores`, never in the snapshot's own status.
+//!
+//! A checkpoint has a work-context id, a sequence and a predecessor (the snapshot its
+//! tree was derived from). An append creates sequence N+1 only against the expected
+//! head, so a stale or concurrent capture fails with a conflict and never overwrites a
+//! newer head. A tree that derives from no snapshot (a baseline or cold start), or
+//! from an older one, may replace the head only when that head can no longer be
+//! restored (its lineage retired, or the snapshot itself retired, failed or
+//! quarantined): then the lineage starts again from it.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
@@ -35,6 +42,9 @@ pub struct NewSnapshot<'a> {
     pub workspace_id: Option<Uuid>,
     pub store_url: &'a str,
     pub credential_generation: i64,
+    /// The request and lease epoch capturing it: once that lease can no longer commit,
+    /// the capture is abandoned (the reaper fails it).
+    pub owner: Option<(Uuid, i64)>,
 }
 
 /// Inserts a snapshot in `creating`.
@@ -42,8 +52,9 @@ pub async fn create(conn: &mut PgConnection, s: &NewSnapshot<'_>) -> Result<Uuid
     let id = Uuid::new_v4();
     sqlx::query(
         "INSERT INTO project_snapshots (id, kind, status, agent, repository, backend, base_image, canonical_ref,
-                                        work_context_id, workspace_id, store_url, credential_generation)
-         VALUES ($1, $2, 'creating', $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                                        work_context_id, workspace_id, store_url, credential_generation,
+                                        request_id, lease_epoch)
+         VALUES ($1, $2, 'creating', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
     )
     .bind(id)
     .bind(s.kind)
@@ -56,9 +67,35 @@ pub async fn create(conn: &mut PgConnection, s: &NewSnapshot<'_>) -> Result<Uuid
     .bind(s.workspace_id)
     .bind(s.store_url)
     .bind(s.credential_generation)
+    .bind(s.owner.map(|o| o.0))
+    .bind(s.owner.map(|o| o.1))
     .execute(conn)
     .await?;
     Ok(id)
+}
+
+/// Records what a capture left out of the durable tree.
+pub async fn record_skipped(
+    conn: &mut PgConnection,
+    id: Uuid,
+    skipped: &crate::snapshot::Skipped,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE project_snapshots SET skipped = $2 WHERE id = $1")
+        .bind(id)
+        .bind(sqlx::types::Json(skipped))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Marks a snapshot used now (a restore starts), so the idle rule never retires a head
+/// that is being restored.
+pub async fn touch(conn: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE project_snapshots SET last_used_at = now() WHERE id = $1")
+        .bind(id)
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 /// Moves a snapshot from `from` to `to` (compare-and-set); false if it was elsewhere.
@@ -131,7 +168,7 @@ pub async fn lock_store_for_capture(
     Ok(())
 }
 
-/// The current head of a work context: `(snapshot id, sequence)`.
+/// The current head of a work context: `(snapshot id, sequence)`, unless retired.
 pub async fn head(
     conn: &mut PgConnection,
     work_context: Uuid,
@@ -142,8 +179,10 @@ pub async fn head(
         .await
 }
 
-/// Appends a ready checkpoint as sequence N+1 of its work context, only if the head is
-/// still `expected`. The previous head becomes `superseded`.
+/// Appends a ready checkpoint as sequence N+1 of its work context. `expected` is the
+/// snapshot the captured tree derives from (its predecessor). It must be the head, which
+/// then becomes `superseded`; or, when it is not, the head must be one that can no longer
+/// be restored (see the module's header), and the lineage starts again from this one.
 pub async fn append(
     conn: &mut PgConnection,
     work_context: Uuid,
@@ -151,38 +190,56 @@ pub async fn append(
     expected: Option<Uuid>,
     snapshot_id: Uuid,
 ) -> Result<i64, LineageError> {
-    let sequence: Option<i64> = match expected {
-        None => {
-            sqlx::query_scalar(
-                "INSERT INTO lineage_heads (work_context_id, agent, head_id, sequence) VALUES ($1, $2, $3, 1)
-                 ON CONFLICT (work_context_id) DO NOTHING RETURNING sequence",
-            )
-            .bind(work_context)
-            .bind(agent)
-            .bind(snapshot_id)
-            .fetch_optional(&mut *conn)
-            .await?
-        }
-        Some(expected_head) => {
-            sqlx::query_scalar(
-                "UPDATE lineage_heads SET head_id = $3, sequence = sequence + 1, updated_at = now()
-                  WHERE work_context_id = $1 AND head_id = $2 AND retired_at IS NULL
-              RETURNING sequence",
-            )
-            .bind(work_context)
-            .bind(expected_head)
-            .bind(snapshot_id)
-            .fetch_optional(&mut *conn)
-            .await?
-        }
+    let conflict = |actual: Option<Uuid>| LineageError::Conflict {
+        work_context,
+        expected,
+        actual,
     };
+    // Each compare-and-set is one statement, atomic with or without a transaction.
+    let mut superseded = None;
+    let mut sequence: Option<i64> = if let Some(head) = expected {
+        let sequence = sqlx::query_scalar(
+            "UPDATE lineage_heads SET head_id = $3, sequence = sequence + 1, retired_at = NULL, updated_at = now()
+              WHERE work_context_id = $1 AND head_id = $2
+          RETURNING sequence",
+        )
+        .bind(work_context)
+        .bind(head)
+        .bind(snapshot_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+        superseded = sequence.and(expected);
+        sequence
+    } else {
+        sqlx::query_scalar(
+            "INSERT INTO lineage_heads (work_context_id, agent, head_id, sequence) VALUES ($1, $2, $3, 1)
+             ON CONFLICT (work_context_id) DO NOTHING RETURNING sequence",
+        )
+        .bind(work_context)
+        .bind(agent)
+        .bind(snapshot_id)
+        .fetch_optional(&mut *conn)
+        .await?
+    };
+    if sequence.is_none() {
+        // Not derived from the head: it may replace only a head that can no longer be
+        // restored, never one this tree lacks while it still can be.
+        sequence = sqlx::query_scalar(
+            "UPDATE lineage_heads h SET head_id = $3, sequence = h.sequence + 1, retired_at = NULL, updated_at = now()
+               FROM project_snapshots s
+              WHERE h.work_context_id = $1 AND s.id = h.head_id AND h.head_id IS DISTINCT FROM $2
+                AND NOT (h.retired_at IS NULL AND s.status = 'ready' AND s.retention = 'current')
+          RETURNING h.sequence",
+        )
+        .bind(work_context)
+        .bind(expected)
+        .bind(snapshot_id)
+        .fetch_optional(&mut *conn)
+        .await?;
+    }
     let Some(sequence) = sequence else {
-        let actual = head(&mut *conn, work_context).await?.map(|h| h.0);
-        return Err(LineageError::Conflict {
-            work_context,
-            expected,
-            actual,
-        });
+        let actual = head_of(&mut *conn, work_context).await?.map(|h| h.0);
+        return Err(conflict(actual));
     };
     sqlx::query("UPDATE project_snapshots SET work_context_id = $2, sequence = $3, predecessor_id = $4 WHERE id = $1")
         .bind(snapshot_id)
@@ -191,7 +248,7 @@ pub async fn append(
         .bind(expected)
         .execute(&mut *conn)
         .await?;
-    if let Some(previous) = expected {
+    if let Some(previous) = superseded {
         sqlx::query(
             "UPDATE project_snapshots SET retention = 'superseded', retired_at = now()
               WHERE id = $1 AND retention = 'current'",
@@ -201,6 +258,38 @@ pub async fn append(
         .await?;
     }
     Ok(sequence)
+}
+
+/// A snapshot and its predecessors, newest first: the snapshots whose effects a tree at
+/// `snapshot` holds.
+pub async fn ancestry(conn: &mut PgConnection, snapshot: Uuid) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "WITH RECURSIVE chain (id, predecessor_id, depth) AS (
+             SELECT id, predecessor_id, 0 FROM project_snapshots WHERE id = $1
+             UNION ALL
+             SELECT p.id, p.predecessor_id, c.depth + 1
+               FROM project_snapshots p JOIN chain c ON p.id = c.predecessor_id
+              WHERE c.depth < 100000)
+         SELECT id FROM chain ORDER BY depth",
+    )
+    .bind(snapshot)
+    .fetch_all(conn)
+    .await
+}
+
+/// The head of a work context whether retired or not, and whether it is restorable.
+pub async fn head_of(
+    conn: &mut PgConnection,
+    work_context: Uuid,
+) -> Result<Option<(Uuid, bool)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT h.head_id, h.retired_at IS NULL AND s.status = 'ready' AND s.retention = 'current'
+           FROM lineage_heads h JOIN project_snapshots s ON s.id = h.head_id
+          WHERE h.work_context_id = $1",
+    )
+    .bind(work_context)
+    .fetch_optional(conn)
+    .await
 }
 
 /// Retires a work context's lineage (its task is done): the head and its current

@@ -223,3 +223,92 @@ pub async fn requeue_verification(
     .await?;
     Ok(())
 }
+
+/// Which continuation an attempt belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Continuation {
+    /// A plain run's automatic attempt.
+    None,
+    /// A reviewed checkpoint continuation (its action id).
+    Checkpoint(Uuid),
+    /// An adopted verification (its adoption id).
+    Verification(Uuid),
+}
+
+/// How an attempt that ended without a result was followed up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptEnd {
+    /// Queued again as a new attempt.
+    Requeued,
+    /// Stopped at its last checkpoint: only a reviewed continuation takes it further.
+    Stopped,
+    /// A verification with its attempts spent: its handoff waits for a new adoption.
+    AwaitingAdoption,
+}
+
+/// Ends an attempt that has no result, as the lease sweeper ends one whose lease lapsed:
+/// another automatic attempt while any remain, else a stop at the last checkpoint with
+/// `reason`. A checkpoint continuation's action fails and the request stops at its
+/// checkpoint; a verification is queued again or waits for a new adoption.
+pub async fn end_attempt(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+    continuation: Continuation,
+    reason: &str,
+) -> Result<AttemptEnd, sqlx::Error> {
+    let (run_id, attempt, max_attempts): (Uuid, i32, i32) = sqlx::query_as(
+        "SELECT run_id, attempt, max_attempts FROM execution_requests WHERE id = $1",
+    )
+    .bind(request_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    match continuation {
+        Continuation::Checkpoint(action_id) => {
+            set_action_status(&mut *conn, action_id, "failed").await?;
+            stop_at_checkpoint(&mut *conn, request_id, reason).await?;
+            Ok(AttemptEnd::Stopped)
+        }
+        Continuation::Verification(adoption_id) if attempt < max_attempts => {
+            requeue_verification(&mut *conn, run_id, request_id, adoption_id, attempt + 1).await?;
+            Ok(AttemptEnd::Requeued)
+        }
+        Continuation::Verification(adoption_id) => {
+            verification_attempts_exhausted(&mut *conn, request_id, adoption_id).await?;
+            Ok(AttemptEnd::AwaitingAdoption)
+        }
+        Continuation::None if attempt < max_attempts => {
+            requeue(&mut *conn, request_id, true).await?;
+            Ok(AttemptEnd::Requeued)
+        }
+        Continuation::None => {
+            stop_at_checkpoint(&mut *conn, request_id, reason).await?;
+            Ok(AttemptEnd::Stopped)
+        }
+    }
+}
+
+/// A verification whose attempts are spent: the adoption fails, its handoff waits for a
+/// new adoption, and the request says why.
+pub async fn verification_attempts_exhausted(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+    adoption_id: Uuid,
+) -> Result<(), sqlx::Error> {
+    fence_out(&mut *conn, request_id).await?;
+    set_adoption_status(
+        &mut *conn,
+        adoption_id,
+        "failed",
+        Some("verification_attempts_exhausted"),
+    )
+    .await?;
+    set_handoff_state_of(&mut *conn, adoption_id, "pending").await?;
+    set_state(
+        &mut *conn,
+        request_id,
+        RequestState::AwaitingVerification,
+        Some("verification_attempts_exhausted"),
+        None,
+    )
+    .await
+}

@@ -24,6 +24,7 @@ async fn ready_checkpoint(pool: &PgPool, agent: &str, context: Uuid) -> Uuid {
             workspace_id: None,
             store_url: "file:///tmp/store",
             credential_generation: generation,
+            owner: None,
         },
     )
     .await
@@ -85,6 +86,73 @@ async fn of_concurrent_appends_against_one_head_exactly_one_wins() {
         lineage::append(&mut conn, context, "agent", None, stale).await,
         Err(LineageError::Conflict { .. })
     ));
+}
+
+#[tokio::test]
+async fn an_append_replaces_only_a_head_that_can_no_longer_be_restored() {
+    let db = TestDb::new().await;
+    let context = Uuid::new_v4();
+    let mut conn = db.pool.acquire().await.expect("conn");
+    let first = ready_checkpoint(&db.pool, "agent", context).await;
+    assert_eq!(
+        lineage::append(&mut conn, context, "agent", None, first)
+            .await
+            .expect("first"),
+        1
+    );
+    // A tree derived from no snapshot (a baseline or cold start) never supersedes a
+    // head it lacks while that head can be restored.
+    let fallback = ready_checkpoint(&db.pool, "agent", context).await;
+    assert!(matches!(
+        lineage::append(&mut conn, context, "agent", None, fallback).await,
+        Err(LineageError::Conflict { actual, .. }) if actual == Some(first)
+    ));
+    // A legitimately retired lineage goes on: a tree derived from its head continues it
+    // (never a conflict forever), and the lineage is current again.
+    lineage::retire(&mut conn, context, "idle")
+        .await
+        .expect("retire");
+    let second = ready_checkpoint(&db.pool, "agent", context).await;
+    assert_eq!(
+        lineage::append(&mut conn, context, "agent", Some(first), second)
+            .await
+            .expect("after the retirement"),
+        2
+    );
+    assert_eq!(
+        lineage::head(&mut conn, context).await.expect("head"),
+        Some((second, 2)),
+        "current again"
+    );
+    // A quarantined head cannot be restored: a fallback tree replaces it and starts a
+    // chain of its own (no predecessor), keeping the sequence going.
+    lineage::set_status(&mut conn, second, &["ready"], "quarantined")
+        .await
+        .expect("quarantine");
+    let third = ready_checkpoint(&db.pool, "agent", context).await;
+    assert_eq!(
+        lineage::append(&mut conn, context, "agent", None, third)
+            .await
+            .expect("over a quarantined head"),
+        3
+    );
+    let fourth = ready_checkpoint(&db.pool, "agent", context).await;
+    lineage::append(&mut conn, context, "agent", Some(third), fourth)
+        .await
+        .expect("fourth");
+    assert_eq!(
+        lineage::ancestry(&mut conn, fourth)
+            .await
+            .expect("ancestry"),
+        [fourth, third],
+        "the new chain holds none of the old one's effects"
+    );
+    assert_eq!(
+        lineage::ancestry(&mut conn, second)
+            .await
+            .expect("ancestry"),
+        [second, first]
+    );
 }
 
 #[tokio::test]

@@ -41,10 +41,14 @@ pub struct Config {
     /// Memory checkpoints expire this long after their pause.
     #[arg(long, env = "CAIRN_MEMORY_CHECKPOINT_SECONDS", default_value_t = 72 * 3_600)]
     pub memory_checkpoint_seconds: i64,
-    /// A capture still `creating` or `uploading` after this long was interrupted: it is
-    /// failed, so it no longer defers reclamation in its store.
+    /// A capture still `creating` or `uploading` after this long was interrupted,
+    /// whoever its owner: it is failed, so it no longer defers reclamation in its store.
     #[arg(long, env = "CAIRN_STALE_CAPTURE_SECONDS", default_value_t = 6 * 3_600)]
     pub stale_capture_seconds: i64,
+    /// A capture whose owner can no longer commit it (its lease lapsed, or another worker
+    /// took the request over) is failed once it is this old.
+    #[arg(long, env = "CAIRN_ABANDONED_CAPTURE_SECONDS", default_value_t = 60)]
+    pub abandoned_capture_seconds: i64,
     /// Print what one sweep would do, change nothing, and exit.
     #[arg(long)]
     pub dry_run: bool,
@@ -71,6 +75,10 @@ impl Config {
                 "CAIRN_MEMORY_CHECKPOINT_SECONDS",
                 self.memory_checkpoint_seconds,
             ),
+            (
+                "CAIRN_ABANDONED_CAPTURE_SECONDS",
+                self.abandoned_capture_seconds,
+            ),
         ] {
             if value < 0 {
                 return Err(format!("{name}: must not be negative"));
@@ -87,6 +95,7 @@ impl Config {
             destroyed_grace: Duration::seconds(self.destroyed_grace_seconds),
             memory_checkpoint: Duration::seconds(self.memory_checkpoint_seconds),
             stale_capture: Duration::seconds(self.stale_capture_seconds),
+            abandoned_capture: Duration::seconds(self.abandoned_capture_seconds),
             ..Default::default()
         }
     }

@@ -22,6 +22,9 @@ pub struct Durations {
     pub repair_backoff_max: Duration,
     /// A capture still `creating` or `uploading` after this long was interrupted.
     pub stale_capture: Duration,
+    /// A capture whose owner's lease can no longer commit it is abandoned this long
+    /// after it started.
+    pub abandoned_capture: Duration,
 }
 
 impl Default for Durations {
@@ -33,6 +36,7 @@ impl Default for Durations {
             memory_checkpoint: Duration::hours(72),
             repair_backoff_max: Duration::hours(24),
             stale_capture: Duration::hours(6),
+            abandoned_capture: Duration::minutes(1),
         }
     }
 }
@@ -110,20 +114,29 @@ impl Sweep<'_> {
         }
     }
 
-    /// A capture interrupted for good (its worker died mid-way) fails, so it no longer
-    /// defers reclamation in its store, and its hold is no longer "capturing" (the hold
-    /// itself stays until it expires: the live tree may still be on its host).
+    /// A capture interrupted for good fails, so it no longer defers reclamation in its
+    /// store, and its hold is no longer "capturing" (the hold itself stays until it
+    /// expires: the live tree may still be on its host). Interrupted for good: its owner
+    /// can no longer commit it (the request's lease epoch moved on, or its lease lapsed:
+    /// a fenced write would be refused), or it is older than the stale limit.
     async fn stale_captures(&self, conn: &mut PgConnection) -> Result<u64, sqlx::Error> {
         let stale: Vec<(Uuid, Option<Uuid>)> = sqlx::query_as(
             "UPDATE project_snapshots SET status = 'failed', retire_reason = 'capture_interrupted'
-              WHERE id IN (SELECT id FROM project_snapshots
-                            WHERE status IN ('creating', 'uploading') AND created_at <= $1
-                            LIMIT $2 FOR UPDATE SKIP LOCKED)
+              WHERE id IN (SELECT p.id FROM project_snapshots p
+                             LEFT JOIN execution_requests e ON e.id = p.request_id
+                            WHERE p.status IN ('creating', 'uploading')
+                              AND (p.created_at <= $1
+                                   OR p.created_at <= $3 AND p.request_id IS NOT NULL
+                                      AND (e.lease_epoch IS DISTINCT FROM p.lease_epoch
+                                           OR e.lease_owner IS NULL
+                                           OR e.lease_deadline < clock_timestamp()))
+                            LIMIT $2 FOR UPDATE OF p SKIP LOCKED)
                 AND status IN ('creating', 'uploading')
           RETURNING id, workspace_id",
         )
         .bind(self.now - self.durations.stale_capture)
         .bind(self.batch)
+        .bind(self.now - self.durations.abandoned_capture)
         .fetch_all(&mut *conn)
         .await?;
         let workspaces: Vec<Uuid> = stale.iter().filter_map(|s| s.1).collect();
@@ -157,12 +170,18 @@ impl Sweep<'_> {
         Ok(done.rows_affected())
     }
 
-    /// Rule 1: checkpoint heads neither captured nor restored for the idle period.
+    /// Rule 1: checkpoint heads neither captured nor restored for the idle period. A head
+    /// of a live task is never retired, however long its step runs or its request waits
+    /// (queued, executing or paused, stopped at its checkpoint, awaiting verification or
+    /// a person): only a task whose every request ended lets its head go idle.
     async fn idle_heads(&self, conn: &mut PgConnection) -> Result<u64, sqlx::Error> {
         let cutoff = self.now - self.durations.idle_head;
         let due: Vec<(Uuid, Uuid)> = sqlx::query_as(
             "SELECT h.work_context_id, s.id FROM lineage_heads h JOIN project_snapshots s ON s.id = h.head_id
               WHERE h.retired_at IS NULL AND s.last_used_at <= $1 AND s.status NOT IN ('creating', 'uploading', 'restoring')
+                AND NOT EXISTS (SELECT 1 FROM runs r JOIN execution_requests e ON e.run_id = r.id
+                                 WHERE r.task_id = h.work_context_id
+                                   AND e.state NOT IN ('completed', 'failed', 'cancelled'))
               ORDER BY s.last_used_at LIMIT $2 FOR UPDATE OF h, s SKIP LOCKED",
         )
         .bind(cutoff)

@@ -52,6 +52,7 @@ async fn snapshot_row(
             workspace_id: workspace,
             store_url,
             credential_generation: 0,
+            owner: None,
         },
     )
     .await
@@ -60,6 +61,43 @@ async fn snapshot_row(
         .await
         .expect("ready");
     id
+}
+
+/// A checkpoint capture in progress (`uploading`), of `owner` (request, epoch) if given.
+async fn capture_in_progress(
+    pool: &PgPool,
+    context: Uuid,
+    workspace: Option<Uuid>,
+    owner: Option<(Uuid, i64)>,
+) -> (Uuid, DateTime<Utc>) {
+    let mut conn = pool.acquire().await.expect("conn");
+    let id = lineage::create(
+        &mut conn,
+        &NewSnapshot {
+            kind: "checkpoint",
+            agent: "agent",
+            repository: None,
+            backend: "local",
+            base_image: None,
+            canonical_ref: None,
+            work_context_id: Some(context),
+            workspace_id: workspace,
+            store_url: "file:///tmp/none",
+            credential_generation: 0,
+            owner,
+        },
+    )
+    .await
+    .expect("create");
+    lineage::set_status(&mut conn, id, &["creating"], "uploading")
+        .await
+        .expect("uploading");
+    let created = sqlx::query_scalar("SELECT created_at FROM project_snapshots WHERE id = $1")
+        .bind(id)
+        .fetch_one(&mut *conn)
+        .await
+        .expect("created");
+    (id, created)
 }
 
 async fn field(pool: &PgPool, id: Uuid) -> (String, String) {
@@ -470,6 +508,7 @@ async fn a_capture_running_beside_a_sweep_loses_no_chunk() {
                     workspace_id: None,
                     store_url: store.url(),
                     credential_generation: 0,
+                    owner: None,
                 },
             )
             .await
@@ -544,39 +583,14 @@ async fn an_interrupted_capture_fails_after_a_while_and_stops_deferring_reclamat
         .execute(&db.pool)
         .await
         .expect("workspace");
+    let (id, created) = capture_in_progress(&db.pool, Uuid::new_v4(), Some(workspace), None).await;
     let mut conn = db.pool.acquire().await.expect("conn");
-    let id = lineage::create(
-        &mut conn,
-        &NewSnapshot {
-            kind: "checkpoint",
-            agent: "agent",
-            repository: None,
-            backend: "local",
-            base_image: None,
-            canonical_ref: None,
-            work_context_id: Some(Uuid::new_v4()),
-            workspace_id: Some(workspace),
-            store_url: "file:///tmp/none",
-            credential_generation: 0,
-        },
-    )
-    .await
-    .expect("create");
-    lineage::set_status(&mut conn, id, &["creating"], "uploading")
-        .await
-        .expect("uploading");
     sqlx::query("INSERT INTO holds (id, workspace_id, agent, reason, expires_at, capture_in_progress) VALUES ($1, $2, 'agent', 'capture', now() + interval '1 day', TRUE)")
         .bind(Uuid::new_v4())
         .bind(workspace)
         .execute(&mut *conn)
         .await
         .expect("hold");
-    let created: DateTime<Utc> =
-        sqlx::query_scalar("SELECT created_at FROM project_snapshots WHERE id = $1")
-            .bind(id)
-            .fetch_one(&mut *conn)
-            .await
-            .expect("created");
     assert_eq!(
         sweep(&db.pool, created + Duration::hours(5))
             .await
@@ -603,4 +617,109 @@ async fn an_interrupted_capture_fails_after_a_while_and_stops_deferring_reclamat
         (false, false),
         "the hold stays, no longer capturing"
     );
+}
+
+/// A run of the task `context` with one request in `state`, leased (epoch 3) until an
+/// hour from now; returns the request id.
+async fn live_request(pool: &PgPool, context: Uuid, state: &str) -> Uuid {
+    let request = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO runs (id, root_run_id, task_id, agent, steps, max_commands, max_wall_seconds, max_attempts,
+                           state, request_digest)
+         VALUES ($1, $1, $1, 'agent', '[]', 1, 1, 1, 'running', 'x')",
+    )
+    .bind(context)
+    .execute(pool)
+    .await
+    .expect("run");
+    sqlx::query(
+        "INSERT INTO execution_requests (id, run_id, kind, state, max_attempts, max_commands, max_wall_seconds,
+                                         lease_epoch, lease_owner, lease_deadline)
+         VALUES ($1, $2, 'run', $3, 1, 1, 1, 3, 'w1', now() + interval '1 hour')",
+    )
+    .bind(request)
+    .bind(context)
+    .bind(state)
+    .execute(pool)
+    .await
+    .expect("request");
+    request
+}
+
+#[tokio::test]
+async fn a_live_tasks_head_is_never_retired_as_idle() {
+    let db = TestDb::new().await;
+    let context = Uuid::new_v4();
+    let request = live_request(&db.pool, context, "executing").await;
+    let head = snapshot_row(
+        &db.pool,
+        "checkpoint",
+        "file:///tmp/none",
+        Some(context),
+        None,
+    )
+    .await;
+    let mut conn = db.pool.acquire().await.expect("conn");
+    lineage::append(&mut conn, context, "agent", None, head)
+        .await
+        .expect("append");
+    let later = Utc::now() + Duration::days(15);
+    for state in ["executing", "stopped_at_checkpoint", "needs_reconciliation"] {
+        sqlx::query("UPDATE execution_requests SET state = $2 WHERE id = $1")
+            .bind(request)
+            .bind(state)
+            .execute(&mut *conn)
+            .await
+            .expect("state");
+        assert_eq!(
+            sweep(&db.pool, later).await.idle_heads_retired,
+            0,
+            "{state}: the task is live"
+        );
+        assert_eq!(field(&db.pool, head).await.1, "current");
+    }
+    sqlx::query("UPDATE execution_requests SET state = 'failed' WHERE id = $1")
+        .bind(request)
+        .execute(&mut *conn)
+        .await
+        .expect("state");
+    assert_eq!(sweep(&db.pool, later).await.idle_heads_retired, 1);
+    assert_eq!(field(&db.pool, head).await.1, "retired");
+}
+
+#[tokio::test]
+async fn a_capture_whose_owner_can_no_longer_commit_fails_within_minutes() {
+    let db = TestDb::new().await;
+    let context = Uuid::new_v4();
+    let request = live_request(&db.pool, context, "executing").await;
+    let (id, created) = capture_in_progress(&db.pool, context, None, Some((request, 3))).await;
+    let mut conn = db.pool.acquire().await.expect("conn");
+    assert_eq!(
+        sweep(&db.pool, created + Duration::hours(1))
+            .await
+            .stale_captures_failed,
+        0,
+        "its owner still holds the lease: a long capture goes on"
+    );
+    // Another worker took the request over: the first can never commit this capture.
+    sqlx::query("UPDATE execution_requests SET lease_epoch = 4 WHERE id = $1")
+        .bind(request)
+        .execute(&mut *conn)
+        .await
+        .expect("takeover");
+    assert_eq!(
+        sweep(&db.pool, created + Duration::seconds(30))
+            .await
+            .stale_captures_failed,
+        0,
+        "within the grace"
+    );
+    assert_eq!(
+        sweep(&db.pool, created + Duration::minutes(1))
+            .await
+            .stale_captures_failed,
+        1,
+        "abandoned: failed in a minute, not six hours"
+    );
+    assert_eq!(field(&db.pool, id).await.0, "failed");
 }

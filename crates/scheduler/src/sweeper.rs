@@ -296,23 +296,7 @@ async fn lapsed_verification(
         report.requeued += 1;
         return Ok(());
     }
-    ticket::fence_out(&mut *conn, l.id).await?;
-    ticket::set_adoption_status(
-        &mut *conn,
-        adoption,
-        "failed",
-        Some("verification_attempts_exhausted"),
-    )
-    .await?;
-    ticket::set_handoff_state_of(&mut *conn, adoption, "pending").await?;
-    ticket::set_state(
-        &mut *conn,
-        l.id,
-        RequestState::AwaitingVerification,
-        Some("verification_attempts_exhausted"),
-        None,
-    )
-    .await?;
+    ticket::verification_attempts_exhausted(&mut *conn, l.id, adoption).await?;
     report.stopped += 1;
     Ok(())
 }

@@ -96,6 +96,12 @@ pub struct Config {
     #[arg(long, env = "CAIRN_PAUSE_LIMIT_SECONDS", default_value_t = 1800,
           value_parser = clap::value_parser!(u64).range(1..=86_400))]
     pub pause_limit_seconds: u64,
+    /// Seconds a step's failing checkpoint (store down, disk full) is retried before its
+    /// attempt ends with no receipt: the request gets another attempt, or stops at its
+    /// last checkpoint.
+    #[arg(long, env = "CAIRN_CAPTURE_RETRY_SECONDS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(0..=3600))]
+    pub capture_retry_seconds: u64,
     /// Bytes of the end of each stream kept with the receipt in the database.
     #[arg(long, env = "CAIRN_OUTPUT_TAIL_BYTES", default_value_t = 4096)]
     pub output_tail_bytes: usize,

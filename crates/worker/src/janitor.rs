@@ -1,8 +1,10 @@
-//! Removes the trees this worker left on its host once nothing guards them: a tree kept
+//! Removes the trees of this worker's directory once nothing guards them: a tree kept
 //! under a hold whose hold ended (its task ended, or a successor took its work over) or
-//! expired, and a tree a previous run of this worker (same id) left behind when it died.
-//! Holds are what keep a tree; the reaper ends expired holds, and this removes what they
-//! kept. A request a job of this process is running is never touched.
+//! expired, and a tree a previous process on this directory left behind when it died.
+//! Trees are keyed by the directory's identity and their path, never by host or worker
+//! id (the directory is locked by one live worker, see [`crate::directory`]). Holds are
+//! what keep a tree; the reaper ends expired holds, and this removes what they kept. A
+//! request a job of this process is running is never touched.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -40,7 +42,7 @@ const UNGUARDED: &str = "w.updated_at < now() - make_interval(secs => $2)
                      WHERE h.workspace_id = w.id AND h.ended_at IS NULL
                        AND (h.capture_in_progress OR h.expires_at > now() - make_interval(secs => $2)))
     AND NOT EXISTS (SELECT 1 FROM workspaces o
-                     WHERE o.host = w.host AND o.path = w.path AND o.id <> w.id AND o.state <> 'destroyed'
+                     WHERE o.directory_id = w.directory_id AND o.path = w.path AND o.id <> w.id AND o.state <> 'destroyed'
                        AND (o.updated_at >= now() - make_interval(secs => $2)
                             OR EXISTS (SELECT 1 FROM holds g
                                         WHERE g.workspace_id = o.id AND g.ended_at IS NULL
@@ -57,10 +59,11 @@ pub struct JanitorReport {
     pub skipped: u64,
 }
 
-/// Where and whose trees to look after.
+/// Which directory's trees to look after.
 #[derive(Debug, Clone)]
 pub struct Janitor {
-    pub worker_id: String,
+    /// The identity of the directory (see [`crate::directory::Directory`]).
+    pub directory_id: Uuid,
     pub workspaces_dir: PathBuf,
     /// How long after its hold expired (or its row last changed) a tree is left alone,
     /// so an adoption that saw the hold alive finishes first.
@@ -68,7 +71,7 @@ pub struct Janitor {
 }
 
 impl Janitor {
-    /// One pass over this host's unguarded trees.
+    /// One pass over this directory's unguarded trees.
     pub async fn sweep_once(
         &self,
         pool: &sqlx::PgPool,
@@ -80,12 +83,12 @@ impl Janitor {
         let prefix = format!("{}/", self.workspaces_dir.display());
         let rows: Vec<(Uuid, Option<String>)> = sqlx::query_as(&format!(
             "SELECT w.id, w.path FROM workspaces w
-              WHERE w.host = $1 AND w.state IN ('stopped', 'running', 'paused')
+              WHERE w.directory_id = $1 AND w.state IN ('stopped', 'running', 'paused')
                 AND starts_with(w.path, $3) AND {UNGUARDED}
               ORDER BY w.updated_at
               LIMIT 500"
         ))
-        .bind(&self.worker_id)
+        .bind(self.directory_id)
         .bind(grace)
         .bind(&prefix)
         .fetch_all(pool)

@@ -2,11 +2,12 @@
 //! intent before and a receipt after every step. Completed steps are reused, never
 //! replayed; a step with an intent and no receipt runs again only if idempotent.
 
-use crate::custody::{CustodyError, CustodySettings, Held, Subject};
+use crate::custody::{Custody, CustodyError, Held, Release, Subject};
+use crate::journal::{self, Receipt, Standing};
 use crate::metrics::WorkerMetrics;
 use crate::pause::{self, Pausing};
 use crate::renewal::{self, StopReason};
-use crate::report;
+use crate::report::{self, RetainedReport};
 use crate::step::{self, Interruption, StepCommand, StepOutcome};
 use crate::verification;
 use crate::workspace::Workspace;
@@ -65,21 +66,35 @@ pub enum JobError {
     Lease(#[from] LeaseError),
     #[error("database error: {0}")]
     Db(#[from] sqlx::Error),
+    /// A custody failure the job had no outcome for.
+    #[error(transparent)]
+    Custody(Box<CustodyError>),
+}
+
+impl From<CustodyError> for JobError {
+    fn from(e: CustodyError) -> Self {
+        match e {
+            CustodyError::Lease(e) => JobError::Lease(e),
+            CustodyError::Db(e) => JobError::Db(e),
+            other => JobError::Custody(Box::new(other)),
+        }
+    }
 }
 
 /// How a plan ended, before the ticket records it.
 enum Ending {
     Complete,
     Fail(String),
-    Reconcile { message: String, step: String },
+    /// A person decides: `reason` is `unknown_outcome` or `tree_behind_journal`.
+    Reconcile {
+        message: String,
+        step: String,
+        reason: &'static str,
+    },
+    /// The attempt ends with nothing recorded for its step (its effects could not be
+    /// captured): another attempt, or a stop at the last checkpoint.
+    EndAttempt(CustodyError),
     Interrupted,
-}
-
-/// A final report as the worker retains it.
-pub struct RetainedReport {
-    report: report::FinalReport,
-    body: serde_json::Value,
-    source_digest: Option<String>,
 }
 
 /// A claimed request, ready to run.
@@ -140,7 +155,7 @@ pub struct Worker {
     pub pool: PgPool,
     pub leases: Leases,
     pub settings: JobSettings,
-    pub custody: CustodySettings,
+    pub custody: Custody,
     pub metrics: WorkerMetrics,
     /// Requests this process runs jobs for; the janitor never touches their trees.
     pub active: Arc<crate::janitor::ActiveRequests>,
@@ -433,9 +448,9 @@ impl Worker {
                 self.metrics.self_fenced.inc();
                 JobOutcome::Fenced
             }
-            Err(JobError::Db(e)) => {
+            Err(e @ (JobError::Db(_) | JobError::Custody(_))) => {
                 // The lease will lapse and the sweeper will give the request another attempt.
-                tracing::error!(error = %e, "database error while running a job; leaving it to the lease sweeper");
+                tracing::error!(error = %e, "error while running a job; leaving it to the lease sweeper");
                 JobOutcome::Fenced
             }
         };
@@ -474,28 +489,32 @@ impl Worker {
             return self.complete(job).await;
         }
         let subject = job.subject();
-        let mut held = match self.acquire_or_fail(job, &subject).await? {
+        let mut held = match self.acquire_or_end(job, &subject).await? {
             Ok(held) => held,
-            Err(failed) => return Ok(failed),
+            Err(ended) => return Ok(ended),
         };
         let ending = self
             .run_steps(job, &subject, &mut held, stop, reason, &mut pause)
             .await;
-        let fenced = match &ending {
-            Err(JobError::Lease(_)) => true,
-            Ok(Ending::Interrupted) => matches!(reason.get(), Some(renewal::Reason::Fenced) | None),
-            _ => false,
+        let how = match &ending {
+            Err(JobError::Lease(_)) => Release::Fenced,
+            Ok(Ending::Interrupted) => match reason.get() {
+                Some(renewal::Reason::Cancelled) => Release::Ended { retire: false },
+                Some(renewal::Reason::Drain | renewal::Reason::PauseExpired) => Release::HandedOn,
+                Some(renewal::Reason::Fenced) | None => Release::Fenced,
+            },
+            // A task is done (its lineage retired) when it completed without asking for
+            // more: a blocked or clarification report pauses it, and its checkpoint stays
+            // current.
+            Ok(Ending::Complete) => Release::Ended {
+                retire: !self.paused_by_report(job.lease.request_id).await,
+            },
+            Ok(Ending::Fail(_)) => Release::Ended { retire: false },
+            Ok(Ending::Reconcile { .. } | Ending::EndAttempt(_))
+            | Err(JobError::Db(_) | JobError::Custody(_)) => Release::HandedOn,
         };
-        let terminal = matches!(&ending, Ok(Ending::Complete | Ending::Fail(_)))
-            || (matches!(&ending, Ok(Ending::Interrupted))
-                && reason.get() == Some(renewal::Reason::Cancelled));
-        // A task is done (its lineage retired) when it completed without asking for more:
-        // a blocked or clarification report pauses it, and its checkpoint stays current.
-        let done = matches!(&ending, Ok(Ending::Complete))
-            && !self.paused_by_report(job.lease.request_id).await;
         // The workspace is released (or kept under a hold) while the lease is still ours.
-        self.release(&job.lease, &subject, &held, terminal, done, fenced)
-            .await;
+        self.custody.release(&job.lease, &subject, &held, how).await;
         match ending? {
             Ending::Complete => self.complete(job).await,
             Ending::Fail(message) => {
@@ -503,36 +522,45 @@ impl Worker {
                     .await?;
                 Ok(JobOutcome::Failed(message))
             }
-            Ending::Reconcile { message, step } => {
+            Ending::Reconcile {
+                message,
+                step,
+                reason,
+            } => {
                 self.finish(
                     job,
                     RequestState::NeedsReconciliation,
-                    Some("unknown_outcome"),
+                    Some(reason),
                     Some(&step),
                 )
                 .await?;
                 Ok(JobOutcome::NeedsReconciliation(message))
             }
+            Ending::EndAttempt(error) => self.end_attempt(job, &error).await,
             Ending::Interrupted => self.interrupted(job, reason).await,
         }
     }
 
-    /// Acquires the job's workspace; when none can be had, the request fails with the
-    /// reason and the outcome comes back instead.
-    pub(crate) async fn acquire_or_fail(
+    /// Acquires the job's workspace. When none can be had, the request fails with the
+    /// reason; when its checkpoint cannot be read now, the attempt ends. Either way the
+    /// outcome comes back instead.
+    pub(crate) async fn acquire_or_end(
         &self,
         job: &Claimed,
         subject: &Subject,
     ) -> Result<Result<Held, JobOutcome>, JobError> {
-        match self.acquire(&job.lease, subject).await {
+        match self.custody.acquire(&job.lease, subject).await {
             Ok(held) => Ok(Ok(held)),
-            Err(CustodyError::Job(e)) => Err(e),
             Err(CustodyError::Workspace(e)) => {
                 let message = format!("workspace: {e}");
                 self.finish(job, RequestState::Failed, Some(&message), None)
                     .await?;
                 Ok(Err(JobOutcome::Failed(message)))
             }
+            Err(e) => match e.ends_attempt() {
+                Some(_) => self.end_attempt(job, &e).await.map(Err),
+                None => Err(e.into()),
+            },
         }
     }
 
@@ -548,18 +576,17 @@ impl Worker {
         let workspace = held.workspace.clone();
         let workspace = &workspace;
         let request_id = job.lease.request_id;
-        let journal: Vec<(String, bool)> = sqlx::query_as(
-            "SELECT i.step_key, r.step_key IS NOT NULL FROM journal_intents i
-               LEFT JOIN journal_receipts r ON r.request_id = i.request_id AND r.step_key = i.step_key
-              WHERE i.request_id = $1",
-        )
-        .bind(request_id)
-        .fetch_all(&self.pool)
-        .await?;
-        let journal: HashMap<String, bool> = journal.into_iter().collect();
+        let mut conn = self.pool.acquire().await?;
+        let standings = journal::standings(&mut conn, request_id, held.position).await?;
+        drop(conn);
+        if !standings.is_empty() {
+            self.record_standings(job, held, &standings).await?;
+        }
         let mut used_commands = job.used_commands;
         let mut used_wall_ms = job.used_wall_ms;
         let last = job.steps.len().saturating_sub(1);
+        // Once a step runs, no later receipt is taken as done: its tree moved on.
+        let mut ran = false;
 
         let pausing = |step, group| Pausing {
             job,
@@ -570,27 +597,42 @@ impl Worker {
             reason,
         };
         for (index, step) in job.steps.iter().enumerate() {
-            match journal.get(&step.key) {
-                Some(true) => {
-                    // A receipt exists: the effect happened; reuse it and keep its charge.
+            match standings.get(&step.key) {
+                Some(Standing::Done { snapshot }) if !ran => {
+                    // Its receipt stands on a snapshot this tree holds: reuse it.
                     self.metrics.steps_reused.inc();
-                    tracing::info!(step = %step.key, "step reused from its receipt");
+                    tracing::info!(step = %step.key, %snapshot, "step reused from its receipt");
                     continue;
                 }
-                Some(false) if !step.idempotent => {
-                    let message = format!(
-                        "step {} started and has no receipt: its outcome is unknown",
-                        step.key
-                    );
+                None => {}
+                Some(standing) if !step.idempotent => {
+                    let reason = match standing {
+                        Standing::Unknown => "unknown_outcome",
+                        _ => {
+                            self.metrics.trees_behind_journal.inc();
+                            "tree_behind_journal"
+                        }
+                    };
+                    let message = match reason {
+                        "unknown_outcome" => format!(
+                            "step {} started and has no receipt: its outcome is unknown",
+                            step.key
+                        ),
+                        _ => format!(
+                            "step {} has a receipt on a snapshot this tree (from tier {}) does not hold: its effects are not here",
+                            step.key,
+                            held.tier.as_str()
+                        ),
+                    };
                     return Ok(Ending::Reconcile {
                         message,
                         step: step.key.clone(),
+                        reason,
                     });
                 }
-                Some(false) => {
-                    tracing::info!(step = %step.key, "idempotent step with an unknown outcome runs again")
+                Some(standing) => {
+                    tracing::info!(step = %step.key, standing = standing.as_str(), "idempotent step runs again")
                 }
-                None => {}
             }
             if pause::requested(pause) && !stop.is_cancelled() {
                 self.pause_here(pausing(None, 0), held, pause).await?;
@@ -616,26 +658,18 @@ impl Worker {
 
             // The intent, and the command's charge, are durable before the step starts.
             let mut tx = job.lease.begin_fenced(&self.pool).await?;
-            sqlx::query(
-                "INSERT INTO journal_intents (request_id, step_key, step_index, idempotent, lease_epoch, attempt)
-                 VALUES ($1, $2, $3, $4, $5, $6)
-                 ON CONFLICT (request_id, step_key) DO UPDATE
-                    SET lease_epoch = EXCLUDED.lease_epoch, attempt = EXCLUDED.attempt, started_at = now()",
+            journal::write_intent(
+                &mut tx,
+                &job.lease,
+                job.attempt,
+                &step.key,
+                index,
+                step.idempotent,
             )
-            .bind(request_id)
-            .bind(&step.key)
-            .bind(i32::try_from(index).unwrap_or(i32::MAX))
-            .bind(step.idempotent)
-            .bind(job.lease.epoch)
-            .bind(job.attempt)
-            .execute(&mut *tx)
             .await?;
-            sqlx::query("UPDATE execution_requests SET used_commands = used_commands + 1, updated_at = now() WHERE id = $1")
-                .bind(request_id)
-                .execute(&mut *tx)
-                .await?;
             tx.commit().await?;
             used_commands += 1;
+            ran = true;
 
             let command = self.command(job, workspace, step, index, remaining_wall_ms);
             if index == last {
@@ -665,13 +699,20 @@ impl Worker {
                     }
                 }
             };
+            let receipt = |outcome, report| Receipt {
+                step_key: &step.key,
+                attempt: job.attempt,
+                outcome,
+                tier: Some(held.tier),
+                report,
+            };
             let outcome = match result {
                 Ok(outcome) => outcome,
                 Err(e) => {
                     // The program could not start: a receipt records it as a failed step.
                     let message = format!("step {}: {e}", step.key);
-                    self.write_receipt(job, step, &spawn_failure(&message), None)
-                        .await?;
+                    let failure = spawn_failure(&message);
+                    self.write_receipt(job, &receipt(&failure, None)).await?;
                     return Ok(Ending::Fail(message));
                 }
             };
@@ -679,32 +720,79 @@ impl Worker {
                 return Ok(Ending::Interrupted);
             }
             used_wall_ms += outcome.wall_ms;
-            let final_report = if index == last && outcome.succeeded() {
+            tracing::info!(step = %step.key, result = %outcome.describe(), wall_ms = outcome.wall_ms, "step ended");
+            if !outcome.succeeded() {
+                // The request fails here: nothing continues from this tree.
+                self.write_receipt(job, &receipt(&outcome, None)).await?;
+                let message = format!("step {} {}", step.key, outcome.describe());
+                return Ok(Ending::Fail(message));
+            }
+            let final_report = if index == last {
                 match self.read_report(workspace).await {
                     Ok(report) => report,
                     Err(message) => {
-                        self.write_receipt(job, step, &outcome, None).await?;
+                        self.write_receipt(job, &receipt(&outcome, None)).await?;
                         return Ok(Ending::Fail(message));
                     }
                 }
             } else {
                 None
             };
-            self.write_receipt(job, step, &outcome, final_report.as_ref())
-                .await?;
-            tracing::info!(step = %step.key, result = %outcome.describe(), wall_ms = outcome.wall_ms, "step ended");
-            if !outcome.succeeded() {
-                let message = format!("step {} {}", step.key, outcome.describe());
-                return Ok(Ending::Fail(message));
-            }
-            // Checkpoint after every completed step: a successor restores this tree.
-            match self.checkpoint(&job.lease, subject, held).await {
+            // One durable fact: the receipt commits with the checkpoint holding its
+            // effects, so a successor reuses it only on a tree that has them.
+            let receipt = receipt(&outcome, final_report.as_ref());
+            match self
+                .custody
+                .commit_step(&job.lease, subject, held, &receipt, stop)
+                .await
+            {
                 Ok(_) => {}
-                Err(CustodyError::Job(e)) => return Err(e),
-                Err(CustodyError::Workspace(e)) => tracing::warn!(error = %e, "checkpoint skipped"),
+                Err(CustodyError::CaptureFailed(_)) if stop.is_cancelled() => {
+                    return Ok(Ending::Interrupted)
+                }
+                Err(e @ CustodyError::CaptureFailed(_)) => {
+                    tracing::warn!(step = %step.key, error = %e, "no receipt: the attempt ends and the tree stays held");
+                    self.metrics.captures_failed.inc();
+                    return Ok(Ending::EndAttempt(e));
+                }
+                Err(e) => return Err(e.into()),
             }
         }
         Ok(Ending::Complete)
+    }
+
+    /// Shows in the resume context where each journaled step stands on this tree.
+    async fn record_standings(
+        &self,
+        job: &Claimed,
+        held: &Held,
+        standings: &HashMap<String, Standing>,
+    ) -> Result<(), JobError> {
+        let receipts: Vec<serde_json::Value> = job
+            .steps
+            .iter()
+            .filter_map(|step| {
+                let standing = standings.get(&step.key)?;
+                let snapshot = match standing {
+                    Standing::Done { snapshot } => Some(*snapshot),
+                    Standing::Behind { snapshot } => *snapshot,
+                    Standing::Unknown => None,
+                };
+                Some(json!({"step_key": step.key, "standing": standing.as_str(), "snapshot_id": snapshot}))
+            })
+            .collect();
+        let mut tx = job.lease.begin_fenced(&self.pool).await?;
+        sqlx::query(
+            "UPDATE execution_requests SET resume_context = COALESCE(resume_context, '{}'::jsonb) || jsonb_build_object('receipts', $2::jsonb)
+              WHERE id = $1",
+        )
+        .bind(job.lease.request_id)
+        .bind(serde_json::Value::from(receipts))
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        tracing::info!(tier = held.tier.as_str(), position = ?held.position, "journal read against the acquired tree");
+        Ok(())
     }
 
     /// Reads the final report; one that asks for verification is retained with the
@@ -714,7 +802,7 @@ impl Worker {
             return Ok(None);
         };
         let source_digest = if report.asks_for_verification() {
-            let scope = crate::scope::measure(&workspace.root, &self.custody.rules)
+            let scope = crate::scope::measure(&workspace.root, &self.custody.settings.rules)
                 .await
                 .map_err(|e| format!("cannot measure the source to verify: {e}"))?;
             Some(scope.source_digest)
@@ -789,31 +877,11 @@ impl Worker {
         }
     }
 
-    async fn write_receipt(
-        &self,
-        job: &Claimed,
-        step: &StepSpec,
-        outcome: &StepOutcome,
-        final_report: Option<&RetainedReport>,
-    ) -> Result<(), JobError> {
+    /// A receipt that stands on no snapshot: the step failed (or never started) and the
+    /// request fails with it, so nothing continues from its tree.
+    async fn write_receipt(&self, job: &Claimed, receipt: &Receipt<'_>) -> Result<(), JobError> {
         let mut tx = job.lease.begin_fenced(&self.pool).await?;
-        record_receipt(&mut tx, &job.lease, job.attempt, &step.key, outcome).await?;
-        if let Some(retained) = final_report {
-            // Retained with the last receipt; accepted (consumed) separately, once.
-            sqlx::query(
-                "INSERT INTO final_reports (request_id, outcome, followup_kind, body, lease_epoch, source_digest)
-                 VALUES ($1, $2, $3, $4, $5, $6)
-                 ON CONFLICT (request_id) DO NOTHING",
-            )
-            .bind(job.lease.request_id)
-            .bind(retained.report.outcome.as_str())
-            .bind(&retained.report.followup_kind)
-            .bind(&retained.body)
-            .bind(job.lease.epoch)
-            .bind(&retained.source_digest)
-            .execute(&mut *tx)
-            .await?;
-        }
+        journal::record_receipt(&mut tx, &job.lease, receipt, None).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -924,6 +992,33 @@ impl Worker {
         }
     }
 
+    /// The attempt ended with its lease still ours and nothing recorded for its step (its
+    /// effects could not be captured, or its checkpoint could not be read): the request
+    /// is followed up as after a lapsed lease, with the reason.
+    async fn end_attempt(
+        &self,
+        job: &Claimed,
+        error: &CustodyError,
+    ) -> Result<JobOutcome, JobError> {
+        let reason = error.ends_attempt().unwrap_or("attempt_ended");
+        let continuation = match (job.kind, job.action_id) {
+            (JobKind::Verification, Some(id)) => ticket::Continuation::Verification(id),
+            (JobKind::CheckpointContinuation, Some(id)) => ticket::Continuation::Checkpoint(id),
+            _ => ticket::Continuation::None,
+        };
+        let mut tx = job.lease.begin_fenced(&self.pool).await?;
+        let ended =
+            ticket::end_attempt(&mut tx, job.lease.request_id, continuation, reason).await?;
+        tx.commit().await?;
+        self.leases.clear_liveness(&job.lease).await;
+        tracing::warn!(error = %error, ?ended, "the attempt ended without a result");
+        Ok(match ended {
+            ticket::AttemptEnd::Requeued => JobOutcome::HandedBack,
+            ticket::AttemptEnd::Stopped => JobOutcome::StoppedAtCheckpoint,
+            ticket::AttemptEnd::AwaitingAdoption => JobOutcome::Failed(error.to_string()),
+        })
+    }
+
     /// A pause past its limit behaves like a stop: the request stops at its checkpoint
     /// (a reviewed continuation can take it further) and the lease is released.
     async fn stop_after_pause(&self, job: &Claimed) -> Result<(), JobError> {
@@ -998,47 +1093,6 @@ impl Worker {
         self.leases.clear_liveness(&job.lease).await;
         Ok(())
     }
-}
-
-/// Writes a command's receipt and charges its wall and CPU time, inside the caller's
-/// fenced transaction.
-pub(crate) async fn record_receipt(
-    conn: &mut PgConnection,
-    lease: &Lease,
-    attempt: i32,
-    step_key: &str,
-    outcome: &StepOutcome,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO journal_receipts (request_id, step_key, lease_epoch, attempt, exit_code, signal, timed_out,
-                                       wall_ms, cpu_ms, output_digest, stdout_tail, stderr_tail, output_artifact)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
-    )
-    .bind(lease.request_id)
-    .bind(step_key)
-    .bind(lease.epoch)
-    .bind(attempt)
-    .bind(outcome.exit_code)
-    .bind(outcome.signal)
-    .bind(outcome.interrupted == Some(Interruption::TimedOut))
-    .bind(outcome.wall_ms)
-    .bind(outcome.cpu_ms)
-    .bind(&outcome.output_digest)
-    .bind(&outcome.stdout_tail)
-    .bind(&outcome.stderr_tail)
-    .bind(outcome.stdout_path.with_extension("").to_string_lossy().into_owned())
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query(
-        "UPDATE execution_requests SET used_wall_ms = used_wall_ms + $2, used_cpu_ms = used_cpu_ms + $3, updated_at = now()
-          WHERE id = $1",
-    )
-    .bind(lease.request_id)
-    .bind(outcome.wall_ms)
-    .bind(outcome.cpu_ms)
-    .execute(&mut *conn)
-    .await?;
-    Ok(())
 }
 
 /// The outcome recorded for a command that could not start.

@@ -3,9 +3,13 @@
 //!
 //! - [`config`]: its settings.
 //! - [`consumer`]: RabbitMQ consumption with bounded concurrency; ack after claim.
-//! - [`custody`]: workspace acquisition order, checkpoints (capture-before-release), release.
-//! - [`job`]: claim, plan execution, journal writes, completion and hand-back.
-//! - [`janitor`]: removes this host's trees once no hold guards them.
+//! - [`custody`]: workspace acquisition order, checkpoints that commit a step's receipt
+//!   with the snapshot holding its effects, release (capture-before-release).
+//! - [`directory`]: the workspaces directory, locked by one worker, and its identity.
+//! - [`job`]: claim, plan execution, completion and hand-back.
+//! - [`journal`]: intents and receipts, and where each receipt stands on a given tree.
+//! - [`janitor`]: removes this directory's trees once no hold guards them.
+//! - [`fault`]: crash points for tests (debug builds only).
 //! - [`renewal`]: the lease keeper that renews, self-fences and notices cancellation.
 //! - [`step`]: running one command: process group, environment, timeout, output, usage.
 //! - [`verification`]: verification handoffs: frozen checks, confined runs, reuse.
@@ -19,8 +23,11 @@ pub mod config;
 pub mod confine;
 pub mod consumer;
 pub mod custody;
+pub mod directory;
+pub mod fault;
 pub mod janitor;
 pub mod job;
+pub mod journal;
 pub mod metrics;
 pub mod pause;
 pub mod renewal;
@@ -57,11 +64,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let redis = redis_conn::connect(&config.redis.redis_url)
         .await
         .context("connecting to Redis")?;
-    tokio::fs::create_dir_all(&config.workspaces_dir)
-        .await
-        .with_context(|| format!("creating {}", config.workspaces_dir.display()))?;
-    let workspaces_dir = std::fs::canonicalize(&config.workspaces_dir)
-        .context("resolving the workspaces directory")?;
+    // One live worker per directory: a second one is refused here, before it claims.
+    let directory = directory::Directory::claim(&config.workspaces_dir)?;
+    let workspaces_dir = directory.path.clone();
     tokio::fs::create_dir_all(&artifacts_dir)
         .await
         .with_context(|| format!("creating {}", artifacts_dir.display()))?;
@@ -79,7 +84,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let snapshot_store = config.snapshot_store(&artifacts_dir);
     let store = cairn_common::store::ArtifactStore::open(&snapshot_store)
         .with_context(|| format!("opening the snapshot store {snapshot_store}"))?;
-    let custody = custody::CustodySettings {
+    let settings = custody::CustodySettings {
         store,
         backend: config.workspace_backend.clone(),
         persistent: config.workspace_persistent,
@@ -93,6 +98,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
                 .collect(),
         },
         hold_limits: cairn_common::hold::HoldLimits::default(),
+        capture_retry: Duration::from_secs(config.capture_retry_seconds),
+        worker_id: worker_id.clone(),
+    };
+    let directory_id = directory.id;
+    let custody = custody::Custody {
+        pool: pool.clone(),
+        settings,
+        directory,
     };
     let worker = Arc::new(job::Worker {
         pool: pool.clone(),
@@ -114,7 +127,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let janitor_stop = CancellationToken::new();
     let janitor = tokio::spawn(
         janitor::Janitor {
-            worker_id: worker_id.clone(),
+            directory_id,
             workspaces_dir: worker.settings.workspaces_dir.clone(),
             grace: Duration::from_secs(config.janitor_grace_seconds),
         }

@@ -21,6 +21,8 @@ pub struct WorkerMetrics {
     pub checks_run: Counter,
     pub checks_reused: Counter,
     pub checks_unconfined: Counter,
+    pub captures_failed: Counter,
+    pub trees_behind_journal: Counter,
     pub claim_latency_seconds: Histogram,
 }
 
@@ -45,6 +47,8 @@ impl Default for WorkerMetrics {
             checks_run: Counter::default(),
             checks_reused: Counter::default(),
             checks_unconfined: Counter::default(),
+            captures_failed: Counter::default(),
+            trees_behind_journal: Counter::default(),
             claim_latency_seconds: Histogram::new(buckets),
         }
     }
@@ -89,8 +93,18 @@ impl WorkerMetrics {
         );
         add(
             "worker_steps_reused",
-            "Steps skipped because a receipt already existed",
+            "Steps skipped because their receipt stands on a snapshot the tree holds",
             &m.steps_reused,
+        );
+        add(
+            "worker_captures_failed",
+            "Steps whose checkpoint kept failing: no receipt, the attempt ended",
+            &m.captures_failed,
+        );
+        add(
+            "worker_trees_behind_journal",
+            "Non-idempotent steps whose receipt the acquired tree does not hold (sent to a person)",
+            &m.trees_behind_journal,
         );
         add("worker_leases_renewed", "Lease renewals", &m.leases_renewed);
         add(

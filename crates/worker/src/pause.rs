@@ -7,7 +7,7 @@
 //! behaves like a stop: the processes end and the request stops at its checkpoint, from
 //! which a reviewed continuation can take it further.
 
-use crate::custody::{CustodyError, Held, Subject};
+use crate::custody::{Checkpoint, CustodyError, Held, Subject};
 use crate::job::{Claimed, JobError, Worker};
 use crate::renewal::{Reason, StopReason};
 use nix::sys::signal::{killpg, Signal};
@@ -110,13 +110,17 @@ impl Worker {
         );
         let mut capture_failed = false;
         if held.uncaptured {
-            match self.checkpoint(&at.job.lease, at.subject, held).await {
-                Ok(appended) => capture_failed = !appended,
-                Err(CustodyError::Job(e)) => return Err(e),
-                Err(CustodyError::Workspace(e)) => {
+            match self
+                .custody
+                .checkpoint(&at.job.lease, at.subject, held, None)
+                .await
+            {
+                Ok(Checkpoint::Stands(_)) => {}
+                Ok(Checkpoint::Failed(e)) | Err(CustodyError::CaptureFailed(e)) => {
                     tracing::warn!(error = %e, "pause checkpoint failed; the hold keeps the tree");
                     capture_failed = true;
                 }
+                Err(e) => return Err(e.into()),
             }
         }
         let limit = self.settings.pause_limit;
@@ -124,7 +128,7 @@ impl Worker {
             chrono::Utc::now() + chrono::Duration::from_std(limit).unwrap_or(chrono::Duration::MAX);
         let record = json!({
             // Ids in API bodies are simple (no hyphens).
-            "snapshot_id": held.head.map(|id| id.simple().to_string()),
+            "snapshot_id": held.position.map(|id| id.simple().to_string()),
             "step": at.step,
             "capture_failed": capture_failed,
             "expires_at": expires_at,
@@ -141,7 +145,7 @@ impl Worker {
         set_workspace_paused(&mut tx, held, true).await?;
         tx.commit().await?;
         self.metrics.pauses.inc();
-        tracing::info!(snapshot_id = ?held.head, capture_failed, "paused");
+        tracing::info!(snapshot_id = ?held.position, capture_failed, "paused");
         Ok(wait(pause, at.stop, limit).await)
     }
 }

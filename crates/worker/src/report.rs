@@ -6,6 +6,14 @@ use serde::Deserialize;
 /// What asks for a verification handoff.
 pub const VERIFICATION: &str = "verification";
 
+/// A final report as the worker retains it with the last step's receipt.
+pub struct RetainedReport {
+    pub report: FinalReport,
+    pub body: serde_json::Value,
+    /// The source a verification it asks for will verify.
+    pub source_digest: Option<String>,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 pub struct FinalReport {
     pub outcome: Outcome,

@@ -10,7 +10,9 @@
 //! measured again inside the completion transaction: a late change rolls back the
 //! completion and the reuse receipt, and every command already run stays charged.
 
-use crate::job::{record_receipt, spawn_failure, Claimed, JobError, JobOutcome, Worker};
+use crate::custody::Release;
+use crate::job::{spawn_failure, Claimed, JobError, JobOutcome, Worker};
+use crate::journal::{self, Receipt};
 use crate::renewal::{self, StopReason};
 use crate::scope::{self, Scope, SourceScope};
 use crate::step::{self, Interruption, StepCommand, StepOutcome};
@@ -208,9 +210,9 @@ impl Worker {
             return Ok(JobOutcome::Failed(message));
         };
         let subject = job.subject();
-        let held = match self.acquire_or_fail(job, &subject).await? {
+        let held = match self.acquire_or_end(job, &subject).await? {
             Ok(held) => held,
-            Err(failed) => return Ok(failed),
+            Err(ended) => return Ok(ended),
         };
         // Checks add nothing to capture (a changed source fails the verification); a tree
         // adopted with uncaptured work keeps that state, so a drain keeps it held.
@@ -225,8 +227,14 @@ impl Worker {
         let drained = matches!(&ending, Ok(Ending::Interrupted))
             && reason.get() == Some(renewal::Reason::Drain);
         let passed = matches!(&ending, Ok(Ending::Completed { passed: true, .. }));
-        self.release(&job.lease, &subject, &held, !drained, passed, fenced)
-            .await;
+        let how = if fenced {
+            Release::Fenced
+        } else if drained {
+            Release::HandedOn
+        } else {
+            Release::Ended { retire: passed }
+        };
+        self.custody.release(&job.lease, &subject, &held, how).await;
         let _ = tokio::fs::remove_dir_all(scratch_root(&self.settings.workspaces_dir, job)).await;
         match ending? {
             Ending::Completed { passed, summary } => {
@@ -288,7 +296,7 @@ impl Worker {
         root: &Path,
         stop: &CancellationToken,
     ) -> Result<Ending, JobError> {
-        let before = match scope::measure(root, &self.custody.rules).await {
+        let before = match scope::measure(root, &self.custody.settings.rules).await {
             Ok(scope) => scope,
             Err(e) => return Ok(Ending::Fail(format!("cannot measure the source: {e}"))),
         };
@@ -393,8 +401,8 @@ impl Worker {
     ) -> Result<Vec<Plan<'a>>, JobError> {
         let runner = scope::runner_digest(
             confined,
-            &self.custody.backend,
-            self.custody.base_image.as_deref(),
+            &self.custody.settings.backend,
+            self.custody.settings.base_image.as_deref(),
         );
         let mut plans = Vec::with_capacity(adoption.commands.len());
         for (i, check) in adoption.commands.iter().enumerate() {
@@ -544,26 +552,17 @@ impl Worker {
             }),
         )
         .await?;
-        sqlx::query(
-            "INSERT INTO journal_intents (request_id, step_key, step_index, idempotent, lease_epoch, attempt)
-             VALUES ($1, $2, $3, $4, $5, $6)
-             ON CONFLICT (request_id, step_key) DO UPDATE
-                SET lease_epoch = EXCLUDED.lease_epoch, attempt = EXCLUDED.attempt, started_at = now()",
-        )
-        .bind(job.lease.request_id)
-        .bind(&step_key)
-        .bind(plan.index_i32())
         // Source checks may run again after an unknown outcome; checks of changing
         // services or generated output may not.
-        .bind(plan.check.purpose.reuse_eligible())
-        .bind(job.lease.epoch)
-        .bind(job.attempt)
-        .execute(&mut *tx)
+        journal::write_intent(
+            &mut tx,
+            &job.lease,
+            job.attempt,
+            &step_key,
+            plan.index,
+            plan.check.purpose.reuse_eligible(),
+        )
         .await?;
-        sqlx::query("UPDATE execution_requests SET used_commands = used_commands + 1, updated_at = now() WHERE id = $1")
-            .bind(job.lease.request_id)
-            .execute(&mut *tx)
-            .await?;
         tx.commit().await?;
 
         let command = StepCommand {
@@ -610,7 +609,15 @@ impl Worker {
         tracing::info!(check = plan.index, result = %outcome.describe(), "verification check ended");
 
         let mut tx = job.lease.begin_fenced(&self.pool).await?;
-        record_receipt(&mut tx, &job.lease, job.attempt, &step_key, &outcome).await?;
+        let receipt = Receipt {
+            step_key: &step_key,
+            attempt: job.attempt,
+            outcome: &outcome,
+            tier: None,
+            report: None,
+        };
+        // Checks change nothing to capture: their receipts stand on no snapshot.
+        journal::record_receipt(&mut tx, &job.lease, &receipt, None).await?;
         sqlx::query(
             "INSERT INTO verification_results (id, adoption_id, command_index, command_digest, purpose, confined, reusable,
                     scope_digest, exit_code, passed, output_digest, started_at, finished_at, request_id, agent, repository,
@@ -666,7 +673,7 @@ impl Worker {
         root: &Path,
     ) -> Result<Ending, JobError> {
         let mut tx = job.lease.begin_fenced(&self.pool).await?;
-        let after = scope::measure(root, &self.custody.rules).await;
+        let after = scope::measure(root, &self.custody.settings.rules).await;
         let late_change = match &after {
             Ok(after) if after.source_digest != before.source_digest => Some("the source"),
             Ok(after) if after.dependency_digest != before.dependency_digest => {

@@ -1,5 +1,5 @@
 //! The workspace janitor removes a tree only when no hold guards it, its grace has
-//! passed, and no job of this process runs its request.
+//! passed, no job of this process runs its request, and it is a tree of its directory.
 
 use cairn_common::testing::TestDb;
 use cairn_worker::janitor::{ActiveRequests, Janitor};
@@ -27,8 +27,10 @@ async fn only_trees_no_hold_guards_are_removed() {
     let elsewhere = scratch.join("elsewhere");
     std::fs::create_dir_all(&base).expect("base");
     std::fs::create_dir_all(&elsewhere).expect("elsewhere");
+    let (mine, theirs) = (Uuid::new_v4(), Uuid::new_v4());
+    let directory = |host: &str| if host == "w-test" { mine } else { theirs };
     let janitor = Janitor {
-        worker_id: "w-test".into(),
+        directory_id: mine,
         workspaces_dir: base.clone(),
         grace: Duration::from_secs(600),
     };
@@ -105,7 +107,7 @@ async fn only_trees_no_hold_guards_are_removed() {
             removed: false,
         },
         Case {
-            label: "another host's",
+            label: "another directory's",
             host: "w-other",
             state: "stopped",
             hold: Some((true, 3600)),
@@ -133,14 +135,15 @@ async fn only_trees_no_hold_guards_are_removed() {
         std::fs::write(path.join("work.txt"), case.label).expect("file");
         let workspace = Uuid::new_v4();
         sqlx::query(
-            "INSERT INTO workspaces (id, agent, backend, state, host, path, updated_at)
-             VALUES ($1, 'agent', 'local', $2, $3, $4, now() - make_interval(secs => $5))",
+            "INSERT INTO workspaces (id, agent, backend, state, host, path, updated_at, directory_id)
+             VALUES ($1, 'agent', 'local', $2, $3, $4, now() - make_interval(secs => $5), $6)",
         )
         .bind(workspace)
         .bind(case.state)
         .bind(case.host)
         .bind(path.to_string_lossy().as_ref())
         .bind(case.updated_seconds_ago as f64)
+        .bind(directory(case.host))
         .execute(&db.pool)
         .await
         .expect("workspace");
@@ -198,13 +201,14 @@ async fn only_trees_no_hold_guards_are_removed() {
     let (stale, guarded) = (Uuid::new_v4(), Uuid::new_v4());
     for (id, state, ago) in [(stale, "running", 7200.0), (guarded, "stopped", 3600.0)] {
         sqlx::query(
-            "INSERT INTO workspaces (id, agent, backend, state, host, path, updated_at)
-             VALUES ($1, 'agent', 'local', $2, 'w-test', $3, now() - make_interval(secs => $4))",
+            "INSERT INTO workspaces (id, agent, backend, state, host, path, updated_at, directory_id)
+             VALUES ($1, 'agent', 'local', $2, 'w-test', $3, now() - make_interval(secs => $4), $5)",
         )
         .bind(id)
         .bind(state)
         .bind(shared.to_string_lossy().as_ref())
         .bind(ago)
+        .bind(mine)
         .execute(&db.pool)
         .await
         .expect("workspace");

@@ -658,6 +658,12 @@ pub struct JournalStep {
     pub output_artifact: Option<String>,
     pub receipt_epoch: Option<i64>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// The snapshot holding the step's effects, committed with its receipt: the receipt
+    /// counts as done only on a tree at this snapshot or a later one of its lineage.
+    #[schema(value_type = Option<String>)]
+    pub snapshot_id: Option<Id>,
+    /// How the tree the step ran on was acquired: `adopt`, `checkpoint`, `baseline`, `cold`.
+    pub tree_tier: Option<String>,
 }
 
 /// Any other journal record (checkpoints, acceptances, reuse intents and receipts).
@@ -704,7 +710,8 @@ pub async fn journal(
                 CASE WHEN r.step_key IS NULL THEN 'unknown_outcome' ELSE 'completed' END AS status,
                 i.lease_epoch AS intent_epoch, i.attempt AS intent_attempt, i.started_at,
                 r.exit_code, r.signal, r.timed_out, r.wall_ms, r.cpu_ms, r.output_digest,
-                r.stdout_tail, r.stderr_tail, r.output_artifact, r.lease_epoch AS receipt_epoch, r.finished_at
+                r.stdout_tail, r.stderr_tail, r.output_artifact, r.lease_epoch AS receipt_epoch, r.finished_at,
+                r.snapshot_id, r.tree_tier
            FROM journal_intents i
            JOIN execution_requests e ON e.id = i.request_id
            LEFT JOIN journal_receipts r ON r.request_id = i.request_id AND r.step_key = i.step_key

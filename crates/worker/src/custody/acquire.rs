@@ -1,0 +1,603 @@
+//! Acquisition: the tiers in order, each yielding a tree at a known snapshot (or none).
+
+use super::{Custody, CustodyError, Held, Subject, Tier};
+use crate::fault;
+use crate::workspace::{self, Workspace};
+use backon::{BackoffBuilder, ExponentialBuilder};
+use cairn_common::hold;
+use cairn_common::lease::Lease;
+use cairn_common::lineage::{self, NewSnapshot};
+use cairn_common::snapshot::{self, Manifest, SnapshotError};
+use cairn_common::store::ArtifactStore;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// A tree a tier produced, before it is recorded in use.
+struct Acquired {
+    tier: Tier,
+    /// The snapshot restored or adopted at; `None` for a baseline or cold tree.
+    position: Option<Uuid>,
+    index: Option<Arc<Manifest>>,
+    /// The snapshot the tier read (a baseline's too), for the record.
+    snapshot: Option<Uuid>,
+    /// An adopted tree: its hold and former workspace row, taken over in one step.
+    adopted: Option<(Uuid, Uuid)>,
+}
+
+/// Transient restore failures are retried this many times before the attempt ends.
+const RESTORE_TRIES: usize = 3;
+
+fn canonical_ref(subject: &Subject) -> String {
+    subject.git_ref.clone().unwrap_or_else(|| "HEAD".into())
+}
+
+impl Custody {
+    /// Acquires the workspace of a claimed request, in the fixed order.
+    pub async fn acquire(&self, lease: &Lease, subject: &Subject) -> Result<Held, CustodyError> {
+        let workspace = Workspace::for_request(&self.directory.path, subject.request_id);
+        let mut conn = self.pool.acquire().await?;
+        let generation = lineage::credential_generation(&mut conn, &subject.agent).await?;
+        let head = lineage::head_of(&mut conn, subject.work_context).await?;
+        drop(conn);
+        let mut attempts = Vec::new();
+        for tier in [Tier::Adopt, Tier::Checkpoint, Tier::Baseline] {
+            let acquired = match tier {
+                Tier::Adopt => {
+                    self.adopt(lease, subject, &workspace, generation, head, &mut attempts)
+                        .await?
+                }
+                Tier::Checkpoint => {
+                    workspace.reset().await?;
+                    self.restore_checkpoint(lease, subject, &workspace, head, &mut attempts)
+                        .await?
+                }
+                _ => {
+                    self.restore_baseline(lease, subject, &workspace, &mut attempts)
+                        .await?
+                }
+            };
+            if let Some(acquired) = acquired {
+                return self
+                    .in_use(lease, subject, workspace, generation, acquired, attempts)
+                    .await;
+            }
+        }
+        // 4. Cold start; a clean clone publishes the baseline the next start can use.
+        workspace::cold(
+            &workspace,
+            subject.repository.as_deref(),
+            subject.git_ref.as_deref(),
+        )
+        .await?;
+        if subject.repository.is_some() {
+            if let Err(e) = self
+                .publish_baseline(lease, subject, &workspace, generation)
+                .await
+            {
+                tracing::warn!(error = %e, "baseline not published");
+            }
+            workspace::task_branch(&workspace.root, subject.work_context).await?;
+        }
+        let cold = Acquired {
+            tier: Tier::Cold,
+            position: None,
+            index: None,
+            snapshot: None,
+            adopted: None,
+        };
+        self.in_use(lease, subject, workspace, generation, cold, attempts)
+            .await
+    }
+
+    /// Tier 1: a still-held tree of the same task in this directory, under the current
+    /// credentials, with no capture running, and at the lineage head: a tree behind the
+    /// head (another worker advanced the lineage since) lacks effects the journal has.
+    async fn adopt(
+        &self,
+        lease: &Lease,
+        subject: &Subject,
+        workspace: &Workspace,
+        generation: i64,
+        head: Option<(Uuid, bool)>,
+        attempts: &mut Vec<Value>,
+    ) -> Result<Option<Acquired>, CustodyError> {
+        // We hold the only lease on the task's ticket and own this directory (locked by
+        // one live process), so whoever had the tree (a worker that died, or released it
+        // held) is gone; a capture it left in progress can never be appended (fenced),
+        // and it only read the tree.
+        let candidate: Option<(Uuid, String, Uuid, Option<Uuid>)> = sqlx::query_as(
+            "SELECT w.id, w.path, h.id, w.snapshot_id FROM workspaces w JOIN holds h ON h.workspace_id = w.id
+              WHERE w.task_id = $1 AND w.agent = $2 AND w.directory_id = $3 AND w.state IN ('running', 'stopped', 'paused')
+                AND w.credential_generation = $4 AND h.ended_at IS NULL AND h.expires_at > now()
+              ORDER BY w.updated_at DESC LIMIT 1",
+        )
+        .bind(subject.work_context)
+        .bind(&subject.agent)
+        .bind(self.directory.id)
+        .bind(generation)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some((old_workspace, path, hold_id, position)) = candidate else {
+            attempts.push(json!({"tier": "adopt", "outcome": "skipped", "reason": "no held tree of this task here"}));
+            return Ok(None);
+        };
+        let held_path = std::path::PathBuf::from(&path);
+        let unusable = if position != head.map(|h| h.0) {
+            Some("the held tree is behind the lineage head")
+        } else if !held_path.is_dir() {
+            Some("the held tree is gone")
+        } else {
+            None
+        };
+        if let Some(reason) = unusable {
+            // Its hold guards nothing a successor may use: end it, and remove the tree.
+            let mut tx = lease.begin_fenced(&self.pool).await?;
+            hold::end(&mut tx, hold_id, "not_adoptable").await?;
+            destroy_row(&mut tx, old_workspace).await?;
+            lineage::record_restore(
+                &mut tx,
+                Some(subject.request_id),
+                None,
+                "adopt",
+                None,
+                "failed",
+                Some(reason),
+            )
+            .await?;
+            tx.commit().await?;
+            if held_path.parent() == Some(self.directory.path.as_path()) {
+                let _ = tokio::fs::remove_dir_all(&held_path).await;
+            }
+            tracing::info!(path = %held_path.display(), reason, "held tree not adopted");
+            attempts.push(json!({"tier": "adopt", "workspace_id": old_workspace, "outcome": "failed", "reason": reason}));
+            return Ok(None);
+        }
+        if held_path != workspace.root {
+            let _ = tokio::fs::remove_dir_all(&workspace.root).await;
+            tokio::fs::rename(&held_path, &workspace.root)
+                .await
+                .map_err(workspace::WorkspaceError::Io)?;
+        }
+        tokio::fs::create_dir_all(&workspace.home)
+            .await
+            .map_err(workspace::WorkspaceError::Io)?;
+        Ok(Some(Acquired {
+            tier: Tier::Adopt,
+            position,
+            index: None,
+            snapshot: position,
+            adopted: Some((hold_id, old_workspace)),
+        }))
+    }
+
+    /// Tier 2: the same work context's current checkpoint, never another's. A snapshot that
+    /// fails verification is quarantined and the next tier tried; one that cannot be
+    /// read now (its store does not answer) ends the attempt instead, since a fallback
+    /// tree would be behind the journal while that checkpoint is still good.
+    async fn restore_checkpoint(
+        &self,
+        lease: &Lease,
+        subject: &Subject,
+        workspace: &Workspace,
+        head: Option<(Uuid, bool)>,
+        attempts: &mut Vec<Value>,
+    ) -> Result<Option<Acquired>, CustodyError> {
+        let mut conn = self.pool.acquire().await?;
+        let restorable =
+            lineage::restorable_head(&mut conn, subject.work_context, &subject.agent).await?;
+        drop(conn);
+        let Some(checkpoint) = restorable else {
+            let reason = if head.is_some() {
+                "the head cannot be restored (retired, failed, or taken under older credentials)"
+            } else {
+                "no current checkpoint"
+            };
+            attempts.push(json!({"tier": "checkpoint", "outcome": "skipped", "reason": reason}));
+            return Ok(None);
+        };
+        match self
+            .restore_snapshot(checkpoint.id, &checkpoint.store_url, workspace)
+            .await
+        {
+            Ok(index) => Ok(Some(Acquired {
+                tier: Tier::Checkpoint,
+                position: Some(checkpoint.id),
+                index: Some(Arc::new(index)),
+                snapshot: Some(checkpoint.id),
+                adopted: None,
+            })),
+            Err(failure) => {
+                let (Restore::Unusable(reason) | Restore::Unavailable(reason)) = &failure;
+                self.tier_failed(
+                    lease,
+                    subject,
+                    workspace,
+                    Tier::Checkpoint,
+                    checkpoint.id,
+                    reason,
+                    attempts,
+                )
+                .await?;
+                match failure {
+                    Restore::Unusable(_) => Ok(None),
+                    Restore::Unavailable(reason) => {
+                        Err(CustodyError::CheckpointUnavailable(reason))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Tier 3: an eligible clean baseline, fetched and normalized to the ref.
+    async fn restore_baseline(
+        &self,
+        lease: &Lease,
+        subject: &Subject,
+        workspace: &Workspace,
+        attempts: &mut Vec<Value>,
+    ) -> Result<Option<Acquired>, CustodyError> {
+        let Some(repository) = subject.repository.as_deref() else {
+            return Ok(None);
+        };
+        let mut conn = self.pool.acquire().await?;
+        let baseline = lineage::restorable_baseline(
+            &mut conn,
+            &subject.agent,
+            repository,
+            &self.settings.backend,
+            self.settings.base_image.as_deref(),
+            &canonical_ref(subject),
+        )
+        .await?;
+        drop(conn);
+        let Some(baseline) = baseline else {
+            attempts.push(
+                json!({"tier": "baseline", "outcome": "skipped", "reason": "no eligible baseline"}),
+            );
+            return Ok(None);
+        };
+        let restored = match self
+            .restore_snapshot(baseline.id, &baseline.store_url, workspace)
+            .await
+        {
+            Ok(_) => workspace::normalize(&workspace.root, subject.git_ref.as_deref())
+                .await
+                .map_err(|e| format!("normalize: {e}")),
+            Err(Restore::Unusable(reason) | Restore::Unavailable(reason)) => Err(reason),
+        };
+        match restored {
+            Ok(()) => {
+                workspace::task_branch(&workspace.root, subject.work_context).await?;
+                Ok(Some(Acquired {
+                    tier: Tier::Baseline,
+                    position: None,
+                    index: None,
+                    snapshot: Some(baseline.id),
+                    adopted: None,
+                }))
+            }
+            Err(reason) => {
+                self.tier_failed(
+                    lease,
+                    subject,
+                    workspace,
+                    Tier::Baseline,
+                    baseline.id,
+                    &reason,
+                    attempts,
+                )
+                .await?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// A snapshot tier that failed: its attempt is recorded (in the resume context and in
+    /// `snapshot_restores`) and the tree is emptied for the next tier.
+    #[allow(clippy::too_many_arguments)]
+    async fn tier_failed(
+        &self,
+        lease: &Lease,
+        subject: &Subject,
+        workspace: &Workspace,
+        tier: Tier,
+        snapshot: Uuid,
+        reason: &str,
+        attempts: &mut Vec<Value>,
+    ) -> Result<(), CustodyError> {
+        attempts.push(json!({"tier": tier.as_str(), "snapshot_id": snapshot, "outcome": "failed", "reason": reason}));
+        let mut tx = lease.begin_fenced(&self.pool).await?;
+        lineage::record_restore(
+            &mut tx,
+            Some(subject.request_id),
+            None,
+            tier.as_str(),
+            Some(snapshot),
+            "failed",
+            Some(reason),
+        )
+        .await?;
+        tx.commit().await?;
+        workspace.reset().await?;
+        Ok(())
+    }
+
+    /// Restores a snapshot into the workspace, retrying what may pass. A restore only
+    /// reads: the snapshot's status changes only when it fails verification
+    /// (quarantined); a restore killed midway leaves it as it was.
+    async fn restore_snapshot(
+        &self,
+        snapshot_id: Uuid,
+        store_url: &str,
+        workspace: &Workspace,
+    ) -> Result<Manifest, Restore> {
+        if let Ok(mut conn) = self.pool.acquire().await {
+            // Used now: the idle rule never retires what is being restored.
+            let _ = lineage::touch(&mut conn, snapshot_id).await;
+        }
+        let mut delays = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(200))
+            .with_max_delay(Duration::from_secs(2))
+            .with_max_times(RESTORE_TRIES - 1)
+            .build();
+        loop {
+            let _ = tokio::fs::remove_dir_all(&workspace.root).await;
+            let result = async {
+                // Cleanup and restore use the store the snapshot names, not the current
+                // one; a local store that is not there (an unmounted volume) is not
+                // created empty.
+                let store = ArtifactStore::open_existing(store_url)?;
+                let manifest = snapshot::load_manifest(&store, snapshot_id).await?;
+                snapshot::restore_indexed(&store, &manifest, &workspace.root, &self.settings.rules)
+                    .await
+            }
+            .await;
+            fault::point(fault::DURING_RESTORE);
+            let error = match result {
+                Ok(index) => return Ok(index),
+                Err(SnapshotError::Integrity(reason)) => {
+                    self.quarantine(snapshot_id, &reason).await;
+                    return Err(Restore::Unusable(format!("integrity: {reason}")));
+                }
+                Err(e @ SnapshotError::UnsafeEntry(_)) => {
+                    self.quarantine(snapshot_id, &e.to_string()).await;
+                    return Err(Restore::Unusable(e.to_string()));
+                }
+                Err(e) => e.to_string(),
+            };
+            match delays.next() {
+                Some(delay) => {
+                    tracing::warn!(%snapshot_id, error = %error, ?delay, "restore failed; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+                None => return Err(Restore::Unavailable(error)),
+            }
+        }
+    }
+
+    async fn quarantine(&self, snapshot_id: Uuid, reason: &str) {
+        tracing::warn!(%snapshot_id, %reason, "snapshot failed verification; quarantined");
+        if let Ok(mut conn) = self.pool.acquire().await {
+            let _ = lineage::set_status(&mut conn, snapshot_id, &["ready"], "quarantined").await;
+        }
+    }
+
+    /// Records the acquired tree in use, in one fenced transaction: its workspace row
+    /// (at its snapshot), the adopted tree's hold moved onto it, older rows of its path
+    /// retired, the resume context and the successful tier.
+    async fn in_use(
+        &self,
+        lease: &Lease,
+        subject: &Subject,
+        workspace: Workspace,
+        generation: i64,
+        acquired: Acquired,
+        mut attempts: Vec<Value>,
+    ) -> Result<Held, CustodyError> {
+        let workspace_id = Uuid::new_v4();
+        let tier = acquired.tier;
+        attempts.push(json!({"tier": tier.as_str(), "snapshot_id": acquired.snapshot, "outcome": "succeeded"}));
+        let commit = match subject.repository {
+            Some(_) => workspace::head_commit(&workspace.root).await,
+            None => None,
+        };
+        let resume_context = json!({
+            "restore_tier": tier.as_str(),
+            "snapshot_id": acquired.snapshot,
+            // The snapshot whose effects the tree holds (none for a baseline or cold tree).
+            "position": acquired.position,
+            "attempts": attempts,
+            "commit": commit,
+            "note": "filesystem state is not proof that an external effect happened",
+        });
+        let path = workspace.root.to_string_lossy().into_owned();
+        let mut tx = lease.begin_fenced(&self.pool).await?;
+        sqlx::query(
+            "INSERT INTO workspaces (id, run_id, task_id, agent, backend, persistent, state, host, path,
+                                     credential_generation, request_id, directory_id, snapshot_id)
+             VALUES ($1, $2, $3, $4, $5, $6, 'running', $7, $8, $9, $10, $11, $12)",
+        )
+        .bind(workspace_id)
+        .bind(subject.run_id)
+        .bind(subject.work_context)
+        .bind(&subject.agent)
+        .bind(&self.settings.backend)
+        .bind(self.settings.persistent)
+        .bind(&self.settings.worker_id)
+        .bind(&path)
+        .bind(generation)
+        .bind(subject.request_id)
+        .bind(self.directory.id)
+        .bind(acquired.position)
+        .execute(&mut *tx)
+        .await?;
+        if let Some((hold_id, old_workspace)) = acquired.adopted {
+            // The hold moves with the tree: no gap in which the tree is unguarded.
+            hold::move_to(&mut tx, hold_id, workspace_id).await?;
+            destroy_row(&mut tx, old_workspace).await?;
+        }
+        // The tree at this path is now this one: older rows of the path (runs of the
+        // request that were fenced or died here) describe nothing any more.
+        sqlx::query(
+            "WITH stale AS (
+                 UPDATE workspaces SET state = 'destroyed', destroyed_at = now(), updated_at = now()
+                  WHERE directory_id = $1 AND path = $2 AND id <> $3 AND state <> 'destroyed'
+              RETURNING id)
+             UPDATE holds SET ended_at = now(), end_reason = 'tree_replaced'
+              WHERE ended_at IS NULL AND workspace_id IN (SELECT id FROM stale)",
+        )
+        .bind(self.directory.id)
+        .bind(&path)
+        .bind(workspace_id)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE execution_requests SET resume_context = $2 WHERE id = $1")
+            .bind(subject.request_id)
+            .bind(&resume_context)
+            .execute(&mut *tx)
+            .await?;
+        lineage::record_restore(
+            &mut tx,
+            Some(subject.request_id),
+            None,
+            tier.as_str(),
+            acquired.snapshot,
+            "succeeded",
+            None,
+        )
+        .await?;
+        tx.commit().await?;
+        if acquired.adopted.is_some() {
+            fault::point(fault::AFTER_ADOPT);
+        }
+        Ok(Held {
+            workspace,
+            workspace_id,
+            tier,
+            position: acquired.position,
+            index: acquired.index,
+            // An adopted tree may hold work its last capture missed.
+            uncaptured: acquired.adopted.is_some(),
+            resume_context,
+        })
+    }
+
+    /// Publishes the clean tree of a cold clone as the baseline of its key.
+    async fn publish_baseline(
+        &self,
+        lease: &Lease,
+        subject: &Subject,
+        workspace: &Workspace,
+        generation: i64,
+    ) -> Result<(), String> {
+        let repository = subject.repository.as_deref().unwrap_or_default();
+        let reference = canonical_ref(subject);
+        let mut conn = self.pool.acquire().await.map_err(|e| e.to_string())?;
+        let exists = lineage::restorable_baseline(
+            &mut conn,
+            &subject.agent,
+            repository,
+            &self.settings.backend,
+            self.settings.base_image.as_deref(),
+            &reference,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        drop(conn);
+        if exists.is_some() {
+            return Ok(());
+        }
+        workspace::validate_clean(&workspace.root)
+            .await
+            .map_err(|e| e.to_string())?;
+        // The snapshot row is written under the credential lock (see `checkpoint`).
+        let store = &self.settings.store;
+        let mut tx = lease
+            .begin_fenced(&self.pool)
+            .await
+            .map_err(|e| e.to_string())?;
+        let generation = lineage::lock_generation(&mut tx, &subject.agent)
+            .await
+            .map_err(|e| e.to_string())?
+            .max(generation);
+        lineage::lock_store_for_capture(&mut tx, store.url())
+            .await
+            .map_err(|e| e.to_string())?;
+        let id = lineage::create(
+            &mut tx,
+            &NewSnapshot {
+                kind: "baseline",
+                agent: &subject.agent,
+                repository: Some(repository),
+                backend: &self.settings.backend,
+                base_image: self.settings.base_image.as_deref(),
+                canonical_ref: Some(&reference),
+                work_context_id: None,
+                workspace_id: None,
+                store_url: store.url(),
+                credential_generation: generation,
+                owner: Some((lease.request_id, lease.epoch)),
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        lineage::set_status(&mut tx, id, &["creating"], "uploading")
+            .await
+            .map_err(|e| e.to_string())?;
+        tx.commit().await.map_err(|e| e.to_string())?;
+        let captured =
+            snapshot::capture(store, &workspace.root, &self.settings.rules, None, id).await;
+        let result = async {
+            let (manifest, _) = captured.map_err(|e| e.to_string())?;
+            let size = i64::try_from(manifest.total_bytes()).unwrap_or(i64::MAX);
+            let mut tx = lease
+                .begin_fenced(&self.pool)
+                .await
+                .map_err(|e| e.to_string())?;
+            let ready = lineage::mark_ready(&mut tx, id, &snapshot::manifest_key(id), size)
+                .await
+                .map_err(|e| e.to_string())?;
+            if !ready {
+                return Err("the baseline was failed while it was captured".to_string());
+            }
+            lineage::record_packs(&mut tx, id, &manifest.packs)
+                .await
+                .map_err(|e| e.to_string())?;
+            tx.commit().await.map_err(|e| e.to_string())?;
+            tracing::info!(snapshot_id = %id, "published a clean baseline");
+            Ok(())
+        }
+        .await;
+        if result.is_err() {
+            if let Ok(mut conn) = self.pool.acquire().await {
+                let _ =
+                    lineage::set_status(&mut conn, id, &["creating", "uploading"], "failed").await;
+            }
+        }
+        result
+    }
+}
+
+/// How a restore failed.
+enum Restore {
+    /// The snapshot is bad (quarantined) or was never restorable here: try the next tier.
+    Unusable(String),
+    /// It could not be read now: its store did not answer.
+    Unavailable(String),
+}
+
+/// Marks a workspace row destroyed (its tree is gone, or no longer this row's).
+pub(super) async fn destroy_row(
+    conn: &mut sqlx::PgConnection,
+    workspace_id: Uuid,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE workspaces SET state = 'destroyed', destroyed_at = now(), updated_at = now() WHERE id = $1",
+    )
+    .bind(workspace_id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,229 @@
+//! Checkpoints: capture under a durable hold, then one fenced transaction that makes the
+//! snapshot ready, appends it to the lineage and writes the step's receipt on it.
+
+use super::{Custody, CustodyError, Held, Subject};
+use crate::fault;
+use crate::journal::{self, Receipt};
+use backon::{BackoffBuilder, ExponentialBuilder};
+use cairn_common::hold::{self, HoldTarget};
+use cairn_common::lease::Lease;
+use cairn_common::lineage::{self, LineageError, NewSnapshot};
+use cairn_common::snapshot;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// How one checkpoint went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Checkpoint {
+    /// The tree (and the receipt, if any) stands on this snapshot: a new one, or the one
+    /// the tree was already at when nothing changed.
+    Stands(Uuid),
+    /// This capture failed (store, disk, a snapshot failed under it); the hold keeps
+    /// the tree and another try may pass. Nothing was committed.
+    Failed(String),
+}
+
+impl Custody {
+    /// A step's commit: [`Custody::checkpoint`] with its receipt, tried again with a
+    /// backoff for `capture_retry` while the job goes on. Then the attempt ends with no
+    /// receipt ([`CustodyError::CaptureFailed`]): a receipt never outlives its tree.
+    pub async fn commit_step(
+        &self,
+        lease: &Lease,
+        subject: &Subject,
+        held: &mut Held,
+        receipt: &Receipt<'_>,
+        stop: &CancellationToken,
+    ) -> Result<Uuid, CustodyError> {
+        let deadline = Instant::now() + self.settings.capture_retry;
+        let mut delays = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(200))
+            .with_max_delay(Duration::from_secs(5))
+            .without_max_times()
+            .build();
+        loop {
+            let reason = match self.checkpoint(lease, subject, held, Some(receipt)).await? {
+                Checkpoint::Stands(snapshot) => return Ok(snapshot),
+                Checkpoint::Failed(reason) => reason,
+            };
+            let delay = delays.next().unwrap_or(Duration::from_secs(5));
+            if stop.is_cancelled() || Instant::now() + delay > deadline {
+                return Err(CustodyError::CaptureFailed(reason));
+            }
+            tracing::warn!(error = %reason, ?delay, "checkpoint failed; retrying within the lease");
+            tokio::select! {
+                _ = tokio::time::sleep(delay) => {}
+                _ = stop.cancelled() => return Err(CustodyError::CaptureFailed(reason)),
+            }
+        }
+    }
+
+    /// One checkpoint of the live tree, with a step's receipt when given. A tree
+    /// unchanged from its position stands on it (no capture, no pack). Otherwise: a
+    /// durable hold and the snapshot row, the capture, then one transaction that makes
+    /// the snapshot ready, appends it against the tree's position and writes the
+    /// receipt on it. A failure leaves the hold, so release never drops the tree.
+    pub async fn checkpoint(
+        &self,
+        lease: &Lease,
+        subject: &Subject,
+        held: &mut Held,
+        receipt: Option<&Receipt<'_>>,
+    ) -> Result<Checkpoint, CustodyError> {
+        let settings = &self.settings;
+        let scanned = match snapshot::scan(&held.workspace.root, &settings.rules).await {
+            Ok(scanned) => scanned,
+            Err(e) => return Ok(Checkpoint::Failed(format!("reading the tree: {e}"))),
+        };
+        if let (Some(position), Some(index)) = (held.position, held.index.as_deref()) {
+            if scanned.unchanged_from(index) {
+                if let Some(receipt) = receipt {
+                    let mut tx = lease.begin_fenced(&self.pool).await?;
+                    journal::record_receipt(&mut tx, lease, receipt, Some(position)).await?;
+                    tx.commit().await?;
+                }
+                held.uncaptured = false;
+                return Ok(Checkpoint::Stands(position));
+            }
+        }
+        held.uncaptured = true;
+        let expires = hold::expiry(
+            chrono::Utc::now(),
+            subject.deadline,
+            settings.persistent,
+            settings.hold_limits,
+        );
+        let mut tx = lease.begin_fenced(&self.pool).await?;
+        // Capture is serialized with credential rotation: the generation row is locked
+        // until this snapshot row exists, so a rotation either sees it (and retires it)
+        // or happened before (and it records the new generation).
+        let generation = lineage::lock_generation(&mut tx, &subject.agent).await?;
+        lineage::lock_store_for_capture(&mut tx, settings.store.url()).await?;
+        let target = HoldTarget {
+            workspace_id: held.workspace_id,
+            run_id: Some(subject.run_id),
+            task_id: Some(subject.work_context),
+            agent: &subject.agent,
+        };
+        let hold_id = hold::hold(&mut tx, &target, "capture", expires).await?;
+        hold::set_capture_in_progress(&mut tx, hold_id, true).await?;
+        let snapshot_id = lineage::create(
+            &mut tx,
+            &NewSnapshot {
+                kind: "checkpoint",
+                agent: &subject.agent,
+                repository: subject.repository.as_deref(),
+                backend: &settings.backend,
+                base_image: settings.base_image.as_deref(),
+                canonical_ref: subject.git_ref.as_deref(),
+                work_context_id: Some(subject.work_context),
+                workspace_id: Some(held.workspace_id),
+                store_url: settings.store.url(),
+                credential_generation: generation,
+                owner: Some((lease.request_id, lease.epoch)),
+            },
+        )
+        .await?;
+        lineage::set_status(&mut tx, snapshot_id, &["creating"], "uploading").await?;
+        tx.commit().await?;
+        fault::point(fault::DURING_CAPTURE);
+
+        let skipped = scanned.skipped.clone();
+        let captured = snapshot::capture_scanned(
+            &settings.store,
+            &held.workspace.root,
+            scanned,
+            held.index.clone(),
+            snapshot_id,
+        )
+        .await;
+        let (manifest, stats) = match captured {
+            Ok(captured) => captured,
+            Err(e) => {
+                tracing::warn!(error = %e, %snapshot_id, "capture failed; the hold keeps the live tree");
+                self.abandon(lease, snapshot_id, hold_id).await?;
+                return Ok(Checkpoint::Failed(e.to_string()));
+            }
+        };
+        let mut tx = lease.begin_fenced(&self.pool).await?;
+        let size = i64::try_from(manifest.total_bytes()).unwrap_or(i64::MAX);
+        let ready = lineage::mark_ready(
+            &mut tx,
+            snapshot_id,
+            &snapshot::manifest_key(snapshot_id),
+            size,
+        )
+        .await?;
+        if !ready {
+            // The row left `uploading` meanwhile (the reaper failed a capture it took for
+            // abandoned, and may have reclaimed packs it reused): never append it.
+            drop(tx);
+            self.abandon(lease, snapshot_id, hold_id).await?;
+            return Ok(Checkpoint::Failed(
+                "the snapshot was failed while it was captured".into(),
+            ));
+        }
+        lineage::record_packs(&mut tx, snapshot_id, &manifest.packs).await?;
+        if skipped.total() > 0 {
+            lineage::record_skipped(&mut tx, snapshot_id, &skipped).await?;
+        }
+        let appended = lineage::append(
+            &mut tx,
+            subject.work_context,
+            &subject.agent,
+            held.position,
+            snapshot_id,
+        )
+        .await;
+        let sequence = match appended {
+            Ok(sequence) => sequence,
+            Err(LineageError::Conflict {
+                expected, actual, ..
+            }) => {
+                drop(tx);
+                tracing::warn!(
+                    ?expected,
+                    ?actual,
+                    "the lineage holds a head this tree lacks; not appended"
+                );
+                self.abandon(lease, snapshot_id, hold_id).await?;
+                return Err(CustodyError::CaptureFailed(format!(
+                    "the lineage moved to {actual:?} while this tree derives from {expected:?}"
+                )));
+            }
+            Err(LineageError::Db(e)) => return Err(e.into()),
+        };
+        if let Some(receipt) = receipt {
+            journal::record_receipt(&mut tx, lease, receipt, Some(snapshot_id)).await?;
+        }
+        hold::end(&mut tx, hold_id, "captured").await?;
+        sqlx::query("UPDATE workspaces SET snapshot_id = $2, updated_at = now() WHERE id = $1")
+            .bind(held.workspace_id)
+            .bind(snapshot_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        held.position = Some(snapshot_id);
+        held.index = Some(Arc::new(manifest));
+        held.uncaptured = false;
+        tracing::info!(%snapshot_id, sequence, files = stats.files, unchanged = stats.files_unchanged, new_chunks = stats.chunks_new, "checkpoint committed");
+        Ok(Checkpoint::Stands(snapshot_id))
+    }
+
+    /// A capture that will not be appended: its snapshot fails (so it defers no
+    /// reclamation in its store) and its hold stops saying "capturing" but stays.
+    async fn abandon(
+        &self,
+        lease: &Lease,
+        snapshot_id: Uuid,
+        hold_id: Uuid,
+    ) -> Result<(), CustodyError> {
+        let mut tx = lease.begin_fenced(&self.pool).await?;
+        lineage::set_status(&mut tx, snapshot_id, &["creating", "uploading"], "failed").await?;
+        hold::set_capture_in_progress(&mut tx, hold_id, false).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,142 @@
+//! Custody of a request's workspace: how its tree is acquired, committed and released.
+//!
+//! **Acquisition** ([`acquire`]) tries the tiers in order: (1) adopt a still-held tree of
+//! the same task in this worker's directory, only if that tree is at the lineage head;
+//! (2) restore the same work context's current checkpoint; (3) restore an eligible clean
+//! baseline; (4) cold start. No tier ever selects another work context's checkpoint.
+//! Every tier yields a tree *at* a known point of the lineage: the snapshot it was
+//! restored from or adopted at, or none (baseline, cold). The journal reuses a receipt
+//! only on a tree that holds its snapshot ([`crate::journal::standings`]).
+//!
+//! **One durable fact per step** ([`checkpoint`]): the tree is captured under a durable
+//! hold, then the receipt, the snapshot's `ready` and its lineage append commit in one
+//! fenced transaction. A worker killed before that commit leaves an intent without a
+//! receipt. A step that changed nothing commits its receipt on the snapshot the tree is
+//! already at, writing no pack. A capture that keeps failing is retried within the
+//! lease, then the attempt ends with no receipt (the tree stays held).
+//!
+//! **Capture-before-release** ([`release`]): a tree holding uncaptured work stays, held,
+//! for a successor of the same task; a hold moves with an adopted tree.
+
+mod acquire;
+mod checkpoint;
+mod release;
+
+pub use checkpoint::Checkpoint;
+pub use release::Release;
+
+use crate::directory::Directory;
+use crate::workspace::{self, Workspace};
+use cairn_common::hold::HoldLimits;
+use cairn_common::lease::LeaseError;
+use cairn_common::snapshot::{CaptureRules, Manifest};
+use cairn_common::store::ArtifactStore;
+use serde_json::Value;
+use sqlx::PgPool;
+use std::sync::Arc;
+use std::time::Duration;
+use uuid::Uuid;
+
+/// Settings of workspace custody on this worker.
+#[derive(Debug, Clone)]
+pub struct CustodySettings {
+    pub store: ArtifactStore,
+    /// Name of this workspace backend (part of the baseline key).
+    pub backend: String,
+    /// Whether trees survive a stop here (14-day holds) or not (1-hour handoff).
+    pub persistent: bool,
+    pub base_image: Option<String>,
+    pub rules: CaptureRules,
+    pub hold_limits: HoldLimits,
+    /// How long a step's failing capture is retried before its attempt ends.
+    pub capture_retry: Duration,
+    /// This worker's id, recorded on the trees it creates.
+    pub worker_id: String,
+}
+
+/// Custody of every workspace in this worker's directory.
+pub struct Custody {
+    pub pool: PgPool,
+    pub settings: CustodySettings,
+    pub directory: Directory,
+}
+
+/// What the job knows about its run for custody.
+#[derive(Debug, Clone)]
+pub struct Subject {
+    pub request_id: Uuid,
+    pub run_id: Uuid,
+    /// The work context: the task id across automatic attempts and continuations.
+    pub work_context: Uuid,
+    pub agent: String,
+    pub repository: Option<String>,
+    pub git_ref: Option<String>,
+    pub deadline: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// How a tree was acquired, in the order tried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    Adopt,
+    Checkpoint,
+    Baseline,
+    Cold,
+}
+
+impl Tier {
+    pub const ORDER: [Tier; 4] = [Tier::Adopt, Tier::Checkpoint, Tier::Baseline, Tier::Cold];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Adopt => "adopt",
+            Tier::Checkpoint => "checkpoint",
+            Tier::Baseline => "baseline",
+            Tier::Cold => "cold",
+        }
+    }
+}
+
+/// A workspace in use.
+pub struct Held {
+    pub workspace: Workspace,
+    pub workspace_id: Uuid,
+    pub tier: Tier,
+    /// The snapshot this tree is at: restored from, adopted at, or last committed. Its
+    /// captured state is a prefix of the live tree; `None` for a baseline or cold tree.
+    pub position: Option<Uuid>,
+    /// The stat index of the tree at `position`, when known: the next capture reads
+    /// only what changed, and a tree unchanged from it needs no capture at all.
+    pub index: Option<Arc<Manifest>>,
+    /// Whether the live tree may hold work `position` lacks.
+    pub uncaptured: bool,
+    pub resume_context: Value,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CustodyError {
+    #[error(transparent)]
+    Lease(#[from] LeaseError),
+    #[error("database error: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error(transparent)]
+    Workspace(#[from] workspace::WorkspaceError),
+    /// The current checkpoint can be restored but not now (its store did not answer):
+    /// falling back would leave the tree behind the journal, so the attempt ends.
+    #[error("the current checkpoint could not be read: {0}")]
+    CheckpointUnavailable(String),
+    /// A step's capture kept failing within the lease: no receipt was written.
+    #[error("the step's effects could not be captured: {0}")]
+    CaptureFailed(String),
+}
+
+impl CustodyError {
+    /// Whether this ends the attempt without the lease being lost (the request is
+    /// handed on), as opposed to a lost lease or a database failure.
+    pub fn ends_attempt(&self) -> Option<&'static str> {
+        match self {
+            CustodyError::CheckpointUnavailable(_) => Some("checkpoint_unavailable"),
+            CustodyError::CaptureFailed(_) => Some("capture_failed"),
+            _ => None,
+        }
+    }
+}

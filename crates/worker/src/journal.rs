@@ -1,0 +1,185 @@
+//! The journal of a request's steps: an intent before a step starts and a receipt after
+//! it ends, both fenced by the lease.
+//!
+//! A successful run step's receipt names the snapshot that holds its effects and is
+//! committed in the same transaction as that snapshot's lineage append (see
+//! [`crate::custody`]). On a later claim, a receipt counts as done only on a tree at
+//! that snapshot or at a descendant of it ([`standings`]): on any other tree its step
+//! is an unknown outcome again (invariant 9).
+
+use crate::custody::Tier;
+use crate::report::RetainedReport;
+use crate::step::{Interruption, StepOutcome};
+use cairn_common::lease::Lease;
+use cairn_common::lineage;
+use sqlx::PgConnection;
+use std::collections::HashMap;
+use uuid::Uuid;
+
+/// A receipt to write.
+pub struct Receipt<'a> {
+    pub step_key: &'a str,
+    pub attempt: i32,
+    pub outcome: &'a StepOutcome,
+    /// The tier that produced the tree a run step ran on.
+    pub tier: Option<Tier>,
+    /// The run's final report, retained with the last step's receipt.
+    pub report: Option<&'a RetainedReport>,
+}
+
+/// Writes a step's intent and charges the command, inside the caller's fenced
+/// transaction, before the step starts. `idempotent`: whether it may run again after an
+/// unknown outcome.
+pub async fn write_intent(
+    conn: &mut PgConnection,
+    lease: &Lease,
+    attempt: i32,
+    step_key: &str,
+    index: usize,
+    idempotent: bool,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO journal_intents (request_id, step_key, step_index, idempotent, lease_epoch, attempt)
+         VALUES ($1, $2, $3, $4, $5, $6)
+         ON CONFLICT (request_id, step_key) DO UPDATE
+            SET lease_epoch = EXCLUDED.lease_epoch, attempt = EXCLUDED.attempt, started_at = now()",
+    )
+    .bind(lease.request_id)
+    .bind(step_key)
+    .bind(i32::try_from(index).unwrap_or(i32::MAX))
+    .bind(idempotent)
+    .bind(lease.epoch)
+    .bind(attempt)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "UPDATE execution_requests SET used_commands = used_commands + 1, updated_at = now() WHERE id = $1",
+    )
+    .bind(lease.request_id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
+/// Writes a receipt standing on `snapshot` and charges the command's wall and CPU time,
+/// inside the caller's fenced transaction. A step run again (its earlier receipt stood
+/// on a tree this one lacks) replaces its receipt.
+pub async fn record_receipt(
+    conn: &mut PgConnection,
+    lease: &Lease,
+    receipt: &Receipt<'_>,
+    snapshot: Option<Uuid>,
+) -> Result<(), sqlx::Error> {
+    let outcome = receipt.outcome;
+    sqlx::query(
+        "INSERT INTO journal_receipts (request_id, step_key, lease_epoch, attempt, exit_code, signal, timed_out,
+                                       wall_ms, cpu_ms, output_digest, stdout_tail, stderr_tail, output_artifact,
+                                       snapshot_id, tree_tier)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+         ON CONFLICT (request_id, step_key) DO UPDATE
+            SET lease_epoch = EXCLUDED.lease_epoch, attempt = EXCLUDED.attempt, exit_code = EXCLUDED.exit_code,
+                signal = EXCLUDED.signal, timed_out = EXCLUDED.timed_out, wall_ms = EXCLUDED.wall_ms,
+                cpu_ms = EXCLUDED.cpu_ms, output_digest = EXCLUDED.output_digest,
+                stdout_tail = EXCLUDED.stdout_tail, stderr_tail = EXCLUDED.stderr_tail,
+                output_artifact = EXCLUDED.output_artifact, snapshot_id = EXCLUDED.snapshot_id,
+                tree_tier = EXCLUDED.tree_tier, finished_at = now()",
+    )
+    .bind(lease.request_id)
+    .bind(receipt.step_key)
+    .bind(lease.epoch)
+    .bind(receipt.attempt)
+    .bind(outcome.exit_code)
+    .bind(outcome.signal)
+    .bind(outcome.interrupted == Some(Interruption::TimedOut))
+    .bind(outcome.wall_ms)
+    .bind(outcome.cpu_ms)
+    .bind(&outcome.output_digest)
+    .bind(&outcome.stdout_tail)
+    .bind(&outcome.stderr_tail)
+    .bind(outcome.stdout_path.with_extension("").to_string_lossy().into_owned())
+    .bind(snapshot)
+    .bind(receipt.tier.map(Tier::as_str))
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query(
+        "UPDATE execution_requests SET used_wall_ms = used_wall_ms + $2, used_cpu_ms = used_cpu_ms + $3, updated_at = now()
+          WHERE id = $1",
+    )
+    .bind(lease.request_id)
+    .bind(outcome.wall_ms)
+    .bind(outcome.cpu_ms)
+    .execute(&mut *conn)
+    .await?;
+    if let Some(retained) = receipt.report {
+        // Retained with the last receipt; accepted (consumed) separately, once.
+        sqlx::query(
+            "INSERT INTO final_reports (request_id, outcome, followup_kind, body, lease_epoch, source_digest)
+             VALUES ($1, $2, $3, $4, $5, $6)
+             ON CONFLICT (request_id) DO NOTHING",
+        )
+        .bind(lease.request_id)
+        .bind(retained.report.outcome.as_str())
+        .bind(&retained.report.followup_kind)
+        .bind(&retained.body)
+        .bind(lease.epoch)
+        .bind(&retained.source_digest)
+        .execute(&mut *conn)
+        .await?;
+    }
+    Ok(())
+}
+
+/// Where a journaled step stands, seen from a given tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    /// Its receipt stands on this snapshot, which the tree holds: the effect is there.
+    Done { snapshot: Uuid },
+    /// An intent without a receipt: it started and its outcome is unknown.
+    Unknown,
+    /// A receipt the tree does not hold: it stands on another snapshot (or on none), so
+    /// its effects are not in this tree.
+    Behind { snapshot: Option<Uuid> },
+}
+
+impl Standing {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Standing::Done { .. } => "on_tree",
+            Standing::Unknown => "unknown_outcome",
+            Standing::Behind { .. } => "tree_behind_journal",
+        }
+    }
+}
+
+/// Where each journaled step of a request stands, seen from a tree at `position` (the
+/// snapshot it was restored from or adopted at; `None` for a baseline or cold tree).
+pub async fn standings(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+    position: Option<Uuid>,
+) -> Result<HashMap<String, Standing>, sqlx::Error> {
+    let rows: Vec<(String, bool, Option<Uuid>)> = sqlx::query_as(
+        "SELECT i.step_key, r.step_key IS NOT NULL, r.snapshot_id
+           FROM journal_intents i
+           LEFT JOIN journal_receipts r ON r.request_id = i.request_id AND r.step_key = i.step_key
+          WHERE i.request_id = $1",
+    )
+    .bind(request_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    let held = match position {
+        Some(position) if rows.iter().any(|r| r.1) => lineage::ancestry(conn, position).await?,
+        _ => Vec::new(),
+    };
+    Ok(rows
+        .into_iter()
+        .map(|(key, receipt, snapshot)| {
+            let standing = match (receipt, snapshot) {
+                (false, _) => Standing::Unknown,
+                (true, Some(s)) if held.contains(&s) => Standing::Done { snapshot: s },
+                (true, snapshot) => Standing::Behind { snapshot },
+            };
+            (key, standing)
+        })
+        .collect())
+}
