@@ -176,6 +176,98 @@ async fn a_step_whose_capture_failed_has_no_receipt_a_successor_could_reuse() {
     assert_receipts_stand_on_snapshots(&cluster, &run_id).await;
 }
 
+/// A worker killed in the middle of a step's capture has written no receipt for it: the
+/// successor runs the step again from the previous checkpoint, and the reaper fails the
+/// abandoned capture once its owner's lease is gone.
+#[tokio::test]
+async fn a_worker_killed_during_a_capture_leaves_no_receipt() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = cluster("custody-midcapture", &[]).await;
+    let runs = cluster.path("runs-of-s2");
+    let spec = spec(
+        vec![
+            step("s1", "", true),
+            step("s2", &format!("echo ran >> {runs}"), true),
+            last_step(&cluster, "s3", ""),
+        ],
+        5,
+    );
+    // s1's capture is the first to pass the point, s2's the second.
+    let mut faulty = cluster.worker_env.clone();
+    faulty.push(("CAIRN_FAULT_POINTS".into(), "during_capture@2".into()));
+    let healthy = std::mem::replace(&mut cluster.worker_env, faulty);
+    cluster.add_worker();
+    let (run_id, request_id) = cluster.submit(&spec);
+    if cluster.workers[0].process.wait_exit(LONG).is_none() {
+        panic!(
+            "never killed itself during s2's capture\n{}",
+            cluster.logs()
+        );
+    }
+    let abandoned: (uuid::Uuid, String) = sqlx::query_as(
+        "SELECT id, status FROM project_snapshots WHERE work_context_id = $1::uuid AND sequence IS NULL",
+    )
+    .bind(&run_id)
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("the capture in flight");
+    assert_eq!(abandoned.1, "uploading");
+    let receipts: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM journal_receipts WHERE request_id = $1::uuid AND step_key = 's2'",
+    )
+    .bind(&request_id)
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("receipts");
+    assert_eq!(receipts, 0, "no receipt before its checkpoint commits");
+    // Its owner can no longer commit it (its lease lapses): the reaper fails it.
+    until(&cluster, "the lease to lapse", || async {
+        let lapsed: bool = sqlx::query_scalar(
+            "SELECT lease_owner IS NULL OR lease_deadline < clock_timestamp() OR lease_epoch > 1
+               FROM execution_requests WHERE id = $1::uuid",
+        )
+        .bind(&request_id)
+        .fetch_one(&cluster.pool)
+        .await
+        .expect("lease");
+        lapsed
+    })
+    .await;
+    let mut env = cluster.isolation.env();
+    env.extend([
+        (
+            "CAIRN_ABANDONED_CAPTURE_SECONDS".to_string(),
+            "0".to_string(),
+        ),
+        (
+            "CAIRN_METRICS_LISTEN".to_string(),
+            cairn_e2e::free_addr().to_string(),
+        ),
+    ]);
+    let mut reaper = cairn_e2e::Process::start_with_args("cairn-reaper", &env, &["--once"]);
+    assert!(
+        reaper.wait_exit(LONG).expect("one sweep").success(),
+        "{}",
+        reaper.log()
+    );
+    let status: String = sqlx::query_scalar("SELECT status FROM project_snapshots WHERE id = $1")
+        .bind(abandoned.0)
+        .fetch_one(&cluster.pool)
+        .await
+        .expect("status");
+    assert_eq!(status, "failed", "an abandoned capture fails in minutes");
+    cluster.worker_env = healthy;
+    cluster.add_worker();
+    cluster.wait_for_state(&run_id, &["completed"], LONG);
+    assert_eq!(final_log(&cluster), ["s1", "s2", "s3"]);
+    assert_eq!(
+        cluster.lines("runs-of-s2").len(),
+        2,
+        "s2 ran again: its first run had no receipt"
+    );
+    assert_receipts_stand_on_snapshots(&cluster, &run_id).await;
+}
+
 /// A capture that keeps failing past the retry time ends the attempt with no receipt:
 /// here the last attempt, so the request stops at its last checkpoint, saying why, and
 /// the live tree stays under a hold.

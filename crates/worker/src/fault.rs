@@ -1,9 +1,9 @@
 //! Crash points for tests of timing-sensitive windows (a kill during a capture, during a
 //! restore, between an adoption and its first capture).
 //!
-//! In a debug build, `CAIRN_FAULT_POINTS=name[,name…]` makes the process SIGKILL itself
-//! the first time it reaches a named point. Release builds compile the points away: the
-//! variable is never read.
+//! In a debug build, `CAIRN_FAULT_POINTS=name[@n][,…]` makes the process SIGKILL itself
+//! the `n`th time (default: the first) it reaches a named point. Release builds compile
+//! the points away: the variable is never read.
 
 /// A point between a capture's hold and snapshot row and its commit.
 pub const DURING_CAPTURE: &str = "during_capture";
@@ -12,13 +12,35 @@ pub const DURING_RESTORE: &str = "during_restore";
 /// A point after an adoption committed and before anything was captured.
 pub const AFTER_ADOPT: &str = "after_adopt";
 
-/// Kills this process if `name` is armed (debug builds only).
+/// Kills this process if `name` is armed for this pass (debug builds only).
 pub fn point(name: &str) {
     #[cfg(debug_assertions)]
     {
+        use std::collections::HashMap;
+        use std::sync::{Mutex, OnceLock, PoisonError};
+        static PASSES: OnceLock<Mutex<HashMap<String, u32>>> = OnceLock::new();
         let armed = std::env::var("CAIRN_FAULT_POINTS").unwrap_or_default();
-        if armed.split(',').any(|p| p.trim() == name) {
-            tracing::warn!(point = name, "fault injection: this process kills itself");
+        let Some(at) = armed.split(',').find_map(|p| {
+            let (point, at) = p.trim().split_once('@').unwrap_or((p.trim(), "1"));
+            (point == name).then(|| at.parse::<u32>().unwrap_or(1))
+        }) else {
+            return;
+        };
+        let pass = {
+            let mut passes = PASSES
+                .get_or_init(Mutex::default)
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let pass = passes.entry(name.to_string()).or_default();
+            *pass += 1;
+            *pass
+        };
+        if pass == at {
+            tracing::warn!(
+                point = name,
+                pass,
+                "fault injection: this process kills itself"
+            );
             let _ =
                 nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGKILL);
         }
