@@ -2,10 +2,10 @@
 //! before the paused reply, resume continues them, and a pause past its limit behaves
 //! like a stop.
 
-use cairn_common::snapshot;
-use cairn_common::store::ArtifactStore;
 use cairn_e2e::cluster::{Cluster, Settings};
 use cairn_e2e::ServiceLock;
+use cairn_snapshot as snapshot;
+use cairn_snapshot::store::ArtifactStore;
 use serde_json::{json, Value};
 use std::time::Duration;
 

@@ -100,8 +100,8 @@ fn line(label: &str, took: Duration, bytes: u64) {
 }
 
 pub async fn run(tree: Option<PathBuf>, files: usize, size_mib: u64) -> anyhow::Result<()> {
-    use cairn_common::snapshot::{self, CaptureRules};
-    use cairn_common::store::ArtifactStore;
+    use cairn_snapshot::Repository;
+    use cairn_snapshot::{self as snapshot, CaptureRules};
     let work = std::env::temp_dir().join(format!(
         "cairn-bench-snap-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
@@ -140,7 +140,7 @@ pub async fn run(tree: Option<PathBuf>, files: usize, size_mib: u64) -> anyhow::
         &[],
     )?;
     line("tar | zstd -1 -T0 (+ sync)", tar, bytes);
-    let store = ArtifactStore::open(&work.join("store").to_string_lossy())?;
+    let store = Repository::open(&work.join("store").to_string_lossy())?;
     let rules = CaptureRules::default();
     run_shell("sync", &[])?;
     let started = Instant::now();

@@ -180,8 +180,8 @@ async fn spawn_floor() -> anyhow::Result<f64> {
 /// The snapshot engine alone: a full capture of a copy of the tree, then the capture of
 /// a 1 % change against it.
 async fn engine_floor(tree: &std::path::Path) -> anyhow::Result<f64> {
-    use cairn_common::snapshot::{self, CaptureRules};
-    use cairn_common::store::ArtifactStore;
+    use cairn_snapshot::Repository;
+    use cairn_snapshot::{self as snapshot, CaptureRules};
     let work = tree.with_extension("floor");
     let copy = work.join("tree");
     std::fs::create_dir_all(&work)?;
@@ -189,7 +189,7 @@ async fn engine_floor(tree: &std::path::Path) -> anyhow::Result<f64> {
         &format!("cp -a '{}' '{}'", tree.display(), copy.display()),
         &[],
     )?;
-    let store = ArtifactStore::open(&work.join("store").to_string_lossy())?;
+    let store = Repository::open(&work.join("store").to_string_lossy())?;
     let rules = CaptureRules::default();
     let (full, _) = snapshot::capture(&store, &copy, &rules, None, uuid::Uuid::new_v4()).await?;
     change_one_percent(&copy)?;

@@ -13,8 +13,6 @@
 //! - [`lease`]: finite ownership leases: Postgres epoch (the fence) + Redis liveness key.
 //! - [`queue`]: RabbitMQ topology, connections and the manual-ack consumer.
 //! - [`outbox`]: the transactional outbox and its confirming relay.
-//! - [`store`]: the artifact store (`object_store`: local directory, S3, GCS, Azure).
-//! - [`snapshot`]: content-defined chunking, manifests, capture and verified restore.
 //! - [`lineage`]: snapshot records, checkpoint lineage (compare-and-set appends), restores.
 //! - [`hold`]: durable holds on live workspaces.
 //! - [`verification`]: frozen checks of a verification handoff, purposes and digests.
@@ -41,8 +39,6 @@ pub mod queue;
 pub mod redis_conn;
 pub mod run;
 pub mod shutdown;
-pub mod snapshot;
-pub mod store;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -78,7 +78,7 @@ pub async fn create(conn: &mut PgConnection, s: &NewSnapshot<'_>) -> Result<Uuid
 pub async fn record_skipped(
     conn: &mut PgConnection,
     id: Uuid,
-    skipped: &crate::snapshot::Skipped,
+    skipped: &cairn_snapshot::Skipped,
 ) -> Result<(), sqlx::Error> {
     sqlx::query("UPDATE project_snapshots SET skipped = $2 WHERE id = $1")
         .bind(id)

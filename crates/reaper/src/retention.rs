@@ -4,8 +4,8 @@
 //! read and the write is left alone. A crash loses at most the batch in flight; the
 //! next sweep redoes it. Time is the `now` passed in, so tests can move it.
 
-use cairn_common::snapshot;
-use cairn_common::store::ArtifactStore;
+use cairn_snapshot as snapshot;
+use cairn_snapshot::store::ArtifactStore;
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 use sqlx::{PgConnection, PgPool};

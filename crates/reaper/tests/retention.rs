@@ -2,10 +2,10 @@
 //! local artifact store.
 
 use cairn_common::lineage::{self, NewSnapshot};
-use cairn_common::snapshot::{self, CaptureRules};
-use cairn_common::store::ArtifactStore;
 use cairn_common::testing::TestDb;
 use cairn_reaper::retention::{Durations, Sweep, SweepReport};
+use cairn_snapshot::Repository;
+use cairn_snapshot::{self as snapshot, CaptureRules};
 use chrono::{DateTime, Duration, Utc};
 use sqlx::PgPool;
 use std::path::PathBuf;
@@ -147,7 +147,7 @@ async fn retired_bytes_are_reclaimed_after_seven_days_through_their_own_store() 
     let db = TestDb::new().await;
     // The snapshot lives in a store no configuration names any more.
     let store_dir = scratch("store");
-    let store = ArtifactStore::open(store_dir.to_str().expect("utf8")).expect("store");
+    let store = Repository::open(store_dir.to_str().expect("utf8")).expect("store");
     let tree = scratch("tree");
     std::fs::write(tree.join("shared.txt"), "shared by both snapshots").expect("write");
     let (old, new) = (
@@ -212,6 +212,7 @@ async fn retired_bytes_are_reclaimed_after_seven_days_through_their_own_store() 
     .await;
     assert_eq!(early.snapshots_reclaimed, 0);
     assert!(store
+        .store()
         .exists(&snapshot::manifest_key(old))
         .await
         .expect("exists"));
@@ -223,19 +224,21 @@ async fn retired_bytes_are_reclaimed_after_seven_days_through_their_own_store() 
         ("deleted".into(), "reclaimed".into())
     );
     assert!(!store
+        .store()
         .exists(&snapshot::manifest_key(old))
         .await
         .expect("exists"));
     for pack in &only_old {
         for key in [snapshot::index_key(*pack), snapshot::pack_key(*pack)] {
             assert!(
-                !store.exists(&key).await.expect("exists"),
+                !store.store().exists(&key).await.expect("exists"),
                 "{key} of an orphan pack is deleted"
             );
         }
     }
     assert!(
         store
+            .store()
             .exists(&snapshot::pack_key(new_manifest.packs[0]))
             .await
             .expect("exists"),
@@ -456,7 +459,7 @@ async fn an_unreachable_backend_waits_for_repair_and_a_later_retry_succeeds() {
 #[tokio::test]
 async fn a_capture_running_beside_a_sweep_loses_no_chunk() {
     let db = TestDb::new().await;
-    let store = ArtifactStore::open(scratch("store").to_str().expect("utf8")).expect("store");
+    let store = Repository::open(scratch("store").to_str().expect("utf8")).expect("store");
     let tree = scratch("tree");
     for i in 0..40 {
         std::fs::write(

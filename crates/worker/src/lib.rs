@@ -82,14 +82,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let worker_id = config.worker_id();
     let ttl = Duration::from_secs(config.lease_ttl_seconds);
     let snapshot_store = config.snapshot_store(&artifacts_dir);
-    let store = cairn_common::store::ArtifactStore::open(&snapshot_store)
+    let store = cairn_snapshot::Repository::open(&snapshot_store)
         .with_context(|| format!("opening the snapshot store {snapshot_store}"))?;
     let settings = custody::CustodySettings {
         store,
         backend: config.workspace_backend.clone(),
         persistent: config.workspace_persistent,
         base_image: config.base_image.clone(),
-        rules: cairn_common::snapshot::CaptureRules {
+        rules: cairn_snapshot::CaptureRules {
             extra_patterns: config
                 .capture_exclude
                 .iter()

@@ -3,7 +3,7 @@
 //! A passed check may be reused only when every one of them is unchanged.
 
 use cairn_common::digest;
-use cairn_common::snapshot::CaptureRules;
+use cairn_snapshot::CaptureRules;
 use serde::Serialize;
 use serde_json::json;
 use std::collections::BTreeMap;

@@ -8,7 +8,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use cairn_common::hold::{self, HoldTarget};
 use cairn_common::lease::Lease;
 use cairn_common::lineage::{self, LineageError, NewSnapshot};
-use cairn_common::snapshot;
+use cairn_snapshot as snapshot;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;

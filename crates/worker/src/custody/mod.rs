@@ -29,8 +29,7 @@ use crate::directory::Directory;
 use crate::workspace::{self, Workspace};
 use cairn_common::hold::HoldLimits;
 use cairn_common::lease::LeaseError;
-use cairn_common::snapshot::{CaptureRules, Manifest};
-use cairn_common::store::ArtifactStore;
+use cairn_snapshot::{CaptureRules, Manifest, Repository};
 use serde_json::Value;
 use sqlx::PgPool;
 use std::sync::Arc;
@@ -40,7 +39,8 @@ use uuid::Uuid;
 /// Settings of workspace custody on this worker.
 #[derive(Debug, Clone)]
 pub struct CustodySettings {
-    pub store: ArtifactStore,
+    /// Where checkpoints and baselines are captured to.
+    pub store: Repository,
     /// Name of this workspace backend (part of the baseline key).
     pub backend: String,
     /// Whether trees survive a stop here (14-day holds) or not (1-hour handoff).

@@ -16,10 +16,11 @@ use uuid::Uuid;
 /// Restores a manifest into `target`, which must be empty or absent. Every entry is
 /// checked before anything is written; every chunk is verified against its id.
 pub async fn restore(
-    store: &ArtifactStore,
+    store: &impl AsRef<ArtifactStore>,
     manifest: &Manifest,
     target: &Path,
 ) -> Result<RestoreStats, SnapshotError> {
+    let store = store.as_ref();
     let symlinks: HashSet<&str> = manifest
         .entries
         .iter()
@@ -57,7 +58,7 @@ pub async fn restore(
 /// the manifest with each entry's chunks under the stats the restore gave the files
 /// (new inodes and times), so that capture reads nothing the restore wrote.
 pub async fn restore_indexed(
-    store: &ArtifactStore,
+    store: &impl AsRef<ArtifactStore>,
     manifest: &Manifest,
     target: &Path,
     rules: &CaptureRules,

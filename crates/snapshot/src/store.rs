@@ -5,14 +5,13 @@
 //! variables). Each snapshot row records the URL of the store that holds its bytes;
 //! cleanup opens that store, never the current configuration.
 
-use crate::snapshot::pack::Catalog;
 use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
 use object_store::{ObjectStore, PutPayload};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio::runtime::Handle;
 
 #[derive(Debug, thiserror::Error)]
@@ -33,8 +32,12 @@ pub struct ArtifactStore {
     store: Arc<dyn ObjectStore>,
     /// For a local store: its directory, synced before a snapshot is called durable.
     local: Option<PathBuf>,
-    /// Which chunks the store holds, as far as this process has read its pack indexes.
-    catalog: Arc<Mutex<Catalog>>,
+}
+
+impl AsRef<ArtifactStore> for ArtifactStore {
+    fn as_ref(&self) -> &ArtifactStore {
+        self
+    }
 }
 
 impl ArtifactStore {
@@ -54,7 +57,6 @@ impl ArtifactStore {
                 url: format!("file://{}", root.display()),
                 store: Arc::new(store),
                 local: Some(root),
-                catalog: Arc::default(),
             });
         }
         // One store, one spelling: its URL keys the reaper's lock and its reclaim scope.
@@ -78,7 +80,6 @@ impl ArtifactStore {
             url: url.to_string(),
             store,
             local: None,
-            catalog: Arc::default(),
         })
     }
 
@@ -102,11 +103,6 @@ impl ArtifactStore {
     /// The URL recorded on every snapshot this store holds.
     pub fn url(&self) -> &str {
         &self.url
-    }
-
-    /// The chunk catalog captures of this store consult (see [`Catalog::refresh`]).
-    pub fn catalog(&self) -> &Mutex<Catalog> {
-        &self.catalog
     }
 
     /// For a local store, the file that holds an object.

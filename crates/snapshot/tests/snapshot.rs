@@ -1,7 +1,7 @@
 //! The snapshot engine against a real local artifact store.
 
-use cairn_common::snapshot::{self, CaptureRules, Entry, EntryKind, Manifest, SnapshotError};
-use cairn_common::store::ArtifactStore;
+use cairn_snapshot::Repository;
+use cairn_snapshot::{self as snapshot, CaptureRules, Entry, EntryKind, Manifest, SnapshotError};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -64,7 +64,7 @@ fn rules() -> CaptureRules {
 async fn capture_and_restore_round_trip_without_credentials() {
     let (src, out, store_dir) = (scratch("src"), scratch("out"), scratch("store"));
     tree(&src);
-    let store = ArtifactStore::open(store_dir.to_str().expect("utf8")).expect("store");
+    let store = Repository::open(store_dir.to_str().expect("utf8")).expect("store");
     let id = uuid::Uuid::new_v4();
     let (manifest, stats) = snapshot::capture(&store, &src, &rules(), None, id)
         .await
@@ -121,7 +121,7 @@ async fn capture_and_restore_round_trip_without_credentials() {
 async fn chunks_are_shared_and_unchanged_files_are_not_read_again() {
     let (src, store_dir) = (scratch("src"), scratch("store"));
     tree(&src);
-    let store = ArtifactStore::open(store_dir.to_str().expect("utf8")).expect("store");
+    let store = Repository::open(store_dir.to_str().expect("utf8")).expect("store");
     let (first, _) = snapshot::capture(&store, &src, &rules(), None, uuid::Uuid::new_v4())
         .await
         .expect("capture");
@@ -147,7 +147,7 @@ async fn chunks_are_shared_and_unchanged_files_are_not_read_again() {
     assert!(shared >= 2, "unchanged files share their chunks");
     // A third capture of the same tree without a stat index, by another process (a
     // store opened afresh reads the pack indexes), still stores nothing new.
-    let elsewhere = ArtifactStore::open(store_dir.to_str().expect("utf8")).expect("store");
+    let elsewhere = Repository::open(store_dir.to_str().expect("utf8")).expect("store");
     let (third, again) = snapshot::capture(&elsewhere, &src, &rules(), None, uuid::Uuid::new_v4())
         .await
         .expect("capture");
@@ -175,7 +175,7 @@ async fn an_in_place_rewrite_that_keeps_size_mtime_and_inode_is_captured() {
     let (src, store_dir) = (scratch("src"), scratch("store"));
     write(&src, "a.txt", b"before");
     write(&src, "b.txt", b"unchanged");
-    let store = ArtifactStore::open(store_dir.to_str().expect("utf8")).expect("store");
+    let store = Repository::open(store_dir.to_str().expect("utf8")).expect("store");
     let (first, _) = snapshot::capture(&store, &src, &rules(), None, uuid::Uuid::new_v4())
         .await
         .expect("capture");
@@ -235,7 +235,7 @@ async fn skipped_entries_are_reported_and_a_restored_tree_is_unchanged_from_its_
     let (src, store_dir, out) = (scratch("src"), scratch("store"), scratch("out"));
     tree(&src);
     nix::unistd::mkfifo(&src.join("pipe"), nix::sys::stat::Mode::S_IRWXU).expect("fifo");
-    let store = ArtifactStore::open(store_dir.to_str().expect("utf8")).expect("store");
+    let store = Repository::open(store_dir.to_str().expect("utf8")).expect("store");
     let scanned = snapshot::scan(&src, &rules()).await.expect("scan");
     let skipped = scanned.skipped.clone();
     assert_eq!(
@@ -294,17 +294,19 @@ async fn skipped_entries_are_reported_and_a_restored_tree_is_unchanged_from_its_
 async fn a_pack_whose_index_is_gone_is_never_referenced_again() {
     let (src, store_dir) = (scratch("src"), scratch("store"));
     tree(&src);
-    let store = ArtifactStore::open(store_dir.to_str().expect("utf8")).expect("store");
+    let store = Repository::open(store_dir.to_str().expect("utf8")).expect("store");
     let (first, _) = snapshot::capture(&store, &src, &rules(), None, uuid::Uuid::new_v4())
         .await
         .expect("capture");
     // The reaper reclaims a pack index first, then the pack.
     for pack in &first.packs {
         store
+            .store()
             .delete(&snapshot::index_key(*pack))
             .await
             .expect("index");
         store
+            .store()
             .delete(&snapshot::pack_key(*pack))
             .await
             .expect("pack");
@@ -341,7 +343,7 @@ async fn a_pack_whose_index_is_gone_is_never_referenced_again() {
 async fn a_corrupted_chunk_fails_the_restore_as_an_integrity_error() {
     let (src, out, store_dir) = (scratch("src"), scratch("out"), scratch("store"));
     tree(&src);
-    let store = ArtifactStore::open(store_dir.to_str().expect("utf8")).expect("store");
+    let store = Repository::open(store_dir.to_str().expect("utf8")).expect("store");
     let (manifest, _) = snapshot::capture(&store, &src, &rules(), None, uuid::Uuid::new_v4())
         .await
         .expect("capture");
@@ -353,11 +355,12 @@ async fn a_corrupted_chunk_fails_the_restore_as_an_integrity_error() {
         .chunks[0];
     // Overwrite the chunk's bytes inside its pack with a valid zstd frame of other bytes.
     let key = snapshot::pack_key(manifest.packs[victim.pack as usize]);
-    let mut pack = store.get(&key).await.expect("pack").to_vec();
+    let mut pack = store.store().get(&key).await.expect("pack").to_vec();
     let forged = zstd::encode_all(&b"not the original bytes"[..], 1).expect("zstd");
     let start = victim.offset as usize;
     pack[start..start + forged.len()].copy_from_slice(&forged);
     store
+        .store()
         .put(&key, bytes::Bytes::from(pack))
         .await
         .expect("overwrite");
@@ -372,7 +375,7 @@ async fn a_corrupted_chunk_fails_the_restore_as_an_integrity_error() {
 #[tokio::test]
 async fn entries_escaping_the_root_are_refused_before_anything_is_written() {
     let store_dir = scratch("store");
-    let store = ArtifactStore::open(store_dir.to_str().expect("utf8")).expect("store");
+    let store = Repository::open(store_dir.to_str().expect("utf8")).expect("store");
     let entry = |path: &str, kind: EntryKind, target: Option<&str>| Entry {
         path: path.into(),
         kind,
@@ -446,7 +449,7 @@ async fn entries_escaping_the_root_are_refused_before_anything_is_written() {
 async fn small_files_chunked_in_memory_and_large_files_streamed_cut_the_same_chunks() {
     let root = scratch("sizes");
     let restored = scratch("sizes-restored");
-    let store = ArtifactStore::open(&scratch("sizes-store").to_string_lossy()).expect("store");
+    let store = Repository::open(&scratch("sizes-store").to_string_lossy()).expect("store");
     // 9 MiB is streamed; its first 7 MiB, as a file of its own, is chunked in memory.
     let large = pseudo_random(9 * 1024 * 1024, 11);
     write(&root, "large.bin", &large);
@@ -497,7 +500,7 @@ async fn small_files_chunked_in_memory_and_large_files_streamed_cut_the_same_chu
 async fn a_remote_store_captures_deduplicates_and_restores_through_object_store() {
     let src = scratch("remote-src");
     tree(&src);
-    let store = ArtifactStore::open("memory:///").expect("store");
+    let store = Repository::open("memory:///").expect("store");
     let (first, stats) = snapshot::capture(&store, &src, &rules(), None, uuid::Uuid::new_v4())
         .await
         .expect("capture");
@@ -516,8 +519,9 @@ async fn a_remote_store_captures_deduplicates_and_restores_through_object_store(
     assert_eq!(again.chunks_new, 0, "stored once in a remote store too");
     // A pack cut short is an integrity failure, not a panic or a short file.
     let key = snapshot::pack_key(first.packs[0]);
-    let pack = store.get(&key).await.expect("pack");
+    let pack = store.store().get(&key).await.expect("pack");
     store
+        .store()
         .put(&key, pack.slice(..pack.len() / 2))
         .await
         .expect("truncate");

@@ -4,7 +4,7 @@ use super::manifest::{self, ChunkRef, Entry, EntryKind, Manifest};
 use super::pack::{self, ChunkId, Location, PackBuilder, Sealed, Written};
 use super::walk::walk;
 use super::{io, CaptureRules, CaptureStats, Skipped, SnapshotError, MAX_CHUNK, MIN_CHUNK};
-use crate::store::ArtifactStore;
+use crate::repository::Repository;
 use bytes::Bytes;
 use rayon::prelude::*;
 use std::collections::HashMap;
@@ -74,33 +74,34 @@ pub async fn scan(root: &Path, rules: &CaptureRules) -> Result<Scan, SnapshotErr
 /// Captures `root` into the store. Files whose stat matches `previous` reuse its chunks
 /// unread; a chunk the store already holds (in any lineage) is not stored again. Packs
 /// are written before the manifest, and neither is called durable before
-/// [`ArtifactStore::flush`] (which this calls) returns.
+/// [`crate::ArtifactStore::flush`] (which this calls) returns.
 pub async fn capture(
-    store: &ArtifactStore,
+    repository: &Repository,
     root: &Path,
     rules: &CaptureRules,
     previous: Option<Arc<Manifest>>,
     snapshot_id: Uuid,
 ) -> Result<(Manifest, CaptureStats), SnapshotError> {
     let scanned = scan(root, rules).await?;
-    capture_scanned(store, root, scanned, previous, snapshot_id).await
+    capture_scanned(repository, root, scanned, previous, snapshot_id).await
 }
 
 /// [`capture`] of a tree already walked (the tree must not have changed since).
 pub async fn capture_scanned(
-    store: &ArtifactStore,
+    repository: &Repository,
     root: &Path,
     scanned: Scan,
     previous: Option<Arc<Manifest>>,
     snapshot_id: Uuid,
 ) -> Result<(Manifest, CaptureStats), SnapshotError> {
     let handle = Handle::current();
-    let store_owned = store.clone();
+    let store = repository.store();
+    let repository_owned = repository.clone();
     let root = root.to_path_buf();
     let (manifest, stats, written) = tokio::task::spawn_blocking(move || {
         capture_blocking(
             &handle,
-            &store_owned,
+            &repository_owned,
             &root,
             scanned.entries,
             previous.as_deref(),
@@ -131,9 +132,9 @@ pub async fn capture_scanned(
         .await?;
     store.flush().await?;
     // The catalog lock may be held by another capture's refresh: wait off the runtime.
-    let catalog_store = store.clone();
+    let catalog_owner = repository.clone();
     tokio::task::spawn_blocking(move || {
-        let mut catalog = lock(catalog_store.catalog());
+        let mut catalog = lock(catalog_owner.catalog());
         for (pack, chunks) in &written {
             catalog.add(*pack, chunks);
         }
@@ -219,12 +220,13 @@ type Captured = (Manifest, CaptureStats, Vec<Written>);
 
 fn capture_blocking(
     handle: &Handle,
-    store: &ArtifactStore,
+    repository: &Repository,
     root: &Path,
     mut entries: Vec<Entry>,
     previous: Option<&Manifest>,
 ) -> Result<Captured, SnapshotError> {
-    let known = lock(store.catalog()).refresh(handle, store)?;
+    let store = repository.store();
+    let known = lock(repository.catalog()).refresh(handle, store)?;
     let stored = known.chunks;
     // The previous manifest is reused only where its packs are still in this store (a
     // reclaimed pack's index is gone; a manifest of another store names none of them).

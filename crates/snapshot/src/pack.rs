@@ -8,13 +8,11 @@
 //! whichever lineage stored it first.
 
 use super::SnapshotError;
-use crate::store::{ArtifactStore, StoreError};
+use crate::store::ArtifactStore;
 use bytes::Bytes;
-use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::fmt;
-use std::sync::Arc;
 use tokio::runtime::Handle;
 use uuid::Uuid;
 
@@ -60,7 +58,7 @@ pub fn index_key(id: Uuid) -> String {
     format!("{INDEX_PREFIX}{}", id.simple())
 }
 
-const INDEX_PREFIX: &str = "index/";
+pub(crate) const INDEX_PREFIX: &str = "index/";
 
 /// Where a chunk is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -94,7 +92,7 @@ fn encode_index(pack: Uuid, chunks: &[PackedChunk]) -> Result<Vec<u8>, SnapshotE
     Ok(bytes)
 }
 
-fn decode_index(pack: Uuid, bytes: &[u8]) -> Option<Vec<PackedChunk>> {
+pub(crate) fn decode_index(pack: Uuid, bytes: &[u8]) -> Option<Vec<PackedChunk>> {
     let index: PackIndex = postcard::from_bytes(bytes.strip_prefix(INDEX_MAGIC)?).ok()?;
     let sane = index.pack == pack
         && index
@@ -210,85 +208,6 @@ impl PackBuilder {
     pub fn finish(&mut self) -> Option<Sealed> {
         let last = std::mem::replace(&mut self.open, empty_pack(None));
         (!last.chunks.is_empty()).then_some(last)
-    }
-}
-
-/// What a store holds: every chunk named by an index, by id.
-#[derive(Default)]
-pub struct Catalog {
-    packs: HashSet<Uuid>,
-    chunks: Arc<HashMap<ChunkId, Location>>,
-}
-
-/// What a capture may reuse: the packs whose index is listed, and their chunks.
-pub struct Known {
-    pub packs: HashSet<Uuid>,
-    pub chunks: Arc<HashMap<ChunkId, Location>>,
-}
-
-impl fmt::Debug for Catalog {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Catalog")
-            .field("packs", &self.packs.len())
-            .field("chunks", &self.chunks.len())
-            .finish()
-    }
-}
-
-impl Catalog {
-    /// Brings the catalog up to the store's indexes: packs whose index is gone (the
-    /// reaper deletes the index first) are forgotten, new indexes are read. An index
-    /// that cannot be read is skipped: its chunks are then merely stored again.
-    pub fn refresh(&mut self, handle: &Handle, store: &ArtifactStore) -> Result<Known, StoreError> {
-        let listed: HashSet<Uuid> = store
-            .list_blocking(handle, INDEX_PREFIX)?
-            .iter()
-            .filter_map(|key| key.strip_prefix(INDEX_PREFIX))
-            .filter_map(|name| Uuid::try_parse(name).ok())
-            .collect();
-        let gone: HashSet<Uuid> = self.packs.difference(&listed).copied().collect();
-        if !gone.is_empty() {
-            Arc::make_mut(&mut self.chunks).retain(|_, l| !gone.contains(&l.pack));
-            self.packs.retain(|p| !gone.contains(p));
-        }
-        let new: Vec<Uuid> = listed.difference(&self.packs).copied().collect();
-        let read: Vec<(Uuid, Option<Vec<PackedChunk>>)> = new
-            .par_iter()
-            .map(|pack| {
-                let bytes = match store.get_blocking(handle, &index_key(*pack)) {
-                    Ok(bytes) => bytes,
-                    Err(StoreError::NotFound(_)) => return Ok((*pack, None)),
-                    Err(e) => return Err(e),
-                };
-                let chunks = decode_index(*pack, &bytes);
-                if chunks.is_none() {
-                    tracing::warn!(%pack, "unreadable pack index skipped");
-                }
-                Ok((*pack, chunks))
-            })
-            .collect::<Result<_, StoreError>>()?;
-        for (pack, chunks) in read {
-            if let Some(chunks) = chunks {
-                self.add(pack, &chunks);
-            }
-        }
-        Ok(Known {
-            packs: self.packs.clone(),
-            chunks: self.chunks.clone(),
-        })
-    }
-
-    /// Records a pack this process wrote.
-    pub fn add(&mut self, pack: Uuid, chunks: &[PackedChunk]) {
-        let map = Arc::make_mut(&mut self.chunks);
-        for chunk in chunks {
-            map.entry(chunk.id).or_insert(Location {
-                pack,
-                offset: chunk.offset,
-                length: chunk.length,
-            });
-        }
-        self.packs.insert(pack);
     }
 }
 

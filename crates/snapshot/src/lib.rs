@@ -1,4 +1,11 @@
-//! The snapshot engine: content-defined chunks (FastCDC), BLAKE3 ids, zstd, packs.
+//! The snapshot engine: content-defined chunks (FastCDC), BLAKE3 ids, zstd, packs, and
+//! the artifact store they live in. No database: the worker and the reaper keep the
+//! snapshots' records (`cairn_common::lineage`).
+//!
+//! Modules, bottom up: [`store`] (objects behind `object_store`), [`pack`] (packs of
+//! compressed chunks and their indexes), [`catalog`] (the chunks a store holds, as read
+//! from its indexes), [`repository`] (a store and its catalog), [`manifest`], `walk`,
+//! `capture` and `restore`.
 //!
 //! A chunk is stored once per store, in a pack ([`pack`]), and shared by every snapshot
 //! holding it. A manifest ([`manifest`]) lists paths, modes, symlinks, sizes and where
@@ -19,9 +26,12 @@
 //! root.
 
 mod capture;
+pub mod catalog;
 pub mod manifest;
 pub mod pack;
+pub mod repository;
 mod restore;
+pub mod store;
 mod walk;
 
 pub use capture::{capture, capture_scanned, scan, Scan};
@@ -30,9 +40,10 @@ pub use manifest::{
     Manifest,
 };
 pub use pack::{index_key, pack_key, ChunkId};
+pub use repository::Repository;
 pub use restore::{restore, restore_indexed};
+pub use store::{ArtifactStore, StoreError};
 
-use crate::store::StoreError;
 use std::path::Path;
 
 const MIN_CHUNK: u32 = 16 * 1024;

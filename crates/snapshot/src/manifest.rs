@@ -187,10 +187,10 @@ pub fn decode(bytes: &[u8]) -> Result<Manifest, SnapshotError> {
 
 /// Reads a snapshot's manifest.
 pub async fn load_manifest(
-    store: &ArtifactStore,
+    store: &impl AsRef<ArtifactStore>,
     snapshot_id: uuid::Uuid,
 ) -> Result<Manifest, SnapshotError> {
-    decode(&store.get(&manifest_key(snapshot_id)).await?)
+    decode(&store.as_ref().get(&manifest_key(snapshot_id)).await?)
 }
 
 /// Checks that an entry stays inside the root: relative, no `..`, no empty or `.`
