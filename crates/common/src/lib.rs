@@ -5,8 +5,13 @@
 //! - [`telemetry`]: tracing setup, pretty or JSON.
 //! - [`db`]: PostgreSQL connection (creating the database if missing) and migrations.
 //! - [`digest`]: SHA-256 digests over canonical JSON.
-//! - [`run`]: run specifications, request states and job messages.
-//! - [`ticket`]: state changes of an execution request, shared by worker and sweeper.
+//! - [`run`]: run specifications and job messages.
+//! - [`request`]: the execution request (ticket): its states and every write that changes
+//!   it (requeue, stop, cancel, pause, continuation actions).
+//! - [`journal`]: intents, receipts and other entries; where receipts stand on a tree.
+//! - [`report`]: final reports, retained and accepted once.
+//! - [`handoff`]: verification handoffs, adoptions and check results.
+//! - [`text_enum`]: states stored as text, typed in Rust.
 //! - [`policy`]: the saved-work recovery policy.
 //! - [`ids`]: the 32-lowercase-hex identifiers of runs, requests and actions.
 //! - [`leader`]: single-leader roles through an advisory lock on a dedicated connection.
@@ -22,13 +27,18 @@
 //! - [`redis_conn`]: the Redis connection manager.
 //! - `testing` (feature `testing`): isolation helpers for tests against real services.
 
+#[macro_use]
+pub mod text_enum;
+
 pub mod component;
 pub mod config;
 pub mod db;
 pub mod digest;
+pub mod handoff;
 pub mod health;
 pub mod hold;
 pub mod ids;
+pub mod journal;
 pub mod leader;
 pub mod lease;
 pub mod lineage;
@@ -37,10 +47,11 @@ pub mod outbox;
 pub mod policy;
 pub mod queue;
 pub mod redis_conn;
+pub mod report;
+pub mod request;
 pub mod run;
 pub mod shutdown;
 pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod ticket;
 pub mod verification;

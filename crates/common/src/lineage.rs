@@ -17,6 +17,44 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+crate::text_enum! {
+    /// Where a snapshot's bytes stand. (`restoring` is never set on a checkpoint or a
+    /// baseline: a restore only reads, and is recorded in `snapshot_restores`.)
+    pub enum SnapshotStatus {
+        Creating => "creating",
+        Uploading => "uploading",
+        Ready => "ready",
+        Restoring => "restoring",
+        Failed => "failed",
+        /// It failed verification: never restored again.
+        Quarantined => "quarantined",
+        Deleted => "deleted",
+    }
+}
+
+crate::text_enum! {
+    /// How a tree was acquired, in the order tried.
+    pub enum Tier {
+        /// A still-held tree of the same task.
+        Adopt => "adopt",
+        /// The work context's current checkpoint.
+        Checkpoint => "checkpoint",
+        /// A clean baseline of the repository.
+        Baseline => "baseline",
+        /// A fresh clone, or an empty directory.
+        Cold => "cold",
+    }
+}
+
+crate::text_enum! {
+    /// How one acquisition attempt went.
+    pub enum RestoreOutcome {
+        Succeeded => "succeeded",
+        Failed => "failed",
+        Skipped => "skipped",
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum LineageError {
     #[error("lineage {work_context} moved: expected head {expected:?}, found {actual:?}")]
@@ -102,10 +140,10 @@ pub async fn touch(conn: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Error>
 pub async fn set_status(
     conn: &mut PgConnection,
     id: Uuid,
-    from: &[&str],
-    to: &str,
+    from: &[SnapshotStatus],
+    to: SnapshotStatus,
 ) -> Result<bool, sqlx::Error> {
-    let from: Vec<String> = from.iter().map(|s| s.to_string()).collect();
+    let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
     let done =
         sqlx::query("UPDATE project_snapshots SET status = $3 WHERE id = $1 AND status = ANY($2)")
             .bind(id)
@@ -425,9 +463,9 @@ pub async fn record_restore(
     conn: &mut PgConnection,
     request_id: Option<Uuid>,
     workspace_id: Option<Uuid>,
-    tier: &str,
+    tier: Tier,
     snapshot_id: Option<Uuid>,
-    outcome: &str,
+    outcome: RestoreOutcome,
     reason: Option<&str>,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(

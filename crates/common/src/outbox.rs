@@ -9,7 +9,8 @@
 
 use crate::health::AmqpStatus;
 use crate::metrics::OutboxMetrics;
-use crate::queue::{self, QueueError, Topology};
+use crate::queue::{self, JobQueue, QueueError, Topology};
+use crate::run::{JobKind, JobMessage};
 use backon::{BackoffBuilder, ExponentialBuilder};
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::{BasicProperties, Channel, Connection};
@@ -49,6 +50,34 @@ pub async fn enqueue(
         .execute(conn)
         .await?;
     Ok(message_id)
+}
+
+/// Announces work, in the caller's transaction: the message goes to the queue its kind
+/// is for. A message that cannot be encoded is an error (nothing is announced).
+pub async fn announce(conn: &mut PgConnection, message: &JobMessage) -> Result<Uuid, sqlx::Error> {
+    let payload = serde_json::to_value(message).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+    enqueue(conn, JobQueue::of(message.kind).routing_key(), &payload).await
+}
+
+/// Announces many messages of one kind at once (a batch admission).
+pub async fn announce_many(
+    conn: &mut PgConnection,
+    kind: JobKind,
+    messages: &[JobMessage],
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    let payloads = messages
+        .iter()
+        .map(|m| {
+            if m.kind != kind {
+                return Err(sqlx::Error::Protocol(format!(
+                    "a {:?} message among {kind:?} messages",
+                    m.kind
+                )));
+            }
+            serde_json::to_value(m).map_err(|e| sqlx::Error::Encode(Box::new(e)))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    enqueue_many(conn, JobQueue::of(kind).routing_key(), &payloads).await
 }
 
 /// Number of messages not yet confirmed by the broker.

@@ -5,6 +5,7 @@
 //! RabbitMQ dead-letters a message through `cairn.dead` into the queue `cairn.dead`.
 //! Every name takes a configurable prefix so installations and tests isolate themselves.
 
+use crate::run::JobKind;
 use backon::{ExponentialBuilder, Retryable};
 use lapin::options::{
     BasicConsumeOptions, BasicQosOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
@@ -36,6 +37,17 @@ impl JobQueue {
         JobQueue::Continuations,
         JobQueue::Verifications,
     ];
+
+    /// The queue that carries messages of a kind.
+    pub fn of(kind: JobKind) -> JobQueue {
+        match kind {
+            JobKind::Run => JobQueue::Runs,
+            JobKind::CheckpointContinuation | JobKind::FinalOutcomeContinuation => {
+                JobQueue::Continuations
+            }
+            JobKind::Verification => JobQueue::Verifications,
+        }
+    }
 
     /// The routing key on `cairn.jobs` that reaches this queue.
     pub fn routing_key(self) -> &'static str {

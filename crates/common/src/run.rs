@@ -1,5 +1,5 @@
-//! Runs: what a client submits (a plan of steps, budgets, attempts) and the states a run
-//! and its execution request move through.
+//! Runs: what a client submits (a plan of steps, budgets, attempts), and the message that
+//! announces work (a contract: workers of another version decode it).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -224,72 +224,6 @@ impl RunSpec {
 
     pub fn max_attempts(&self) -> u32 {
         self.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS)
-    }
-}
-
-/// States of an execution request (and of its run, which mirrors it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum RequestState {
-    /// Admitted and announced; waiting for a worker.
-    Queued,
-    /// A worker holds the lease and runs steps.
-    Executing,
-    /// The final report asked for verification; the request waits on its handoff.
-    AwaitingVerification,
-    /// The lease lapsed with attempts spent (or a continuation's window ended): only a
-    /// reviewed checkpoint continuation takes it further.
-    StoppedAtCheckpoint,
-    /// A step's outcome is unknown, or a retained report awaits acceptance.
-    NeedsReconciliation,
-    Completed,
-    Failed,
-    Cancelled,
-}
-
-impl RequestState {
-    pub const ALL: [RequestState; 8] = [
-        RequestState::Queued,
-        RequestState::Executing,
-        RequestState::AwaitingVerification,
-        RequestState::StoppedAtCheckpoint,
-        RequestState::NeedsReconciliation,
-        RequestState::Completed,
-        RequestState::Failed,
-        RequestState::Cancelled,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RequestState::Queued => "queued",
-            RequestState::Executing => "executing",
-            RequestState::AwaitingVerification => "awaiting_verification",
-            RequestState::StoppedAtCheckpoint => "stopped_at_checkpoint",
-            RequestState::NeedsReconciliation => "needs_reconciliation",
-            RequestState::Completed => "completed",
-            RequestState::Failed => "failed",
-            RequestState::Cancelled => "cancelled",
-        }
-    }
-
-    pub fn parse(text: &str) -> Option<RequestState> {
-        Self::ALL.into_iter().find(|s| s.as_str() == text)
-    }
-
-    /// No worker will touch the request again.
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            RequestState::Completed | RequestState::Failed | RequestState::Cancelled
-        )
-    }
-
-    /// The run's state for a request state (`executing` shows as `running`).
-    pub fn run_state(self) -> &'static str {
-        match self {
-            RequestState::Executing => "running",
-            other => other.as_str(),
-        }
     }
 }
 

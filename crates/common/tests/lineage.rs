@@ -1,7 +1,7 @@
 //! Checkpoint lineage and holds against the real PostgreSQL.
 
 use cairn_common::hold::{self, HoldTarget};
-use cairn_common::lineage::{self, LineageError, NewSnapshot};
+use cairn_common::lineage::{self, LineageError, NewSnapshot, SnapshotStatus};
 use cairn_common::testing::TestDb;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -126,9 +126,14 @@ async fn an_append_replaces_only_a_head_that_can_no_longer_be_restored() {
     );
     // A quarantined head cannot be restored: a fallback tree replaces it and starts a
     // chain of its own (no predecessor), keeping the sequence going.
-    lineage::set_status(&mut conn, second, &["ready"], "quarantined")
-        .await
-        .expect("quarantine");
+    lineage::set_status(
+        &mut conn,
+        second,
+        &[SnapshotStatus::Ready],
+        SnapshotStatus::Quarantined,
+    )
+    .await
+    .expect("quarantine");
     let third = ready_checkpoint(&db.pool, "agent", context).await;
     assert_eq!(
         lineage::append(&mut conn, context, "agent", None, third)

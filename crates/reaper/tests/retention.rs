@@ -1,7 +1,7 @@
 //! The reaper's rules, one time-travel test each, against the real PostgreSQL and a real
 //! local artifact store.
 
-use cairn_common::lineage::{self, NewSnapshot};
+use cairn_common::lineage::{self, NewSnapshot, SnapshotStatus};
 use cairn_common::testing::TestDb;
 use cairn_reaper::retention::{Durations, Sweep, SweepReport};
 use cairn_snapshot::Repository;
@@ -89,9 +89,14 @@ async fn capture_in_progress(
     )
     .await
     .expect("create");
-    lineage::set_status(&mut conn, id, &["creating"], "uploading")
-        .await
-        .expect("uploading");
+    lineage::set_status(
+        &mut conn,
+        id,
+        &[SnapshotStatus::Creating],
+        SnapshotStatus::Uploading,
+    )
+    .await
+    .expect("uploading");
     let created = sqlx::query_scalar("SELECT created_at FROM project_snapshots WHERE id = $1")
         .bind(id)
         .fetch_one(&mut *conn)
@@ -516,9 +521,14 @@ async fn a_capture_running_beside_a_sweep_loses_no_chunk() {
             )
             .await
             .expect("create");
-            lineage::set_status(&mut tx, id, &["creating"], "uploading")
-                .await
-                .expect("uploading");
+            lineage::set_status(
+                &mut tx,
+                id,
+                &[SnapshotStatus::Creating],
+                SnapshotStatus::Uploading,
+            )
+            .await
+            .expect("uploading");
             tx.commit().await.expect("commit");
             if round % 2 == 0 {
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;

@@ -13,8 +13,11 @@
 //! Every change moves the lease epoch on, so a paused former owner writes nothing.
 
 use cairn_common::leader::{pause, Leadership};
-use cairn_common::run::{JobKind, JobMessage, RequestState};
-use cairn_common::{outbox, queue::JobQueue, ticket};
+use cairn_common::request::action::{self, ActionKind, ActionStatus};
+use cairn_common::request::cancel::cancel_now;
+use cairn_common::request::requeue::{requeue_verification, verification_attempts_exhausted};
+use cairn_common::request::{self, RequestState};
+use cairn_common::run::{JobKind, JobMessage};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use sqlx::postgres::PgConnection;
@@ -86,14 +89,14 @@ pub struct SweepReport {
 struct Lapsed {
     id: Uuid,
     run_id: Uuid,
-    state: String,
+    state: RequestState,
     attempt: i32,
     max_attempts: i32,
     cancel_requested: bool,
     report_unaccepted: bool,
     executing_action: Option<Uuid>,
     queued_action_id: Option<Uuid>,
-    queued_action_kind: Option<String>,
+    queued_action_kind: Option<ActionKind>,
     executing_verification: Option<Uuid>,
     queued_verification: Option<Uuid>,
 }
@@ -139,7 +142,7 @@ pub async fn sweep_once(
 
     // Continuation windows that ended before any worker claimed them.
     let mut tx = pool.begin().await?;
-    let expired: Vec<(Uuid, String, Uuid)> = sqlx::query_as(
+    let expired: Vec<(Uuid, ActionKind, Uuid)> = sqlx::query_as(
         "SELECT a.id, a.kind, a.request_id
            FROM continuation_actions a JOIN execution_requests e ON e.id = a.request_id
           WHERE a.status = 'queued' AND a.window_ends_at < now()
@@ -152,12 +155,12 @@ pub async fn sweep_once(
     .fetch_all(&mut *tx)
     .await?;
     for (action_id, kind, request_id) in expired {
-        ticket::set_action_status(&mut tx, action_id, "failed").await?;
-        if kind == "checkpoint_continuation" {
-            ticket::stop_at_checkpoint(&mut tx, request_id, "continuation_window_ended").await?;
+        action::set_status(&mut tx, action_id, ActionStatus::Failed).await?;
+        if kind == ActionKind::CheckpointContinuation {
+            request::stop_at_checkpoint(&mut tx, request_id, "continuation_window_ended").await?;
         } else {
-            ticket::fence_out(&mut tx, request_id).await?;
-            ticket::set_state(
+            request::fence_out(&mut tx, request_id).await?;
+            request::set_state(
                 &mut tx,
                 request_id,
                 RequestState::NeedsReconciliation,
@@ -184,79 +187,47 @@ async fn handle_lapsed(
     l: &Lapsed,
     report: &mut SweepReport,
 ) -> Result<(), sqlx::Error> {
-    let state = RequestState::parse(&l.state);
-    if l.cancel_requested && !state.is_some_and(RequestState::is_terminal) {
-        ticket::fence_out(&mut *conn, l.id).await?;
-        ticket::set_state(
-            &mut *conn,
-            l.id,
-            RequestState::Cancelled,
-            Some("cancelled; its worker stopped answering"),
-            None,
-        )
-        .await?;
-        if let Some(action) = l.executing_action {
-            ticket::set_action_status(&mut *conn, action, "failed").await?;
-        }
-        for adoption in [l.executing_verification, l.queued_verification]
-            .into_iter()
-            .flatten()
-        {
-            ticket::set_adoption_status(&mut *conn, adoption, "cancelled", Some("cancelled"))
-                .await?;
-            ticket::set_handoff_state_of(&mut *conn, adoption, "failed").await?;
-        }
+    let state = l.state;
+    if l.cancel_requested && !state.is_terminal() {
+        request::fence_out(&mut *conn, l.id).await?;
+        cancel_now(&mut *conn, l.id, "cancelled; its worker stopped answering").await?;
         report.cancelled += 1;
         return Ok(());
     }
     match state {
-        Some(RequestState::Queued) if l.queued_verification.is_some() => {
+        RequestState::Queued if l.queued_verification.is_some() => {
             let adoption = l.queued_verification.unwrap_or_default();
-            ticket::requeue_verification(&mut *conn, l.run_id, l.id, adoption, l.attempt).await?;
+            requeue_verification(&mut *conn, l.run_id, l.id, adoption, l.attempt).await?;
             report.reannounced += 1;
         }
-        Some(RequestState::Queued) => {
+        RequestState::Queued => {
             // Claimed, then lost before it started: announce it again, same attempt.
-            ticket::fence_out(&mut *conn, l.id).await?;
-            let (kind, routing, action_id) =
-                match (l.queued_action_id, l.queued_action_kind.as_deref()) {
-                    (Some(id), Some("checkpoint_continuation")) => (
-                        JobKind::CheckpointContinuation,
-                        JobQueue::Continuations,
-                        Some(id),
-                    ),
-                    (Some(id), _) => (
-                        JobKind::FinalOutcomeContinuation,
-                        JobQueue::Continuations,
-                        Some(id),
-                    ),
-                    (None, _) => (JobKind::Run, JobQueue::Runs, None),
-                };
+            request::fence_out(&mut *conn, l.id).await?;
+            let kind = match l.queued_action_kind {
+                Some(ActionKind::CheckpointContinuation) => JobKind::CheckpointContinuation,
+                Some(ActionKind::FinalOutcomeContinuation) => JobKind::FinalOutcomeContinuation,
+                None => JobKind::Run,
+            };
             let message = JobMessage {
                 kind,
                 run_id: l.run_id,
                 request_id: l.id,
-                action_id,
+                action_id: l.queued_action_id,
                 attempt: Some(l.attempt),
             };
-            outbox::enqueue(
-                &mut *conn,
-                routing.routing_key(),
-                &serde_json::to_value(message).unwrap_or_default(),
-            )
-            .await?;
+            request::readmit(&mut *conn, &message).await?;
             report.reannounced += 1;
         }
-        Some(RequestState::Executing) => {
+        RequestState::Executing => {
             if let Some(adoption) = l.executing_verification {
                 lapsed_verification(&mut *conn, l, adoption, report).await?;
             } else if let Some(action) = l.executing_action {
-                ticket::set_action_status(&mut *conn, action, "failed").await?;
-                ticket::stop_at_checkpoint(&mut *conn, l.id, "continuation_lease_expired").await?;
+                action::set_status(&mut *conn, action, ActionStatus::Failed).await?;
+                request::stop_at_checkpoint(&mut *conn, l.id, "continuation_lease_expired").await?;
                 report.stopped += 1;
             } else if l.report_unaccepted {
-                ticket::fence_out(&mut *conn, l.id).await?;
-                ticket::set_state(
+                request::fence_out(&mut *conn, l.id).await?;
+                request::set_state(
                     &mut *conn,
                     l.id,
                     RequestState::NeedsReconciliation,
@@ -266,17 +237,17 @@ async fn handle_lapsed(
                 .await?;
                 report.reconciling += 1;
             } else if l.attempt < l.max_attempts {
-                let attempt = ticket::requeue(&mut *conn, l.id, true).await?;
+                let attempt = request::requeue(&mut *conn, l.id, true).await?;
                 tracing::info!(request_id = %l.id, attempt, "lease lapsed; automatic attempt queued");
                 report.requeued += 1;
             } else {
-                ticket::stop_at_checkpoint(&mut *conn, l.id, "attempts_exhausted").await?;
+                request::stop_at_checkpoint(&mut *conn, l.id, "attempts_exhausted").await?;
                 tracing::info!(request_id = %l.id, "lease lapsed with attempts spent; stopped at its last checkpoint");
                 report.stopped += 1;
             }
         }
         // Someone claimed a request with nothing to do and vanished: just clear it.
-        _ => ticket::fence_out(&mut *conn, l.id).await?,
+        _ => request::fence_out(&mut *conn, l.id).await?,
     }
     Ok(())
 }
@@ -291,12 +262,12 @@ async fn lapsed_verification(
     report: &mut SweepReport,
 ) -> Result<(), sqlx::Error> {
     if l.attempt < l.max_attempts {
-        ticket::requeue_verification(&mut *conn, l.run_id, l.id, adoption, l.attempt + 1).await?;
+        requeue_verification(&mut *conn, l.run_id, l.id, adoption, l.attempt + 1).await?;
         tracing::info!(request_id = %l.id, attempt = l.attempt + 1, "verification lease lapsed; queued again");
         report.requeued += 1;
         return Ok(());
     }
-    ticket::verification_attempts_exhausted(&mut *conn, l.id, adoption).await?;
+    verification_attempts_exhausted(&mut *conn, l.id, adoption).await?;
     report.stopped += 1;
     Ok(())
 }

@@ -3,6 +3,7 @@
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::Router;
+use cairn_common::journal;
 use cairn_common::testing::TestDb;
 use cairn_scheduler::api::{self, auth, auth::Role, AppState};
 use http_body_util::BodyExt;
@@ -716,36 +717,49 @@ async fn stop_at_checkpoint(api: &Api, run_id: &str) -> (Uuid, Uuid) {
             .fetch_one(api.pool())
             .await
             .expect("request");
-    sqlx::query("INSERT INTO journal_intents (request_id, step_key, step_index, idempotent, lease_epoch, attempt) VALUES ($1, 'build', 0, false, 1, 1)")
-        .bind(request_id)
-        .execute(api.pool())
+    // One step ran and has its receipt, under epoch 1; then the lease lapsed with the
+    // attempts spent and the sweeper stopped the request at its checkpoint.
+    let lease = cairn_common::lease::Lease {
+        request_id,
+        owner: "w1".into(),
+        epoch: 1,
+        deadline: chrono::Utc::now(),
+    };
+    let mut conn = api.pool().acquire().await.expect("conn");
+    journal::write_intent(&mut conn, &lease, 1, "build", 0, false)
         .await
         .expect("intent");
-    sqlx::query("INSERT INTO journal_receipts (request_id, step_key, lease_epoch, attempt, exit_code, wall_ms, cpu_ms, output_digest) VALUES ($1, 'build', 1, 1, 0, 1200, 800, 'abc')")
-        .bind(request_id)
-        .execute(api.pool())
+    let outcome = journal::Outcome {
+        exit_code: Some(0),
+        signal: None,
+        timed_out: false,
+        wall_ms: 1200,
+        cpu_ms: 800,
+        output_digest: "abc".into(),
+        stdout_tail: String::new(),
+        stderr_tail: String::new(),
+        output_artifact: String::new(),
+    };
+    let receipt = journal::Receipt {
+        step_key: "build",
+        attempt: 1,
+        outcome: &outcome,
+        tier: None,
+    };
+    journal::record_receipt(&mut conn, &lease, &receipt, None)
         .await
         .expect("receipt");
-    let mut conn = api.pool().acquire().await.expect("conn");
-    let journal = cairn_common::ticket::journal_digest(&mut conn, request_id)
-        .await
-        .expect("digest");
+    // The source a worker observed (what a changed source is compared with).
     sqlx::query(
-        "UPDATE execution_requests SET state = 'stopped_at_checkpoint', stop_reason = 'attempts_exhausted',
-                lease_epoch = 2, used_commands = 1, used_wall_ms = 1200, used_cpu_ms = 800, source_digest = 'src-1',
-                checkpoint = jsonb_build_object('sequence', 1, 'journal_digest', $2::text, 'source_digest', 'src-1')
-          WHERE id = $1",
+        "UPDATE execution_requests SET lease_epoch = 1, source_digest = 'src-1' WHERE id = $1",
     )
     .bind(request_id)
-    .bind(journal)
-    .execute(api.pool())
+    .execute(&mut *conn)
     .await
-    .expect("stop");
-    sqlx::query("UPDATE runs SET state = 'stopped_at_checkpoint' WHERE id = $1")
-        .bind(run_id)
-        .execute(api.pool())
+    .expect("observed source");
+    cairn_common::request::stop_at_checkpoint(&mut conn, request_id, "attempts_exhausted")
         .await
-        .expect("stop run");
+        .expect("stop");
     (run_id, request_id)
 }
 

@@ -2,22 +2,22 @@
 //! intent before and a receipt after every step. Completed steps are reused, never
 //! replayed; a step with an intent and no receipt runs again only if idempotent.
 
-use crate::custody::{Custody, CustodyError, Held, Release, Subject};
-use crate::journal::{self, Receipt, Standing};
+use crate::custody::{Commit, Custody, CustodyError, Held, Release, Subject};
 use crate::metrics::WorkerMetrics;
 use crate::pause::{self, Pausing};
 use crate::renewal::{self, StopReason};
-use crate::report::{self, RetainedReport};
+use crate::report::RetainedReport;
 use crate::step::{self, Interruption, StepCommand, StepOutcome};
-use crate::verification;
 use crate::workspace::Workspace;
+use cairn_common::handoff::{self, AdoptionStatus, HandoffState};
+use cairn_common::journal::{self, Receipt, Standing};
 use cairn_common::lease::{Lease, LeaseError, Leases};
-use cairn_common::outbox;
-use cairn_common::queue::JobQueue;
-use cairn_common::run::{JobKind, JobMessage, RequestState, StepSpec};
-use cairn_common::ticket;
+use cairn_common::report::{self, Acceptance};
+use cairn_common::request::action::{self, ActionStatus};
+use cairn_common::request::{self, RequestState};
+use cairn_common::run::{JobKind, JobMessage, StepSpec};
 use serde_json::json;
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgPool;
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -132,7 +132,7 @@ impl Claimed {
 
 #[derive(sqlx::FromRow)]
 struct RequestRow {
-    state: String,
+    state: RequestState,
     kind: String,
     run_id: Uuid,
     attempt: i32,
@@ -201,7 +201,7 @@ impl Worker {
         .bind(lease.request_id)
         .fetch_one(&mut *tx)
         .await?;
-        let queued = row.state == RequestState::Queued.as_str() && row.kind == "run";
+        let queued = row.state == RequestState::Queued && row.kind == "run";
         // A reviewed continuation or an adopted verification that owns the ticket now.
         let pending_action: Option<(Uuid, String)> = sqlx::query_as(
             "(SELECT id, kind, created_at FROM continuation_actions
@@ -246,29 +246,38 @@ impl Worker {
         self.metrics
             .claim_latency_seconds
             .observe(row.queued_for_seconds.max(0.0));
-        if row.cancel_requested || row.deadline_passed {
-            let (state, reason) = if row.cancel_requested {
-                (RequestState::Cancelled, "cancelled before it started")
-            } else {
-                (
-                    RequestState::Failed,
-                    "the run's deadline passed before it started",
-                )
-            };
-            ticket::set_state(&mut tx, lease.request_id, state, Some(reason), None).await?;
-            if let Some((action_id, kind)) = pending_action {
-                if kind == "verification" {
-                    let status = if row.cancel_requested {
-                        "cancelled"
-                    } else {
-                        "failed"
-                    };
-                    ticket::set_adoption_status(&mut tx, action_id, status, Some(reason)).await?;
-                    ticket::set_handoff_state_of(&mut tx, action_id, "failed").await?;
-                } else {
-                    ticket::set_action_status(&mut tx, action_id, "failed").await?;
+        if row.cancel_requested {
+            request::cancel::cancel_now(&mut tx, lease.request_id, "cancelled before it started")
+                .await?;
+        } else if row.deadline_passed {
+            let reason = "the run's deadline passed before it started";
+            request::set_state(
+                &mut tx,
+                lease.request_id,
+                RequestState::Failed,
+                Some(reason),
+                None,
+            )
+            .await?;
+            match pending_action {
+                Some((adoption_id, kind)) if kind == "verification" => {
+                    handoff::set_adoption_status(
+                        &mut tx,
+                        adoption_id,
+                        AdoptionStatus::Failed,
+                        Some(reason),
+                    )
+                    .await?;
+                    handoff::set_handoff_state_of(&mut tx, adoption_id, HandoffState::Failed)
+                        .await?;
                 }
+                Some((action_id, _)) => {
+                    action::set_status(&mut tx, action_id, ActionStatus::Failed).await?;
+                }
+                None => {}
             }
+        }
+        if row.cancel_requested || row.deadline_passed {
             self.leases.release_in(&mut tx, &lease).await?;
             tx.commit().await?;
             self.leases.clear_liveness(&lease).await;
@@ -276,23 +285,29 @@ impl Worker {
             return Ok(Claim::Done(if row.cancel_requested {
                 JobOutcome::Cancelled
             } else {
-                JobOutcome::Failed(reason.into())
+                JobOutcome::Failed("the run's deadline passed before it started".into())
             }));
         }
         if message.kind == JobKind::FinalOutcomeContinuation {
-            let outcome = self
-                .accept_report(&mut tx, &lease, message.action_id)
-                .await?;
+            let acceptance =
+                report::accept(&mut tx, &lease, message.action_id, &self.settings.worker_id)
+                    .await?;
             self.leases.release_in(&mut tx, &lease).await?;
             tx.commit().await?;
             self.leases.clear_liveness(&lease).await;
-            match outcome {
-                JobOutcome::Accepted => self.metrics.jobs_completed.inc(),
-                _ => self.metrics.jobs_failed.inc(),
+            let outcome = match acceptance {
+                Acceptance::Accepted { .. } => {
+                    self.metrics.jobs_completed.inc();
+                    JobOutcome::Accepted
+                }
+                Acceptance::Missing => {
+                    self.metrics.jobs_failed.inc();
+                    JobOutcome::NeedsReconciliation("no retained report to accept".into())
+                }
             };
             return Ok(Claim::Done(outcome));
         }
-        ticket::set_state(
+        request::set_state(
             &mut tx,
             lease.request_id,
             RequestState::Executing,
@@ -302,15 +317,10 @@ impl Worker {
         .await?;
         match (message.kind, message.action_id) {
             (JobKind::Verification, Some(adoption_id)) => {
-                verification::claim_adoption(&mut tx, adoption_id, lease.epoch).await?;
+                handoff::claim_adoption(&mut tx, adoption_id, lease.epoch).await?;
             }
             (_, Some(action_id)) => {
-                ticket::set_action_status(&mut tx, action_id, "executing").await?;
-                sqlx::query("UPDATE continuation_actions SET claimed_epoch = $2 WHERE id = $1")
-                    .bind(action_id)
-                    .bind(lease.epoch)
-                    .execute(&mut *tx)
-                    .await?;
+                action::claim(&mut tx, action_id, lease.epoch).await?;
             }
             (_, None) => {}
         }
@@ -334,83 +344,6 @@ impl Worker {
             work_context: row.task_id,
             deadline: row.deadline,
         })))
-    }
-
-    /// Accepts the retained final report exactly once (a unique consumption record).
-    async fn accept_report(
-        &self,
-        conn: &mut PgConnection,
-        lease: &Lease,
-        action_id: Option<Uuid>,
-    ) -> Result<JobOutcome, JobError> {
-        let report: Option<(String, Option<String>, serde_json::Value, Option<String>)> = sqlx::query_as(
-            "SELECT outcome, followup_kind, body, source_digest FROM final_reports WHERE request_id = $1",
-        )
-        .bind(lease.request_id)
-        .fetch_optional(&mut *conn)
-        .await?;
-        let consumed = sqlx::query(
-            "INSERT INTO report_consumptions (request_id, action_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-        )
-        .bind(lease.request_id)
-        .bind(action_id)
-        .execute(&mut *conn)
-        .await;
-        let consumed = match (report.as_ref(), consumed) {
-            (Some(_), Ok(done)) => done.rows_affected() == 1,
-            _ => false,
-        };
-        let Some((outcome, followup_kind, body, source_digest)) = report.filter(|_| consumed)
-        else {
-            ticket::set_state(
-                &mut *conn,
-                lease.request_id,
-                RequestState::NeedsReconciliation,
-                Some("no retained report to accept"),
-                None,
-            )
-            .await?;
-            if let Some(action_id) = action_id {
-                ticket::set_action_status(&mut *conn, action_id, "needs_reconciliation").await?;
-            }
-            return Ok(JobOutcome::NeedsReconciliation(
-                "no retained report to accept".into(),
-            ));
-        };
-        sqlx::query(
-            "INSERT INTO journal_entries (request_id, entry_kind, lease_epoch, body) VALUES ($1, 'final_report_accepted', $2, $3)",
-        )
-        .bind(lease.request_id)
-        .bind(lease.epoch)
-        .bind(json!({"outcome": outcome, "followup_kind": followup_kind, "action_id": action_id, "worker": self.settings.worker_id}))
-        .execute(&mut *conn)
-        .await?;
-        let verification = followup_kind.as_deref() == Some(report::VERIFICATION);
-        if verification {
-            verification::open_handoff(
-                &mut *conn,
-                lease.request_id,
-                &body,
-                source_digest.as_deref(),
-            )
-            .await?;
-        }
-        let state = if verification {
-            RequestState::AwaitingVerification
-        } else {
-            RequestState::Completed
-        };
-        ticket::set_state(&mut *conn, lease.request_id, state, None, None).await?;
-        if let Some(action_id) = action_id {
-            ticket::set_action_status(&mut *conn, action_id, "completed").await?;
-        }
-        Ok(if action_id.is_some() {
-            JobOutcome::Accepted
-        } else if verification {
-            JobOutcome::AwaitingVerification
-        } else {
-            JobOutcome::Completed
-        })
     }
 
     /// Runs a claimed request's plan until it ends, is handed back on `drain`, or the
@@ -699,23 +632,24 @@ impl Worker {
                     }
                 }
             };
-            let receipt = |outcome, report| Receipt {
+            let tier = held.tier;
+            let receipt = |outcome| Receipt {
                 step_key: &step.key,
                 attempt: job.attempt,
                 outcome,
-                tier: Some(held.tier),
-                report,
+                tier: Some(tier),
             };
             let outcome = match result {
                 Ok(outcome) => outcome,
                 Err(e) => {
                     // The program could not start: a receipt records it as a failed step.
                     let message = format!("step {}: {e}", step.key);
-                    let failure = spawn_failure(&message);
-                    self.write_receipt(job, &receipt(&failure, None)).await?;
+                    let failure = spawn_failure(&message).journal();
+                    self.write_receipt(job, &receipt(&failure)).await?;
                     return Ok(Ending::Fail(message));
                 }
             };
+            let journaled = outcome.journal();
             if outcome.interrupted == Some(Interruption::Stopped) {
                 return Ok(Ending::Interrupted);
             }
@@ -723,7 +657,7 @@ impl Worker {
             tracing::info!(step = %step.key, result = %outcome.describe(), wall_ms = outcome.wall_ms, "step ended");
             if !outcome.succeeded() {
                 // The request fails here: nothing continues from this tree.
-                self.write_receipt(job, &receipt(&outcome, None)).await?;
+                self.write_receipt(job, &receipt(&journaled)).await?;
                 let message = format!("step {} {}", step.key, outcome.describe());
                 return Ok(Ending::Fail(message));
             }
@@ -731,7 +665,7 @@ impl Worker {
                 match self.read_report(workspace).await {
                     Ok(report) => report,
                     Err(message) => {
-                        self.write_receipt(job, &receipt(&outcome, None)).await?;
+                        self.write_receipt(job, &receipt(&journaled)).await?;
                         return Ok(Ending::Fail(message));
                     }
                 }
@@ -740,10 +674,13 @@ impl Worker {
             };
             // One durable fact: the receipt commits with the checkpoint holding its
             // effects, so a successor reuses it only on a tree that has them.
-            let receipt = receipt(&outcome, final_report.as_ref());
+            let commit = Commit {
+                receipt: receipt(&journaled),
+                report: final_report.as_ref().map(RetainedReport::retained),
+            };
             match self
                 .custody
-                .commit_step(&job.lease, subject, held, &receipt, stop)
+                .commit_step(&job.lease, subject, held, &commit, stop)
                 .await
             {
                 Ok(_) => {}
@@ -798,7 +735,7 @@ impl Worker {
     /// Reads the final report; one that asks for verification is retained with the
     /// digest of the source its checks will verify.
     async fn read_report(&self, workspace: &Workspace) -> Result<Option<RetainedReport>, String> {
-        let Some((report, body)) = report::read(&workspace.report_file).await? else {
+        let Some((report, body)) = crate::report::read(&workspace.report_file).await? else {
             return Ok(None);
         };
         let source_digest = if report.asks_for_verification() {
@@ -817,16 +754,12 @@ impl Worker {
     }
 
     async fn paused_by_report(&self, request_id: Uuid) -> bool {
-        let outcome: Option<(String, Option<String>)> = sqlx::query_as(
-            "SELECT outcome, followup_kind FROM final_reports WHERE request_id = $1",
-        )
-        .bind(request_id)
-        .fetch_optional(&self.pool)
-        .await
-        .unwrap_or(None);
-        outcome.is_some_and(|(outcome, followup)| {
-            outcome == "blocked" || outcome == "clarification" || followup.is_some()
-        })
+        match self.pool.acquire().await {
+            Ok(mut conn) => report::asks_for_more(&mut conn, request_id)
+                .await
+                .unwrap_or(false),
+            Err(_) => false,
+        }
     }
 
     fn command(
@@ -889,18 +822,21 @@ impl Worker {
     /// Every step has its receipt: accept the report, if any, and complete.
     async fn complete(&self, job: &Claimed) -> Result<JobOutcome, JobError> {
         let mut tx = job.lease.begin_fenced(&self.pool).await?;
-        let has_report: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM final_reports f WHERE f.request_id = $1
-                              AND NOT EXISTS (SELECT 1 FROM report_consumptions c WHERE c.request_id = f.request_id))",
-        )
-        .bind(job.lease.request_id)
-        .fetch_one(&mut *tx)
-        .await?;
-        let outcome = if has_report {
-            self.accept_report(&mut tx, &job.lease, job.action_id)
-                .await?
+        let outcome = if report::awaits_acceptance(&mut tx, job.lease.request_id).await? {
+            let acceptance =
+                report::accept(&mut tx, &job.lease, job.action_id, &self.settings.worker_id)
+                    .await?;
+            match acceptance {
+                Acceptance::Accepted { verification: true } => JobOutcome::AwaitingVerification,
+                Acceptance::Accepted {
+                    verification: false,
+                } => JobOutcome::Completed,
+                Acceptance::Missing => {
+                    JobOutcome::NeedsReconciliation("no retained report to accept".into())
+                }
+            }
         } else {
-            ticket::set_state(
+            request::set_state(
                 &mut tx,
                 job.lease.request_id,
                 RequestState::Completed,
@@ -909,17 +845,14 @@ impl Worker {
             )
             .await?;
             if let Some(action_id) = job.action_id {
-                ticket::set_action_status(&mut tx, action_id, "completed").await?;
+                action::set_status(&mut tx, action_id, ActionStatus::Completed).await?;
             }
             JobOutcome::Completed
         };
         self.leases.release_in(&mut tx, &job.lease).await?;
         tx.commit().await?;
         self.leases.clear_liveness(&job.lease).await;
-        Ok(match outcome {
-            JobOutcome::Accepted => JobOutcome::Completed,
-            other => other,
-        })
+        Ok(outcome)
     }
 
     /// Ends the job in `state` and releases the lease, in one fenced transaction.
@@ -931,26 +864,26 @@ impl Worker {
         step: Option<&str>,
     ) -> Result<(), JobError> {
         let mut tx = job.lease.begin_fenced(&self.pool).await?;
-        ticket::set_state(&mut tx, job.lease.request_id, state, reason, step).await?;
+        request::set_state(&mut tx, job.lease.request_id, state, reason, step).await?;
         match (job.kind, job.action_id) {
             // A verification that ends without its completion fails its adoption and
             // handoff (or is cancelled with them).
             (JobKind::Verification, Some(adoption_id)) => {
                 let status = if state == RequestState::Cancelled {
-                    "cancelled"
+                    AdoptionStatus::Cancelled
                 } else {
-                    "failed"
+                    AdoptionStatus::Failed
                 };
-                ticket::set_adoption_status(&mut tx, adoption_id, status, reason).await?;
-                ticket::set_handoff_state_of(&mut tx, adoption_id, "failed").await?;
+                handoff::set_adoption_status(&mut tx, adoption_id, status, reason).await?;
+                handoff::set_handoff_state_of(&mut tx, adoption_id, HandoffState::Failed).await?;
             }
             (_, Some(action_id)) => {
                 let status = match state {
-                    RequestState::NeedsReconciliation => "needs_reconciliation",
-                    RequestState::Completed => "completed",
-                    _ => "failed",
+                    RequestState::NeedsReconciliation => ActionStatus::NeedsReconciliation,
+                    RequestState::Completed => ActionStatus::Completed,
+                    _ => ActionStatus::Failed,
                 };
-                ticket::set_action_status(&mut tx, action_id, status).await?;
+                action::set_status(&mut tx, action_id, status).await?;
             }
             (_, None) => {}
         }
@@ -1002,20 +935,20 @@ impl Worker {
     ) -> Result<JobOutcome, JobError> {
         let reason = error.ends_attempt().unwrap_or("attempt_ended");
         let continuation = match (job.kind, job.action_id) {
-            (JobKind::Verification, Some(id)) => ticket::Continuation::Verification(id),
-            (JobKind::CheckpointContinuation, Some(id)) => ticket::Continuation::Checkpoint(id),
-            _ => ticket::Continuation::None,
+            (JobKind::Verification, Some(id)) => request::Continuation::Verification(id),
+            (JobKind::CheckpointContinuation, Some(id)) => request::Continuation::Checkpoint(id),
+            _ => request::Continuation::None,
         };
         let mut tx = job.lease.begin_fenced(&self.pool).await?;
         let ended =
-            ticket::end_attempt(&mut tx, job.lease.request_id, continuation, reason).await?;
+            request::end_attempt(&mut tx, job.lease.request_id, continuation, reason).await?;
         tx.commit().await?;
         self.leases.clear_liveness(&job.lease).await;
         tracing::warn!(error = %error, ?ended, "the attempt ended without a result");
         Ok(match ended {
-            ticket::AttemptEnd::Requeued => JobOutcome::HandedBack,
-            ticket::AttemptEnd::Stopped => JobOutcome::StoppedAtCheckpoint,
-            ticket::AttemptEnd::AwaitingAdoption => JobOutcome::Failed(error.to_string()),
+            request::AttemptEnd::Requeued => JobOutcome::HandedBack,
+            request::AttemptEnd::Stopped => JobOutcome::StoppedAtCheckpoint,
+            request::AttemptEnd::AwaitingAdoption => JobOutcome::Failed(error.to_string()),
         })
     }
 
@@ -1025,15 +958,10 @@ impl Worker {
         let mut tx = job.lease.begin_fenced(&self.pool).await?;
         self.leases.release_in(&mut tx, &job.lease).await?;
         if let Some(action_id) = job.action_id {
-            ticket::set_action_status(&mut tx, action_id, "failed").await?;
+            action::set_status(&mut tx, action_id, ActionStatus::Failed).await?;
         }
-        sqlx::query(
-            "UPDATE execution_requests SET pause_requested_at = NULL, paused_at = NULL WHERE id = $1",
-        )
-        .bind(job.lease.request_id)
-        .execute(&mut *tx)
-        .await?;
-        ticket::stop_at_checkpoint(&mut tx, job.lease.request_id, "pause_expired").await?;
+        request::pause::clear(&mut tx, job.lease.request_id).await?;
+        request::stop_at_checkpoint(&mut tx, job.lease.request_id, "pause_expired").await?;
         tx.commit().await?;
         self.leases.clear_liveness(&job.lease).await;
         Ok(())
@@ -1045,23 +973,9 @@ impl Worker {
         let mut tx = job.lease.begin_fenced(&self.pool).await?;
         match (job.kind, job.action_id) {
             (JobKind::CheckpointContinuation, Some(action_id)) => {
-                let window_open: bool = sqlx::query_scalar(
-                    "SELECT window_ends_at > now() FROM continuation_actions WHERE id = $1",
-                )
-                .bind(action_id)
-                .fetch_one(&mut *tx)
-                .await?;
-                if window_open {
-                    ticket::fence_out(&mut tx, job.lease.request_id).await?;
-                    ticket::set_state(
-                        &mut tx,
-                        job.lease.request_id,
-                        RequestState::Queued,
-                        None,
-                        None,
-                    )
-                    .await?;
-                    ticket::set_action_status(&mut tx, action_id, "queued").await?;
+                if action::window_open(&mut tx, action_id).await? {
+                    request::fence_out(&mut tx, job.lease.request_id).await?;
+                    action::set_status(&mut tx, action_id, ActionStatus::Queued).await?;
                     let message = JobMessage {
                         kind: JobKind::CheckpointContinuation,
                         run_id: job.run_id,
@@ -1069,24 +983,19 @@ impl Worker {
                         action_id: Some(action_id),
                         attempt: Some(job.attempt),
                     };
-                    outbox::enqueue(
-                        &mut tx,
-                        JobQueue::Continuations.routing_key(),
-                        &serde_json::to_value(message).unwrap_or_default(),
-                    )
-                    .await?;
+                    request::readmit(&mut tx, &message).await?;
                 } else {
-                    ticket::stop_at_checkpoint(
+                    request::stop_at_checkpoint(
                         &mut tx,
                         job.lease.request_id,
                         "continuation_window_ended",
                     )
                     .await?;
-                    ticket::set_action_status(&mut tx, action_id, "failed").await?;
+                    action::set_status(&mut tx, action_id, ActionStatus::Failed).await?;
                 }
             }
             _ => {
-                ticket::requeue(&mut tx, job.lease.request_id, false).await?;
+                request::requeue(&mut tx, job.lease.request_id, false).await?;
             }
         }
         tx.commit().await?;

@@ -7,7 +7,6 @@
 //!   with the snapshot holding its effects, release (capture-before-release).
 //! - [`directory`]: the workspaces directory, locked by one worker, and its identity.
 //! - [`job`]: claim, plan execution, completion and hand-back.
-//! - [`journal`]: intents and receipts, and where each receipt stands on a given tree.
 //! - [`janitor`]: removes this directory's trees once no hold guards them.
 //! - [`fault`]: crash points for tests (debug builds only).
 //! - [`renewal`]: the lease keeper that renews, self-fences and notices cancellation.
@@ -27,7 +26,6 @@ pub mod directory;
 pub mod fault;
 pub mod janitor;
 pub mod job;
-pub mod journal;
 pub mod metrics;
 pub mod pause;
 pub mod renewal;

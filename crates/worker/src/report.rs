@@ -3,8 +3,7 @@
 use cairn_common::verification::VerificationRequest;
 use serde::Deserialize;
 
-/// What asks for a verification handoff.
-pub const VERIFICATION: &str = "verification";
+pub use cairn_common::report::VERIFICATION;
 
 /// A final report as the worker retains it with the last step's receipt.
 pub struct RetainedReport {
@@ -12,6 +11,18 @@ pub struct RetainedReport {
     pub body: serde_json::Value,
     /// The source a verification it asks for will verify.
     pub source_digest: Option<String>,
+}
+
+impl RetainedReport {
+    /// What the journal's report record takes.
+    pub fn retained(&self) -> cairn_common::report::RetainedReport<'_> {
+        cairn_common::report::RetainedReport {
+            outcome: self.report.outcome.as_str(),
+            followup_kind: self.report.followup_kind.as_deref(),
+            body: &self.body,
+            source_digest: self.source_digest.as_deref(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -59,6 +59,25 @@ pub struct StepOutcome {
 }
 
 impl StepOutcome {
+    /// What its receipt records.
+    pub fn journal(&self) -> cairn_common::journal::Outcome {
+        cairn_common::journal::Outcome {
+            exit_code: self.exit_code,
+            signal: self.signal,
+            timed_out: self.interrupted == Some(Interruption::TimedOut),
+            wall_ms: self.wall_ms,
+            cpu_ms: self.cpu_ms,
+            output_digest: self.output_digest.clone(),
+            stdout_tail: self.stdout_tail.clone(),
+            stderr_tail: self.stderr_tail.clone(),
+            output_artifact: self
+                .stdout_path
+                .with_extension("")
+                .to_string_lossy()
+                .into_owned(),
+        }
+    }
+
     pub fn succeeded(&self) -> bool {
         self.exit_code == Some(0) && self.interrupted.is_none()
     }

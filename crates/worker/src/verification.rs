@@ -12,73 +12,20 @@
 
 use crate::custody::Release;
 use crate::job::{spawn_failure, Claimed, JobError, JobOutcome, Worker};
-use crate::journal::{self, Receipt};
 use crate::renewal::{self, StopReason};
 use crate::scope::{self, Scope, SourceScope};
 use crate::step::{self, Interruption, StepCommand, StepOutcome};
-use cairn_common::run::RequestState;
-use cairn_common::ticket;
-use cairn_common::verification::{self as checks, CheckCommand, VerificationRequest};
+use cairn_common::handoff::{self, AdoptionStatus, HandoffState, NewResult};
+use cairn_common::journal::{self, Receipt};
+use cairn_common::request::{self, RequestState};
+use cairn_common::verification::{self as checks, CheckCommand};
 use chrono::{DateTime, Utc};
 use serde_json::{json, Value};
-use sqlx::PgConnection;
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
-
-/// Opens the handoff of an accepted report that asks for verification: the frozen
-/// checks and the source they verify. A report without valid checks opens none (the
-/// request still waits, and its candidate says there is nothing to adopt).
-pub(crate) async fn open_handoff(
-    conn: &mut PgConnection,
-    request_id: Uuid,
-    body: &Value,
-    source_digest: Option<&str>,
-) -> Result<(), sqlx::Error> {
-    let request = body
-        .get("verification")
-        .cloned()
-        .map(serde_json::from_value::<VerificationRequest>);
-    let commands = match request {
-        Some(Ok(request)) if request.validate("verification.").is_ok() => request.commands,
-        _ => {
-            tracing::warn!(%request_id, "the report asks for verification without valid checks; no handoff opened");
-            return Ok(());
-        }
-    };
-    sqlx::query(
-        "INSERT INTO verification_handoffs (id, run_id, request_id, commands, commands_digest, state, agent, source_digest)
-         SELECT $1, e.run_id, e.id, $3, $4, 'pending', r.agent, $5
-           FROM execution_requests e JOIN runs r ON r.id = e.run_id WHERE e.id = $2
-         ON CONFLICT DO NOTHING",
-    )
-    .bind(Uuid::new_v4())
-    .bind(request_id)
-    .bind(serde_json::to_value(&commands).unwrap_or_default())
-    .bind(checks::commands_digest(&commands))
-    .bind(source_digest)
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-/// The adoption a worker claimed: it executes now, under this epoch.
-pub(crate) async fn claim_adoption(
-    conn: &mut PgConnection,
-    adoption_id: Uuid,
-    epoch: i64,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE verification_adoptions SET status = 'executing', claimed_epoch = $2, updated_at = now() WHERE id = $1",
-    )
-    .bind(adoption_id)
-    .bind(epoch)
-    .execute(conn)
-    .await?;
-    Ok(())
-}
 
 /// An adoption as the worker runs it.
 struct Adoption {
@@ -321,15 +268,14 @@ impl Worker {
         .await?;
         // A check that started and has no receipt has an unknown outcome: it runs again
         // only if it is of a kind that may (a source check); otherwise a person decides.
-        let unknown: Vec<(String, bool)> = sqlx::query_as(
-            "SELECT i.step_key, i.idempotent FROM journal_intents i
-               LEFT JOIN journal_receipts r ON r.request_id = i.request_id AND r.step_key = i.step_key
-              WHERE i.request_id = $1 AND i.step_key LIKE $2 AND r.step_key IS NULL",
+        let mut conn = self.pool.acquire().await?;
+        let unknown = journal::unknown_outcomes(
+            &mut conn,
+            job.lease.request_id,
+            &format!("verify:{}:", adoption.id.simple()),
         )
-        .bind(job.lease.request_id)
-        .bind(format!("verify:{}:%", adoption.id.simple()))
-        .fetch_all(&self.pool)
         .await?;
+        drop(conn);
         if let Some((step, _)) = unknown.iter().find(|(_, idempotent)| !idempotent) {
             return Ok(Ending::Reconcile(step.clone()));
         }
@@ -508,11 +454,11 @@ impl Worker {
             return Ok(());
         }
         let mut tx = job.lease.begin_fenced(&self.pool).await?;
-        journal(
+        journal::entry(
             &mut tx,
-            job,
+            &job.lease,
             "verification_reuse_intent",
-            json!({"adoption_id": adoption.id.simple().to_string(), "checks": referenced}),
+            &json!({"adoption_id": adoption.id.simple().to_string(), "checks": referenced}),
         )
         .await?;
         tx.commit().await?;
@@ -534,11 +480,11 @@ impl Worker {
     ) -> Result<Option<StepOutcome>, JobError> {
         let step_key = checks::step_key(adoption.id, plan.index);
         let mut tx = job.lease.begin_fenced(&self.pool).await?;
-        journal(
+        journal::entry(
             &mut tx,
-            job,
+            &job.lease,
             "verification_build_scope",
-            json!({
+            &json!({
                 "adoption_id": adoption.id.simple().to_string(),
                 "index": plan.index,
                 "command_digest": plan.command_digest,
@@ -609,53 +555,50 @@ impl Worker {
         tracing::info!(check = plan.index, result = %outcome.describe(), "verification check ended");
 
         let mut tx = job.lease.begin_fenced(&self.pool).await?;
+        let journaled = outcome.journal();
         let receipt = Receipt {
             step_key: &step_key,
             attempt: job.attempt,
-            outcome: &outcome,
+            outcome: &journaled,
             tier: None,
-            report: None,
         };
         // Checks change nothing to capture: their receipts stand on no snapshot.
         journal::record_receipt(&mut tx, &job.lease, &receipt, None).await?;
-        sqlx::query(
-            "INSERT INTO verification_results (id, adoption_id, command_index, command_digest, purpose, confined, reusable,
-                    scope_digest, exit_code, passed, output_digest, started_at, finished_at, request_id, agent, repository,
-                    attempt, lease_epoch, step_key, source_digest, dependency_digest, environment_digest, runner_digest,
-                    timed_out, wall_ms, stdout_tail, stderr_tail, fresh_reason)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21,
-                     $22, $23, $24, $25, $26, $27, $28)",
+        let scope_digest = plan.scope.digest();
+        handoff::record_result(
+            &mut tx,
+            &NewResult {
+                adoption_id: adoption.id,
+                command_index: plan.index_i32(),
+                command_digest: &plan.command_digest,
+                purpose: plan.check.purpose.as_str(),
+                confined,
+                // Only a confined run can ever stand for a later one.
+                reusable: plan.reusable && confined,
+                scope_digest: &scope_digest,
+                exit_code: outcome.exit_code,
+                passed: outcome.succeeded(),
+                output_digest: &outcome.output_digest,
+                reused_from: None,
+                started_at,
+                finished_at,
+                request_id: job.lease.request_id,
+                agent: &job.agent,
+                repository: job.repository.as_deref(),
+                attempt: job.attempt,
+                lease_epoch: job.lease.epoch,
+                step_key: Some(&step_key),
+                source_digest: &plan.scope.source_digest,
+                dependency_digest: &plan.scope.dependency_digest,
+                environment_digest: &plan.scope.environment_digest,
+                runner_digest: &plan.scope.runner_digest,
+                timed_out: outcome.interrupted == Some(Interruption::TimedOut),
+                wall_ms: outcome.wall_ms,
+                stdout_tail: &outcome.stdout_tail,
+                stderr_tail: &outcome.stderr_tail,
+                fresh_reason: plan.fresh_reason,
+            },
         )
-        .bind(Uuid::new_v4())
-        .bind(adoption.id)
-        .bind(i32::try_from(plan.index).unwrap_or(i32::MAX))
-        .bind(&plan.command_digest)
-        .bind(plan.check.purpose.as_str())
-        .bind(confined)
-        // Only a confined run can ever stand for a later one.
-        .bind(plan.reusable && confined)
-        .bind(plan.scope.digest())
-        .bind(outcome.exit_code)
-        .bind(outcome.succeeded())
-        .bind(&outcome.output_digest)
-        .bind(started_at)
-        .bind(finished_at)
-        .bind(job.lease.request_id)
-        .bind(&job.agent)
-        .bind(&job.repository)
-        .bind(job.attempt)
-        .bind(job.lease.epoch)
-        .bind(&step_key)
-        .bind(&plan.scope.source_digest)
-        .bind(&plan.scope.dependency_digest)
-        .bind(&plan.scope.environment_digest)
-        .bind(&plan.scope.runner_digest)
-        .bind(outcome.interrupted == Some(Interruption::TimedOut))
-        .bind(outcome.wall_ms)
-        .bind(&outcome.stdout_tail)
-        .bind(&outcome.stderr_tail)
-        .bind(plan.fresh_reason)
-        .execute(&mut *tx)
         .await?;
         tx.commit().await?;
         Ok(Some(outcome))
@@ -697,42 +640,41 @@ impl Worker {
         let mut reused = Vec::new();
         for plan in plans {
             let Some(prior) = &plan.prior else { continue };
-            let inserted = sqlx::query(
-                "INSERT INTO verification_results (id, adoption_id, command_index, command_digest, purpose, confined,
-                        reusable, scope_digest, exit_code, passed, output_digest, reused_from, started_at, finished_at,
-                        request_id, agent, repository, attempt, lease_epoch, step_key, source_digest, dependency_digest,
-                        environment_digest, runner_digest, wall_ms, stdout_tail, stderr_tail)
-                 VALUES ($1, $2, $3, $4, $5, TRUE, TRUE, $6, $7, TRUE, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17,
-                         $18, $19, $20, $21, $22, $23, $24)
-                 ON CONFLICT (adoption_id, command_index) DO NOTHING",
+            let inserted = handoff::record_result(
+                &mut tx,
+                &NewResult {
+                    adoption_id: adoption.id,
+                    command_index: plan.index_i32(),
+                    command_digest: &plan.command_digest,
+                    purpose: plan.check.purpose.as_str(),
+                    confined: true,
+                    reusable: true,
+                    scope_digest: &prior.scope_digest,
+                    exit_code: prior.exit_code,
+                    passed: true,
+                    output_digest: &prior.output_digest,
+                    reused_from: Some(prior.id),
+                    started_at: prior.started_at,
+                    finished_at: prior.finished_at,
+                    request_id: job.lease.request_id,
+                    agent: &job.agent,
+                    repository: job.repository.as_deref(),
+                    attempt: prior.attempt,
+                    lease_epoch: prior.lease_epoch,
+                    step_key: prior.step_key.as_deref(),
+                    source_digest: &prior.source_digest,
+                    dependency_digest: &prior.dependency_digest,
+                    environment_digest: &prior.environment_digest,
+                    runner_digest: &prior.runner_digest,
+                    timed_out: false,
+                    wall_ms: prior.wall_ms,
+                    stdout_tail: &prior.stdout_tail,
+                    stderr_tail: &prior.stderr_tail,
+                    fresh_reason: None,
+                },
             )
-            .bind(Uuid::new_v4())
-            .bind(adoption.id)
-            .bind(i32::try_from(plan.index).unwrap_or(i32::MAX))
-            .bind(&plan.command_digest)
-            .bind(plan.check.purpose.as_str())
-            .bind(&prior.scope_digest)
-            .bind(prior.exit_code)
-            .bind(&prior.output_digest)
-            .bind(prior.id)
-            .bind(prior.started_at)
-            .bind(prior.finished_at)
-            .bind(job.lease.request_id)
-            .bind(&job.agent)
-            .bind(&job.repository)
-            .bind(prior.attempt)
-            .bind(prior.lease_epoch)
-            .bind(&prior.step_key)
-            .bind(&prior.source_digest)
-            .bind(&prior.dependency_digest)
-            .bind(&prior.environment_digest)
-            .bind(&prior.runner_digest)
-            .bind(prior.wall_ms)
-            .bind(&prior.stdout_tail)
-            .bind(&prior.stderr_tail)
-            .execute(&mut *tx)
             .await?;
-            if inserted.rows_affected() == 0 {
+            if !inserted {
                 continue;
             }
             reused.push(json!({
@@ -762,13 +704,11 @@ impl Worker {
             .collect();
         let passed = failed.is_empty() && results.len() == plans.len();
         let fresh = results.iter().filter(|(_, _, reused, _)| !reused).count();
-        let completion_id: i64 = sqlx::query_scalar(
-            "INSERT INTO journal_entries (request_id, entry_kind, lease_epoch, body)
-             VALUES ($1, 'verification_completion', $2, $3) RETURNING id",
-        )
-        .bind(job.lease.request_id)
-        .bind(job.lease.epoch)
-        .bind(json!({
+        let completion_id = journal::entry(
+            &mut tx,
+            &job.lease,
+            "verification_completion",
+            &json!({
             "adoption_id": adoption.id.simple().to_string(),
             "handoff_id": adoption.handoff_id.simple().to_string(),
             "passed": passed,
@@ -778,15 +718,15 @@ impl Worker {
             "source_digest": before.source_digest,
             "dependency_digest": before.dependency_digest,
             "worker": self.settings.worker_id,
-        }))
-        .fetch_one(&mut *tx)
+            }),
+        )
         .await?;
         if !reused.is_empty() {
-            journal(
+            journal::entry(
                 &mut tx,
-                job,
+                &job.lease,
                 "verification_reuse_receipt",
-                json!({
+                &json!({
                     "adoption_id": adoption.id.simple().to_string(),
                     "completion_receipt": completion_id,
                     // Applies to the referenced checks only; the others ran again.
@@ -801,16 +741,20 @@ impl Worker {
         } else {
             format!("verification failed: {}", failed.join("; "))
         };
-        ticket::set_handoff_state_of(
+        handoff::set_handoff_state_of(
             &mut tx,
             adoption.id,
-            if passed { "passed" } else { "failed" },
+            if passed {
+                HandoffState::Passed
+            } else {
+                HandoffState::Failed
+            },
         )
         .await?;
-        ticket::set_adoption_status(
+        handoff::set_adoption_status(
             &mut tx,
             adoption.id,
-            "completed",
+            AdoptionStatus::Completed,
             (!passed).then_some(summary.as_str()),
         )
         .await?;
@@ -819,7 +763,7 @@ impl Worker {
         } else {
             (RequestState::Failed, Some(summary.as_str()))
         };
-        ticket::set_state(&mut tx, job.lease.request_id, state, reason, None).await?;
+        request::set_state(&mut tx, job.lease.request_id, state, reason, None).await?;
         tx.commit().await?;
         self.metrics.checks_reused.inc_by(reused.len() as u64);
         Ok(Ending::Completed { passed, summary })
@@ -832,7 +776,7 @@ impl Worker {
         adoption_id: Uuid,
     ) -> Result<(), JobError> {
         let mut tx = job.lease.begin_fenced(&self.pool).await?;
-        ticket::requeue_verification(
+        request::requeue::requeue_verification(
             &mut tx,
             job.run_id,
             job.lease.request_id,
@@ -844,24 +788,6 @@ impl Worker {
         self.leases.clear_liveness(&job.lease).await;
         Ok(())
     }
-}
-
-async fn journal(
-    conn: &mut PgConnection,
-    job: &Claimed,
-    kind: &str,
-    body: Value,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO journal_entries (request_id, entry_kind, lease_epoch, body) VALUES ($1, $2, $3, $4)",
-    )
-    .bind(job.lease.request_id)
-    .bind(kind)
-    .bind(job.lease.epoch)
-    .bind(body)
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 /// Where a request's checks get their private scratch directories (outside the tree).

@@ -18,9 +18,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cairn_common::digest;
 use cairn_common::ids::Id;
-use cairn_common::outbox;
+use cairn_common::journal;
 use cairn_common::policy::{self, Policy, MAX_WINDOW_SECONDS};
-use cairn_common::queue::JobQueue;
+use cairn_common::request::{
+    self,
+    action::{self, Action, ActionKind, NewAction},
+};
 use cairn_common::run::{JobKind, JobMessage};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -37,11 +40,15 @@ pub enum Kind {
 }
 
 impl Kind {
-    fn name(self) -> &'static str {
+    fn action(self) -> ActionKind {
         match self {
-            Kind::Checkpoint => "checkpoint_continuation",
-            Kind::FinalOutcome => "final_outcome_continuation",
+            Kind::Checkpoint => ActionKind::CheckpointContinuation,
+            Kind::FinalOutcome => ActionKind::FinalOutcomeContinuation,
         }
+    }
+
+    fn name(self) -> &'static str {
+        self.action().as_str()
     }
 
     fn job_kind(self) -> JobKind {
@@ -222,15 +229,12 @@ async fn candidate(
             "a worker holds a live lease on the request",
         );
     }
-    let unknown: Vec<String> = sqlx::query_scalar(
-        "SELECT i.step_key FROM journal_intents i
-           LEFT JOIN journal_receipts r ON r.request_id = i.request_id AND r.step_key = i.step_key
-          WHERE i.request_id = $1 AND r.step_key IS NULL AND NOT i.idempotent
-          ORDER BY i.step_index",
-    )
-    .bind(request_id)
-    .fetch_all(&mut *conn)
-    .await?;
+    let unknown: Vec<String> = journal::unknown_outcomes(conn, request_id, "")
+        .await?
+        .into_iter()
+        .filter(|(_, idempotent)| !idempotent)
+        .map(|(key, _)| key)
+        .collect();
     if !unknown.is_empty() {
         hold(
             HoldReason::UnknownEffect,
@@ -255,7 +259,7 @@ async fn candidate(
             "the request's commands, wall time or deadline are spent",
         );
     }
-    let journal = cairn_common::ticket::journal_digest(conn, request_id).await?;
+    let journal = journal::digest(conn, request_id).await?;
 
     let mut retained_outcome = None;
     let mut report_digest = None;
@@ -561,34 +565,13 @@ pub struct ActionView {
     pub updated_at: Option<DateTime<Utc>>,
 }
 
-#[derive(sqlx::FromRow)]
-struct ActionRow {
-    id: Uuid,
-    run_id: Uuid,
-    request_id: Uuid,
-    input_digest: String,
-    candidate_digest: String,
-    witness_digest: String,
-    admission_seal: String,
-    valid_for_seconds: i32,
-    window_ends_at: DateTime<Utc>,
-    status: String,
-    created_at: DateTime<Utc>,
-    updated_at: DateTime<Utc>,
-}
-
-const ACTION_SELECT: &str =
-    "SELECT id, run_id, request_id, input_digest, candidate_digest, witness_digest,
-        admission_seal, valid_for_seconds, window_ends_at, status, created_at, updated_at
-   FROM continuation_actions";
-
-fn action_view(kind: Kind, row: ActionRow) -> ActionView {
+fn action_view(kind: Kind, row: Action) -> ActionView {
     ActionView {
         kind: format!("{}_status", kind.name()),
         run_id: row.run_id.into(),
         request_id: row.request_id.into(),
         action_id: Some(row.id.into()),
-        status: row.status,
+        status: row.status.as_str().to_string(),
         witness_digest: Some(row.witness_digest),
         admission_seal: Some(row.admission_seal),
         candidate_digest: Some(row.candidate_digest),
@@ -640,25 +623,8 @@ async fn save_action(
     let policy = policy::load(&state.pool).await?;
     let current = candidate(&mut tx, kind, &policy, run_id, request_id, caller, true).await?;
 
-    let existing: Option<(ActionRow, String)> = {
-        let row: Option<ActionRow> = sqlx::query_as(&format!("{ACTION_SELECT} WHERE id = $1"))
-            .bind(action_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-        match row {
-            Some(row) => {
-                let saved_kind: String =
-                    sqlx::query_scalar("SELECT kind FROM continuation_actions WHERE id = $1")
-                        .bind(action_id)
-                        .fetch_one(&mut *tx)
-                        .await?;
-                Some((row, saved_kind))
-            }
-            None => None,
-        }
-    };
-    if let Some((row, saved_kind)) = existing {
-        let same = saved_kind == kind.name()
+    if let Some(row) = action::find(&mut tx, action_id).await? {
+        let same = row.kind == kind.action()
             && row.run_id == run_id
             && row.request_id == request_id
             && row.input_digest == input_digest;
@@ -683,15 +649,7 @@ async fn save_action(
         ),
         Kind::FinalOutcome => "final_report".to_string(),
     };
-    let taken: Option<(Uuid,)> = sqlx::query_as(
-        "SELECT id FROM continuation_actions WHERE request_id = $1 AND kind = $2 AND checkpoint_ref = $3",
-    )
-    .bind(request_id)
-    .bind(kind.name())
-    .bind(&checkpoint_ref)
-    .fetch_optional(&mut *tx)
-    .await?;
-    if taken.is_some() {
+    if action::taken(&mut tx, request_id, kind.action(), &checkpoint_ref).await? {
         return Err(ApiError::conflict(
             "checkpoint_already_admitted",
             "another action was already saved for this checkpoint",
@@ -747,38 +705,26 @@ async fn save_action(
         "witness_digest": witness_digest,
         "window_ends_at": window_ends_at,
     }));
-    let row: ActionRow = sqlx::query_as(
-        "INSERT INTO continuation_actions (id, kind, run_id, request_id, checkpoint_ref, operator_id, input,
-                input_digest, candidate_digest, witness_digest, admission_seal, valid_for_seconds,
-                window_ends_at, status)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, 'queued')
-      RETURNING id, run_id, request_id, input_digest, candidate_digest, witness_digest, admission_seal,
-                valid_for_seconds, window_ends_at, status, created_at, updated_at",
+    let row = action::save(
+        &mut tx,
+        &NewAction {
+            id: action_id,
+            kind: kind.action(),
+            run_id,
+            request_id,
+            checkpoint_ref: &checkpoint_ref,
+            operator_id: caller.token_id,
+            input: &input.raw,
+            input_digest: &input_digest,
+            candidate_digest: &current.candidate_digest,
+            witness_digest: &witness_digest,
+            admission_seal: &admission_seal,
+            valid_for_seconds: i32::try_from(input.valid_for_seconds).unwrap_or(MAX_WINDOW_SECONDS),
+            window_ends_at,
+        },
     )
-    .bind(action_id)
-    .bind(kind.name())
-    .bind(run_id)
-    .bind(request_id)
-    .bind(&checkpoint_ref)
-    .bind(caller.token_id)
-    .bind(&input.raw)
-    .bind(&input_digest)
-    .bind(&current.candidate_digest)
-    .bind(&witness_digest)
-    .bind(&admission_seal)
-    .bind(i32::try_from(input.valid_for_seconds).unwrap_or(MAX_WINDOW_SECONDS))
-    .bind(window_ends_at)
-    .fetch_one(&mut *tx)
     .await?;
     // The same ticket is queued again: no new attempt, no budget reset.
-    sqlx::query("UPDATE execution_requests SET state = 'queued', stop_reason = NULL, updated_at = now() WHERE id = $1")
-        .bind(request_id)
-        .execute(&mut *tx)
-        .await?;
-    sqlx::query("UPDATE runs SET state = 'queued', updated_at = now() WHERE id = $1")
-        .bind(run_id)
-        .execute(&mut *tx)
-        .await?;
     let message = JobMessage {
         kind: kind.job_kind(),
         run_id,
@@ -786,12 +732,7 @@ async fn save_action(
         action_id: Some(action_id),
         attempt: Some(current.attempt),
     };
-    outbox::enqueue(
-        &mut tx,
-        JobQueue::Continuations.routing_key(),
-        &serde_json::to_value(message).unwrap_or_default(),
-    )
-    .await?;
+    request::readmit(&mut tx, &message).await?;
     tx.commit().await?;
     state.metrics.continuations_admitted.inc();
     Ok((StatusCode::CREATED, Json(action_view(kind, row))).into_response())
@@ -816,13 +757,8 @@ async fn read_status(
     if exists.is_none() {
         return Err(ApiError::not_found("execution request of this run"));
     }
-    let row: Option<ActionRow> = sqlx::query_as(&format!(
-        "{ACTION_SELECT} WHERE request_id = $1 AND kind = $2 ORDER BY created_at DESC LIMIT 1"
-    ))
-    .bind(request_id)
-    .bind(kind.name())
-    .fetch_optional(&state.pool)
-    .await?;
+    let mut conn = state.pool.acquire().await?;
+    let row = action::latest(&mut conn, request_id, kind.action()).await?;
     Ok(match row {
         Some(row) => action_view(kind, row),
         None => ActionView {

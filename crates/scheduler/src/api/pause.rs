@@ -16,6 +16,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cairn_common::ids::Id;
+use cairn_common::request;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
@@ -144,15 +145,10 @@ pub async fn pause(
     caller.require(Role::Operator)?;
     let run_id = path_id(&run_id, "run_id")?;
     let wait = wait_of(query)?;
-    ask(
-        &state.pool,
-        run_id,
-        "UPDATE execution_requests SET pause_requested_at = COALESCE(pause_requested_at, now()), updated_at = now()
-          WHERE run_id = $1 AND kind = 'run' AND state = 'executing'
-            AND lease_owner IS NOT NULL AND lease_deadline > clock_timestamp()",
-        not_running,
-    )
-    .await?;
+    let mut conn = state.pool.acquire().await?;
+    let asked = request::pause::ask(&mut conn, run_id).await?;
+    drop(conn);
+    refuse_unless(asked, &state.pool, run_id, not_running).await?;
     let current = settle(&state.pool, run_id, wait, |v| v.state != "pausing").await?;
     match current.state.as_str() {
         "paused" => Ok((StatusCode::OK, Json(current)).into_response()),
@@ -179,13 +175,12 @@ pub async fn resume(
     caller.require(Role::Operator)?;
     let run_id = path_id(&run_id, "run_id")?;
     let wait = wait_of(query)?;
-    ask(
-        &state.pool,
-        run_id,
-        "UPDATE execution_requests SET pause_requested_at = NULL, updated_at = now()
-          WHERE run_id = $1 AND kind = 'run' AND state = 'executing' AND pause_requested_at IS NOT NULL",
-        || ApiError::conflict("not_paused", "the run is not paused or pausing"),
-    )
+    let mut conn = state.pool.acquire().await?;
+    let withdrawn = request::pause::withdraw(&mut conn, run_id).await?;
+    drop(conn);
+    refuse_unless(withdrawn, &state.pool, run_id, || {
+        ApiError::conflict("not_paused", "the run is not paused or pausing")
+    })
     .await?;
     let current = settle(&state.pool, run_id, wait, |v| v.state != "resuming").await?;
     let status = match current.state.as_str() {
@@ -212,14 +207,14 @@ pub async fn show(
 
 /// Records a pause or resume request (`sql` updates the run's request when it may);
 /// an unknown run is a 404, a run in no state to take it is `refused`.
-async fn ask(
+/// A request that changed nothing is refused: a 404 for an unknown run, else `refused`.
+async fn refuse_unless(
+    changed: bool,
     pool: &PgPool,
     run_id: Uuid,
-    sql: &str,
     refused: impl FnOnce() -> ApiError,
 ) -> Result<(), ApiError> {
-    let asked = sqlx::query(sql).bind(run_id).execute(pool).await?;
-    if asked.rows_affected() == 0 {
+    if !changed {
         load(pool, run_id).await?;
         return Err(refused());
     }

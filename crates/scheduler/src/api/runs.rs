@@ -13,7 +13,9 @@ use axum::Json;
 use cairn_common::digest;
 use cairn_common::ids::Id;
 use cairn_common::outbox;
-use cairn_common::run::{Budgets, JobKind, JobMessage, RequestState, RunSpec, StepSpec, MAX_BATCH};
+use cairn_common::request::cancel::{cancel_run, Cancellation};
+use cairn_common::request::RequestState;
+use cairn_common::run::{Budgets, JobKind, JobMessage, RunSpec, StepSpec, MAX_BATCH};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
@@ -202,26 +204,18 @@ async fn admit(
     .bind(&max_wall)
     .execute(&mut *conn)
     .await?;
-    let messages: Vec<serde_json::Value> = run_ids
+    let messages: Vec<JobMessage> = run_ids
         .iter()
         .zip(&request_ids)
-        .map(|(run_id, request_id)| {
-            serde_json::to_value(JobMessage {
-                kind: JobKind::Run,
-                run_id: *run_id,
-                request_id: *request_id,
-                action_id: None,
-                attempt: Some(1),
-            })
-            .unwrap_or_default()
+        .map(|(run_id, request_id)| JobMessage {
+            kind: JobKind::Run,
+            run_id: *run_id,
+            request_id: *request_id,
+            action_id: None,
+            attempt: Some(1),
         })
         .collect();
-    outbox::enqueue_many(
-        conn,
-        cairn_common::queue::JobQueue::Runs.routing_key(),
-        &messages,
-    )
-    .await?;
+    outbox::announce_many(conn, JobKind::Run, &messages).await?;
     Ok(run_ids)
 }
 
@@ -506,56 +500,16 @@ pub async fn cancel(
     caller.require(Role::Operator)?;
     let run_id = path_id(&run_id, "run_id")?;
     let mut tx = state.pool.begin().await?;
-    let request: Option<(Uuid, String, bool)> = sqlx::query_as(
-        "SELECT id, state, COALESCE(lease_owner IS NOT NULL AND lease_deadline > clock_timestamp(), FALSE)
-           FROM execution_requests WHERE run_id = $1 AND kind = 'run' FOR UPDATE",
-    )
-    .bind(run_id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let (request_id, request_state, live) = request.ok_or_else(|| ApiError::not_found("run"))?;
-    let request_state = RequestState::parse(&request_state).unwrap_or(RequestState::Failed);
-    let status = match request_state {
-        RequestState::Cancelled => StatusCode::OK,
-        s if s.is_terminal() => {
+    let status = match cancel_run(&mut tx, run_id).await? {
+        None => return Err(ApiError::not_found("run")),
+        Some(Cancellation::Finished(s)) => {
             return Err(ApiError::conflict(
                 "run_finished",
                 format!("the run already ended ({})", s.as_str()),
             ))
         }
-        RequestState::Executing if live => {
-            sqlx::query("UPDATE execution_requests SET cancel_requested_at = COALESCE(cancel_requested_at, now()) WHERE id = $1")
-                .bind(request_id)
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query("UPDATE runs SET cancel_requested_at = COALESCE(cancel_requested_at, now()), updated_at = now() WHERE id = $1")
-                .bind(run_id)
-                .execute(&mut *tx)
-                .await?;
-            StatusCode::ACCEPTED
-        }
-        _ => {
-            // Nobody holds it: cancel now, and move the epoch so a paused former owner
-            // can write nothing more.
-            sqlx::query(
-                "UPDATE execution_requests
-                    SET state = 'cancelled', lease_epoch = lease_epoch + 1, lease_owner = NULL,
-                        lease_deadline = NULL, cancel_requested_at = COALESCE(cancel_requested_at, now()),
-                        finished_at = now(), updated_at = now()
-                  WHERE id = $1",
-            )
-            .bind(request_id)
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(
-                "UPDATE runs SET state = 'cancelled', cancel_requested_at = COALESCE(cancel_requested_at, now()),
-                        finished_at = now(), updated_at = now() WHERE id = $1",
-            )
-            .bind(run_id)
-            .execute(&mut *tx)
-            .await?;
-            StatusCode::OK
-        }
+        Some(Cancellation::Requested) => StatusCode::ACCEPTED,
+        Some(Cancellation::AlreadyCancelled | Cancellation::Cancelled) => StatusCode::OK,
     };
     let view = load_run(&mut tx, run_id)
         .await?

@@ -17,12 +17,11 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cairn_common::digest;
+use cairn_common::handoff::{self, NewAdoption};
 use cairn_common::ids::Id;
-use cairn_common::outbox;
 use cairn_common::policy;
-use cairn_common::queue::JobQueue;
-use cairn_common::run::{JobKind, JobMessage, RequestState};
-use cairn_common::ticket;
+use cairn_common::request::{self, RequestState};
+use cairn_common::run::{JobKind, JobMessage};
 use cairn_common::verification::{self as checks, CheckCommand, Purpose, MAX_CHECKS};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -680,37 +679,25 @@ pub async fn adopt(
         ));
     }
 
-    let handoff_id = current.handoff_id.uuid();
-    sqlx::query(
-        "INSERT INTO verification_adoptions (id, run_id, handoff_id, execution_request_id, operator_id, input,
-                input_digest, agent, policy_digest, candidate, reusable_digests, status)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'queued')",
+    let candidate = serde_json::to_value(&current).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+    handoff::adopt(
+        &mut tx,
+        &NewAdoption {
+            id: adoption_id,
+            run_id,
+            handoff_id: current.handoff_id.uuid(),
+            request_id: facts.request_id,
+            operator_id: caller.token_id,
+            input: &input_value,
+            input_digest: &input_digest,
+            agent: &current.agent,
+            policy_digest: &current.policy_digest,
+            candidate: &candidate,
+            reusable_digests: &reusable_digests,
+        },
     )
-    .bind(adoption_id)
-    .bind(run_id)
-    .bind(handoff_id)
-    .bind(facts.request_id)
-    .bind(caller.token_id)
-    .bind(&input_value)
-    .bind(&input_digest)
-    .bind(&current.agent)
-    .bind(&current.policy_digest)
-    .bind(serde_json::to_value(&current).unwrap_or_default())
-    .bind(&reusable_digests)
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query(
-        "UPDATE verification_handoffs SET state = 'adopted', updated_at = now() WHERE id = $1",
-    )
-    .bind(handoff_id)
-    .execute(&mut *tx)
     .await?;
     // The same ticket is queued again: same attempt, budgets and charged usage.
-    ticket::set_state(&mut tx, facts.request_id, RequestState::Queued, None, None).await?;
-    sqlx::query("UPDATE execution_requests SET queued_at = now() WHERE id = $1")
-        .bind(facts.request_id)
-        .execute(&mut *tx)
-        .await?;
     let message = JobMessage {
         kind: JobKind::Verification,
         run_id,
@@ -718,12 +705,7 @@ pub async fn adopt(
         action_id: Some(adoption_id),
         attempt: Some(facts.attempt),
     };
-    outbox::enqueue(
-        &mut tx,
-        JobQueue::Verifications.routing_key(),
-        &serde_json::to_value(message).unwrap_or_default(),
-    )
-    .await?;
+    request::readmit(&mut tx, &message).await?;
     let view = adoption_view(&mut tx, run_id, adoption_id)
         .await?
         .ok_or_else(|| ApiError::not_found("verification adoption of this run"))?;

@@ -6,7 +6,7 @@ use crate::workspace::{self, Workspace};
 use backon::{BackoffBuilder, ExponentialBuilder};
 use cairn_common::hold;
 use cairn_common::lease::Lease;
-use cairn_common::lineage::{self, NewSnapshot};
+use cairn_common::lineage::{self, NewSnapshot, RestoreOutcome, SnapshotStatus};
 use cairn_snapshot::store::ArtifactStore;
 use cairn_snapshot::{self as snapshot, Manifest, SnapshotError};
 use serde_json::{json, Value};
@@ -140,9 +140,9 @@ impl Custody {
                 &mut tx,
                 Some(subject.request_id),
                 None,
-                "adopt",
+                Tier::Adopt,
                 None,
-                "failed",
+                RestoreOutcome::Failed,
                 Some(reason),
             )
             .await?;
@@ -313,9 +313,9 @@ impl Custody {
             &mut tx,
             Some(subject.request_id),
             None,
-            tier.as_str(),
+            tier,
             Some(snapshot),
-            "failed",
+            RestoreOutcome::Failed,
             Some(reason),
         )
         .await?;
@@ -380,7 +380,13 @@ impl Custody {
     async fn quarantine(&self, snapshot_id: Uuid, reason: &str) {
         tracing::warn!(%snapshot_id, %reason, "snapshot failed verification; quarantined");
         if let Ok(mut conn) = self.pool.acquire().await {
-            let _ = lineage::set_status(&mut conn, snapshot_id, &["ready"], "quarantined").await;
+            let _ = lineage::set_status(
+                &mut conn,
+                snapshot_id,
+                &[SnapshotStatus::Ready],
+                SnapshotStatus::Quarantined,
+            )
+            .await;
         }
     }
 
@@ -462,9 +468,9 @@ impl Custody {
             &mut tx,
             Some(subject.request_id),
             None,
-            tier.as_str(),
+            tier,
             acquired.snapshot,
-            "succeeded",
+            RestoreOutcome::Succeeded,
             None,
         )
         .await?;
@@ -543,9 +549,14 @@ impl Custody {
         )
         .await
         .map_err(|e| e.to_string())?;
-        lineage::set_status(&mut tx, id, &["creating"], "uploading")
-            .await
-            .map_err(|e| e.to_string())?;
+        lineage::set_status(
+            &mut tx,
+            id,
+            &[SnapshotStatus::Creating],
+            SnapshotStatus::Uploading,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
         tx.commit().await.map_err(|e| e.to_string())?;
         let captured =
             snapshot::capture(store, &workspace.root, &self.settings.rules, None, id).await;
@@ -572,8 +583,13 @@ impl Custody {
         .await;
         if result.is_err() {
             if let Ok(mut conn) = self.pool.acquire().await {
-                let _ =
-                    lineage::set_status(&mut conn, id, &["creating", "uploading"], "failed").await;
+                let _ = lineage::set_status(
+                    &mut conn,
+                    id,
+                    &[SnapshotStatus::Creating, SnapshotStatus::Uploading],
+                    SnapshotStatus::Failed,
+                )
+                .await;
             }
         }
         result

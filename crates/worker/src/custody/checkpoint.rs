@@ -3,16 +3,42 @@
 
 use super::{Custody, CustodyError, Held, Subject};
 use crate::fault;
-use crate::journal::{self, Receipt};
 use backon::{BackoffBuilder, ExponentialBuilder};
 use cairn_common::hold::{self, HoldTarget};
+use cairn_common::journal::{self, Receipt};
 use cairn_common::lease::Lease;
-use cairn_common::lineage::{self, LineageError, NewSnapshot};
+use cairn_common::lineage::{self, LineageError, NewSnapshot, SnapshotStatus};
+use cairn_common::report::{self, RetainedReport};
 use cairn_snapshot as snapshot;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
+
+/// A step's receipt, and the final report retained with the last one: what a checkpoint
+/// commits with the snapshot holding the step's effects.
+#[derive(Debug, Clone, Copy)]
+pub struct Commit<'a> {
+    pub receipt: Receipt<'a>,
+    pub report: Option<RetainedReport<'a>>,
+}
+
+impl Commit<'_> {
+    /// Writes the receipt on `snapshot` (and retains the report), in the caller's
+    /// fenced transaction.
+    async fn record(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        lease: &Lease,
+        snapshot: Uuid,
+    ) -> Result<(), sqlx::Error> {
+        journal::record_receipt(&mut *conn, lease, &self.receipt, Some(snapshot)).await?;
+        if let Some(report) = &self.report {
+            report::retain(conn, lease, report).await?;
+        }
+        Ok(())
+    }
+}
 
 /// How one checkpoint went.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -34,7 +60,7 @@ impl Custody {
         lease: &Lease,
         subject: &Subject,
         held: &mut Held,
-        receipt: &Receipt<'_>,
+        commit: &Commit<'_>,
         stop: &CancellationToken,
     ) -> Result<Uuid, CustodyError> {
         let deadline = Instant::now() + self.settings.capture_retry;
@@ -44,7 +70,7 @@ impl Custody {
             .without_max_times()
             .build();
         loop {
-            let reason = match self.checkpoint(lease, subject, held, Some(receipt)).await? {
+            let reason = match self.checkpoint(lease, subject, held, Some(commit)).await? {
                 Checkpoint::Stands(snapshot) => return Ok(snapshot),
                 Checkpoint::Failed(reason) => reason,
             };
@@ -70,7 +96,7 @@ impl Custody {
         lease: &Lease,
         subject: &Subject,
         held: &mut Held,
-        receipt: Option<&Receipt<'_>>,
+        commit: Option<&Commit<'_>>,
     ) -> Result<Checkpoint, CustodyError> {
         let settings = &self.settings;
         let scanned = match snapshot::scan(&held.workspace.root, &settings.rules).await {
@@ -79,9 +105,9 @@ impl Custody {
         };
         if let (Some(position), Some(index)) = (held.position, held.index.as_deref()) {
             if scanned.unchanged_from(index) {
-                if let Some(receipt) = receipt {
+                if let Some(commit) = commit {
                     let mut tx = lease.begin_fenced(&self.pool).await?;
-                    journal::record_receipt(&mut tx, lease, receipt, Some(position)).await?;
+                    commit.record(&mut tx, lease, position).await?;
                     tx.commit().await?;
                 }
                 held.uncaptured = false;
@@ -126,7 +152,13 @@ impl Custody {
             },
         )
         .await?;
-        lineage::set_status(&mut tx, snapshot_id, &["creating"], "uploading").await?;
+        lineage::set_status(
+            &mut tx,
+            snapshot_id,
+            &[SnapshotStatus::Creating],
+            SnapshotStatus::Uploading,
+        )
+        .await?;
         tx.commit().await?;
         fault::point(fault::DURING_CAPTURE);
 
@@ -195,8 +227,8 @@ impl Custody {
             }
             Err(LineageError::Db(e)) => return Err(e.into()),
         };
-        if let Some(receipt) = receipt {
-            journal::record_receipt(&mut tx, lease, receipt, Some(snapshot_id)).await?;
+        if let Some(commit) = commit {
+            commit.record(&mut tx, lease, snapshot_id).await?;
         }
         hold::end(&mut tx, hold_id, "captured").await?;
         sqlx::query("UPDATE workspaces SET snapshot_id = $2, updated_at = now() WHERE id = $1")
@@ -221,7 +253,13 @@ impl Custody {
         hold_id: Uuid,
     ) -> Result<(), CustodyError> {
         let mut tx = lease.begin_fenced(&self.pool).await?;
-        lineage::set_status(&mut tx, snapshot_id, &["creating", "uploading"], "failed").await?;
+        lineage::set_status(
+            &mut tx,
+            snapshot_id,
+            &[SnapshotStatus::Creating, SnapshotStatus::Uploading],
+            SnapshotStatus::Failed,
+        )
+        .await?;
         hold::set_capture_in_progress(&mut tx, hold_id, false).await?;
         tx.commit().await?;
         Ok(())

@@ -22,13 +22,14 @@ mod acquire;
 mod checkpoint;
 mod release;
 
-pub use checkpoint::Checkpoint;
+pub use checkpoint::{Checkpoint, Commit};
 pub use release::Release;
 
 use crate::directory::Directory;
 use crate::workspace::{self, Workspace};
 use cairn_common::hold::HoldLimits;
 use cairn_common::lease::LeaseError;
+pub use cairn_common::lineage::Tier;
 use cairn_snapshot::{CaptureRules, Manifest, Repository};
 use serde_json::Value;
 use sqlx::PgPool;
@@ -72,28 +73,6 @@ pub struct Subject {
     pub repository: Option<String>,
     pub git_ref: Option<String>,
     pub deadline: Option<chrono::DateTime<chrono::Utc>>,
-}
-
-/// How a tree was acquired, in the order tried.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tier {
-    Adopt,
-    Checkpoint,
-    Baseline,
-    Cold,
-}
-
-impl Tier {
-    pub const ORDER: [Tier; 4] = [Tier::Adopt, Tier::Checkpoint, Tier::Baseline, Tier::Cold];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Tier::Adopt => "adopt",
-            Tier::Checkpoint => "checkpoint",
-            Tier::Baseline => "baseline",
-            Tier::Cold => "cold",
-        }
-    }
 }
 
 /// A workspace in use.

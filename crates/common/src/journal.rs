@@ -1,30 +1,44 @@
-//! The journal of a request's steps: an intent before a step starts and a receipt after
-//! it ends, both fenced by the lease.
+//! The journal of a request: an intent before a step (or check) starts and a receipt
+//! after it ends, both fenced by the lease, and the other entries (acceptances, reuse
+//! intents and receipts, completions). The one writer of `journal_intents`,
+//! `journal_receipts` and `journal_entries`.
 //!
 //! A successful run step's receipt names the snapshot that holds its effects and is
-//! committed in the same transaction as that snapshot's lineage append (see
-//! [`crate::custody`]). On a later claim, a receipt counts as done only on a tree at
-//! that snapshot or at a descendant of it ([`standings`]): on any other tree its step
-//! is an unknown outcome again (invariant 9).
+//! committed in the same transaction as that snapshot's lineage append (the worker's
+//! custody). On a later claim, a receipt counts as done only on a tree at that snapshot
+//! or at a descendant of it ([`standings`]): on any other tree its step is an unknown
+//! outcome again (invariant 9).
 
-use crate::custody::Tier;
-use crate::report::RetainedReport;
-use crate::step::{Interruption, StepOutcome};
-use cairn_common::lease::Lease;
-use cairn_common::lineage;
+use crate::lease::Lease;
+use crate::lineage::{self, Tier};
 use sqlx::PgConnection;
 use std::collections::HashMap;
 use uuid::Uuid;
 
+/// How a command ended, as its receipt records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub wall_ms: i64,
+    pub cpu_ms: i64,
+    /// SHA-256 over stdout then stderr as captured.
+    pub output_digest: String,
+    pub stdout_tail: String,
+    pub stderr_tail: String,
+    /// Where the full output is kept.
+    pub output_artifact: String,
+}
+
 /// A receipt to write.
+#[derive(Debug, Clone, Copy)]
 pub struct Receipt<'a> {
     pub step_key: &'a str,
     pub attempt: i32,
-    pub outcome: &'a StepOutcome,
+    pub outcome: &'a Outcome,
     /// The tier that produced the tree a run step ran on.
     pub tier: Option<Tier>,
-    /// The run's final report, retained with the last step's receipt.
-    pub report: Option<&'a RetainedReport>,
 }
 
 /// Writes a step's intent and charges the command, inside the caller's fenced
@@ -90,15 +104,15 @@ pub async fn record_receipt(
     .bind(receipt.attempt)
     .bind(outcome.exit_code)
     .bind(outcome.signal)
-    .bind(outcome.interrupted == Some(Interruption::TimedOut))
+    .bind(outcome.timed_out)
     .bind(outcome.wall_ms)
     .bind(outcome.cpu_ms)
     .bind(&outcome.output_digest)
     .bind(&outcome.stdout_tail)
     .bind(&outcome.stderr_tail)
-    .bind(outcome.stdout_path.with_extension("").to_string_lossy().into_owned())
+    .bind(&outcome.output_artifact)
     .bind(snapshot)
-    .bind(receipt.tier.map(Tier::as_str))
+    .bind(receipt.tier)
     .execute(&mut *conn)
     .await?;
     sqlx::query(
@@ -110,23 +124,57 @@ pub async fn record_receipt(
     .bind(outcome.cpu_ms)
     .execute(&mut *conn)
     .await?;
-    if let Some(retained) = receipt.report {
-        // Retained with the last receipt; accepted (consumed) separately, once.
-        sqlx::query(
-            "INSERT INTO final_reports (request_id, outcome, followup_kind, body, lease_epoch, source_digest)
-             VALUES ($1, $2, $3, $4, $5, $6)
-             ON CONFLICT (request_id) DO NOTHING",
-        )
-        .bind(lease.request_id)
-        .bind(retained.report.outcome.as_str())
-        .bind(&retained.report.followup_kind)
-        .bind(&retained.body)
-        .bind(lease.epoch)
-        .bind(&retained.source_digest)
-        .execute(&mut *conn)
-        .await?;
-    }
     Ok(())
+}
+
+/// Writes another journal entry (an acceptance, a reuse intent or receipt, a
+/// completion) under the lease's epoch; returns its id.
+pub async fn entry(
+    conn: &mut PgConnection,
+    lease: &Lease,
+    kind: &str,
+    body: &serde_json::Value,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "INSERT INTO journal_entries (request_id, entry_kind, lease_epoch, body) VALUES ($1, $2, $3, $4)
+      RETURNING id",
+    )
+    .bind(lease.request_id)
+    .bind(kind)
+    .bind(lease.epoch)
+    .bind(body)
+    .fetch_one(conn)
+    .await
+}
+
+/// Steps (or checks) that started and have no receipt, in plan order, with whether each
+/// may run again. `key_prefix` narrows them (a verification's checks).
+pub async fn unknown_outcomes(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+    key_prefix: &str,
+) -> Result<Vec<(String, bool)>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT i.step_key, i.idempotent FROM journal_intents i
+           LEFT JOIN journal_receipts r ON r.request_id = i.request_id AND r.step_key = i.step_key
+          WHERE i.request_id = $1 AND r.step_key IS NULL AND starts_with(i.step_key, $2)
+          ORDER BY i.step_index",
+    )
+    .bind(request_id)
+    .bind(key_prefix)
+    .fetch_all(conn)
+    .await
+}
+
+/// Digest of a request's receipts: what a retained checkpoint binds.
+pub async fn digest(conn: &mut PgConnection, request_id: Uuid) -> Result<String, sqlx::Error> {
+    let receipts: Vec<(String, Option<i32>, String)> = sqlx::query_as(
+        "SELECT step_key, exit_code, output_digest FROM journal_receipts WHERE request_id = $1 ORDER BY step_key",
+    )
+    .bind(request_id)
+    .fetch_all(conn)
+    .await?;
+    Ok(crate::digest::of(&receipts))
 }
 
 /// Where a journaled step stands, seen from a given tree.

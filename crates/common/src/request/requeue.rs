@@ -1,0 +1,186 @@
+//! Queuing a request again, and ending an attempt that has no result.
+
+use super::action::{self, ActionStatus};
+use super::state::{set_state, RequestState};
+use super::stop::stop_at_checkpoint;
+use crate::handoff::{self, AdoptionStatus, HandoffState};
+use crate::outbox;
+use crate::run::{JobKind, JobMessage};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+/// Clears the lease and moves the epoch on, so whoever held it can write nothing more.
+pub async fn fence_out(conn: &mut PgConnection, request_id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE execution_requests
+            SET lease_epoch = lease_epoch + 1, lease_owner = NULL, lease_deadline = NULL, updated_at = now()
+          WHERE id = $1",
+    )
+    .bind(request_id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Queues a plain run's request again through the outbox: a new attempt when
+/// `next_attempt`, else the same one (a drain hand-back, or a claim that never started).
+pub async fn requeue(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+    next_attempt: bool,
+) -> Result<i32, sqlx::Error> {
+    fence_out(&mut *conn, request_id).await?;
+    let (run_id, attempt): (Uuid, i32) = sqlx::query_as(
+        "UPDATE execution_requests SET attempt = attempt + CASE WHEN $2 THEN 1 ELSE 0 END
+          WHERE id = $1
+      RETURNING run_id, attempt",
+    )
+    .bind(request_id)
+    .bind(next_attempt)
+    .fetch_one(&mut *conn)
+    .await?;
+    let message = JobMessage {
+        kind: JobKind::Run,
+        run_id,
+        request_id,
+        action_id: None,
+        attempt: Some(attempt),
+    };
+    readmit(conn, &message).await?;
+    Ok(attempt)
+}
+
+/// Queues the request a message names, on the attempt it names, and announces it: a
+/// reviewed continuation or an adopted verification admits the existing ticket (same
+/// attempt, budgets and charged usage), a requeue a new or the same attempt.
+pub async fn readmit(conn: &mut PgConnection, message: &JobMessage) -> Result<(), sqlx::Error> {
+    set_state(
+        &mut *conn,
+        message.request_id,
+        RequestState::Queued,
+        None,
+        None,
+    )
+    .await?;
+    sqlx::query("UPDATE execution_requests SET queued_at = now() WHERE id = $1")
+        .bind(message.request_id)
+        .execute(&mut *conn)
+        .await?;
+    outbox::announce(conn, message).await?;
+    Ok(())
+}
+
+/// Queues an adopted verification again (same adoption, the given attempt), fencing out
+/// whoever held it: a worker's drain, or the lease sweeper after a lapse.
+pub async fn requeue_verification(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    request_id: Uuid,
+    adoption_id: Uuid,
+    attempt: i32,
+) -> Result<(), sqlx::Error> {
+    fence_out(&mut *conn, request_id).await?;
+    sqlx::query("UPDATE execution_requests SET attempt = $2 WHERE id = $1")
+        .bind(request_id)
+        .bind(attempt)
+        .execute(&mut *conn)
+        .await?;
+    handoff::set_adoption_status(&mut *conn, adoption_id, AdoptionStatus::Queued, None).await?;
+    let message = JobMessage {
+        kind: JobKind::Verification,
+        run_id,
+        request_id,
+        action_id: Some(adoption_id),
+        attempt: Some(attempt),
+    };
+    readmit(conn, &message).await
+}
+
+/// Which continuation an attempt belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Continuation {
+    /// A plain run's automatic attempt.
+    None,
+    /// A reviewed checkpoint continuation (its action id).
+    Checkpoint(Uuid),
+    /// An adopted verification (its adoption id).
+    Verification(Uuid),
+}
+
+/// How an attempt that ended without a result was followed up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptEnd {
+    /// Queued again as a new attempt.
+    Requeued,
+    /// Stopped at its last checkpoint: only a reviewed continuation takes it further.
+    Stopped,
+    /// A verification with its attempts spent: its handoff waits for a new adoption.
+    AwaitingAdoption,
+}
+
+/// Ends an attempt that has no result, as the lease sweeper ends one whose lease lapsed:
+/// another automatic attempt while any remain, else a stop at the last checkpoint with
+/// `reason`. A checkpoint continuation's action fails and the request stops at its
+/// checkpoint; a verification is queued again or waits for a new adoption.
+pub async fn end_attempt(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+    continuation: Continuation,
+    reason: &str,
+) -> Result<AttemptEnd, sqlx::Error> {
+    let (run_id, attempt, max_attempts): (Uuid, i32, i32) = sqlx::query_as(
+        "SELECT run_id, attempt, max_attempts FROM execution_requests WHERE id = $1",
+    )
+    .bind(request_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    match continuation {
+        Continuation::Checkpoint(action_id) => {
+            action::set_status(&mut *conn, action_id, ActionStatus::Failed).await?;
+            stop_at_checkpoint(&mut *conn, request_id, reason).await?;
+            Ok(AttemptEnd::Stopped)
+        }
+        Continuation::Verification(adoption_id) if attempt < max_attempts => {
+            requeue_verification(&mut *conn, run_id, request_id, adoption_id, attempt + 1).await?;
+            Ok(AttemptEnd::Requeued)
+        }
+        Continuation::Verification(adoption_id) => {
+            verification_attempts_exhausted(&mut *conn, request_id, adoption_id).await?;
+            Ok(AttemptEnd::AwaitingAdoption)
+        }
+        Continuation::None if attempt < max_attempts => {
+            requeue(&mut *conn, request_id, true).await?;
+            Ok(AttemptEnd::Requeued)
+        }
+        Continuation::None => {
+            stop_at_checkpoint(&mut *conn, request_id, reason).await?;
+            Ok(AttemptEnd::Stopped)
+        }
+    }
+}
+
+/// A verification whose attempts are spent: the adoption fails, its handoff waits for a
+/// new adoption, and the request says why.
+pub async fn verification_attempts_exhausted(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+    adoption_id: Uuid,
+) -> Result<(), sqlx::Error> {
+    fence_out(&mut *conn, request_id).await?;
+    handoff::set_adoption_status(
+        &mut *conn,
+        adoption_id,
+        AdoptionStatus::Failed,
+        Some("verification_attempts_exhausted"),
+    )
+    .await?;
+    handoff::set_handoff_state_of(&mut *conn, adoption_id, HandoffState::Pending).await?;
+    set_state(
+        &mut *conn,
+        request_id,
+        RequestState::AwaitingVerification,
+        Some("verification_attempts_exhausted"),
+        None,
+    )
+    .await
+}

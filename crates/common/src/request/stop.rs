@@ -1,0 +1,41 @@
+//! Stopping a request at its last checkpoint.
+
+use super::requeue::fence_out;
+use super::state::{set_state, RequestState};
+use crate::journal;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+/// Stops a request at its last checkpoint: the journal as it stands is retained
+/// (digest, next sequence, source digest), the lease is fenced out, and only a reviewed
+/// checkpoint continuation can take it further.
+pub async fn stop_at_checkpoint(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    let digest = journal::digest(&mut *conn, request_id).await?;
+    fence_out(&mut *conn, request_id).await?;
+    sqlx::query(
+        "UPDATE execution_requests
+            SET checkpoint = jsonb_build_object(
+                    'sequence', COALESCE((checkpoint->>'sequence')::bigint, 0) + 1,
+                    'journal_digest', $2::text,
+                    'source_digest', source_digest,
+                    'receipts', (SELECT count(*) FROM journal_receipts WHERE request_id = $1),
+                    'stopped_at', now())
+          WHERE id = $1",
+    )
+    .bind(request_id)
+    .bind(digest)
+    .execute(&mut *conn)
+    .await?;
+    set_state(
+        &mut *conn,
+        request_id,
+        RequestState::StoppedAtCheckpoint,
+        Some(reason),
+        None,
+    )
+    .await
+}
