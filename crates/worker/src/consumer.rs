@@ -2,7 +2,8 @@
 //! each delivery acked only after its request was claimed durably. Reconnects to
 //! RabbitMQ with backoff when the broker goes away.
 
-use crate::job::{Claim, JobOutcome, Worker};
+use crate::context::Worker;
+use crate::job::{self, Claim, JobOutcome};
 use backon::{BackoffBuilder, ExponentialBuilder};
 use cairn_common::health::AmqpStatus;
 use cairn_common::queue::{self, JobQueue, Topology};
@@ -138,7 +139,7 @@ async fn process(
             return;
         }
     };
-    match worker.claim(&message).await {
+    match job::claim(&worker, &message).await {
         Ok(Claim::Done(outcome)) => {
             if matches!(outcome, JobOutcome::Dropped(_)) {
                 worker.metrics.deliveries_dropped.inc();
@@ -151,7 +152,7 @@ async fn process(
             if let Err(e) = delivery.ack(BasicAckOptions::default()).await {
                 tracing::warn!(error = %e, "ack failed after the claim; a redelivery will find the request claimed");
             }
-            worker.execute(claimed, drain).await;
+            job::execute(worker.clone(), claimed, drain).await;
         }
         Err(e) => {
             // Nothing was claimed: let RabbitMQ redeliver (its delivery limit bounds loops).

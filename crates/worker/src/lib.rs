@@ -2,14 +2,18 @@
 //! in their own process groups and journals every effect.
 //!
 //! - [`config`]: its settings.
+//! - [`context`]: what every job shares (pool, leases, settings, custody, metrics).
+//! - [`error`]: why a job gives up without an outcome.
 //! - [`consumer`]: RabbitMQ consumption with bounded concurrency; ack after claim.
 //! - [`custody`]: workspace acquisition order, checkpoints that commit a step's receipt
 //!   with the snapshot holding its effects, release (capture-before-release).
 //! - [`directory`]: the workspaces directory, locked by one worker, and its identity.
-//! - [`job`]: claim, plan execution, completion and hand-back.
+//! - [`job`]: the [`job::Job`] handle: claim, a run's plan, and how a job ends.
 //! - [`janitor`]: removes this directory's trees once no hold guards them.
 //! - [`fault`]: crash points for tests (debug builds only).
-//! - [`renewal`]: the lease keeper that renews, self-fences and notices cancellation.
+//! - [`keeper`]: the lease keeper that renews, self-fences, notices cancellation and
+//!   passes pause requests on.
+//! - [`pause`]: pausing a job where it is, after a checkpoint.
 //! - [`step`]: running one command: process group, environment, timeout, output, usage.
 //! - [`verification`]: verification handoffs: frozen checks, confined runs, reuse.
 //! - [`confine`]: the network namespace a verification check runs in.
@@ -21,14 +25,16 @@
 pub mod config;
 pub mod confine;
 pub mod consumer;
+pub mod context;
 pub mod custody;
 pub mod directory;
+pub mod error;
 pub mod fault;
 pub mod janitor;
 pub mod job;
+pub mod keeper;
 pub mod metrics;
 pub mod pause;
-pub mod renewal;
 pub mod report;
 pub mod scope;
 pub mod step;
@@ -105,10 +111,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         settings,
         directory,
     };
-    let worker = Arc::new(job::Worker {
+    let worker = Arc::new(context::Worker {
         pool: pool.clone(),
         leases: Leases::new(pool.clone(), redis.clone(), &config.redis.redis_prefix, ttl),
-        settings: job::JobSettings {
+        settings: context::JobSettings {
             worker_id: worker_id.clone(),
             workspaces_dir,
             artifacts_dir,

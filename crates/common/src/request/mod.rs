@@ -14,11 +14,13 @@
 //! - [`cancel`]: cancellation, requested or immediate.
 //! - [`pause`]: pause and resume requests and what the worker records of them.
 //! - [`action`]: reviewed continuation actions.
+//! - [`resume`]: the resume context a worker records of the tree it acquired.
 
 pub mod action;
 pub mod cancel;
 pub mod pause;
 pub mod requeue;
+pub mod resume;
 pub mod state;
 pub mod stop;
 

@@ -7,6 +7,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use cairn_common::hold;
 use cairn_common::lease::Lease;
 use cairn_common::lineage::{self, NewSnapshot, RestoreOutcome, SnapshotStatus};
+use cairn_common::request;
 use cairn_snapshot::store::ArtifactStore;
 use cairn_snapshot::{self as snapshot, Manifest, SnapshotError};
 use serde_json::{json, Value};
@@ -459,11 +460,7 @@ impl Custody {
         .bind(workspace_id)
         .execute(&mut *tx)
         .await?;
-        sqlx::query("UPDATE execution_requests SET resume_context = $2 WHERE id = $1")
-            .bind(subject.request_id)
-            .bind(&resume_context)
-            .execute(&mut *tx)
-            .await?;
+        request::resume::record(&mut tx, subject.request_id, &resume_context).await?;
         lineage::record_restore(
             &mut tx,
             Some(subject.request_id),

@@ -119,3 +119,21 @@ impl CustodyError {
         }
     }
 }
+
+/// Marks a tree paused (its processes stopped) or running again.
+pub async fn set_paused(
+    conn: &mut sqlx::PgConnection,
+    held: &Held,
+    paused: bool,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE workspaces SET state = CASE WHEN $2 THEN 'paused' ELSE 'running' END,
+                paused_at = CASE WHEN $2 THEN now() END, updated_at = now()
+          WHERE id = $1 AND state IN ('running', 'paused')",
+    )
+    .bind(held.workspace_id)
+    .bind(paused)
+    .execute(conn)
+    .await?;
+    Ok(())
+}

@@ -3,7 +3,7 @@
 //! the step's process group is stopped and nothing more is written) and when the run's
 //! cancellation was requested; it also passes on pause and resume requests.
 
-use crate::job::Worker;
+use crate::context::Worker;
 use cairn_common::lease::{Lease, LeaseError};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;

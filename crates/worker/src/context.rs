@@ -1,0 +1,36 @@
+//! What every job of this worker process shares: the database pool, the leases, the
+//! settings, workspace custody, the metrics and the requests it runs.
+
+use crate::custody::Custody;
+use crate::janitor::ActiveRequests;
+use crate::metrics::WorkerMetrics;
+use cairn_common::lease::Leases;
+use sqlx::PgPool;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Settings every job of this worker shares.
+#[derive(Debug, Clone)]
+pub struct JobSettings {
+    pub worker_id: String,
+    pub workspaces_dir: PathBuf,
+    pub artifacts_dir: PathBuf,
+    pub output_max_bytes: u64,
+    pub output_tail_bytes: usize,
+    pub kill_grace: Duration,
+    pub confinement: crate::confine::Policy,
+    /// How long a pause may last before it behaves like a stop.
+    pub pause_limit: Duration,
+}
+
+/// The worker's shared services, which every job holds.
+pub struct Worker {
+    pub pool: PgPool,
+    pub leases: Leases,
+    pub settings: JobSettings,
+    pub custody: Custody,
+    pub metrics: WorkerMetrics,
+    /// Requests this process runs jobs for; the janitor never touches their trees.
+    pub active: Arc<ActiveRequests>,
+}

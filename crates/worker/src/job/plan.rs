@@ -1,0 +1,379 @@
+//! A run's plan: acquire its workspace, run each step not yet done on that tree (an
+//! intent before it, a commit of its receipt with its checkpoint after it), pause when
+//! asked, release the tree, and record how the plan ended.
+
+use super::ending;
+use super::handle::{Job, JobOutcome};
+use crate::custody::{Commit, CustodyError, Held, Release, Subject};
+use crate::error::JobError;
+use crate::keeper::Reason;
+use crate::pause;
+use crate::report::RetainedReport;
+use crate::step::{self, Interruption, StepCommand};
+use crate::workspace::Workspace;
+use cairn_common::journal::{self, Receipt, Standing};
+use cairn_common::request::{self, RequestState};
+use cairn_common::run::StepSpec;
+use serde_json::json;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::time::Duration;
+
+/// How a plan ended, before the request records it.
+enum Ending {
+    Complete,
+    Fail(String),
+    /// A person decides: `reason` is `unknown_outcome` or `tree_behind_journal`.
+    Reconcile {
+        message: String,
+        step: String,
+        reason: &'static str,
+    },
+    /// The attempt ends with nothing recorded for its step (its effects could not be
+    /// captured): another attempt, or a stop at the last checkpoint.
+    EndAttempt(CustodyError),
+    Interrupted,
+}
+
+/// Runs a run's plan (or continues it): acquires the workspace, runs the steps not yet
+/// done on it, releases the tree, and records how it ended.
+pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
+    if job.claimed.steps.is_empty() {
+        // Nothing to run, so no workspace to make.
+        return ending::complete(job).await;
+    }
+    let subject = job.claimed.subject();
+    let mut held = match ending::acquire_or_end(job, &subject).await? {
+        Ok(held) => held,
+        Err(ended) => return Ok(ended),
+    };
+    let ended = run_steps(job, &subject, &mut held).await;
+    let how = match &ended {
+        Err(JobError::Lease(_)) => Release::Fenced,
+        Ok(Ending::Interrupted) => match job.cause() {
+            Some(Reason::Cancelled) => Release::Ended { retire: false },
+            Some(Reason::Drain | Reason::PauseExpired) => Release::HandedOn,
+            Some(Reason::Fenced) | None => Release::Fenced,
+        },
+        // A task is done (its lineage retired) when it completed without asking for
+        // more: a blocked or clarification report pauses it, and its checkpoint stays
+        // current.
+        Ok(Ending::Complete) => Release::Ended {
+            retire: !ending::paused_by_report(job).await,
+        },
+        Ok(Ending::Fail(_)) => Release::Ended { retire: false },
+        Ok(Ending::Reconcile { .. } | Ending::EndAttempt(_))
+        | Err(JobError::Db(_) | JobError::Custody(_)) => Release::HandedOn,
+    };
+    // The workspace is released (or kept under a hold) while the lease is still ours.
+    job.worker
+        .custody
+        .release(job.lease(), &subject, &held, how)
+        .await;
+    match ended? {
+        Ending::Complete => ending::complete(job).await,
+        Ending::Fail(message) => {
+            ending::finish(job, RequestState::Failed, Some(&message), None).await?;
+            Ok(JobOutcome::Failed(message))
+        }
+        Ending::Reconcile {
+            message,
+            step,
+            reason,
+        } => {
+            ending::finish(
+                job,
+                RequestState::NeedsReconciliation,
+                Some(reason),
+                Some(&step),
+            )
+            .await?;
+            Ok(JobOutcome::NeedsReconciliation(message))
+        }
+        Ending::EndAttempt(error) => ending::end_attempt(job, &error).await,
+        Ending::Interrupted => ending::interrupted(job).await,
+    }
+}
+
+async fn run_steps(job: &Job, subject: &Subject, held: &mut Held) -> Result<Ending, JobError> {
+    let worker = &job.worker;
+    let claimed = &job.claimed;
+    let workspace = held.workspace.clone();
+    let workspace = &workspace;
+    let request_id = job.request_id();
+    let mut conn = worker.pool.acquire().await?;
+    let standings = journal::standings(&mut conn, request_id, held.position).await?;
+    drop(conn);
+    if !standings.is_empty() {
+        record_standings(job, held, &standings).await?;
+    }
+    let mut used_commands = claimed.used_commands;
+    let mut used_wall_ms = claimed.used_wall_ms;
+    let last = claimed.steps.len().saturating_sub(1);
+    // Once a step runs, no later receipt is taken as done: its tree moved on.
+    let mut ran = false;
+
+    let mut pause_requests = job.pause_requests();
+    for (index, step) in claimed.steps.iter().enumerate() {
+        match standings.get(&step.key) {
+            Some(Standing::Done { snapshot }) if !ran => {
+                // Its receipt stands on a snapshot this tree holds: reuse it.
+                worker.metrics.steps_reused.inc();
+                tracing::info!(step = %step.key, %snapshot, "step reused from its receipt");
+                continue;
+            }
+            None => {}
+            Some(standing) if !step.idempotent => {
+                let reason = match standing {
+                    Standing::Unknown => "unknown_outcome",
+                    _ => {
+                        worker.metrics.trees_behind_journal.inc();
+                        "tree_behind_journal"
+                    }
+                };
+                let message = match reason {
+                    "unknown_outcome" => format!(
+                        "step {} started and has no receipt: its outcome is unknown",
+                        step.key
+                    ),
+                    _ => format!(
+                        "step {} has a receipt on a snapshot this tree (from tier {}) does not hold: its effects are not here",
+                        step.key,
+                        held.tier.as_str()
+                    ),
+                };
+                return Ok(Ending::Reconcile {
+                    message,
+                    step: step.key.clone(),
+                    reason,
+                });
+            }
+            Some(standing) => {
+                tracing::info!(step = %step.key, standing = standing.as_str(), "idempotent step runs again")
+            }
+        }
+        if pause::requested(job) && !job.stopped() {
+            pause::pause_here(job, subject, held, None, 0).await?;
+        }
+        if job.stopped() {
+            return Ok(Ending::Interrupted);
+        }
+        if used_commands >= claimed.max_commands {
+            let message = format!(
+                "budget exhausted: max_commands ({}) spent before step {}",
+                claimed.max_commands, step.key
+            );
+            return Ok(Ending::Fail(message));
+        }
+        let remaining_wall_ms = claimed.max_wall_ms - used_wall_ms;
+        if remaining_wall_ms <= 0 {
+            let message = format!(
+                "budget exhausted: max_wall_seconds spent before step {}",
+                step.key
+            );
+            return Ok(Ending::Fail(message));
+        }
+
+        // The intent, and the command's charge, are durable before the step starts.
+        let mut tx = job.begin().await?;
+        journal::write_intent(
+            &mut tx,
+            job.lease(),
+            claimed.attempt,
+            &step.key,
+            index,
+            step.idempotent,
+        )
+        .await?;
+        tx.commit().await?;
+        used_commands += 1;
+        ran = true;
+
+        let command = command(job, workspace, step, index, remaining_wall_ms);
+        if index == last {
+            let _ = tokio::fs::remove_file(&workspace.report_file).await;
+        }
+        worker.metrics.steps_run.inc();
+        held.uncaptured = true;
+        tracing::info!(step = %step.key, "step started");
+        let group = AtomicI32::new(0);
+        let running = step::run_published(&command, &job.stop, &group);
+        tokio::pin!(running);
+        let result = loop {
+            tokio::select! {
+                biased;
+                result = &mut running => break result,
+                // Once stopped (a pause past its limit included), never pause again.
+                _ = pause::until_requested(&mut pause_requests), if !job.stopped() => {
+                    let group = group.load(Ordering::SeqCst);
+                    if let Err(e) = pause::pause_here(job, subject, held, Some(&step.key), group).await {
+                        // Fenced (or the database failed) while pausing: end the step
+                        // the usual way, its whole group with it, then give up.
+                        job.stop_for(Reason::Fenced);
+                        let _ = (&mut running).await;
+                        return Err(e);
+                    }
+                }
+            }
+        };
+        let tier = held.tier;
+        let receipt = |outcome| Receipt {
+            step_key: &step.key,
+            attempt: claimed.attempt,
+            outcome,
+            tier: Some(tier),
+        };
+        let outcome = match result {
+            Ok(outcome) => outcome,
+            Err(e) => {
+                // The program could not start: a receipt records it as a failed step.
+                let message = format!("step {}: {e}", step.key);
+                let failure = ending::spawn_failure(&message).journal();
+                ending::write_receipt(job, &receipt(&failure)).await?;
+                return Ok(Ending::Fail(message));
+            }
+        };
+        let journaled = outcome.journal();
+        if outcome.interrupted == Some(Interruption::Stopped) {
+            return Ok(Ending::Interrupted);
+        }
+        used_wall_ms += outcome.wall_ms;
+        tracing::info!(step = %step.key, result = %outcome.describe(), wall_ms = outcome.wall_ms, "step ended");
+        if !outcome.succeeded() {
+            // The request fails here: nothing continues from this tree.
+            ending::write_receipt(job, &receipt(&journaled)).await?;
+            let message = format!("step {} {}", step.key, outcome.describe());
+            return Ok(Ending::Fail(message));
+        }
+        let final_report = if index == last {
+            match read_report(job, workspace).await {
+                Ok(report) => report,
+                Err(message) => {
+                    ending::write_receipt(job, &receipt(&journaled)).await?;
+                    return Ok(Ending::Fail(message));
+                }
+            }
+        } else {
+            None
+        };
+        // One durable fact: the receipt commits with the checkpoint holding its
+        // effects, so a successor reuses it only on a tree that has them.
+        let commit = Commit {
+            receipt: receipt(&journaled),
+            report: final_report.as_ref().map(RetainedReport::retained),
+        };
+        match worker
+            .custody
+            .commit_step(job.lease(), subject, held, &commit, &job.stop)
+            .await
+        {
+            Ok(_) => {}
+            Err(CustodyError::CaptureFailed(_)) if job.stopped() => return Ok(Ending::Interrupted),
+            Err(e @ CustodyError::CaptureFailed(_)) => {
+                tracing::warn!(step = %step.key, error = %e, "no receipt: the attempt ends and the tree stays held");
+                worker.metrics.captures_failed.inc();
+                return Ok(Ending::EndAttempt(e));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(Ending::Complete)
+}
+
+/// Shows in the resume context where each journaled step stands on this tree.
+async fn record_standings(
+    job: &Job,
+    held: &Held,
+    standings: &HashMap<String, Standing>,
+) -> Result<(), JobError> {
+    let receipts: Vec<serde_json::Value> = job
+        .claimed
+        .steps
+        .iter()
+        .filter_map(|step| {
+            let standing = standings.get(&step.key)?;
+            let snapshot = match standing {
+                Standing::Done { snapshot } => Some(*snapshot),
+                Standing::Behind { snapshot } => *snapshot,
+                Standing::Unknown => None,
+            };
+            Some(json!({"step_key": step.key, "standing": standing.as_str(), "snapshot_id": snapshot}))
+        })
+        .collect();
+    let mut tx = job.begin().await?;
+    request::resume::note_receipts(&mut tx, job.request_id(), &receipts.into()).await?;
+    tx.commit().await?;
+    tracing::info!(tier = held.tier.as_str(), position = ?held.position, "journal read against the acquired tree");
+    Ok(())
+}
+
+/// Reads the final report; one that asks for verification is retained with the
+/// digest of the source its checks will verify.
+async fn read_report(job: &Job, workspace: &Workspace) -> Result<Option<RetainedReport>, String> {
+    let Some((report, body)) = crate::report::read(&workspace.report_file).await? else {
+        return Ok(None);
+    };
+    let source_digest = if report.asks_for_verification() {
+        let scope = crate::scope::measure(&workspace.root, &job.worker.custody.settings.rules)
+            .await
+            .map_err(|e| format!("cannot measure the source to verify: {e}"))?;
+        Some(scope.source_digest)
+    } else {
+        None
+    };
+    Ok(Some(RetainedReport {
+        report,
+        body,
+        source_digest,
+    }))
+}
+
+fn command(
+    job: &Job,
+    workspace: &Workspace,
+    step: &StepSpec,
+    index: usize,
+    remaining_wall_ms: i64,
+) -> StepCommand {
+    let mut env: BTreeMap<String, String> = BTreeMap::from([
+        ("HOME".into(), workspace.home.to_string_lossy().into_owned()),
+        (
+            "CAIRN_RUN_ID".into(),
+            job.claimed.run_id.simple().to_string(),
+        ),
+        (
+            "CAIRN_REQUEST_ID".into(),
+            job.request_id().simple().to_string(),
+        ),
+        ("CAIRN_STEP_KEY".into(), step.key.clone()),
+        ("CAIRN_STEP_INDEX".into(), index.to_string()),
+        ("CAIRN_ATTEMPT".into(), job.claimed.attempt.to_string()),
+        (
+            "CAIRN_REPORT_FILE".into(),
+            workspace.report_file.to_string_lossy().into_owned(),
+        ),
+    ]);
+    env.extend(step.env.clone());
+    let step_timeout = Duration::from_secs(u64::from(step.timeout_seconds));
+    let wall_left = Duration::from_millis(u64::try_from(remaining_wall_ms).unwrap_or(0));
+    StepCommand {
+        argv: step.argv.clone(),
+        env,
+        cwd: step
+            .cwd
+            .as_ref()
+            .map(|c| workspace.root.join(c))
+            .unwrap_or_else(|| workspace.root.clone()),
+        timeout: step_timeout.min(wall_left),
+        output_base: step::output_base(
+            &job.worker.settings.artifacts_dir,
+            job.request_id(),
+            &step.key,
+            job.lease().epoch,
+        ),
+        max_output: job.worker.settings.output_max_bytes,
+        tail_bytes: job.worker.settings.output_tail_bytes,
+        kill_grace: job.worker.settings.kill_grace,
+        isolate_network: false,
+    }
+}

@@ -1,0 +1,177 @@
+//! One check run fresh: confined, in a private scratch directory, with a cleared
+//! environment, journaled like a step.
+
+use super::reuse::Plan;
+use super::Adoption;
+use crate::error::JobError;
+use crate::job::ending::spawn_failure;
+use crate::job::handle::Job;
+use crate::step::{self, Interruption, StepCommand, StepOutcome};
+use cairn_common::handoff::{self, NewResult};
+use cairn_common::journal::{self, Receipt};
+use cairn_common::verification::{self as checks, CheckCommand};
+use chrono::Utc;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Runs one check fresh: witness, intent and charge first, then the confined command,
+/// then its receipt and result. `None` when the job was stopped mid-check.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn run(
+    job: &Job,
+    adoption: &Adoption,
+    plan: &Plan<'_>,
+    root: &Path,
+    confined: bool,
+    wall_left_ms: i64,
+) -> Result<Option<StepOutcome>, JobError> {
+    let step_key = checks::step_key(adoption.id, plan.index);
+    let mut tx = job.begin().await?;
+    journal::entry(
+        &mut tx,
+        job.lease(),
+        "verification_build_scope",
+        &json!({
+            "adoption_id": adoption.id.simple().to_string(),
+            "index": plan.index,
+            "command_digest": plan.command_digest,
+            "purpose": plan.check.purpose,
+            "confined": confined,
+            "source_digest": plan.scope.source_digest,
+            "dependency_digest": plan.scope.dependency_digest,
+            "environment_digest": plan.scope.environment_digest,
+            "runner_digest": plan.scope.runner_digest,
+            "scope_digest": plan.scope.digest(),
+        }),
+    )
+    .await?;
+    // Source checks may run again after an unknown outcome; checks of changing
+    // services or generated output may not.
+    journal::write_intent(
+        &mut tx,
+        job.lease(),
+        job.claimed.attempt,
+        &step_key,
+        plan.index,
+        plan.check.purpose.reuse_eligible(),
+    )
+    .await?;
+    tx.commit().await?;
+
+    let command = StepCommand {
+        argv: plan.check.argv.clone(),
+        env: plan.env.clone(),
+        cwd: plan
+            .check
+            .cwd
+            .as_ref()
+            .map(|c| root.join(c))
+            .unwrap_or_else(|| root.to_path_buf()),
+        timeout: Duration::from_secs(u64::from(plan.check.timeout_seconds)).min(
+            Duration::from_millis(u64::try_from(wall_left_ms).unwrap_or(0)),
+        ),
+        output_base: step::output_base(
+            &job.worker.settings.artifacts_dir,
+            job.request_id(),
+            &step_key,
+            job.lease().epoch,
+        ),
+        max_output: job.worker.settings.output_max_bytes,
+        tail_bytes: job.worker.settings.output_tail_bytes,
+        kill_grace: job.worker.settings.kill_grace,
+        isolate_network: confined,
+    };
+    job.worker.metrics.checks_run.inc();
+    if !confined {
+        job.worker.metrics.checks_unconfined.inc();
+    }
+    let started_at = Utc::now();
+    tracing::info!(check = plan.index, confined, "verification check started");
+    let outcome = match tokio::fs::create_dir_all(&plan.scratch).await {
+        Err(e) => spawn_failure(&format!("check {}: no scratch directory: {e}", plan.index)),
+        Ok(()) => match step::run(&command, &job.stop).await {
+            Ok(outcome) => outcome,
+            Err(e) => spawn_failure(&format!("check {}: {e}", plan.index)),
+        },
+    };
+    let _ = tokio::fs::remove_dir_all(&plan.scratch).await;
+    if outcome.interrupted == Some(Interruption::Stopped) {
+        return Ok(None);
+    }
+    let finished_at = Utc::now();
+    tracing::info!(check = plan.index, result = %outcome.describe(), "verification check ended");
+
+    let mut tx = job.begin().await?;
+    let journaled = outcome.journal();
+    let receipt = Receipt {
+        step_key: &step_key,
+        attempt: job.claimed.attempt,
+        outcome: &journaled,
+        tier: None,
+    };
+    // Checks change nothing to capture: their receipts stand on no snapshot.
+    journal::record_receipt(&mut tx, job.lease(), &receipt, None).await?;
+    let scope_digest = plan.scope.digest();
+    handoff::record_result(
+        &mut tx,
+        &NewResult {
+            adoption_id: adoption.id,
+            command_index: plan.index_i32(),
+            command_digest: &plan.command_digest,
+            purpose: plan.check.purpose.as_str(),
+            confined,
+            // Only a confined run can ever stand for a later one.
+            reusable: plan.reusable && confined,
+            scope_digest: &scope_digest,
+            exit_code: outcome.exit_code,
+            passed: outcome.succeeded(),
+            output_digest: &outcome.output_digest,
+            reused_from: None,
+            started_at,
+            finished_at,
+            request_id: job.request_id(),
+            agent: &job.claimed.agent,
+            repository: job.claimed.repository.as_deref(),
+            attempt: job.claimed.attempt,
+            lease_epoch: job.lease().epoch,
+            step_key: Some(&step_key),
+            source_digest: &plan.scope.source_digest,
+            dependency_digest: &plan.scope.dependency_digest,
+            environment_digest: &plan.scope.environment_digest,
+            runner_digest: &plan.scope.runner_digest,
+            timed_out: outcome.interrupted == Some(Interruption::TimedOut),
+            wall_ms: outcome.wall_ms,
+            stdout_tail: &outcome.stdout_tail,
+            stderr_tail: &outcome.stderr_tail,
+            fresh_reason: plan.fresh_reason,
+        },
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Some(outcome))
+}
+
+/// Where a request's checks get their private scratch directories (outside the tree).
+pub(super) fn scratch_root(workspaces_dir: &Path, job: &Job) -> PathBuf {
+    // Per epoch: a fenced-out owner on the same host never shares or removes it.
+    workspaces_dir.join(format!(
+        "{}.scratch-{}",
+        job.request_id().simple(),
+        job.lease().epoch
+    ))
+}
+
+/// A check's whole environment: the runner's variables, then the check's own.
+pub(super) fn check_env(check: &CheckCommand, scratch: &Path) -> BTreeMap<String, String> {
+    let scratch = scratch.to_string_lossy().into_owned();
+    let mut env = BTreeMap::from([
+        ("HOME".to_string(), scratch.clone()),
+        ("TMPDIR".to_string(), scratch),
+        ("PATH".to_string(), step::DEFAULT_PATH.to_string()),
+        ("LANG".to_string(), "C.UTF-8".to_string()),
+    ]);
+    env.extend(check.env.clone());
+    env
+}

@@ -1,0 +1,195 @@
+//! The completion of a verification: one transaction that measures the source again
+//! and, if nothing changed, records the reused results, the completion and reuse
+//! receipts and the verdict; and the hand-back on a drain.
+
+use super::reuse::Plan;
+use super::{Adoption, Ending};
+use crate::error::JobError;
+use crate::job::handle::Job;
+use crate::scope::{self, SourceScope};
+use cairn_common::handoff::{self, AdoptionStatus, HandoffState, NewResult};
+use cairn_common::journal;
+use cairn_common::request::{self, RequestState};
+use serde_json::json;
+use std::path::Path;
+use uuid::Uuid;
+
+/// The completion transaction: measure the source again inside it; if anything
+/// changed, roll back (no completion, no reuse receipt); otherwise record the reused
+/// results, the completion receipt, the reuse receipt and the verdict at once.
+pub(super) async fn complete(
+    job: &Job,
+    adoption: &Adoption,
+    before: &SourceScope,
+    plans: &[Plan<'_>],
+    root: &Path,
+) -> Result<Ending, JobError> {
+    let mut tx = job.begin().await?;
+    let after = scope::measure(root, &job.worker.custody.settings.rules).await;
+    let late_change = match &after {
+        Ok(after) if after.source_digest != before.source_digest => Some("the source"),
+        Ok(after) if after.dependency_digest != before.dependency_digest => {
+            Some("the dependency inputs")
+        }
+        Ok(_) => None,
+        Err(_) => Some("the source (it can no longer be measured)"),
+    };
+    // The environment of a check is a function of its frozen command and the runner's
+    // fixed variables only (nothing is inherited from the worker), so it is bound by
+    // the witness; what can change under a running verification is the tree.
+    if let Some(what) = late_change {
+        drop(tx);
+        let message = format!(
+            "verification_late_change: {what} changed while the checks ran; nothing was completed and every check already run stays charged"
+        );
+        tracing::warn!(%message);
+        return Ok(Ending::Fail(message));
+    }
+
+    let mut reused = Vec::new();
+    for plan in plans {
+        let Some(prior) = &plan.prior else { continue };
+        let inserted = handoff::record_result(
+            &mut tx,
+            &NewResult {
+                adoption_id: adoption.id,
+                command_index: plan.index_i32(),
+                command_digest: &plan.command_digest,
+                purpose: plan.check.purpose.as_str(),
+                confined: true,
+                reusable: true,
+                scope_digest: &prior.scope_digest,
+                exit_code: prior.exit_code,
+                passed: true,
+                output_digest: &prior.output_digest,
+                reused_from: Some(prior.id),
+                started_at: prior.started_at,
+                finished_at: prior.finished_at,
+                request_id: job.request_id(),
+                agent: &job.claimed.agent,
+                repository: job.claimed.repository.as_deref(),
+                attempt: prior.attempt,
+                lease_epoch: prior.lease_epoch,
+                step_key: prior.step_key.as_deref(),
+                source_digest: &prior.source_digest,
+                dependency_digest: &prior.dependency_digest,
+                environment_digest: &prior.environment_digest,
+                runner_digest: &prior.runner_digest,
+                timed_out: false,
+                wall_ms: prior.wall_ms,
+                stdout_tail: &prior.stdout_tail,
+                stderr_tail: &prior.stderr_tail,
+                fresh_reason: None,
+            },
+        )
+        .await?;
+        if !inserted {
+            continue;
+        }
+        reused.push(json!({
+            "index": plan.index,
+            "command_digest": plan.command_digest,
+            "reused_result_id": prior.id.simple().to_string(),
+            "source_request_id": prior.request_id.map(|id| id.simple().to_string()),
+            "source_step_key": prior.step_key,
+            "source_attempt": prior.attempt,
+            "source_completion_receipt": prior.accepted_by,
+        }));
+    }
+    let results: Vec<(i32, bool, bool, Option<i32>)> = sqlx::query_as(
+        "SELECT command_index, passed, reused_from IS NOT NULL, exit_code FROM verification_results
+          WHERE adoption_id = $1 ORDER BY command_index",
+    )
+    .bind(adoption.id)
+    .fetch_all(&mut *tx)
+    .await?;
+    let failed: Vec<String> = results
+        .iter()
+        .filter(|(_, passed, _, _)| !passed)
+        .map(|(index, _, _, code)| match code {
+            Some(code) => format!("check {index} exited with status {code}"),
+            None => format!("check {index} did not finish"),
+        })
+        .collect();
+    let passed = failed.is_empty() && results.len() == plans.len();
+    let fresh = results.iter().filter(|(_, _, reused, _)| !reused).count();
+    let completion_id = journal::entry(
+        &mut tx,
+        job.lease(),
+        "verification_completion",
+        &json!({
+        "adoption_id": adoption.id.simple().to_string(),
+        "handoff_id": adoption.handoff_id.simple().to_string(),
+        "passed": passed,
+        "checks": results.len(),
+        "fresh_checks": fresh,
+        "reused_checks": reused.len(),
+        "source_digest": before.source_digest,
+        "dependency_digest": before.dependency_digest,
+        "worker": job.worker.settings.worker_id,
+        }),
+    )
+    .await?;
+    if !reused.is_empty() {
+        journal::entry(
+            &mut tx,
+            job.lease(),
+            "verification_reuse_receipt",
+            &json!({
+                "adoption_id": adoption.id.simple().to_string(),
+                "completion_receipt": completion_id,
+                // Applies to the referenced checks only; the others ran again.
+                "new_execution_count": 0,
+                "checks": reused,
+            }),
+        )
+        .await?;
+    }
+    let summary = if passed {
+        format!("{} checks passed ({} reused)", results.len(), reused.len())
+    } else {
+        format!("verification failed: {}", failed.join("; "))
+    };
+    handoff::set_handoff_state_of(
+        &mut tx,
+        adoption.id,
+        if passed {
+            HandoffState::Passed
+        } else {
+            HandoffState::Failed
+        },
+    )
+    .await?;
+    handoff::set_adoption_status(
+        &mut tx,
+        adoption.id,
+        AdoptionStatus::Completed,
+        (!passed).then_some(summary.as_str()),
+    )
+    .await?;
+    let (state, reason) = if passed {
+        (RequestState::Completed, None)
+    } else {
+        (RequestState::Failed, Some(summary.as_str()))
+    };
+    request::set_state(&mut tx, job.request_id(), state, reason, None).await?;
+    tx.commit().await?;
+    job.worker.metrics.checks_reused.inc_by(reused.len() as u64);
+    Ok(Ending::Completed { passed, summary })
+}
+
+/// Drain: the adoption goes back to its queue on the same attempt.
+pub(super) async fn hand_back(job: &Job, adoption_id: Uuid) -> Result<(), JobError> {
+    let mut tx = job.begin().await?;
+    request::requeue::requeue_verification(
+        &mut tx,
+        job.claimed.run_id,
+        job.request_id(),
+        adoption_id,
+        job.claimed.attempt,
+    )
+    .await?;
+    tx.commit().await?;
+    job.worker.leases.clear_liveness(job.lease()).await;
+    Ok(())
+}

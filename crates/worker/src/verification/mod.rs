@@ -1,0 +1,262 @@
+//! Verification handoffs on the worker.
+//!
+//! A run whose final report asks for verification opens a handoff with its frozen checks
+//! and the digest of the source they verify. Once an operator adopts it, a worker claims
+//! the same ticket, restores the same work context's tree and runs every check confined
+//! (a network namespace with only loopback, a private scratch `HOME`/`TMPDIR`, a cleared
+//! environment, its own process group, a timeout), journaling a scope witness, an intent
+//! and a receipt for each. A declared check whose earlier passed, confined result matches
+//! the current scope is reused instead of run. The source and dependency digests are
+//! measured again inside the completion transaction: a late change rolls back the
+//! completion and the reuse receipt, and every command already run stays charged.
+//!
+//! - [`reuse`]: for each check, whether an earlier result can stand for it.
+//! - [`check`]: running one check fresh, confined.
+//! - [`complete`]: the completion transaction, and the hand-back on a drain.
+
+mod check;
+mod complete;
+mod reuse;
+
+use crate::custody::Release;
+use crate::error::JobError;
+use crate::job::ending;
+use crate::job::handle::{Job, JobOutcome};
+use crate::keeper::Reason;
+use crate::scope;
+use cairn_common::journal;
+use cairn_common::request::RequestState;
+use cairn_common::verification::CheckCommand;
+use serde_json::Value;
+use std::collections::HashSet;
+use std::path::Path;
+use uuid::Uuid;
+
+/// An adoption as the worker runs it.
+pub(super) struct Adoption {
+    pub(super) id: Uuid,
+    pub(super) handoff_id: Uuid,
+    pub(super) commands: Vec<CheckCommand>,
+    pub(super) source_digest: Option<String>,
+    pub(super) declared: HashSet<String>,
+}
+
+async fn load(pool: &sqlx::PgPool, adoption_id: Uuid) -> Result<Option<Adoption>, sqlx::Error> {
+    let row: Option<(Uuid, Value, Option<String>, Vec<String>)> = sqlx::query_as(
+        "SELECT h.id, h.commands, h.source_digest, a.reusable_digests
+           FROM verification_adoptions a JOIN verification_handoffs h ON h.id = a.handoff_id
+          WHERE a.id = $1",
+    )
+    .bind(adoption_id)
+    .fetch_optional(pool)
+    .await?;
+    Ok(
+        row.and_then(|(handoff_id, commands, source_digest, declared)| {
+            Some(Adoption {
+                id: adoption_id,
+                handoff_id,
+                commands: serde_json::from_value(commands).ok()?,
+                source_digest,
+                declared: declared.into_iter().collect(),
+            })
+        }),
+    )
+}
+
+/// How a verification ended, before the lease is given up.
+enum Ending {
+    /// The completion committed: every check has a result.
+    Completed {
+        passed: bool,
+        summary: String,
+    },
+    /// Nothing was completed (and nothing is recorded yet).
+    Fail(String),
+    /// A check that may not run twice started and has no receipt (its step key).
+    Reconcile(String),
+    Interrupted,
+}
+
+/// Runs an adopted verification on its claimed ticket.
+/// Runs an adopted verification on its claimed ticket.
+pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
+    let adoption = match job.claimed.action_id {
+        Some(id) => load(&job.worker.pool, id).await?,
+        None => None,
+    };
+    let Some(adoption) = adoption else {
+        let message = "the adopted handoff could not be read".to_string();
+        ending::finish(job, RequestState::Failed, Some(&message), None).await?;
+        return Ok(JobOutcome::Failed(message));
+    };
+    let subject = job.claimed.subject();
+    let held = match ending::acquire_or_end(job, &subject).await? {
+        Ok(held) => held,
+        Err(ended) => return Ok(ended),
+    };
+    // Checks add nothing to capture (a changed source fails the verification); a tree
+    // adopted with uncaptured work keeps that state, so a drain keeps it held.
+    let ending = verify(job, &adoption, &held.workspace.root).await;
+    let fenced = match &ending {
+        Err(JobError::Lease(_)) => true,
+        Ok(Ending::Interrupted) => matches!(job.cause(), Some(Reason::Fenced) | None),
+        _ => false,
+    };
+    let drained = matches!(&ending, Ok(Ending::Interrupted)) && job.cause() == Some(Reason::Drain);
+    let passed = matches!(&ending, Ok(Ending::Completed { passed: true, .. }));
+    let how = if fenced {
+        Release::Fenced
+    } else if drained {
+        Release::HandedOn
+    } else {
+        Release::Ended { retire: passed }
+    };
+    job.worker
+        .custody
+        .release(job.lease(), &subject, &held, how)
+        .await;
+    let _ = tokio::fs::remove_dir_all(check::scratch_root(
+        &job.worker.settings.workspaces_dir,
+        job,
+    ))
+    .await;
+    match ending? {
+        Ending::Completed { passed, summary } => {
+            let mut tx = job.begin().await?;
+            job.worker.leases.release_in(&mut tx, job.lease()).await?;
+            tx.commit().await?;
+            job.worker.leases.clear_liveness(job.lease()).await;
+            Ok(if passed {
+                JobOutcome::Completed
+            } else {
+                JobOutcome::Failed(summary)
+            })
+        }
+        Ending::Fail(message) => {
+            ending::finish(job, RequestState::Failed, Some(&message), None).await?;
+            Ok(JobOutcome::Failed(message))
+        }
+        Ending::Reconcile(step) => {
+            ending::finish(
+                job,
+                RequestState::NeedsReconciliation,
+                Some("unknown_outcome"),
+                Some(&step),
+            )
+            .await?;
+            Ok(JobOutcome::NeedsReconciliation(format!(
+                "check {step} started and has no receipt: its outcome is unknown"
+            )))
+        }
+        Ending::Interrupted => match job.cause() {
+            Some(Reason::Cancelled) => {
+                ending::finish(
+                    job,
+                    RequestState::Cancelled,
+                    Some("cancelled while verifying"),
+                    None,
+                )
+                .await?;
+                Ok(JobOutcome::Cancelled)
+            }
+            Some(Reason::Drain) => {
+                complete::hand_back(job, adoption.id).await?;
+                Ok(JobOutcome::HandedBack)
+            }
+            // A verification is never paused (pause applies to a run's own request).
+            Some(Reason::Fenced | Reason::PauseExpired) | None => {
+                job.worker.metrics.self_fenced.inc();
+                Ok(JobOutcome::Fenced)
+            }
+        },
+    }
+}
+
+/// Runs every check not yet answered, then completes the verification.
+async fn verify(job: &Job, adoption: &Adoption, root: &Path) -> Result<Ending, JobError> {
+    let before = match scope::measure(root, &job.worker.custody.settings.rules).await {
+        Ok(scope) => scope,
+        Err(e) => return Ok(Ending::Fail(format!("cannot measure the source: {e}"))),
+    };
+    if adoption.source_digest.as_deref() != Some(before.source_digest.as_str()) {
+        return Ok(Ending::Fail(
+            "verification_source_changed: the restored workspace is not the source the handoff froze".into(),
+        ));
+    }
+    let policy = job.worker.settings.confinement;
+    if policy.mode == crate::confine::Mode::Required && !policy.confines() {
+        return Ok(Ending::Fail(
+            "confinement is required and this host cannot create network namespaces".into(),
+        ));
+    }
+    let confined = policy.confines();
+    // Results an earlier attempt of this adoption already recorded stand as they are.
+    let recorded: Vec<i32> =
+        sqlx::query_scalar("SELECT command_index FROM verification_results WHERE adoption_id = $1")
+            .bind(adoption.id)
+            .fetch_all(&job.worker.pool)
+            .await?;
+    // A check that started and has no receipt has an unknown outcome: it runs again
+    // only if it is of a kind that may (a source check); otherwise a person decides.
+    let mut conn = job.worker.pool.acquire().await?;
+    let unknown = journal::unknown_outcomes(
+        &mut conn,
+        job.request_id(),
+        &format!("verify:{}:", adoption.id.simple()),
+    )
+    .await?;
+    drop(conn);
+    if let Some((step, _)) = unknown.iter().find(|(_, idempotent)| !idempotent) {
+        return Ok(Ending::Reconcile(step.clone()));
+    }
+    let plans = reuse::plan(job, adoption, &before, confined, &recorded).await?;
+    let mut used_commands: i32 =
+        sqlx::query_scalar("SELECT used_commands FROM execution_requests WHERE id = $1")
+            .bind(job.request_id())
+            .fetch_one(&job.worker.pool)
+            .await?;
+    let to_run = plans
+        .iter()
+        .filter(|p| p.prior.is_none() && !recorded.contains(&p.index_i32()))
+        .count();
+    let remaining = i64::from(job.claimed.max_commands) - i64::from(used_commands);
+    if to_run as i64 > remaining {
+        // Fail before anything runs, rather than charge some checks and stop midway.
+        return Ok(Ending::Fail(format!(
+            "budget exhausted: {to_run} checks must run and {} of max_commands ({}) remain",
+            remaining.max(0),
+            job.claimed.max_commands
+        )));
+    }
+    reuse::journal_intent(job, adoption, &plans).await?;
+    let mut used_wall_ms = job.claimed.used_wall_ms;
+    for plan in &plans {
+        if plan.prior.is_some() || recorded.contains(&plan.index_i32()) {
+            // Reused at completion, or already run by an earlier attempt of this adoption.
+            continue;
+        }
+        if job.stopped() {
+            return Ok(Ending::Interrupted);
+        }
+        if used_commands >= job.claimed.max_commands {
+            return Ok(Ending::Fail(format!(
+                "budget exhausted: max_commands ({}) spent before check {}",
+                job.claimed.max_commands, plan.index
+            )));
+        }
+        let wall_left = job.claimed.max_wall_ms - used_wall_ms;
+        if wall_left <= 0 {
+            return Ok(Ending::Fail(format!(
+                "budget exhausted: max_wall_seconds spent before check {}",
+                plan.index
+            )));
+        }
+        let outcome = check::run(job, adoption, plan, root, confined, wall_left).await?;
+        used_commands += 1;
+        match outcome {
+            Some(outcome) => used_wall_ms += outcome.wall_ms,
+            None => return Ok(Ending::Interrupted),
+        }
+    }
+    complete::complete(job, adoption, &before, &plans, root).await
+}
