@@ -3,8 +3,10 @@
 //! - [`error`]: the error body every route shares.
 //! - [`json`]: the strict JSON extractor.
 //! - [`auth`]: tokens and roles.
-//! - [`runs`], [`policy`], [`continuation`], [`verification`], [`tokens`], [`credentials`]:
-//!   the routes.
+//! - [`runs`], [`pause`], [`policy`], [`continuation`], [`verification`], [`tokens`],
+//!   [`credentials`]: the routes. Continuations and verification handoffs each have a
+//!   pure `candidate` module: their rules as a function of facts and policy.
+//! - [`state`]: what every handler shares (the pool, the counters).
 //! - [`openapi`]: the generated OpenAPI document.
 
 pub mod auth;
@@ -16,54 +18,18 @@ pub mod openapi;
 pub mod pause;
 pub mod policy;
 pub mod runs;
+pub mod state;
 pub mod tokens;
 pub mod verification;
+
+pub use state::{ApiMetrics, AppState};
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 use cairn_common::ids::Id;
 use error::ApiError;
-use prometheus_client::metrics::counter::Counter;
-use prometheus_client::registry::Registry;
-use sqlx::PgPool;
 use uuid::Uuid;
-
-/// The API's counters.
-#[derive(Clone, Default)]
-pub struct ApiMetrics {
-    pub runs_admitted: Counter,
-    pub continuations_admitted: Counter,
-    pub verifications_adopted: Counter,
-}
-
-impl ApiMetrics {
-    pub fn register(registry: &mut Registry) -> Self {
-        let metrics = Self::default();
-        registry.register(
-            "runs_admitted",
-            "Runs admitted (each with its ticket and outbox message)",
-            metrics.runs_admitted.clone(),
-        );
-        registry.register(
-            "continuations_admitted",
-            "Reviewed continuation actions admitted",
-            metrics.continuations_admitted.clone(),
-        );
-        registry.register(
-            "verifications_adopted",
-            "Verification handoffs adopted (each queued on the same ticket)",
-            metrics.verifications_adopted.clone(),
-        );
-        metrics
-    }
-}
-
-#[derive(Clone)]
-pub struct AppState {
-    pub pool: PgPool,
-    pub metrics: ApiMetrics,
-}
 
 /// Parses a path id, or a 400 naming it.
 pub fn path_id(text: &str, field: &str) -> Result<Uuid, ApiError> {
@@ -89,9 +55,12 @@ pub fn router(state: AppState) -> Router {
             "/api/v1/openapi.json",
             get(|| async { ([("content-type", "application/json")], openapi::json()) }),
         )
-        .route("/api/v1/runs", post(runs::submit).get(runs::list))
-        .route("/api/v1/runs/batch", post(runs::submit_batch))
-        .route("/api/v1/runs/{run_id}", get(runs::show))
+        .route(
+            "/api/v1/runs",
+            post(runs::admission::submit).get(runs::view::list),
+        )
+        .route("/api/v1/runs/batch", post(runs::admission::submit_batch))
+        .route("/api/v1/runs/{run_id}", get(runs::view::show))
         .route("/api/v1/runs/{run_id}/cancel", post(runs::cancel))
         .route(
             "/api/v1/runs/{run_id}/pause",
@@ -100,9 +69,9 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/runs/{run_id}/resume", post(pause::resume))
         .route(
             "/api/v1/runs/{run_id}/execution-requests",
-            get(runs::execution_requests),
+            get(runs::view::execution_requests),
         )
-        .route("/api/v1/runs/{run_id}/journal", get(runs::journal))
+        .route("/api/v1/runs/{run_id}/journal", get(runs::journal::journal))
         .route(
             "/api/v1/invalid-read-continuity/policy",
             get(policy::get_policy).put(policy::put_policy),

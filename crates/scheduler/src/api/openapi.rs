@@ -8,8 +8,8 @@ use utoipa::{Modify, OpenApi};
 #[openapi(
     info(title = "Cairn scheduler API", description = "Admission of runs, reviewed continuations and verification handoffs."),
     paths(
-        runs::submit, runs::submit_batch, runs::list, runs::show, runs::cancel,
-        runs::execution_requests, runs::journal, pause::pause, pause::resume, pause::show,
+        runs::admission::submit, runs::admission::submit_batch, runs::view::list,
+        runs::view::show, runs::cancel, runs::view::execution_requests, runs::journal::journal, pause::pause, pause::resume, pause::show,
         policy::get_policy, policy::put_policy,
         continuation::checkpoint_candidate, continuation::checkpoint_action, continuation::checkpoint_status,
         continuation::final_candidate, continuation::final_action, continuation::final_status,

@@ -1,0 +1,637 @@
+//! A continuation's candidate: whether it can be admitted now, and what it binds, as a
+//! pure function of the facts the handler gathered and the recovery policy. It starts
+//! no work and reads nothing itself.
+
+use cairn_common::digest;
+use cairn_common::ids::Id;
+use cairn_common::policy::{Policy, MAX_WINDOW_SECONDS};
+use cairn_common::request::action::ActionKind;
+use cairn_common::run::JobKind;
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use serde_json::json;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+/// Which kind of continuation a route serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Checkpoint,
+    FinalOutcome,
+}
+
+impl Kind {
+    pub fn action(self) -> ActionKind {
+        match self {
+            Kind::Checkpoint => ActionKind::CheckpointContinuation,
+            Kind::FinalOutcome => ActionKind::FinalOutcomeContinuation,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        self.action().as_str()
+    }
+
+    pub fn job_kind(self) -> JobKind {
+        match self {
+            Kind::Checkpoint => JobKind::CheckpointContinuation,
+            Kind::FinalOutcome => JobKind::FinalOutcomeContinuation,
+        }
+    }
+}
+
+/// Why a candidate cannot be admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum HoldReason {
+    /// The recovery policy does not allow this kind of continuation.
+    PolicyDisabled,
+    /// The request is not where this kind continues from (stopped at a checkpoint, or
+    /// idle awaiting acceptance of its report).
+    NotRecoverable,
+    /// A worker holds a live lease on the request.
+    LiveOwner,
+    /// The source changed since the checkpoint was retained.
+    ChangedSource,
+    /// The retained checkpoint or report is missing, or the journal no longer matches it.
+    MissingCustody,
+    /// A step started and has no receipt, and is not declared idempotent.
+    UnknownEffect,
+    /// The authority behind the run was revoked, or the caller may not act on it.
+    RevokedAccess,
+    /// Commands, wall time or the deadline are spent.
+    ExhaustedLimits,
+    /// The retained report was already accepted (consumed).
+    AlreadyConsumed,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Hold {
+    pub reason: HoldReason,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct ChargedUsage {
+    pub commands: i32,
+    pub wall_ms: i64,
+    pub cpu_ms: i64,
+}
+
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Limits {
+    pub max_commands: i32,
+    pub max_wall_seconds: i32,
+    pub deadline: Option<DateTime<Utc>>,
+}
+
+/// The retained final report a final-outcome continuation would accept.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RetainedOutcome {
+    /// `complete`, `blocked`, `clarification` or `failed`.
+    pub outcome: String,
+    pub followup_kind: Option<String>,
+}
+
+/// What a candidate binds, and whether it can be admitted now.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Candidate {
+    /// `checkpoint_continuation_candidate` or `final_outcome_continuation_candidate`.
+    pub kind: String,
+    #[schema(value_type = String)]
+    pub run_id: Id,
+    #[schema(value_type = String)]
+    pub request_id: Id,
+    /// `READY` or `HELD`.
+    pub admission: String,
+    pub holds: Vec<Hold>,
+    /// SHA-256 over everything the candidate binds; an action must quote it exactly.
+    pub candidate_digest: String,
+    pub request_state: String,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub charged_usage: ChargedUsage,
+    pub limits: Limits,
+    /// The longest `valid_for_seconds` an action may ask for now.
+    pub maximum_window_seconds: i32,
+    /// The retained checkpoint (checkpoint continuations).
+    #[schema(value_type = Option<Object>)]
+    pub checkpoint: Option<serde_json::Value>,
+    /// The retained report (final-outcome continuations).
+    pub retained_outcome: Option<RetainedOutcome>,
+    /// `claim_only` for final-outcome continuations: the window is for claiming.
+    pub admission_window_purpose: Option<String>,
+    pub policy_revision: i64,
+}
+
+/// What the candidate is computed from: the request as read (locked, when admitting),
+/// its journal and its retained report.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct Facts {
+    pub run_id: Uuid,
+    pub request_id: Uuid,
+    pub state: String,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub lease_epoch: i64,
+    pub live_owner: bool,
+    pub max_commands: i32,
+    pub max_wall_seconds: i32,
+    pub used_commands: i32,
+    pub used_wall_ms: i64,
+    pub used_cpu_ms: i64,
+    pub checkpoint: Option<serde_json::Value>,
+    pub source_digest: Option<String>,
+    pub deadline: Option<DateTime<Utc>>,
+    pub operator_id: Option<Uuid>,
+    pub operator_revoked: bool,
+    pub operator_role: Option<String>,
+    /// Steps that started, have no receipt, and may not run again.
+    #[sqlx(skip)]
+    pub unknown_effects: Vec<String>,
+    /// The digest of the request's receipts now.
+    #[sqlx(skip)]
+    pub journal_digest: String,
+    /// The retained final report, if any.
+    #[sqlx(skip)]
+    pub report: Option<Report>,
+}
+
+/// A retained final report as a candidate sees it.
+#[derive(Debug, Clone)]
+pub struct Report {
+    pub outcome: String,
+    pub followup_kind: Option<String>,
+    pub body: serde_json::Value,
+    /// Already accepted (consumed).
+    pub consumed: bool,
+}
+
+/// Computes the candidate of `kind` from `facts` and `policy`. `caller` matters for
+/// final-outcome continuations, which only the run's original operator with admin
+/// access may take.
+pub fn evaluate(
+    kind: Kind,
+    facts: Facts,
+    policy: &Policy,
+    caller: Uuid,
+    now: DateTime<Utc>,
+) -> Candidate {
+    let f = facts;
+    let mut holds = Vec::new();
+    let mut hold = |reason, message: &str| {
+        holds.push(Hold {
+            reason,
+            message: message.to_string(),
+        })
+    };
+
+    let allowed = match kind {
+        Kind::Checkpoint => policy.allows_checkpoint_continuation(),
+        Kind::FinalOutcome => policy.allows_final_outcome_continuation(),
+    };
+    if !allowed {
+        hold(
+            HoldReason::PolicyDisabled,
+            "the recovery policy does not allow this continuation",
+        );
+    }
+    if f.live_owner {
+        hold(
+            HoldReason::LiveOwner,
+            "a worker holds a live lease on the request",
+        );
+    }
+    if !f.unknown_effects.is_empty() {
+        hold(
+            HoldReason::UnknownEffect,
+            &format!(
+                "steps with an unknown outcome need reconciliation: {}",
+                f.unknown_effects.join(", ")
+            ),
+        );
+    }
+    if f.operator_revoked {
+        hold(
+            HoldReason::RevokedAccess,
+            "the token that submitted the run was revoked",
+        );
+    }
+    let exhausted = f.used_commands >= f.max_commands
+        || f.used_wall_ms >= i64::from(f.max_wall_seconds) * 1000
+        || f.deadline.is_some_and(|d| d <= now);
+    if exhausted {
+        hold(
+            HoldReason::ExhaustedLimits,
+            "the request's commands, wall time or deadline are spent",
+        );
+    }
+
+    let mut retained_outcome = None;
+    let mut report_digest = None;
+    match kind {
+        Kind::Checkpoint => {
+            if f.state != "stopped_at_checkpoint" {
+                hold(
+                    HoldReason::NotRecoverable,
+                    &format!("the request is {}, not stopped at a checkpoint", f.state),
+                );
+            }
+            match &f.checkpoint {
+                None => hold(HoldReason::MissingCustody, "no retained checkpoint"),
+                Some(checkpoint) => {
+                    if checkpoint.get("journal_digest").and_then(|d| d.as_str())
+                        != Some(f.journal_digest.as_str())
+                    {
+                        hold(
+                            HoldReason::MissingCustody,
+                            "the journal no longer matches the retained checkpoint",
+                        );
+                    }
+                    let retained_source = checkpoint.get("source_digest").and_then(|d| d.as_str());
+                    if let (Some(retained), Some(current)) =
+                        (retained_source, f.source_digest.as_deref())
+                    {
+                        if retained != current {
+                            hold(
+                                HoldReason::ChangedSource,
+                                "the source changed since the checkpoint",
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        Kind::FinalOutcome => {
+            if f.state != "needs_reconciliation" || f.live_owner {
+                hold(
+                    HoldReason::NotRecoverable,
+                    &format!(
+                        "the request is {}, not idle awaiting acceptance of its report",
+                        f.state
+                    ),
+                );
+            }
+            match &f.report {
+                None => hold(HoldReason::MissingCustody, "no retained final report"),
+                Some(report) => {
+                    if report.consumed {
+                        hold(
+                            HoldReason::AlreadyConsumed,
+                            "the retained report was already accepted",
+                        );
+                    }
+                    report_digest = Some(digest::of(&json!({
+                        "outcome": report.outcome,
+                        "followup_kind": report.followup_kind,
+                        "body": report.body,
+                    })));
+                    retained_outcome = Some(RetainedOutcome {
+                        outcome: report.outcome.clone(),
+                        followup_kind: report.followup_kind.clone(),
+                    });
+                }
+            }
+            let original_admin = f.operator_id == Some(caller)
+                && f.operator_role.as_deref() == Some("admin")
+                && !f.operator_revoked;
+            if !original_admin {
+                hold(
+                    HoldReason::RevokedAccess,
+                    "only the run's original operator, with current admin access, may accept its report",
+                );
+            }
+        }
+    }
+
+    let window = policy.window_limit().min(MAX_WINDOW_SECONDS);
+    let bound = json!({
+        "kind": kind.name(),
+        "run_id": f.run_id,
+        "request_id": f.request_id,
+        "state": f.state,
+        "attempt": f.attempt,
+        "lease_epoch": f.lease_epoch,
+        "usage": [f.used_commands, f.used_wall_ms, f.used_cpu_ms],
+        "limits": [f.max_commands, f.max_wall_seconds, f.deadline],
+        "checkpoint": f.checkpoint,
+        "journal_digest": f.journal_digest,
+        "source_digest": f.source_digest,
+        "report_digest": report_digest,
+        "operator": f.operator_id,
+        "policy": [policy.revision, allowed, window],
+    });
+    Candidate {
+        kind: format!("{}_candidate", kind.name()),
+        run_id: f.run_id.into(),
+        request_id: f.request_id.into(),
+        admission: if holds.is_empty() { "READY" } else { "HELD" }.to_string(),
+        holds,
+        candidate_digest: digest::of_json(&bound),
+        request_state: f.state,
+        attempt: f.attempt,
+        max_attempts: f.max_attempts,
+        charged_usage: ChargedUsage {
+            commands: f.used_commands,
+            wall_ms: f.used_wall_ms,
+            cpu_ms: f.used_cpu_ms,
+        },
+        limits: Limits {
+            max_commands: f.max_commands,
+            max_wall_seconds: f.max_wall_seconds,
+            deadline: f.deadline,
+        },
+        maximum_window_seconds: window,
+        checkpoint: f.checkpoint,
+        retained_outcome,
+        admission_window_purpose: (kind == Kind::FinalOutcome).then(|| "claim_only".to_string()),
+        policy_revision: policy.revision,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(on: bool) -> Policy {
+        Policy {
+            enabled: on,
+            allow_checkpoint_continuation: on,
+            allow_final_outcome_continuation: on,
+            maximum_window_seconds: 3600,
+            revision: 7,
+            updated_at: Utc::now(),
+        }
+    }
+
+    const OPERATOR: Uuid = Uuid::from_u128(42);
+
+    /// A request stopped at its checkpoint, every rule satisfied.
+    fn stopped() -> Facts {
+        Facts {
+            run_id: Uuid::from_u128(1),
+            request_id: Uuid::from_u128(2),
+            state: "stopped_at_checkpoint".into(),
+            attempt: 3,
+            max_attempts: 3,
+            lease_epoch: 9,
+            live_owner: false,
+            max_commands: 10,
+            max_wall_seconds: 60,
+            used_commands: 2,
+            used_wall_ms: 1_000,
+            used_cpu_ms: 10,
+            checkpoint: Some(json!({"sequence": 1, "journal_digest": "j", "source_digest": "s"})),
+            source_digest: Some("s".into()),
+            deadline: None,
+            operator_id: Some(OPERATOR),
+            operator_revoked: false,
+            operator_role: Some("admin".into()),
+            unknown_effects: vec![],
+            journal_digest: "j".into(),
+            report: None,
+        }
+    }
+
+    /// A request idle with a retained report awaiting acceptance.
+    fn awaiting_acceptance() -> Facts {
+        Facts {
+            state: "needs_reconciliation".into(),
+            checkpoint: None,
+            report: Some(Report {
+                outcome: "complete".into(),
+                followup_kind: None,
+                body: json!({"outcome": "complete"}),
+                consumed: false,
+            }),
+            ..stopped()
+        }
+    }
+
+    fn reasons(candidate: &Candidate) -> Vec<HoldReason> {
+        candidate.holds.iter().map(|h| h.reason).collect()
+    }
+
+    fn checkpoint(facts: Facts, on: bool) -> Candidate {
+        evaluate(Kind::Checkpoint, facts, &policy(on), OPERATOR, Utc::now())
+    }
+
+    #[test]
+    fn a_stopped_request_with_everything_in_order_is_ready() {
+        let candidate = checkpoint(stopped(), true);
+        assert_eq!(candidate.admission, "READY", "{:?}", candidate.holds);
+        assert_eq!(candidate.maximum_window_seconds, 3600);
+        assert_eq!(candidate.kind, "checkpoint_continuation_candidate");
+        assert_eq!(candidate.admission_window_purpose, None);
+    }
+
+    #[test]
+    fn each_rule_holds_a_checkpoint_candidate() {
+        let now = Utc::now();
+        let cases: Vec<(Facts, bool, HoldReason)> = vec![
+            (stopped(), false, HoldReason::PolicyDisabled),
+            (
+                Facts {
+                    live_owner: true,
+                    ..stopped()
+                },
+                true,
+                HoldReason::LiveOwner,
+            ),
+            (
+                Facts {
+                    unknown_effects: vec!["build".into()],
+                    ..stopped()
+                },
+                true,
+                HoldReason::UnknownEffect,
+            ),
+            (
+                Facts {
+                    operator_revoked: true,
+                    ..stopped()
+                },
+                true,
+                HoldReason::RevokedAccess,
+            ),
+            (
+                Facts {
+                    used_commands: 10,
+                    ..stopped()
+                },
+                true,
+                HoldReason::ExhaustedLimits,
+            ),
+            (
+                Facts {
+                    used_wall_ms: 60_000,
+                    ..stopped()
+                },
+                true,
+                HoldReason::ExhaustedLimits,
+            ),
+            (
+                Facts {
+                    deadline: Some(now - chrono::Duration::seconds(1)),
+                    ..stopped()
+                },
+                true,
+                HoldReason::ExhaustedLimits,
+            ),
+            (
+                Facts {
+                    state: "executing".into(),
+                    ..stopped()
+                },
+                true,
+                HoldReason::NotRecoverable,
+            ),
+            (
+                Facts {
+                    checkpoint: None,
+                    ..stopped()
+                },
+                true,
+                HoldReason::MissingCustody,
+            ),
+            (
+                Facts {
+                    journal_digest: "other".into(),
+                    ..stopped()
+                },
+                true,
+                HoldReason::MissingCustody,
+            ),
+            (
+                Facts {
+                    source_digest: Some("changed".into()),
+                    ..stopped()
+                },
+                true,
+                HoldReason::ChangedSource,
+            ),
+        ];
+        for (facts, on, reason) in cases {
+            let candidate = checkpoint(facts, on);
+            assert_eq!(candidate.admission, "HELD");
+            assert!(
+                reasons(&candidate).contains(&reason),
+                "{reason:?}: {:?}",
+                candidate.holds
+            );
+        }
+    }
+
+    #[test]
+    fn a_final_outcome_candidate_is_for_the_original_admin_and_an_unconsumed_report() {
+        let final_outcome =
+            |facts, caller| evaluate(Kind::FinalOutcome, facts, &policy(true), caller, Utc::now());
+        let ready = final_outcome(awaiting_acceptance(), OPERATOR);
+        assert_eq!(ready.admission, "READY", "{:?}", ready.holds);
+        assert_eq!(
+            ready.admission_window_purpose.as_deref(),
+            Some("claim_only")
+        );
+        assert_eq!(
+            ready.retained_outcome.as_ref().map(|r| r.outcome.as_str()),
+            Some("complete")
+        );
+        let someone_else = final_outcome(awaiting_acceptance(), Uuid::from_u128(7));
+        assert_eq!(reasons(&someone_else), [HoldReason::RevokedAccess]);
+        let viewer = final_outcome(
+            Facts {
+                operator_role: Some("viewer".into()),
+                ..awaiting_acceptance()
+            },
+            OPERATOR,
+        );
+        assert_eq!(reasons(&viewer), [HoldReason::RevokedAccess]);
+        let consumed = Facts {
+            report: awaiting_acceptance().report.map(|r| Report {
+                consumed: true,
+                ..r
+            }),
+            ..awaiting_acceptance()
+        };
+        assert_eq!(
+            reasons(&final_outcome(consumed, OPERATOR)),
+            [HoldReason::AlreadyConsumed]
+        );
+        let missing = Facts {
+            report: None,
+            ..awaiting_acceptance()
+        };
+        assert_eq!(
+            reasons(&final_outcome(missing, OPERATOR)),
+            [HoldReason::MissingCustody]
+        );
+        let busy = Facts {
+            state: "stopped_at_checkpoint".into(),
+            ..awaiting_acceptance()
+        };
+        assert_eq!(
+            reasons(&final_outcome(busy, OPERATOR)),
+            [HoldReason::NotRecoverable]
+        );
+    }
+
+    #[test]
+    fn the_digest_binds_every_fact_and_nothing_else() {
+        let now = Utc::now();
+        let digest = |facts: Facts, p: &Policy| {
+            evaluate(Kind::Checkpoint, facts, p, OPERATOR, now).candidate_digest
+        };
+        let base = digest(stopped(), &policy(true));
+        assert_eq!(
+            base,
+            digest(stopped(), &policy(true)),
+            "the same facts, the same digest"
+        );
+        let changed = [
+            Facts {
+                attempt: 4,
+                ..stopped()
+            },
+            Facts {
+                lease_epoch: 10,
+                ..stopped()
+            },
+            Facts {
+                used_cpu_ms: 11,
+                ..stopped()
+            },
+            Facts {
+                journal_digest: "k".into(),
+                ..stopped()
+            },
+            Facts {
+                state: "failed".into(),
+                ..stopped()
+            },
+            Facts {
+                deadline: Some(now + chrono::Duration::hours(1)),
+                ..stopped()
+            },
+        ];
+        for facts in changed {
+            assert_ne!(base, digest(facts, &policy(true)));
+        }
+        let revised = Policy {
+            revision: 8,
+            ..policy(true)
+        };
+        assert_ne!(
+            base,
+            digest(stopped(), &revised),
+            "a policy change moves the digest"
+        );
+        let narrower = Policy {
+            maximum_window_seconds: 60,
+            ..policy(true)
+        };
+        assert_eq!(
+            evaluate(Kind::Checkpoint, stopped(), &narrower, OPERATOR, now).maximum_window_seconds,
+            60
+        );
+    }
+}

@@ -1,0 +1,302 @@
+//! Reading runs: one run, a page of runs, a run's execution requests.
+
+use crate::api::auth::{Caller, Role};
+use crate::api::error::{ApiError, ErrorBody};
+use crate::api::path_id;
+use crate::api::AppState;
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use cairn_common::ids::Id;
+use cairn_common::request::RequestState;
+use cairn_common::run::{Budgets, StepSpec};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::PgConnection;
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+/// Charged usage of a request, across all its attempts and continuations.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Usage {
+    pub commands: i32,
+    pub wall_ms: i64,
+    pub cpu_ms: i64,
+}
+
+/// A run and the state of its ticket.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct RunView {
+    #[schema(value_type = String, example = "6f1c0e0b3f3c4f0e9a1d2b3c4d5e6f70")]
+    pub run_id: Id,
+    /// The run's execution request (its ticket).
+    #[schema(value_type = String)]
+    pub request_id: Id,
+    pub agent: String,
+    pub repository: Option<String>,
+    #[serde(rename = "ref")]
+    pub git_ref: Option<String>,
+    /// `queued`, `running`, `awaiting_verification`, `stopped_at_checkpoint`,
+    /// `needs_reconciliation`, `completed`, `failed` or `cancelled`.
+    pub state: String,
+    pub steps: Vec<StepSpec>,
+    pub budgets: Budgets,
+    pub usage: Usage,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub deadline: Option<DateTime<Utc>>,
+    pub stop_reason: Option<String>,
+    pub reconciliation_step: Option<String>,
+    pub cancel_requested_at: Option<DateTime<Utc>>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+#[derive(sqlx::FromRow)]
+struct RunRow {
+    id: Uuid,
+    request_id: Uuid,
+    agent: String,
+    repository: Option<String>,
+    git_ref: Option<String>,
+    state: String,
+    steps: serde_json::Value,
+    max_commands: i32,
+    max_wall_seconds: i32,
+    max_attempts: i32,
+    deadline: Option<DateTime<Utc>>,
+    attempt: i32,
+    used_commands: i32,
+    used_wall_ms: i64,
+    used_cpu_ms: i64,
+    stop_reason: Option<String>,
+    reconciliation_step: Option<String>,
+    cancel_requested_at: Option<DateTime<Utc>>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    finished_at: Option<DateTime<Utc>>,
+}
+
+const RUN_SELECT: &str =
+    "SELECT r.id, e.id AS request_id, r.agent, r.repository, r.git_ref, r.state,
+        r.steps, r.max_commands, r.max_wall_seconds, r.max_attempts, r.deadline, e.attempt,
+        e.used_commands, e.used_wall_ms, e.used_cpu_ms, e.stop_reason, e.reconciliation_step,
+        r.cancel_requested_at, r.created_at, r.updated_at, r.finished_at
+   FROM runs r JOIN execution_requests e ON e.run_id = r.id AND e.kind = 'run'";
+
+impl From<RunRow> for RunView {
+    fn from(row: RunRow) -> Self {
+        RunView {
+            run_id: row.id.into(),
+            request_id: row.request_id.into(),
+            agent: row.agent,
+            repository: row.repository,
+            git_ref: row.git_ref,
+            state: row.state,
+            steps: serde_json::from_value(row.steps).unwrap_or_default(),
+            budgets: Budgets {
+                max_commands: u32::try_from(row.max_commands).unwrap_or(0),
+                max_wall_seconds: u32::try_from(row.max_wall_seconds).unwrap_or(0),
+            },
+            usage: Usage {
+                commands: row.used_commands,
+                wall_ms: row.used_wall_ms,
+                cpu_ms: row.used_cpu_ms,
+            },
+            attempt: row.attempt,
+            max_attempts: row.max_attempts,
+            deadline: row.deadline,
+            stop_reason: row.stop_reason,
+            reconciliation_step: row.reconciliation_step,
+            cancel_requested_at: row.cancel_requested_at,
+            created_at: row.created_at,
+            updated_at: row.updated_at,
+            finished_at: row.finished_at,
+        }
+    }
+}
+
+pub async fn load_run(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+) -> Result<Option<RunView>, sqlx::Error> {
+    let row: Option<RunRow> = sqlx::query_as(&format!("{RUN_SELECT} WHERE r.id = $1"))
+        .bind(run_id)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.map(RunView::from))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only runs in this state.
+    pub state: Option<String>,
+    /// Page size, 1..=500 (default 50).
+    pub limit: Option<i64>,
+    /// `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunPage {
+    pub runs: Vec<RunView>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// List runs, newest first.
+#[utoipa::path(get, path = "/api/v1/runs", tag = "runs", params(ListQuery),
+    responses((status = 200, body = RunPage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn list(
+    State(state): State<AppState>,
+    caller: Caller,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<RunPage>, ApiError> {
+    caller.require(Role::Viewer)?;
+    let Query(query) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    let limit = query.limit.unwrap_or(50);
+    if !(1..=500).contains(&limit) {
+        return Err(
+            ApiError::bad_request("invalid_query", "limit is from 1 to 500").with_field("limit"),
+        );
+    }
+    let run_state = match &query.state {
+        Some(s) => {
+            let known = RequestState::ALL.iter().any(|r| r.run_state() == s);
+            if !known {
+                return Err(
+                    ApiError::bad_request("invalid_query", format!("unknown state {s:?}"))
+                        .with_field("state"),
+                );
+            }
+            Some(s.clone())
+        }
+        None => None,
+    };
+    let cursor = match &query.cursor {
+        Some(c) => Some(parse_cursor(c).ok_or_else(|| {
+            ApiError::bad_request("invalid_query", "cursor is not one this API returned")
+                .with_field("cursor")
+        })?),
+        None => None,
+    };
+    let rows: Vec<RunRow> = sqlx::query_as(&format!(
+        "{RUN_SELECT}
+          WHERE ($1::text IS NULL OR r.state = $1)
+            AND ($2::timestamptz IS NULL OR (r.created_at, r.id) < ($2, $3))
+          ORDER BY r.created_at DESC, r.id DESC
+          LIMIT $4"
+    ))
+    .bind(run_state)
+    .bind(cursor.map(|c| c.0))
+    .bind(cursor.map(|c| c.1).unwrap_or_default())
+    .bind(limit + 1)
+    .fetch_all(&state.pool)
+    .await?;
+    let mut runs: Vec<RunView> = rows.into_iter().map(RunView::from).collect();
+    let next_cursor = if runs.len() as i64 > limit {
+        runs.truncate(usize::try_from(limit).unwrap_or(50));
+        runs.last()
+            .map(|r| format!("{}_{}", r.created_at.timestamp_micros(), r.run_id))
+    } else {
+        None
+    };
+    Ok(Json(RunPage { runs, next_cursor }))
+}
+
+fn parse_cursor(cursor: &str) -> Option<(DateTime<Utc>, Uuid)> {
+    let (micros, id) = cursor.split_once('_')?;
+    let at = DateTime::from_timestamp_micros(micros.parse().ok()?)?;
+    let id: Id = id.parse().ok()?;
+    Some((at, id.uuid()))
+}
+
+/// Read one run.
+#[utoipa::path(get, path = "/api/v1/runs/{run_id}", tag = "runs",
+    params(("run_id" = String, Path, description = "32 lowercase hex")),
+    responses((status = 200, body = RunView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn show(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(run_id): Path<String>,
+) -> Result<Json<RunView>, ApiError> {
+    caller.require(Role::Viewer)?;
+    let run_id = path_id(&run_id, "run_id")?;
+    let mut conn = state.pool.acquire().await?;
+    let view = load_run(&mut conn, run_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("run"))?;
+    Ok(Json(view))
+}
+
+/// An execution request (ticket) of a run.
+#[derive(Debug, Serialize, ToSchema, sqlx::FromRow)]
+pub struct ExecutionRequestView {
+    #[schema(value_type = String)]
+    #[sqlx(try_from = "Uuid")]
+    pub request_id: Id,
+    #[schema(value_type = String)]
+    #[sqlx(try_from = "Uuid")]
+    pub run_id: Id,
+    /// `run` or `verification`.
+    pub kind: String,
+    pub state: String,
+    pub attempt: i32,
+    pub max_attempts: i32,
+    pub lease_epoch: i64,
+    pub lease_owner: Option<String>,
+    pub lease_deadline: Option<DateTime<Utc>>,
+    pub max_commands: i32,
+    pub max_wall_seconds: i32,
+    pub used_commands: i32,
+    pub used_wall_ms: i64,
+    pub used_cpu_ms: i64,
+    pub stop_reason: Option<String>,
+    pub reconciliation_step: Option<String>,
+    #[schema(value_type = Option<Object>)]
+    pub checkpoint: Option<serde_json::Value>,
+    #[schema(value_type = Option<Object>)]
+    pub resume_context: Option<serde_json::Value>,
+    pub cancel_requested_at: Option<DateTime<Utc>>,
+    pub admitted_at: DateTime<Utc>,
+    pub claimed_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ExecutionRequestList {
+    pub execution_requests: Vec<ExecutionRequestView>,
+}
+
+/// The execution requests of a run (publication and cancellation state, leases, usage).
+#[utoipa::path(get, path = "/api/v1/runs/{run_id}/execution-requests", tag = "runs",
+    params(("run_id" = String, Path)),
+    responses((status = 200, body = ExecutionRequestList), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn execution_requests(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(run_id): Path<String>,
+) -> Result<Json<ExecutionRequestList>, ApiError> {
+    caller.require(Role::Viewer)?;
+    let run_id = path_id(&run_id, "run_id")?;
+    let rows: Vec<ExecutionRequestView> = sqlx::query_as(
+        "SELECT id AS request_id, run_id, kind, state, attempt, max_attempts, lease_epoch, lease_owner,
+                lease_deadline, max_commands, max_wall_seconds, used_commands, used_wall_ms, used_cpu_ms,
+                stop_reason, reconciliation_step, checkpoint, resume_context, cancel_requested_at,
+                admitted_at, claimed_at, finished_at
+           FROM execution_requests WHERE run_id = $1 ORDER BY admitted_at, id",
+    )
+    .bind(run_id)
+    .fetch_all(&state.pool)
+    .await?;
+    if rows.is_empty() {
+        return Err(ApiError::not_found("run"));
+    }
+    Ok(Json(ExecutionRequestList {
+        execution_requests: rows,
+    }))
+}

@@ -1,0 +1,12 @@
+//! The admission API against a real PostgreSQL, through the real router.
+//!
+//! One module per feature; `harness` holds the API under test.
+
+mod auth;
+mod continuation;
+mod credentials;
+mod harness;
+mod openapi;
+mod policy;
+mod runs;
+mod verification;

@@ -1,0 +1,47 @@
+//! The OpenAPI document.
+
+use axum::http::StatusCode;
+
+use super::harness::*;
+
+#[tokio::test]
+async fn the_openapi_document_lists_every_route() {
+    let api = Api::new().await;
+    let (status, doc) = api.call("GET", "/api/v1/openapi.json", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(doc["openapi"].as_str().is_some_and(|v| v.starts_with("3.")));
+    let routes = [
+        ("post", "/api/v1/runs"),
+        ("get", "/api/v1/runs"),
+        ("post", "/api/v1/runs/batch"),
+        ("get", "/api/v1/runs/{run_id}"),
+        ("post", "/api/v1/runs/{run_id}/cancel"),
+        ("get", "/api/v1/runs/{run_id}/execution-requests"),
+        ("get", "/api/v1/runs/{run_id}/journal"),
+        ("get", "/api/v1/invalid-read-continuity/policy"),
+        ("put", "/api/v1/invalid-read-continuity/policy"),
+        ("get", "/api/v1/runs/{run_id}/checkpoint-continuations/requests/{request_id}/candidate"),
+        ("post", "/api/v1/runs/{run_id}/checkpoint-continuations/requests/{request_id}/actions/{action_id}"),
+        ("get", "/api/v1/runs/{run_id}/checkpoint-continuations/requests/{request_id}/status"),
+        ("get", "/api/v1/runs/{run_id}/final-outcome-continuations/requests/{request_id}/candidate"),
+        ("post", "/api/v1/runs/{run_id}/final-outcome-continuations/requests/{request_id}/actions/{action_id}"),
+        ("get", "/api/v1/runs/{run_id}/final-outcome-continuations/requests/{request_id}/status"),
+        ("post", "/api/v1/tokens"),
+        ("post", "/api/v1/tokens/{token_id}/revoke"),
+        ("post", "/api/v1/agents/{agent}/credentials/rotate"),
+        ("get", "/api/v1/runs/{run_id}/verification-handoffs/candidates"),
+        ("post", "/api/v1/runs/{run_id}/verification-handoffs/adoptions"),
+        ("get", "/api/v1/runs/{run_id}/verification-handoffs/adoptions/{request_id}"),
+    ];
+    for (method, path) in routes {
+        assert!(
+            doc["paths"][path][method].is_object(),
+            "{method} {path} missing from the OpenAPI document"
+        );
+    }
+    let (status, error) = api.call("GET", "/api/v1/nothing-here", None, None).await;
+    assert_eq!(
+        (status, error_code(&error)),
+        (StatusCode::NOT_FOUND, "no_such_route")
+    );
+}

@@ -1,0 +1,413 @@
+//! Admission (single, batch, idempotent), bad bodies, and listing runs.
+
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use super::harness::*;
+
+#[tokio::test]
+async fn admission_writes_run_request_and_outbox_together() {
+    let api = Api::new().await;
+    let (status, run) = api
+        .call(
+            "POST",
+            "/api/v1/runs",
+            Some(&api.operator),
+            Some(run_spec("coder")),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{run}");
+    assert_eq!(run["state"], "queued");
+    assert_eq!(run["attempt"], 1);
+    assert_eq!(run["max_attempts"], 3);
+    let run_id = run["run_id"].as_str().expect("run id");
+    assert_eq!(run_id.len(), 32);
+    assert_eq!(
+        (
+            api.count("runs").await,
+            api.count("execution_requests").await,
+            api.count("outbox").await
+        ),
+        (1, 1, 1)
+    );
+    let payload: Value = sqlx::query_scalar("SELECT payload FROM outbox")
+        .fetch_one(api.pool())
+        .await
+        .expect("outbox");
+    assert_eq!(payload["kind"], "run");
+    assert_eq!(
+        payload["request_id"].as_str().map(|s| s.replace('-', "")),
+        run["request_id"].as_str().map(String::from)
+    );
+
+    let (status, shown) = api
+        .call(
+            "GET",
+            &format!("/api/v1/runs/{run_id}"),
+            Some(&api.viewer),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(shown["steps"][1]["idempotent"], true);
+    let (status, requests) = api
+        .call(
+            "GET",
+            &format!("/api/v1/runs/{run_id}/execution-requests"),
+            Some(&api.viewer),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(requests["execution_requests"][0]["lease_epoch"], 0);
+    let (status, journal) = api
+        .call(
+            "GET",
+            &format!("/api/v1/runs/{run_id}/journal"),
+            Some(&api.viewer),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(journal["steps"], json!([]));
+}
+
+#[tokio::test]
+async fn an_idempotency_key_replays_the_same_run_or_conflicts() {
+    let api = Api::new().await;
+    let body = run_spec("coder").to_string();
+    let key = [("idempotency-key", "submit-42")];
+    let (first, a) = api
+        .call_with(
+            "POST",
+            "/api/v1/runs",
+            Some(&api.operator),
+            Some(body.clone()),
+            &key,
+        )
+        .await;
+    let (second, b) = api
+        .call_with(
+            "POST",
+            "/api/v1/runs",
+            Some(&api.operator),
+            Some(body),
+            &key,
+        )
+        .await;
+    assert_eq!((first, second), (StatusCode::CREATED, StatusCode::OK));
+    assert_eq!(a["run_id"], b["run_id"]);
+    assert_eq!(api.count("runs").await, 1);
+
+    let other = run_spec("someone-else").to_string();
+    let (status, error) = api
+        .call_with(
+            "POST",
+            "/api/v1/runs",
+            Some(&api.operator),
+            Some(other),
+            &key,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(error_code(&error), "idempotency_key_conflict");
+    assert_eq!((api.count("runs").await, api.count("outbox").await), (1, 1));
+}
+
+#[tokio::test]
+async fn malformed_bodies_are_rejected_and_change_nothing() {
+    let api = Api::new().await;
+    let before = api.footprint().await;
+    let cases = [
+        (
+            json!({"agent": "a", "steps": [], "budgets": {"max_commands": 1, "max_wall_seconds": 1}, "extra": true}),
+            StatusCode::BAD_REQUEST,
+            "extra",
+        ),
+        (
+            json!({"agent": "a", "steps": [], "budgets": {"max_commands": "1", "max_wall_seconds": 1}}),
+            StatusCode::BAD_REQUEST,
+            "budgets.max_commands",
+        ),
+        (
+            json!({"agent": "a", "steps": [{"key": "k", "argv": ["x"], "idempotent": "true"}], "budgets": {"max_commands": 1, "max_wall_seconds": 1}}),
+            StatusCode::BAD_REQUEST,
+            "steps[0].idempotent",
+        ),
+        (
+            json!({"agent": "a", "steps": [{"key": "k", "argv": []}], "budgets": {"max_commands": 1, "max_wall_seconds": 1}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "steps[0].argv",
+        ),
+        (
+            json!({"agent": "", "steps": [], "budgets": {"max_commands": 1, "max_wall_seconds": 1}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "agent",
+        ),
+        (
+            json!({"agent": "a", "steps": [{"key": "k", "argv": ["x"], "cwd": "../../etc"}], "budgets": {"max_commands": 1, "max_wall_seconds": 1}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "steps[0].cwd",
+        ),
+        (
+            json!({"agent": "a", "steps": [], "budgets": {"max_commands": 1, "max_wall_seconds": 1}, "max_attempts": 0}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "max_attempts",
+        ),
+    ];
+    for (body, status, field) in cases {
+        let (got, error) = api
+            .call(
+                "POST",
+                "/api/v1/runs",
+                Some(&api.operator),
+                Some(body.clone()),
+            )
+            .await;
+        assert_eq!(got, status, "{body} -> {error}");
+        assert_eq!(error_field(&error), field, "{body} -> {error}");
+        assert!(error["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
+    }
+    let (status, error) = api
+        .call_with(
+            "POST",
+            "/api/v1/runs",
+            Some(&api.operator),
+            Some("{\"agent\": ".into()),
+            &[],
+        )
+        .await;
+    assert_eq!(
+        (status, error_code(&error)),
+        (StatusCode::BAD_REQUEST, "malformed_json")
+    );
+    let (status, _) = api
+        .call_with(
+            "POST",
+            "/api/v1/runs",
+            Some(&api.operator),
+            None,
+            &[("content-type", "text/plain")],
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    for path in [
+        "/api/v1/runs/XYZ",
+        "/api/v1/runs/0123456789ABCDEF0123456789abcdef",
+        "/api/v1/runs/0123456789abcdef0123456789abcde",
+    ] {
+        let (status, error) = api.call("GET", path, Some(&api.viewer), None).await;
+        assert_eq!(
+            (status, error_code(&error), error_field(&error)),
+            (StatusCode::BAD_REQUEST, "invalid_id", "run_id"),
+            "{path}"
+        );
+    }
+    let (status, error) = api
+        .call(
+            "GET",
+            &format!("/api/v1/runs/{}", Uuid::new_v4().simple()),
+            Some(&api.viewer),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, error_code(&error)),
+        (StatusCode::NOT_FOUND, "not_found")
+    );
+    assert_eq!(api.footprint().await, before);
+}
+
+#[tokio::test]
+async fn a_batch_is_admitted_whole_or_not_at_all() {
+    let api = Api::new().await;
+    let runs: Vec<Value> = (0..1000).map(|i| run_spec(&format!("agent-{i}"))).collect();
+    let (status, body) = api
+        .call(
+            "POST",
+            "/api/v1/runs/batch",
+            Some(&api.operator),
+            Some(json!({"runs": runs})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(body["run_ids"].as_array().map(Vec::len), Some(1000));
+    assert_eq!(
+        (
+            api.count("runs").await,
+            api.count("execution_requests").await,
+            api.count("outbox").await
+        ),
+        (1000, 1000, 1000)
+    );
+
+    let too_many: Vec<Value> = (0..1001).map(|i| run_spec(&format!("b-{i}"))).collect();
+    let (status, error) = api
+        .call(
+            "POST",
+            "/api/v1/runs/batch",
+            Some(&api.operator),
+            Some(json!({"runs": too_many})),
+        )
+        .await;
+    assert_eq!(
+        (status, error_field(&error)),
+        (StatusCode::UNPROCESSABLE_ENTITY, "runs")
+    );
+    let mut one_bad: Vec<Value> = (0..5).map(|i| run_spec(&format!("c-{i}"))).collect();
+    one_bad[3]["steps"][0]["timeout_seconds"] = json!(0);
+    let (status, error) = api
+        .call(
+            "POST",
+            "/api/v1/runs/batch",
+            Some(&api.operator),
+            Some(json!({"runs": one_bad})),
+        )
+        .await;
+    assert_eq!(
+        (status, error_field(&error)),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "runs[3].steps[0].timeout_seconds"
+        )
+    );
+    assert_eq!(
+        api.count("runs").await,
+        1000,
+        "a rejected batch admits nothing"
+    );
+}
+
+#[tokio::test]
+async fn runs_list_by_state_with_cursor_pagination() {
+    let api = Api::new().await;
+    let runs: Vec<Value> = (0..7).map(|i| run_spec(&format!("agent-{i}"))).collect();
+    api.call(
+        "POST",
+        "/api/v1/runs/batch",
+        Some(&api.operator),
+        Some(json!({"runs": runs})),
+    )
+    .await;
+    let (_, first) = api
+        .call("GET", "/api/v1/runs?limit=3", Some(&api.viewer), None)
+        .await;
+    let mut seen: Vec<String> = first["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .map(|r| r["run_id"].to_string())
+        .collect();
+    let mut cursor = first["next_cursor"].as_str().map(String::from);
+    while let Some(c) = cursor {
+        let (status, page) = api
+            .call(
+                "GET",
+                &format!("/api/v1/runs?limit=3&cursor={c}"),
+                Some(&api.viewer),
+                None,
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK);
+        seen.extend(
+            page["runs"]
+                .as_array()
+                .expect("runs")
+                .iter()
+                .map(|r| r["run_id"].to_string()),
+        );
+        cursor = page["next_cursor"].as_str().map(String::from);
+    }
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), 7, "every run once across pages");
+
+    let (_, one) = api
+        .call("GET", "/api/v1/runs?limit=1", Some(&api.viewer), None)
+        .await;
+    let id = one["runs"][0]["run_id"].as_str().expect("id").to_string();
+    let (status, cancelled) = api
+        .call(
+            "POST",
+            &format!("/api/v1/runs/{id}/cancel"),
+            Some(&api.operator),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, cancelled["state"].as_str()),
+        (StatusCode::OK, Some("cancelled"))
+    );
+    let (status, _) = api
+        .call(
+            "POST",
+            &format!("/api/v1/runs/{id}/cancel"),
+            Some(&api.operator),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "cancelling twice is harmless");
+    let (_, page) = api
+        .call(
+            "GET",
+            "/api/v1/runs?state=cancelled",
+            Some(&api.viewer),
+            None,
+        )
+        .await;
+    assert_eq!(page["runs"].as_array().map(Vec::len), Some(1));
+    let (_, page) = api
+        .call("GET", "/api/v1/runs?state=queued", Some(&api.viewer), None)
+        .await;
+    assert_eq!(page["runs"].as_array().map(Vec::len), Some(6));
+    let (status, error) = api
+        .call(
+            "GET",
+            "/api/v1/runs?state=sleeping",
+            Some(&api.viewer),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, error_field(&error)),
+        (StatusCode::BAD_REQUEST, "state")
+    );
+    let (status, _) = api
+        .call(
+            "GET",
+            "/api/v1/runs?cursor=garbage",
+            Some(&api.viewer),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    sqlx::query("UPDATE execution_requests SET state = 'completed'")
+        .execute(api.pool())
+        .await
+        .expect("complete");
+    let (_, other) = api
+        .call(
+            "GET",
+            "/api/v1/runs?state=queued&limit=1",
+            Some(&api.viewer),
+            None,
+        )
+        .await;
+    let other = other["runs"][0]["run_id"].as_str().expect("id").to_string();
+    let (status, error) = api
+        .call(
+            "POST",
+            &format!("/api/v1/runs/{other}/cancel"),
+            Some(&api.operator),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, error_code(&error)),
+        (StatusCode::CONFLICT, "run_finished")
+    );
+}
