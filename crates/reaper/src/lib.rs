@@ -4,10 +4,12 @@
 //!
 //! - [`config`]: its settings.
 //! - [`retention`]: the rules, each batched, resumable and idempotent.
+//! - [`status`]: what operators read (the last sweeps, what waits for repair).
 //! - [`run`]: leadership, the sweep loop, probes and metrics.
 
 pub mod config;
 pub mod retention;
+pub mod status;
 
 use anyhow::Context;
 use cairn_common::health::{self, Readiness};

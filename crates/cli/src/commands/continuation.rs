@@ -1,0 +1,162 @@
+//! `cairnctl checkpoint-continuations` and `final-outcome-continuations`: read a
+//! candidate, save one reviewed action (its id and body recorded locally first), follow it.
+
+use crate::client::{exit, CallError, Client};
+use crate::{actions, id, output, read_document};
+use clap::Subcommand;
+use serde_json::Value;
+use std::path::PathBuf;
+
+#[derive(Debug, Subcommand)]
+pub enum ContinuationCommand {
+    /// Inspect the current candidate; starts no work.
+    Candidate { run: String, request: String },
+    /// Save one reviewed action: records ACTION and the exact DOCUMENT locally, then
+    /// POSTs once. Never retries and never invents another id.
+    Request {
+        run: String,
+        request: String,
+        action: String,
+        /// The JSON body (`-` for stdin).
+        document: PathBuf,
+        /// Where action records are kept (default: $XDG_STATE_HOME/cairn/actions).
+        #[arg(long, env = "CAIRN_STATE_DIR")]
+        state_dir: Option<PathBuf>,
+    },
+    /// Read the saved action and its worker status.
+    Status { run: String, request: String },
+}
+
+pub async fn continuation(
+    client: &Client,
+    route: &str,
+    command: ContinuationCommand,
+    json: bool,
+) -> Result<u8, CallError> {
+    let kind = route.trim_end_matches('s').replace('-', "_");
+    match command {
+        ContinuationCommand::Candidate { run, request } => {
+            let path = format!(
+                "/api/v1/runs/{}/{route}/requests/{}/candidate",
+                id(&run, "RUN")?,
+                id(&request, "REQUEST")?
+            );
+            let candidate = client.get(&path).await?;
+            if json {
+                output::json(&candidate);
+            } else {
+                output::fields(
+                    &candidate,
+                    &[
+                        "kind",
+                        "admission",
+                        "candidate_digest",
+                        "request_state",
+                        "attempt",
+                        "max_attempts",
+                        "maximum_window_seconds",
+                        "admission_window_purpose",
+                        "policy_revision",
+                    ],
+                );
+                println!("usage       {}", candidate["charged_usage"]);
+                println!("limits      {}", candidate["limits"]);
+                if !candidate["retained_outcome"].is_null() {
+                    println!("outcome     {}", candidate["retained_outcome"]);
+                }
+                for hold in candidate["holds"].as_array().into_iter().flatten() {
+                    println!(
+                        "held: {} — {}",
+                        output::text(&hold["reason"]),
+                        output::text(&hold["message"])
+                    );
+                }
+            }
+            Ok(if candidate["admission"] == "READY" {
+                exit::OK
+            } else {
+                exit::CONFLICT
+            })
+        }
+        ContinuationCommand::Request {
+            run,
+            request,
+            action,
+            document,
+            state_dir,
+        } => {
+            let (run, request, action) = (
+                id(&run, "RUN")?,
+                id(&request, "REQUEST")?,
+                id(&action, "ACTION")?,
+            );
+            let text = read_document(&document)?;
+            let body: Value = serde_json::from_str(&text).map_err(|e| {
+                CallError::new(
+                    exit::REJECTED,
+                    format!("{}: not JSON: {e}", document.display()),
+                )
+            })?;
+            if !body.is_object() {
+                return Err(CallError::new(
+                    exit::REJECTED,
+                    "the document must be a JSON object",
+                ));
+            }
+            let dir = actions::state_dir(state_dir.as_deref());
+            let status_hint = format!("cairnctl {route} status {run} {request}");
+            let record = actions::SavedAction {
+                kind: kind.clone(),
+                run_id: run.clone(),
+                request_id: request.clone(),
+                action_id: action.clone(),
+                body,
+                saved_at: chrono::Utc::now().to_rfc3339(),
+                outcome: "unsubmitted".into(),
+            };
+            let path = format!("/api/v1/runs/{run}/{route}/requests/{request}/actions/{action}");
+            let (answer, saved_path) =
+                actions::submit_once(client, &dir, record, &path, &status_hint).await?;
+            if json {
+                output::json(&answer.body);
+            } else {
+                println!(
+                    "saved action {action} ({}); record: {}",
+                    output::text(&answer.body["status"]),
+                    saved_path.display()
+                );
+                output::fields(&answer.body, &["witness_digest", "admission_seal"]);
+                println!("follow it with: {status_hint}");
+            }
+            Ok(exit::OK)
+        }
+        ContinuationCommand::Status { run, request } => {
+            let path = format!(
+                "/api/v1/runs/{}/{route}/requests/{}/status",
+                id(&run, "RUN")?,
+                id(&request, "REQUEST")?
+            );
+            let status = client.get(&path).await?;
+            if json {
+                output::json(&status);
+            } else {
+                output::fields(
+                    &status,
+                    &[
+                        "kind",
+                        "status",
+                        "run_id",
+                        "request_id",
+                        "action_id",
+                        "witness_digest",
+                        "admission_seal",
+                    ],
+                );
+                if !status["lease"].is_null() {
+                    println!("lease           {}", status["lease"]);
+                }
+            }
+            Ok(exit::OK)
+        }
+    }
+}

@@ -1,0 +1,10 @@
+//! One module per `cairnctl` command.
+
+pub mod continuation;
+pub mod credentials;
+pub mod migrate;
+pub mod policy;
+pub mod reaper;
+pub mod runs;
+pub mod tokens;
+pub mod verification;

@@ -1,0 +1,415 @@
+//! `cairnctl runs`: submit, list, show, watch, pause and cancel runs, and read their
+//! requests and journal.
+
+use crate::client::{exit, CallError, Client};
+use crate::{id, output, read_document, usage};
+use cairn_common::run::RunSpec;
+use clap::Subcommand;
+use reqwest::Method;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Debug, Subcommand)]
+pub enum RunsCommand {
+    /// Submit a run described in a YAML or JSON file (`-` for stdin).
+    Submit {
+        file: PathBuf,
+        /// Same key and body: the same run; same key, other body: refused.
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
+    /// List runs, newest first.
+    List {
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+    /// Show one run.
+    Show { run: String },
+    /// Follow a run until it ends; exit 0 only when it completed.
+    Watch {
+        run: String,
+        #[arg(long, default_value_t = 1.0)]
+        interval_seconds: f64,
+    },
+    /// Cancel a run.
+    Cancel { run: String },
+    /// Pause a running run: its step's processes stop and a checkpoint is captured
+    /// before the paused reply. Pausing a paused run shows its pause again.
+    Pause {
+        run: String,
+        /// Seconds to wait for the worker's capture (0 to 60).
+        #[arg(long, default_value_t = 30)]
+        wait_seconds: u64,
+    },
+    /// Resume a paused run: its step's processes continue.
+    Resume {
+        run: String,
+        /// Seconds to wait for the worker (0 to 60).
+        #[arg(long, default_value_t = 30)]
+        wait_seconds: u64,
+    },
+    /// Show a run's journal: every step's intent and receipt.
+    Journal { run: String },
+    /// Show a run's execution requests.
+    Requests { run: String },
+}
+
+pub fn run_row(run: &Value) -> Vec<String> {
+    vec![
+        output::text(&run["run_id"]),
+        output::text(&run["state"]),
+        output::text(&run["agent"]),
+        format!(
+            "{}/{}",
+            output::text(&run["attempt"]),
+            output::text(&run["max_attempts"])
+        ),
+        format!(
+            "{}/{}",
+            output::text(&run["usage"]["commands"]),
+            output::text(&run["budgets"]["max_commands"])
+        ),
+        output::text(&run["created_at"]),
+    ]
+}
+
+const RUN_HEADER: [&str; 6] = ["run", "state", "agent", "attempt", "commands", "created"];
+
+pub fn show_run(run: &Value) {
+    output::fields(
+        run,
+        &[
+            "run_id",
+            "request_id",
+            "state",
+            "agent",
+            "repository",
+            "ref",
+            "attempt",
+            "max_attempts",
+            "deadline",
+            "stop_reason",
+            "reconciliation_step",
+            "cancel_requested_at",
+            "created_at",
+            "finished_at",
+        ],
+    );
+    println!(
+        "usage         {} commands of {}, {} ms wall of {} s, {} ms cpu",
+        output::text(&run["usage"]["commands"]),
+        output::text(&run["budgets"]["max_commands"]),
+        output::text(&run["usage"]["wall_ms"]),
+        output::text(&run["budgets"]["max_wall_seconds"]),
+        output::text(&run["usage"]["cpu_ms"]),
+    );
+    let steps: Vec<Vec<String>> = run["steps"]
+        .as_array()
+        .map(|steps| {
+            steps
+                .iter()
+                .map(|s| {
+                    vec![
+                        output::text(&s["key"]),
+                        s["argv"]
+                            .as_array()
+                            .map(|a| a.iter().map(output::text).collect::<Vec<_>>().join(" "))
+                            .unwrap_or_default(),
+                        output::text(&s["idempotent"]),
+                    ]
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if !steps.is_empty() {
+        println!();
+        output::table(&["step", "command", "idempotent"], &steps);
+    }
+}
+
+pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u8, CallError> {
+    match command {
+        RunsCommand::Submit {
+            file,
+            idempotency_key,
+        } => {
+            let text = read_document(&file)?;
+            let spec: RunSpec = serde_norway::from_str(&text)
+                .map_err(|e| CallError::new(exit::REJECTED, format!("{}: {e}", file.display())))?;
+            // Validate before transport: a bad file never reaches the server.
+            spec.validate("", chrono::Utc::now()).map_err(|e| {
+                CallError::new(
+                    exit::REJECTED,
+                    format!("{}: {}: {}", file.display(), e.field, e.message),
+                )
+            })?;
+            let body = serde_json::to_value(&spec).map_err(|e| usage(e.to_string()))?;
+            let headers: Vec<(&str, &str)> = idempotency_key
+                .as_deref()
+                .map(|k| vec![("idempotency-key", k)])
+                .unwrap_or_default();
+            let answer = client
+                .call(Method::POST, "/api/v1/runs", Some(&body), &headers)
+                .await?;
+            if json {
+                output::json(&answer.body);
+            } else {
+                let replay = if answer.status.as_u16() == 200 {
+                    " (replayed: this key was used before)"
+                } else {
+                    ""
+                };
+                println!(
+                    "submitted run {}{replay}",
+                    output::text(&answer.body["run_id"])
+                );
+                show_run(&answer.body);
+            }
+            Ok(exit::OK)
+        }
+        RunsCommand::List {
+            state,
+            limit,
+            cursor,
+        } => {
+            let mut query = format!("?limit={limit}");
+            if let Some(state) = state {
+                query.push_str(&format!("&state={state}"));
+            }
+            if let Some(cursor) = cursor {
+                query.push_str(&format!("&cursor={cursor}"));
+            }
+            let page = client.get(&format!("/api/v1/runs{query}")).await?;
+            if json {
+                output::json(&page);
+            } else {
+                let rows: Vec<Vec<String>> = page["runs"]
+                    .as_array()
+                    .map(|r| r.iter().map(run_row).collect())
+                    .unwrap_or_default();
+                output::table(&RUN_HEADER, &rows);
+                if let Some(next) = page["next_cursor"].as_str() {
+                    println!("more: --cursor {next}");
+                }
+            }
+            Ok(exit::OK)
+        }
+        RunsCommand::Show { run } => {
+            let run = client
+                .get(&format!("/api/v1/runs/{}", id(&run, "RUN")?))
+                .await?;
+            if json {
+                output::json(&run)
+            } else {
+                show_run(&run)
+            }
+            Ok(exit::OK)
+        }
+        RunsCommand::Watch {
+            run,
+            interval_seconds,
+        } => watch(client, &id(&run, "RUN")?, interval_seconds, json).await,
+        RunsCommand::Cancel { run } => {
+            let run = id(&run, "RUN")?;
+            let answer = client
+                .call(
+                    Method::POST,
+                    &format!("/api/v1/runs/{run}/cancel"),
+                    None,
+                    &[],
+                )
+                .await?;
+            if json {
+                output::json(&answer.body);
+            } else if answer.status.as_u16() == 202 {
+                println!("cancel requested: the worker holding run {run} stops it within one lease renewal");
+            } else {
+                println!("run {run} is {}", output::text(&answer.body["state"]));
+            }
+            Ok(exit::OK)
+        }
+        RunsCommand::Pause { run, wait_seconds } => {
+            let run = id(&run, "RUN")?;
+            let path = format!("/api/v1/runs/{run}/pause?wait_seconds={wait_seconds}");
+            let answer = client.call(Method::POST, &path, None, &[]).await?;
+            if json {
+                output::json(&answer.body);
+            } else if answer.status.as_u16() == 202 {
+                println!(
+                    "pausing: the worker has not recorded the pause yet; run this again to see it"
+                );
+            } else {
+                let checkpoint = &answer.body["checkpoint"];
+                println!(
+                    "run {run} paused at {}; checkpoint {}{}; it stops at its checkpoint at {} unless resumed",
+                    output::text(&answer.body["paused_at"]),
+                    output::text(&checkpoint["snapshot_id"]),
+                    if checkpoint["capture_failed"] == true {
+                        " (this capture failed: a hold keeps the live tree)"
+                    } else {
+                        ""
+                    },
+                    output::text(&checkpoint["expires_at"]),
+                );
+            }
+            Ok(exit::OK)
+        }
+        RunsCommand::Resume { run, wait_seconds } => {
+            let run = id(&run, "RUN")?;
+            let path = format!("/api/v1/runs/{run}/resume?wait_seconds={wait_seconds}");
+            let answer = client.call(Method::POST, &path, None, &[]).await?;
+            if json {
+                output::json(&answer.body);
+            } else if answer.status.as_u16() == 202 {
+                println!("resuming: the worker has not continued the step yet");
+            } else {
+                println!("run {run} is running again");
+            }
+            Ok(exit::OK)
+        }
+        RunsCommand::Journal { run } => {
+            let journal = client
+                .get(&format!("/api/v1/runs/{}/journal", id(&run, "RUN")?))
+                .await?;
+            if json {
+                output::json(&journal);
+            } else {
+                let rows: Vec<Vec<String>> = journal["steps"]
+                    .as_array()
+                    .map(|steps| {
+                        steps
+                            .iter()
+                            .map(|s| {
+                                vec![
+                                    output::text(&s["step_key"]),
+                                    output::text(&s["status"]),
+                                    output::text(&s["exit_code"]),
+                                    output::text(&s["wall_ms"]),
+                                    output::text(&s["intent_epoch"]),
+                                    output::text(&s["receipt_epoch"]),
+                                    output::text(&s["tree_tier"]),
+                                    // The snapshot holding the step's effects.
+                                    s["snapshot_id"]
+                                        .as_str()
+                                        .map(|id| id.chars().take(12).collect())
+                                        .unwrap_or_else(|| "-".into()),
+                                ]
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                output::table(
+                    &[
+                        "step",
+                        "status",
+                        "exit",
+                        "wall_ms",
+                        "intent_epoch",
+                        "receipt_epoch",
+                        "tree",
+                        "snapshot",
+                    ],
+                    &rows,
+                );
+                for entry in journal["entries"].as_array().into_iter().flatten() {
+                    println!(
+                        "{}  {}  {}",
+                        output::text(&entry["created_at"]),
+                        output::text(&entry["entry_kind"]),
+                        entry["body"]
+                    );
+                }
+            }
+            Ok(exit::OK)
+        }
+        RunsCommand::Requests { run } => {
+            let list = client
+                .get(&format!(
+                    "/api/v1/runs/{}/execution-requests",
+                    id(&run, "RUN")?
+                ))
+                .await?;
+            if json {
+                output::json(&list);
+            } else {
+                let rows: Vec<Vec<String>> = list["execution_requests"]
+                    .as_array()
+                    .map(|r| {
+                        r.iter()
+                            .map(|e| {
+                                vec![
+                                    output::text(&e["request_id"]),
+                                    output::text(&e["kind"]),
+                                    output::text(&e["state"]),
+                                    output::text(&e["attempt"]),
+                                    output::text(&e["lease_epoch"]),
+                                    output::text(&e["lease_owner"]),
+                                ]
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                output::table(
+                    &["request", "kind", "state", "attempt", "epoch", "owner"],
+                    &rows,
+                );
+            }
+            Ok(exit::OK)
+        }
+    }
+}
+
+const ENDED: [&str; 6] = [
+    "completed",
+    "failed",
+    "cancelled",
+    "stopped_at_checkpoint",
+    "needs_reconciliation",
+    "awaiting_verification",
+];
+
+pub async fn watch(client: &Client, run: &str, interval: f64, json: bool) -> Result<u8, CallError> {
+    let interval = Duration::from_secs_f64(interval.clamp(0.1, 60.0));
+    let mut last = String::new();
+    loop {
+        // Reads are safe to repeat: an unanswered poll is simply tried again.
+        let current = match client.get(&format!("/api/v1/runs/{run}")).await {
+            Ok(value) => value,
+            Err(e) if e.code == exit::UNCERTAIN => {
+                eprintln!("watch: {e}; retrying");
+                tokio::time::sleep(interval).await;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let state = output::text(&current["state"]);
+        let line = format!(
+            "{state} attempt {}/{} commands {}/{}",
+            output::text(&current["attempt"]),
+            output::text(&current["max_attempts"]),
+            output::text(&current["usage"]["commands"]),
+            output::text(&current["budgets"]["max_commands"]),
+        );
+        if line != last {
+            if json {
+                println!("{current}");
+            } else {
+                println!("{}  {line}", chrono::Utc::now().format("%H:%M:%S"));
+            }
+            last = line;
+        }
+        if ENDED.contains(&state.as_str()) {
+            return Ok(if state == "completed" {
+                exit::OK
+            } else {
+                exit::NOT_COMPLETED
+            });
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
