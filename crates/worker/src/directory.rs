@@ -33,7 +33,7 @@ pub enum DirectoryError {
 pub struct Directory {
     pub path: PathBuf,
     pub id: Uuid,
-    /// Held for the life of the process; the kernel releases it when the process dies.
+    /// Tree for the life of the process; the kernel releases it when the process dies.
     _lock: Flock<File>,
 }
 

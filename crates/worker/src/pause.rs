@@ -7,7 +7,7 @@
 //! behaves like a stop: the processes end and the request stops at its checkpoint, from
 //! which a reviewed continuation can take it further.
 
-use crate::custody::{self, Checkpoint, CustodyError, Held, Subject};
+use crate::custody::{self, Checkpoint, CustodyError, Subject, Tree};
 use crate::error::JobError;
 use crate::job::handle::Job;
 use crate::keeper::Reason;
@@ -52,12 +52,12 @@ pub async fn until_requested(pause: &mut watch::Receiver<bool>) {
 pub async fn pause_here(
     job: &Job,
     subject: &Subject,
-    held: &mut Held,
+    tree: &mut Tree,
     step: Option<&str>,
     group: i32,
 ) -> Result<PauseEnd, JobError> {
     signal_group(group, Signal::SIGSTOP);
-    let end = paused(job, subject, held, step).await;
+    let end = paused(job, subject, tree, step).await;
     // Stopped processes cannot act on SIGTERM: continue them whatever comes next.
     signal_group(group, Signal::SIGCONT);
     let end = end?;
@@ -66,18 +66,18 @@ pub async fn pause_here(
         PauseEnd::Resumed => {
             let mut tx = job.begin().await?;
             request::pause::record_resumed(&mut tx, job.request_id()).await?;
-            custody::set_paused(&mut tx, held, false).await?;
+            custody::set_paused(&mut tx, tree, false).await?;
             tx.commit().await?;
             // The step goes on changing the tree.
-            held.uncaptured |= step_goes_on;
+            tree.uncaptured |= step_goes_on;
             tracing::info!("resumed");
         }
         PauseEnd::Expired => {
             tracing::info!(limit = ?job.worker.settings.pause_limit, "paused past the limit: stopping like a stop");
-            held.uncaptured |= step_goes_on;
+            tree.uncaptured |= step_goes_on;
             job.stop_for(Reason::PauseExpired);
         }
-        PauseEnd::Stopped => held.uncaptured |= step_goes_on,
+        PauseEnd::Stopped => tree.uncaptured |= step_goes_on,
     }
     Ok(end)
 }
@@ -86,7 +86,7 @@ pub async fn pause_here(
 async fn paused(
     job: &Job,
     subject: &Subject,
-    held: &mut Held,
+    tree: &mut Tree,
     step: Option<&str>,
 ) -> Result<PauseEnd, JobError> {
     tracing::info!(
@@ -94,11 +94,11 @@ async fn paused(
         "pause requested: processes stopped, capturing a checkpoint"
     );
     let mut capture_failed = false;
-    if held.uncaptured {
+    if tree.uncaptured {
         match job
             .worker
             .custody
-            .checkpoint(job.lease(), subject, held, None)
+            .checkpoint(job.lease(), subject, tree, None)
             .await
         {
             Ok(Checkpoint::Stands(_)) => {}
@@ -114,17 +114,17 @@ async fn paused(
         chrono::Utc::now() + chrono::Duration::from_std(limit).unwrap_or(chrono::Duration::MAX);
     let record = json!({
         // Ids in API bodies are simple (no hyphens).
-        "snapshot_id": held.position.map(|id| id.simple().to_string()),
+        "snapshot_id": tree.position.map(|id| id.simple().to_string()),
         "step": step,
         "capture_failed": capture_failed,
         "expires_at": expires_at,
     });
     let mut tx = job.begin().await?;
     request::pause::record_paused(&mut tx, job.request_id(), &record).await?;
-    custody::set_paused(&mut tx, held, true).await?;
+    custody::set_paused(&mut tx, tree, true).await?;
     tx.commit().await?;
     job.worker.metrics.pauses.inc();
-    tracing::info!(snapshot_id = ?held.position, capture_failed, "paused");
+    tracing::info!(snapshot_id = ?tree.position, capture_failed, "paused");
     let mut requests = job.pause_requests();
     let resumed = async {
         if requests.wait_for(|p| !*p).await.is_err() {

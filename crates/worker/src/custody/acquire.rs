@@ -1,6 +1,6 @@
 //! Acquisition: the tiers in order, each yielding a tree at a known snapshot (or none).
 
-use super::{Custody, CustodyError, Held, Subject, Tier};
+use super::{Custody, CustodyError, Subject, Tier, Tree};
 use crate::fault;
 use crate::workspace::{self, Workspace};
 use backon::{BackoffBuilder, ExponentialBuilder};
@@ -36,7 +36,7 @@ fn canonical_ref(subject: &Subject) -> String {
 
 impl Custody {
     /// Acquires the workspace of a claimed request, in the fixed order.
-    pub async fn acquire(&self, lease: &Lease, subject: &Subject) -> Result<Held, CustodyError> {
+    pub async fn acquire(&self, lease: &Lease, subject: &Subject) -> Result<Tree, CustodyError> {
         let workspace = Workspace::for_request(&self.directory.path, subject.request_id);
         let mut conn = self.pool.acquire().await?;
         let generation = lineage::credential_generation(&mut conn, &subject.agent).await?;
@@ -121,14 +121,14 @@ impl Custody {
         .fetch_optional(&self.pool)
         .await?;
         let Some((old_workspace, path, hold_id, position)) = candidate else {
-            attempts.push(json!({"tier": "adopt", "outcome": "skipped", "reason": "no held tree of this task here"}));
+            attempts.push(json!({"tier": "adopt", "outcome": "skipped", "reason": "no tree tree of this task here"}));
             return Ok(None);
         };
         let held_path = std::path::PathBuf::from(&path);
         let unusable = if position != head.map(|h| h.0) {
-            Some("the held tree is behind the lineage head")
+            Some("the tree tree is behind the lineage head")
         } else if !held_path.is_dir() {
-            Some("the held tree is gone")
+            Some("the tree tree is gone")
         } else {
             None
         };
@@ -151,7 +151,7 @@ impl Custody {
             if held_path.parent() == Some(self.directory.path.as_path()) {
                 let _ = tokio::fs::remove_dir_all(&held_path).await;
             }
-            tracing::info!(path = %held_path.display(), reason, "held tree not adopted");
+            tracing::info!(path = %held_path.display(), reason, "tree tree not adopted");
             attempts.push(json!({"tier": "adopt", "workspace_id": old_workspace, "outcome": "failed", "reason": reason}));
             return Ok(None);
         }
@@ -402,7 +402,7 @@ impl Custody {
         generation: i64,
         acquired: Acquired,
         mut attempts: Vec<Value>,
-    ) -> Result<Held, CustodyError> {
+    ) -> Result<Tree, CustodyError> {
         let workspace_id = Uuid::new_v4();
         let tier = acquired.tier;
         attempts.push(json!({"tier": tier.as_str(), "snapshot_id": acquired.snapshot, "outcome": "succeeded"}));
@@ -475,7 +475,7 @@ impl Custody {
         if acquired.adopted.is_some() {
             fault::point(fault::AFTER_ADOPT);
         }
-        Ok(Held {
+        Ok(Tree {
             workspace,
             workspace_id,
             tier,

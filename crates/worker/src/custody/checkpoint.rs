@@ -1,7 +1,7 @@
 //! Checkpoints: capture under a durable hold, then one fenced transaction that makes the
 //! snapshot ready, appends it to the lineage and writes the step's receipt on it.
 
-use super::{Custody, CustodyError, Held, Subject};
+use super::{Custody, CustodyError, Subject, Tree};
 use crate::fault;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use cairn_common::hold::{self, HoldTarget};
@@ -59,7 +59,7 @@ impl Custody {
         &self,
         lease: &Lease,
         subject: &Subject,
-        held: &mut Held,
+        tree: &mut Tree,
         commit: &Commit<'_>,
         stop: &CancellationToken,
     ) -> Result<Uuid, CustodyError> {
@@ -70,7 +70,7 @@ impl Custody {
             .without_max_times()
             .build();
         loop {
-            let reason = match self.checkpoint(lease, subject, held, Some(commit)).await? {
+            let reason = match self.checkpoint(lease, subject, tree, Some(commit)).await? {
                 Checkpoint::Stands(snapshot) => return Ok(snapshot),
                 Checkpoint::Failed(reason) => reason,
             };
@@ -95,26 +95,26 @@ impl Custody {
         &self,
         lease: &Lease,
         subject: &Subject,
-        held: &mut Held,
+        tree: &mut Tree,
         commit: Option<&Commit<'_>>,
     ) -> Result<Checkpoint, CustodyError> {
         let settings = &self.settings;
-        let scanned = match snapshot::scan(&held.workspace.root, &settings.rules).await {
+        let scanned = match snapshot::scan(&tree.workspace.root, &settings.rules).await {
             Ok(scanned) => scanned,
             Err(e) => return Ok(Checkpoint::Failed(format!("reading the tree: {e}"))),
         };
-        if let (Some(position), Some(index)) = (held.position, held.index.as_deref()) {
+        if let (Some(position), Some(index)) = (tree.position, tree.index.as_deref()) {
             if scanned.unchanged_from(index) {
                 if let Some(commit) = commit {
                     let mut tx = lease.begin_fenced(&self.pool).await?;
                     commit.record(&mut tx, lease, position).await?;
                     tx.commit().await?;
                 }
-                held.uncaptured = false;
+                tree.uncaptured = false;
                 return Ok(Checkpoint::Stands(position));
             }
         }
-        held.uncaptured = true;
+        tree.uncaptured = true;
         let expires = hold::expiry(
             chrono::Utc::now(),
             subject.deadline,
@@ -128,7 +128,7 @@ impl Custody {
         let generation = lineage::lock_generation(&mut tx, &subject.agent).await?;
         lineage::lock_store_for_capture(&mut tx, settings.store.url()).await?;
         let target = HoldTarget {
-            workspace_id: held.workspace_id,
+            workspace_id: tree.workspace_id,
             run_id: Some(subject.run_id),
             task_id: Some(subject.work_context),
             agent: &subject.agent,
@@ -145,7 +145,7 @@ impl Custody {
                 base_image: settings.base_image.as_deref(),
                 canonical_ref: subject.git_ref.as_deref(),
                 work_context_id: Some(subject.work_context),
-                workspace_id: Some(held.workspace_id),
+                workspace_id: Some(tree.workspace_id),
                 store_url: settings.store.url(),
                 credential_generation: generation,
                 owner: Some((lease.request_id, lease.epoch)),
@@ -165,9 +165,9 @@ impl Custody {
         let skipped = scanned.skipped.clone();
         let captured = snapshot::capture_scanned(
             &settings.store,
-            &held.workspace.root,
+            &tree.workspace.root,
             scanned,
-            held.index.clone(),
+            tree.index.clone(),
             snapshot_id,
         )
         .await;
@@ -205,7 +205,7 @@ impl Custody {
             &mut tx,
             subject.work_context,
             &subject.agent,
-            held.position,
+            tree.position,
             snapshot_id,
         )
         .await;
@@ -232,14 +232,14 @@ impl Custody {
         }
         hold::end(&mut tx, hold_id, "captured").await?;
         sqlx::query("UPDATE workspaces SET snapshot_id = $2, updated_at = now() WHERE id = $1")
-            .bind(held.workspace_id)
+            .bind(tree.workspace_id)
             .bind(snapshot_id)
             .execute(&mut *tx)
             .await?;
         tx.commit().await?;
-        held.position = Some(snapshot_id);
-        held.index = Some(Arc::new(manifest));
-        held.uncaptured = false;
+        tree.position = Some(snapshot_id);
+        tree.index = Some(Arc::new(manifest));
+        tree.uncaptured = false;
         tracing::info!(%snapshot_id, sequence, files = stats.files, unchanged = stats.files_unchanged, new_chunks = stats.chunks_new, "checkpoint committed");
         Ok(Checkpoint::Stands(snapshot_id))
     }

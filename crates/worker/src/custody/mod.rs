@@ -76,7 +76,7 @@ pub struct Subject {
 }
 
 /// A workspace in use.
-pub struct Held {
+pub struct Tree {
     pub workspace: Workspace,
     pub workspace_id: Uuid,
     pub tier: Tier,
@@ -123,7 +123,7 @@ impl CustodyError {
 /// Marks a tree paused (its processes stopped) or running again.
 pub async fn set_paused(
     conn: &mut sqlx::PgConnection,
-    held: &Held,
+    tree: &Tree,
     paused: bool,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
@@ -131,7 +131,7 @@ pub async fn set_paused(
                 paused_at = CASE WHEN $2 THEN now() END, updated_at = now()
           WHERE id = $1 AND state IN ('running', 'paused')",
     )
-    .bind(held.workspace_id)
+    .bind(tree.workspace_id)
     .bind(paused)
     .execute(conn)
     .await?;

@@ -1,6 +1,6 @@
 //! Release: a tree goes only when nothing in it is uncaptured, or when its task ended.
 
-use super::{Custody, CustodyError, Held, Subject};
+use super::{Custody, CustodyError, Subject, Tree};
 use crate::workspace;
 use cairn_common::hold::{self, HoldTarget};
 use cairn_common::lease::Lease;
@@ -22,11 +22,11 @@ pub enum Release {
 
 impl Custody {
     /// Releases the workspace, while the lease is still ours (except when fenced).
-    pub async fn release(&self, lease: &Lease, subject: &Subject, held: &Held, how: Release) {
-        let keep = held.uncaptured && !matches!(how, Release::Ended { .. });
+    pub async fn release(&self, lease: &Lease, subject: &Subject, tree: &Tree, how: Release) {
+        let keep = tree.uncaptured && !matches!(how, Release::Ended { .. });
         if how == Release::Fenced {
             if !keep {
-                workspace::remove(&held.workspace).await;
+                workspace::remove(&tree.workspace).await;
             }
             return;
         }
@@ -42,7 +42,7 @@ impl Custody {
                     self.settings.hold_limits,
                 );
                 let target = HoldTarget {
-                    workspace_id: held.workspace_id,
+                    workspace_id: tree.workspace_id,
                     run_id: Some(subject.run_id),
                     task_id: Some(subject.work_context),
                     agent: &subject.agent,
@@ -51,14 +51,14 @@ impl Custody {
                 sqlx::query(
                     "UPDATE workspaces SET state = 'stopped', updated_at = now() WHERE id = $1",
                 )
-                .bind(held.workspace_id)
+                .bind(tree.workspace_id)
                 .execute(&mut *tx)
                 .await?;
             } else {
-                super::acquire::destroy_row(&mut tx, held.workspace_id).await?;
+                super::acquire::destroy_row(&mut tx, tree.workspace_id).await?;
                 if let Release::Ended { retire } = how {
                     // Any hold of a terminal task ends with it, in the same transaction.
-                    hold::end_for_workspace(&mut tx, held.workspace_id, "task_ended").await?;
+                    hold::end_for_workspace(&mut tx, tree.workspace_id, "task_ended").await?;
                     if retire {
                         lineage::retire(&mut tx, subject.work_context, "task_completed").await?;
                     }
@@ -69,10 +69,10 @@ impl Custody {
         }
         .await;
         match result {
-            Ok(()) if !keep => workspace::remove(&held.workspace).await,
+            Ok(()) if !keep => workspace::remove(&tree.workspace).await,
             Ok(()) => {
-                let _ = tokio::fs::remove_dir_all(&held.workspace.home).await;
-                tracing::info!(path = %held.workspace.root.display(), "uncaptured tree kept under a hold");
+                let _ = tokio::fs::remove_dir_all(&tree.workspace.home).await;
+                tracing::info!(path = %tree.workspace.root.display(), "uncaptured tree kept under a hold");
             }
             Err(e) => tracing::warn!(error = %e, "workspace release not recorded; the tree stays"),
         }

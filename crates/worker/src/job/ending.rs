@@ -3,7 +3,7 @@
 //! its limit, and ending an attempt that has no result.
 
 use super::handle::{Job, JobOutcome};
-use crate::custody::{CustodyError, Held, Subject};
+use crate::custody::{CustodyError, Subject, Tree};
 use crate::error::JobError;
 use crate::keeper::Reason;
 use crate::step::StepOutcome;
@@ -21,9 +21,9 @@ use std::path::PathBuf;
 pub async fn acquire_or_end(
     job: &Job,
     subject: &Subject,
-) -> Result<Result<Held, JobOutcome>, JobError> {
+) -> Result<Result<Tree, JobOutcome>, JobError> {
     match job.worker.custody.acquire(job.lease(), subject).await {
-        Ok(held) => Ok(Ok(held)),
+        Ok(tree) => Ok(Ok(tree)),
         Err(CustodyError::Workspace(e)) => {
             let message = format!("workspace: {e}");
             finish(job, RequestState::Failed, Some(&message), None).await?;

@@ -4,7 +4,7 @@
 
 use super::ending;
 use super::handle::{Job, JobOutcome};
-use crate::custody::{Commit, CustodyError, Held, Release, Subject};
+use crate::custody::{Commit, CustodyError, Release, Subject, Tree};
 use crate::error::JobError;
 use crate::keeper::Reason;
 use crate::pause;
@@ -43,11 +43,11 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
         return ending::complete(job).await;
     }
     let subject = job.claimed.subject();
-    let mut held = match ending::acquire_or_end(job, &subject).await? {
-        Ok(held) => held,
+    let mut tree = match ending::acquire_or_end(job, &subject).await? {
+        Ok(tree) => tree,
         Err(ended) => return Ok(ended),
     };
-    let ended = run_steps(job, &subject, &mut held).await;
+    let ended = run_steps(job, &subject, &mut tree).await;
     let how = match &ended {
         Err(JobError::Lease(_)) => Release::Fenced,
         Ok(Ending::Interrupted) => match job.cause() {
@@ -68,7 +68,7 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
     // The workspace is released (or kept under a hold) while the lease is still ours.
     job.worker
         .custody
-        .release(job.lease(), &subject, &held, how)
+        .release(job.lease(), &subject, &tree, how)
         .await;
     match ended? {
         Ending::Complete => ending::complete(job).await,
@@ -95,17 +95,17 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
     }
 }
 
-async fn run_steps(job: &Job, subject: &Subject, held: &mut Held) -> Result<Ending, JobError> {
+async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Ending, JobError> {
     let worker = &job.worker;
     let claimed = &job.claimed;
-    let workspace = held.workspace.clone();
+    let workspace = tree.workspace.clone();
     let workspace = &workspace;
     let request_id = job.request_id();
     let mut conn = worker.pool.acquire().await?;
-    let standings = journal::standings(&mut conn, request_id, held.position).await?;
+    let standings = journal::standings(&mut conn, request_id, tree.position).await?;
     drop(conn);
     if !standings.is_empty() {
-        record_standings(job, held, &standings).await?;
+        record_standings(job, tree, &standings).await?;
     }
     let mut used_commands = claimed.used_commands;
     let mut used_wall_ms = claimed.used_wall_ms;
@@ -139,7 +139,7 @@ async fn run_steps(job: &Job, subject: &Subject, held: &mut Held) -> Result<Endi
                     _ => format!(
                         "step {} has a receipt on a snapshot this tree (from tier {}) does not hold: its effects are not here",
                         step.key,
-                        held.tier.as_str()
+                        tree.tier.as_str()
                     ),
                 };
                 return Ok(Ending::Reconcile {
@@ -153,7 +153,7 @@ async fn run_steps(job: &Job, subject: &Subject, held: &mut Held) -> Result<Endi
             }
         }
         if pause::requested(job) && !job.stopped() {
-            pause::pause_here(job, subject, held, None, 0).await?;
+            pause::pause_here(job, subject, tree, None, 0).await?;
         }
         if job.stopped() {
             return Ok(Ending::Interrupted);
@@ -194,7 +194,7 @@ async fn run_steps(job: &Job, subject: &Subject, held: &mut Held) -> Result<Endi
             let _ = tokio::fs::remove_file(&workspace.report_file).await;
         }
         worker.metrics.steps_run.inc();
-        held.uncaptured = true;
+        tree.uncaptured = true;
         tracing::info!(step = %step.key, "step started");
         let group = AtomicI32::new(0);
         let running = step::run_published(&command, &job.stop, &group);
@@ -206,7 +206,7 @@ async fn run_steps(job: &Job, subject: &Subject, held: &mut Held) -> Result<Endi
                 // Once stopped (a pause past its limit included), never pause again.
                 _ = pause::until_requested(&mut pause_requests), if !job.stopped() => {
                     let group = group.load(Ordering::SeqCst);
-                    if let Err(e) = pause::pause_here(job, subject, held, Some(&step.key), group).await {
+                    if let Err(e) = pause::pause_here(job, subject, tree, Some(&step.key), group).await {
                         // Fenced (or the database failed) while pausing: end the step
                         // the usual way, its whole group with it, then give up.
                         job.stop_for(Reason::Fenced);
@@ -216,7 +216,7 @@ async fn run_steps(job: &Job, subject: &Subject, held: &mut Held) -> Result<Endi
                 }
             }
         };
-        let tier = held.tier;
+        let tier = tree.tier;
         let receipt = |outcome| Receipt {
             step_key: &step.key,
             attempt: claimed.attempt,
@@ -264,13 +264,13 @@ async fn run_steps(job: &Job, subject: &Subject, held: &mut Held) -> Result<Endi
         };
         match worker
             .custody
-            .commit_step(job.lease(), subject, held, &commit, &job.stop)
+            .commit_step(job.lease(), subject, tree, &commit, &job.stop)
             .await
         {
             Ok(_) => {}
             Err(CustodyError::CaptureFailed(_)) if job.stopped() => return Ok(Ending::Interrupted),
             Err(e @ CustodyError::CaptureFailed(_)) => {
-                tracing::warn!(step = %step.key, error = %e, "no receipt: the attempt ends and the tree stays held");
+                tracing::warn!(step = %step.key, error = %e, "no receipt: the attempt ends and the tree stays tree");
                 worker.metrics.captures_failed.inc();
                 return Ok(Ending::EndAttempt(e));
             }
@@ -283,7 +283,7 @@ async fn run_steps(job: &Job, subject: &Subject, held: &mut Held) -> Result<Endi
 /// Shows in the resume context where each journaled step stands on this tree.
 async fn record_standings(
     job: &Job,
-    held: &Held,
+    tree: &Tree,
     standings: &HashMap<String, Standing>,
 ) -> Result<(), JobError> {
     let receipts: Vec<serde_json::Value> = job
@@ -303,7 +303,7 @@ async fn record_standings(
     let mut tx = job.begin().await?;
     request::resume::note_receipts(&mut tx, job.request_id(), &receipts.into()).await?;
     tx.commit().await?;
-    tracing::info!(tier = held.tier.as_str(), position = ?held.position, "journal read against the acquired tree");
+    tracing::info!(tier = tree.tier.as_str(), position = ?tree.position, "journal read against the acquired tree");
     Ok(())
 }
 

@@ -90,13 +90,13 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
         return Ok(JobOutcome::Failed(message));
     };
     let subject = job.claimed.subject();
-    let held = match ending::acquire_or_end(job, &subject).await? {
-        Ok(held) => held,
+    let tree = match ending::acquire_or_end(job, &subject).await? {
+        Ok(tree) => tree,
         Err(ended) => return Ok(ended),
     };
     // Checks add nothing to capture (a changed source fails the verification); a tree
     // adopted with uncaptured work keeps that state, so a drain keeps it held.
-    let ending = verify(job, &adoption, &held.workspace.root).await;
+    let ending = verify(job, &adoption, &tree.workspace.root).await;
     let fenced = match &ending {
         Err(JobError::Lease(_)) => true,
         Ok(Ending::Interrupted) => matches!(job.cause(), Some(Reason::Fenced) | None),
@@ -113,7 +113,7 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
     };
     job.worker
         .custody
-        .release(job.lease(), &subject, &held, how)
+        .release(job.lease(), &subject, &tree, how)
         .await;
     let _ = tokio::fs::remove_dir_all(check::scratch_root(
         &job.worker.settings.workspaces_dir,
