@@ -22,6 +22,18 @@ mod steps;
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+/// The PostgreSQL server a scenario creates its fresh databases on.
+#[derive(Debug, clap::Args)]
+struct Postgres {
+    /// PostgreSQL server (each scenario creates its own fresh database on it).
+    #[arg(
+        long,
+        env = "CAIRN_BENCH_POSTGRES",
+        default_value = "postgres://postgres@127.0.0.1:5432"
+    )]
+    postgres: String,
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "cairn-bench",
@@ -48,13 +60,8 @@ enum Bench {
         /// Runs per batch submission (at most 1,000).
         #[arg(long, default_value_t = 1000)]
         batch: usize,
-        /// PostgreSQL server (a fresh database is created on it per scenario).
-        #[arg(
-            long,
-            env = "CAIRN_BENCH_POSTGRES",
-            default_value = "postgres://postgres@127.0.0.1:5432"
-        )]
-        postgres: String,
+        #[command(flatten)]
+        postgres: Postgres,
     },
     /// One reaper sweep over a table of snapshot rows, a tenth of them due.
     Reaper {
@@ -64,13 +71,8 @@ enum Bench {
         /// Rows per batch.
         #[arg(long, default_value_t = 1000)]
         batch: i64,
-        /// PostgreSQL server (a fresh database is created on it).
-        #[arg(
-            long,
-            env = "CAIRN_BENCH_POSTGRES",
-            default_value = "postgres://postgres@127.0.0.1:5432"
-        )]
-        postgres: String,
+        #[command(flatten)]
+        postgres: Postgres,
     },
     /// What confinement costs a verification check: the same command started in its own
     /// network namespace (loopback up, capabilities dropped) and without.
@@ -103,13 +105,8 @@ enum Bench {
         /// Total size of the generated tree, in MiB.
         #[arg(long, default_value_t = 1024)]
         size_mib: u64,
-        /// PostgreSQL server (a fresh database is created on it per tree).
-        #[arg(
-            long,
-            env = "CAIRN_BENCH_POSTGRES",
-            default_value = "postgres://postgres@127.0.0.1:5432"
-        )]
-        postgres: String,
+        #[command(flatten)]
+        postgres: Postgres,
     },
     /// A step of `cairn-bench steps`: changes 1% of the files under a directory.
     #[command(hide = true)]
@@ -124,7 +121,7 @@ async fn main() -> anyhow::Result<()> {
             rows,
             batch,
             postgres,
-        } => reaper::run(rows, batch, &postgres).await,
+        } => reaper::run(rows, batch, &postgres.postgres).await,
         Bench::Snapshot {
             tree,
             files,
@@ -143,7 +140,7 @@ async fn main() -> anyhow::Result<()> {
                 workers,
                 concurrency,
                 batch,
-                postgres: &postgres,
+                postgres: &postgres.postgres,
             }
             .run()
             .await
@@ -158,7 +155,7 @@ async fn main() -> anyhow::Result<()> {
                 steps,
                 files,
                 size_mib,
-                postgres: &postgres,
+                postgres: &postgres.postgres,
             }
             .run()
             .await

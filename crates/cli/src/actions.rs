@@ -20,6 +20,45 @@ pub struct SavedAction {
     pub outcome: String,
 }
 
+impl SavedAction {
+    /// A record made now, not yet submitted.
+    pub fn unsubmitted(
+        kind: &str,
+        run_id: &str,
+        request_id: &str,
+        action_id: &str,
+        body: Value,
+    ) -> Self {
+        SavedAction {
+            kind: kind.into(),
+            run_id: run_id.into(),
+            request_id: request_id.into(),
+            action_id: action_id.into(),
+            body,
+            saved_at: chrono::Utc::now().to_rfc3339(),
+            outcome: "unsubmitted".into(),
+        }
+    }
+}
+
+/// Prints a submitted decision: `what`, its status and record, its `fields`, and how to
+/// follow it.
+pub fn print_submitted(
+    answer: &Answer,
+    saved: &Path,
+    what: &str,
+    fields: &[&str],
+    status_hint: &str,
+) {
+    println!(
+        "{what} ({}); record: {}",
+        crate::output::text(&answer.body["status"]),
+        saved.display()
+    );
+    crate::output::fields(&answer.body, fields);
+    println!("follow it with: {status_hint}");
+}
+
 pub fn state_dir(configured: Option<&Path>) -> PathBuf {
     if let Some(dir) = configured {
         return dir.to_path_buf();

@@ -1,7 +1,42 @@
 //! What every Cairn process shares at start-up: validated connection settings and
 //! migrations on start.
 
-use crate::config::{AmqpArgs, DatabaseArgs, RedisArgs};
+use crate::config::{exit_invalid, parse_or_exit, AmqpArgs, DatabaseArgs, LogFormat, RedisArgs};
+use anyhow::Context;
+use sqlx::PgPool;
+
+/// A binary's settings: parsed by clap, then checked for what clap cannot check.
+pub trait Settings: clap::Parser {
+    /// Checks what clap cannot (ranges across fields, URLs); the reason names the variable.
+    fn validate(&self) -> Result<(), String>;
+    fn log_format(&self) -> LogFormat;
+}
+
+/// Parses and validates a binary's settings, or exits with status 2.
+pub fn settings<C: Settings>() -> C {
+    validated(parse_or_exit())
+}
+
+/// Validates parsed settings, or exits with status 2.
+pub fn validated<C: Settings>(config: C) -> C {
+    if let Err(reason) = config.validate() {
+        exit_invalid(reason);
+    }
+    config
+}
+
+/// Connects to PostgreSQL and, when `migrate`, applies pending migrations.
+pub async fn database(args: &DatabaseArgs, migrate: bool) -> anyhow::Result<PgPool> {
+    let pool = crate::db::connect(&args.database_url, args.database_max_connections)
+        .await
+        .context("connecting to PostgreSQL")?;
+    if migrate {
+        crate::db::migrate(&pool)
+            .await
+            .context("migrating the database")?;
+    }
+    Ok(pool)
+}
 
 /// Checks the URLs of the services a process uses, without connecting.
 pub fn validate_urls(
@@ -28,18 +63,14 @@ pub fn validate_urls(
 
 /// What every binary's `main` does after parsing and validating its configuration:
 /// tracing, a shutdown token for SIGTERM/SIGINT, the component's `run`, an exit status.
-pub async fn main<C, F, Fut, E>(
-    component: &str,
-    config: C,
-    log_format: crate::config::LogFormat,
-    run: F,
-) -> std::process::ExitCode
+pub async fn main<C, F, Fut, E>(component: &str, config: C, run: F) -> std::process::ExitCode
 where
+    C: Settings,
     F: FnOnce(C, tokio_util::sync::CancellationToken) -> Fut,
     Fut: std::future::Future<Output = Result<(), E>>,
     E: std::fmt::Display,
 {
-    crate::telemetry::init(log_format);
+    crate::telemetry::init(config.log_format());
     let shutdown = match crate::shutdown::on_signal() {
         Ok(token) => token,
         Err(e) => {

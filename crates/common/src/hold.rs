@@ -49,7 +49,7 @@ pub fn expiry(
 pub struct HoldTarget<'a> {
     pub workspace_id: Uuid,
     pub run_id: Option<Uuid>,
-    pub task_id: Option<Uuid>,
+    pub work_context: Option<Uuid>,
     pub agent: &'a str,
 }
 
@@ -72,12 +72,12 @@ pub async fn hold(
     }
     let id = Uuid::new_v4();
     sqlx::query(
-        "INSERT INTO holds (id, workspace_id, run_id, task_id, agent, reason, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        "INSERT INTO holds (id, workspace_id, run_id, work_context_id, agent, reason, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
     )
     .bind(id)
     .bind(target.workspace_id)
     .bind(target.run_id)
-    .bind(target.task_id)
+    .bind(target.work_context)
     .bind(target.agent)
     .bind(reason)
     .bind(expires_at)

@@ -218,16 +218,20 @@ impl Leases {
         Some((epoch.parse().ok()?, owner.to_string()))
     }
 
-    async fn set_liveness(&self, lease: &Lease) {
+    /// Runs a liveness script on the lease's key with its epoch, owner and TTL.
+    async fn run_liveness(&self, script: &redis::Script, lease: &Lease) -> redis::RedisResult<i64> {
         let mut redis = self.redis.clone();
-        let result: Result<i64, _> = claim_script()
+        script
             .key(self.key(lease.request_id))
             .arg(lease.epoch)
             .arg(&lease.owner)
             .arg(self.ttl_ms())
             .invoke_async(&mut redis)
-            .await;
-        match result {
+            .await
+    }
+
+    async fn set_liveness(&self, lease: &Lease) {
+        match self.run_liveness(claim_script(), lease).await {
             Ok(1) => {}
             Ok(_) => tracing::warn!(
                 request_id = %lease.request_id,
@@ -240,15 +244,7 @@ impl Leases {
     }
 
     async fn extend_liveness(&self, lease: &Lease) {
-        let mut redis = self.redis.clone();
-        let result: Result<i64, _> = renew_script()
-            .key(self.key(lease.request_id))
-            .arg(lease.epoch)
-            .arg(&lease.owner)
-            .arg(self.ttl_ms())
-            .invoke_async(&mut redis)
-            .await;
-        match result {
+        match self.run_liveness(renew_script(), lease).await {
             Ok(1) => {}
             // The key is gone (Redis restarted or lost its keys): PostgreSQL still says
             // we own the lease, so put the liveness key back.

@@ -19,6 +19,15 @@ pub fn render(registry: &Registry) -> String {
     out
 }
 
+/// Registers each `name, help => metric` in `registry`; the registry keeps a clone,
+/// which shares the metric's value.
+#[macro_export]
+macro_rules! register_metrics {
+    ($registry:expr; $($name:literal, $help:literal => $metric:expr;)+) => {
+        $( $registry.register($name, $help, $metric.clone()); )+
+    };
+}
+
 /// The outbox relay's counters.
 #[derive(Clone, Default)]
 pub struct OutboxMetrics {
@@ -30,20 +39,10 @@ pub struct OutboxMetrics {
 impl OutboxMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();
-        registry.register(
-            "outbox_published",
-            "Outbox messages confirmed by the broker and marked published",
-            metrics.published.clone(),
-        );
-        registry.register(
-            "outbox_publish_failures",
-            "Outbox publishes that were nacked, returned or lost with their channel",
-            metrics.publish_failures.clone(),
-        );
-        registry.register(
-            "outbox_batches",
-            "Outbox batches the relay published",
-            metrics.batches.clone(),
+        crate::register_metrics!(registry;
+            "outbox_published", "Outbox messages confirmed by the broker and marked published" => metrics.published;
+            "outbox_publish_failures", "Outbox publishes that were nacked, returned or lost with their channel" => metrics.publish_failures;
+            "outbox_batches", "Outbox batches the relay published" => metrics.batches;
         );
         metrics
     }

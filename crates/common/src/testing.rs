@@ -30,20 +30,18 @@ fn lock_file() -> File {
 impl ServiceLock {
     /// Shared: this test uses the services but does not disrupt them.
     pub async fn shared() -> ServiceLock {
-        tokio::task::spawn_blocking(|| {
-            let file = lock_file();
-            file.lock_shared().expect("take the services lock shared");
-            ServiceLock { _file: file }
-        })
-        .await
-        .expect("lock task")
+        Self::take(|f| f.lock_shared()).await
     }
 
     /// Exclusive: this test restarts or flushes a service.
     pub async fn exclusive() -> ServiceLock {
-        tokio::task::spawn_blocking(|| {
+        Self::take(|f| f.lock()).await
+    }
+
+    async fn take(lock: fn(&File) -> std::io::Result<()>) -> ServiceLock {
+        tokio::task::spawn_blocking(move || {
             let file = lock_file();
-            file.lock().expect("take the services lock exclusively");
+            lock(&file).expect("take the services lock");
             ServiceLock { _file: file }
         })
         .await
@@ -73,7 +71,7 @@ pub async fn insert_request(pool: &sqlx::PgPool) -> (Uuid, Uuid) {
     let run_id = Uuid::new_v4();
     let request_id = Uuid::new_v4();
     sqlx::query(
-        "INSERT INTO runs (id, root_run_id, task_id, agent, steps, max_commands, max_wall_seconds,
+        "INSERT INTO runs (id, root_run_id, work_context_id, agent, steps, max_commands, max_wall_seconds,
                            max_attempts, state, request_digest)
          VALUES ($1, $1, $1, 'test-agent', '[]', 10, 600, 3, 'queued', 'test')",
     )

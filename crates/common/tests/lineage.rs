@@ -233,7 +233,7 @@ async fn an_existing_shorter_hold_is_never_extended() {
     let target = HoldTarget {
         workspace_id: workspace,
         run_id: None,
-        task_id: None,
+        work_context: None,
         agent: "agent",
     };
     let soon = chrono::Utc::now() + chrono::Duration::minutes(5);

@@ -1,7 +1,8 @@
 //! The reaper's settings: flags and `CAIRN_*` environment variables. Every duration is
 //! configuration with the product's default.
 
-use cairn_common::config::{DatabaseArgs, LogArgs};
+use cairn_common::component::Settings;
+use cairn_common::config::{DatabaseArgs, LogArgs, LogFormat};
 use clap::Parser;
 use std::net::SocketAddr;
 
@@ -58,8 +59,23 @@ pub struct Config {
 }
 
 impl Config {
+    pub fn durations(&self) -> crate::retention::Durations {
+        use chrono::Duration;
+        crate::retention::Durations {
+            idle_head: Duration::seconds(self.idle_head_seconds),
+            reclaim_after: Duration::seconds(self.reclaim_after_seconds),
+            destroyed_grace: Duration::seconds(self.destroyed_grace_seconds),
+            memory_checkpoint: Duration::seconds(self.memory_checkpoint_seconds),
+            stale_capture: Duration::seconds(self.stale_capture_seconds),
+            abandoned_capture: Duration::seconds(self.abandoned_capture_seconds),
+            ..Default::default()
+        }
+    }
+}
+
+impl Settings for Config {
     /// Checks what clap cannot.
-    pub fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), String> {
         cairn_common::component::validate_urls(Some(&self.database), None, None)?;
         if !(0.05..=86_400.0).contains(&self.interval_seconds) {
             return Err("CAIRN_REAPER_INTERVAL_SECONDS: from 0.05 to 86400".into());
@@ -87,16 +103,7 @@ impl Config {
         Ok(())
     }
 
-    pub fn durations(&self) -> crate::retention::Durations {
-        use chrono::Duration;
-        crate::retention::Durations {
-            idle_head: Duration::seconds(self.idle_head_seconds),
-            reclaim_after: Duration::seconds(self.reclaim_after_seconds),
-            destroyed_grace: Duration::seconds(self.destroyed_grace_seconds),
-            memory_checkpoint: Duration::seconds(self.memory_checkpoint_seconds),
-            stale_capture: Duration::seconds(self.stale_capture_seconds),
-            abandoned_capture: Duration::seconds(self.abandoned_capture_seconds),
-            ..Default::default()
-        }
+    fn log_format(&self) -> LogFormat {
+        self.log.log_format
     }
 }

@@ -14,7 +14,7 @@ pub mod status;
 use anyhow::Context;
 use cairn_common::health::{self, Readiness};
 use cairn_common::leader::{pause, Leadership};
-use cairn_common::{db, metrics};
+use cairn_common::metrics;
 pub use config::Config;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -56,26 +56,12 @@ impl ReaperMetrics {
             ]),
             leader: Gauge::default(),
         };
-        registry.register(
-            "reaper_items",
-            "Items handled per rule and outcome",
-            m.items.clone(),
-        );
-        registry.register(
-            "reaper_bytes_reclaimed",
-            "Bytes of snapshot artifacts deleted",
-            m.bytes_reclaimed.clone(),
-        );
-        registry.register("reaper_sweeps", "Sweeps completed", m.sweeps.clone());
-        registry.register(
-            "reaper_sweep_duration_seconds",
-            "Duration of a sweep",
-            m.sweep_duration_seconds.clone(),
-        );
-        registry.register(
-            "reaper_leader",
-            "1 while this instance leads",
-            m.leader.clone(),
+        cairn_common::register_metrics!(registry;
+            "reaper_items", "Items handled per rule and outcome" => m.items;
+            "reaper_bytes_reclaimed", "Bytes of snapshot artifacts deleted" => m.bytes_reclaimed;
+            "reaper_sweeps", "Sweeps completed" => m.sweeps;
+            "reaper_sweep_duration_seconds", "Duration of a sweep" => m.sweep_duration_seconds;
+            "reaper_leader", "1 while this instance leads" => m.leader;
         );
         m
     }
@@ -125,15 +111,7 @@ pub async fn sweep(
 }
 
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let pool = db::connect(
-        &config.database.database_url,
-        config.database.database_max_connections,
-    )
-    .await
-    .context("connecting to PostgreSQL")?;
-    if config.migrate {
-        db::migrate(&pool).await.context("migrating the database")?;
-    }
+    let pool = cairn_common::component::database(&config.database, config.migrate).await?;
     if config.dry_run {
         let report = sweep(&pool, &config, true).await.context("dry-run sweep")?;
         println!(

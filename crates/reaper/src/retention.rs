@@ -180,7 +180,7 @@ impl Sweep<'_> {
             "SELECT h.work_context_id, s.id FROM lineage_heads h JOIN project_snapshots s ON s.id = h.head_id
               WHERE h.retired_at IS NULL AND s.last_used_at <= $1 AND s.status NOT IN ('creating', 'uploading', 'restoring')
                 AND NOT EXISTS (SELECT 1 FROM runs r JOIN execution_requests e ON e.run_id = r.id
-                                 WHERE r.task_id = h.work_context_id
+                                 WHERE r.work_context_id = h.work_context_id
                                    AND e.state NOT IN ('completed', 'failed', 'cancelled'))
               ORDER BY s.last_used_at LIMIT $2 FOR UPDATE OF h, s SKIP LOCKED",
         )
@@ -213,49 +213,63 @@ impl Sweep<'_> {
     /// older ones are superseded; named snapshots stay until deleted; snapshots of a
     /// destroyed workspace go after the grace; memory checkpoints expire after the pause.
     async fn sandbox(&self, conn: &mut PgConnection) -> Result<u64, sqlx::Error> {
-        let superseded = sqlx::query(
-            "UPDATE project_snapshots s SET retention = 'superseded', retired_at = $1, retire_reason = 'newer_stop_snapshot'
-              WHERE s.id IN (
-                    SELECT p.id FROM project_snapshots p
-                     WHERE p.kind = 'stop' AND p.retention = 'current' AND p.status = 'ready'
-                       AND EXISTS (SELECT 1 FROM project_snapshots n WHERE n.workspace_id = p.workspace_id
-                                     AND n.kind = 'stop' AND n.status = 'ready' AND n.created_at > p.created_at)
-                     LIMIT $2 FOR UPDATE OF p SKIP LOCKED)
-                AND s.retention = 'current'",
-        )
+        let superseded = self
+            .retire_picked(
+                conn,
+                ("superseded", "newer_stop_snapshot"),
+                "SELECT p.id FROM project_snapshots p
+                  WHERE p.kind = 'stop' AND p.retention = 'current' AND p.status = 'ready'
+                    AND p.created_at <= $3
+                    AND EXISTS (SELECT 1 FROM project_snapshots n WHERE n.workspace_id = p.workspace_id
+                                  AND n.kind = 'stop' AND n.status = 'ready' AND n.created_at > p.created_at)",
+                self.now,
+            )
+            .await?;
+        let destroyed = self
+            .retire_picked(
+                conn,
+                ("retired", "workspace_destroyed"),
+                "SELECT p.id FROM project_snapshots p JOIN workspaces w ON w.id = p.workspace_id
+                  WHERE p.kind IN ('stop', 'memory') AND p.retention = 'current'
+                    AND w.state = 'destroyed' AND w.destroyed_at <= $3
+                    AND p.status NOT IN ('creating', 'uploading', 'restoring')",
+                self.now - self.durations.destroyed_grace,
+            )
+            .await?;
+        let memory = self
+            .retire_picked(
+                conn,
+                ("retired", "memory_expired"),
+                "SELECT p.id FROM project_snapshots p JOIN workspaces w ON w.id = p.workspace_id
+                  WHERE p.kind = 'memory' AND p.retention = 'current' AND w.paused_at <= $3",
+                self.now - self.durations.memory_checkpoint,
+            )
+            .await?;
+        Ok(superseded + destroyed + memory)
+    }
+
+    /// Moves a batch of the current snapshots `pick` selects (`p.id`, with `$3` the
+    /// cutoff) to `retention` for `reason`, skipping rows another sweep has locked.
+    async fn retire_picked(
+        &self,
+        conn: &mut PgConnection,
+        (retention, reason): (&str, &str),
+        pick: &str,
+        cutoff: DateTime<Utc>,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(&format!(
+            "UPDATE project_snapshots s SET retention = $4, retired_at = $1, retire_reason = $5
+              WHERE s.id IN ({pick} LIMIT $2 FOR UPDATE OF p SKIP LOCKED)
+                AND s.retention = 'current'"
+        ))
         .bind(self.now)
         .bind(self.batch)
+        .bind(cutoff)
+        .bind(retention)
+        .bind(reason)
         .execute(&mut *conn)
         .await?;
-        let destroyed = sqlx::query(
-            "UPDATE project_snapshots s SET retention = 'retired', retired_at = $1, retire_reason = 'workspace_destroyed'
-              WHERE s.id IN (
-                    SELECT p.id FROM project_snapshots p JOIN workspaces w ON w.id = p.workspace_id
-                     WHERE p.kind IN ('stop', 'memory') AND p.retention = 'current'
-                       AND w.state = 'destroyed' AND w.destroyed_at <= $3
-                       AND p.status NOT IN ('creating', 'uploading', 'restoring')
-                     LIMIT $2 FOR UPDATE OF p SKIP LOCKED)
-                AND s.retention = 'current'",
-        )
-        .bind(self.now)
-        .bind(self.batch)
-        .bind(self.now - self.durations.destroyed_grace)
-        .execute(&mut *conn)
-        .await?;
-        let memory = sqlx::query(
-            "UPDATE project_snapshots s SET retention = 'retired', retired_at = $1, retire_reason = 'memory_expired'
-              WHERE s.id IN (
-                    SELECT p.id FROM project_snapshots p JOIN workspaces w ON w.id = p.workspace_id
-                     WHERE p.kind = 'memory' AND p.retention = 'current' AND w.paused_at <= $3
-                     LIMIT $2 FOR UPDATE OF p SKIP LOCKED)
-                AND s.retention = 'current'",
-        )
-        .bind(self.now)
-        .bind(self.batch)
-        .bind(self.now - self.durations.memory_checkpoint)
-        .execute(&mut *conn)
-        .await?;
-        Ok(superseded.rows_affected() + destroyed.rows_affected() + memory.rows_affected())
+        Ok(done.rows_affected())
     }
 
     /// Rule 3: holds past their expiry, or of cancelled and terminal tasks; never a hold

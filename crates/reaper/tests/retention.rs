@@ -637,7 +637,7 @@ async fn an_interrupted_capture_fails_after_a_while_and_stops_deferring_reclamat
 async fn live_request(pool: &PgPool, context: Uuid, state: &str) -> Uuid {
     let request = Uuid::new_v4();
     sqlx::query(
-        "INSERT INTO runs (id, root_run_id, task_id, agent, steps, max_commands, max_wall_seconds, max_attempts,
+        "INSERT INTO runs (id, root_run_id, work_context_id, agent, steps, max_commands, max_wall_seconds, max_attempts,
                            state, request_digest)
          VALUES ($1, $1, $1, 'agent', '[]', 1, 1, 1, 'running', 'x')",
     )

@@ -1,6 +1,7 @@
 //! The scheduler's settings: flags and `CAIRN_*` environment variables.
 
-use cairn_common::config::{AmqpArgs, DatabaseArgs, LogArgs, RedisArgs};
+use cairn_common::component::Settings;
+use cairn_common::config::{AmqpArgs, DatabaseArgs, LogArgs, LogFormat, RedisArgs};
 use clap::Parser;
 use std::net::SocketAddr;
 
@@ -41,9 +42,9 @@ pub struct Config {
     pub drain_seconds: u64,
 }
 
-impl Config {
+impl Settings for Config {
     /// Checks what clap cannot: the service URLs.
-    pub fn validate(&self) -> Result<(), String> {
+    fn validate(&self) -> Result<(), String> {
         if !(0.05..=3600.0).contains(&self.sweep_interval_seconds) {
             return Err("CAIRN_SWEEP_INTERVAL_SECONDS: from 0.05 to 3600".into());
         }
@@ -57,5 +58,9 @@ impl Config {
             Some(&self.redis),
             Some(&self.amqp),
         )
+    }
+
+    fn log_format(&self) -> LogFormat {
+        self.log.log_format
     }
 }

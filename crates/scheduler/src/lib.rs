@@ -14,7 +14,7 @@ use cairn_common::health::{self, AmqpStatus, Readiness};
 use cairn_common::metrics::{self, OutboxMetrics};
 use cairn_common::outbox::Relay;
 use cairn_common::queue::Topology;
-use cairn_common::{db, redis_conn};
+use cairn_common::redis_conn;
 pub use config::Config;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,15 +24,7 @@ use tokio_util::task::TaskTracker;
 /// Connects to every service, serves HTTP on `config.listen` and relays the outbox until
 /// `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let pool = db::connect(
-        &config.database.database_url,
-        config.database.database_max_connections,
-    )
-    .await
-    .context("connecting to PostgreSQL")?;
-    if config.migrate {
-        db::migrate(&pool).await.context("migrating the database")?;
-    }
+    let pool = cairn_common::component::database(&config.database, config.migrate).await?;
     let redis = redis_conn::connect(&config.redis.redis_url)
         .await
         .context("connecting to Redis")?;

@@ -1,4 +1,5 @@
-use cairn_common::config::{exit_invalid, parse_or_exit};
+use cairn_common::component;
+use cairn_common::config::parse_or_exit;
 use cairn_scheduler::Config;
 use std::process::ExitCode;
 
@@ -9,9 +10,10 @@ async fn main() -> ExitCode {
         println!("{}", cairn_scheduler::api::openapi::json());
         return ExitCode::SUCCESS;
     }
-    if let Err(reason) = config.validate() {
-        exit_invalid(reason);
-    }
-    let log_format = config.log.log_format;
-    cairn_common::component::main("scheduler", config, log_format, cairn_scheduler::run).await
+    component::main(
+        "scheduler",
+        component::validated(config),
+        cairn_scheduler::run,
+    )
+    .await
 }

@@ -42,34 +42,14 @@ pub struct SweeperMetrics {
 impl SweeperMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
-        let mut add =
-            |name: &str, help: &str, c: &Counter| registry.register(name, help, c.clone());
-        add(
-            "sweeper_attempts_requeued",
-            "Lapsed runs given another automatic attempt",
-            &m.attempts_requeued,
+        cairn_common::register_metrics!(registry;
+            "sweeper_attempts_requeued", "Lapsed runs given another automatic attempt" => m.attempts_requeued;
+            "sweeper_stopped_at_checkpoint", "Requests stopped at their last checkpoint" => m.stopped_at_checkpoint;
+            "sweeper_needs_reconciliation", "Requests whose retained report awaits review" => m.needs_reconciliation;
+            "sweeper_claims_reannounced", "Claims that lapsed before starting, announced again" => m.claims_reannounced;
+            "sweeper_windows_closed", "Continuation windows that ended unclaimed" => m.windows_closed;
+            "sweeper_sweeps", "Sweeps run by the leader" => m.sweeps;
         );
-        add(
-            "sweeper_stopped_at_checkpoint",
-            "Requests stopped at their last checkpoint",
-            &m.stopped_at_checkpoint,
-        );
-        add(
-            "sweeper_needs_reconciliation",
-            "Requests whose retained report awaits review",
-            &m.needs_reconciliation,
-        );
-        add(
-            "sweeper_claims_reannounced",
-            "Claims that lapsed before starting, announced again",
-            &m.claims_reannounced,
-        );
-        add(
-            "sweeper_windows_closed",
-            "Continuation windows that ended unclaimed",
-            &m.windows_closed,
-        );
-        add("sweeper_sweeps", "Sweeps run by the leader", &m.sweeps);
         m
     }
 }

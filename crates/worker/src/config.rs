@@ -1,6 +1,7 @@
 //! The worker's settings: flags and `CAIRN_*` environment variables.
 
-use cairn_common::config::{AmqpArgs, ArtifactsArgs, DatabaseArgs, LogArgs, RedisArgs};
+use cairn_common::component::Settings;
+use cairn_common::config::{AmqpArgs, ArtifactsArgs, DatabaseArgs, LogArgs, LogFormat, RedisArgs};
 use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -108,26 +109,6 @@ pub struct Config {
 }
 
 impl Config {
-    /// Checks what clap cannot.
-    pub fn validate(&self) -> Result<(), String> {
-        cairn_common::component::validate_urls(
-            Some(&self.database),
-            Some(&self.redis),
-            Some(&self.amqp),
-        )?;
-        self.artifacts_dir()?;
-        if !self.snapshot_store_url.is_empty() && self.snapshot_store_url.contains("://") {
-            let scheme = self.snapshot_store_url.split("://").next().unwrap_or("");
-            if !["file", "s3", "gs", "az", "azure", "abfs", "abfss", "https"].contains(&scheme) {
-                return Err(format!(
-                    "CAIRN_SNAPSHOT_STORE_URL: {:?} is not a directory or an s3://, gs:// or az:// URL",
-                    self.snapshot_store_url
-                ));
-            }
-        }
-        Ok(())
-    }
-
     /// The snapshot store's URL: the artifacts directory unless one is configured.
     pub fn snapshot_store(&self, artifacts_dir: &std::path::Path) -> String {
         if self.snapshot_store_url.is_empty() {
@@ -167,5 +148,31 @@ impl Config {
         } else {
             self.prefetch
         }
+    }
+}
+
+impl Settings for Config {
+    /// Checks what clap cannot.
+    fn validate(&self) -> Result<(), String> {
+        cairn_common::component::validate_urls(
+            Some(&self.database),
+            Some(&self.redis),
+            Some(&self.amqp),
+        )?;
+        self.artifacts_dir()?;
+        if !self.snapshot_store_url.is_empty() && self.snapshot_store_url.contains("://") {
+            let scheme = self.snapshot_store_url.split("://").next().unwrap_or("");
+            if !["file", "s3", "gs", "az", "azure", "abfs", "abfss", "https"].contains(&scheme) {
+                return Err(format!(
+                    "CAIRN_SNAPSHOT_STORE_URL: {:?} is not a directory or an s3://, gs:// or az:// URL",
+                    self.snapshot_store_url
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    fn log_format(&self) -> LogFormat {
+        self.log.log_format
     }
 }

@@ -45,7 +45,7 @@ use anyhow::Context;
 use cairn_common::health::{self, AmqpStatus, Readiness};
 use cairn_common::lease::Leases;
 use cairn_common::queue::Topology;
-use cairn_common::{db, redis_conn};
+use cairn_common::redis_conn;
 pub use config::Config;
 use std::sync::Arc;
 use std::time::Duration;
@@ -56,15 +56,7 @@ use tokio_util::task::TaskTracker;
 /// `drain_seconds` to finish, then are stopped and their requests handed back.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let artifacts_dir = config.artifacts_dir().map_err(anyhow::Error::msg)?;
-    let pool = db::connect(
-        &config.database.database_url,
-        config.database.database_max_connections,
-    )
-    .await
-    .context("connecting to PostgreSQL")?;
-    if config.migrate {
-        db::migrate(&pool).await.context("migrating the database")?;
-    }
+    let pool = cairn_common::component::database(&config.database, config.migrate).await?;
     let redis = redis_conn::connect(&config.redis.redis_url)
         .await
         .context("connecting to Redis")?;

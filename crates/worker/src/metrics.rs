@@ -57,90 +57,25 @@ impl Default for WorkerMetrics {
 impl WorkerMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let m = Self::default();
-        let mut add = |name: &str, help: &str, counter: &Counter| {
-            registry.register(name, help, counter.clone())
-        };
-        add(
-            "worker_jobs_claimed",
-            "Deliveries whose request this worker claimed",
-            &m.jobs_claimed,
-        );
-        add(
-            "worker_jobs_completed",
-            "Jobs this worker completed",
-            &m.jobs_completed,
-        );
-        add(
-            "worker_jobs_failed",
-            "Jobs that ended failed, cancelled or needing reconciliation",
-            &m.jobs_failed,
-        );
-        add(
-            "worker_jobs_handed_back",
-            "Jobs handed back to the queue on drain",
-            &m.jobs_handed_back,
-        );
-        add(
-            "worker_deliveries_dropped",
-            "Duplicate or stale deliveries acked and dropped",
-            &m.deliveries_dropped,
-        );
-        add("worker_steps_run", "Steps executed", &m.steps_run);
-        add(
-            "worker_pauses",
-            "Pauses recorded (after their checkpoint capture)",
-            &m.pauses,
-        );
-        add(
-            "worker_steps_reused",
-            "Steps skipped because their receipt stands on a snapshot the tree holds",
-            &m.steps_reused,
-        );
-        add(
-            "worker_captures_failed",
-            "Steps whose checkpoint kept failing: no receipt, the attempt ended",
-            &m.captures_failed,
-        );
-        add(
-            "worker_trees_behind_journal",
-            "Non-idempotent steps whose receipt the acquired tree does not hold (sent to a person)",
-            &m.trees_behind_journal,
-        );
-        add("worker_leases_renewed", "Lease renewals", &m.leases_renewed);
-        add(
-            "worker_leases_lost",
-            "Leases lost (expired or taken over)",
-            &m.leases_lost,
-        );
-        add(
-            "worker_self_fenced",
-            "Jobs stopped because their lease was lost",
-            &m.self_fenced,
-        );
-        add(
-            "worker_stale_writes_rejected",
-            "Durable writes refused because a newer owner exists",
-            &m.stale_writes_rejected,
-        );
-        add(
-            "worker_verification_checks_run",
-            "Verification checks executed",
-            &m.checks_run,
-        );
-        add(
-            "worker_verification_checks_reused",
-            "Verification checks answered by an earlier passed, confined result",
-            &m.checks_reused,
-        );
-        add(
-            "worker_verification_checks_unconfined",
-            "Verification checks that ran without a network namespace (never reusable)",
-            &m.checks_unconfined,
-        );
-        registry.register(
-            "worker_claim_latency_seconds",
-            "Time from a request being queued to this worker claiming it",
-            m.claim_latency_seconds.clone(),
+        cairn_common::register_metrics!(registry;
+            "worker_jobs_claimed", "Deliveries whose request this worker claimed" => m.jobs_claimed;
+            "worker_jobs_completed", "Jobs this worker completed" => m.jobs_completed;
+            "worker_jobs_failed", "Jobs that ended failed, cancelled or needing reconciliation" => m.jobs_failed;
+            "worker_jobs_handed_back", "Jobs handed back to the queue on drain" => m.jobs_handed_back;
+            "worker_deliveries_dropped", "Duplicate or stale deliveries acked and dropped" => m.deliveries_dropped;
+            "worker_steps_run", "Steps executed" => m.steps_run;
+            "worker_pauses", "Pauses recorded (after their checkpoint capture)" => m.pauses;
+            "worker_steps_reused", "Steps skipped because their receipt stands on a snapshot the tree holds" => m.steps_reused;
+            "worker_captures_failed", "Steps whose checkpoint kept failing: no receipt, the attempt ended" => m.captures_failed;
+            "worker_trees_behind_journal", "Non-idempotent steps whose receipt the acquired tree does not hold (sent to a person)" => m.trees_behind_journal;
+            "worker_leases_renewed", "Lease renewals" => m.leases_renewed;
+            "worker_leases_lost", "Leases lost (expired or taken over)" => m.leases_lost;
+            "worker_self_fenced", "Jobs stopped because their lease was lost" => m.self_fenced;
+            "worker_stale_writes_rejected", "Durable writes refused because a newer owner exists" => m.stale_writes_rejected;
+            "worker_verification_checks_run", "Verification checks executed" => m.checks_run;
+            "worker_verification_checks_reused", "Verification checks answered by an earlier passed, confined result" => m.checks_reused;
+            "worker_verification_checks_unconfined", "Verification checks that ran without a network namespace (never reusable)" => m.checks_unconfined;
+            "worker_claim_latency_seconds", "Time from a request being queued to this worker claiming it" => m.claim_latency_seconds;
         );
         m
     }

@@ -105,28 +105,16 @@ pub async fn continuation(
             }
             let dir = actions::state_dir(state_dir.as_deref());
             let status_hint = format!("cairnctl {route} status {run} {request}");
-            let record = actions::SavedAction {
-                kind: kind.clone(),
-                run_id: run.clone(),
-                request_id: request.clone(),
-                action_id: action.clone(),
-                body,
-                saved_at: chrono::Utc::now().to_rfc3339(),
-                outcome: "unsubmitted".into(),
-            };
+            let record = actions::SavedAction::unsubmitted(&kind, &run, &request, &action, body);
             let path = format!("/api/v1/runs/{run}/{route}/requests/{request}/actions/{action}");
             let (answer, saved_path) =
                 actions::submit_once(client, &dir, record, &path, &status_hint).await?;
             if json {
                 output::json(&answer.body);
             } else {
-                println!(
-                    "saved action {action} ({}); record: {}",
-                    output::text(&answer.body["status"]),
-                    saved_path.display()
-                );
-                output::fields(&answer.body, &["witness_digest", "admission_seal"]);
-                println!("follow it with: {status_hint}");
+                let what = format!("saved action {action}");
+                let fields = ["witness_digest", "admission_seal"];
+                actions::print_submitted(&answer, &saved_path, &what, &fields, &status_hint);
             }
             Ok(exit::OK)
         }

@@ -200,9 +200,7 @@ pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u
             Ok(exit::OK)
         }
         RunsCommand::Show { run } => {
-            let run = client
-                .get(&format!("/api/v1/runs/{}", id(&run, "RUN")?))
-                .await?;
+            let run = of_run(client, &run, "").await?;
             if json {
                 output::json(&run)
             } else {
@@ -273,9 +271,7 @@ pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u
             Ok(exit::OK)
         }
         RunsCommand::Journal { run } => {
-            let journal = client
-                .get(&format!("/api/v1/runs/{}/journal", id(&run, "RUN")?))
-                .await?;
+            let journal = of_run(client, &run, "/journal").await?;
             if json {
                 output::json(&journal);
             } else {
@@ -412,4 +408,11 @@ pub async fn watch(client: &Client, run: &str, interval: f64, json: bool) -> Res
         }
         tokio::time::sleep(interval).await;
     }
+}
+
+/// Reads `/api/v1/runs/{run}{suffix}`.
+async fn of_run(client: &Client, run: &str, suffix: &str) -> Result<Value, CallError> {
+    client
+        .get(&format!("/api/v1/runs/{}{suffix}", id(run, "RUN")?))
+        .await
 }

@@ -252,27 +252,21 @@ async fn adopt(
         .and_then(|r| id(r, "request_id"))?;
     let dir = actions::state_dir(state_dir.as_deref());
     let status_hint = format!("cairnctl verification status {run} {request_id}");
-    let record = actions::SavedAction {
-        kind: "verification_adoption".into(),
-        run_id: run.to_string(),
-        request_id: request_id.clone(),
-        action_id: request_id.clone(),
+    let record = actions::SavedAction::unsubmitted(
+        "verification_adoption",
+        run,
+        &request_id,
+        &request_id,
         body,
-        saved_at: chrono::Utc::now().to_rfc3339(),
-        outcome: "unsubmitted".into(),
-    };
+    );
     let path = format!("/api/v1/runs/{run}/verification-handoffs/adoptions");
     let (answer, saved_path) =
         actions::submit_once(client, &dir, record, &path, &status_hint).await?;
     if json {
         output::json(&answer.body);
     } else {
-        println!(
-            "adopted {request_id} ({}); record: {}",
-            output::text(&answer.body["status"]),
-            saved_path.display()
-        );
-        println!("follow it with: {status_hint}");
+        let what = format!("adopted {request_id}");
+        actions::print_submitted(&answer, &saved_path, &what, &[], &status_hint);
     }
     Ok(exit::OK)
 }

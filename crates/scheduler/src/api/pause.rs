@@ -142,14 +142,9 @@ pub async fn pause(
     Path(run_id): Path<String>,
     query: Result<Query<WaitQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    caller.require(Role::Operator)?;
-    let run_id = path_id(&run_id, "run_id")?;
-    let wait = wait_of(query)?;
-    let mut conn = state.pool.acquire().await?;
-    let asked = request::pause::ask(&mut conn, run_id).await?;
-    drop(conn);
-    refuse_unless(asked, &state.pool, run_id, not_running).await?;
-    let current = settle(&state.pool, run_id, wait, |v| v.state != "pausing").await?;
+    let (run_id, wait) = asked_of(&caller, &run_id, query)?;
+    let asked = request::pause::ask(&mut *state.pool.acquire().await?, run_id).await?;
+    let current = answer(&state.pool, run_id, wait, asked, not_running, "pausing").await?;
     match current.state.as_str() {
         "paused" => Ok((StatusCode::OK, Json(current)).into_response()),
         "pausing" => Ok((StatusCode::ACCEPTED, Json(current)).into_response()),
@@ -172,22 +167,39 @@ pub async fn resume(
     Path(run_id): Path<String>,
     query: Result<Query<WaitQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
-    caller.require(Role::Operator)?;
-    let run_id = path_id(&run_id, "run_id")?;
-    let wait = wait_of(query)?;
-    let mut conn = state.pool.acquire().await?;
-    let withdrawn = request::pause::withdraw(&mut conn, run_id).await?;
-    drop(conn);
-    refuse_unless(withdrawn, &state.pool, run_id, || {
-        ApiError::conflict("not_paused", "the run is not paused or pausing")
-    })
-    .await?;
-    let current = settle(&state.pool, run_id, wait, |v| v.state != "resuming").await?;
+    let (run_id, wait) = asked_of(&caller, &run_id, query)?;
+    let withdrawn = request::pause::withdraw(&mut *state.pool.acquire().await?, run_id).await?;
+    let not_paused = || ApiError::conflict("not_paused", "the run is not paused or pausing");
+    let current = answer(&state.pool, run_id, wait, withdrawn, not_paused, "resuming").await?;
     let status = match current.state.as_str() {
         "resuming" => StatusCode::ACCEPTED,
         _ => StatusCode::OK,
     };
     Ok((status, Json(current)).into_response())
+}
+
+/// The operator, run and wait of a pause or resume.
+fn asked_of(
+    caller: &Caller,
+    run_id: &str,
+    query: Result<Query<WaitQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<(Uuid, Duration), ApiError> {
+    caller.require(Role::Operator)?;
+    Ok((path_id(run_id, "run_id")?, wait_of(query)?))
+}
+
+/// Refuses a pause or resume that changed nothing, else waits until the worker has left
+/// `settling` or the wait has passed.
+async fn answer(
+    pool: &PgPool,
+    run_id: Uuid,
+    wait: Duration,
+    changed: bool,
+    refused: impl FnOnce() -> ApiError,
+    settling: &str,
+) -> Result<PauseView, ApiError> {
+    refuse_unless(changed, pool, run_id, refused).await?;
+    settle(pool, run_id, wait, |v| v.state != settling).await
 }
 
 /// Read a run's pause state.
@@ -205,8 +217,6 @@ pub async fn show(
     Ok(Json(view(run_id, load(&state.pool, run_id).await?)))
 }
 
-/// Records a pause or resume request (`sql` updates the run's request when it may);
-/// an unknown run is a 404, a run in no state to take it is `refused`.
 /// A request that changed nothing is refused: a 404 for an unknown run, else `refused`.
 async fn refuse_unless(
     changed: bool,

@@ -15,20 +15,10 @@ pub struct ApiMetrics {
 impl ApiMetrics {
     pub fn register(registry: &mut Registry) -> Self {
         let metrics = Self::default();
-        registry.register(
-            "runs_admitted",
-            "Runs admitted (each with its ticket and outbox message)",
-            metrics.runs_admitted.clone(),
-        );
-        registry.register(
-            "continuations_admitted",
-            "Reviewed continuation actions admitted",
-            metrics.continuations_admitted.clone(),
-        );
-        registry.register(
-            "verifications_adopted",
-            "Verification handoffs adopted (each queued on the same ticket)",
-            metrics.verifications_adopted.clone(),
+        cairn_common::register_metrics!(registry;
+            "runs_admitted", "Runs admitted (each with its ticket and outbox message)" => metrics.runs_admitted;
+            "continuations_admitted", "Reviewed continuation actions admitted" => metrics.continuations_admitted;
+            "verifications_adopted", "Verification handoffs adopted (each queued on the same ticket)" => metrics.verifications_adopted;
         );
         metrics
     }

@@ -110,7 +110,7 @@ impl Custody {
         // and it only read the tree.
         let candidate: Option<(Uuid, String, Uuid, Option<Uuid>)> = sqlx::query_as(
             "SELECT w.id, w.path, h.id, w.snapshot_id FROM workspaces w JOIN holds h ON h.workspace_id = w.id
-              WHERE w.task_id = $1 AND w.agent = $2 AND w.directory_id = $3 AND w.state IN ('running', 'stopped', 'paused')
+              WHERE w.work_context_id = $1 AND w.agent = $2 AND w.directory_id = $3 AND w.state IN ('running', 'stopped', 'paused')
                 AND w.credential_generation = $4 AND h.ended_at IS NULL AND h.expires_at > now()
               ORDER BY w.updated_at DESC LIMIT 1",
         )
@@ -422,7 +422,7 @@ impl Custody {
         let path = workspace.root.to_string_lossy().into_owned();
         let mut tx = lease.begin_fenced(&self.pool).await?;
         sqlx::query(
-            "INSERT INTO workspaces (id, run_id, task_id, agent, backend, persistent, state, host, path,
+            "INSERT INTO workspaces (id, run_id, work_context_id, agent, backend, persistent, state, host, path,
                                      credential_generation, request_id, directory_id, snapshot_id)
              VALUES ($1, $2, $3, $4, $5, $6, 'running', $7, $8, $9, $10, $11, $12)",
         )

@@ -130,7 +130,7 @@ impl Custody {
         let target = HoldTarget {
             workspace_id: tree.workspace_id,
             run_id: Some(subject.run_id),
-            task_id: Some(subject.work_context),
+            work_context: Some(subject.work_context),
             agent: &subject.agent,
         };
         let hold_id = hold::hold(&mut tx, &target, "capture", expires).await?;

@@ -44,7 +44,7 @@ impl Custody {
                 let target = HoldTarget {
                     workspace_id: tree.workspace_id,
                     run_id: Some(subject.run_id),
-                    task_id: Some(subject.work_context),
+                    work_context: Some(subject.work_context),
                     agent: &subject.agent,
                 };
                 hold::hold(&mut tx, &target, "uncaptured tree", expires).await?;

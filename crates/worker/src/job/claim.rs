@@ -36,7 +36,7 @@ struct RequestRow {
     deadline_passed: bool,
     queued_for_seconds: f64,
     agent: String,
-    task_id: Uuid,
+    work_context_id: Uuid,
     deadline: Option<chrono::DateTime<chrono::Utc>>,
 }
 
@@ -67,7 +67,7 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
                 e.cancel_requested_at IS NOT NULL AS cancel_requested,
                 COALESCE(r.deadline <= now(), FALSE) AS deadline_passed,
                 EXTRACT(EPOCH FROM clock_timestamp() - e.queued_at)::float8 AS queued_for_seconds,
-                r.agent, r.task_id, r.deadline
+                r.agent, r.work_context_id, r.deadline
            FROM execution_requests e JOIN runs r ON r.id = e.run_id WHERE e.id = $1",
     )
     .bind(lease.request_id)
@@ -217,7 +217,7 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
         used_commands: row.used_commands,
         used_wall_ms: row.used_wall_ms,
         agent: row.agent,
-        work_context: row.task_id,
+        work_context: row.work_context_id,
         deadline: row.deadline,
     })))
 }

@@ -54,107 +54,94 @@ pub struct ActionInput {
     pub raw: serde_json::Value,
 }
 
+/// The acknowledgements both version-1 bodies share, after their kind's own first one.
+const SHARED_ACKNOWLEDGEMENTS: [&str; 3] = [
+    "acknowledge_no_completed_effect_replay",
+    "acknowledge_same_request_attempt_and_budgets",
+    "acknowledge_finite_ownership_lease",
+];
+
+/// What both version-1 bodies hold, read from either.
+struct Common<'a> {
+    version: u32,
+    candidate_digest: &'a str,
+    valid_for_seconds: u32,
+    /// The kind's own acknowledgement.
+    own: (&'static str, bool),
+    shared: [bool; 3],
+}
+
 impl ActionInput {
     /// Checks what both version-1 bodies share and keeps the exact body for its digest.
-    fn validated<T: Serialize>(
-        body: &T,
-        version: u32,
-        candidate_digest: &str,
-        valid_for_seconds: u32,
-        acknowledgements: &[(&'static str, bool)],
-    ) -> Result<Self, ApiError> {
-        if version != 1 {
+    fn validated<T: Serialize>(body: &T, c: Common<'_>) -> Result<Self, ApiError> {
+        if c.version != 1 {
             return Err(ApiError::unprocessable("version", "version must be 1"));
         }
-        if !digest::is_digest(candidate_digest) {
+        if !digest::is_digest(c.candidate_digest) {
             return Err(ApiError::unprocessable(
                 "candidate_digest",
                 "a 64-character lowercase hex digest",
             ));
         }
-        if !(1..=MAX_WINDOW_SECONDS as u32).contains(&valid_for_seconds) {
+        if !(1..=MAX_WINDOW_SECONDS as u32).contains(&c.valid_for_seconds) {
             return Err(ApiError::unprocessable(
                 "valid_for_seconds",
                 "from 1 to 7200",
             ));
         }
-        if let Some((name, _)) = acknowledgements.iter().find(|(_, given)| !given) {
+        let acknowledgements =
+            std::iter::once(c.own).chain(SHARED_ACKNOWLEDGEMENTS.into_iter().zip(c.shared));
+        if let Some((name, _)) = acknowledgements.into_iter().find(|(_, given)| !given) {
             return Err(ApiError::unprocessable(
-                *name,
+                name,
                 "this acknowledgement must be true",
             ));
         }
+        // A derived Serialize of plain fields cannot fail; were it to, the digest would
+        // be of nothing, so it is refused rather than defaulted.
+        let raw = serde_json::to_value(body).map_err(|_| {
+            ApiError::unprocessable("body", "the body could not be kept for its digest")
+        })?;
         Ok(ActionInput {
-            candidate_digest: candidate_digest.to_string(),
-            valid_for_seconds,
-            raw: serde_json::to_value(body).unwrap_or_default(),
+            candidate_digest: c.candidate_digest.to_string(),
+            valid_for_seconds: c.valid_for_seconds,
+            raw,
         })
     }
 }
 
-impl TryFrom<CheckpointContinuationInputV1> for ActionInput {
-    type Error = ApiError;
+/// Both version-1 bodies validate the same way; each has one acknowledgement of its own.
+macro_rules! action_input_from {
+    ($body:ty, $own:ident) => {
+        impl TryFrom<$body> for ActionInput {
+            type Error = ApiError;
 
-    fn try_from(b: CheckpointContinuationInputV1) -> Result<Self, ApiError> {
-        let acknowledgements = [
-            (
-                "acknowledge_retained_response_consumed_once",
-                b.acknowledge_retained_response_consumed_once,
-            ),
-            (
-                "acknowledge_no_completed_effect_replay",
-                b.acknowledge_no_completed_effect_replay,
-            ),
-            (
-                "acknowledge_same_request_attempt_and_budgets",
-                b.acknowledge_same_request_attempt_and_budgets,
-            ),
-            (
-                "acknowledge_finite_ownership_lease",
-                b.acknowledge_finite_ownership_lease,
-            ),
-        ];
-        Self::validated(
-            &b,
-            b.version,
-            &b.candidate_digest,
-            b.valid_for_seconds,
-            &acknowledgements,
-        )
-    }
+            fn try_from(b: $body) -> Result<Self, ApiError> {
+                let common = Common {
+                    version: b.version,
+                    candidate_digest: &b.candidate_digest,
+                    valid_for_seconds: b.valid_for_seconds,
+                    own: (stringify!($own), b.$own),
+                    shared: [
+                        b.acknowledge_no_completed_effect_replay,
+                        b.acknowledge_same_request_attempt_and_budgets,
+                        b.acknowledge_finite_ownership_lease,
+                    ],
+                };
+                Self::validated(&b, common)
+            }
+        }
+    };
 }
 
-impl TryFrom<FinalOutcomeContinuationInputV1> for ActionInput {
-    type Error = ApiError;
-
-    fn try_from(b: FinalOutcomeContinuationInputV1) -> Result<Self, ApiError> {
-        let acknowledgements = [
-            (
-                "acknowledge_already_consumed_final_output",
-                b.acknowledge_already_consumed_final_output,
-            ),
-            (
-                "acknowledge_no_completed_effect_replay",
-                b.acknowledge_no_completed_effect_replay,
-            ),
-            (
-                "acknowledge_same_request_attempt_and_budgets",
-                b.acknowledge_same_request_attempt_and_budgets,
-            ),
-            (
-                "acknowledge_finite_ownership_lease",
-                b.acknowledge_finite_ownership_lease,
-            ),
-        ];
-        Self::validated(
-            &b,
-            b.version,
-            &b.candidate_digest,
-            b.valid_for_seconds,
-            &acknowledgements,
-        )
-    }
-}
+action_input_from!(
+    CheckpointContinuationInputV1,
+    acknowledge_retained_response_consumed_once
+);
+action_input_from!(
+    FinalOutcomeContinuationInputV1,
+    acknowledge_already_consumed_final_output
+);
 
 /// The finite lease an action grants.
 #[derive(Debug, Clone, Serialize, ToSchema)]

@@ -54,7 +54,7 @@ async fn admit(
         .map(|_| idempotency_key.map(|k| format!("{}:{k}", operator.simple())))
         .collect();
     sqlx::query(
-        "INSERT INTO runs (id, root_run_id, task_id, agent, operator_id, repository, git_ref, steps,
+        "INSERT INTO runs (id, root_run_id, work_context_id, agent, operator_id, repository, git_ref, steps,
                            max_commands, max_wall_seconds, max_attempts, deadline, state,
                            idempotency_key, request_digest)
          SELECT id, id, id, agent, $12, repository, git_ref, steps, max_commands, max_wall_seconds,
