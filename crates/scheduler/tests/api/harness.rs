@@ -1,14 +1,20 @@
-//! The API under test: a router on a fresh database, with a token of each role.
+//! The API under test: a router on a fresh database, with a token of each role, and
+//! the fixtures that put a run where a worker would have left it.
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::Router;
+use cairn_common::journal::{self, Outcome, Receipt};
+use cairn_common::lease::Lease;
 use cairn_common::testing::TestDb;
 use cairn_scheduler::api::{self, auth, auth::Role, AppState};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use tower::ServiceExt;
+use uuid::Uuid;
+
+pub const POLICY: &str = "/api/v1/invalid-read-continuity/policy";
 
 pub struct Api {
     pub db: TestDb,
@@ -94,6 +100,38 @@ impl Api {
         (status, value)
     }
 
+    pub async fn get(&self, path: &str, token: &str) -> (StatusCode, Value) {
+        self.call("GET", path, Some(token), None).await
+    }
+
+    pub async fn post(&self, path: &str, token: &str, body: Option<Value>) -> (StatusCode, Value) {
+        self.call("POST", path, Some(token), body).await
+    }
+
+    pub async fn put_policy(&self, token: &str, body: Value) -> (StatusCode, Value) {
+        self.call("PUT", POLICY, Some(token), Some(body)).await
+    }
+
+    /// Submits `run_spec("coder")` as `token`; returns the new run's id.
+    pub async fn submit(&self, token: &str) -> String {
+        let (status, run) = self
+            .post("/api/v1/runs", token, Some(run_spec("coder")))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{run}");
+        run["run_id"].as_str().expect("run id").to_string()
+    }
+
+    /// The ids of a submitted run and of the one execution request admission wrote for it.
+    pub async fn request_of(&self, run_id: &str) -> (Uuid, Uuid) {
+        let run_id = Uuid::parse_str(run_id).expect("uuid");
+        let request_id = sqlx::query_scalar("SELECT id FROM execution_requests WHERE run_id = $1")
+            .bind(run_id)
+            .fetch_one(self.pool())
+            .await
+            .expect("request");
+        (run_id, request_id)
+    }
+
     pub async fn count(&self, table: &str) -> i64 {
         sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
             .fetch_one(self.pool())
@@ -140,4 +178,53 @@ pub fn error_code(body: &Value) -> &str {
 
 pub fn error_field(body: &Value) -> &str {
     body["error"]["field"].as_str().unwrap_or("")
+}
+
+/// The lease a worker held on its first claim of a request (epoch 1).
+pub fn first_lease(request_id: Uuid) -> Lease {
+    Lease {
+        request_id,
+        owner: "w1".into(),
+        epoch: 1,
+        deadline: chrono::Utc::now(),
+    }
+}
+
+/// A step that exited 0 after `wall_ms`, `cpu_ms` of it on the CPU.
+pub fn exited_zero(wall_ms: i64, cpu_ms: i64) -> Outcome {
+    Outcome {
+        exit_code: Some(0),
+        signal: None,
+        timed_out: false,
+        wall_ms,
+        cpu_ms,
+        output_digest: "abc".into(),
+        stdout_tail: String::new(),
+        stderr_tail: String::new(),
+        output_artifact: String::new(),
+    }
+}
+
+/// Journals `steps` in order as a worker does (intent, then receipt), each ended with
+/// `outcome` under `lease`, attempt 1.
+pub async fn journal_steps(
+    conn: &mut PgConnection,
+    lease: &Lease,
+    steps: &[&str],
+    outcome: &Outcome,
+) {
+    for (index, &step_key) in steps.iter().enumerate() {
+        journal::write_intent(conn, lease, 1, step_key, index, false)
+            .await
+            .expect("intent");
+        let receipt = Receipt {
+            step_key,
+            attempt: 1,
+            outcome,
+            tier: None,
+        };
+        journal::record_receipt(conn, lease, &receipt, None)
+            .await
+            .expect("receipt");
+    }
 }

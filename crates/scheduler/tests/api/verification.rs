@@ -6,60 +6,52 @@ use uuid::Uuid;
 
 use super::harness::*;
 
+/// The digests a candidate names and an adoption must repeat.
+const DIGESTS: [&str; 5] = [
+    "pending_request_digest",
+    "source_digest",
+    "commands_digest",
+    "policy_digest",
+    "provider_digest",
+];
+
+/// An adoption's request id, and one no adoption uses.
+const ID: &str = "0123456789abcdef0123456789abcdef";
+const UNUSED_ID: &str = "fedcba9876543210fedcba9876543210";
+
+/// The verification-handoff routes of one run.
+struct Handoff {
+    request_id: Uuid,
+    base: String,
+}
+
+impl Handoff {
+    async fn candidates(&self, api: &Api, query: &str) -> (StatusCode, Value) {
+        api.get(&format!("{}/candidates{query}", self.base), &api.viewer)
+            .await
+    }
+
+    async fn adopt(&self, api: &Api, token: &str, body: Value) -> (StatusCode, Value) {
+        api.post(&format!("{}/adoptions", self.base), token, Some(body))
+            .await
+    }
+
+    async fn adoption(&self, api: &Api, id: &str) -> (StatusCode, Value) {
+        api.get(&format!("{}/adoptions/{id}", self.base), &api.viewer)
+            .await
+    }
+}
+
 /// Puts a submitted run where an accepted report asking for verification leaves it:
 /// awaiting verification with a pending handoff of three frozen checks.
-async fn awaiting_verification(api: &Api) -> (String, Uuid) {
-    let (status, run) = api
-        .call(
-            "POST",
-            "/api/v1/runs",
-            Some(&api.operator),
-            Some(run_spec("coder")),
-        )
-        .await;
-    assert_eq!(status, StatusCode::CREATED, "{run}");
-    let run_id = run["run_id"].as_str().expect("run id").to_string();
-    let run_uuid = Uuid::parse_str(&run_id).expect("uuid");
-    let request_id: Uuid =
-        sqlx::query_scalar("SELECT id FROM execution_requests WHERE run_id = $1")
-            .bind(run_uuid)
-            .fetch_one(api.pool())
-            .await
-            .expect("request");
+async fn awaiting_verification(api: &Api) -> Handoff {
+    let run_id = api.submit(&api.operator).await;
+    let (_, request_id) = api.request_of(&run_id).await;
     // Two steps ran under epoch 1; the last one's report asks for verification of three
     // checks, and its acceptance opened the handoff.
-    let lease = cairn_common::lease::Lease {
-        request_id,
-        owner: "w1".into(),
-        epoch: 1,
-        deadline: chrono::Utc::now(),
-    };
-    let outcome = cairn_common::journal::Outcome {
-        exit_code: Some(0),
-        signal: None,
-        timed_out: false,
-        wall_ms: 10,
-        cpu_ms: 1,
-        output_digest: "abc".into(),
-        stdout_tail: String::new(),
-        stderr_tail: String::new(),
-        output_artifact: String::new(),
-    };
+    let lease = first_lease(request_id);
     let mut conn = api.pool().acquire().await.expect("conn");
-    for (index, key) in ["build", "report"].into_iter().enumerate() {
-        cairn_common::journal::write_intent(&mut conn, &lease, 1, key, index, false)
-            .await
-            .expect("intent");
-        let receipt = cairn_common::journal::Receipt {
-            step_key: key,
-            attempt: 1,
-            outcome: &outcome,
-            tier: None,
-        };
-        cairn_common::journal::record_receipt(&mut conn, &lease, &receipt, None)
-            .await
-            .expect("receipt");
-    }
+    journal_steps(&mut conn, &lease, &["build", "report"], &exited_zero(10, 1)).await;
     let body = json!({
         "outcome": "complete",
         "followup_kind": "verification",
@@ -86,7 +78,17 @@ async fn awaiting_verification(api: &Api) -> (String, Uuid) {
         accepted,
         cairn_common::report::Acceptance::Accepted { verification: true }
     );
-    (run_id, request_id)
+    let base = format!("/api/v1/runs/{run_id}/verification-handoffs");
+    Handoff { request_id, base }
+}
+
+/// A run awaiting verification and its handoff's candidate for the run's agent.
+async fn offered() -> (Api, Handoff, Value) {
+    let api = Api::new().await;
+    let handoff = awaiting_verification(&api).await;
+    let (status, candidate) = handoff.candidates(&api, "?agent=coder").await;
+    assert_eq!(status, StatusCode::OK, "{candidate}");
+    (api, handoff, candidate)
 }
 
 fn adoption_body(candidate: &Value, request_id: &str, reusable: &[usize]) -> Value {
@@ -100,65 +102,39 @@ fn adoption_body(candidate: &Value, request_id: &str, reusable: &[usize]) -> Val
             })
         })
         .collect();
-    json!({
+    let mut body = json!({
         "request_id": request_id,
         "agent": candidate["agent"],
-        "pending_request_digest": candidate["pending_request_digest"],
-        "source_digest": candidate["source_digest"],
-        "commands_digest": candidate["commands_digest"],
-        "policy_digest": candidate["policy_digest"],
-        "provider_digest": candidate["provider_digest"],
         "reusable_build_checks": checks
-    })
+    });
+    for field in DIGESTS {
+        body[field] = candidate[field].clone();
+    }
+    body
+}
+
+/// `body` with `change` made to a copy of it.
+fn changed(body: &Value, change: impl FnOnce(&mut Value)) -> Value {
+    let mut body = body.clone();
+    change(&mut body);
+    body
 }
 
 #[tokio::test]
-async fn a_verification_handoff_is_adopted_once_and_every_bad_adoption_changes_nothing() {
+async fn a_verification_candidate_is_offered_for_the_runs_agent_with_only_reusable_builds() {
     let api = Api::new().await;
-    let (run_id, request_id) = awaiting_verification(&api).await;
-    let base = format!("/api/v1/runs/{run_id}/verification-handoffs");
-
-    let (status, error) = api
-        .call(
-            "GET",
-            &format!("{base}/candidates"),
-            Some(&api.viewer),
-            None,
-        )
-        .await;
-    assert_eq!(
-        (status, error_field(&error)),
-        (StatusCode::BAD_REQUEST, "agent")
-    );
-    let (status, error) = api
-        .call(
-            "GET",
-            &format!("{base}/candidates?agent=other"),
-            Some(&api.viewer),
-            None,
-        )
-        .await;
-    assert_eq!(
-        (status, error_field(&error)),
-        (StatusCode::UNPROCESSABLE_ENTITY, "agent")
-    );
-    let (status, candidate) = api
-        .call(
-            "GET",
-            &format!("{base}/candidates?agent=coder"),
-            Some(&api.viewer),
-            None,
-        )
-        .await;
+    let handoff = awaiting_verification(&api).await;
+    for (query, status) in [
+        ("", StatusCode::BAD_REQUEST),
+        ("?agent=other", StatusCode::UNPROCESSABLE_ENTITY),
+    ] {
+        let (got, error) = handoff.candidates(&api, query).await;
+        assert_eq!((got, error_field(&error)), (status, "agent"), "{query}");
+    }
+    let (status, candidate) = handoff.candidates(&api, "?agent=coder").await;
     assert_eq!(status, StatusCode::OK, "{candidate}");
     assert_eq!(candidate["admission"], "READY");
-    for field in [
-        "pending_request_digest",
-        "source_digest",
-        "commands_digest",
-        "policy_digest",
-        "provider_digest",
-    ] {
+    for field in DIGESTS {
         assert!(
             candidate[field]
                 .as_str()
@@ -178,108 +154,100 @@ async fn a_verification_handoff_is_adopted_once_and_every_bad_adoption_changes_n
     assert_eq!(reusable[0]["arguments"], json!(["cargo", "build"]));
     assert_eq!(reusable[1]["index"], 2);
     assert_eq!(candidate["budget"]["remaining_commands"], 8);
+}
 
-    let id = "0123456789abcdef0123456789abcdef";
-    let good = adoption_body(&candidate, id, &[1]);
+#[tokio::test]
+async fn every_bad_adoption_is_rejected_and_changes_nothing() {
+    let (api, handoff, candidate) = offered().await;
+    let good = adoption_body(&candidate, ID, &[1]);
     let before = api.footprint().await;
-    let mut rejections: Vec<(Value, StatusCode, &str, &str)> = Vec::new();
-    // Shape: ids, digests, the acknowledgement, duplicates, unknown fields, coercion.
-    let mut bad_id = good.clone();
-    bad_id["request_id"] = json!("0123456789ABCDEF0123456789ABCDEF");
-    rejections.push((bad_id, StatusCode::BAD_REQUEST, "invalid_id", "request_id"));
-    let mut bad_digest = good.clone();
-    bad_digest["policy_digest"] = json!("abc");
-    rejections.push((
-        bad_digest,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "validation_failed",
-        "policy_digest",
-    ));
-    let mut unacknowledged = good.clone();
-    unacknowledged["reusable_build_checks"][0]["independent_of_time_and_external_state"] =
-        json!(false);
-    rejections.push((
-        unacknowledged,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "acknowledgement_required",
-        "reusable_build_checks[0].independent_of_time_and_external_state",
-    ));
-    let mut coerced = good.clone();
-    coerced["reusable_build_checks"][0]["independent_of_time_and_external_state"] = json!("true");
-    rejections.push((
-        coerced,
-        StatusCode::BAD_REQUEST,
-        "invalid_body",
-        "reusable_build_checks[0].independent_of_time_and_external_state",
-    ));
-    let mut wrong_purpose = good.clone();
-    wrong_purpose["reusable_build_checks"][0]["purpose"] = json!("test");
-    rejections.push((
-        wrong_purpose,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "validation_failed",
-        "reusable_build_checks[0].purpose",
-    ));
-    let mut duplicate = adoption_body(&candidate, id, &[1, 1]);
-    duplicate["request_id"] = json!(id);
-    rejections.push((
-        duplicate,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "duplicate_selection",
-        "reusable_build_checks[1].command_digest",
-    ));
-    let mut unknown_field = good.clone();
-    unknown_field["reuse_everything"] = json!(true);
-    rejections.push((
-        unknown_field,
-        StatusCode::BAD_REQUEST,
-        "invalid_body",
-        "reuse_everything",
-    ));
-    // Against the candidate: changed digests, unknown and never-reusable checks.
-    for field in [
-        "pending_request_digest",
-        "source_digest",
-        "commands_digest",
-        "policy_digest",
-        "provider_digest",
-    ] {
-        let mut changed = good.clone();
-        changed[field] = json!("b".repeat(64));
-        rejections.push((changed, StatusCode::CONFLICT, "stale_candidate", field));
+    let acknowledgement = "reusable_build_checks[0].independent_of_time_and_external_state";
+    let first_digest = "reusable_build_checks[0].command_digest";
+    let mut rejections = vec![
+        // Shape: ids, digests, the acknowledgement, duplicates, unknown fields, coercion.
+        (
+            changed(&good, |b| b["request_id"] = json!(ID.to_uppercase())),
+            StatusCode::BAD_REQUEST,
+            "invalid_id",
+            "request_id",
+        ),
+        (
+            changed(&good, |b| b["policy_digest"] = json!("abc")),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+            "policy_digest",
+        ),
+        (
+            changed(&good, |b| {
+                b["reusable_build_checks"][0]["independent_of_time_and_external_state"] =
+                    json!(false)
+            }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "acknowledgement_required",
+            acknowledgement,
+        ),
+        (
+            changed(&good, |b| {
+                b["reusable_build_checks"][0]["independent_of_time_and_external_state"] =
+                    json!("true")
+            }),
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            acknowledgement,
+        ),
+        (
+            changed(&good, |b| {
+                b["reusable_build_checks"][0]["purpose"] = json!("test")
+            }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+            "reusable_build_checks[0].purpose",
+        ),
+        (
+            adoption_body(&candidate, ID, &[1, 1]),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "duplicate_selection",
+            "reusable_build_checks[1].command_digest",
+        ),
+        (
+            changed(&good, |b| b["reuse_everything"] = json!(true)),
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+            "reuse_everything",
+        ),
+        // Against the candidate: unknown and never-reusable checks, another agent.
+        (
+            changed(&good, |b| {
+                b["reusable_build_checks"][0]["command_digest"] = json!("c".repeat(64))
+            }),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "unknown_command_digest",
+            first_digest,
+        ),
+        (
+            adoption_body(&candidate, ID, &[3]),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "not_reusable",
+            first_digest,
+        ),
+        (
+            changed(&good, |b| b["agent"] = json!("other")),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+            "agent",
+        ),
+    ];
+    // Changed digests: the candidate is stale.
+    for field in DIGESTS {
+        rejections.push((
+            changed(&good, |b| b[field] = json!("b".repeat(64))),
+            StatusCode::CONFLICT,
+            "stale_candidate",
+            field,
+        ));
     }
-    let mut unknown_command = good.clone();
-    unknown_command["reusable_build_checks"][0]["command_digest"] = json!("c".repeat(64));
-    rejections.push((
-        unknown_command,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "unknown_command_digest",
-        "reusable_build_checks[0].command_digest",
-    ));
-    let database = adoption_body(&candidate, id, &[3]);
-    rejections.push((
-        database,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "not_reusable",
-        "reusable_build_checks[0].command_digest",
-    ));
-    let mut other_agent = good.clone();
-    other_agent["agent"] = json!("other");
-    rejections.push((
-        other_agent,
-        StatusCode::UNPROCESSABLE_ENTITY,
-        "validation_failed",
-        "agent",
-    ));
     for (body, status, code, field) in rejections {
-        let (got, error) = api
-            .call(
-                "POST",
-                &format!("{base}/adoptions"),
-                Some(&api.operator),
-                Some(body.clone()),
-            )
-            .await;
+        let (got, error) = handoff.adopt(&api, &api.operator, body.clone()).await;
         assert_eq!(
             (got, error_code(&error), error_field(&error)),
             (status, code, field),
@@ -287,33 +255,25 @@ async fn a_verification_handoff_is_adopted_once_and_every_bad_adoption_changes_n
         );
     }
     // A viewer cannot adopt.
-    let (status, _) = api
-        .call(
-            "POST",
-            &format!("{base}/adoptions"),
-            Some(&api.viewer),
-            Some(good.clone()),
-        )
-        .await;
+    let (status, _) = handoff.adopt(&api, &api.viewer, good).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     assert_eq!(
         api.footprint().await,
         before,
         "no rejection changed anything"
     );
+}
+
+#[tokio::test]
+async fn a_verification_handoff_is_adopted_once_and_read_back() {
+    let (api, handoff, candidate) = offered().await;
+    let good = adoption_body(&candidate, ID, &[1]);
 
     // Admitted once: the ticket is queued again through the outbox, same attempt.
-    let (status, receipt) = api
-        .call(
-            "POST",
-            &format!("{base}/adoptions"),
-            Some(&api.operator),
-            Some(good.clone()),
-        )
-        .await;
+    let (status, receipt) = handoff.adopt(&api, &api.operator, good.clone()).await;
     assert_eq!(status, StatusCode::CREATED, "{receipt}");
     assert_eq!(receipt["status"], "queued");
-    assert_eq!(receipt["request_id"], id);
+    assert_eq!(receipt["request_id"], ID);
     assert_eq!(receipt["handoff_state"], "adopted");
     assert_eq!(
         receipt["reusable_build_checks"],
@@ -321,7 +281,7 @@ async fn a_verification_handoff_is_adopted_once_and_every_bad_adoption_changes_n
     );
     let (state, attempt): (String, i32) =
         sqlx::query_as("SELECT state, attempt FROM execution_requests WHERE id = $1")
-            .bind(request_id)
+            .bind(handoff.request_id)
             .fetch_one(api.pool())
             .await
             .expect("request");
@@ -335,79 +295,36 @@ async fn a_verification_handoff_is_adopted_once_and_every_bad_adoption_changes_n
     assert_eq!(message["kind"], "verification");
     assert_eq!(
         message["action_id"],
-        json!(Uuid::parse_str(id).expect("id"))
+        json!(Uuid::parse_str(ID).expect("id"))
     );
 
     // The same id and input: the same receipt, nothing more admitted.
     let after = api.footprint().await;
-    let (status, again) = api
-        .call(
-            "POST",
-            &format!("{base}/adoptions"),
-            Some(&api.operator),
-            Some(good.clone()),
-        )
-        .await;
+    let (status, again) = handoff.adopt(&api, &api.operator, good).await;
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(again, receipt);
     assert_eq!(api.footprint().await, after);
-    // The same id with other input: 409, and nothing changes.
-    let other = adoption_body(&candidate, id, &[]);
-    let (status, error) = api
-        .call(
-            "POST",
-            &format!("{base}/adoptions"),
-            Some(&api.operator),
-            Some(other),
-        )
-        .await;
-    assert_eq!(
-        (status, error_code(&error)),
-        (StatusCode::CONFLICT, "request_id_conflict")
-    );
-    assert_eq!(api.footprint().await, after);
-    // A new id finds no pending handoff any more.
-    let fresh = adoption_body(&candidate, "fedcba9876543210fedcba9876543210", &[]);
-    let (status, error) = api
-        .call(
-            "POST",
-            &format!("{base}/adoptions"),
-            Some(&api.operator),
-            Some(fresh),
-        )
-        .await;
-    assert_eq!(
-        (status, error_code(&error)),
-        (StatusCode::CONFLICT, "no_pending_handoff")
-    );
-    assert_eq!(api.footprint().await, after);
+    // The same id with other input (409), or a new id, which finds no pending handoff
+    // any more: nothing changes.
+    for (id, code) in [
+        (ID, "request_id_conflict"),
+        (UNUSED_ID, "no_pending_handoff"),
+    ] {
+        let other = adoption_body(&candidate, id, &[]);
+        let (status, error) = handoff.adopt(&api, &api.operator, other).await;
+        assert_eq!(
+            (status, error_code(&error)),
+            (StatusCode::CONFLICT, code),
+            "{id}"
+        );
+        assert_eq!(api.footprint().await, after);
+    }
 
-    let (status, read) = api
-        .call(
-            "GET",
-            &format!("{base}/adoptions/{id}"),
-            Some(&api.viewer),
-            None,
-        )
-        .await;
+    let (status, read) = handoff.adoption(&api, ID).await;
     assert_eq!((status, read), (StatusCode::OK, receipt));
-    let (status, _) = api
-        .call(
-            "GET",
-            &format!("{base}/adoptions/fedcba9876543210fedcba9876543210"),
-            Some(&api.viewer),
-            None,
-        )
-        .await;
+    let (status, _) = handoff.adoption(&api, UNUSED_ID).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
-    let (status, error) = api
-        .call(
-            "GET",
-            &format!("{base}/adoptions/nope"),
-            Some(&api.viewer),
-            None,
-        )
-        .await;
+    let (status, error) = handoff.adoption(&api, "nope").await;
     assert_eq!(
         (status, error_field(&error)),
         (StatusCode::BAD_REQUEST, "request_id")
