@@ -18,28 +18,17 @@ async fn tokens_and_roles_guard_every_route() {
 
     let before = api.footprint().await;
     let (status, body) = api
-        .call(
-            "POST",
-            "/api/v1/runs",
-            Some(&api.viewer),
-            Some(run_spec("a")),
-        )
+        .post("/api/v1/runs", &api.viewer, Some(run_spec("a")))
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
     let (status, _) = api
-        .call(
-            "PUT",
-            "/api/v1/invalid-read-continuity/policy",
-            Some(&api.operator),
-            Some(json!({"enabled": true})),
-        )
+        .put_policy(&api.operator, json!({"enabled": true}))
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     let (status, _) = api
-        .call(
-            "POST",
+        .post(
             "/api/v1/tokens",
-            Some(&api.operator),
+            &api.operator,
             Some(json!({"name": "x", "role": "admin"})),
         )
         .await;
@@ -52,19 +41,15 @@ async fn tokens_and_roles_guard_every_route() {
 
     // An admin creates a token; it works; once revoked it does not.
     let (status, created) = api
-        .call(
-            "POST",
+        .post(
             "/api/v1/tokens",
-            Some(&api.admin),
+            &api.admin,
             Some(json!({"name": "ci", "role": "viewer"})),
         )
         .await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
     let token = created["token"].as_str().expect("token").to_string();
-    assert_eq!(
-        api.call("GET", "/api/v1/runs", Some(&token), None).await.0,
-        StatusCode::OK
-    );
+    assert_eq!(api.get("/api/v1/runs", &token).await.0, StatusCode::OK);
     let stored: Vec<u8> = sqlx::query_scalar("SELECT token_hash FROM api_tokens WHERE name = 'ci'")
         .fetch_one(api.pool())
         .await
@@ -72,16 +57,11 @@ async fn tokens_and_roles_guard_every_route() {
     assert_ne!(stored, token.as_bytes(), "only a hash is stored");
     let id = created["token_id"].as_str().expect("id");
     let (status, _) = api
-        .call(
-            "POST",
-            &format!("/api/v1/tokens/{id}/revoke"),
-            Some(&api.admin),
-            None,
-        )
+        .post(&format!("/api/v1/tokens/{id}/revoke"), &api.admin, None)
         .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
-        api.call("GET", "/api/v1/runs", Some(&token), None).await.0,
+        api.get("/api/v1/runs", &token).await.0,
         StatusCode::UNAUTHORIZED
     );
 }

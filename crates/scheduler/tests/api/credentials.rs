@@ -23,23 +23,10 @@ async fn rotating_an_agents_credentials_retires_its_snapshots() {
         .await
         .expect("snapshot");
     }
-    let (status, _) = api
-        .call(
-            "POST",
-            "/api/v1/agents/coder/credentials/rotate",
-            Some(&api.operator),
-            None,
-        )
-        .await;
+    let rotate = "/api/v1/agents/coder/credentials/rotate";
+    let (status, _) = api.post(rotate, &api.operator, None).await;
     assert_eq!(status, StatusCode::FORBIDDEN);
-    let (status, rotation) = api
-        .call(
-            "POST",
-            "/api/v1/agents/coder/credentials/rotate",
-            Some(&api.admin),
-            None,
-        )
-        .await;
+    let (status, rotation) = api.post(rotate, &api.admin, None).await;
     assert_eq!(status, StatusCode::OK, "{rotation}");
     assert_eq!(
         (
@@ -55,10 +42,9 @@ async fn rotating_an_agents_credentials_retires_its_snapshots() {
             .expect("count");
     assert_eq!(current, 1, "another agent's snapshots are untouched");
     let (status, error) = api
-        .call(
-            "POST",
+        .post(
             "/api/v1/agents/bad%20name/credentials/rotate",
-            Some(&api.admin),
+            &api.admin,
             None,
         )
         .await;

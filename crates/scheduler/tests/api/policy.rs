@@ -8,32 +8,17 @@ use super::harness::*;
 #[tokio::test]
 async fn the_policy_preserves_what_a_put_does_not_name() {
     let api = Api::new().await;
-    let (status, policy) = api
-        .call(
-            "GET",
-            "/api/v1/invalid-read-continuity/policy",
-            Some(&api.viewer),
-            None,
-        )
-        .await;
+    let (status, policy) = api.get(POLICY, &api.viewer).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(policy["allow_checkpoint_continuation"], false);
     assert_eq!(policy["allow_final_outcome_continuation"], false);
-    let path = "/api/v1/invalid-read-continuity/policy";
     let (_, saved) = api
-        .call(
-            "PUT",
-            path,
-            Some(&api.admin),
-            Some(json!({"maximum_window_seconds": 900})),
-        )
+        .put_policy(&api.admin, json!({"maximum_window_seconds": 900}))
         .await;
     let (status, saved2) = api
-        .call(
-            "PUT",
-            path,
-            Some(&api.admin),
-            Some(json!({"enabled": true, "allow_checkpoint_continuation": true})),
+        .put_policy(
+            &api.admin,
+            json!({"enabled": true, "allow_checkpoint_continuation": true}),
         )
         .await;
     assert_eq!(status, StatusCode::OK);
@@ -69,9 +54,7 @@ async fn the_policy_preserves_what_a_put_does_not_name() {
             "maximum_window_seconds",
         ),
     ] {
-        let (got, error) = api
-            .call("PUT", path, Some(&api.admin), Some(body.clone()))
-            .await;
+        let (got, error) = api.put_policy(&api.admin, body.clone()).await;
         assert_eq!(
             (got, error_field(&error)),
             (status, field),

@@ -6,16 +6,52 @@ use uuid::Uuid;
 
 use super::harness::*;
 
+/// (runs, execution requests, outbox messages): what admission writes together.
+async fn admitted(api: &Api) -> (i64, i64, i64) {
+    (
+        api.count("runs").await,
+        api.count("execution_requests").await,
+        api.count("outbox").await,
+    )
+}
+
+/// Submits one run spec per agent `{prefix}-{i}` for `i` in `0..count` as one batch.
+async fn submit_batch(api: &Api, prefix: &str, count: usize) -> (StatusCode, Value) {
+    let runs: Vec<Value> = (0..count)
+        .map(|i| run_spec(&format!("{prefix}-{i}")))
+        .collect();
+    api.post(
+        "/api/v1/runs/batch",
+        &api.operator,
+        Some(json!({"runs": runs})),
+    )
+    .await
+}
+
+/// The ids of the runs a listing shows.
+fn run_ids(page: &Value) -> Vec<String> {
+    page["runs"]
+        .as_array()
+        .expect("runs")
+        .iter()
+        .map(|r| r["run_id"].to_string())
+        .collect()
+}
+
+async fn cancel(api: &Api, run_id: &str) -> (StatusCode, Value) {
+    api.post(
+        &format!("/api/v1/runs/{run_id}/cancel"),
+        &api.operator,
+        None,
+    )
+    .await
+}
+
 #[tokio::test]
 async fn admission_writes_run_request_and_outbox_together() {
     let api = Api::new().await;
     let (status, run) = api
-        .call(
-            "POST",
-            "/api/v1/runs",
-            Some(&api.operator),
-            Some(run_spec("coder")),
-        )
+        .post("/api/v1/runs", &api.operator, Some(run_spec("coder")))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{run}");
     assert_eq!(run["state"], "queued");
@@ -23,14 +59,7 @@ async fn admission_writes_run_request_and_outbox_together() {
     assert_eq!(run["max_attempts"], 3);
     let run_id = run["run_id"].as_str().expect("run id");
     assert_eq!(run_id.len(), 32);
-    assert_eq!(
-        (
-            api.count("runs").await,
-            api.count("execution_requests").await,
-            api.count("outbox").await
-        ),
-        (1, 1, 1)
-    );
+    assert_eq!(admitted(&api).await, (1, 1, 1));
     let payload: Value = sqlx::query_scalar("SELECT payload FROM outbox")
         .fetch_one(api.pool())
         .await
@@ -41,75 +70,47 @@ async fn admission_writes_run_request_and_outbox_together() {
         run["request_id"].as_str().map(String::from)
     );
 
-    let (status, shown) = api
-        .call(
-            "GET",
-            &format!("/api/v1/runs/{run_id}"),
-            Some(&api.viewer),
-            None,
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(shown["steps"][1]["idempotent"], true);
-    let (status, requests) = api
-        .call(
-            "GET",
-            &format!("/api/v1/runs/{run_id}/execution-requests"),
-            Some(&api.viewer),
-            None,
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(requests["execution_requests"][0]["lease_epoch"], 0);
-    let (status, journal) = api
-        .call(
-            "GET",
-            &format!("/api/v1/runs/{run_id}/journal"),
-            Some(&api.viewer),
-            None,
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(journal["steps"], json!([]));
+    let run_path = format!("/api/v1/runs/{run_id}");
+    for (path, field, expected) in [
+        (run_path.clone(), "/steps/1/idempotent", json!(true)),
+        (
+            format!("{run_path}/execution-requests"),
+            "/execution_requests/0/lease_epoch",
+            json!(0),
+        ),
+        (format!("{run_path}/journal"), "/steps", json!([])),
+    ] {
+        let (status, shown) = api.get(&path, &api.viewer).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert_eq!(shown.pointer(field), Some(&expected), "{path}: {shown}");
+    }
 }
 
 #[tokio::test]
 async fn an_idempotency_key_replays_the_same_run_or_conflicts() {
     let api = Api::new().await;
-    let body = run_spec("coder").to_string();
     let key = [("idempotency-key", "submit-42")];
-    let (first, a) = api
-        .call_with(
-            "POST",
-            "/api/v1/runs",
-            Some(&api.operator),
-            Some(body.clone()),
-            &key,
-        )
-        .await;
-    let (second, b) = api
-        .call_with(
-            "POST",
-            "/api/v1/runs",
-            Some(&api.operator),
-            Some(body),
-            &key,
-        )
-        .await;
+    let submit = |agent: &str| {
+        let body = run_spec(agent).to_string();
+        let api = &api;
+        async move {
+            api.call_with(
+                "POST",
+                "/api/v1/runs",
+                Some(&api.operator),
+                Some(body),
+                &key,
+            )
+            .await
+        }
+    };
+    let (first, a) = submit("coder").await;
+    let (second, b) = submit("coder").await;
     assert_eq!((first, second), (StatusCode::CREATED, StatusCode::OK));
     assert_eq!(a["run_id"], b["run_id"]);
     assert_eq!(api.count("runs").await, 1);
 
-    let other = run_spec("someone-else").to_string();
-    let (status, error) = api
-        .call_with(
-            "POST",
-            "/api/v1/runs",
-            Some(&api.operator),
-            Some(other),
-            &key,
-        )
-        .await;
+    let (status, error) = submit("someone-else").await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(error_code(&error), "idempotency_key_conflict");
     assert_eq!((api.count("runs").await, api.count("outbox").await), (1, 1));
@@ -158,12 +159,7 @@ async fn malformed_bodies_are_rejected_and_change_nothing() {
     ];
     for (body, status, field) in cases {
         let (got, error) = api
-            .call(
-                "POST",
-                "/api/v1/runs",
-                Some(&api.operator),
-                Some(body.clone()),
-            )
+            .post("/api/v1/runs", &api.operator, Some(body.clone()))
             .await;
         assert_eq!(got, status, "{body} -> {error}");
         assert_eq!(error_field(&error), field, "{body} -> {error}");
@@ -194,26 +190,27 @@ async fn malformed_bodies_are_rejected_and_change_nothing() {
         )
         .await;
     assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+    assert_eq!(api.footprint().await, before);
+}
+
+#[tokio::test]
+async fn malformed_run_ids_are_bad_requests_and_unknown_ones_not_found() {
+    let api = Api::new().await;
+    let before = api.footprint().await;
     for path in [
         "/api/v1/runs/XYZ",
         "/api/v1/runs/0123456789ABCDEF0123456789abcdef",
         "/api/v1/runs/0123456789abcdef0123456789abcde",
     ] {
-        let (status, error) = api.call("GET", path, Some(&api.viewer), None).await;
+        let (status, error) = api.get(path, &api.viewer).await;
         assert_eq!(
             (status, error_code(&error), error_field(&error)),
             (StatusCode::BAD_REQUEST, "invalid_id", "run_id"),
             "{path}"
         );
     }
-    let (status, error) = api
-        .call(
-            "GET",
-            &format!("/api/v1/runs/{}", Uuid::new_v4().simple()),
-            Some(&api.viewer),
-            None,
-        )
-        .await;
+    let unknown = format!("/api/v1/runs/{}", Uuid::new_v4().simple());
+    let (status, error) = api.get(&unknown, &api.viewer).await;
     assert_eq!(
         (status, error_code(&error)),
         (StatusCode::NOT_FOUND, "not_found")
@@ -224,35 +221,12 @@ async fn malformed_bodies_are_rejected_and_change_nothing() {
 #[tokio::test]
 async fn a_batch_is_admitted_whole_or_not_at_all() {
     let api = Api::new().await;
-    let runs: Vec<Value> = (0..1000).map(|i| run_spec(&format!("agent-{i}"))).collect();
-    let (status, body) = api
-        .call(
-            "POST",
-            "/api/v1/runs/batch",
-            Some(&api.operator),
-            Some(json!({"runs": runs})),
-        )
-        .await;
+    let (status, body) = submit_batch(&api, "agent", 1000).await;
     assert_eq!(status, StatusCode::CREATED);
     assert_eq!(body["run_ids"].as_array().map(Vec::len), Some(1000));
-    assert_eq!(
-        (
-            api.count("runs").await,
-            api.count("execution_requests").await,
-            api.count("outbox").await
-        ),
-        (1000, 1000, 1000)
-    );
+    assert_eq!(admitted(&api).await, (1000, 1000, 1000));
 
-    let too_many: Vec<Value> = (0..1001).map(|i| run_spec(&format!("b-{i}"))).collect();
-    let (status, error) = api
-        .call(
-            "POST",
-            "/api/v1/runs/batch",
-            Some(&api.operator),
-            Some(json!({"runs": too_many})),
-        )
-        .await;
+    let (status, error) = submit_batch(&api, "b", 1001).await;
     assert_eq!(
         (status, error_field(&error)),
         (StatusCode::UNPROCESSABLE_ENTITY, "runs")
@@ -260,10 +234,9 @@ async fn a_batch_is_admitted_whole_or_not_at_all() {
     let mut one_bad: Vec<Value> = (0..5).map(|i| run_spec(&format!("c-{i}"))).collect();
     one_bad[3]["steps"][0]["timeout_seconds"] = json!(0);
     let (status, error) = api
-        .call(
-            "POST",
+        .post(
             "/api/v1/runs/batch",
-            Some(&api.operator),
+            &api.operator,
             Some(json!({"runs": one_bad})),
         )
         .await;
@@ -284,105 +257,47 @@ async fn a_batch_is_admitted_whole_or_not_at_all() {
 #[tokio::test]
 async fn runs_list_by_state_with_cursor_pagination() {
     let api = Api::new().await;
-    let runs: Vec<Value> = (0..7).map(|i| run_spec(&format!("agent-{i}"))).collect();
-    api.call(
-        "POST",
-        "/api/v1/runs/batch",
-        Some(&api.operator),
-        Some(json!({"runs": runs})),
-    )
-    .await;
-    let (_, first) = api
-        .call("GET", "/api/v1/runs?limit=3", Some(&api.viewer), None)
-        .await;
-    let mut seen: Vec<String> = first["runs"]
-        .as_array()
-        .expect("runs")
-        .iter()
-        .map(|r| r["run_id"].to_string())
-        .collect();
+    submit_batch(&api, "agent", 7).await;
+    let (_, first) = api.get("/api/v1/runs?limit=3", &api.viewer).await;
+    let mut seen = run_ids(&first);
     let mut cursor = first["next_cursor"].as_str().map(String::from);
     while let Some(c) = cursor {
         let (status, page) = api
-            .call(
-                "GET",
-                &format!("/api/v1/runs?limit=3&cursor={c}"),
-                Some(&api.viewer),
-                None,
-            )
+            .get(&format!("/api/v1/runs?limit=3&cursor={c}"), &api.viewer)
             .await;
         assert_eq!(status, StatusCode::OK);
-        seen.extend(
-            page["runs"]
-                .as_array()
-                .expect("runs")
-                .iter()
-                .map(|r| r["run_id"].to_string()),
-        );
+        seen.extend(run_ids(&page));
         cursor = page["next_cursor"].as_str().map(String::from);
     }
     seen.sort();
     seen.dedup();
     assert_eq!(seen.len(), 7, "every run once across pages");
 
-    let (_, one) = api
-        .call("GET", "/api/v1/runs?limit=1", Some(&api.viewer), None)
-        .await;
+    let (_, one) = api.get("/api/v1/runs?limit=1", &api.viewer).await;
     let id = one["runs"][0]["run_id"].as_str().expect("id").to_string();
-    let (status, cancelled) = api
-        .call(
-            "POST",
-            &format!("/api/v1/runs/{id}/cancel"),
-            Some(&api.operator),
-            None,
-        )
-        .await;
+    let (status, cancelled) = cancel(&api, &id).await;
     assert_eq!(
         (status, cancelled["state"].as_str()),
         (StatusCode::OK, Some("cancelled"))
     );
-    let (status, _) = api
-        .call(
-            "POST",
-            &format!("/api/v1/runs/{id}/cancel"),
-            Some(&api.operator),
-            None,
-        )
-        .await;
+    let (status, _) = cancel(&api, &id).await;
     assert_eq!(status, StatusCode::OK, "cancelling twice is harmless");
-    let (_, page) = api
-        .call(
-            "GET",
-            "/api/v1/runs?state=cancelled",
-            Some(&api.viewer),
-            None,
-        )
-        .await;
-    assert_eq!(page["runs"].as_array().map(Vec::len), Some(1));
-    let (_, page) = api
-        .call("GET", "/api/v1/runs?state=queued", Some(&api.viewer), None)
-        .await;
-    assert_eq!(page["runs"].as_array().map(Vec::len), Some(6));
-    let (status, error) = api
-        .call(
-            "GET",
-            "/api/v1/runs?state=sleeping",
-            Some(&api.viewer),
-            None,
-        )
-        .await;
+    for (state, count) in [("cancelled", 1), ("queued", 6)] {
+        let (_, page) = api
+            .get(&format!("/api/v1/runs?state={state}"), &api.viewer)
+            .await;
+        assert_eq!(
+            page["runs"].as_array().map(Vec::len),
+            Some(count),
+            "{state}"
+        );
+    }
+    let (status, error) = api.get("/api/v1/runs?state=sleeping", &api.viewer).await;
     assert_eq!(
         (status, error_field(&error)),
         (StatusCode::BAD_REQUEST, "state")
     );
-    let (status, _) = api
-        .call(
-            "GET",
-            "/api/v1/runs?cursor=garbage",
-            Some(&api.viewer),
-            None,
-        )
-        .await;
+    let (status, _) = api.get("/api/v1/runs?cursor=garbage", &api.viewer).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 
     sqlx::query("UPDATE execution_requests SET state = 'completed'")
@@ -390,22 +305,10 @@ async fn runs_list_by_state_with_cursor_pagination() {
         .await
         .expect("complete");
     let (_, other) = api
-        .call(
-            "GET",
-            "/api/v1/runs?state=queued&limit=1",
-            Some(&api.viewer),
-            None,
-        )
+        .get("/api/v1/runs?state=queued&limit=1", &api.viewer)
         .await;
     let other = other["runs"][0]["run_id"].as_str().expect("id").to_string();
-    let (status, error) = api
-        .call(
-            "POST",
-            &format!("/api/v1/runs/{other}/cancel"),
-            Some(&api.operator),
-            None,
-        )
-        .await;
+    let (status, error) = cancel(&api, &other).await;
     assert_eq!(
         (status, error_code(&error)),
         (StatusCode::CONFLICT, "run_finished")
