@@ -5,23 +5,32 @@ use cairn_common::lineage::{self, NewSnapshot, SnapshotStatus};
 use cairn_common::testing::TestDb;
 use cairn_reaper::retention::{Durations, Sweep, SweepReport};
 use cairn_snapshot::Repository;
-use cairn_snapshot::{self as snapshot, CaptureRules};
+use cairn_snapshot::{self as snapshot, CaptureRules, Manifest};
 use chrono::{DateTime, Duration, Utc};
-use sqlx::PgPool;
-use std::path::PathBuf;
+use sqlx::{PgConnection, PgPool};
+use std::path::{Path, PathBuf};
 use uuid::Uuid;
 
 async fn sweep(pool: &PgPool, now: DateTime<Utc>) -> SweepReport {
+    sweep_as(pool, now, false).await
+}
+
+async fn sweep_as(pool: &PgPool, now: DateTime<Utc>, dry_run: bool) -> SweepReport {
     Sweep {
         pool,
         now,
         durations: &Durations::default(),
         batch: 100,
-        dry_run: false,
+        dry_run,
     }
     .run()
     .await
     .expect("sweep")
+}
+
+/// How many interrupted captures a sweep at `now` fails.
+async fn captures_failed_at(pool: &PgPool, now: DateTime<Utc>) -> u64 {
+    sweep(pool, now).await.stale_captures_failed
 }
 
 fn scratch(label: &str) -> PathBuf {
@@ -31,6 +40,35 @@ fn scratch(label: &str) -> PathBuf {
     dir
 }
 
+/// A local artifact store in a directory of its own.
+fn local_store() -> Repository {
+    Repository::open(scratch("store").to_str().expect("utf8")).expect("store")
+}
+
+/// A snapshot of the agent "agent" in the local backend.
+fn new_snapshot<'a>(
+    kind: &'a str,
+    store_url: &'a str,
+    context: Option<Uuid>,
+    workspace: Option<Uuid>,
+    owner: Option<(Uuid, i64)>,
+) -> NewSnapshot<'a> {
+    NewSnapshot {
+        kind,
+        agent: "agent",
+        repository: None,
+        backend: "local",
+        base_image: None,
+        canonical_ref: None,
+        work_context_id: context,
+        workspace_id: workspace,
+        store_url,
+        credential_generation: 0,
+        owner,
+    }
+}
+
+/// A ready snapshot (its bytes are not written: see `capture_recorded`).
 async fn snapshot_row(
     pool: &PgPool,
     kind: &str,
@@ -41,25 +79,38 @@ async fn snapshot_row(
     let mut conn = pool.acquire().await.expect("conn");
     let id = lineage::create(
         &mut conn,
-        &NewSnapshot {
-            kind,
-            agent: "agent",
-            repository: None,
-            backend: "local",
-            base_image: None,
-            canonical_ref: None,
-            work_context_id: context,
-            workspace_id: workspace,
-            store_url,
-            credential_generation: 0,
-            owner: None,
-        },
+        &new_snapshot(kind, store_url, context, workspace, None),
     )
     .await
     .expect("create");
     lineage::mark_ready(&mut conn, id, &snapshot::manifest_key(id), 1)
         .await
         .expect("ready");
+    id
+}
+
+/// A ready checkpoint of a task of its own.
+async fn checkpoint(pool: &PgPool, store_url: &str) -> Uuid {
+    snapshot_row(pool, "checkpoint", store_url, Some(Uuid::new_v4()), None).await
+}
+
+/// A ready checkpoint made the head of `context`'s lineage.
+async fn head_of(pool: &PgPool, context: Uuid) -> Uuid {
+    let head = snapshot_row(pool, "checkpoint", "file:///tmp/none", Some(context), None).await;
+    let mut conn = pool.acquire().await.expect("conn");
+    lineage::append(&mut conn, context, "agent", None, head)
+        .await
+        .expect("append");
+    head
+}
+
+/// Registers a capture as the worker does before it writes any byte: `uploading`.
+async fn start_capture(conn: &mut PgConnection, new: &NewSnapshot<'_>) -> Uuid {
+    let id = lineage::create(conn, new).await.expect("create");
+    let uploading = SnapshotStatus::Uploading;
+    lineage::set_status(conn, id, &[SnapshotStatus::Creating], uploading)
+        .await
+        .expect("uploading");
     id
 }
 
@@ -71,38 +122,92 @@ async fn capture_in_progress(
     owner: Option<(Uuid, i64)>,
 ) -> (Uuid, DateTime<Utc>) {
     let mut conn = pool.acquire().await.expect("conn");
-    let id = lineage::create(
-        &mut conn,
-        &NewSnapshot {
-            kind: "checkpoint",
-            agent: "agent",
-            repository: None,
-            backend: "local",
-            base_image: None,
-            canonical_ref: None,
-            work_context_id: Some(context),
-            workspace_id: workspace,
-            store_url: "file:///tmp/none",
-            credential_generation: 0,
-            owner,
-        },
-    )
-    .await
-    .expect("create");
-    lineage::set_status(
-        &mut conn,
-        id,
-        &[SnapshotStatus::Creating],
-        SnapshotStatus::Uploading,
-    )
-    .await
-    .expect("uploading");
+    let new = new_snapshot(
+        "checkpoint",
+        "file:///tmp/none",
+        Some(context),
+        workspace,
+        owner,
+    );
+    let id = start_capture(&mut conn, &new).await;
     let created = sqlx::query_scalar("SELECT created_at FROM project_snapshots WHERE id = $1")
         .bind(id)
         .fetch_one(&mut *conn)
         .await
         .expect("created");
     (id, created)
+}
+
+/// Captures `tree` into `store` as snapshot `id`.
+async fn capture(store: &Repository, tree: &Path, id: Uuid) -> Manifest {
+    snapshot::capture(store, tree, &CaptureRules::default(), None, id)
+        .await
+        .expect("capture")
+        .0
+}
+
+/// Captures `tree` as snapshot `id` and records its packs, as a finished capture does.
+async fn capture_recorded(pool: &PgPool, store: &Repository, tree: &Path, id: Uuid) -> Manifest {
+    let manifest = capture(store, tree, id).await;
+    let mut conn = pool.acquire().await.expect("conn");
+    lineage::record_packs(&mut conn, id, &manifest.packs)
+        .await
+        .expect("packs");
+    manifest
+}
+
+/// Retires snapshot `id` (as `retention`) at `retired_at`.
+async fn retire(pool: &PgPool, id: Uuid, retention: &str, retired_at: DateTime<Utc>) {
+    sqlx::query("UPDATE project_snapshots SET retention = $2, retired_at = $3 WHERE id = $1")
+        .bind(id)
+        .bind(retention)
+        .bind(retired_at)
+        .execute(pool)
+        .await
+        .expect("retire");
+}
+
+/// A workspace of the agent in `state`, destroyed or paused at the times given.
+async fn workspace(
+    pool: &PgPool,
+    state: &str,
+    destroyed_at: Option<DateTime<Utc>>,
+    paused_at: Option<DateTime<Utc>>,
+) -> Uuid {
+    let id = Uuid::new_v4();
+    sqlx::query("INSERT INTO workspaces (id, agent, backend, state, destroyed_at, paused_at) VALUES ($1, 'agent', 'local', $2, $3, $4)")
+        .bind(id)
+        .bind(state)
+        .bind(destroyed_at)
+        .bind(paused_at)
+        .execute(pool)
+        .await
+        .expect("workspace");
+    id
+}
+
+/// A hold on `workspace` (of the task of `run`, if given) until `expires_at`.
+async fn hold(
+    pool: &PgPool,
+    workspace: Uuid,
+    run: Option<Uuid>,
+    expires_at: DateTime<Utc>,
+    capturing: bool,
+) -> Uuid {
+    let id = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO holds (id, workspace_id, run_id, agent, reason, expires_at, capture_in_progress)
+         VALUES ($1, $2, $3, 'agent', 'test', $4, $5)",
+    )
+    .bind(id)
+    .bind(workspace)
+    .bind(run)
+    .bind(expires_at)
+    .bind(capturing)
+    .execute(pool)
+    .await
+    .expect("hold");
+    id
 }
 
 async fn field(pool: &PgPool, id: Uuid) -> (String, String) {
@@ -117,18 +222,8 @@ async fn field(pool: &PgPool, id: Uuid) -> (String, String) {
 async fn idle_heads_are_retired_at_fourteen_days_not_before() {
     let db = TestDb::new().await;
     let context = Uuid::new_v4();
-    let head = snapshot_row(
-        &db.pool,
-        "checkpoint",
-        "file:///tmp/none",
-        Some(context),
-        None,
-    )
-    .await;
+    let head = head_of(&db.pool, context).await;
     let mut conn = db.pool.acquire().await.expect("conn");
-    lineage::append(&mut conn, context, "agent", None, head)
-        .await
-        .expect("append");
     let used: DateTime<Utc> =
         sqlx::query_scalar("SELECT last_used_at FROM project_snapshots WHERE id = $1")
             .bind(head)
@@ -151,43 +246,16 @@ async fn idle_heads_are_retired_at_fourteen_days_not_before() {
 async fn retired_bytes_are_reclaimed_after_seven_days_through_their_own_store() {
     let db = TestDb::new().await;
     // The snapshot lives in a store no configuration names any more.
-    let store_dir = scratch("store");
-    let store = Repository::open(store_dir.to_str().expect("utf8")).expect("store");
+    let store = local_store();
     let tree = scratch("tree");
     std::fs::write(tree.join("shared.txt"), "shared by both snapshots").expect("write");
-    let (old, new) = (
-        snapshot_row(
-            &db.pool,
-            "checkpoint",
-            store.url(),
-            Some(Uuid::new_v4()),
-            None,
-        )
-        .await,
-        snapshot_row(
-            &db.pool,
-            "checkpoint",
-            store.url(),
-            Some(Uuid::new_v4()),
-            None,
-        )
-        .await,
-    );
+    let old = checkpoint(&db.pool, store.url()).await;
+    let new = checkpoint(&db.pool, store.url()).await;
     // The newer snapshot's capture runs first here, so the shared content lies in its
     // pack and the older snapshot's own content in a pack only the older one names.
-    let (new_manifest, _) = snapshot::capture(&store, &tree, &CaptureRules::default(), None, new)
-        .await
-        .expect("capture");
+    let new_manifest = capture_recorded(&db.pool, &store, &tree, new).await;
     std::fs::write(tree.join("only-old.txt"), "only in the old one").expect("write");
-    let (old_manifest, _) = snapshot::capture(&store, &tree, &CaptureRules::default(), None, old)
-        .await
-        .expect("capture");
-    let mut conn = db.pool.acquire().await.expect("conn");
-    for (id, manifest) in [(old, &old_manifest), (new, &new_manifest)] {
-        lineage::record_packs(&mut conn, id, &manifest.packs)
-            .await
-            .expect("packs");
-    }
+    let old_manifest = capture_recorded(&db.pool, &store, &tree, old).await;
     let only_old: Vec<Uuid> = old_manifest
         .packs
         .iter()
@@ -201,14 +269,11 @@ async fn retired_bytes_are_reclaimed_after_seven_days_through_their_own_store() 
         "shared"
     );
     let retired_at = Utc::now();
-    sqlx::query(
-        "UPDATE project_snapshots SET retention = 'superseded', retired_at = $2 WHERE id = $1",
-    )
-    .bind(old)
-    .bind(retired_at)
-    .execute(&mut *conn)
-    .await
-    .expect("supersede");
+    retire(&db.pool, old, "superseded", retired_at).await;
+    let stored = |key: String| {
+        let store = &store;
+        async move { store.store().exists(&key).await.expect("exists") }
+    };
 
     let early = sweep(
         &db.pool,
@@ -216,11 +281,7 @@ async fn retired_bytes_are_reclaimed_after_seven_days_through_their_own_store() 
     )
     .await;
     assert_eq!(early.snapshots_reclaimed, 0);
-    assert!(store
-        .store()
-        .exists(&snapshot::manifest_key(old))
-        .await
-        .expect("exists"));
+    assert!(stored(snapshot::manifest_key(old)).await);
     let due = sweep(&db.pool, retired_at + Duration::days(7)).await;
     assert_eq!(due.snapshots_reclaimed, 1);
     assert!(due.bytes_reclaimed > 0);
@@ -228,25 +289,17 @@ async fn retired_bytes_are_reclaimed_after_seven_days_through_their_own_store() 
         field(&db.pool, old).await,
         ("deleted".into(), "reclaimed".into())
     );
-    assert!(!store
-        .store()
-        .exists(&snapshot::manifest_key(old))
-        .await
-        .expect("exists"));
+    assert!(!stored(snapshot::manifest_key(old)).await);
     for pack in &only_old {
         for key in [snapshot::index_key(*pack), snapshot::pack_key(*pack)] {
             assert!(
-                !store.store().exists(&key).await.expect("exists"),
+                !stored(key.clone()).await,
                 "{key} of an orphan pack is deleted"
             );
         }
     }
     assert!(
-        store
-            .store()
-            .exists(&snapshot::pack_key(new_manifest.packs[0]))
-            .await
-            .expect("exists"),
+        stored(snapshot::pack_key(new_manifest.packs[0])).await,
         "a pack another snapshot references survives"
     );
     // The snapshot that shares a pack restores whole.
@@ -266,35 +319,19 @@ async fn retired_bytes_are_reclaimed_after_seven_days_through_their_own_store() 
 async fn holds_end_at_expiry_or_with_their_task_but_never_mid_capture() {
     let db = TestDb::new().await;
     let (run_id, _) = cairn_common::testing::insert_request(&db.pool).await;
-    let workspace = Uuid::new_v4();
-    sqlx::query("INSERT INTO workspaces (id, agent, backend, state) VALUES ($1, 'agent', 'local', 'stopped')")
-        .bind(workspace)
-        .execute(&db.pool)
-        .await
-        .expect("workspace");
+    let workspace = workspace(&db.pool, "stopped", None, None).await;
     let now = Utc::now();
-    let hold = |expires: DateTime<Utc>, capturing: bool, run: Option<Uuid>| {
-        let pool = db.pool.clone();
-        async move {
-            let id = Uuid::new_v4();
-            sqlx::query(
-                "INSERT INTO holds (id, workspace_id, run_id, agent, reason, expires_at, capture_in_progress)
-                 VALUES ($1, $2, $3, 'agent', 'test', $4, $5)",
-            )
-            .bind(id)
-            .bind(workspace)
-            .bind(run)
-            .bind(expires)
-            .bind(capturing)
-            .execute(&pool)
-            .await
-            .expect("hold");
-            id
-        }
-    };
-    let expiring = hold(now + Duration::hours(1), false, None).await;
-    let capturing = hold(now + Duration::hours(1), true, None).await;
-    let of_task = hold(now + Duration::days(14), false, Some(run_id)).await;
+    let in_an_hour = now + Duration::hours(1);
+    let expiring = hold(&db.pool, workspace, None, in_an_hour, false).await;
+    let capturing = hold(&db.pool, workspace, None, in_an_hour, true).await;
+    let of_task = hold(
+        &db.pool,
+        workspace,
+        Some(run_id),
+        now + Duration::days(14),
+        false,
+    )
+    .await;
     let ended = |id: Uuid| {
         let pool = db.pool.clone();
         async move {
@@ -307,7 +344,7 @@ async fn holds_end_at_expiry_or_with_their_task_but_never_mid_capture() {
     };
     sweep(&db.pool, now + Duration::minutes(59)).await;
     assert!(!ended(expiring).await, "before its expiry");
-    sweep(&db.pool, now + Duration::hours(1)).await;
+    sweep(&db.pool, in_an_hour).await;
     assert!(ended(expiring).await, "at its expiry");
     assert!(
         !ended(capturing).await,
@@ -323,15 +360,22 @@ async fn holds_end_at_expiry_or_with_their_task_but_never_mid_capture() {
     assert!(ended(of_task).await, "a cancelled task's hold ends");
 }
 
+/// A baseline snapshot of the agent, whose credentials were then rotated without
+/// retiring it (say by an older version).
+async fn baseline_of_rotated_credentials(pool: &PgPool) -> Uuid {
+    let id = snapshot_row(pool, "baseline", "file:///tmp/none", None, None).await;
+    sqlx::query("INSERT INTO credential_generations (agent, generation) VALUES ('agent', 1)")
+        .execute(pool)
+        .await
+        .expect("rotate");
+    id
+}
+
 #[tokio::test]
 async fn snapshots_of_rotated_credentials_are_retired() {
     let db = TestDb::new().await;
-    let id = snapshot_row(&db.pool, "baseline", "file:///tmp/none", None, None).await;
-    // A rotation recorded without retiring (say by an older version): the reaper catches up.
-    sqlx::query("INSERT INTO credential_generations (agent, generation) VALUES ('agent', 1)")
-        .execute(&db.pool)
-        .await
-        .expect("rotate");
+    let id = baseline_of_rotated_credentials(&db.pool).await;
+    // The reaper catches up.
     let report = sweep(&db.pool, Utc::now()).await;
     assert_eq!(report.credential_retired, 1);
     assert_eq!(field(&db.pool, id).await.1, "retired");
@@ -341,28 +385,12 @@ async fn snapshots_of_rotated_credentials_are_retired() {
 async fn sandbox_snapshots_follow_their_workspace() {
     let db = TestDb::new().await;
     // An existing store: the reaper never creates a missing one (that waits for repair).
-    let store_dir =
-        std::env::temp_dir().join(format!("cairn-sandbox-store-{}", Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&store_dir).expect("store");
+    let store_dir = scratch("sandbox-store");
     let store = format!("file://{}", store_dir.display());
-    let live = Uuid::new_v4();
-    let destroyed = Uuid::new_v4();
-    let paused = Uuid::new_v4();
     let now = Utc::now();
-    for (id, state, destroyed_at, paused_at) in [
-        (live, "running", None, None),
-        (destroyed, "destroyed", Some(now), None),
-        (paused, "paused", None, Some(now)),
-    ] {
-        sqlx::query("INSERT INTO workspaces (id, agent, backend, state, destroyed_at, paused_at) VALUES ($1, 'agent', 'local', $2, $3, $4)")
-            .bind(id)
-            .bind(state)
-            .bind(destroyed_at)
-            .bind(paused_at)
-            .execute(&db.pool)
-            .await
-            .expect("workspace");
-    }
+    let live = workspace(&db.pool, "running", None, None).await;
+    let destroyed = workspace(&db.pool, "destroyed", Some(now), None).await;
+    let paused = workspace(&db.pool, "paused", None, Some(now)).await;
     let older_stop = snapshot_row(&db.pool, "stop", &store, None, Some(live)).await;
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     let latest_stop = snapshot_row(&db.pool, "stop", &store, None, Some(live)).await;
@@ -417,23 +445,8 @@ async fn an_unreachable_backend_waits_for_repair_and_a_later_retry_succeeds() {
     let blocker = base.join("not-a-directory");
     std::fs::write(&blocker, "a file where the store should be").expect("blocker");
     let store_url = format!("file://{}", blocker.join("store").display());
-    let id = snapshot_row(
-        &db.pool,
-        "checkpoint",
-        &store_url,
-        Some(Uuid::new_v4()),
-        None,
-    )
-    .await;
-    let retired_at = Utc::now() - Duration::days(8);
-    sqlx::query(
-        "UPDATE project_snapshots SET retention = 'retired', retired_at = $2 WHERE id = $1",
-    )
-    .bind(id)
-    .bind(retired_at)
-    .execute(&db.pool)
-    .await
-    .expect("retire");
+    let id = checkpoint(&db.pool, &store_url).await;
+    retire(&db.pool, id, "retired", Utc::now() - Duration::days(8)).await;
     let now = Utc::now();
     let failed = sweep(&db.pool, now).await;
     assert_eq!(failed.reclaim_failed, 1);
@@ -464,7 +477,7 @@ async fn an_unreachable_backend_waits_for_repair_and_a_later_retry_succeeds() {
 #[tokio::test]
 async fn a_capture_running_beside_a_sweep_loses_no_chunk() {
     let db = TestDb::new().await;
-    let store = Repository::open(scratch("store").to_str().expect("utf8")).expect("store");
+    let store = local_store();
     let tree = scratch("tree");
     for i in 0..40 {
         std::fs::write(
@@ -475,27 +488,9 @@ async fn a_capture_running_beside_a_sweep_loses_no_chunk() {
     }
     for round in 0..6 {
         // An old snapshot of the same content, due for reclamation.
-        let old = snapshot_row(
-            &db.pool,
-            "checkpoint",
-            store.url(),
-            Some(Uuid::new_v4()),
-            None,
-        )
-        .await;
-        let (manifest, _) = snapshot::capture(&store, &tree, &CaptureRules::default(), None, old)
-            .await
-            .expect("capture");
-        let mut conn = db.pool.acquire().await.expect("conn");
-        lineage::record_packs(&mut conn, old, &manifest.packs)
-            .await
-            .expect("packs");
-        sqlx::query("UPDATE project_snapshots SET retention = 'retired', retired_at = now() - interval '8 days' WHERE id = $1")
-            .bind(old)
-            .execute(&mut *conn)
-            .await
-            .expect("retire");
-        drop(conn);
+        let old = checkpoint(&db.pool, store.url()).await;
+        capture_recorded(&db.pool, &store, &tree, old).await;
+        retire(&db.pool, old, "retired", Utc::now() - Duration::days(8)).await;
 
         // A new capture of the same tree, registered as the worker does, beside a sweep.
         let capture = async {
@@ -503,40 +498,14 @@ async fn a_capture_running_beside_a_sweep_loses_no_chunk() {
             lineage::lock_store_for_capture(&mut tx, store.url())
                 .await
                 .expect("lock");
-            let id = lineage::create(
-                &mut tx,
-                &NewSnapshot {
-                    kind: "checkpoint",
-                    agent: "agent",
-                    repository: None,
-                    backend: "local",
-                    base_image: None,
-                    canonical_ref: None,
-                    work_context_id: Some(Uuid::new_v4()),
-                    workspace_id: None,
-                    store_url: store.url(),
-                    credential_generation: 0,
-                    owner: None,
-                },
-            )
-            .await
-            .expect("create");
-            lineage::set_status(
-                &mut tx,
-                id,
-                &[SnapshotStatus::Creating],
-                SnapshotStatus::Uploading,
-            )
-            .await
-            .expect("uploading");
+            let context = Some(Uuid::new_v4());
+            let new = new_snapshot("checkpoint", store.url(), context, None, None);
+            let id = start_capture(&mut tx, &new).await;
             tx.commit().await.expect("commit");
             if round % 2 == 0 {
                 tokio::time::sleep(std::time::Duration::from_millis(5)).await;
             }
-            let (manifest, _) =
-                snapshot::capture(&store, &tree, &CaptureRules::default(), None, id)
-                    .await
-                    .expect("capture");
+            let manifest = capture(&store, &tree, id).await;
             let mut tx = db.pool.begin().await.expect("begin");
             lineage::mark_ready(&mut tx, id, &snapshot::manifest_key(id), 1)
                 .await
@@ -568,21 +537,8 @@ async fn a_capture_running_beside_a_sweep_loses_no_chunk() {
 #[tokio::test]
 async fn a_dry_run_changes_nothing() {
     let db = TestDb::new().await;
-    let id = snapshot_row(&db.pool, "baseline", "file:///tmp/none", None, None).await;
-    sqlx::query("INSERT INTO credential_generations (agent, generation) VALUES ('agent', 1)")
-        .execute(&db.pool)
-        .await
-        .expect("rotate");
-    let report = Sweep {
-        pool: &db.pool,
-        now: Utc::now(),
-        durations: &Durations::default(),
-        batch: 100,
-        dry_run: true,
-    }
-    .run()
-    .await
-    .expect("dry run");
+    let id = baseline_of_rotated_credentials(&db.pool).await;
+    let report = sweep_as(&db.pool, Utc::now(), true).await;
     assert_eq!(report.credential_retired, 1, "it says what it would do");
     assert_eq!(field(&db.pool, id).await.1, "current", "and does nothing");
 }
@@ -590,31 +546,23 @@ async fn a_dry_run_changes_nothing() {
 #[tokio::test]
 async fn an_interrupted_capture_fails_after_a_while_and_stops_deferring_reclamation() {
     let db = TestDb::new().await;
-    let workspace = Uuid::new_v4();
-    sqlx::query("INSERT INTO workspaces (id, agent, backend, state) VALUES ($1, 'agent', 'local', 'running')")
-        .bind(workspace)
-        .execute(&db.pool)
-        .await
-        .expect("workspace");
+    let workspace = workspace(&db.pool, "running", None, None).await;
     let (id, created) = capture_in_progress(&db.pool, Uuid::new_v4(), Some(workspace), None).await;
-    let mut conn = db.pool.acquire().await.expect("conn");
-    sqlx::query("INSERT INTO holds (id, workspace_id, agent, reason, expires_at, capture_in_progress) VALUES ($1, $2, 'agent', 'capture', now() + interval '1 day', TRUE)")
-        .bind(Uuid::new_v4())
-        .bind(workspace)
-        .execute(&mut *conn)
-        .await
-        .expect("hold");
+    hold(
+        &db.pool,
+        workspace,
+        None,
+        Utc::now() + Duration::days(1),
+        true,
+    )
+    .await;
     assert_eq!(
-        sweep(&db.pool, created + Duration::hours(5))
-            .await
-            .stale_captures_failed,
+        captures_failed_at(&db.pool, created + Duration::hours(5)).await,
         0,
         "still in progress"
     );
     assert_eq!(
-        sweep(&db.pool, created + Duration::hours(6))
-            .await
-            .stale_captures_failed,
+        captures_failed_at(&db.pool, created + Duration::hours(6)).await,
         1
     );
     assert_eq!(field(&db.pool, id).await.0, "failed");
@@ -622,7 +570,7 @@ async fn an_interrupted_capture_fails_after_a_while_and_stops_deferring_reclamat
         "SELECT capture_in_progress, ended_at IS NOT NULL FROM holds WHERE workspace_id = $1",
     )
     .bind(workspace)
-    .fetch_one(&mut *conn)
+    .fetch_one(&db.pool)
     .await
     .expect("hold");
     assert_eq!(
@@ -632,105 +580,73 @@ async fn an_interrupted_capture_fails_after_a_while_and_stops_deferring_reclamat
     );
 }
 
-/// A run of the task `context` with one request in `state`, leased (epoch 3) until an
-/// hour from now; returns the request id.
-async fn live_request(pool: &PgPool, context: Uuid, state: &str) -> Uuid {
-    let request = Uuid::new_v4();
+/// A task with one request in `state`, leased (epoch 3) until an hour from now; returns
+/// the task (its run's work context) and the request.
+async fn live_request(pool: &PgPool, state: &str) -> (Uuid, Uuid) {
+    // The run is its own work context.
+    let (context, request) = cairn_common::testing::insert_request(pool).await;
     sqlx::query(
-        "INSERT INTO runs (id, root_run_id, work_context_id, agent, steps, max_commands, max_wall_seconds, max_attempts,
-                           state, request_digest)
-         VALUES ($1, $1, $1, 'agent', '[]', 1, 1, 1, 'running', 'x')",
-    )
-    .bind(context)
-    .execute(pool)
-    .await
-    .expect("run");
-    sqlx::query(
-        "INSERT INTO execution_requests (id, run_id, kind, state, max_attempts, max_commands, max_wall_seconds,
-                                         lease_epoch, lease_owner, lease_deadline)
-         VALUES ($1, $2, 'run', $3, 1, 1, 1, 3, 'w1', now() + interval '1 hour')",
+        "UPDATE execution_requests SET state = $2, lease_epoch = 3, lease_owner = 'w1',
+                lease_deadline = now() + interval '1 hour' WHERE id = $1",
     )
     .bind(request)
-    .bind(context)
     .bind(state)
     .execute(pool)
     .await
-    .expect("request");
-    request
+    .expect("lease");
+    (context, request)
 }
 
 #[tokio::test]
 async fn a_live_tasks_head_is_never_retired_as_idle() {
     let db = TestDb::new().await;
-    let context = Uuid::new_v4();
-    let request = live_request(&db.pool, context, "executing").await;
-    let head = snapshot_row(
-        &db.pool,
-        "checkpoint",
-        "file:///tmp/none",
-        Some(context),
-        None,
-    )
-    .await;
-    let mut conn = db.pool.acquire().await.expect("conn");
-    lineage::append(&mut conn, context, "agent", None, head)
-        .await
-        .expect("append");
+    let (context, request) = live_request(&db.pool, "executing").await;
+    let head = head_of(&db.pool, context).await;
     let later = Utc::now() + Duration::days(15);
-    for state in ["executing", "stopped_at_checkpoint", "needs_reconciliation"] {
+    for (state, retired, retention) in [
+        ("executing", 0, "current"),
+        ("stopped_at_checkpoint", 0, "current"),
+        ("needs_reconciliation", 0, "current"),
+        ("failed", 1, "retired"),
+    ] {
         sqlx::query("UPDATE execution_requests SET state = $2 WHERE id = $1")
             .bind(request)
             .bind(state)
-            .execute(&mut *conn)
+            .execute(&db.pool)
             .await
             .expect("state");
         assert_eq!(
             sweep(&db.pool, later).await.idle_heads_retired,
-            0,
-            "{state}: the task is live"
+            retired,
+            "{state}: only a task whose every request ended lets its head go idle"
         );
-        assert_eq!(field(&db.pool, head).await.1, "current");
+        assert_eq!(field(&db.pool, head).await.1, retention, "{state}");
     }
-    sqlx::query("UPDATE execution_requests SET state = 'failed' WHERE id = $1")
-        .bind(request)
-        .execute(&mut *conn)
-        .await
-        .expect("state");
-    assert_eq!(sweep(&db.pool, later).await.idle_heads_retired, 1);
-    assert_eq!(field(&db.pool, head).await.1, "retired");
 }
 
 #[tokio::test]
 async fn a_capture_whose_owner_can_no_longer_commit_fails_within_minutes() {
     let db = TestDb::new().await;
-    let context = Uuid::new_v4();
-    let request = live_request(&db.pool, context, "executing").await;
+    let (context, request) = live_request(&db.pool, "executing").await;
     let (id, created) = capture_in_progress(&db.pool, context, None, Some((request, 3))).await;
-    let mut conn = db.pool.acquire().await.expect("conn");
     assert_eq!(
-        sweep(&db.pool, created + Duration::hours(1))
-            .await
-            .stale_captures_failed,
+        captures_failed_at(&db.pool, created + Duration::hours(1)).await,
         0,
         "its owner still holds the lease: a long capture goes on"
     );
     // Another worker took the request over: the first can never commit this capture.
     sqlx::query("UPDATE execution_requests SET lease_epoch = 4 WHERE id = $1")
         .bind(request)
-        .execute(&mut *conn)
+        .execute(&db.pool)
         .await
         .expect("takeover");
     assert_eq!(
-        sweep(&db.pool, created + Duration::seconds(30))
-            .await
-            .stale_captures_failed,
+        captures_failed_at(&db.pool, created + Duration::seconds(30)).await,
         0,
         "within the grace"
     );
     assert_eq!(
-        sweep(&db.pool, created + Duration::minutes(1))
-            .await
-            .stale_captures_failed,
+        captures_failed_at(&db.pool, created + Duration::minutes(1)).await,
         1,
         "abandoned: failed in a minute, not six hours"
     );
