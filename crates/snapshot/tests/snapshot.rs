@@ -1,9 +1,12 @@
 //! The snapshot engine against a real local artifact store.
 
 use cairn_snapshot::Repository;
-use cairn_snapshot::{self as snapshot, CaptureRules, Entry, EntryKind, Manifest, SnapshotError};
+use cairn_snapshot::{
+    self as snapshot, CaptureRules, CaptureStats, Entry, EntryKind, Manifest, SnapshotError,
+};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 fn scratch(label: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!(
@@ -60,11 +63,52 @@ fn rules() -> CaptureRules {
     }
 }
 
+/// The local store in `dir`; opened again, by another process say, it is the same store.
+fn open(dir: &Path) -> Repository {
+    Repository::open(dir.to_str().expect("utf8")).expect("store")
+}
+
+/// Captures `src` as a new snapshot; with `previous` as the stat index, files unchanged
+/// since it are not read again.
+async fn capture(
+    store: &Repository,
+    src: &Path,
+    previous: Option<&Manifest>,
+) -> (Manifest, CaptureStats) {
+    let previous = previous.map(|m| Arc::new(m.clone()));
+    snapshot::capture(store, src, &rules(), previous, uuid::Uuid::new_v4())
+        .await
+        .expect("capture")
+}
+
+/// Restores `manifest` into a fresh directory; returns the restored tree.
+async fn restored(store: &Repository, manifest: &Manifest) -> PathBuf {
+    let tree = scratch("out").join("tree");
+    snapshot::restore(store, manifest, &tree)
+        .await
+        .expect("restore");
+    tree
+}
+
+/// Restores `manifest` into `out`, which must fail as an integrity error (`what` names
+/// the fault); returns the error's message.
+async fn integrity_failure(
+    store: &Repository,
+    manifest: &Manifest,
+    out: &Path,
+    what: &str,
+) -> String {
+    match snapshot::restore(store, manifest, out).await {
+        Err(SnapshotError::Integrity(message)) => message,
+        other => panic!("{what} must be an integrity failure, got {other:?}"),
+    }
+}
+
 #[tokio::test]
 async fn capture_and_restore_round_trip_without_credentials() {
     let (src, out, store_dir) = (scratch("src"), scratch("out"), scratch("store"));
     tree(&src);
-    let store = Repository::open(store_dir.to_str().expect("utf8")).expect("store");
+    let store = open(&store_dir);
     let id = uuid::Uuid::new_v4();
     let (manifest, stats) = snapshot::capture(&store, &src, &rules(), None, id)
         .await
@@ -121,25 +165,12 @@ async fn capture_and_restore_round_trip_without_credentials() {
 async fn chunks_are_shared_and_unchanged_files_are_not_read_again() {
     let (src, store_dir) = (scratch("src"), scratch("store"));
     tree(&src);
-    let store = Repository::open(store_dir.to_str().expect("utf8")).expect("store");
-    let (first, _) = snapshot::capture(&store, &src, &rules(), None, uuid::Uuid::new_v4())
-        .await
-        .expect("capture");
+    let store = open(&store_dir);
+    let (first, _) = capture(&store, &src, None).await;
     // Change one file: only its chunks are new, every other file is skipped by stat.
-    write(
-        &src,
-        "src/main.rs",
-        b"fn main() { println!(\"changed\"); }\n",
-    );
-    let (second, stats) = snapshot::capture(
-        &store,
-        &src,
-        &rules(),
-        Some(std::sync::Arc::new(first.clone())),
-        uuid::Uuid::new_v4(),
-    )
-    .await
-    .expect("capture");
+    let changed = b"fn main() { println!(\"changed\"); }\n";
+    write(&src, "src/main.rs", changed);
+    let (second, stats) = capture(&store, &src, Some(&first)).await;
     assert_eq!(stats.files, 3);
     assert_eq!(stats.files_unchanged, 2);
     assert_eq!(stats.chunks_new, 1);
@@ -147,22 +178,18 @@ async fn chunks_are_shared_and_unchanged_files_are_not_read_again() {
     assert!(shared >= 2, "unchanged files share their chunks");
     // A third capture of the same tree without a stat index, by another process (a
     // store opened afresh reads the pack indexes), still stores nothing new.
-    let elsewhere = Repository::open(store_dir.to_str().expect("utf8")).expect("store");
-    let (third, again) = snapshot::capture(&elsewhere, &src, &rules(), None, uuid::Uuid::new_v4())
-        .await
-        .expect("capture");
+    let elsewhere = open(&store_dir);
+    let (third, again) = capture(&elsewhere, &src, None).await;
     assert_eq!(
         (again.chunks_new, again.packs_new),
         (0, 0),
         "content-addressed chunks are stored once per store"
     );
-    let out = scratch("out");
-    snapshot::restore(&elsewhere, &third, &out.join("tree"))
-        .await
-        .expect("restore from packs another capture wrote");
+    // Restored from packs another capture wrote.
+    let tree = restored(&elsewhere, &third).await;
     assert_eq!(
-        std::fs::read(out.join("tree/src/main.rs")).expect("read"),
-        b"fn main() { println!(\"changed\"); }\n"
+        std::fs::read(tree.join("src/main.rs")).expect("read"),
+        changed
     );
 }
 
@@ -175,10 +202,8 @@ async fn an_in_place_rewrite_that_keeps_size_mtime_and_inode_is_captured() {
     let (src, store_dir) = (scratch("src"), scratch("store"));
     write(&src, "a.txt", b"before");
     write(&src, "b.txt", b"unchanged");
-    let store = Repository::open(store_dir.to_str().expect("utf8")).expect("store");
-    let (first, _) = snapshot::capture(&store, &src, &rules(), None, uuid::Uuid::new_v4())
-        .await
-        .expect("capture");
+    let store = open(&store_dir);
+    let (first, _) = capture(&store, &src, None).await;
     let path = src.join("a.txt");
     let before = std::fs::metadata(&path).expect("meta");
     // The change time has a clock tick's resolution: make sure one passes.
@@ -203,28 +228,14 @@ async fn an_in_place_rewrite_that_keeps_size_mtime_and_inode_is_captured() {
         ),
         "size, mtime and inode are those the stat index saw"
     );
-    let (second, stats) = snapshot::capture(
-        &store,
-        &src,
-        &rules(),
-        Some(std::sync::Arc::new(first)),
-        uuid::Uuid::new_v4(),
-    )
-    .await
-    .expect("capture");
+    let (second, stats) = capture(&store, &src, Some(&first)).await;
     assert_eq!(
         (stats.files, stats.files_unchanged),
         (2, 1),
         "a.txt read again"
     );
-    let out = scratch("out");
-    snapshot::restore(&store, &second, &out.join("tree"))
-        .await
-        .expect("restore");
-    assert_eq!(
-        std::fs::read(out.join("tree/a.txt")).expect("read"),
-        b"AFTER!"
-    );
+    let tree = restored(&store, &second).await;
+    assert_eq!(std::fs::read(tree.join("a.txt")).expect("read"), b"AFTER!");
 }
 
 /// What a capture leaves out is reported (counts and paths, never content), and a tree
@@ -235,7 +246,7 @@ async fn skipped_entries_are_reported_and_a_restored_tree_is_unchanged_from_its_
     let (src, store_dir, out) = (scratch("src"), scratch("store"), scratch("out"));
     tree(&src);
     nix::unistd::mkfifo(&src.join("pipe"), nix::sys::stat::Mode::S_IRWXU).expect("fifo");
-    let store = Repository::open(store_dir.to_str().expect("utf8")).expect("store");
+    let store = open(&store_dir);
     let scanned = snapshot::scan(&src, &rules()).await.expect("scan");
     let skipped = scanned.skipped.clone();
     assert_eq!(
@@ -278,7 +289,7 @@ async fn skipped_entries_are_reported_and_a_restored_tree_is_unchanged_from_its_
         &store,
         &out.join("tree"),
         changed,
-        Some(std::sync::Arc::new(index)),
+        Some(Arc::new(index)),
         uuid::Uuid::new_v4(),
     )
     .await
@@ -294,10 +305,8 @@ async fn skipped_entries_are_reported_and_a_restored_tree_is_unchanged_from_its_
 async fn a_pack_whose_index_is_gone_is_never_referenced_again() {
     let (src, store_dir) = (scratch("src"), scratch("store"));
     tree(&src);
-    let store = Repository::open(store_dir.to_str().expect("utf8")).expect("store");
-    let (first, _) = snapshot::capture(&store, &src, &rules(), None, uuid::Uuid::new_v4())
-        .await
-        .expect("capture");
+    let store = open(&store_dir);
+    let (first, _) = capture(&store, &src, None).await;
     // The reaper reclaims a pack index first, then the pack.
     for pack in &first.packs {
         store
@@ -312,41 +321,28 @@ async fn a_pack_whose_index_is_gone_is_never_referenced_again() {
             .expect("pack");
     }
     // The reclaimed snapshot's bytes are gone: an integrity failure, not a retryable miss.
-    match snapshot::restore(&store, &first, &scratch("out").join("tree")).await {
-        Err(SnapshotError::Integrity(message)) => assert!(message.contains("missing"), "{message}"),
-        other => panic!("a missing pack must be an integrity failure, got {other:?}"),
-    }
+    let out = scratch("out").join("tree");
+    let message = integrity_failure(&store, &first, &out, "a missing pack").await;
+    assert!(message.contains("missing"), "{message}");
     // The same process captures again, even with the reclaimed manifest as its stat
     // index: its catalog forgets the reclaimed packs and unchanged files are read again,
     // so the chunks are stored anew and the snapshot restores.
-    let (second, stats) = snapshot::capture(
-        &store,
-        &src,
-        &rules(),
-        Some(std::sync::Arc::new(first.clone())),
-        uuid::Uuid::new_v4(),
-    )
-    .await
-    .expect("capture");
+    let (second, stats) = capture(&store, &src, Some(&first)).await;
     assert_eq!(
         stats.files_unchanged, 0,
         "nothing reused from reclaimed packs"
     );
     assert!(stats.chunks_new > 0);
     assert!(second.packs.iter().all(|p| !first.packs.contains(p)));
-    snapshot::restore(&store, &second, &scratch("out").join("tree"))
-        .await
-        .expect("restore");
+    restored(&store, &second).await;
 }
 
 #[tokio::test]
 async fn a_corrupted_chunk_fails_the_restore_as_an_integrity_error() {
     let (src, out, store_dir) = (scratch("src"), scratch("out"), scratch("store"));
     tree(&src);
-    let store = Repository::open(store_dir.to_str().expect("utf8")).expect("store");
-    let (manifest, _) = snapshot::capture(&store, &src, &rules(), None, uuid::Uuid::new_v4())
-        .await
-        .expect("capture");
+    let store = open(&store_dir);
+    let (manifest, _) = capture(&store, &src, None).await;
     let victim = manifest
         .entries
         .iter()
@@ -364,18 +360,13 @@ async fn a_corrupted_chunk_fails_the_restore_as_an_integrity_error() {
         .put(&key, bytes::Bytes::from(pack))
         .await
         .expect("overwrite");
-    match snapshot::restore(&store, &manifest, &out.join("tree")).await {
-        Err(SnapshotError::Integrity(message)) => {
-            assert!(message.contains(&victim.id.to_hex()), "{message}")
-        }
-        other => panic!("expected an integrity failure, got {other:?}"),
-    }
+    let message = integrity_failure(&store, &manifest, &out.join("tree"), "a forged chunk").await;
+    assert!(message.contains(&victim.id.to_hex()), "{message}");
 }
 
 #[tokio::test]
 async fn entries_escaping_the_root_are_refused_before_anything_is_written() {
-    let store_dir = scratch("store");
-    let store = Repository::open(store_dir.to_str().expect("utf8")).expect("store");
+    let store = open(&scratch("store"));
     let entry = |path: &str, kind: EntryKind, target: Option<&str>| Entry {
         path: path.into(),
         kind,
@@ -425,10 +416,14 @@ async fn entries_escaping_the_root_are_refused_before_anything_is_written() {
         packs: vec![uuid::Uuid::new_v4()],
         entries: vec![sneaky],
     };
-    match snapshot::restore(&store, &manifest, &out).await {
-        Err(SnapshotError::Integrity(message)) => assert!(message.contains("names no pack")),
-        other => panic!("a chunk outside the manifest's packs must be refused, got {other:?}"),
-    }
+    let message = integrity_failure(
+        &store,
+        &manifest,
+        &out,
+        "a chunk outside the manifest's packs",
+    )
+    .await;
+    assert!(message.contains("names no pack"), "{message}");
     assert!(!out.exists(), "nothing written for a refused manifest");
     // Links that stay inside are fine.
     let out = scratch("out").join("tree");
@@ -449,21 +444,13 @@ async fn entries_escaping_the_root_are_refused_before_anything_is_written() {
 async fn small_files_chunked_in_memory_and_large_files_streamed_cut_the_same_chunks() {
     let root = scratch("sizes");
     let restored = scratch("sizes-restored");
-    let store = Repository::open(&scratch("sizes-store").to_string_lossy()).expect("store");
+    let store = open(&scratch("sizes-store"));
     // 9 MiB is streamed; its first 7 MiB, as a file of its own, is chunked in memory.
     let large = pseudo_random(9 * 1024 * 1024, 11);
     write(&root, "large.bin", &large);
     write(&root, "prefix.bin", &large[..7 * 1024 * 1024]);
     write(&root, "empty", b"");
-    let (manifest, _) = snapshot::capture(
-        &store,
-        &root,
-        &CaptureRules::default(),
-        None,
-        uuid::Uuid::new_v4(),
-    )
-    .await
-    .expect("capture");
+    let (manifest, _) = capture(&store, &root, None).await;
     let chunks = |path: &str| -> Vec<snapshot::ChunkId> {
         manifest
             .entries
@@ -501,21 +488,14 @@ async fn a_remote_store_captures_deduplicates_and_restores_through_object_store(
     let src = scratch("remote-src");
     tree(&src);
     let store = Repository::open("memory:///").expect("store");
-    let (first, stats) = snapshot::capture(&store, &src, &rules(), None, uuid::Uuid::new_v4())
-        .await
-        .expect("capture");
+    let (first, stats) = capture(&store, &src, None).await;
     assert!(stats.packs_new >= 1);
-    let out = scratch("remote-out");
-    snapshot::restore(&store, &first, &out.join("tree"))
-        .await
-        .expect("restore");
+    let tree = restored(&store, &first).await;
     assert_eq!(
-        std::fs::read(out.join("tree/data/blob.bin")).expect("blob"),
+        std::fs::read(tree.join("data/blob.bin")).expect("blob"),
         pseudo_random(700_000, 7)
     );
-    let (_, again) = snapshot::capture(&store, &src, &rules(), None, uuid::Uuid::new_v4())
-        .await
-        .expect("capture");
+    let (_, again) = capture(&store, &src, None).await;
     assert_eq!(again.chunks_new, 0, "stored once in a remote store too");
     // A pack cut short is an integrity failure, not a panic or a short file.
     let key = snapshot::pack_key(first.packs[0]);
@@ -525,8 +505,7 @@ async fn a_remote_store_captures_deduplicates_and_restores_through_object_store(
         .put(&key, pack.slice(..pack.len() / 2))
         .await
         .expect("truncate");
-    match snapshot::restore(&store, &first, &scratch("remote-out").join("tree")).await {
-        Err(SnapshotError::Integrity(message)) => assert!(message.contains("beyond the end")),
-        other => panic!("a truncated pack must fail the restore, got {other:?}"),
-    }
+    let out = scratch("remote-out").join("tree");
+    let message = integrity_failure(&store, &first, &out, "a truncated pack").await;
+    assert!(message.contains("beyond the end"), "{message}");
 }
