@@ -209,11 +209,14 @@ impl Drop for TestDb {
     }
 }
 
-/// Drops a test database from synchronous code (a `Drop`), on a short-lived runtime of
-/// its own thread; connections still open are terminated.
-pub fn drop_database_blocking(name: &str) {
-    let name = name.to_string();
-    let server = postgres_server_url();
+/// Runs `cleanup` from synchronous code (a `Drop`, perhaps inside a runtime) on a
+/// short-lived runtime of its own thread, and waits for it; it is best-effort, so a
+/// runtime that cannot start skips it.
+fn clean_up_blocking<F, Fut>(cleanup: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
     let _ = std::thread::spawn(move || {
         let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -221,37 +224,36 @@ pub fn drop_database_blocking(name: &str) {
         else {
             return;
         };
-        runtime.block_on(async move {
-            if let Ok(admin) = sqlx::PgPool::connect(&format!("{server}/postgres")).await {
-                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
-                    .execute(&admin)
-                    .await;
-                admin.close().await;
-            }
-        });
+        runtime.block_on(cleanup());
     })
     .join();
+}
+
+/// Drops a test database from synchronous code (a `Drop`); connections still open are
+/// terminated.
+pub fn drop_database_blocking(name: &str) {
+    let name = name.to_string();
+    let server = postgres_server_url();
+    clean_up_blocking(|| async move {
+        if let Ok(admin) = sqlx::PgPool::connect(&format!("{server}/postgres")).await {
+            let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"))
+                .execute(&admin)
+                .await;
+            admin.close().await;
+        }
+    });
 }
 
 /// Deletes a test's queues and exchanges from synchronous code (a `Drop`).
 pub fn delete_topology_blocking(prefix: &str) {
     let prefix = prefix.to_string();
-    let _ = std::thread::spawn(move || {
-        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        else {
-            return;
-        };
-        runtime.block_on(async move {
-            let topology = crate::queue::Topology::new(&prefix, 1);
-            if let Ok(connection) = crate::queue::connect_once(&amqp_url()).await {
-                if let Ok(channel) = connection.create_channel().await {
-                    let _ = topology.delete(&channel).await;
-                }
-                let _ = connection.close(200, "cleanup".into()).await;
+    clean_up_blocking(|| async move {
+        let topology = crate::queue::Topology::new(&prefix, 1);
+        if let Ok(connection) = crate::queue::connect_once(&amqp_url()).await {
+            if let Ok(channel) = connection.create_channel().await {
+                let _ = topology.delete(&channel).await;
             }
-        });
-    })
-    .join();
+            let _ = connection.close(200, "cleanup".into()).await;
+        }
+    });
 }
