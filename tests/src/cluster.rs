@@ -163,6 +163,22 @@ impl Cluster {
         )
     }
 
+    /// Admits a checkpoint continuation on `base` (its requests/{request} route), open
+    /// for `valid_for` seconds, from the READY candidate; returns its action id.
+    pub fn admit_checkpoint(&self, base: &str, valid_for: u64) -> String {
+        let (_, candidate) = self.call("GET", &format!("{base}/candidate"), None);
+        assert_eq!(candidate["admission"], "READY", "{candidate}");
+        let body = json!({
+            "version": 1, "candidate_digest": candidate["candidate_digest"], "valid_for_seconds": valid_for,
+            "acknowledge_retained_response_consumed_once": true, "acknowledge_no_completed_effect_replay": true,
+            "acknowledge_same_request_attempt_and_budgets": true, "acknowledge_finite_ownership_lease": true
+        });
+        let action = uuid::Uuid::new_v4().simple().to_string();
+        let (status, receipt) = self.call("POST", &format!("{base}/actions/{action}"), Some(&body));
+        assert_eq!(status, 201, "{receipt}");
+        action
+    }
+
     pub fn run(&self, run_id: &str) -> Value {
         let (status, run) = self.call("GET", &format!("/api/v1/runs/{run_id}"), None);
         assert_eq!(status, 200, "{run}");

@@ -590,7 +590,7 @@ async fn a_continuation_window_that_ends_unclaimed_admits_nothing() {
     );
     let base = format!("/api/v1/runs/{run_id}/checkpoint-continuations/requests/{request_id}");
     // No worker is alive: the one-second window ends unclaimed.
-    let first = admit(&cluster, &base, 1);
+    let first = cluster.admit_checkpoint(&base, 1);
     let stopped = cluster.wait_for_state(&run_id, &["stopped_at_checkpoint"], LONG);
     assert_eq!(
         stopped["stop_reason"], "continuation_window_ended",
@@ -599,7 +599,7 @@ async fn a_continuation_window_that_ends_unclaimed_admits_nothing() {
     let (_, status) = cluster.call("GET", &format!("{base}/status"), None);
     assert_eq!(
         (status["status"].as_str(), status["action_id"].as_str()),
-        (Some("failed"), Some(first.as_str()))
+        (Some("expired"), Some(first.as_str()))
     );
     let effects_before = cluster.lines("effects");
     cluster.add_worker();
@@ -612,7 +612,7 @@ async fn a_continuation_window_that_ends_unclaimed_admits_nothing() {
     assert_eq!(cluster.run(&run_id)["state"], "stopped_at_checkpoint");
 
     // The new checkpoint can be reviewed and admitted again.
-    let second = admit(&cluster, &base, 120);
+    let second = cluster.admit_checkpoint(&base, 120);
     cluster.wait_for_state(&run_id, &["completed"], LONG);
     let (_, status) = cluster.call("GET", &format!("{base}/status"), None);
     assert_eq!(
@@ -620,18 +620,4 @@ async fn a_continuation_window_that_ends_unclaimed_admits_nothing() {
         (Some("completed"), Some(second.as_str()))
     );
     assert_eq!(count(&cluster.lines("effects"), "s1"), 1);
-}
-
-fn admit(cluster: &Cluster, base: &str, valid_for: u64) -> String {
-    let (_, candidate) = cluster.call("GET", &format!("{base}/candidate"), None);
-    assert_eq!(candidate["admission"], "READY", "{candidate}");
-    let body = json!({
-        "version": 1, "candidate_digest": candidate["candidate_digest"], "valid_for_seconds": valid_for,
-        "acknowledge_retained_response_consumed_once": true, "acknowledge_no_completed_effect_replay": true,
-        "acknowledge_same_request_attempt_and_budgets": true, "acknowledge_finite_ownership_lease": true
-    });
-    let action = uuid::Uuid::new_v4().simple().to_string();
-    let (status, receipt) = cluster.call("POST", &format!("{base}/actions/{action}"), Some(&body));
-    assert_eq!(status, 201, "{receipt}");
-    action
 }

@@ -25,9 +25,14 @@ pub fn validated<C: Settings>(config: C) -> C {
     config
 }
 
-/// Connects to PostgreSQL and, when `migrate`, applies pending migrations.
-pub async fn database(args: &DatabaseArgs, migrate: bool) -> anyhow::Result<PgPool> {
-    let pool = crate::db::connect(&args.database_url, args.database_max_connections)
+/// Connects to PostgreSQL with a pool of `pool_size` and, when `migrate`, applies
+/// pending migrations.
+pub async fn database(
+    args: &DatabaseArgs,
+    pool_size: u32,
+    migrate: bool,
+) -> anyhow::Result<PgPool> {
+    let pool = crate::db::connect(&args.database_url, pool_size)
         .await
         .context("connecting to PostgreSQL")?;
     if migrate {

@@ -13,9 +13,18 @@ pub struct DatabaseArgs {
         default_value = "postgres://postgres@127.0.0.1:5432/cairn"
     )]
     pub database_url: String,
-    /// Largest number of pooled connections.
-    #[arg(long, env = "CAIRN_DATABASE_MAX_CONNECTIONS", default_value_t = 10)]
-    pub database_max_connections: u32,
+    /// Largest number of pooled connections (default: 10; a worker's, twice its
+    /// concurrency plus 4).
+    #[arg(long, env = "CAIRN_DATABASE_MAX_CONNECTIONS",
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub database_max_connections: Option<u32>,
+}
+
+impl DatabaseArgs {
+    /// The pool size: the one configured, else `default`.
+    pub fn pool_size(&self, default: u32) -> u32 {
+        self.database_max_connections.unwrap_or(default)
+    }
 }
 
 /// Redis: liveness of leases only; it may lose every key at any time.

@@ -2,6 +2,7 @@
 //! admit them, and every check's result. The one writer of `verification_handoffs`,
 //! `verification_adoptions` and `verification_results`.
 
+use crate::request::table::{self, AdoptionEvent, Error, HandoffEvent};
 use crate::verification::{self as checks, VerificationRequest};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -92,7 +93,7 @@ pub struct NewAdoption<'a> {
 }
 
 /// Saves an adoption (`queued`) and marks its handoff adopted.
-pub async fn adopt(conn: &mut PgConnection, new: &NewAdoption<'_>) -> Result<(), sqlx::Error> {
+pub async fn adopt(conn: &mut PgConnection, new: &NewAdoption<'_>) -> Result<(), Error> {
     sqlx::query(
         "INSERT INTO verification_adoptions (id, run_id, handoff_id, execution_request_id, operator_id, input,
                 input_digest, agent, policy_digest, candidate, reusable_digests, status)
@@ -112,11 +113,7 @@ pub async fn adopt(conn: &mut PgConnection, new: &NewAdoption<'_>) -> Result<(),
     .bind(AdoptionStatus::Queued)
     .execute(&mut *conn)
     .await?;
-    sqlx::query("UPDATE verification_handoffs SET state = $2, updated_at = now() WHERE id = $1")
-        .bind(new.handoff_id)
-        .bind(HandoffState::Adopted)
-        .execute(conn)
-        .await?;
+    table::apply::<HandoffState>(conn, new.handoff_id, HandoffEvent::Adopt).await?;
     Ok(())
 }
 
@@ -125,51 +122,47 @@ pub async fn claim_adoption(
     conn: &mut PgConnection,
     adoption_id: Uuid,
     epoch: i64,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE verification_adoptions SET status = $3, claimed_epoch = $2, updated_at = now() WHERE id = $1",
-    )
-    .bind(adoption_id)
-    .bind(epoch)
-    .bind(AdoptionStatus::Executing)
-    .execute(conn)
-    .await?;
+) -> Result<(), Error> {
+    table::apply::<AdoptionStatus>(&mut *conn, adoption_id, AdoptionEvent::Claim).await?;
+    sqlx::query("UPDATE verification_adoptions SET claimed_epoch = $2 WHERE id = $1")
+        .bind(adoption_id)
+        .bind(epoch)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 
-/// Sets the status of an adoption (and its reason, when one is given).
-pub async fn set_adoption_status(
+/// Moves an adoption by `event`, as the transition table allows, with its reason when
+/// one is given.
+pub async fn adoption_transition(
     conn: &mut PgConnection,
     adoption_id: Uuid,
-    status: AdoptionStatus,
+    event: AdoptionEvent,
     reason: Option<&str>,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE verification_adoptions SET status = $2, stop_reason = COALESCE($3, stop_reason), updated_at = now() WHERE id = $1",
-    )
-    .bind(adoption_id)
-    .bind(status)
-    .bind(reason)
-    .execute(conn)
-    .await?;
-    Ok(())
+) -> Result<AdoptionStatus, Error> {
+    let status = table::apply::<AdoptionStatus>(&mut *conn, adoption_id, event).await?;
+    if reason.is_some() {
+        sqlx::query("UPDATE verification_adoptions SET stop_reason = $2 WHERE id = $1")
+            .bind(adoption_id)
+            .bind(reason)
+            .execute(conn)
+            .await?;
+    }
+    Ok(status)
 }
 
-/// Sets the state of the handoff an adoption adopted.
-pub async fn set_handoff_state_of(
+/// Moves the handoff an adoption adopted by `event`, as the transition table allows.
+pub async fn handoff_transition_of(
     conn: &mut PgConnection,
     adoption_id: Uuid,
-    state: HandoffState,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE verification_handoffs SET state = $2, updated_at = now()
-          WHERE id = (SELECT handoff_id FROM verification_adoptions WHERE id = $1)",
-    )
-    .bind(adoption_id)
-    .bind(state)
-    .execute(conn)
-    .await?;
-    Ok(())
+    event: HandoffEvent,
+) -> Result<HandoffState, Error> {
+    let handoff_id: Uuid =
+        sqlx::query_scalar("SELECT handoff_id FROM verification_adoptions WHERE id = $1")
+            .bind(adoption_id)
+            .fetch_one(&mut *conn)
+            .await?;
+    table::apply::<HandoffState>(conn, handoff_id, event).await
 }
 
 /// One check's result: run fresh, or (with `reused_from`) standing on an earlier one.

@@ -11,6 +11,7 @@
 
 use crate::lease::Lease;
 use crate::lineage::{self, Tier};
+use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use std::collections::HashMap;
 use uuid::Uuid;
@@ -56,7 +57,8 @@ pub async fn write_intent(
         "INSERT INTO journal_intents (request_id, step_key, step_index, idempotent, lease_epoch, attempt)
          VALUES ($1, $2, $3, $4, $5, $6)
          ON CONFLICT (request_id, step_key) DO UPDATE
-            SET lease_epoch = EXCLUDED.lease_epoch, attempt = EXCLUDED.attempt, started_at = now()",
+            SET lease_epoch = EXCLUDED.lease_epoch, attempt = EXCLUDED.attempt, started_at = now(),
+                ended_at = NULL",
     )
     .bind(lease.request_id)
     .bind(step_key)
@@ -115,16 +117,47 @@ pub async fn record_receipt(
     .bind(receipt.tier)
     .execute(&mut *conn)
     .await?;
+    // The receipt charges the measured time and ends the intent's open interval, so the
+    // step is never charged again as interrupted.
     sqlx::query(
-        "UPDATE execution_requests SET used_wall_ms = used_wall_ms + $2, used_cpu_ms = used_cpu_ms + $3, updated_at = now()
+        "WITH ended AS (UPDATE journal_intents SET ended_at = now()
+                          WHERE request_id = $1 AND step_key = $4 AND ended_at IS NULL)
+         UPDATE execution_requests SET used_wall_ms = used_wall_ms + $2, used_cpu_ms = used_cpu_ms + $3, updated_at = now()
           WHERE id = $1",
     )
     .bind(lease.request_id)
     .bind(outcome.wall_ms)
     .bind(outcome.cpu_ms)
+    .bind(receipt.step_key)
     .execute(&mut *conn)
     .await?;
     Ok(())
+}
+
+/// Charges the wall time of every step that started and was never receipted (killed,
+/// cancelled, drained, fenced, or its capture failed): from its intent's start to the
+/// moment its end is known, or to `until` (its owner's lease deadline) when that came
+/// first. Each interval is charged once. Returns the milliseconds charged.
+pub async fn charge_interrupted(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+    until: Option<DateTime<Utc>>,
+) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar(
+        "WITH ended AS (
+              UPDATE journal_intents
+                 SET ended_at = GREATEST(started_at, LEAST(COALESCE($2, now()), now()))
+               WHERE request_id = $1 AND ended_at IS NULL
+           RETURNING (EXTRACT(EPOCH FROM (ended_at - started_at)) * 1000)::bigint AS ms),
+              charged AS (SELECT COALESCE(sum(ms), 0)::bigint AS ms FROM ended)
+         UPDATE execution_requests SET used_wall_ms = used_wall_ms + (SELECT ms FROM charged)
+          WHERE id = $1
+      RETURNING (SELECT ms FROM charged)",
+    )
+    .bind(request_id)
+    .bind(until)
+    .fetch_one(conn)
+    .await
 }
 
 /// Writes another journal entry (an acceptance, a reuse intent or receipt, a

@@ -67,6 +67,13 @@ fn release_script() -> &'static Script {
     SCRIPT.get_or_init(|| Script::new(include_str!("lease/release.lua")))
 }
 
+/// A claimed lease and the deadline of the one it replaced (`None` when nobody held it).
+#[derive(Debug, Clone)]
+pub struct Takeover {
+    pub lease: Lease,
+    pub previous_deadline: Option<DateTime<Utc>>,
+}
+
 impl Leases {
     pub fn new(pool: PgPool, redis: ConnectionManager, prefix: &str, ttl: Duration) -> Self {
         Leases {
@@ -101,11 +108,24 @@ impl Leases {
     /// Claims a request if nobody holds a live lease on it: epoch + 1, owner and
     /// deadline in PostgreSQL, then the Redis liveness key. `None` when someone else
     /// holds it. Of concurrent contenders exactly one wins (the row update is atomic).
-    #[tracing::instrument(skip_all, fields(request_id = %request_id, owner))]
     pub async fn claim(&self, request_id: Uuid, owner: &str) -> Result<Option<Lease>, LeaseError> {
-        let claimed: Option<(i64, DateTime<Utc>)> = sqlx::query_as(
-            "UPDATE execution_requests
-                SET lease_epoch = lease_epoch + 1,
+        Ok(self
+            .claim_after(request_id, owner)
+            .await?
+            .map(|taken| taken.lease))
+    }
+
+    /// [`Leases::claim`], also returning the deadline of the lease it replaced (`None`
+    /// when nobody held it): a step its last owner left running is charged up to then.
+    #[tracing::instrument(skip_all, fields(request_id = %request_id, owner))]
+    pub async fn claim_after(
+        &self,
+        request_id: Uuid,
+        owner: &str,
+    ) -> Result<Option<Takeover>, LeaseError> {
+        let claimed: Option<(i64, DateTime<Utc>, Option<DateTime<Utc>>)> = sqlx::query_as(
+            "UPDATE execution_requests e
+                SET lease_epoch = e.lease_epoch + 1,
                     lease_owner = $2,
                     lease_deadline = clock_timestamp() + make_interval(secs => $3),
                     claimed_at = clock_timestamp(),
@@ -113,16 +133,19 @@ impl Leases {
                     -- still requested is carried out again (captured, then recorded).
                     paused_at = NULL,
                     updated_at = clock_timestamp()
-              WHERE id = $1
-                AND (lease_owner IS NULL OR lease_deadline < clock_timestamp())
-          RETURNING lease_epoch, lease_deadline",
+               FROM (SELECT id, lease_owner AS previous_owner, lease_deadline AS previous_deadline
+                       FROM execution_requests WHERE id = $1) p
+              WHERE e.id = p.id
+                AND (e.lease_owner IS NULL OR e.lease_deadline < clock_timestamp())
+          RETURNING e.lease_epoch, e.lease_deadline,
+                    CASE WHEN p.previous_owner IS NULL THEN NULL ELSE p.previous_deadline END",
         )
         .bind(request_id)
         .bind(owner)
         .bind(self.ttl_secs_f64())
         .fetch_optional(&self.pool)
         .await?;
-        let Some((epoch, deadline)) = claimed else {
+        let Some((epoch, deadline, previous)) = claimed else {
             let exists: Option<(i64,)> =
                 sqlx::query_as("SELECT lease_epoch FROM execution_requests WHERE id = $1")
                     .bind(request_id)
@@ -140,7 +163,10 @@ impl Leases {
             deadline,
         };
         self.set_liveness(&lease).await;
-        Ok(Some(lease))
+        Ok(Some(Takeover {
+            lease,
+            previous_deadline: previous,
+        }))
     }
 
     /// Extends a held lease. Fails with [`LeaseError::Expired`] once the deadline has

@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Deserializer, Serialize};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -61,14 +61,23 @@ impl Policy {
     }
 }
 
-pub async fn load(pool: &PgPool) -> Result<Policy, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT enabled, allow_checkpoint_continuation, allow_final_outcome_continuation,
+const SELECT: &str =
+    "SELECT enabled, allow_checkpoint_continuation, allow_final_outcome_continuation,
                 maximum_window_seconds, revision, updated_at
-           FROM recovery_policy WHERE id = 1",
-    )
-    .fetch_one(pool)
-    .await
+           FROM recovery_policy WHERE id = 1";
+
+/// The policy as it stands, for reading.
+pub async fn load(pool: &PgPool) -> Result<Policy, sqlx::Error> {
+    sqlx::query_as(SELECT).fetch_one(pool).await
+}
+
+/// The policy an admission decides on, read under a share lock held until the
+/// admission commits: a change saved meanwhile waits for it, and a change saved before
+/// it is what it reads. So once a `PUT` returns, no admission decides on the old policy.
+pub async fn load_locked(conn: &mut PgConnection) -> Result<Policy, sqlx::Error> {
+    sqlx::query_as(&format!("{SELECT} FOR SHARE"))
+        .fetch_one(conn)
+        .await
 }
 
 /// Saves the named settings and preserves the others.

@@ -4,8 +4,8 @@
 use crate::handoff;
 use crate::journal;
 use crate::lease::Lease;
-use crate::request::action::{self, ActionStatus};
-use crate::request::{set_state, RequestState};
+use crate::request::action;
+use crate::request::{transition, ActionEvent, Error, RequestEvent};
 use serde_json::json;
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -90,7 +90,7 @@ pub async fn accept(
     lease: &Lease,
     action_id: Option<Uuid>,
     worker_id: &str,
-) -> Result<Acceptance, sqlx::Error> {
+) -> Result<Acceptance, Error> {
     let report: Option<(String, Option<String>, serde_json::Value, Option<String>)> = sqlx::query_as(
         "SELECT outcome, followup_kind, body, source_digest FROM final_reports WHERE request_id = $1",
     )
@@ -109,16 +109,17 @@ pub async fn accept(
         _ => false,
     };
     let Some((outcome, followup_kind, body, source_digest)) = report.filter(|_| consumed) else {
-        set_state(
+        let reason = Some("no retained report to accept");
+        transition(
             &mut *conn,
             lease.request_id,
-            RequestState::NeedsReconciliation,
-            Some("no retained report to accept"),
+            RequestEvent::Reconcile,
+            reason,
             None,
         )
         .await?;
         if let Some(action_id) = action_id {
-            action::set_status(&mut *conn, action_id, ActionStatus::NeedsReconciliation).await?;
+            action::transition(&mut *conn, action_id, ActionEvent::Reconcile).await?;
         }
         return Ok(Acceptance::Missing);
     };
@@ -139,14 +140,14 @@ pub async fn accept(
         )
         .await?;
     }
-    let state = if verification {
-        RequestState::AwaitingVerification
+    let event = if verification {
+        RequestEvent::AwaitVerification
     } else {
-        RequestState::Completed
+        RequestEvent::Complete
     };
-    set_state(&mut *conn, lease.request_id, state, None, None).await?;
+    transition(&mut *conn, lease.request_id, event, None, None).await?;
     if let Some(action_id) = action_id {
-        action::set_status(&mut *conn, action_id, ActionStatus::Completed).await?;
+        action::transition(&mut *conn, action_id, ActionEvent::Complete).await?;
     }
     Ok(Acceptance::Accepted { verification })
 }

@@ -225,6 +225,15 @@ impl RunSpec {
     pub fn max_attempts(&self) -> u32 {
         self.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS)
     }
+
+    /// The same input with its defaults filled in: omitting a default and sending it are
+    /// the same input (what an idempotency key binds).
+    pub fn normalized(&self) -> RunSpec {
+        RunSpec {
+            max_attempts: Some(self.max_attempts()),
+            ..self.clone()
+        }
+    }
 }
 
 /// What the relay publishes to announce work; workers decode it.

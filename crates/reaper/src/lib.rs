@@ -111,7 +111,12 @@ pub async fn sweep(
 }
 
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let pool = cairn_common::component::database(&config.database, config.migrate).await?;
+    let pool = cairn_common::component::database(
+        &config.database,
+        config.database.pool_size(10),
+        config.migrate,
+    )
+    .await?;
     if config.dry_run {
         let report = sweep(&pool, &config, true).await.context("dry-run sweep")?;
         println!(

@@ -24,7 +24,12 @@ use tokio_util::task::TaskTracker;
 /// Connects to every service, serves HTTP on `config.listen` and relays the outbox until
 /// `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let pool = cairn_common::component::database(&config.database, config.migrate).await?;
+    let pool = cairn_common::component::database(
+        &config.database,
+        config.database.pool_size(10),
+        config.migrate,
+    )
+    .await?;
     let redis = redis_conn::connect(&config.redis.redis_url)
         .await
         .context("connecting to Redis")?;

@@ -13,15 +13,16 @@
 //! Every change moves the lease epoch on, so a paused former owner writes nothing.
 
 use cairn_common::leader::{pause, Leadership};
-use cairn_common::request::action::{self, ActionKind, ActionStatus};
+use cairn_common::request::action::{self, ActionKind};
 use cairn_common::request::cancel::cancel_now;
+use cairn_common::request::limits::{self, Breach, Moment};
 use cairn_common::request::requeue::{requeue_verification, verification_attempts_exhausted};
-use cairn_common::request::{self, RequestState};
+use cairn_common::request::{self, ActionEvent, Continuation, RequestEvent, RequestState};
 use cairn_common::run::{JobKind, JobMessage};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use sqlx::postgres::PgConnection;
-use sqlx::PgPool;
+use sqlx::{Connection, PgPool};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -77,12 +78,15 @@ struct Lapsed {
     executing_action: Option<Uuid>,
     queued_action_id: Option<Uuid>,
     queued_action_kind: Option<ActionKind>,
+    queued_window_ended: bool,
     executing_verification: Option<Uuid>,
     queued_verification: Option<Uuid>,
 }
 
 /// One sweep, in one transaction per batch. Safe to run concurrently with itself
-/// (rows are locked with SKIP LOCKED) but normally only the leader runs it.
+/// (rows are locked with SKIP LOCKED) but normally only the leader runs it. Each request
+/// is handled in its own savepoint: a move the transition table refuses (the request
+/// moved since it was read) changes nothing and the rest of the batch goes on.
 pub async fn sweep_once(
     pool: &PgPool,
     batch: i64,
@@ -99,12 +103,13 @@ pub async fn sweep_once(
                 (SELECT a.id FROM continuation_actions a WHERE a.request_id = e.id AND a.status = 'executing'
                   ORDER BY a.created_at DESC LIMIT 1) AS executing_action,
                 q.id AS queued_action_id, q.kind AS queued_action_kind,
+                COALESCE(q.window_ends_at <= now(), FALSE) AS queued_window_ended,
                 (SELECT v.id FROM verification_adoptions v WHERE v.execution_request_id = e.id AND v.status = 'executing'
                   ORDER BY v.created_at DESC LIMIT 1) AS executing_verification,
                 (SELECT v.id FROM verification_adoptions v WHERE v.execution_request_id = e.id AND v.status = 'queued'
                   ORDER BY v.created_at DESC LIMIT 1) AS queued_verification
            FROM execution_requests e
-           LEFT JOIN LATERAL (SELECT a.id, a.kind FROM continuation_actions a
+           LEFT JOIN LATERAL (SELECT a.id, a.kind, a.window_ends_at FROM continuation_actions a
                                WHERE a.request_id = e.id AND a.status = 'queued'
                                ORDER BY a.created_at DESC LIMIT 1) q ON TRUE
           WHERE e.lease_owner IS NOT NULL AND e.lease_deadline < clock_timestamp() AND e.kind = 'run'
@@ -116,16 +121,21 @@ pub async fn sweep_once(
     .fetch_all(&mut *tx)
     .await?;
     for l in lapsed {
-        handle_lapsed(&mut tx, &l, &mut report).await?;
+        let mut savepoint = Connection::begin(&mut *tx).await?;
+        match handle_lapsed(&mut savepoint, &l, &mut report).await {
+            Ok(()) => savepoint.commit().await?,
+            Err(e) => skip(savepoint, l.id, e).await?,
+        }
     }
     tx.commit().await?;
 
-    // Continuation windows that ended before any worker claimed them.
+    // Continuation windows that ended before any worker claimed them: the action
+    // expires (it admitted nothing) and the request is back where it was reviewed.
     let mut tx = pool.begin().await?;
-    let expired: Vec<(Uuid, ActionKind, Uuid)> = sqlx::query_as(
-        "SELECT a.id, a.kind, a.request_id
+    let expired: Vec<(Uuid, ActionKind, Uuid, RequestState)> = sqlx::query_as(
+        "SELECT a.id, a.kind, a.request_id, e.state
            FROM continuation_actions a JOIN execution_requests e ON e.id = a.request_id
-          WHERE a.status = 'queued' AND a.window_ends_at < now()
+          WHERE a.status = 'queued' AND a.window_ends_at <= now()
             AND (e.lease_owner IS NULL OR e.lease_deadline < clock_timestamp())
           ORDER BY a.window_ends_at
           LIMIT $1
@@ -134,22 +144,15 @@ pub async fn sweep_once(
     .bind(batch)
     .fetch_all(&mut *tx)
     .await?;
-    for (action_id, kind, request_id) in expired {
-        action::set_status(&mut tx, action_id, ActionStatus::Failed).await?;
-        if kind == ActionKind::CheckpointContinuation {
-            request::stop_at_checkpoint(&mut tx, request_id, "continuation_window_ended").await?;
-        } else {
-            request::fence_out(&mut tx, request_id).await?;
-            request::set_state(
-                &mut tx,
-                request_id,
-                RequestState::NeedsReconciliation,
-                Some("continuation_window_ended"),
-                None,
-            )
-            .await?;
+    for (action_id, kind, request_id, state) in expired {
+        let mut savepoint = Connection::begin(&mut *tx).await?;
+        match window_ended(&mut savepoint, action_id, kind, request_id, state).await {
+            Ok(()) => {
+                savepoint.commit().await?;
+                report.windows_closed += 1;
+            }
+            Err(e) => skip(savepoint, request_id, e).await?,
         }
-        report.windows_closed += 1;
     }
     tx.commit().await?;
 
@@ -162,11 +165,52 @@ pub async fn sweep_once(
     Ok(report)
 }
 
+/// Rolls back one request's savepoint: a refused move is logged and skipped, a
+/// database error ends the sweep.
+async fn skip(
+    savepoint: sqlx::Transaction<'_, sqlx::Postgres>,
+    request_id: Uuid,
+    error: request::Error,
+) -> Result<(), sqlx::Error> {
+    savepoint.rollback().await?;
+    match error {
+        request::Error::Refused(refused) => {
+            tracing::warn!(%request_id, error = %refused, "the sweeper left a request that moved");
+            Ok(())
+        }
+        request::Error::Db(e) => Err(e),
+    }
+}
+
+/// A queued action's window ended unclaimed: it expires, and its request (queued by it)
+/// stops at its checkpoint again (or, for a report, waits for another review). A request
+/// that is no longer queued by it keeps its state; only the action expires.
+async fn window_ended(
+    conn: &mut PgConnection,
+    action_id: Uuid,
+    kind: ActionKind,
+    request_id: Uuid,
+    state: RequestState,
+) -> Result<(), request::Error> {
+    if state != RequestState::Queued {
+        action::transition(&mut *conn, action_id, ActionEvent::Expire).await?;
+        return Ok(());
+    }
+    request::fence_out(&mut *conn, request_id).await?;
+    let continuation = match kind {
+        ActionKind::CheckpointContinuation => Continuation::Checkpoint(action_id),
+        ActionKind::FinalOutcomeContinuation => Continuation::FinalOutcome(action_id),
+    };
+    let breach = Breach::WindowEnded;
+    limits::end_for(conn, request_id, continuation, &breach, Moment::Claim, None).await?;
+    Ok(())
+}
+
 async fn handle_lapsed(
     conn: &mut PgConnection,
     l: &Lapsed,
     report: &mut SweepReport,
-) -> Result<(), sqlx::Error> {
+) -> Result<(), request::Error> {
     let state = l.state;
     if l.cancel_requested && !state.is_terminal() {
         request::fence_out(&mut *conn, l.id).await?;
@@ -181,13 +225,26 @@ async fn handle_lapsed(
             report.reannounced += 1;
         }
         RequestState::Queued => {
-            // Claimed, then lost before it started: announce it again, same attempt.
+            // Claimed, then lost before it started: announce it again, same attempt,
+            // unless the admitting window ended meanwhile.
             request::fence_out(&mut *conn, l.id).await?;
-            let kind = match l.queued_action_kind {
-                Some(ActionKind::CheckpointContinuation) => JobKind::CheckpointContinuation,
-                Some(ActionKind::FinalOutcomeContinuation) => JobKind::FinalOutcomeContinuation,
-                None => JobKind::Run,
+            let (kind, continuation) = match (l.queued_action_kind, l.queued_action_id) {
+                (Some(ActionKind::CheckpointContinuation), Some(id)) => (
+                    JobKind::CheckpointContinuation,
+                    Continuation::Checkpoint(id),
+                ),
+                (Some(ActionKind::FinalOutcomeContinuation), Some(id)) => (
+                    JobKind::FinalOutcomeContinuation,
+                    Continuation::FinalOutcome(id),
+                ),
+                _ => (JobKind::Run, Continuation::None),
             };
+            if l.queued_window_ended && continuation != Continuation::None {
+                let breach = Breach::WindowEnded;
+                limits::end_for(conn, l.id, continuation, &breach, Moment::Claim, None).await?;
+                report.windows_closed += 1;
+                return Ok(());
+            }
             let message = JobMessage {
                 kind,
                 run_id: l.run_id,
@@ -195,26 +252,21 @@ async fn handle_lapsed(
                 action_id: l.queued_action_id,
                 attempt: Some(l.attempt),
             };
-            request::readmit(&mut *conn, &message).await?;
+            request::readmit(&mut *conn, &message, RequestEvent::Requeue).await?;
             report.reannounced += 1;
         }
         RequestState::Executing => {
             if let Some(adoption) = l.executing_verification {
                 lapsed_verification(&mut *conn, l, adoption, report).await?;
             } else if let Some(action) = l.executing_action {
-                action::set_status(&mut *conn, action, ActionStatus::Failed).await?;
+                action::transition(&mut *conn, action, ActionEvent::Fail).await?;
                 request::stop_at_checkpoint(&mut *conn, l.id, "continuation_lease_expired").await?;
                 report.stopped += 1;
             } else if l.report_unaccepted {
                 request::fence_out(&mut *conn, l.id).await?;
-                request::set_state(
-                    &mut *conn,
-                    l.id,
-                    RequestState::NeedsReconciliation,
-                    Some("final_report_unaccepted"),
-                    None,
-                )
-                .await?;
+                let reason = Some("final_report_unaccepted");
+                request::transition(&mut *conn, l.id, RequestEvent::Reconcile, reason, None)
+                    .await?;
                 report.reconciling += 1;
             } else if l.attempt < l.max_attempts {
                 let attempt = request::requeue(&mut *conn, l.id, true).await?;
@@ -240,7 +292,7 @@ async fn lapsed_verification(
     l: &Lapsed,
     adoption: Uuid,
     report: &mut SweepReport,
-) -> Result<(), sqlx::Error> {
+) -> Result<(), request::Error> {
     if l.attempt < l.max_attempts {
         requeue_verification(&mut *conn, l.run_id, l.id, adoption, l.attempt + 1).await?;
         tracing::info!(request_id = %l.id, attempt = l.attempt + 1, "verification lease lapsed; queued again");

@@ -142,6 +142,20 @@ impl Config {
         })
     }
 
+    /// The smallest pool that never starves a job: one connection per running job for
+    /// its writes, and four that the lease keepers' short renewals, the consumer, the
+    /// janitor and the probes share.
+    fn pool_needs(&self) -> u32 {
+        self.concurrency.saturating_add(4)
+    }
+
+    /// The pool: the one configured, else twice the concurrency plus 4, so that a job
+    /// never waits on another's connection for its own writes.
+    pub fn pool_size(&self) -> u32 {
+        self.database
+            .pool_size(self.concurrency.saturating_mul(2).saturating_add(4))
+    }
+
     pub fn prefetch(&self) -> u16 {
         if self.prefetch == 0 {
             u16::try_from(self.concurrency).unwrap_or(u16::MAX)
@@ -160,6 +174,18 @@ impl Settings for Config {
             Some(&self.amqp),
         )?;
         self.artifacts_dir()?;
+        if let Some(size) = self.database.database_max_connections {
+            if size < self.pool_needs() {
+                return Err(format!(
+                    "CAIRN_DATABASE_MAX_CONNECTIONS: {size} is too small for CAIRN_WORKER_CONCURRENCY {}: \
+                     every running job needs a connection for its writes, and its lease keeper \
+                     must renew beside it; set at least {} (or leave it unset for {})",
+                    self.concurrency,
+                    self.pool_needs(),
+                    self.concurrency.saturating_mul(2).saturating_add(4)
+                ));
+            }
+        }
         if !self.snapshot_store_url.is_empty() && self.snapshot_store_url.contains("://") {
             let scheme = self.snapshot_store_url.split("://").next().unwrap_or("");
             if !["file", "s3", "gs", "az", "azure", "abfs", "abfss", "https"].contains(&scheme) {

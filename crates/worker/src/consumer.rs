@@ -154,16 +154,25 @@ async fn process(
             }
             job::execute(worker.clone(), claimed, drain).await;
         }
+        Ok(Claim::Later) => {
+            tracing::debug!(request_id = %message.request_id, "the request is being claimed; the delivery comes back");
+            redeliver_after(delivery, Duration::from_millis(200)).await;
+        }
         Err(e) => {
-            // Nothing was claimed: let RabbitMQ redeliver (its delivery limit bounds loops).
             tracing::warn!(error = %e, request_id = %message.request_id, "claim failed; requeueing the delivery");
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            let _ = delivery
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    ..Default::default()
-                })
-                .await;
+            redeliver_after(delivery, Duration::from_millis(500)).await;
         }
     }
+}
+
+/// Nothing was claimed: RabbitMQ redelivers after `wait` (its delivery limit bounds
+/// the loop).
+async fn redeliver_after(delivery: Delivery, wait: Duration) {
+    tokio::time::sleep(wait).await;
+    let _ = delivery
+        .nack(BasicNackOptions {
+            requeue: true,
+            ..Default::default()
+        })
+        .await;
 }

@@ -1,10 +1,12 @@
 //! The lease keeper: renews a job's lease on its own task, every third of the TTL, so
 //! job work never starves it. It stops the job when the lease is lost (self-fencing:
-//! the step's process group is stopped and nothing more is written) and when the run's
-//! cancellation was requested; it also passes on pause and resume requests.
+//! the step's process group is stopped and nothing more is written), when the run's
+//! cancellation was requested and when the admitting continuation's window ends; it
+//! also passes on pause and resume requests.
 
 use crate::context::Worker;
 use cairn_common::lease::{Lease, LeaseError};
+use chrono::{DateTime, Utc};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,6 +22,9 @@ pub enum Reason {
     Drain,
     /// Paused past the pause limit: it stops like a stop.
     PauseExpired,
+    /// The admitting continuation's window ended: the step stops and the request stops
+    /// at its checkpoint.
+    WindowEnded,
 }
 
 /// The first reason a job was stopped for.
@@ -33,6 +38,7 @@ impl StopReason {
             Reason::Cancelled => 2,
             Reason::Drain => 3,
             Reason::PauseExpired => 4,
+            Reason::WindowEnded => 5,
         };
         let _ = self
             .0
@@ -45,6 +51,7 @@ impl StopReason {
             2 => Some(Reason::Cancelled),
             3 => Some(Reason::Drain),
             4 => Some(Reason::PauseExpired),
+            5 => Some(Reason::WindowEnded),
             _ => None,
         }
     }
@@ -62,32 +69,39 @@ impl Keeper {
     }
 }
 
-pub fn spawn(
-    worker: Arc<Worker>,
-    lease: Lease,
-    stop: CancellationToken,
-    reason: Arc<StopReason>,
-    pause: watch::Sender<bool>,
-) -> Keeper {
+/// What the keeper watches besides the lease.
+pub struct Watch {
+    pub stop: CancellationToken,
+    pub reason: Arc<StopReason>,
+    pub pause: watch::Sender<bool>,
+    /// When the admitting continuation's window ends.
+    pub window_ends_at: Option<DateTime<Utc>>,
+}
+
+pub fn spawn(worker: Arc<Worker>, lease: Lease, watch: Watch) -> Keeper {
     let done = CancellationToken::new();
-    let task = tokio::spawn(keep(worker, lease, stop, reason, pause, done.clone()));
+    let task = tokio::spawn(keep(worker, lease, watch, done.clone()));
     Keeper { done, task }
 }
 
-async fn keep(
-    worker: Arc<Worker>,
-    mut lease: Lease,
-    stop: CancellationToken,
-    reason: Arc<StopReason>,
-    pause: watch::Sender<bool>,
-    done: CancellationToken,
-) {
+async fn keep(worker: Arc<Worker>, mut lease: Lease, watch: Watch, done: CancellationToken) {
+    let Watch {
+        stop,
+        reason,
+        pause,
+        window_ends_at,
+    } = watch;
     let ttl = worker.leases.ttl();
     let interval = (ttl / 3).max(Duration::from_millis(100));
     let mut renewed_at = Instant::now();
     loop {
+        // Wake at the window's end too, so the step stops there, not a renewal later.
+        let until_window = window_ends_at
+            .and_then(|end| (end - Utc::now()).to_std().ok())
+            .map(|left| left.max(Duration::from_millis(50)));
+        let nap = until_window.map_or(interval, |left| left.min(interval));
         tokio::select! {
-            _ = tokio::time::sleep(interval) => {}
+            _ = tokio::time::sleep(nap) => {}
             _ = done.cancelled() => return,
         }
         // Past the deadline without a renewal: fence ourselves before asking anyone.
@@ -104,19 +118,26 @@ async fn keep(
             Ok(()) => {
                 renewed_at = Instant::now();
                 worker.metrics.leases_renewed.inc();
-                let asked: Result<(bool, bool), _> = sqlx::query_as(
-                    "SELECT cancel_requested_at IS NOT NULL, pause_requested_at IS NOT NULL
+                let asked: Result<(bool, bool, bool), _> = sqlx::query_as(
+                    "SELECT cancel_requested_at IS NOT NULL, pause_requested_at IS NOT NULL,
+                            COALESCE($2 <= now(), FALSE)
                        FROM execution_requests WHERE id = $1",
                 )
                 .bind(lease.request_id)
+                .bind(window_ends_at)
                 .fetch_one(&worker.pool)
                 .await;
-                if let Ok((_, paused)) = asked {
-                    pause.send_if_modified(|p| std::mem::replace(p, paused) != paused);
-                }
-                if matches!(asked, Ok((true, _))) {
+                let Ok((cancelled, paused, window_ended)) = asked else {
+                    continue;
+                };
+                pause.send_if_modified(|p| std::mem::replace(p, paused) != paused);
+                if cancelled {
                     tracing::info!(request_id = %lease.request_id, "cancellation requested; stopping the step");
                     reason.set(Reason::Cancelled);
+                    stop.cancel();
+                } else if window_ended {
+                    tracing::info!(request_id = %lease.request_id, "the continuation's window ended; stopping the step");
+                    reason.set(Reason::WindowEnded);
                     stop.cancel();
                 }
             }

@@ -56,7 +56,9 @@ use tokio_util::task::TaskTracker;
 /// `drain_seconds` to finish, then are stopped and their requests handed back.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let artifacts_dir = config.artifacts_dir().map_err(anyhow::Error::msg)?;
-    let pool = cairn_common::component::database(&config.database, config.migrate).await?;
+    let pool =
+        cairn_common::component::database(&config.database, config.pool_size(), config.migrate)
+            .await?;
     let redis = redis_conn::connect(&config.redis.redis_url)
         .await
         .context("connecting to Redis")?;

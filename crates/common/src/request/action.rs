@@ -1,6 +1,7 @@
 //! Reviewed continuation actions: one saved decision per caller-owned id and per
 //! retained checkpoint, which admits the existing ticket for a finite window.
 
+use super::table::{self, ActionEvent, Error};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
@@ -29,6 +30,9 @@ crate::text_enum! {
         Completed => "completed",
         Failed => "failed",
         NeedsReconciliation => "needs_reconciliation",
+        /// Its window ended before a worker claimed it: it admitted nothing, and frees
+        /// its checkpoint (or report) for another review.
+        Expired => "expired",
     }
 }
 
@@ -126,7 +130,8 @@ pub async fn latest(
     .await
 }
 
-/// Whether an action was already saved for this retained checkpoint (or report).
+/// Whether an action that did not expire was already saved for this retained checkpoint
+/// (or report).
 pub async fn taken(
     conn: &mut PgConnection,
     request_id: Uuid,
@@ -134,7 +139,8 @@ pub async fn taken(
     checkpoint_ref: &str,
 ) -> Result<bool, sqlx::Error> {
     sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM continuation_actions WHERE request_id = $1 AND kind = $2 AND checkpoint_ref = $3)",
+        "SELECT EXISTS (SELECT 1 FROM continuation_actions
+                         WHERE request_id = $1 AND kind = $2 AND checkpoint_ref = $3 AND status <> 'expired')",
     )
     .bind(request_id)
     .bind(kind)
@@ -143,34 +149,23 @@ pub async fn taken(
     .await
 }
 
-/// Sets the status of an action.
-pub async fn set_status(
+/// Moves an action by `event`, as the transition table allows.
+pub async fn transition(
     conn: &mut PgConnection,
     action_id: Uuid,
-    status: ActionStatus,
-) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE continuation_actions SET status = $2, updated_at = now() WHERE id = $1")
-        .bind(action_id)
-        .bind(status)
-        .execute(conn)
-        .await?;
-    Ok(())
+    event: ActionEvent,
+) -> Result<ActionStatus, Error> {
+    table::apply::<ActionStatus>(conn, action_id, event).await
 }
 
 /// A worker claimed the action: it executes now, under this lease epoch.
-pub async fn claim(
-    conn: &mut PgConnection,
-    action_id: Uuid,
-    epoch: i64,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE continuation_actions SET status = $3, claimed_epoch = $2, updated_at = now() WHERE id = $1",
-    )
-    .bind(action_id)
-    .bind(epoch)
-    .bind(ActionStatus::Executing)
-    .execute(conn)
-    .await?;
+pub async fn claim(conn: &mut PgConnection, action_id: Uuid, epoch: i64) -> Result<(), Error> {
+    transition(&mut *conn, action_id, ActionEvent::Claim).await?;
+    sqlx::query("UPDATE continuation_actions SET claimed_epoch = $2 WHERE id = $1")
+        .bind(action_id)
+        .bind(epoch)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 

@@ -1,9 +1,10 @@
 //! Cancellation: asked of a live worker, or done at once when nobody holds the request.
 
-use super::action::{self, ActionStatus};
+use super::action;
 use super::requeue::fence_out;
-use super::state::{set_state, RequestState};
-use crate::handoff::{self, AdoptionStatus, HandoffState};
+use super::state::{transition, RequestState};
+use super::table::{ActionEvent, AdoptionEvent, Error, HandoffEvent, RequestEvent};
+use crate::handoff;
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -25,7 +26,7 @@ pub enum Cancellation {
 pub async fn cancel_run(
     conn: &mut PgConnection,
     run_id: Uuid,
-) -> Result<Option<Cancellation>, sqlx::Error> {
+) -> Result<Option<Cancellation>, Error> {
     let request: Option<(Uuid, RequestState, bool)> = sqlx::query_as(
         "SELECT id, state, COALESCE(lease_owner IS NOT NULL AND lease_deadline > clock_timestamp(), FALSE)
            FROM execution_requests WHERE run_id = $1 AND kind = 'run' FOR UPDATE",
@@ -77,11 +78,11 @@ pub async fn cancel_now(
     conn: &mut PgConnection,
     request_id: Uuid,
     reason: &str,
-) -> Result<(), sqlx::Error> {
-    set_state(
+) -> Result<(), Error> {
+    transition(
         &mut *conn,
         request_id,
-        RequestState::Cancelled,
+        RequestEvent::Cancel,
         Some(reason),
         None,
     )
@@ -93,7 +94,7 @@ pub async fn cancel_now(
     .fetch_all(&mut *conn)
     .await?;
     for action_id in open_actions {
-        action::set_status(&mut *conn, action_id, ActionStatus::Failed).await?;
+        action::transition(&mut *conn, action_id, ActionEvent::Fail).await?;
     }
     let open_adoptions: Vec<Uuid> = sqlx::query_scalar(
         "SELECT id FROM verification_adoptions WHERE execution_request_id = $1 AND status IN ('queued', 'executing')",
@@ -102,14 +103,10 @@ pub async fn cancel_now(
     .fetch_all(&mut *conn)
     .await?;
     for adoption_id in open_adoptions {
-        handoff::set_adoption_status(
-            &mut *conn,
-            adoption_id,
-            AdoptionStatus::Cancelled,
-            Some("cancelled"),
-        )
-        .await?;
-        handoff::set_handoff_state_of(&mut *conn, adoption_id, HandoffState::Failed).await?;
+        let cancelled = Some("cancelled");
+        handoff::adoption_transition(&mut *conn, adoption_id, AdoptionEvent::Cancel, cancelled)
+            .await?;
+        handoff::handoff_transition_of(&mut *conn, adoption_id, HandoffEvent::Fail).await?;
     }
     Ok(())
 }

@@ -6,11 +6,16 @@
 //! transaction, on a row the caller has fenced ([`crate::lease::Lease::fence`]) or
 //! locked.
 //!
-//! - [`state`]: the states and the one function that records a move between them.
+//! - [`table`]: the transition table of requests, actions, adoptions and handoffs: for
+//!   each typed event, the states it may leave and the one it enters.
+//! - [`state`]: the request states and [`transition`], the one function that moves a
+//!   request (guarded by the table).
 //! - [`requeue`]: queuing a request again (a new attempt, a hand-back, a readmission by
 //!   a reviewed continuation or an adopted verification) and ending an attempt that has
 //!   no result.
 //! - [`stop`]: stopping at the last checkpoint.
+//! - [`limits`]: the cancel, window, deadline and budgets, checked at claim, at every
+//!   intent and at completion, and how a request ends when one is reached.
 //! - [`cancel`]: cancellation, requested or immediate.
 //! - [`pause`]: pause and resume requests and what the worker records of them.
 //! - [`action`]: reviewed continuation actions.
@@ -18,12 +23,15 @@
 
 pub mod action;
 pub mod cancel;
+pub mod limits;
 pub mod pause;
 pub mod requeue;
 pub mod resume;
 pub mod state;
 pub mod stop;
+pub mod table;
 
 pub use requeue::{end_attempt, fence_out, readmit, requeue, AttemptEnd, Continuation};
-pub use state::{set_state, RequestState};
+pub use state::{transition, RequestState};
 pub use stop::stop_at_checkpoint;
+pub use table::{ActionEvent, AdoptionEvent, Error, HandoffEvent, RequestEvent};

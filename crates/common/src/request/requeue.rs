@@ -1,16 +1,28 @@
 //! Queuing a request again, and ending an attempt that has no result.
 
-use super::action::{self, ActionStatus};
-use super::state::{set_state, RequestState};
+use super::action;
+use super::state::transition;
 use super::stop::stop_at_checkpoint;
-use crate::handoff::{self, AdoptionStatus, HandoffState};
+use super::table::{ActionEvent, AdoptionEvent, Error, HandoffEvent, RequestEvent};
+use crate::handoff;
+use crate::journal;
 use crate::outbox;
 use crate::run::{JobKind, JobMessage};
+use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
 /// Clears the lease and moves the epoch on, so whoever held it can write nothing more.
+/// A step its holder left without a receipt is charged up to now, or to the holder's
+/// lease deadline when that passed first.
 pub async fn fence_out(conn: &mut PgConnection, request_id: Uuid) -> Result<(), sqlx::Error> {
+    let deadline: Option<DateTime<Utc>> =
+        sqlx::query_scalar("SELECT lease_deadline FROM execution_requests WHERE id = $1")
+            .bind(request_id)
+            .fetch_optional(&mut *conn)
+            .await?
+            .flatten();
+    journal::charge_interrupted(&mut *conn, request_id, deadline).await?;
     sqlx::query(
         "UPDATE execution_requests
             SET lease_epoch = lease_epoch + 1, lease_owner = NULL, lease_deadline = NULL, updated_at = now()
@@ -28,7 +40,7 @@ pub async fn requeue(
     conn: &mut PgConnection,
     request_id: Uuid,
     next_attempt: bool,
-) -> Result<i32, sqlx::Error> {
+) -> Result<i32, Error> {
     fence_out(&mut *conn, request_id).await?;
     let (run_id, attempt): (Uuid, i32) = sqlx::query_as(
         "UPDATE execution_requests SET attempt = attempt + CASE WHEN $2 THEN 1 ELSE 0 END
@@ -46,22 +58,19 @@ pub async fn requeue(
         action_id: None,
         attempt: Some(attempt),
     };
-    readmit(conn, &message).await?;
+    readmit(conn, &message, RequestEvent::Requeue).await?;
     Ok(attempt)
 }
 
-/// Queues the request a message names, on the attempt it names, and announces it: a
-/// reviewed continuation or an adopted verification admits the existing ticket (same
-/// attempt, budgets and charged usage), a requeue a new or the same attempt.
-pub async fn readmit(conn: &mut PgConnection, message: &JobMessage) -> Result<(), sqlx::Error> {
-    set_state(
-        &mut *conn,
-        message.request_id,
-        RequestState::Queued,
-        None,
-        None,
-    )
-    .await?;
+/// Queues the request a message names by `event`, on the attempt it names, and
+/// announces it: a reviewed continuation or an adopted verification admits the existing
+/// ticket (same attempt, budgets and charged usage), a requeue a new or the same attempt.
+pub async fn readmit(
+    conn: &mut PgConnection,
+    message: &JobMessage,
+    event: RequestEvent,
+) -> Result<(), Error> {
+    transition(&mut *conn, message.request_id, event, None, None).await?;
     sqlx::query("UPDATE execution_requests SET queued_at = now() WHERE id = $1")
         .bind(message.request_id)
         .execute(&mut *conn)
@@ -78,14 +87,14 @@ pub async fn requeue_verification(
     request_id: Uuid,
     adoption_id: Uuid,
     attempt: i32,
-) -> Result<(), sqlx::Error> {
+) -> Result<(), Error> {
     fence_out(&mut *conn, request_id).await?;
     sqlx::query("UPDATE execution_requests SET attempt = $2 WHERE id = $1")
         .bind(request_id)
         .bind(attempt)
         .execute(&mut *conn)
         .await?;
-    handoff::set_adoption_status(&mut *conn, adoption_id, AdoptionStatus::Queued, None).await?;
+    handoff::adoption_transition(&mut *conn, adoption_id, AdoptionEvent::Requeue, None).await?;
     let message = JobMessage {
         kind: JobKind::Verification,
         run_id,
@@ -93,7 +102,7 @@ pub async fn requeue_verification(
         action_id: Some(adoption_id),
         attempt: Some(attempt),
     };
-    readmit(conn, &message).await
+    readmit(conn, &message, RequestEvent::Requeue).await
 }
 
 /// Which continuation an attempt belongs to.
@@ -103,6 +112,8 @@ pub enum Continuation {
     None,
     /// A reviewed checkpoint continuation (its action id).
     Checkpoint(Uuid),
+    /// A reviewed final-outcome continuation (its action id): it runs nothing.
+    FinalOutcome(Uuid),
     /// An adopted verification (its adoption id).
     Verification(Uuid),
 }
@@ -127,7 +138,7 @@ pub async fn end_attempt(
     request_id: Uuid,
     continuation: Continuation,
     reason: &str,
-) -> Result<AttemptEnd, sqlx::Error> {
+) -> Result<AttemptEnd, Error> {
     let (run_id, attempt, max_attempts): (Uuid, i32, i32) = sqlx::query_as(
         "SELECT run_id, attempt, max_attempts FROM execution_requests WHERE id = $1",
     )
@@ -136,8 +147,17 @@ pub async fn end_attempt(
     .await?;
     match continuation {
         Continuation::Checkpoint(action_id) => {
-            action::set_status(&mut *conn, action_id, ActionStatus::Failed).await?;
+            action::transition(&mut *conn, action_id, ActionEvent::Fail).await?;
             stop_at_checkpoint(&mut *conn, request_id, reason).await?;
+            Ok(AttemptEnd::Stopped)
+        }
+        Continuation::FinalOutcome(action_id) => {
+            // Its claim accepts or refuses in one transaction; it has no attempt to end
+            // but a failed claim, which leaves the report for another review.
+            fence_out(&mut *conn, request_id).await?;
+            action::transition(&mut *conn, action_id, ActionEvent::Fail).await?;
+            let event = RequestEvent::Reconcile;
+            transition(&mut *conn, request_id, event, Some(reason), None).await?;
             Ok(AttemptEnd::Stopped)
         }
         Continuation::Verification(adoption_id) if attempt < max_attempts => {
@@ -165,22 +185,13 @@ pub async fn verification_attempts_exhausted(
     conn: &mut PgConnection,
     request_id: Uuid,
     adoption_id: Uuid,
-) -> Result<(), sqlx::Error> {
+) -> Result<(), Error> {
+    let reason = "verification_attempts_exhausted";
     fence_out(&mut *conn, request_id).await?;
-    handoff::set_adoption_status(
-        &mut *conn,
-        adoption_id,
-        AdoptionStatus::Failed,
-        Some("verification_attempts_exhausted"),
-    )
-    .await?;
-    handoff::set_handoff_state_of(&mut *conn, adoption_id, HandoffState::Pending).await?;
-    set_state(
-        &mut *conn,
-        request_id,
-        RequestState::AwaitingVerification,
-        Some("verification_attempts_exhausted"),
-        None,
-    )
-    .await
+    handoff::adoption_transition(&mut *conn, adoption_id, AdoptionEvent::Fail, Some(reason))
+        .await?;
+    handoff::handoff_transition_of(&mut *conn, adoption_id, HandoffEvent::Reopen).await?;
+    let event = RequestEvent::AwaitVerification;
+    transition(&mut *conn, request_id, event, Some(reason), None).await?;
+    Ok(())
 }

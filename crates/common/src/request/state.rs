@@ -1,5 +1,6 @@
-//! Request states, and recording a move between them.
+//! Request states, and recording a move between them through the transition table.
 
+use super::table::{guard, refusal, Error, RequestEvent};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use utoipa::ToSchema;
@@ -45,29 +46,37 @@ impl RequestState {
     }
 }
 
-/// Moves a request (and its run) to `state`. Terminal states record `finished_at`.
-pub async fn set_state(
+/// Moves a request (and its run) by `event`, as the transition table allows from its
+/// current state; anything else is [`Refused`](super::table::Refused) and changes
+/// nothing. Records `reason` and `step` (cleared when `None`); a terminal state records
+/// `finished_at`.
+pub async fn transition(
     conn: &mut PgConnection,
     request_id: Uuid,
-    state: RequestState,
-    stop_reason: Option<&str>,
-    reconciliation_step: Option<&str>,
-) -> Result<(), sqlx::Error> {
+    event: RequestEvent,
+    reason: Option<&str>,
+    step: Option<&str>,
+) -> Result<RequestState, Error> {
+    let (sources, state) = guard::<RequestState>(event);
     let terminal = state.is_terminal();
-    let run_id: Uuid = sqlx::query_scalar(
+    let run_id: Option<Uuid> = sqlx::query_scalar(
         "UPDATE execution_requests
             SET state = $2, stop_reason = $3, reconciliation_step = $4, updated_at = now(),
                 finished_at = CASE WHEN $5 THEN now() ELSE finished_at END
-          WHERE id = $1
+          WHERE id = $1 AND state = ANY($6)
       RETURNING run_id",
     )
     .bind(request_id)
     .bind(state)
-    .bind(stop_reason)
-    .bind(reconciliation_step)
+    .bind(reason)
+    .bind(step)
     .bind(terminal)
-    .fetch_one(&mut *conn)
+    .bind(&sources)
+    .fetch_optional(&mut *conn)
     .await?;
+    let Some(run_id) = run_id else {
+        return Err(refusal::<RequestState>(conn, request_id, event).await);
+    };
     sqlx::query(
         "UPDATE runs SET state = $2, updated_at = now(),
                 finished_at = CASE WHEN $3 THEN now() ELSE finished_at END
@@ -79,5 +88,5 @@ pub async fn set_state(
     .bind(request_id)
     .execute(&mut *conn)
     .await?;
-    Ok(())
+    Ok(state)
 }

@@ -1,7 +1,8 @@
 //! Stopping a request at its last checkpoint.
 
 use super::requeue::fence_out;
-use super::state::{set_state, RequestState};
+use super::state::transition;
+use super::table::{Error, RequestEvent};
 use crate::journal;
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -13,7 +14,7 @@ pub async fn stop_at_checkpoint(
     conn: &mut PgConnection,
     request_id: Uuid,
     reason: &str,
-) -> Result<(), sqlx::Error> {
+) -> Result<(), Error> {
     let digest = journal::digest(&mut *conn, request_id).await?;
     fence_out(&mut *conn, request_id).await?;
     sqlx::query(
@@ -30,12 +31,7 @@ pub async fn stop_at_checkpoint(
     .bind(digest)
     .execute(&mut *conn)
     .await?;
-    set_state(
-        &mut *conn,
-        request_id,
-        RequestState::StoppedAtCheckpoint,
-        Some(reason),
-        None,
-    )
-    .await
+    let event = RequestEvent::StopAtCheckpoint;
+    transition(&mut *conn, request_id, event, Some(reason), None).await?;
+    Ok(())
 }

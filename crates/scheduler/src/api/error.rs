@@ -98,6 +98,19 @@ impl From<cairn_common::run::FieldError> for ApiError {
     }
 }
 
+impl From<cairn_common::request::Error> for ApiError {
+    fn from(e: cairn_common::request::Error) -> Self {
+        match e {
+            cairn_common::request::Error::Db(e) => e.into(),
+            // The request moved between the read and the write of this call: the
+            // transition table refused, and the transaction changes nothing.
+            cairn_common::request::Error::Refused(r) => {
+                ApiError::conflict("state_changed", format!("{r}; nothing was changed"))
+            }
+        }
+    }
+}
+
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> Self {
         tracing::error!(error = %e, "database error while serving a request");

@@ -1,6 +1,8 @@
 //! Reviewed continuations: candidates, actions, holds, final-outcome acceptance.
 
 use axum::http::StatusCode;
+use cairn_common::report::{self, RetainedReport};
+use cairn_common::request::{self, RequestEvent};
 use cairn_scheduler::api::{auth, auth::Role};
 use serde_json::{json, Value};
 use uuid::Uuid;
@@ -8,9 +10,10 @@ use uuid::Uuid;
 use super::harness::*;
 
 /// The routes of one request's continuation (checkpoint or final outcome).
-struct Continuation {
-    request_id: Uuid,
-    base: String,
+pub(super) struct Continuation {
+    pub(super) run_id: Uuid,
+    pub(super) request_id: Uuid,
+    pub(super) base: String,
 }
 
 impl Continuation {
@@ -20,14 +23,24 @@ impl Continuation {
             run_id.simple(),
             request_id.simple()
         );
-        Continuation { request_id, base }
+        Continuation {
+            run_id,
+            request_id,
+            base,
+        }
     }
 
-    async fn candidate(&self, api: &Api, token: &str) -> (StatusCode, Value) {
+    pub(super) async fn candidate(&self, api: &Api, token: &str) -> (StatusCode, Value) {
         api.get(&format!("{}/candidate", self.base), token).await
     }
 
-    async fn act(&self, api: &Api, action: &str, token: &str, body: Value) -> (StatusCode, Value) {
+    pub(super) async fn act(
+        &self,
+        api: &Api,
+        action: &str,
+        token: &str,
+        body: Value,
+    ) -> (StatusCode, Value) {
         api.post(
             &format!("{}/actions/{action}", self.base),
             token,
@@ -36,7 +49,7 @@ impl Continuation {
         .await
     }
 
-    async fn status(&self, api: &Api) -> Value {
+    pub(super) async fn status(&self, api: &Api) -> Value {
         api.get(&format!("{}/status", self.base), &api.viewer)
             .await
             .1
@@ -45,7 +58,7 @@ impl Continuation {
 
 /// Submits a run as `submitter` and puts it where a lapsed lease with spent attempts
 /// leaves it: stopped at its retained checkpoint, with one completed step.
-async fn stop_at_checkpoint(api: &Api, submitter: &str) -> Continuation {
+pub(super) async fn stop_at_checkpoint(api: &Api, submitter: &str) -> Continuation {
     let (run_id, request_id) = api.request_of(&api.submit(submitter).await).await;
     // One step ran and has its receipt, under epoch 1; then the lease lapsed with the
     // attempts spent and the sweeper stopped the request at its checkpoint.
@@ -68,7 +81,7 @@ async fn stop_at_checkpoint(api: &Api, submitter: &str) -> Continuation {
 
 /// A checkpoint whose candidate the policy lets through (in windows of up to 600
 /// seconds), with its candidate digest.
-async fn ready_checkpoint() -> (Api, Continuation, String) {
+pub(super) async fn ready_checkpoint() -> (Api, Continuation, String) {
     let api = Api::new().await;
     let stopped = stop_at_checkpoint(&api, &api.operator).await;
     allow_checkpoints_for_600_seconds(&api).await;
@@ -86,11 +99,11 @@ async fn allow_checkpoints_for_600_seconds(api: &Api) {
     .await;
 }
 
-fn new_action() -> String {
+pub(super) fn new_action() -> String {
     Uuid::new_v4().simple().to_string()
 }
 
-fn action_body(digest: &str) -> Value {
+pub(super) fn action_body(digest: &str) -> Value {
     json!({
         "version": 1,
         "candidate_digest": digest,
@@ -102,7 +115,7 @@ fn action_body(digest: &str) -> Value {
     })
 }
 
-fn hold_reasons(candidate: &Value) -> Vec<String> {
+pub(super) fn hold_reasons(candidate: &Value) -> Vec<String> {
     candidate["holds"]
         .as_array()
         .map(|h| {
@@ -347,7 +360,7 @@ async fn each_hold_reason_keeps_a_checkpoint_candidate_held() {
     assert_eq!(api.count("continuation_actions").await, 0);
 }
 
-fn final_body(digest: &str) -> Value {
+pub(super) fn final_body(digest: &str) -> Value {
     json!({
         "version": 1,
         "candidate_digest": digest,
@@ -359,27 +372,53 @@ fn final_body(digest: &str) -> Value {
     })
 }
 
-#[tokio::test]
-async fn only_the_original_operator_as_admin_accepts_a_retained_report() {
-    let api = Api::new().await;
+/// A run the admin submitted whose final report was retained and never accepted (its
+/// request needs reconciliation), with final-outcome continuations allowed.
+pub(super) async fn retained_report(api: &Api) -> Continuation {
     api.put_policy(
         &api.admin,
         json!({"enabled": true, "allow_final_outcome_continuation": true}),
     )
     .await;
-    // The admin submitted the run; its report was saved but never accepted.
     let (run_id, request_id) = api.request_of(&api.submit(&api.admin).await).await;
-    sqlx::query("UPDATE execution_requests SET state = 'needs_reconciliation', lease_epoch = 1 WHERE id = $1")
+    // A worker claimed it (epoch 1), retained its report, and its lease lapsed before
+    // the report was accepted.
+    let mut conn = api.pool().acquire().await.expect("conn");
+    sqlx::query("UPDATE execution_requests SET lease_epoch = 1 WHERE id = $1")
         .bind(request_id)
-        .execute(api.pool())
+        .execute(&mut *conn)
         .await
-        .expect("state");
-    sqlx::query("INSERT INTO final_reports (request_id, outcome, followup_kind, body, lease_epoch) VALUES ($1, 'blocked', 'verification', '{\"question\": \"run the tests?\"}', 1)")
-        .bind(request_id)
-        .execute(api.pool())
+        .expect("epoch");
+    request::transition(&mut conn, request_id, RequestEvent::Claim, None, None)
+        .await
+        .expect("claimed");
+    let body = json!({"question": "run the tests?"});
+    let report = RetainedReport {
+        outcome: "blocked",
+        followup_kind: Some("verification"),
+        body: &body,
+        source_digest: None,
+    };
+    report::retain(&mut conn, &first_lease(request_id), &report)
         .await
         .expect("report");
-    let reported = Continuation::of("final-outcome-continuations", run_id, request_id);
+    let unaccepted = Some("final_report_unaccepted");
+    request::transition(
+        &mut conn,
+        request_id,
+        RequestEvent::Reconcile,
+        unaccepted,
+        None,
+    )
+    .await
+    .expect("needs reconciliation");
+    Continuation::of("final-outcome-continuations", run_id, request_id)
+}
+
+#[tokio::test]
+async fn only_the_original_operator_as_admin_accepts_a_retained_report() {
+    let api = Api::new().await;
+    let reported = retained_report(&api).await;
 
     let (_, candidate) = reported.candidate(&api, &api.admin).await;
     assert_eq!(candidate["kind"], "final_outcome_continuation_candidate");

@@ -6,6 +6,7 @@ mod auth;
 mod continuation;
 mod credentials;
 mod harness;
+mod lifecycle;
 mod openapi;
 mod policy;
 mod runs;

@@ -5,11 +5,13 @@
 use super::handle::{Claimed, JobOutcome};
 use crate::context::Worker;
 use crate::error::JobError;
-use cairn_common::handoff::{self, AdoptionStatus, HandoffState};
+use cairn_common::handoff;
+use cairn_common::journal;
 use cairn_common::lease::LeaseError;
 use cairn_common::report::{self, Acceptance};
-use cairn_common::request::action::{self, ActionStatus};
-use cairn_common::request::{self, RequestState};
+use cairn_common::request::action;
+use cairn_common::request::limits::{self, Ended, Moment};
+use cairn_common::request::{self, Continuation, RequestEvent, RequestState};
 use cairn_common::run::{JobKind, JobMessage, StepSpec};
 use uuid::Uuid;
 
@@ -17,6 +19,9 @@ use uuid::Uuid;
 pub enum Claim {
     Run(Box<Claimed>),
     Done(JobOutcome),
+    /// Another claim holds a request still queued: it is about to start it or to let it
+    /// go (a stale message). The delivery comes back a little later rather than be lost.
+    Later,
 }
 
 #[derive(sqlx::FromRow)]
@@ -32,28 +37,61 @@ struct RequestRow {
     max_wall_seconds: i32,
     used_commands: i32,
     used_wall_ms: i64,
-    cancel_requested: bool,
-    deadline_passed: bool,
     queued_for_seconds: f64,
     agent: String,
     work_context_id: Uuid,
     deadline: Option<chrono::DateTime<chrono::Utc>>,
 }
 
+/// What admitted the queued request: a reviewed continuation or an adopted verification
+/// that owns the ticket now (its window open or not).
+#[derive(sqlx::FromRow)]
+struct Admission {
+    id: Uuid,
+    kind: String,
+    window_ends_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl Admission {
+    fn continuation(&self) -> Continuation {
+        match self.kind.as_str() {
+            "checkpoint_continuation" => Continuation::Checkpoint(self.id),
+            "final_outcome_continuation" => Continuation::FinalOutcome(self.id),
+            _ => Continuation::Verification(self.id),
+        }
+    }
+
+    fn job_kind(&self) -> JobKind {
+        match self.kind.as_str() {
+            "checkpoint_continuation" => JobKind::CheckpointContinuation,
+            "final_outcome_continuation" => JobKind::FinalOutcomeContinuation,
+            _ => JobKind::Verification,
+        }
+    }
+}
+
 /// Claims the request a message announces and decides whether there is work. Only
 /// after this returns may the delivery be acked.
 #[tracing::instrument(skip_all, fields(request_id = %message.request_id, kind = ?message.kind))]
 pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobError> {
-    let lease = match worker
+    let claimed = worker
         .leases
-        .claim(message.request_id, &worker.settings.worker_id)
-        .await
-    {
-        Ok(Some(lease)) => lease,
+        .claim_after(message.request_id, &worker.settings.worker_id)
+        .await;
+    let (lease, previous_deadline) = match claimed {
+        Ok(Some(taken)) => (taken.lease, taken.previous_deadline),
         Ok(None) => {
+            let state: Option<RequestState> =
+                sqlx::query_scalar("SELECT state FROM execution_requests WHERE id = $1")
+                    .bind(message.request_id)
+                    .fetch_optional(&worker.pool)
+                    .await?;
+            if state == Some(RequestState::Queued) {
+                return Ok(Claim::Later);
+            }
             return Ok(Claim::Done(JobOutcome::Dropped(
                 "another worker holds the request".into(),
-            )))
+            )));
         }
         Err(LeaseError::NotFound(_)) => {
             return Ok(Claim::Done(JobOutcome::Dropped("unknown request".into())))
@@ -61,11 +99,11 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
         Err(e) => return Err(e.into()),
     };
     let mut tx = lease.begin_fenced(&worker.pool).await?;
+    // A step the last owner left running is charged up to that owner's deadline.
+    journal::charge_interrupted(&mut tx, lease.request_id, previous_deadline).await?;
     let row: RequestRow = sqlx::query_as(
         "SELECT e.state, e.kind, e.run_id, e.attempt, r.steps, r.repository, r.git_ref, e.max_commands,
                 e.max_wall_seconds, e.used_commands, e.used_wall_ms,
-                e.cancel_requested_at IS NOT NULL AS cancel_requested,
-                COALESCE(r.deadline <= now(), FALSE) AS deadline_passed,
                 EXTRACT(EPOCH FROM clock_timestamp() - e.queued_at)::float8 AS queued_for_seconds,
                 r.agent, r.work_context_id, r.deadline
            FROM execution_requests e JOIN runs r ON r.id = e.run_id WHERE e.id = $1",
@@ -74,36 +112,24 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
     .fetch_one(&mut *tx)
     .await?;
     let queued = row.state == RequestState::Queued && row.kind == "run";
-    // A reviewed continuation or an adopted verification that owns the ticket now.
-    let pending_action: Option<(Uuid, String)> = sqlx::query_as(
-        "(SELECT id, kind, created_at FROM continuation_actions
-           WHERE request_id = $1 AND status = 'queued' AND window_ends_at > now())
+    // Whatever admitted the ticket, its window open or ended: a plain run message is
+    // stale as long as a continuation or an adoption owns the ticket.
+    let admission: Option<Admission> = sqlx::query_as(
+        "(SELECT id, kind, window_ends_at, created_at FROM continuation_actions
+           WHERE request_id = $1 AND status = 'queued')
          UNION ALL
-         (SELECT id, 'verification', created_at FROM verification_adoptions
+         (SELECT id, 'verification', NULL, created_at FROM verification_adoptions
            WHERE execution_request_id = $1 AND status = 'queued')
          ORDER BY created_at DESC LIMIT 1",
     )
     .bind(lease.request_id)
     .fetch_optional(&mut *tx)
     .await?;
-
-    let work = match message.kind {
-        // A plain run message is stale once a reviewed continuation owns the ticket.
-        JobKind::Run if queued && pending_action.is_none() => true,
-        JobKind::CheckpointContinuation
-        | JobKind::FinalOutcomeContinuation
-        | JobKind::Verification => {
-            let expected = match message.kind {
-                JobKind::CheckpointContinuation => "checkpoint_continuation",
-                JobKind::FinalOutcomeContinuation => "final_outcome_continuation",
-                _ => "verification",
-            };
-            queued
-                && pending_action
-                    .as_ref()
-                    .is_some_and(|(id, kind)| Some(*id) == message.action_id && kind == expected)
-        }
-        JobKind::Run => false,
+    let work = match (message.kind, &admission) {
+        (JobKind::Run, None) => queued,
+        (JobKind::Run, Some(_)) => false,
+        (kind, Some(a)) => queued && Some(a.id) == message.action_id && a.job_kind() == kind,
+        (_, None) => false,
     };
     if !work {
         worker.leases.release_in(&mut tx, &lease).await?;
@@ -119,46 +145,20 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
         .metrics
         .claim_latency_seconds
         .observe(row.queued_for_seconds.max(0.0));
-    if row.cancel_requested {
-        request::cancel::cancel_now(&mut tx, lease.request_id, "cancelled before it started")
-            .await?;
-    } else if row.deadline_passed {
-        let reason = "the run's deadline passed before it started";
-        request::set_state(
-            &mut tx,
-            lease.request_id,
-            RequestState::Failed,
-            Some(reason),
-            None,
-        )
-        .await?;
-        match pending_action {
-            Some((adoption_id, kind)) if kind == "verification" => {
-                handoff::set_adoption_status(
-                    &mut tx,
-                    adoption_id,
-                    AdoptionStatus::Failed,
-                    Some(reason),
-                )
-                .await?;
-                handoff::set_handoff_state_of(&mut tx, adoption_id, HandoffState::Failed).await?;
-            }
-            Some((action_id, _)) => {
-                action::set_status(&mut tx, action_id, ActionStatus::Failed).await?;
-            }
-            None => {}
-        }
-    }
-    if row.cancel_requested || row.deadline_passed {
+    let continuation = admission
+        .as_ref()
+        .map_or(Continuation::None, Admission::continuation);
+    let current = limits::read(&mut tx, lease.request_id, continuation).await?;
+    if let Some(breach) = current.breach(Moment::Claim) {
+        let at = Moment::Claim;
+        // Released first: ending may fence the epoch out (a stop at the checkpoint).
         worker.leases.release_in(&mut tx, &lease).await?;
+        let ended =
+            limits::end_for(&mut tx, lease.request_id, continuation, &breach, at, None).await?;
         tx.commit().await?;
         worker.leases.clear_liveness(&lease).await;
         worker.metrics.jobs_failed.inc();
-        return Ok(Claim::Done(if row.cancel_requested {
-            JobOutcome::Cancelled
-        } else {
-            JobOutcome::Failed("the run's deadline passed before it started".into())
-        }));
+        return Ok(Claim::Done(ended_outcome(ended)));
     }
     if message.kind == JobKind::FinalOutcomeContinuation {
         let acceptance = report::accept(
@@ -183,22 +183,15 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
         };
         return Ok(Claim::Done(outcome));
     }
-    request::set_state(
-        &mut tx,
-        lease.request_id,
-        RequestState::Executing,
-        None,
-        None,
-    )
-    .await?;
-    match (message.kind, message.action_id) {
-        (JobKind::Verification, Some(adoption_id)) => {
+    request::transition(&mut tx, lease.request_id, RequestEvent::Claim, None, None).await?;
+    match continuation {
+        Continuation::Verification(adoption_id) => {
             handoff::claim_adoption(&mut tx, adoption_id, lease.epoch).await?;
         }
-        (_, Some(action_id)) => {
+        Continuation::Checkpoint(action_id) | Continuation::FinalOutcome(action_id) => {
             action::claim(&mut tx, action_id, lease.epoch).await?;
         }
-        (_, None) => {}
+        Continuation::None => {}
     }
     tx.commit().await?;
     worker.active.enter(lease.request_id).await;
@@ -207,6 +200,8 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
         lease,
         kind: message.kind,
         action_id: message.action_id,
+        continuation,
+        window_ends_at: admission.and_then(|a| a.window_ends_at),
         run_id: row.run_id,
         attempt: row.attempt,
         steps,
@@ -220,4 +215,16 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
         work_context: row.work_context_id,
         deadline: row.deadline,
     })))
+}
+
+/// The outcome of a request ended for a limit.
+pub fn ended_outcome(ended: Ended) -> JobOutcome {
+    match ended {
+        Ended::Cancelled => JobOutcome::Cancelled,
+        Ended::StoppedAtCheckpoint => JobOutcome::StoppedAtCheckpoint,
+        Ended::NeedsReconciliation => {
+            JobOutcome::NeedsReconciliation("continuation_window_ended".into())
+        }
+        Ended::Failed(reason) => JobOutcome::Failed(reason),
+    }
 }

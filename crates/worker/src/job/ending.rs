@@ -2,16 +2,20 @@
 //! handing the request back on a drain, stopping it at its checkpoint after a pause past
 //! its limit, and ending an attempt that has no result.
 
+use super::claim;
 use super::handle::{Job, JobOutcome};
 use crate::custody::{CustodyError, Subject, Tree};
 use crate::error::JobError;
 use crate::keeper::Reason;
 use crate::step::StepOutcome;
-use cairn_common::handoff::{self, AdoptionStatus, HandoffState};
+use cairn_common::handoff;
 use cairn_common::journal::{self, Receipt};
 use cairn_common::report::{self, Acceptance};
-use cairn_common::request::action::{self, ActionStatus};
-use cairn_common::request::{self, RequestState};
+use cairn_common::request::action;
+use cairn_common::request::limits::{self, Breach, Moment};
+use cairn_common::request::{
+    self, ActionEvent, AdoptionEvent, Continuation, HandoffEvent, RequestEvent,
+};
 use cairn_common::run::{JobKind, JobMessage};
 use std::path::PathBuf;
 
@@ -26,7 +30,7 @@ pub async fn acquire_or_end(
         Ok(tree) => Ok(Ok(tree)),
         Err(CustodyError::Workspace(e)) => {
             let message = format!("workspace: {e}");
-            finish(job, RequestState::Failed, Some(&message), None).await?;
+            finish(job, RequestEvent::Fail, Some(&message), None).await?;
             Ok(Err(JobOutcome::Failed(message)))
         }
         Err(e) => match e.ends_attempt() {
@@ -45,10 +49,17 @@ pub async fn write_receipt(job: &Job, receipt: &Receipt<'_>) -> Result<(), JobEr
     Ok(())
 }
 
-/// Every step has its receipt: accept the report, if any, and complete.
+/// Every step has its receipt: unless a limit was reached meanwhile (a cancel, the
+/// window, the deadline), accept the report, if any, and complete.
 pub async fn complete(job: &Job) -> Result<JobOutcome, JobError> {
     let mut tx = job.begin().await?;
-    let outcome = if report::awaits_acceptance(&mut tx, job.request_id()).await? {
+    let request_id = job.request_id();
+    let current = limits::read(&mut tx, request_id, job.claimed.continuation).await?;
+    if let Some(breach) = current.breach(Moment::Completion) {
+        drop(tx);
+        return breached(job, &breach, Moment::Completion, None).await;
+    }
+    let outcome = if report::awaits_acceptance(&mut tx, request_id).await? {
         let acceptance = report::accept(
             &mut tx,
             job.lease(),
@@ -66,16 +77,9 @@ pub async fn complete(job: &Job) -> Result<JobOutcome, JobError> {
             }
         }
     } else {
-        request::set_state(
-            &mut tx,
-            job.request_id(),
-            RequestState::Completed,
-            None,
-            None,
-        )
-        .await?;
+        request::transition(&mut tx, request_id, RequestEvent::Complete, None, None).await?;
         if let Some(action_id) = job.claimed.action_id {
-            action::set_status(&mut tx, action_id, ActionStatus::Completed).await?;
+            action::transition(&mut tx, action_id, ActionEvent::Complete).await?;
         }
         JobOutcome::Completed
     };
@@ -85,36 +89,57 @@ pub async fn complete(job: &Job) -> Result<JobOutcome, JobError> {
     Ok(outcome)
 }
 
-/// Ends the job in `state` and releases the lease, in one fenced transaction.
+/// A limit was reached (at an intent or at completion): the request ends as the limit
+/// says, with its admitting continuation, and the lease is released, in one fenced
+/// transaction.
+pub async fn breached(
+    job: &Job,
+    breach: &Breach,
+    at: Moment,
+    next: Option<&str>,
+) -> Result<JobOutcome, JobError> {
+    let mut tx = job.begin().await?;
+    // Released first: ending may fence the epoch out (a stop at the checkpoint).
+    job.worker.leases.release_in(&mut tx, job.lease()).await?;
+    let continuation = job.claimed.continuation;
+    let ended = limits::end_for(&mut tx, job.request_id(), continuation, breach, at, next).await?;
+    tx.commit().await?;
+    job.worker.leases.clear_liveness(job.lease()).await;
+    tracing::info!(?breach, ?ended, "a limit of the contract was reached");
+    Ok(claim::ended_outcome(ended))
+}
+
+/// Ends the job by `event` and releases the lease, in one fenced transaction; a step
+/// left without a receipt is charged.
 pub async fn finish(
     job: &Job,
-    state: RequestState,
+    event: RequestEvent,
     reason: Option<&str>,
     step: Option<&str>,
 ) -> Result<(), JobError> {
     let mut tx = job.begin().await?;
-    request::set_state(&mut tx, job.request_id(), state, reason, step).await?;
-    match (job.claimed.kind, job.claimed.action_id) {
+    journal::charge_interrupted(&mut tx, job.request_id(), None).await?;
+    request::transition(&mut tx, job.request_id(), event, reason, step).await?;
+    match job.claimed.continuation {
         // A verification that ends without its completion fails its adoption and
         // handoff (or is cancelled with them).
-        (JobKind::Verification, Some(adoption_id)) => {
-            let status = if state == RequestState::Cancelled {
-                AdoptionStatus::Cancelled
-            } else {
-                AdoptionStatus::Failed
+        Continuation::Verification(adoption_id) => {
+            let adoption = match event {
+                RequestEvent::Cancel => AdoptionEvent::Cancel,
+                _ => AdoptionEvent::Fail,
             };
-            handoff::set_adoption_status(&mut tx, adoption_id, status, reason).await?;
-            handoff::set_handoff_state_of(&mut tx, adoption_id, HandoffState::Failed).await?;
+            handoff::adoption_transition(&mut tx, adoption_id, adoption, reason).await?;
+            handoff::handoff_transition_of(&mut tx, adoption_id, HandoffEvent::Fail).await?;
         }
-        (_, Some(action_id)) => {
-            let status = match state {
-                RequestState::NeedsReconciliation => ActionStatus::NeedsReconciliation,
-                RequestState::Completed => ActionStatus::Completed,
-                _ => ActionStatus::Failed,
+        Continuation::Checkpoint(action_id) | Continuation::FinalOutcome(action_id) => {
+            let action = match event {
+                RequestEvent::Reconcile => ActionEvent::Reconcile,
+                RequestEvent::Complete => ActionEvent::Complete,
+                _ => ActionEvent::Fail,
             };
-            action::set_status(&mut tx, action_id, status).await?;
+            action::transition(&mut tx, action_id, action).await?;
         }
-        (_, None) => {}
+        Continuation::None => {}
     }
     job.worker.leases.release_in(&mut tx, job.lease()).await?;
     tx.commit().await?;
@@ -122,17 +147,13 @@ pub async fn finish(
     Ok(())
 }
 
-/// The job was stopped mid-way: cancelled, drained, or fenced.
+/// The job was stopped mid-way: cancelled, drained, past its window or its pause, or
+/// fenced.
 pub async fn interrupted(job: &Job) -> Result<JobOutcome, JobError> {
     match job.cause() {
         Some(Reason::Cancelled) => {
-            finish(
-                job,
-                RequestState::Cancelled,
-                Some("cancelled while running"),
-                None,
-            )
-            .await?;
+            let reason = Some("cancelled while running");
+            finish(job, RequestEvent::Cancel, reason, None).await?;
             Ok(JobOutcome::Cancelled)
         }
         Some(Reason::Drain) => {
@@ -142,6 +163,9 @@ pub async fn interrupted(job: &Job) -> Result<JobOutcome, JobError> {
         Some(Reason::PauseExpired) => {
             stop_after_pause(job).await?;
             Ok(JobOutcome::StoppedAtCheckpoint)
+        }
+        Some(Reason::WindowEnded) => {
+            breached(job, &Breach::WindowEnded, Moment::Intent, None).await
         }
         Some(Reason::Fenced) | None => {
             job.worker.metrics.self_fenced.inc();
@@ -155,12 +179,8 @@ pub async fn interrupted(job: &Job) -> Result<JobOutcome, JobError> {
 /// is followed up as after a lapsed lease, with the reason.
 pub async fn end_attempt(job: &Job, error: &CustodyError) -> Result<JobOutcome, JobError> {
     let reason = error.ends_attempt().unwrap_or("attempt_ended");
-    let continuation = match (job.claimed.kind, job.claimed.action_id) {
-        (JobKind::Verification, Some(id)) => request::Continuation::Verification(id),
-        (JobKind::CheckpointContinuation, Some(id)) => request::Continuation::Checkpoint(id),
-        _ => request::Continuation::None,
-    };
     let mut tx = job.begin().await?;
+    let continuation = job.claimed.continuation;
     let ended = request::end_attempt(&mut tx, job.request_id(), continuation, reason).await?;
     tx.commit().await?;
     job.worker.leases.clear_liveness(job.lease()).await;
@@ -178,7 +198,7 @@ pub async fn stop_after_pause(job: &Job) -> Result<(), JobError> {
     let mut tx = job.begin().await?;
     job.worker.leases.release_in(&mut tx, job.lease()).await?;
     if let Some(action_id) = job.claimed.action_id {
-        action::set_status(&mut tx, action_id, ActionStatus::Failed).await?;
+        action::transition(&mut tx, action_id, ActionEvent::Fail).await?;
     }
     request::pause::clear(&mut tx, job.request_id()).await?;
     request::stop_at_checkpoint(&mut tx, job.request_id(), "pause_expired").await?;
@@ -189,13 +209,14 @@ pub async fn stop_after_pause(job: &Job) -> Result<(), JobError> {
 
 /// Drain: the request goes back to the queue at once, on the same attempt, for
 /// another worker; a stopped step has no receipt and follows the unknown-outcome rule.
+/// A checkpoint continuation goes back inside its window, or stops at its checkpoint.
 pub async fn hand_back(job: &Job) -> Result<(), JobError> {
     let mut tx = job.begin().await?;
-    match (job.claimed.kind, job.claimed.action_id) {
-        (JobKind::CheckpointContinuation, Some(action_id)) => {
+    match job.claimed.continuation {
+        Continuation::Checkpoint(action_id) => {
             if action::window_open(&mut tx, action_id).await? {
                 request::fence_out(&mut tx, job.request_id()).await?;
-                action::set_status(&mut tx, action_id, ActionStatus::Queued).await?;
+                action::transition(&mut tx, action_id, ActionEvent::HandBack).await?;
                 let message = JobMessage {
                     kind: JobKind::CheckpointContinuation,
                     run_id: job.claimed.run_id,
@@ -203,11 +224,11 @@ pub async fn hand_back(job: &Job) -> Result<(), JobError> {
                     action_id: Some(action_id),
                     attempt: Some(job.claimed.attempt),
                 };
-                request::readmit(&mut tx, &message).await?;
+                request::readmit(&mut tx, &message, RequestEvent::Requeue).await?;
             } else {
-                request::stop_at_checkpoint(&mut tx, job.request_id(), "continuation_window_ended")
-                    .await?;
-                action::set_status(&mut tx, action_id, ActionStatus::Failed).await?;
+                let reason = "continuation_window_ended";
+                request::stop_at_checkpoint(&mut tx, job.request_id(), reason).await?;
+                action::transition(&mut tx, action_id, ActionEvent::Fail).await?;
             }
         }
         _ => {

@@ -5,10 +5,13 @@
 use crate::context::Worker;
 use crate::custody::Subject;
 use crate::keeper::{Reason, StopReason};
+use backon::{ExponentialBuilder, Retryable};
 use cairn_common::lease::{Lease, LeaseError};
+use cairn_common::request::Continuation;
 use cairn_common::run::{JobKind, StepSpec};
 use sqlx::{Postgres, Transaction};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -39,6 +42,10 @@ pub struct Claimed {
     pub kind: JobKind,
     /// The continuation action or verification adoption that admitted it.
     pub action_id: Option<Uuid>,
+    /// The same, typed.
+    pub continuation: Continuation,
+    /// When the admitting continuation's window ends: the job stops there.
+    pub window_ends_at: Option<chrono::DateTime<chrono::Utc>>,
     pub run_id: Uuid,
     pub attempt: i32,
     pub steps: Vec<StepSpec>,
@@ -126,8 +133,22 @@ impl Job {
         self.pause.clone()
     }
 
-    /// A transaction fenced by the job's lease: every durable write of the job.
+    /// A transaction fenced by the job's lease: every durable write of the job. A
+    /// database fault on the way (a pool timeout, a lost connection) is transient: it is
+    /// retried for up to one lease TTL unless the keeper fenced the job meanwhile. Only
+    /// a refused fence means the lease is lost.
     pub async fn begin(&self) -> Result<Transaction<'static, Postgres>, LeaseError> {
-        self.claimed.lease.begin_fenced(&self.worker.pool).await
+        let policy = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(50))
+            .with_max_delay(Duration::from_secs(2))
+            .with_total_delay(Some(self.worker.leases.ttl()))
+            .without_max_times();
+        (|| self.claimed.lease.begin_fenced(&self.worker.pool))
+            .retry(policy)
+            .when(|e| matches!(e, LeaseError::Db(_)) && self.cause() != Some(Reason::Fenced))
+            .notify(|e, wait| {
+                tracing::warn!(error = %e, ?wait, "a durable write could not start; retrying within the lease")
+            })
+            .await
     }
 }

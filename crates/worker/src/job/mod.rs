@@ -18,6 +18,7 @@ use crate::context::Worker;
 use crate::error::JobError;
 use crate::keeper::{self, Reason, StopReason};
 use crate::verification;
+use cairn_common::request::Continuation;
 use cairn_common::run::JobKind;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -32,13 +33,16 @@ pub async fn execute(
     let stop = CancellationToken::new();
     let cause = Arc::new(StopReason::default());
     let (pause_sender, pause) = tokio::sync::watch::channel(false);
-    let keeper = keeper::spawn(
-        worker.clone(),
-        claimed.lease.clone(),
-        stop.clone(),
-        cause.clone(),
-        pause_sender,
-    );
+    let watch = keeper::Watch {
+        stop: stop.clone(),
+        reason: cause.clone(),
+        pause: pause_sender,
+        window_ends_at: match claimed.continuation {
+            Continuation::Checkpoint(_) => claimed.window_ends_at,
+            _ => None,
+        },
+    };
+    let keeper = keeper::spawn(worker.clone(), claimed.lease.clone(), watch);
     let drain_watch = {
         let (stop, cause, drain) = (stop.clone(), cause.clone(), drain.clone());
         tokio::spawn(async move {
@@ -59,6 +63,12 @@ pub async fn execute(
             tracing::warn!(error = %e, "a durable write was refused: this worker no longer owns the request");
             worker.metrics.stale_writes_rejected.inc();
             worker.metrics.self_fenced.inc();
+            JobOutcome::Fenced
+        }
+        Err(JobError::Refused(refused)) => {
+            // The request moved under this job (a bug, or a writer outside the lease):
+            // nothing was changed, and the lease lapses to the sweeper.
+            tracing::error!(error = %refused, "the transition table refused this job's move");
             JobOutcome::Fenced
         }
         Err(e @ (JobError::Db(_) | JobError::Custody(_))) => {

@@ -12,7 +12,8 @@ use crate::report::RetainedReport;
 use crate::step::{self, Interruption, StepCommand};
 use crate::workspace::Workspace;
 use cairn_common::journal::{self, Receipt, Standing};
-use cairn_common::request::{self, RequestState};
+use cairn_common::request::limits::{self, Breach, Moment};
+use cairn_common::request::{self, RequestEvent};
 use cairn_common::run::StepSpec;
 use serde_json::json;
 use std::collections::{BTreeMap, HashMap};
@@ -33,6 +34,12 @@ enum Ending {
     /// captured): another attempt, or a stop at the last checkpoint.
     EndAttempt(CustodyError),
     Interrupted,
+    /// A limit of the contract was reached before step `next` (a cancel, the window,
+    /// the deadline, a budget).
+    Breach {
+        breach: Breach,
+        next: String,
+    },
 }
 
 /// Runs a run's plan (or continues it): acquires the workspace, runs the steps not yet
@@ -52,9 +59,15 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
         Err(JobError::Lease(_)) => Release::Fenced,
         Ok(Ending::Interrupted) => match job.cause() {
             Some(Reason::Cancelled) => Release::Ended { retire: false },
-            Some(Reason::Drain | Reason::PauseExpired) => Release::HandedOn,
+            Some(Reason::Drain | Reason::PauseExpired | Reason::WindowEnded) => Release::HandedOn,
             Some(Reason::Fenced) | None => Release::Fenced,
         },
+        // Back at its checkpoint, a continuation's tree stays for the next review.
+        Ok(Ending::Breach {
+            breach: Breach::WindowEnded,
+            ..
+        }) => Release::HandedOn,
+        Ok(Ending::Breach { .. }) => Release::Ended { retire: false },
         // A task is done (its lineage retired) when it completed without asking for
         // more: a blocked or clarification report pauses it, and its checkpoint stays
         // current.
@@ -63,7 +76,7 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
         },
         Ok(Ending::Fail(_)) => Release::Ended { retire: false },
         Ok(Ending::Reconcile { .. } | Ending::EndAttempt(_))
-        | Err(JobError::Db(_) | JobError::Custody(_)) => Release::HandedOn,
+        | Err(JobError::Db(_) | JobError::Custody(_) | JobError::Refused(_)) => Release::HandedOn,
     };
     // The workspace is released (or kept under a hold) while the lease is still ours.
     job.worker
@@ -73,7 +86,7 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
     match ended? {
         Ending::Complete => ending::complete(job).await,
         Ending::Fail(message) => {
-            ending::finish(job, RequestState::Failed, Some(&message), None).await?;
+            ending::finish(job, RequestEvent::Fail, Some(&message), None).await?;
             Ok(JobOutcome::Failed(message))
         }
         Ending::Reconcile {
@@ -81,17 +94,14 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
             step,
             reason,
         } => {
-            ending::finish(
-                job,
-                RequestState::NeedsReconciliation,
-                Some(reason),
-                Some(&step),
-            )
-            .await?;
+            ending::finish(job, RequestEvent::Reconcile, Some(reason), Some(&step)).await?;
             Ok(JobOutcome::NeedsReconciliation(message))
         }
         Ending::EndAttempt(error) => ending::end_attempt(job, &error).await,
         Ending::Interrupted => ending::interrupted(job).await,
+        Ending::Breach { breach, next } => {
+            ending::breached(job, &breach, Moment::Intent, Some(&next)).await
+        }
     }
 }
 
@@ -107,8 +117,6 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
     if !standings.is_empty() {
         record_standings(job, tree, &standings).await?;
     }
-    let mut used_commands = claimed.used_commands;
-    let mut used_wall_ms = claimed.used_wall_ms;
     let last = claimed.steps.len().saturating_sub(1);
     // Once a step runs, no later receipt is taken as done: its tree moved on.
     let mut ran = false;
@@ -158,24 +166,16 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
         if job.stopped() {
             return Ok(Ending::Interrupted);
         }
-        if used_commands >= claimed.max_commands {
-            let message = format!(
-                "budget exhausted: max_commands ({}) spent before step {}",
-                claimed.max_commands, step.key
-            );
-            return Ok(Ending::Fail(message));
-        }
-        let remaining_wall_ms = claimed.max_wall_ms - used_wall_ms;
-        if remaining_wall_ms <= 0 {
-            let message = format!(
-                "budget exhausted: max_wall_seconds spent before step {}",
-                step.key
-            );
-            return Ok(Ending::Fail(message));
-        }
-
-        // The intent, and the command's charge, are durable before the step starts.
+        // The intent, and the command's charge, are durable before the step starts,
+        // and only if the contract still allows another step: the limits are read in
+        // the same fenced transaction, as they stand now.
         let mut tx = job.begin().await?;
+        let current = limits::read(&mut tx, request_id, claimed.continuation).await?;
+        if let Some(breach) = current.breach(Moment::Intent) {
+            let next = step.key.clone();
+            return Ok(Ending::Breach { breach, next });
+        }
+        let remaining_wall_ms = current.wall_left_ms();
         journal::write_intent(
             &mut tx,
             job.lease(),
@@ -186,7 +186,6 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
         )
         .await?;
         tx.commit().await?;
-        used_commands += 1;
         ran = true;
 
         let command = command(job, workspace, step, index, remaining_wall_ms);
@@ -237,7 +236,6 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
         if outcome.interrupted == Some(Interruption::Stopped) {
             return Ok(Ending::Interrupted);
         }
-        used_wall_ms += outcome.wall_ms;
         tracing::info!(step = %step.key, result = %outcome.describe(), wall_ms = outcome.wall_ms, "step ended");
         if !outcome.succeeded() {
             // The request fails here: nothing continues from this tree.

@@ -6,9 +6,10 @@ use super::Adoption;
 use crate::error::JobError;
 use crate::job::ending::spawn_failure;
 use crate::job::handle::Job;
-use crate::step::{self, Interruption, StepCommand, StepOutcome};
+use crate::step::{self, Interruption, StepCommand};
 use cairn_common::handoff::{self, NewResult};
 use cairn_common::journal::{self, Receipt};
+use cairn_common::request::limits::{self, Breach, Moment};
 use cairn_common::verification::{self as checks, CheckCommand};
 use chrono::Utc;
 use serde_json::json;
@@ -16,19 +17,31 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Runs one check fresh: witness, intent and charge first, then the confined command,
-/// then its receipt and result. `None` when the job was stopped mid-check.
-#[allow(clippy::too_many_arguments)]
+/// How one check went.
+pub(super) enum Checked {
+    Ran,
+    /// The job was stopped mid-check.
+    Stopped,
+    /// A limit of the contract was reached before it started: nothing was written.
+    Breach(Breach),
+}
+
+/// Runs one check fresh: witness, intent and charge first (if the contract's limits
+/// still allow a command), then the confined command, then its receipt and result.
 pub(super) async fn run(
     job: &Job,
     adoption: &Adoption,
     plan: &Plan<'_>,
     root: &Path,
     confined: bool,
-    wall_left_ms: i64,
-) -> Result<Option<StepOutcome>, JobError> {
+) -> Result<Checked, JobError> {
     let step_key = checks::step_key(adoption.id, plan.index);
     let mut tx = job.begin().await?;
+    let current = limits::read(&mut tx, job.request_id(), job.claimed.continuation).await?;
+    if let Some(breach) = current.breach(Moment::Intent) {
+        return Ok(Checked::Breach(breach));
+    }
+    let wall_left_ms = current.wall_left_ms();
     journal::entry(
         &mut tx,
         job.lease(),
@@ -98,7 +111,7 @@ pub(super) async fn run(
     };
     let _ = tokio::fs::remove_dir_all(&plan.scratch).await;
     if outcome.interrupted == Some(Interruption::Stopped) {
-        return Ok(None);
+        return Ok(Checked::Stopped);
     }
     let finished_at = Utc::now();
     tracing::info!(check = plan.index, result = %outcome.describe(), "verification check ended");
@@ -150,7 +163,7 @@ pub(super) async fn run(
     )
     .await?;
     tx.commit().await?;
-    Ok(Some(outcome))
+    Ok(Checked::Ran)
 }
 
 /// Where a request's checks get their private scratch directories (outside the tree).

@@ -7,9 +7,10 @@ use super::{Adoption, Ending};
 use crate::error::JobError;
 use crate::job::handle::Job;
 use crate::scope::{self, SourceScope};
-use cairn_common::handoff::{self, AdoptionStatus, HandoffState, NewResult};
+use cairn_common::handoff::{self, NewResult};
 use cairn_common::journal;
-use cairn_common::request::{self, RequestState};
+use cairn_common::request::limits::{self, Moment};
+use cairn_common::request::{self, AdoptionEvent, HandoffEvent, RequestEvent};
 use serde_json::json;
 use std::path::Path;
 use uuid::Uuid;
@@ -25,6 +26,11 @@ pub(super) async fn complete(
     root: &Path,
 ) -> Result<Ending, JobError> {
     let mut tx = job.begin().await?;
+    let current = limits::read(&mut tx, job.request_id(), job.claimed.continuation).await?;
+    if let Some(breach) = current.breach(Moment::Completion) {
+        let next = "the completion".to_string();
+        return Ok(Ending::Breach { breach, next });
+    }
     let after = scope::measure(root, &job.worker.custody.settings.rules).await;
     let late_change = match &after {
         Ok(after) if after.source_digest != before.source_digest => Some("the source"),
@@ -150,29 +156,21 @@ pub(super) async fn complete(
     } else {
         format!("verification failed: {}", failed.join("; "))
     };
-    handoff::set_handoff_state_of(
-        &mut tx,
-        adoption.id,
-        if passed {
-            HandoffState::Passed
-        } else {
-            HandoffState::Failed
-        },
-    )
-    .await?;
-    handoff::set_adoption_status(
-        &mut tx,
-        adoption.id,
-        AdoptionStatus::Completed,
-        (!passed).then_some(summary.as_str()),
-    )
-    .await?;
-    let (state, reason) = if passed {
-        (RequestState::Completed, None)
+    let verdict = if passed {
+        HandoffEvent::Pass
     } else {
-        (RequestState::Failed, Some(summary.as_str()))
+        HandoffEvent::Fail
     };
-    request::set_state(&mut tx, job.request_id(), state, reason, None).await?;
+    handoff::handoff_transition_of(&mut tx, adoption.id, verdict).await?;
+    let summary_reason = (!passed).then_some(summary.as_str());
+    let event = AdoptionEvent::Complete;
+    handoff::adoption_transition(&mut tx, adoption.id, event, summary_reason).await?;
+    let (event, reason) = if passed {
+        (RequestEvent::Complete, None)
+    } else {
+        (RequestEvent::Fail, Some(summary.as_str()))
+    };
+    request::transition(&mut tx, job.request_id(), event, reason, None).await?;
     tx.commit().await?;
     job.worker.metrics.checks_reused.inc_by(reused.len() as u64);
     Ok(Ending::Completed { passed, summary })

@@ -25,7 +25,8 @@ use crate::job::handle::{Job, JobOutcome};
 use crate::keeper::Reason;
 use crate::scope;
 use cairn_common::journal;
-use cairn_common::request::RequestState;
+use cairn_common::request::limits::{Breach, Moment};
+use cairn_common::request::RequestEvent;
 use cairn_common::verification::CheckCommand;
 use serde_json::Value;
 use std::collections::HashSet;
@@ -75,6 +76,11 @@ enum Ending {
     /// A check that may not run twice started and has no receipt (its step key).
     Reconcile(String),
     Interrupted,
+    /// A limit of the contract was reached before `next` (a check, or the completion).
+    Breach {
+        breach: Breach,
+        next: String,
+    },
 }
 
 /// Runs an adopted verification on its claimed ticket.
@@ -86,7 +92,7 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
     };
     let Some(adoption) = adoption else {
         let message = "the adopted handoff could not be read".to_string();
-        ending::finish(job, RequestState::Failed, Some(&message), None).await?;
+        ending::finish(job, RequestEvent::Fail, Some(&message), None).await?;
         return Ok(JobOutcome::Failed(message));
     };
     let subject = job.claimed.subject();
@@ -133,38 +139,32 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
             })
         }
         Ending::Fail(message) => {
-            ending::finish(job, RequestState::Failed, Some(&message), None).await?;
+            ending::finish(job, RequestEvent::Fail, Some(&message), None).await?;
             Ok(JobOutcome::Failed(message))
         }
+        Ending::Breach { breach, next } => {
+            ending::breached(job, &breach, Moment::Intent, Some(&next)).await
+        }
         Ending::Reconcile(step) => {
-            ending::finish(
-                job,
-                RequestState::NeedsReconciliation,
-                Some("unknown_outcome"),
-                Some(&step),
-            )
-            .await?;
+            let reason = Some("unknown_outcome");
+            ending::finish(job, RequestEvent::Reconcile, reason, Some(&step)).await?;
             Ok(JobOutcome::NeedsReconciliation(format!(
                 "check {step} started and has no receipt: its outcome is unknown"
             )))
         }
         Ending::Interrupted => match job.cause() {
             Some(Reason::Cancelled) => {
-                ending::finish(
-                    job,
-                    RequestState::Cancelled,
-                    Some("cancelled while verifying"),
-                    None,
-                )
-                .await?;
+                let reason = Some("cancelled while verifying");
+                ending::finish(job, RequestEvent::Cancel, reason, None).await?;
                 Ok(JobOutcome::Cancelled)
             }
             Some(Reason::Drain) => {
                 complete::hand_back(job, adoption.id).await?;
                 Ok(JobOutcome::HandedBack)
             }
-            // A verification is never paused (pause applies to a run's own request).
-            Some(Reason::Fenced | Reason::PauseExpired) | None => {
+            // A verification is never paused (pause applies to a run's own request), and
+            // no continuation window applies to it.
+            Some(Reason::Fenced | Reason::PauseExpired | Reason::WindowEnded) | None => {
                 job.worker.metrics.self_fenced.inc();
                 Ok(JobOutcome::Fenced)
             }
@@ -210,7 +210,7 @@ async fn verify(job: &Job, adoption: &Adoption, root: &Path) -> Result<Ending, J
         return Ok(Ending::Reconcile(step.clone()));
     }
     let plans = reuse::plan(job, adoption, &before, confined, &recorded).await?;
-    let mut used_commands: i32 =
+    let used_commands: i32 =
         sqlx::query_scalar("SELECT used_commands FROM execution_requests WHERE id = $1")
             .bind(job.request_id())
             .fetch_one(&job.worker.pool)
@@ -229,7 +229,6 @@ async fn verify(job: &Job, adoption: &Adoption, root: &Path) -> Result<Ending, J
         )));
     }
     reuse::journal_intent(job, adoption, &plans).await?;
-    let mut used_wall_ms = job.claimed.used_wall_ms;
     for plan in &plans {
         if plan.prior.is_some() || recorded.contains(&plan.index_i32()) {
             // Reused at completion, or already run by an earlier attempt of this adoption.
@@ -238,24 +237,13 @@ async fn verify(job: &Job, adoption: &Adoption, root: &Path) -> Result<Ending, J
         if job.stopped() {
             return Ok(Ending::Interrupted);
         }
-        if used_commands >= job.claimed.max_commands {
-            return Ok(Ending::Fail(format!(
-                "budget exhausted: max_commands ({}) spent before check {}",
-                job.claimed.max_commands, plan.index
-            )));
-        }
-        let wall_left = job.claimed.max_wall_ms - used_wall_ms;
-        if wall_left <= 0 {
-            return Ok(Ending::Fail(format!(
-                "budget exhausted: max_wall_seconds spent before check {}",
-                plan.index
-            )));
-        }
-        let outcome = check::run(job, adoption, plan, root, confined, wall_left).await?;
-        used_commands += 1;
-        match outcome {
-            Some(outcome) => used_wall_ms += outcome.wall_ms,
-            None => return Ok(Ending::Interrupted),
+        match check::run(job, adoption, plan, root, confined).await? {
+            check::Checked::Ran => {}
+            check::Checked::Stopped => return Ok(Ending::Interrupted),
+            check::Checked::Breach(breach) => {
+                let next = format!("check {}", plan.index);
+                return Ok(Ending::Breach { breach, next });
+            }
         }
     }
     complete::complete(job, adoption, &before, &plans, root).await

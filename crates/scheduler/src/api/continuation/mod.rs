@@ -33,8 +33,8 @@ use axum::Json;
 use cairn_common::digest;
 use cairn_common::journal;
 use cairn_common::policy::{self, Policy, MAX_WINDOW_SECONDS};
-use cairn_common::request;
 use cairn_common::request::action::{self as saved, NewAction};
+use cairn_common::request::{self, RequestEvent};
 use cairn_common::run::JobMessage;
 use chrono::Utc;
 use serde_json::json;
@@ -150,8 +150,9 @@ async fn save_action(
     let input_digest = digest::of_json(&input.raw);
 
     let mut tx = state.pool.begin().await?;
-    // Serialize every admission of this request on its row.
-    let policy = policy::load(&state.pool).await?;
+    // The policy is read under a lock held to the commit, then every admission of this
+    // request serializes on its row.
+    let policy = policy::load_locked(&mut tx).await?;
     let current = candidate(&mut tx, kind, &policy, (run_id, request_id), caller, true).await?;
 
     if let Some(row) = saved::find(&mut tx, action_id).await? {
@@ -263,7 +264,11 @@ async fn save_action(
         action_id: Some(action_id),
         attempt: Some(current.attempt),
     };
-    request::readmit(&mut tx, &message).await?;
+    let event = match kind {
+        Kind::Checkpoint => RequestEvent::ContinueFromCheckpoint,
+        Kind::FinalOutcome => RequestEvent::ReadmitReport,
+    };
+    request::readmit(&mut tx, &message, event).await?;
     tx.commit().await?;
     state.metrics.continuations_admitted.inc();
     Ok((StatusCode::CREATED, Json(action_view(kind, row))).into_response())

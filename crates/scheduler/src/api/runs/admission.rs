@@ -48,7 +48,7 @@ async fn admit(
         .collect();
     let max_attempts: Vec<i32> = specs.iter().map(|s| clamp_i32(s.max_attempts())).collect();
     let deadlines: Vec<Option<DateTime<Utc>>> = specs.iter().map(|s| s.deadline).collect();
-    let digests: Vec<String> = specs.iter().map(digest::of).collect();
+    let digests: Vec<String> = specs.iter().map(input_digest).collect();
     let keys: Vec<Option<String>> = specs
         .iter()
         .map(|_| idempotency_key.map(|k| format!("{}:{k}", operator.simple())))
@@ -106,6 +106,17 @@ async fn admit(
     Ok(run_ids)
 }
 
+/// What an idempotency key binds: the input with its defaults filled in.
+fn input_digest(spec: &RunSpec) -> String {
+    digest::of(&spec.normalized())
+}
+
+/// Whether a stored digest is of this input: normalized, or (for runs admitted before
+/// inputs were normalized) exactly as sent.
+fn same_input(stored: &str, spec: &RunSpec) -> bool {
+    stored == input_digest(spec) || stored == digest::of(spec)
+}
+
 fn clamp_i32(value: u32) -> i32 {
     i32::try_from(value).unwrap_or(i32::MAX)
 }
@@ -148,12 +159,14 @@ pub async fn submit(
 ) -> Result<Response, ApiError> {
     caller.require(Role::Operator)?;
     let key = idempotency_key(&headers)?;
-    spec.validate("", Utc::now())?;
+    // A replay answers with the original receipt before anything is validated again:
+    // the same input may no longer pass (its deadline passed), and it admits nothing.
     if let Some(key) = &key {
         if let Some(replay) = replay(&state, &caller, key, &spec).await? {
             return Ok(replay);
         }
     }
+    spec.validate("", Utc::now())?;
     let mut tx = state.pool.begin().await?;
     let run_ids = match admit(
         &mut tx,
@@ -200,7 +213,7 @@ async fn replay(
     let Some((run_id, stored_digest)) = stored else {
         return Ok(None);
     };
-    if stored_digest != digest::of(spec) {
+    if !same_input(&stored_digest, spec) {
         return Err(ApiError::conflict(
             "idempotency_key_conflict",
             "this Idempotency-Key was used with a different body; nothing was admitted",
@@ -235,15 +248,33 @@ pub struct BatchResponse {
 
 /// Submit up to 1,000 runs in one transaction.
 #[utoipa::path(post, path = "/api/v1/runs/batch", tag = "runs", request_body = BatchRequest,
-    responses((status = 201, body = BatchResponse), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
+    params(("Idempotency-Key" = Option<String>, Header, description = "Same key and batch: the same run ids; same key, other batch: 409")),
+    responses((status = 201, description = "Admitted and queued", body = BatchResponse),
+        (status = 200, description = "Replay of an earlier batch with the same Idempotency-Key", body = BatchResponse),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 409, description = "Idempotency-Key reused with another batch", body = ErrorBody),
+        (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn submit_batch(
     State(state): State<AppState>,
     caller: Caller,
+    headers: HeaderMap,
     StrictJson(batch): StrictJson<BatchRequest>,
-) -> Result<(StatusCode, Json<BatchResponse>), ApiError> {
+) -> Result<Response, ApiError> {
     caller.require(Role::Operator)?;
+    let key = idempotency_key(&headers)?.map(|k| format!("{}:{k}", caller.token_id.simple()));
+    let batch_digest = digest::of(
+        &batch
+            .runs
+            .iter()
+            .map(RunSpec::normalized)
+            .collect::<Vec<_>>(),
+    );
+    if let Some(key) = &key {
+        if let Some(replay) = replay_batch(&state, key, &batch_digest).await? {
+            return Ok(replay);
+        }
+    }
     if batch.runs.is_empty() || batch.runs.len() > MAX_BATCH {
         return Err(ApiError::unprocessable(
             "runs",
@@ -256,12 +287,65 @@ pub async fn submit_batch(
     }
     let mut tx = state.pool.begin().await?;
     let ids = admit(&mut tx, &batch.runs, caller.token_id, None).await?;
+    if let Some(key) = &key {
+        let saved = sqlx::query(
+            "INSERT INTO batch_admissions (idempotency_key, request_digest, run_ids) VALUES ($1, $2, $3)",
+        )
+        .bind(key)
+        .bind(&batch_digest)
+        .bind(&ids)
+        .execute(&mut *tx)
+        .await;
+        match saved {
+            Ok(_) => {}
+            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                // A concurrent batch with the same key won: this one admits nothing.
+                drop(tx);
+                return replay_batch(&state, key, &batch_digest)
+                    .await?
+                    .ok_or_else(|| {
+                        ApiError::conflict("idempotency_key_conflict", "Idempotency-Key is in use")
+                    });
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
     tx.commit().await?;
     state.metrics.runs_admitted.inc_by(ids.len() as u64);
-    Ok((
-        StatusCode::CREATED,
-        Json(BatchResponse {
-            run_ids: ids.into_iter().map(Id::from).collect(),
-        }),
-    ))
+    let body = BatchResponse {
+        run_ids: ids.into_iter().map(Id::from).collect(),
+    };
+    Ok((StatusCode::CREATED, Json(body)).into_response())
+}
+
+/// The receipt of an earlier batch with this key: its run ids, if the batch is the same.
+async fn replay_batch(
+    state: &AppState,
+    key: &str,
+    batch_digest: &str,
+) -> Result<Option<Response>, ApiError> {
+    let stored: Option<(String, Vec<Uuid>)> = sqlx::query_as(
+        "SELECT request_digest, run_ids FROM batch_admissions WHERE idempotency_key = $1",
+    )
+    .bind(key)
+    .fetch_optional(&state.pool)
+    .await?;
+    let Some((stored_digest, run_ids)) = stored else {
+        return Ok(None);
+    };
+    if stored_digest != batch_digest {
+        return Err(ApiError::conflict(
+            "idempotency_key_conflict",
+            "this Idempotency-Key was used with a different batch; nothing was admitted",
+        )
+        .with_field("Idempotency-Key"));
+    }
+    let body = BatchResponse {
+        run_ids: run_ids.into_iter().map(Id::from).collect(),
+    };
+    let mut response = (StatusCode::OK, Json(body)).into_response();
+    response
+        .headers_mut()
+        .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    Ok(Some(response))
 }

@@ -19,7 +19,7 @@ use axum::Json;
 use cairn_common::digest;
 use cairn_common::handoff::{self, NewAdoption};
 use cairn_common::policy;
-use cairn_common::request;
+use cairn_common::request::{self, RequestEvent};
 use cairn_common::run::{JobKind, JobMessage};
 use serde::Deserialize;
 use sqlx::PgConnection;
@@ -134,9 +134,10 @@ pub async fn adopt(
     let input_value = serde_json::to_value(&input).unwrap_or_default();
     let input_digest = digest::of_json(&input_value);
 
-    let policy = policy::load(&state.pool).await?;
     let mut tx = state.pool.begin().await?;
-    // Every admission of this run serializes on its request row.
+    // The policy is read under a lock held to the commit; every admission of this run
+    // serializes on its request row.
+    let policy = policy::load_locked(&mut tx).await?;
     let facts = facts(&mut tx, run_id, true).await?;
     let saved: Option<(Uuid, String)> =
         sqlx::query_as("SELECT run_id, input_digest FROM verification_adoptions WHERE id = $1")
@@ -272,7 +273,7 @@ pub async fn adopt(
         action_id: Some(adoption_id),
         attempt: Some(facts.attempt),
     };
-    request::readmit(&mut tx, &message).await?;
+    request::readmit(&mut tx, &message, RequestEvent::AdoptVerification).await?;
     let view = adoption_view(&mut tx, run_id, adoption_id)
         .await?
         .ok_or_else(|| ApiError::not_found("verification adoption of this run"))?;
