@@ -91,6 +91,24 @@ async fn a_continuation_stops_when_its_window_ends() {
     );
 }
 
+async fn lease_epoch(cluster: &Cluster, request: uuid::Uuid) -> i64 {
+    sqlx::query_scalar("SELECT lease_epoch FROM execution_requests WHERE id = $1")
+        .bind(request)
+        .fetch_one(&cluster.pool)
+        .await
+        .expect("epoch")
+}
+
+/// Waits until a worker has claimed (and let go of) the request once more.
+async fn claimed_after(cluster: &Cluster, request: uuid::Uuid, epoch: i64) {
+    let deadline = std::time::Instant::now() + LONG;
+    while lease_epoch(cluster, request).await <= epoch {
+        assert!(std::time::Instant::now() < deadline, "{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+}
+
 #[tokio::test]
 async fn a_stale_run_message_after_a_window_ended_runs_nothing() {
     let _services = ServiceLock::shared().await;
@@ -102,41 +120,55 @@ async fn a_stale_run_message_after_a_window_ended_runs_nothing() {
     let mut cluster = Cluster::start("stale-run", 0, settings).await;
     let file = cluster.path("effects");
     let (run_id, request_id) = cluster.submit(&run_spec(slow_steps(&file, 2, 0.0), 1));
-    // Stopped at its checkpoint before any worker took it.
     let request = uuid::Uuid::parse_str(&request_id).expect("id");
+    let run = uuid::Uuid::parse_str(&run_id).expect("id");
+    // Stopped at its checkpoint before any worker took it; then a reviewed continuation
+    // admitted it, whose window has ended and whose own message is gone (consumed in the
+    // gap). Only the run's first message, delivered again, is left.
     let mut conn = cluster.pool.acquire().await.expect("conn");
     cairn_common::request::stop_at_checkpoint(&mut conn, request, "attempts_exhausted")
         .await
         .expect("stop");
-    allow_checkpoint_continuations(&cluster);
-    let action = admit(&cluster, &run_id, &request_id, 1);
-    std::thread::sleep(Duration::from_millis(1500));
-    // The plain run message comes again, as after a relay crash.
-    let message = json!({"kind": "run", "run_id": uuid::Uuid::parse_str(&run_id).expect("id"),
-                         "request_id": request, "attempt": 1});
-    cairn_common::outbox::enqueue(&mut conn, "runs", &message)
+    let action = uuid::Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO continuation_actions (id, kind, run_id, request_id, checkpoint_ref, input, input_digest,
+                candidate_digest, witness_digest, admission_seal, valid_for_seconds, window_ends_at, status)
+         VALUES ($1, 'checkpoint_continuation', $2, $3, 'checkpoint:1', '{}', 'x', 'x', 'x', 'x', 1,
+                 now() - interval '1 second', 'queued')",
+    )
+    .bind(action)
+    .bind(run)
+    .bind(request)
+    .execute(&mut *conn)
+    .await
+    .expect("action");
+    let event = cairn_common::request::RequestEvent::ContinueFromCheckpoint;
+    cairn_common::request::transition(&mut conn, request, event, None, None)
+        .await
+        .expect("admitted");
+    let epoch = lease_epoch(&cluster, request).await;
+    cluster.add_worker();
+    claimed_after(&cluster, request, epoch).await;
+    assert_eq!(
+        cluster.lines("effects"),
+        Vec::<String>::new(),
+        "nothing ran"
+    );
+    assert_eq!(
+        cluster.run(&run_id)["state"],
+        "queued",
+        "the plan never started"
+    );
+
+    // The continuation's own message, delivered late: its window is checked at claim.
+    let message = json!({"kind": "checkpoint_continuation", "run_id": run, "request_id": request,
+                         "action_id": action, "attempt": 1});
+    let epoch = lease_epoch(&cluster, request).await;
+    cairn_common::outbox::enqueue(&mut conn, "continuations", &message)
         .await
         .expect("enqueue");
     drop(conn);
-
-    cluster.add_worker();
-    let deadline = std::time::Instant::now() + LONG;
-    while action_status(&cluster, &action).await == "queued" {
-        if std::time::Instant::now() > deadline {
-            let request: (String, i64) =
-                sqlx::query_as("SELECT state, lease_epoch FROM execution_requests WHERE id = $1")
-                    .bind(request)
-                    .fetch_one(&cluster.pool)
-                    .await
-                    .expect("request");
-            panic!(
-                "the action stayed queued; request {request:?}\n{}",
-                cluster.logs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    std::thread::sleep(Duration::from_secs(2));
+    claimed_after(&cluster, request, epoch).await;
     assert_eq!(
         cluster.lines("effects"),
         Vec::<String>::new(),
@@ -151,7 +183,10 @@ async fn a_stale_run_message_after_a_window_ended_runs_nothing() {
         ),
         "{run}"
     );
-    assert_eq!(action_status(&cluster, &action).await, "expired");
+    assert_eq!(
+        action_status(&cluster, &action.to_string()).await,
+        "expired"
+    );
 }
 
 #[tokio::test]
