@@ -26,6 +26,18 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) {
     }
 }
 
+/// One row per item of a JSON array (none when it is not one).
+pub fn rows(list: &Value, row: impl Fn(&Value) -> Vec<String>) -> Vec<Vec<String>> {
+    list.as_array()
+        .map(|items| items.iter().map(row).collect())
+        .unwrap_or_default()
+}
+
+/// The named fields of an object, as cells.
+pub fn cells(item: &Value, names: &[&str]) -> Vec<String> {
+    names.iter().map(|n| text(&item[*n])).collect()
+}
+
 /// Prints `key: value` lines for the named fields of an object.
 pub fn fields(value: &Value, names: &[&str]) {
     let width = names.iter().map(|n| n.len()).max().unwrap_or(0);

@@ -14,7 +14,7 @@ pub mod status;
 use anyhow::Context;
 use cairn_common::health::{self, Readiness};
 use cairn_common::leader::{pause, Leadership};
-use cairn_common::metrics;
+use cairn_common::{component, metrics};
 pub use config::Config;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -111,12 +111,8 @@ pub async fn sweep(
 }
 
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let pool = cairn_common::component::database(
-        &config.database,
-        config.database.pool_size(10),
-        config.migrate,
-    )
-    .await?;
+    let pool_size = config.database.pool_size(10);
+    let pool = component::database(&config.database, pool_size, config.migrate).await?;
     if config.dry_run {
         let report = sweep(&pool, &config, true).await.context("dry-run sweep")?;
         println!(

@@ -14,7 +14,7 @@ use cairn_common::health::{self, AmqpStatus, Readiness};
 use cairn_common::metrics::{self, OutboxMetrics};
 use cairn_common::outbox::Relay;
 use cairn_common::queue::Topology;
-use cairn_common::redis_conn;
+use cairn_common::{component, redis_conn};
 pub use config::Config;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,12 +24,8 @@ use tokio_util::task::TaskTracker;
 /// Connects to every service, serves HTTP on `config.listen` and relays the outbox until
 /// `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let pool = cairn_common::component::database(
-        &config.database,
-        config.database.pool_size(10),
-        config.migrate,
-    )
-    .await?;
+    let pool_size = config.database.pool_size(10);
+    let pool = component::database(&config.database, pool_size, config.migrate).await?;
     let redis = redis_conn::connect(&config.redis.redis_url)
         .await
         .context("connecting to Redis")?;

@@ -122,10 +122,8 @@ pub async fn sweep_once(
     .await?;
     for l in lapsed {
         let mut savepoint = Connection::begin(&mut *tx).await?;
-        match handle_lapsed(&mut savepoint, &l, &mut report).await {
-            Ok(()) => savepoint.commit().await?,
-            Err(e) => skip(savepoint, l.id, e).await?,
-        }
+        let handled = handle_lapsed(&mut savepoint, &l, &mut report).await;
+        settle(savepoint, l.id, handled).await?;
     }
     tx.commit().await?;
 
@@ -146,12 +144,9 @@ pub async fn sweep_once(
     .await?;
     for (action_id, kind, request_id, state) in expired {
         let mut savepoint = Connection::begin(&mut *tx).await?;
-        match window_ended(&mut savepoint, action_id, kind, request_id, state).await {
-            Ok(()) => {
-                savepoint.commit().await?;
-                report.windows_closed += 1;
-            }
-            Err(e) => skip(savepoint, request_id, e).await?,
+        let ended = window_ended(&mut savepoint, action_id, kind, request_id, state).await;
+        if settle(savepoint, request_id, ended).await? {
+            report.windows_closed += 1;
         }
     }
     tx.commit().await?;
@@ -165,20 +160,24 @@ pub async fn sweep_once(
     Ok(report)
 }
 
-/// Rolls back one request's savepoint: a refused move is logged and skipped, a
-/// database error ends the sweep.
-async fn skip(
+/// Ends one request's savepoint: commits what was done, or rolls it back; a refused
+/// move is logged and skipped (`false`), a database error ends the sweep.
+async fn settle(
     savepoint: sqlx::Transaction<'_, sqlx::Postgres>,
     request_id: Uuid,
-    error: request::Error,
-) -> Result<(), sqlx::Error> {
-    savepoint.rollback().await?;
-    match error {
-        request::Error::Refused(refused) => {
-            tracing::warn!(%request_id, error = %refused, "the sweeper left a request that moved");
-            Ok(())
+    done: Result<(), request::Error>,
+) -> Result<bool, sqlx::Error> {
+    match done {
+        Ok(()) => {
+            savepoint.commit().await?;
+            Ok(true)
         }
-        request::Error::Db(e) => Err(e),
+        Err(request::Error::Refused(refused)) => {
+            savepoint.rollback().await?;
+            tracing::warn!(%request_id, error = %refused, "the sweeper left a request that moved");
+            Ok(false)
+        }
+        Err(request::Error::Db(e)) => Err(e),
     }
 }
 

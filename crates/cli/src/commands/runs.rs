@@ -233,8 +233,7 @@ pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u
         }
         RunsCommand::Pause { run, wait_seconds } => {
             let run = id(&run, "RUN")?;
-            let path = format!("/api/v1/runs/{run}/pause?wait_seconds={wait_seconds}");
-            let answer = client.call(Method::POST, &path, None, &[]).await?;
+            let answer = asked(client, &run, "pause", wait_seconds).await?;
             if json {
                 output::json(&answer.body);
             } else if answer.status.as_u16() == 202 {
@@ -259,8 +258,7 @@ pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u
         }
         RunsCommand::Resume { run, wait_seconds } => {
             let run = id(&run, "RUN")?;
-            let path = format!("/api/v1/runs/{run}/resume?wait_seconds={wait_seconds}");
-            let answer = client.call(Method::POST, &path, None, &[]).await?;
+            let answer = asked(client, &run, "resume", wait_seconds).await?;
             if json {
                 output::json(&answer.body);
             } else if answer.status.as_u16() == 202 {
@@ -275,30 +273,21 @@ pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u
             if json {
                 output::json(&journal);
             } else {
-                let rows: Vec<Vec<String>> = journal["steps"]
-                    .as_array()
-                    .map(|steps| {
-                        steps
-                            .iter()
-                            .map(|s| {
-                                vec![
-                                    output::text(&s["step_key"]),
-                                    output::text(&s["status"]),
-                                    output::text(&s["exit_code"]),
-                                    output::text(&s["wall_ms"]),
-                                    output::text(&s["intent_epoch"]),
-                                    output::text(&s["receipt_epoch"]),
-                                    output::text(&s["tree_tier"]),
-                                    // The snapshot holding the step's effects.
-                                    s["snapshot_id"]
-                                        .as_str()
-                                        .map(|id| id.chars().take(12).collect())
-                                        .unwrap_or_else(|| "-".into()),
-                                ]
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let rows = output::rows(&journal["steps"], |s| {
+                    let mut row = output::cells(
+                        s,
+                        &["step_key", "status", "exit_code", "wall_ms", "intent_epoch"],
+                    );
+                    row.extend(output::cells(s, &["receipt_epoch", "tree_tier"]));
+                    // The snapshot holding the step's effects.
+                    row.push(
+                        s["snapshot_id"]
+                            .as_str()
+                            .map(|id| id.chars().take(12).collect())
+                            .unwrap_or_else(|| "-".into()),
+                    );
+                    row
+                });
                 output::table(
                     &[
                         "step",
@@ -333,23 +322,15 @@ pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u
             if json {
                 output::json(&list);
             } else {
-                let rows: Vec<Vec<String>> = list["execution_requests"]
-                    .as_array()
-                    .map(|r| {
-                        r.iter()
-                            .map(|e| {
-                                vec![
-                                    output::text(&e["request_id"]),
-                                    output::text(&e["kind"]),
-                                    output::text(&e["state"]),
-                                    output::text(&e["attempt"]),
-                                    output::text(&e["lease_epoch"]),
-                                    output::text(&e["lease_owner"]),
-                                ]
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let fields = [
+                    "request_id",
+                    "kind",
+                    "state",
+                    "attempt",
+                    "lease_epoch",
+                    "lease_owner",
+                ];
+                let rows = output::rows(&list["execution_requests"], |e| output::cells(e, &fields));
                 output::table(
                     &["request", "kind", "state", "attempt", "epoch", "owner"],
                     &rows,
@@ -415,4 +396,15 @@ async fn of_run(client: &Client, run: &str, suffix: &str) -> Result<Value, CallE
     client
         .get(&format!("/api/v1/runs/{}{suffix}", id(run, "RUN")?))
         .await
+}
+
+/// Asks the API to pause or resume a run (`verb`), waiting up to `wait_seconds`.
+async fn asked(
+    client: &Client,
+    run: &str,
+    verb: &str,
+    wait_seconds: u64,
+) -> Result<crate::client::Answer, CallError> {
+    let path = format!("/api/v1/runs/{run}/{verb}?wait_seconds={wait_seconds}");
+    client.call(Method::POST, &path, None, &[]).await
 }
