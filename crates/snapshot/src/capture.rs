@@ -312,7 +312,13 @@ fn capture_blocking(
                 }
                 Ok(chunk)
             };
-            let mut file = std::fs::File::open(&path).map_err(|e| io(&path, e))?;
+            // Replaced since the walk (by a link or a FIFO, say): the tree moved under
+            // the capture, which fails rather than block or follow it.
+            let Some(mut file) = crate::regular::open_regular(&path).map_err(|e| io(&path, e))?
+            else {
+                let moved = std::io::Error::other("no longer a regular file");
+                return Err(io(&path, moved));
+            };
             if entry.size <= IN_MEMORY_LIMIT {
                 // Most files are small: read each into this thread's buffer and chunk it
                 // there, instead of a fresh stream buffer per file.

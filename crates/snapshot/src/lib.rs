@@ -29,6 +29,7 @@ mod capture;
 pub mod catalog;
 pub mod manifest;
 pub mod pack;
+pub mod regular;
 pub mod repository;
 mod restore;
 pub mod store;

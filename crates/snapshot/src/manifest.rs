@@ -7,7 +7,7 @@ use super::pack::ChunkId;
 use super::{io, SnapshotError};
 use crate::store::ArtifactStore;
 use serde::{Deserialize, Serialize};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::{Component, Path, PathBuf};
 
 /// The format written today; see [`decode`]. Version 2 had no change time.
@@ -194,11 +194,12 @@ pub async fn load_manifest(
 }
 
 /// Checks that an entry stays inside the root: relative, no `..`, no empty or `.`
-/// components, and (for symlinks) a target that does not climb out either; and that
-/// its chunks name packs of the manifest.
+/// components, and (for symlinks) a target that, resolved against the tree being
+/// restored (through the snapshot's own links), never leaves it; and that its chunks
+/// name packs of the manifest. `symlinks` maps each link's path to its target.
 pub(super) fn check_entry(
     entry: &Entry,
-    symlinks: &HashSet<&str>,
+    symlinks: &HashMap<&str, &str>,
     packs: usize,
 ) -> Result<PathBuf, SnapshotError> {
     let refuse = || SnapshotError::UnsafeEntry(entry.path.clone());
@@ -224,34 +225,101 @@ pub(super) fn check_entry(
     let components: Vec<_> = path.components().collect();
     for component in &components[..components.len().saturating_sub(1)] {
         prefix.push(component);
-        if symlinks.contains(prefix.to_string_lossy().as_ref()) {
+        if symlinks.contains_key(prefix.to_string_lossy().as_ref()) {
             return Err(refuse());
         }
     }
     if let Some(target) = &entry.target {
-        let target = Path::new(target);
-        if target.is_absolute() {
+        if !resolves_inside(&path, Path::new(target), symlinks) {
             return Err(refuse());
-        }
-        let mut depth: i64 = i64::try_from(components.len()).unwrap_or(0) - 1;
-        for component in target.components() {
-            match component {
-                Component::ParentDir => depth -= 1,
-                Component::Normal(_) => depth += 1,
-                Component::CurDir => {}
-                _ => return Err(refuse()),
-            }
-            if depth < 0 {
-                return Err(refuse());
-            }
         }
     }
     Ok(path)
 }
 
+/// Links followed while resolving one target before it counts as a loop (as the kernel's
+/// limit of 40).
+const MAX_LINKS_FOLLOWED: usize = 40;
+
+/// Whether the link at `link` with `target` resolves inside the tree: each component
+/// is walked from the link's directory, `..` never climbs above the root, and a
+/// component that is itself a link of the snapshot is replaced by its target, as the
+/// kernel would once the tree is written. An absolute target, or a loop, leaves it.
+pub fn resolves_inside<'a>(
+    link: &Path,
+    target: &'a Path,
+    links: &HashMap<&'a str, &'a str>,
+) -> bool {
+    let mut at: Vec<String> = link
+        .parent()
+        .map(|p| {
+            p.components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut pending: VecDeque<Component<'_>> = VecDeque::new();
+    let mut followed = 0;
+    pending.extend(target.components());
+    loop {
+        let Some(component) = pending.pop_front() else {
+            return true;
+        };
+        match component {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if at.pop().is_none() {
+                    return false;
+                }
+            }
+            Component::Normal(name) => {
+                at.push(name.to_string_lossy().into_owned());
+                let Some(next) = links.get(at.join("/").as_str()) else {
+                    continue;
+                };
+                followed += 1;
+                let next = Path::new(*next);
+                if followed > MAX_LINKS_FOLLOWED || next.is_absolute() {
+                    return false;
+                }
+                at.pop();
+                let rest: Vec<Component<'_>> = pending.drain(..).collect();
+                // The link's own components come first, then what was left of this one.
+                let mut expanded: VecDeque<Component<'_>> = VecDeque::new();
+                for c in next.components() {
+                    expanded.push_back(c);
+                }
+                expanded.extend(rest);
+                pending = expanded;
+            }
+            Component::RootDir | Component::Prefix(_) => return false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_link_chain_resolves_through_the_tree_being_built() {
+        let links: HashMap<&str, &str> =
+            HashMap::from([("a/r", ".."), ("a/p1", "r/.."), ("b", "a/r/a/r")]);
+        let inside =
+            |link: &str, target: &str| resolves_inside(Path::new(link), Path::new(target), &links);
+        assert!(inside("a/r", ".."), "a/r is the root");
+        assert!(inside("b", "a/r/a/r"), "a chain that stays in the tree");
+        assert!(
+            !inside("a/p1", "r/.."),
+            "r is the root, so r/.. leaves the tree"
+        );
+        assert!(!inside("c", "b/.."), "b is the root: b/.. leaves it");
+        assert!(!inside("d", "/etc"));
+        assert!(
+            inside("e/f", "../e/g"),
+            "a dangling link inside is not refused"
+        );
+    }
 
     #[test]
     fn a_manifest_round_trips_and_garbage_is_an_integrity_error() {

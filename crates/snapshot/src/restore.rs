@@ -5,7 +5,7 @@ use super::pack::{self, ChunkId};
 use super::{io, CaptureRules, RestoreStats, SnapshotError};
 use crate::store::{ArtifactStore, StoreError};
 use rayon::prelude::*;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -21,11 +21,11 @@ pub async fn restore(
     target: &Path,
 ) -> Result<RestoreStats, SnapshotError> {
     let store = store.as_ref();
-    let symlinks: HashSet<&str> = manifest
+    let symlinks: HashMap<&str, &str> = manifest
         .entries
         .iter()
         .filter(|e| e.kind == EntryKind::Symlink)
-        .map(|e| e.path.as_str())
+        .filter_map(|e| Some((e.path.as_str(), e.target.as_deref()?)))
         .collect();
     let mut checked = Vec::with_capacity(manifest.entries.len());
     for entry in &manifest.entries {

@@ -388,6 +388,20 @@ async fn entries_escaping_the_root_are_refused_before_anything_is_written() {
         ],
         vec![entry("link", EntryKind::Symlink, Some("../../outside"))],
         vec![entry("dir/link", EntryKind::Symlink, Some("../.."))],
+        // Each link alone stays inside lexically; followed through the tree being
+        // written, the chain climbs out of it.
+        vec![
+            entry("a", EntryKind::Dir, None),
+            entry("a/r", EntryKind::Symlink, Some("..")),
+            entry("a/p1", EntryKind::Symlink, Some("r/..")),
+            entry("a/p2", EntryKind::Symlink, Some("p1/x")),
+            entry("cfg", EntryKind::Symlink, Some("a/p2/ext/cfg")),
+        ],
+        // A loop never resolves.
+        vec![
+            entry("x", EntryKind::Symlink, Some("y")),
+            entry("y", EntryKind::Symlink, Some("x/z")),
+        ],
     ];
     for entries in cases {
         let out = scratch("out").join("tree");
