@@ -8,6 +8,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod cluster;
+pub mod handoff;
 
 pub use cairn_common::testing::{self, ServiceLock};
 

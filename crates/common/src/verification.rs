@@ -114,12 +114,15 @@ impl VerificationRequest {
     }
 }
 
-/// Which check this is: its argv, working directory and purpose.
+/// Which check this is: everything of it that can change its outcome besides its scope
+/// (its variables are bound by the environment digest): argv, working directory,
+/// purpose and time limit. A check that passed within 30 s says nothing of 1 s.
 pub fn command_digest(check: &CheckCommand) -> String {
     digest::of_json(&json!({
         "argv": check.argv,
         "cwd": check.cwd,
         "purpose": check.purpose,
+        "timeout_seconds": check.timeout_seconds,
     }))
 }
 

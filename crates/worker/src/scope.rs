@@ -1,31 +1,67 @@
 //! The scope a verification check runs in, as digests: the workspace source, the
-//! declared dependency inputs (lock files), the effective environment and the runner.
-//! A passed check may be reused only when every one of them is unchanged.
+//! dependency inputs (lock files), the effective environment and the runner. A passed
+//! check may be reused only when every one of them is unchanged.
+//!
+//! The source digest binds, for every entry the tree's `.gitignore` files do not ignore,
+//! the raw bytes of its name, its kind and all its permission bits, and: a file's
+//! content; a directory (empty ones too); a link's text and what it resolves to inside
+//! the tree (the content of a file it leads to, even an ignored one); a special file's
+//! kind only. A special file is never opened (a FIFO would block the walk) and nothing
+//! is ever followed out of the tree: a link that leaves it is named in
+//! [`SourceScope::escaping_link`], and checks on such a tree are never reused. Lock files
+//! are bound even when ignored.
 
 use cairn_common::digest;
+use cairn_snapshot::regular::open_regular;
 use cairn_snapshot::CaptureRules;
 use serde::Serialize;
 use serde_json::json;
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::collections::{BTreeMap, BTreeSet};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Component, Path, PathBuf};
 
-/// Lock files: the declared dependency inputs of a tree, wherever they sit in it.
-pub const LOCK_FILES: [&str; 14] = [
+/// Lock files: the declared dependency inputs of a tree, wherever they sit in it, and
+/// whether or not they are ignored. `requirements*.txt` and `constraints*.txt` too.
+pub const LOCK_FILES: [&str; 29] = [
     "Cargo.lock",
     "package-lock.json",
     "npm-shrinkwrap.json",
     "yarn.lock",
     "pnpm-lock.yaml",
     "bun.lockb",
+    "bun.lock",
+    "deno.lock",
     "poetry.lock",
     "Pipfile.lock",
+    "pdm.lock",
     "uv.lock",
-    "requirements.txt",
+    "pylock.toml",
     "go.sum",
+    "go.work.sum",
     "Gemfile.lock",
     "composer.lock",
     "flake.lock",
+    "mix.lock",
+    "pubspec.lock",
+    "Package.resolved",
+    "Podfile.lock",
+    "packages.lock.json",
+    "gradle.lockfile",
+    "conda-lock.yml",
+    "renv.lock",
+    "stack.yaml.lock",
+    "cabal.project.freeze",
+    "Manifest.toml",
 ];
+
+/// Whether a file name is a lock file's.
+pub fn is_lock_file(name: &[u8]) -> bool {
+    let pinned = |prefix: &[u8]| name.starts_with(prefix) && name.ends_with(b".txt");
+    LOCK_FILES.iter().any(|l| l.as_bytes() == name)
+        || pinned(b"requirements")
+        || pinned(b"constraints")
+}
 
 /// Digests of a workspace's source and of its dependency inputs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -33,6 +69,8 @@ pub struct SourceScope {
     pub source_digest: String,
     pub dependency_digest: String,
     pub files: usize,
+    /// The first link (by path) that resolves outside the tree, if any.
+    pub escaping_link: Option<String>,
 }
 
 /// Everything a check's reuse is bound to.
@@ -77,58 +115,80 @@ pub enum ScopeError {
     },
 }
 
-/// Measures the source of `root`: every file the tree's own `.gitignore` files do not
-/// ignore (build output in ignored directories is not source). `.git`, nested
-/// repositories, credential files and excluded names never count, just as they are never
-/// captured. Nothing here runs git or reads `.git`: a check may have written to it, and
-/// the worker must not act on what a check wrote there.
+/// Measures the source of `root`. Nothing here runs git or reads `.git`: a check may
+/// have written to it, and the worker must not act on what a check wrote there.
+/// `.git`, nested repositories, credential files and excluded names never count, just
+/// as they are never captured.
 pub async fn measure(root: &Path, rules: &CaptureRules) -> Result<SourceScope, ScopeError> {
     let (root, rules) = (root.to_path_buf(), rules.clone());
-    tokio::task::spawn_blocking(move || {
-        let paths = list(&root, &rules)?;
-        hash_tree(&root, &rules, paths)
-    })
-    .await
-    .map_err(|e| ScopeError::Listing(e.to_string()))?
+    tokio::task::spawn_blocking(move || measure_blocking(&root, &rules))
+        .await
+        .map_err(|e| ScopeError::Listing(e.to_string()))?
 }
 
-fn hash_tree(
-    root: &Path,
-    rules: &CaptureRules,
-    paths: Vec<String>,
-) -> Result<SourceScope, ScopeError> {
-    let mut source: Vec<(String, String)> = Vec::with_capacity(paths.len());
-    let mut dependencies: Vec<(String, String)> = Vec::new();
-    for path in paths {
-        if Path::new(&path)
-            .components()
-            .any(|c| c.as_os_str().to_str().is_some_and(|n| rules.excludes(n)))
-        {
+fn measure_blocking(root: &Path, rules: &CaptureRules) -> Result<SourceScope, ScopeError> {
+    let canonical_root = std::fs::canonicalize(root).map_err(|source| ScopeError::Read {
+        path: root.display().to_string(),
+        source,
+    })?;
+    let listed = list(root, rules)?;
+    let mut paths: BTreeSet<PathBuf> = listed.iter().map(|(p, _)| p.clone()).collect();
+    // Lock files count even when ignored (a library often ignores its `Cargo.lock`):
+    // every lock file in a directory that is itself source.
+    let directories = std::iter::once(PathBuf::new())
+        .chain(listed.into_iter().filter(|(_, dir)| *dir).map(|(p, _)| p));
+    for directory in directories {
+        let Ok(children) = std::fs::read_dir(root.join(&directory)) else {
             continue;
+        };
+        for child in children.flatten() {
+            let name = child.file_name();
+            if is_lock_file(name.as_bytes()) && !rules.excludes(&name.to_string_lossy()) {
+                paths.insert(directory.join(name));
+            }
         }
-        let entry = hash_entry(&root.join(&path)).map_err(|source| ScopeError::Read {
-            path: path.clone(),
+    }
+    let mut source = blake3::Hasher::new();
+    let mut dependencies = blake3::Hasher::new();
+    let mut files = 0;
+    let mut escaping_link = None;
+    for path in &paths {
+        let full = root.join(path);
+        let entry = describe(&canonical_root, &full).map_err(|source| ScopeError::Read {
+            path: path.display().to_string(),
             source,
         })?;
-        let is_lock = Path::new(&path)
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| LOCK_FILES.contains(&n));
-        if is_lock {
-            dependencies.push((path.clone(), entry.clone()));
+        if entry.escapes && escaping_link.is_none() {
+            escaping_link = Some(path.to_string_lossy().into_owned());
         }
-        source.push((path, entry));
+        let name = path.as_os_str().as_bytes();
+        record(&mut source, name, &entry.bytes);
+        if path.file_name().is_some_and(|n| is_lock_file(n.as_bytes())) {
+            record(&mut dependencies, name, &entry.bytes);
+        }
+        files += usize::from(!entry.directory);
     }
     Ok(SourceScope {
-        source_digest: digest::of(&source),
-        dependency_digest: digest::of(&dependencies),
-        files: source.len(),
+        source_digest: source.finalize().to_hex().to_string(),
+        dependency_digest: dependencies.finalize().to_hex().to_string(),
+        files,
+        escaping_link,
     })
 }
 
-/// The source files under `root`, as sorted relative paths. Only the tree's `.gitignore`
-/// files apply: not `.git/info/exclude`, not any global git configuration.
-fn list(root: &Path, rules: &CaptureRules) -> Result<Vec<String>, ScopeError> {
+/// Adds one entry, length-prefixed so no two trees hash alike by shifting bytes between
+/// a name and its description.
+fn record(hasher: &mut blake3::Hasher, name: &[u8], description: &[u8]) {
+    hasher.update(&(name.len() as u64).to_le_bytes());
+    hasher.update(name);
+    hasher.update(&(description.len() as u64).to_le_bytes());
+    hasher.update(description);
+}
+
+/// The entries under `root` that the tree's own `.gitignore` files do not ignore (not
+/// `.git/info/exclude`, not any global git configuration), as relative paths, each
+/// with whether it is a directory.
+fn list(root: &Path, rules: &CaptureRules) -> Result<Vec<(PathBuf, bool)>, ScopeError> {
     let filter_rules = rules.clone();
     let walker = ignore::WalkBuilder::new(root)
         .hidden(false)
@@ -150,42 +210,141 @@ fn list(root: &Path, rules: &CaptureRules) -> Result<Vec<String>, ScopeError> {
     let mut paths = Vec::new();
     for entry in walker {
         let entry = entry.map_err(|e| ScopeError::Listing(e.to_string()))?;
-        if entry.depth() == 0 || entry.file_type().is_some_and(|t| t.is_dir()) {
+        if entry.depth() == 0 {
             continue;
         }
+        let directory = entry.file_type().is_some_and(|t| t.is_dir());
         if let Ok(relative) = entry.path().strip_prefix(root) {
-            paths.push(relative.to_string_lossy().into_owned());
+            paths.push((relative.to_path_buf(), directory));
         }
     }
-    paths.sort();
     Ok(paths)
 }
 
-/// One entry: its kind, executable bit and content hash (a symlink by its target; a
-/// tracked file that is gone as `deleted`).
-fn hash_entry(path: &PathBuf) -> Result<String, std::io::Error> {
-    use std::os::unix::fs::PermissionsExt;
+/// What the digest binds of one entry.
+struct Described {
+    bytes: Vec<u8>,
+    directory: bool,
+    /// A link that resolves outside the tree.
+    escapes: bool,
+}
+
+/// Describes one entry without following it out of the tree or opening anything but a
+/// regular file.
+fn describe(root: &Path, path: &Path) -> std::io::Result<Described> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(meta) => meta,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok("deleted".into()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Ok(described(b"deleted".to_vec()))
+        }
         Err(e) => return Err(e),
     };
-    if meta.file_type().is_symlink() {
-        let target = std::fs::read_link(path)?;
-        return Ok(format!("link:{}", target.to_string_lossy()));
+    let mode = meta.permissions().mode() & 0o7777;
+    let kind = meta.file_type();
+    if kind.is_symlink() {
+        let text = std::fs::read_link(path)?;
+        let (resolved, escapes) = resolve_link(root, path, &text)?;
+        let mut bytes = b"link:".to_vec();
+        bytes.extend_from_slice(text.as_os_str().as_bytes());
+        bytes.push(0);
+        bytes.extend_from_slice(&resolved);
+        return Ok(Described {
+            bytes,
+            directory: false,
+            escapes,
+        });
     }
-    if meta.is_dir() {
-        // A submodule or nested repository: not part of this source.
-        return Ok("dir".into());
+    let mut bytes = format!("{}:{mode:o}:", kind_name(&kind)).into_bytes();
+    if kind.is_dir() {
+        return Ok(Described {
+            bytes,
+            directory: true,
+            escapes: false,
+        });
     }
+    if kind.is_file() {
+        bytes.extend_from_slice(content(path)?.as_bytes());
+    }
+    Ok(described(bytes))
+}
+
+fn described(bytes: Vec<u8>) -> Described {
+    Described {
+        bytes,
+        directory: false,
+        escapes: false,
+    }
+}
+
+fn kind_name(kind: &std::fs::FileType) -> &'static str {
+    if kind.is_dir() {
+        "dir"
+    } else if kind.is_file() {
+        "file"
+    } else if kind.is_fifo() {
+        "fifo"
+    } else if kind.is_socket() {
+        "socket"
+    } else if kind.is_char_device() {
+        "char-device"
+    } else if kind.is_block_device() {
+        "block-device"
+    } else {
+        "other"
+    }
+}
+
+/// A regular file's content hash; a file replaced by anything else meanwhile is named
+/// so, never opened.
+fn content(path: &Path) -> std::io::Result<String> {
+    let Some(file) = open_regular(path)? else {
+        return Ok("replaced".into());
+    };
     let mut hasher = blake3::Hasher::new();
-    hasher.update_reader(std::fs::File::open(path)?)?;
-    let exec = meta.permissions().mode() & 0o111 != 0;
-    Ok(format!(
-        "file:{}:{}",
-        if exec { "x" } else { "-" },
-        hasher.finalize().to_hex()
-    ))
+    hasher.update_reader(file)?;
+    Ok(hasher.finalize().to_hex().to_string())
+}
+
+/// What a link at `path` with `text` resolves to inside `root` (the kind, mode and
+/// content of its final target, `dangling` if there is none), and whether it leaves the
+/// tree instead (then nothing past the tree's edge is read).
+fn resolve_link(root: &Path, path: &Path, text: &Path) -> std::io::Result<(Vec<u8>, bool)> {
+    if text.is_absolute() {
+        return Ok((b"outside".to_vec(), true));
+    }
+    match std::fs::canonicalize(path) {
+        Ok(target) if target.starts_with(root) => {
+            let meta = std::fs::metadata(&target)?;
+            let mode = meta.permissions().mode() & 0o7777;
+            let mut bytes = format!("{}:{mode:o}:", kind_name(&meta.file_type())).into_bytes();
+            if meta.is_file() {
+                bytes.extend_from_slice(content(&target)?.as_bytes());
+            }
+            Ok((bytes, false))
+        }
+        Ok(_) => Ok((b"outside".to_vec(), true)),
+        // Dangling (or a loop): where it points, lexically, from its real directory.
+        Err(_) => {
+            let parent = path.parent().map(std::fs::canonicalize).transpose()?;
+            let inside = parent.is_some_and(|p| lexically_inside(root, &p.join(text)));
+            Ok((b"dangling".to_vec(), !inside))
+        }
+    }
+}
+
+/// Whether `path`, with `.` and `..` applied lexically, stays under `root`.
+fn lexically_inside(root: &Path, path: &Path) -> bool {
+    let mut resolved = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::ParentDir => {
+                resolved.pop();
+            }
+            Component::CurDir => {}
+            other => resolved.push(other),
+        }
+    }
+    resolved.starts_with(root)
 }
 
 /// The effective environment of a check, with the per-run scratch paths replaced by a

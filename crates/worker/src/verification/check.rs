@@ -6,6 +6,7 @@ use super::Adoption;
 use crate::error::JobError;
 use crate::job::ending::spawn_failure;
 use crate::job::handle::Job;
+use crate::scope;
 use crate::step::{self, Interruption, StepCommand};
 use cairn_common::handoff::{self, NewResult};
 use cairn_common::journal::{self, Receipt};
@@ -20,6 +21,9 @@ use std::time::Duration;
 /// How one check went.
 pub(super) enum Checked {
     Ran,
+    /// It ran, and changed the source (or its lock files) it was to verify: its result
+    /// does not pass.
+    Changed,
     /// The job was stopped mid-check.
     Stopped,
     /// A limit of the contract was reached before it started: nothing was written.
@@ -115,6 +119,14 @@ pub(super) async fn run(
     }
     let finished_at = Utc::now();
     tracing::info!(check = plan.index, result = %outcome.describe(), "verification check ended");
+    // The witness must be what the check ran on: measured again after it, outside any
+    // row lock. A check that changed its source fails the verification, and its result
+    // never passes, so no later attempt or run can keep or reuse it.
+    let after = scope::measure(root, &job.worker.custody.settings.rules).await;
+    let changed = after.map_or(true, |after| {
+        after.source_digest != plan.scope.source_digest
+            || after.dependency_digest != plan.scope.dependency_digest
+    });
 
     let mut tx = job.begin().await?;
     let journaled = outcome.journal();
@@ -135,11 +147,12 @@ pub(super) async fn run(
             command_digest: &plan.command_digest,
             purpose: plan.check.purpose.as_str(),
             confined,
-            // Only a confined run can ever stand for a later one.
-            reusable: plan.reusable && confined,
+            // Only a confined run that left its source as it was can ever stand for a
+            // later one.
+            reusable: plan.reusable && confined && !changed,
             scope_digest: &scope_digest,
             exit_code: outcome.exit_code,
-            passed: outcome.succeeded(),
+            passed: outcome.succeeded() && !changed,
             output_digest: &outcome.output_digest,
             reused_from: None,
             started_at,
@@ -163,7 +176,11 @@ pub(super) async fn run(
     )
     .await?;
     tx.commit().await?;
-    Ok(Checked::Ran)
+    Ok(if changed {
+        Checked::Changed
+    } else {
+        Checked::Ran
+    })
 }
 
 /// Where a request's checks get their private scratch directories (outside the tree).

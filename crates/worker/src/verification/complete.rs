@@ -15,9 +15,10 @@ use serde_json::json;
 use std::path::Path;
 use uuid::Uuid;
 
-/// The completion transaction: measure the source again inside it; if anything
-/// changed, roll back (no completion, no reuse receipt); otherwise record the reused
-/// results, the completion receipt, the reuse receipt and the verdict at once.
+/// The completion: the source is measured again first (outside any row lock: a walk
+/// may be slow), and must be what every check ran on; then one fenced transaction
+/// records the reused results, the completion receipt, the reuse receipt and the
+/// verdict at once. A result an earlier attempt recorded on another tree fails it too.
 pub(super) async fn complete(
     job: &Job,
     adoption: &Adoption,
@@ -25,12 +26,6 @@ pub(super) async fn complete(
     plans: &[Plan<'_>],
     root: &Path,
 ) -> Result<Ending, JobError> {
-    let mut tx = job.begin().await?;
-    let current = limits::read(&mut tx, job.request_id(), job.claimed.continuation).await?;
-    if let Some(breach) = current.breach(Moment::Completion) {
-        let next = "the completion".to_string();
-        return Ok(Ending::Breach { breach, next });
-    }
     let after = scope::measure(root, &job.worker.custody.settings.rules).await;
     let late_change = match &after {
         Ok(after) if after.source_digest != before.source_digest => Some("the source"),
@@ -44,12 +39,29 @@ pub(super) async fn complete(
     // fixed variables only (nothing is inherited from the worker), so it is bound by
     // the witness; what can change under a running verification is the tree.
     if let Some(what) = late_change {
+        return Ok(late(&format!("{what} changed while the checks ran")));
+    }
+    let mut tx = job.begin().await?;
+    let current = limits::read(&mut tx, job.request_id(), job.claimed.continuation).await?;
+    if let Some(breach) = current.breach(Moment::Completion) {
+        let next = "the completion".to_string();
+        return Ok(Ending::Breach { breach, next });
+    }
+    let elsewhere: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM verification_results
+          WHERE adoption_id = $1 AND reused_from IS NULL
+            AND (source_digest <> $2 OR dependency_digest <> $3)",
+    )
+    .bind(adoption.id)
+    .bind(&before.source_digest)
+    .bind(&before.dependency_digest)
+    .fetch_one(&mut *tx)
+    .await?;
+    if elsewhere > 0 {
         drop(tx);
-        let message = format!(
-            "verification_late_change: {what} changed while the checks ran; nothing was completed and every check already run stays charged"
-        );
-        tracing::warn!(%message);
-        return Ok(Ending::Fail(message));
+        return Ok(late(
+            "a check's result was recorded on another tree than the one completed",
+        ));
     }
 
     let mut reused = Vec::new();
@@ -190,4 +202,13 @@ pub(super) async fn hand_back(job: &Job, adoption_id: Uuid) -> Result<(), JobErr
     tx.commit().await?;
     job.worker.leases.clear_liveness(job.lease()).await;
     Ok(())
+}
+
+/// A verification whose source moved: nothing is completed.
+fn late(what: &str) -> Ending {
+    let message = format!(
+        "verification_late_change: {what}; nothing was completed and every check already run stays charged"
+    );
+    tracing::warn!(%message);
+    Ending::Fail(message)
 }

@@ -239,6 +239,12 @@ async fn verify(job: &Job, adoption: &Adoption, root: &Path) -> Result<Ending, J
         }
         match check::run(job, adoption, plan, root, confined).await? {
             check::Checked::Ran => {}
+            check::Checked::Changed => {
+                return Ok(Ending::Fail(format!(
+                    "verification_late_change: check {} changed the source it verifies; its result does not pass, and every check already run stays charged",
+                    plan.index
+                )))
+            }
             check::Checked::Stopped => return Ok(Ending::Interrupted),
             check::Checked::Breach(breach) => {
                 let next = format!("check {}", plan.index);

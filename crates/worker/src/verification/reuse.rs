@@ -106,7 +106,10 @@ pub(super) async fn plan<'a>(
         };
         let command_digest = checks::command_digest(check);
         let declared = adoption.declared.contains(&command_digest);
-        let reusable = declared && check.purpose.reuse_eligible();
+        // A link out of the tree binds what no digest covers: such a tree reuses
+        // nothing, and its results stand for nothing later.
+        let escaping = source.escaping_link.is_some();
+        let reusable = declared && check.purpose.reuse_eligible() && !escaping;
         let already = recorded.contains(&i32::try_from(index).unwrap_or(i32::MAX));
         let (prior, fresh_reason) = if already {
             (None, None)
@@ -114,6 +117,8 @@ pub(super) async fn plan<'a>(
             (None, Some("not_declared"))
         } else if !check.purpose.reuse_eligible() {
             (None, Some("never_reusable"))
+        } else if escaping {
+            (None, Some("link_leaves_tree"))
         } else if !confined {
             (None, Some("unconfined"))
         } else {
