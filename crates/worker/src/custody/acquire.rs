@@ -126,7 +126,7 @@ impl Custody {
         };
         let held_path = std::path::PathBuf::from(&path);
         let unusable = if position != head.map(|h| h.0) {
-            Some("the tree tree is behind the lineage head")
+            Some("the held tree is behind the lineage head")
         } else if !held_path.is_dir() {
             Some("the tree tree is gone")
         } else {

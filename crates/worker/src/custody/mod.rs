@@ -6,7 +6,7 @@
 //! baseline; (4) cold start. No tier ever selects another work context's checkpoint.
 //! Every tier yields a tree *at* a known point of the lineage: the snapshot it was
 //! restored from or adopted at, or none (baseline, cold). The journal reuses a receipt
-//! only on a tree that holds its snapshot ([`crate::journal::standings`]).
+//! only on a tree that holds its snapshot ([`cairn_common::journal::standings`]).
 //!
 //! **One durable fact per step** ([`checkpoint`]): the tree is captured under a durable
 //! hold, then the receipt, the snapshot's `ready` and its lineage append commit in one
