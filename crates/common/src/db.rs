@@ -76,6 +76,20 @@ pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError>
     Ok(pool)
 }
 
+/// Connects once to a database that must exist (no creation, no retry): for a tool that
+/// only reads, such as the reaper's dry run.
+pub async fn open_existing(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
+    validate_url(url)?;
+    let options = PgConnectOptions::from_str(url)
+        .map_err(|e| DbError::InvalidUrl(e.to_string()))?
+        .application_name("cairn");
+    Ok(PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_with(options)
+        .await?)
+}
+
 /// Applies pending migrations; concurrent callers serialize on sqlx's advisory lock.
 pub async fn migrate(pool: &PgPool) -> Result<(), DbError> {
     MIGRATOR.run(pool).await?;

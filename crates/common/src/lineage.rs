@@ -79,6 +79,8 @@ pub struct NewSnapshot<'a> {
     pub work_context_id: Option<Uuid>,
     pub workspace_id: Option<Uuid>,
     pub store_url: &'a str,
+    /// The identity of the store (see [`store_key`]).
+    pub store_id: Uuid,
     pub credential_generation: i64,
     /// The request and lease epoch capturing it: once that lease can no longer commit,
     /// the capture is abandoned (the reaper fails it).
@@ -91,8 +93,8 @@ pub async fn create(conn: &mut PgConnection, s: &NewSnapshot<'_>) -> Result<Uuid
     sqlx::query(
         "INSERT INTO project_snapshots (id, kind, status, agent, repository, backend, base_image, canonical_ref,
                                         work_context_id, workspace_id, store_url, credential_generation,
-                                        request_id, lease_epoch)
-         VALUES ($1, $2, 'creating', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+                                        request_id, lease_epoch, store_id)
+         VALUES ($1, $2, 'creating', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
     )
     .bind(id)
     .bind(s.kind)
@@ -107,6 +109,7 @@ pub async fn create(conn: &mut PgConnection, s: &NewSnapshot<'_>) -> Result<Uuid
     .bind(s.credential_generation)
     .bind(s.owner.map(|o| o.0))
     .bind(s.owner.map(|o| o.1))
+    .bind(s.store_id)
     .execute(conn)
     .await?;
     Ok(id)
@@ -144,13 +147,16 @@ pub async fn set_status(
     to: SnapshotStatus,
 ) -> Result<bool, sqlx::Error> {
     let from: Vec<&str> = from.iter().map(|s| s.as_str()).collect();
-    let done =
-        sqlx::query("UPDATE project_snapshots SET status = $3 WHERE id = $1 AND status = ANY($2)")
-            .bind(id)
-            .bind(&from)
-            .bind(to)
-            .execute(conn)
-            .await?;
+    let done = sqlx::query(
+        "UPDATE project_snapshots SET status = $3,
+                quarantined_at = CASE WHEN $3 = 'quarantined' THEN now() ELSE quarantined_at END
+          WHERE id = $1 AND status = ANY($2)",
+    )
+    .bind(id)
+    .bind(&from)
+    .bind(to)
+    .execute(conn)
+    .await?;
     Ok(done.rows_affected() == 1)
 }
 
@@ -191,19 +197,27 @@ pub async fn record_packs(
     Ok(())
 }
 
+/// What keys a store's reclaim lock and capture deferral: its identity, the same for
+/// every URL or mount path of it (the reaper's SQL spells it
+/// `COALESCE(store_id::text, store_url)` for rows older than identities).
+pub fn store_key(store_id: Uuid) -> String {
+    store_id.to_string()
+}
+
 /// Registers a capture with its store: taken shared (for the transaction) before a
 /// capture's snapshot row is created; the reaper takes it exclusively while it deletes
-/// chunks, and defers deletion while any capture of the store is in progress. So a chunk
-/// a capture found already stored cannot vanish under it.
+/// a batch of packs, and defers deletion while any capture of the store is in progress.
+/// So a chunk a capture found already stored cannot vanish under it. It never waits:
+/// the caller holds its request row, and waiting here would block its lease renewals
+/// behind the reaper. `false` means the reaper holds it: try again shortly.
 pub async fn lock_store_for_capture(
     conn: &mut PgConnection,
-    store_url: &str,
-) -> Result<(), sqlx::Error> {
-    sqlx::query("SELECT pg_advisory_xact_lock_shared(hashtext($1))")
-        .bind(store_url)
-        .execute(conn)
-        .await?;
-    Ok(())
+    store_id: Uuid,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT pg_try_advisory_xact_lock_shared(hashtext($1))")
+        .bind(store_key(store_id))
+        .fetch_one(conn)
+        .await
 }
 
 /// The current head of a work context: `(snapshot id, sequence)`, unless retired.

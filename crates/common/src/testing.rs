@@ -50,6 +50,24 @@ impl ServiceLock {
 }
 
 /// A prefix unique to one test, for Redis keys and queue names.
+/// A checkpoint of `agent`'s task `context` in a local store that is never read.
+pub fn new_checkpoint(agent: &str, context: Uuid) -> crate::lineage::NewSnapshot<'_> {
+    crate::lineage::NewSnapshot {
+        kind: "checkpoint",
+        agent,
+        repository: None,
+        backend: "local",
+        base_image: None,
+        canonical_ref: None,
+        work_context_id: Some(context),
+        workspace_id: None,
+        store_url: "file:///tmp/store",
+        store_id: Uuid::from_u128(1),
+        credential_generation: 0,
+        owner: None,
+    }
+}
+
 pub fn unique_prefix(label: &str) -> String {
     format!(
         "test-{label}-{}.",

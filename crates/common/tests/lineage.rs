@@ -14,17 +14,8 @@ async fn ready_checkpoint(pool: &PgPool, agent: &str, context: Uuid) -> Uuid {
     let id = lineage::create(
         &mut conn,
         &NewSnapshot {
-            kind: "checkpoint",
-            agent,
-            repository: None,
-            backend: "local",
-            base_image: None,
-            canonical_ref: None,
-            work_context_id: Some(context),
-            workspace_id: None,
-            store_url: "file:///tmp/store",
             credential_generation: generation,
-            owner: None,
+            ..cairn_common::testing::new_checkpoint(agent, context)
         },
     )
     .await
@@ -258,4 +249,33 @@ async fn an_existing_shorter_hold_is_never_extended() {
         .await
         .expect("active")
         .is_none());
+}
+
+/// A capture holds its request row when it registers with its store, so it never waits
+/// for the reaper's lock (renewals would block behind it): it is told to try again.
+#[tokio::test]
+async fn a_capture_never_waits_for_the_reapers_store_lock() {
+    let db = TestDb::new().await;
+    let store = Uuid::new_v4();
+    let mut reaper = db.pool.begin().await.expect("begin");
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+        .bind(lineage::store_key(store))
+        .execute(&mut *reaper)
+        .await
+        .expect("the reaper's lock");
+    let mut capture = db.pool.begin().await.expect("begin");
+    let registered = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        lineage::lock_store_for_capture(&mut capture, store),
+    )
+    .await
+    .expect("it answers instead of waiting")
+    .expect("try");
+    assert!(!registered, "the reaper holds the store");
+    capture.rollback().await.expect("rollback");
+    reaper.rollback().await.expect("rollback");
+    let mut capture = db.pool.begin().await.expect("begin");
+    assert!(lineage::lock_store_for_capture(&mut capture, store)
+        .await
+        .expect("try"));
 }

@@ -50,7 +50,11 @@ pub struct Config {
     /// took the request over) is failed once it is this old.
     #[arg(long, env = "CAIRN_ABANDONED_CAPTURE_SECONDS", default_value_t = 60)]
     pub abandoned_capture_seconds: i64,
-    /// Print what one sweep would do, change nothing, and exit.
+    /// A quarantined snapshot's bytes are kept this long after its quarantine, for
+    /// investigation.
+    #[arg(long, env = "CAIRN_QUARANTINE_KEEP_SECONDS", default_value_t = 30 * 86_400)]
+    pub quarantine_keep_seconds: i64,
+    /// Print what one sweep would do, change nothing, and exit., change nothing, and exit.
     #[arg(long)]
     pub dry_run: bool,
     /// Run one sweep (as leader) and exit.
@@ -68,6 +72,7 @@ impl Config {
             memory_checkpoint: Duration::seconds(self.memory_checkpoint_seconds),
             stale_capture: Duration::seconds(self.stale_capture_seconds),
             abandoned_capture: Duration::seconds(self.abandoned_capture_seconds),
+            quarantine_kept: Duration::seconds(self.quarantine_keep_seconds),
             ..Default::default()
         }
     }
@@ -94,6 +99,10 @@ impl Settings for Config {
             (
                 "CAIRN_ABANDONED_CAPTURE_SECONDS",
                 self.abandoned_capture_seconds,
+            ),
+            (
+                "CAIRN_QUARANTINE_KEEP_SECONDS",
+                self.quarantine_keep_seconds,
             ),
         ] {
             if value < 0 {

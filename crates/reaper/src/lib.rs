@@ -8,6 +8,7 @@
 //! - [`run`]: leadership, the sweep loop, probes and metrics.
 
 pub mod config;
+mod reclaim;
 pub mod retention;
 pub mod status;
 
@@ -99,9 +100,12 @@ pub async fn sweep(
     dry_run: bool,
 ) -> Result<retention::SweepReport, sqlx::Error> {
     let durations = config.durations();
+    // One clock for every rule: the database's, which the workers' holds and leases use.
+    let now: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
     retention::Sweep {
         pool,
-        now: chrono::Utc::now(),
+        now,
         durations: &durations,
         batch: config.batch,
         dry_run,
@@ -111,9 +115,11 @@ pub async fn sweep(
 }
 
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
-    let pool_size = config.database.pool_size(10);
-    let pool = component::database(&config.database, pool_size, config.migrate).await?;
     if config.dry_run {
+        // A dry run creates no database and migrates nothing: it reads what is there.
+        let pool = cairn_common::db::open_existing(&config.database.database_url, 2)
+            .await
+            .context("connecting to PostgreSQL for a dry run")?;
         let report = sweep(&pool, &config, true).await.context("dry-run sweep")?;
         println!(
             "{}",
@@ -121,6 +127,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         );
         return Ok(());
     }
+    let pool_size = config.database.pool_size(10);
+    let pool = component::database(&config.database, pool_size, config.migrate).await?;
     let listener = tokio::net::TcpListener::bind(config.metrics_listen)
         .await
         .with_context(|| format!("binding {}", config.metrics_listen))?;

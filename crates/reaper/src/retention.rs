@@ -2,14 +2,12 @@
 //! rows locked `FOR UPDATE SKIP LOCKED`, and every change re-checks in its `WHERE` the
 //! state it observed (compare-and-set), so a snapshot captured or restored between the
 //! read and the write is left alone. A crash loses at most the batch in flight; the
-//! next sweep redoes it. Time is the `now` passed in, so tests can move it.
+//! next sweep redoes it. Time is the `now` passed in: the database's clock in the
+//! binary (one clock for every rule, the workers' too), moved by tests.
 
-use cairn_snapshot as snapshot;
-use cairn_snapshot::store::ArtifactStore;
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
-use sqlx::{PgConnection, PgPool};
-use std::collections::HashMap;
+use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
 
 /// Every duration of the rules; the defaults are the product's.
@@ -25,6 +23,9 @@ pub struct Durations {
     /// A capture whose owner's lease can no longer commit it is abandoned this long
     /// after it started.
     pub abandoned_capture: Duration,
+    /// A quarantined snapshot's bytes are kept this long after its quarantine, for
+    /// whoever investigates it.
+    pub quarantine_kept: Duration,
 }
 
 impl Default for Durations {
@@ -37,6 +38,7 @@ impl Default for Durations {
             repair_backoff_max: Duration::hours(24),
             stale_capture: Duration::hours(6),
             abandoned_capture: Duration::minutes(1),
+            quarantine_kept: Duration::days(30),
         }
     }
 }
@@ -56,6 +58,16 @@ pub struct SweepReport {
     pub dry_run: bool,
 }
 
+impl SweepReport {
+    /// Adds the counts of `other` (one store's part of a sweep).
+    pub fn add(&mut self, other: &SweepReport) {
+        self.snapshots_reclaimed += other.snapshots_reclaimed;
+        self.reclaim_deferred += other.reclaim_deferred;
+        self.reclaim_failed += other.reclaim_failed;
+        self.bytes_reclaimed += other.bytes_reclaimed;
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Rule {
     StaleCaptures,
@@ -73,28 +85,55 @@ pub struct Sweep<'a> {
     pub dry_run: bool,
 }
 
+/// Where a sweep's batches commit: each to the database, or, in a dry run, each to a
+/// savepoint of one transaction that is rolled back at the end. So a dry run changes
+/// nothing, yet every rule (and every batch) sees what the ones before it would have
+/// done, and the report is what one sweep would do, in order.
+pub(crate) enum Batches<'a> {
+    Pool(&'a PgPool),
+    Dry(&'a mut PgConnection),
+}
+
+impl Batches<'_> {
+    pub(crate) async fn begin(&mut self) -> Result<Transaction<'_, Postgres>, sqlx::Error> {
+        match self {
+            Batches::Pool(pool) => pool.begin().await,
+            Batches::Dry(conn) => sqlx::Connection::begin(&mut **conn).await,
+        }
+    }
+}
+
 impl Sweep<'_> {
     /// Runs every rule once, until none has more due rows.
     pub async fn run(&self) -> Result<SweepReport, sqlx::Error> {
+        if !self.dry_run {
+            return self.rules(&mut Batches::Pool(self.pool)).await;
+        }
+        let mut tx = self.pool.begin().await?;
+        let report = self.rules(&mut Batches::Dry(&mut tx)).await;
+        tx.rollback().await?;
+        report
+    }
+
+    async fn rules(&self, batches: &mut Batches<'_>) -> Result<SweepReport, sqlx::Error> {
         let mut report = SweepReport {
             dry_run: self.dry_run,
             ..Default::default()
         };
-        report.stale_captures_failed = self.repeat(Rule::StaleCaptures).await?;
-        report.credential_retired = self.repeat(Rule::Credentials).await?;
-        report.idle_heads_retired = self.repeat(Rule::IdleHeads).await?;
-        report.sandbox_retired = self.repeat(Rule::Sandbox).await?;
-        report.holds_ended = self.repeat(Rule::Holds).await?;
-        self.reclaim(&mut report).await?;
+        report.stale_captures_failed = self.repeat(batches, Rule::StaleCaptures).await?;
+        report.credential_retired = self.repeat(batches, Rule::Credentials).await?;
+        report.idle_heads_retired = self.repeat(batches, Rule::IdleHeads).await?;
+        report.sandbox_retired = self.repeat(batches, Rule::Sandbox).await?;
+        report.holds_ended = self.repeat(batches, Rule::Holds).await?;
+        self.reclaim(batches, &mut report).await?;
         Ok(report)
     }
 
-    /// Runs one batch rule until a batch finds less than a full batch. A dry run rolls
-    /// its batch back and runs each rule once.
-    async fn repeat(&self, rule: Rule) -> Result<u64, sqlx::Error> {
+    /// Runs one batch rule until a batch finds less than a full batch.
+    async fn repeat(&self, batches: &mut Batches<'_>, rule: Rule) -> Result<u64, sqlx::Error> {
         let mut total = 0;
         loop {
-            let mut tx = self.pool.begin().await?;
+            let mut tx = batches.begin().await?;
             let n = match rule {
                 Rule::StaleCaptures => self.stale_captures(&mut tx).await?,
                 Rule::Credentials => self.credentials(&mut tx).await?,
@@ -103,10 +142,6 @@ impl Sweep<'_> {
                 Rule::Holds => self.holds(&mut tx).await?,
             };
             total += n;
-            if self.dry_run {
-                tx.rollback().await?;
-                return Ok(total);
-            }
             tx.commit().await?;
             if (n as i64) < self.batch {
                 return Ok(total);
@@ -173,7 +208,8 @@ impl Sweep<'_> {
     /// Rule 1: checkpoint heads neither captured nor restored for the idle period. A head
     /// of a live task is never retired, however long its step runs or its request waits
     /// (queued, executing or paused, stopped at its checkpoint, awaiting verification or
-    /// a person): only a task whose every request ended lets its head go idle.
+    /// a person): only a task whose every request ended lets its head go idle, and its
+    /// idle clock counts from its last state change as well as from its last capture.
     async fn idle_heads(&self, conn: &mut PgConnection) -> Result<u64, sqlx::Error> {
         let cutoff = self.now - self.durations.idle_head;
         let due: Vec<(Uuid, Uuid)> = sqlx::query_as(
@@ -181,7 +217,8 @@ impl Sweep<'_> {
               WHERE h.retired_at IS NULL AND s.last_used_at <= $1 AND s.status NOT IN ('creating', 'uploading', 'restoring')
                 AND NOT EXISTS (SELECT 1 FROM runs r JOIN execution_requests e ON e.run_id = r.id
                                  WHERE r.work_context_id = h.work_context_id
-                                   AND e.state NOT IN ('completed', 'failed', 'cancelled'))
+                                   AND (e.state NOT IN ('completed', 'failed', 'cancelled')
+                                        OR e.updated_at > $1))
               ORDER BY s.last_used_at LIMIT $2 FOR UPDATE OF h, s SKIP LOCKED",
         )
         .bind(cutoff)
@@ -291,190 +328,6 @@ impl Sweep<'_> {
         .await?;
         Ok(done.rows_affected())
     }
-
-    /// Rules 2, 6 and 7: delete the bytes of retired, superseded and failed snapshots
-    /// once their retention window has passed, through the store each snapshot records.
-    /// A pack goes only when no other manifest of its store references it, and not while
-    /// a capture of that store is in progress. What cannot be deleted waits for repair,
-    /// retried with backoff.
-    async fn reclaim(&self, report: &mut SweepReport) -> Result<(), sqlx::Error> {
-        let window = self.now - self.durations.reclaim_after;
-        loop {
-            let mut tx = self.pool.begin().await?;
-            let due: Vec<(Uuid, String, i32)> = sqlx::query_as(
-                "SELECT id, store_url, repair_attempts FROM project_snapshots
-                  WHERE status <> 'deleted'
-                    AND ((retention IN ('retired', 'superseded') OR status IN ('failed', 'quarantined'))
-                         AND (COALESCE(retired_at, created_at) <= $1
-                              OR retire_reason IN ('workspace_destroyed', 'memory_expired'))
-                         AND status NOT IN ('creating', 'uploading', 'restoring')
-                      OR retention = 'pending_operator_repair' AND next_repair_at <= $2)
-                  LIMIT $3 FOR UPDATE SKIP LOCKED",
-            )
-            .bind(window)
-            .bind(self.now)
-            .bind(self.batch)
-            .fetch_all(&mut *tx)
-            .await?;
-            let found = due.len() as i64;
-            let mut by_store: HashMap<String, Vec<(Uuid, i32)>> = HashMap::new();
-            for (id, store, attempts) in due {
-                by_store.entry(store).or_default().push((id, attempts));
-            }
-            let mut progressed = false;
-            for (store_url, snapshots) in by_store {
-                progressed |= self
-                    .reclaim_store(&mut tx, &store_url, &snapshots, report)
-                    .await?;
-            }
-            if self.dry_run {
-                tx.rollback().await?;
-                return Ok(());
-            }
-            tx.commit().await?;
-            if found < self.batch || !progressed {
-                return Ok(());
-            }
-        }
-    }
-
-    async fn reclaim_store(
-        &self,
-        conn: &mut PgConnection,
-        store_url: &str,
-        snapshots: &[(Uuid, i32)],
-        report: &mut SweepReport,
-    ) -> Result<bool, sqlx::Error> {
-        let ids: Vec<Uuid> = snapshots.iter().map(|s| s.0).collect();
-        // New captures of this store wait while packs are deleted; running ones defer it.
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
-            .bind(store_url)
-            .execute(&mut *conn)
-            .await?;
-        let capturing: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM project_snapshots WHERE store_url = $1 AND status IN ('creating', 'uploading'))",
-        )
-        .bind(store_url)
-        .fetch_one(&mut *conn)
-        .await?;
-        if capturing {
-            report.reclaim_deferred += ids.len() as u64;
-            return Ok(false);
-        }
-        // A pack (or, for snapshots of the first format, a chunk object) goes only when
-        // no other live snapshot of this store references it.
-        let orphan_packs: Vec<Uuid> =
-            orphans(&mut *conn, "snapshot_packs", "pack_id", &ids, store_url).await?;
-        let orphan_chunks: Vec<String> =
-            orphans(&mut *conn, "snapshot_chunks", "chunk_id", &ids, store_url).await?;
-        if self.dry_run {
-            report.snapshots_reclaimed += ids.len() as u64;
-            return Ok(true);
-        }
-        match delete_objects(store_url, &ids, &orphan_packs, &orphan_chunks).await {
-            Ok(bytes) => {
-                for table in ["snapshot_packs", "snapshot_chunks"] {
-                    sqlx::query(&format!("DELETE FROM {table} WHERE snapshot_id = ANY($1)"))
-                        .bind(&ids)
-                        .execute(&mut *conn)
-                        .await?;
-                }
-                let done = sqlx::query(
-                    "UPDATE project_snapshots SET status = 'deleted', retention = 'reclaimed', repair_reason = NULL,
-                            next_repair_at = NULL
-                      WHERE id = ANY($1) AND status <> 'deleted'",
-                )
-                .bind(&ids)
-                .execute(&mut *conn)
-                .await?;
-                report.snapshots_reclaimed += done.rows_affected();
-                report.bytes_reclaimed += bytes;
-                Ok(true)
-            }
-            Err(reason) => {
-                tracing::warn!(store = store_url, %reason, count = ids.len(), "cannot reclaim; pending operator repair");
-                for (id, attempts) in snapshots {
-                    let minutes = 1i64 << (*attempts).clamp(0, 20);
-                    let wait = Duration::minutes(minutes).min(self.durations.repair_backoff_max);
-                    sqlx::query(
-                        "UPDATE project_snapshots SET retention = 'pending_operator_repair', repair_reason = $2,
-                                repair_attempts = repair_attempts + 1, next_repair_at = $3
-                          WHERE id = $1 AND status <> 'deleted'",
-                    )
-                    .bind(id)
-                    .bind(&reason)
-                    .bind(self.now + wait)
-                    .execute(&mut *conn)
-                    .await?;
-                }
-                report.reclaim_failed += ids.len() as u64;
-                Ok(true)
-            }
-        }
-    }
-}
-
-/// Deletes manifests and orphan packs through the store the snapshots name (never the
-/// current configuration). A pack's index goes before the pack, so no capture can find
-/// a chunk in a pack that is gone. Returns the bytes freed.
-async fn delete_objects(
-    store_url: &str,
-    snapshots: &[Uuid],
-    packs: &[Uuid],
-    legacy_chunks: &[String],
-) -> Result<u64, String> {
-    // Never create a missing local store: an empty directory would look "deleted".
-    let store = ArtifactStore::open_existing(store_url).map_err(|e| e.to_string())?;
-    let mut keys: Vec<String> = snapshots
-        .iter()
-        .flat_map(|id| {
-            [
-                snapshot::manifest_key(*id),
-                snapshot::legacy_manifest_key(*id),
-            ]
-        })
-        .collect();
-    keys.extend(
-        packs
-            .iter()
-            .flat_map(|p| [snapshot::index_key(*p), snapshot::pack_key(*p)]),
-    );
-    keys.extend(legacy_chunks.iter().map(|c| snapshot::legacy_chunk_key(c)));
-    let mut bytes = 0;
-    for key in keys {
-        bytes += store
-            .size(&key)
-            .await
-            .map_err(|e| e.to_string())?
-            .unwrap_or(0);
-        store.delete(&key).await.map_err(|e| e.to_string())?;
-    }
-    Ok(bytes)
-}
-
-/// The objects (`column` of `table`) the snapshots `ids` reference that no other live
-/// snapshot of the store references.
-async fn orphans<T>(
-    conn: &mut PgConnection,
-    table: &str,
-    column: &str,
-    ids: &[Uuid],
-    store_url: &str,
-) -> Result<Vec<T>, sqlx::Error>
-where
-    T: for<'r> sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres> + Send + Unpin,
-{
-    sqlx::query_scalar(&format!(
-        "SELECT DISTINCT c.{column} FROM {table} c
-          WHERE c.snapshot_id = ANY($1)
-            AND NOT EXISTS (SELECT 1 FROM {table} o JOIN project_snapshots p ON p.id = o.snapshot_id
-                             WHERE o.{column} = c.{column} AND NOT (o.snapshot_id = ANY($1))
-                               AND p.store_url = $2 AND p.status <> 'deleted')"
-    ))
-    .bind(ids)
-    .bind(store_url)
-    .fetch_all(conn)
-    .await
 }
 
 /// Records a sweep for `cairnctl reaper status`.

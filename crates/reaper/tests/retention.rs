@@ -8,6 +8,7 @@ use cairn_snapshot::Repository;
 use cairn_snapshot::{self as snapshot, CaptureRules, Manifest};
 use chrono::{DateTime, Duration, Utc};
 use sqlx::{PgConnection, PgPool};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use uuid::Uuid;
 
@@ -45,6 +46,16 @@ fn local_store() -> Repository {
     Repository::open(scratch("store").to_str().expect("utf8")).expect("store")
 }
 
+/// The identity of the store at `url`, as a worker would read it: one per URL here
+/// (a test that needs one store under two URLs sets `store_id` itself).
+fn identity_of(url: &str) -> Uuid {
+    static IDS: std::sync::Mutex<Option<HashMap<String, Uuid>>> = std::sync::Mutex::new(None);
+    let mut ids = IDS.lock().unwrap_or_else(|e| e.into_inner());
+    *ids.get_or_insert_with(HashMap::new)
+        .entry(url.to_string())
+        .or_insert_with(Uuid::new_v4)
+}
+
 /// A snapshot of the agent "agent" in the local backend.
 fn new_snapshot<'a>(
     kind: &'a str,
@@ -63,6 +74,7 @@ fn new_snapshot<'a>(
         work_context_id: context,
         workspace_id: workspace,
         store_url,
+        store_id: identity_of(store_url),
         credential_generation: 0,
         owner,
     }
@@ -495,9 +507,15 @@ async fn a_capture_running_beside_a_sweep_loses_no_chunk() {
         // A new capture of the same tree, registered as the worker does, beside a sweep.
         let capture = async {
             let mut tx = db.pool.begin().await.expect("begin");
-            lineage::lock_store_for_capture(&mut tx, store.url())
+            // The worker tries the lock and, while the reaper holds it, tries again.
+            while !lineage::lock_store_for_capture(&mut tx, identity_of(store.url()))
                 .await
-                .expect("lock");
+                .expect("lock")
+            {
+                tx.rollback().await.expect("rollback");
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+                tx = db.pool.begin().await.expect("begin");
+            }
             let context = Some(Uuid::new_v4());
             let new = new_snapshot("checkpoint", store.url(), context, None, None);
             let id = start_capture(&mut tx, &new).await;
@@ -651,4 +669,164 @@ async fn a_capture_whose_owner_can_no_longer_commit_fails_within_minutes() {
         "abandoned: failed in a minute, not six hours"
     );
     assert_eq!(field(&db.pool, id).await.0, "failed");
+}
+
+/// A ready checkpoint of a task of its own, recorded under `store_url` with `store_id`:
+/// how a host that mounts the store at another path records it.
+async fn checkpoint_in(pool: &PgPool, store_url: &str, store_id: Uuid) -> Uuid {
+    let mut conn = pool.acquire().await.expect("conn");
+    let new = NewSnapshot {
+        store_id,
+        ..new_snapshot("checkpoint", store_url, Some(Uuid::new_v4()), None, None)
+    };
+    let id = lineage::create(&mut conn, &new).await.expect("create");
+    lineage::mark_ready(&mut conn, id, &snapshot::manifest_key(id), 1)
+        .await
+        .expect("ready");
+    id
+}
+
+/// One store reached through two URLs (a share mounted at two paths on two hosts) is
+/// one store: a pack another URL's live snapshot reuses survives the reclaim of the
+/// snapshot that wrote it, and a capture under either URL defers reclaiming the store.
+#[tokio::test]
+async fn one_store_under_two_urls_is_one_store() {
+    let db = TestDb::new().await;
+    let store = local_store();
+    let identity = store.identity().await.expect("identity");
+    assert_eq!(
+        Repository::open(store.url())
+            .expect("again")
+            .identity()
+            .await
+            .expect("identity"),
+        identity,
+        "the identity is written once, in the store"
+    );
+    let elsewhere = "file:///mnt/another-host/store";
+    let tree = scratch("tree");
+    std::fs::write(tree.join("shared.txt"), "the same content in both tasks").expect("write");
+    let first = checkpoint_in(&db.pool, store.url(), identity).await;
+    let first_manifest = capture_recorded(&db.pool, &store, &tree, first).await;
+    // The second task's capture, on the other host, reuses the first one's pack.
+    let second = checkpoint_in(&db.pool, elsewhere, identity).await;
+    let second_manifest = capture_recorded(&db.pool, &store, &tree, second).await;
+    assert_eq!(second_manifest.packs, first_manifest.packs, "deduplicated");
+    retire(&db.pool, first, "retired", Utc::now() - Duration::days(8)).await;
+
+    // A capture in progress through the other URL defers the store's reclaim.
+    let mut conn = db.pool.acquire().await.expect("conn");
+    let capturing = start_capture(
+        &mut conn,
+        &NewSnapshot {
+            store_id: identity,
+            ..new_snapshot("checkpoint", elsewhere, Some(Uuid::new_v4()), None, None)
+        },
+    )
+    .await;
+    let deferred = sweep(&db.pool, Utc::now()).await;
+    assert_eq!(
+        (deferred.reclaim_deferred, deferred.snapshots_reclaimed),
+        (1, 0)
+    );
+    let failed = SnapshotStatus::Failed;
+    lineage::set_status(&mut conn, capturing, &[SnapshotStatus::Uploading], failed)
+        .await
+        .expect("failed");
+
+    let swept = sweep(&db.pool, Utc::now()).await;
+    assert_eq!(swept.snapshots_reclaimed, 1);
+    assert_eq!(field(&db.pool, first).await.0, "deleted");
+    for pack in &first_manifest.packs {
+        assert!(
+            store
+                .store()
+                .exists(&snapshot::pack_key(*pack))
+                .await
+                .expect("exists"),
+            "the pack the other URL's snapshot references is kept"
+        );
+    }
+    snapshot::restore(&store, &second_manifest, &scratch("out").join("tree"))
+        .await
+        .expect("the second task's head restores");
+}
+
+/// A dry run reports what one sweep does, every batch of every rule in order, and
+/// changes nothing: neither the rows nor the store.
+#[tokio::test]
+async fn a_dry_run_reports_what_the_sweep_then_does() {
+    let db = TestDb::new().await;
+    let store = local_store();
+    let tree = scratch("tree");
+    let mut ids = Vec::new();
+    for i in 0..3 {
+        std::fs::write(tree.join("file.txt"), format!("version {i}")).expect("write");
+        let id = checkpoint(&db.pool, store.url()).await;
+        capture_recorded(&db.pool, &store, &tree, id).await;
+        retire(&db.pool, id, "retired", Utc::now() - Duration::days(8)).await;
+        ids.push(id);
+    }
+    let swept = |dry_run: bool| {
+        let pool = &db.pool;
+        async move {
+            Sweep {
+                pool,
+                now: Utc::now(),
+                durations: &Durations::default(),
+                batch: 1,
+                dry_run,
+            }
+            .run()
+            .await
+            .expect("sweep")
+        }
+    };
+    let dry = swept(true).await;
+    assert_eq!(dry.snapshots_reclaimed, 3, "{dry:?}");
+    assert!(dry.bytes_reclaimed > 0);
+    for id in &ids {
+        assert_eq!(
+            field(&db.pool, *id).await,
+            ("ready".into(), "retired".into())
+        );
+        let manifest = snapshot::manifest_key(*id);
+        assert!(store.store().exists(&manifest).await.expect("exists"));
+    }
+    let real = swept(false).await;
+    assert_eq!(
+        (real.snapshots_reclaimed, real.bytes_reclaimed),
+        (dry.snapshots_reclaimed, dry.bytes_reclaimed),
+        "the dry run said what the sweep did"
+    );
+}
+
+/// A quarantined snapshot's bytes stay for their own period, counted from the
+/// quarantine, however old the snapshot is.
+#[tokio::test]
+async fn quarantined_bytes_are_kept_from_the_quarantine_on() {
+    let db = TestDb::new().await;
+    let store = local_store();
+    let tree = scratch("tree");
+    std::fs::write(tree.join("evidence.txt"), "what failed its check").expect("write");
+    let id = checkpoint(&db.pool, store.url()).await;
+    capture_recorded(&db.pool, &store, &tree, id).await;
+    sqlx::query(
+        "UPDATE project_snapshots SET created_at = now() - interval '60 days' WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&db.pool)
+    .await
+    .expect("old");
+    let mut conn = db.pool.acquire().await.expect("conn");
+    let quarantined = SnapshotStatus::Quarantined;
+    lineage::set_status(&mut conn, id, &[SnapshotStatus::Ready], quarantined)
+        .await
+        .expect("quarantined");
+    let kept = Durations::default().quarantine_kept;
+    let early = sweep(&db.pool, Utc::now() + kept - Duration::hours(1)).await;
+    assert_eq!(early.snapshots_reclaimed, 0);
+    assert_eq!(field(&db.pool, id).await.0, "quarantined");
+    let due = sweep(&db.pool, Utc::now() + kept + Duration::minutes(1)).await;
+    assert_eq!(due.snapshots_reclaimed, 1);
 }

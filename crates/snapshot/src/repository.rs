@@ -24,6 +24,11 @@ impl Repository {
         self.store.url()
     }
 
+    /// The store's identity (see [`ArtifactStore::identity`]).
+    pub async fn identity(&self) -> Result<uuid::Uuid, StoreError> {
+        self.store.identity().await
+    }
+
     /// Its objects.
     pub fn store(&self) -> &ArtifactStore {
         &self.store

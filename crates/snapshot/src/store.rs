@@ -9,7 +9,7 @@ use bytes::Bytes;
 use futures::TryStreamExt;
 use object_store::local::LocalFileSystem;
 use object_store::path::Path as ObjectPath;
-use object_store::{ObjectStore, PutPayload};
+use object_store::{ObjectStore, PutMode, PutPayload};
 use std::path::PathBuf;
 use std::sync::Arc;
 use tokio::runtime::Handle;
@@ -24,7 +24,13 @@ pub enum StoreError {
     Backend(#[from] object_store::Error),
     #[error("artifact store I/O error: {0}")]
     Io(#[from] std::io::Error),
+    #[error("the store's identity object {IDENTITY_KEY} is not an id: {0:?}")]
+    Identity(String),
 }
+
+/// The object that names a store: an id written once, inside the store, so every URL
+/// or mount path that reaches the same bytes gives the same identity.
+pub const IDENTITY_KEY: &str = "store-id";
 
 #[derive(Clone, Debug)]
 pub struct ArtifactStore {
@@ -59,10 +65,11 @@ impl ArtifactStore {
                 local: Some(root),
             });
         }
-        // One store, one spelling: its URL keys the reaper's lock and its reclaim scope.
-        let url = url.trim_end_matches('/');
-        let parsed = url::Url::parse(url)
+        // One spelling per URL (the scheme and bucket in lower case, no trailing slash);
+        // what keys the reaper's lock and reclaim scope is the store's identity.
+        let parsed = url::Url::parse(url.trim_end_matches('/'))
             .map_err(|e| StoreError::InvalidUrl(url.to_string(), e.to_string()))?;
+        let url = parsed.as_str().trim_end_matches('/').to_string();
         let options: Vec<(String, String)> = std::env::vars()
             .filter(|(k, _)| {
                 k.starts_with("AWS_") || k.starts_with("GOOGLE_") || k.starts_with("AZURE_")
@@ -77,7 +84,7 @@ impl ArtifactStore {
             Arc::new(object_store::prefix::PrefixStore::new(store, prefix))
         };
         Ok(ArtifactStore {
-            url: url.to_string(),
+            url,
             store,
             local: None,
         })
@@ -240,6 +247,51 @@ impl ArtifactStore {
             },
             None => handle.block_on(self.get(key)),
         }
+    }
+
+    /// The store's identity: the id in [`IDENTITY_KEY`], written by whoever opens the
+    /// store first (a create-only put, so two first openers agree).
+    pub async fn identity(&self) -> Result<uuid::Uuid, StoreError> {
+        let parse = |bytes: &[u8]| {
+            let text = String::from_utf8_lossy(bytes);
+            uuid::Uuid::parse_str(text.trim()).map_err(|_| StoreError::Identity(text.into_owned()))
+        };
+        match self.get(IDENTITY_KEY).await {
+            Ok(bytes) => return parse(&bytes),
+            Err(StoreError::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+        let id = uuid::Uuid::new_v4();
+        let put = self
+            .store
+            .put_opts(
+                &ObjectPath::from(IDENTITY_KEY),
+                PutPayload::from(id.to_string().into_bytes()),
+                PutMode::Create.into(),
+            )
+            .await;
+        match put {
+            Ok(_) => {
+                self.flush_keys(vec![IDENTITY_KEY.to_string()]).await?;
+                Ok(id)
+            }
+            Err(object_store::Error::AlreadyExists { .. }) => parse(&self.get(IDENTITY_KEY).await?),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Deletes objects in bulk (the backend's batch delete where it has one); deleting
+    /// what is already gone succeeds.
+    pub async fn delete_many(&self, keys: &[String]) -> Result<(), StoreError> {
+        let paths = futures::stream::iter(keys.iter().map(|k| Ok(ObjectPath::from(k.as_str()))));
+        let mut deleted = self.store.delete_stream(Box::pin(paths));
+        while let Some(result) = futures::StreamExt::next(&mut deleted).await {
+            match result {
+                Ok(_) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 
     /// The size of an object, `None` when it does not exist.

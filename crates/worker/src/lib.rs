@@ -82,8 +82,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let snapshot_store = config.snapshot_store(&artifacts_dir);
     let store = cairn_snapshot::Repository::open(&snapshot_store)
         .with_context(|| format!("opening the snapshot store {snapshot_store}"))?;
+    let store_id = store
+        .identity()
+        .await
+        .with_context(|| format!("reading the identity of the snapshot store {snapshot_store}"))?;
     let settings = custody::CustodySettings {
         store,
+        store_id,
         backend: config.workspace_backend.clone(),
         persistent: config.workspace_persistent,
         base_image: config.base_image.clone(),

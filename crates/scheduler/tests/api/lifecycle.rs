@@ -304,3 +304,52 @@ async fn a_batch_idempotency_key_admits_the_batch_once() {
     assert_eq!(api.count("runs").await, 3);
     assert_eq!(api.count("outbox").await, 3);
 }
+
+/// A checkpoint whose snapshot a policy retired (here a credential rotation's rule) is
+/// never READY: a continuation would start without the work its receipts describe.
+#[tokio::test]
+async fn a_candidate_whose_checkpoint_was_reclaimed_is_held() {
+    let (api, stopped, _) = ready_checkpoint().await;
+    let mut conn = api.pool().acquire().await.expect("conn");
+    let (context, agent): (Uuid, String) =
+        sqlx::query_as("SELECT work_context_id, agent FROM runs WHERE id = $1")
+            .bind(stopped.run_id)
+            .fetch_one(&mut *conn)
+            .await
+            .expect("run");
+    let head = cairn_common::lineage::create(
+        &mut conn,
+        &cairn_common::testing::new_checkpoint(&agent, context),
+    )
+    .await
+    .expect("snapshot");
+    cairn_common::lineage::mark_ready(&mut conn, head, "manifests/head", 1)
+        .await
+        .expect("ready");
+    cairn_common::lineage::append(&mut conn, context, &agent, None, head)
+        .await
+        .expect("head");
+    sqlx::query("UPDATE journal_receipts SET snapshot_id = $2 WHERE request_id = $1")
+        .bind(stopped.request_id)
+        .bind(head)
+        .execute(&mut *conn)
+        .await
+        .expect("the receipt stands on the head");
+    let (_, candidate) = stopped.candidate(&api, &api.viewer).await;
+    assert_eq!(candidate["admission"], "READY", "{candidate}");
+
+    sqlx::query(
+        "UPDATE project_snapshots SET retention = 'retired', retired_at = now(),
+                retire_reason = 'credentials_rotated' WHERE id = $1",
+    )
+    .bind(head)
+    .execute(&mut *conn)
+    .await
+    .expect("retired");
+    let (_, candidate) = stopped.candidate(&api, &api.viewer).await;
+    assert_eq!(candidate["admission"], "HELD", "{candidate}");
+    assert!(
+        hold_reasons(&candidate).contains(&"checkpoint_reclaimed".to_string()),
+        "{candidate}"
+    );
+}

@@ -525,9 +525,12 @@ impl Custody {
             .await
             .map_err(|e| e.to_string())?
             .max(generation);
-        lineage::lock_store_for_capture(&mut tx, store.url())
+        let locked = lineage::lock_store_for_capture(&mut tx, self.settings.store_id)
             .await
             .map_err(|e| e.to_string())?;
+        if !locked {
+            return Err("the snapshot store is being reclaimed".into());
+        }
         let id = lineage::create(
             &mut tx,
             &NewSnapshot {
@@ -540,6 +543,7 @@ impl Custody {
                 work_context_id: None,
                 workspace_id: None,
                 store_url: store.url(),
+                store_id: self.settings.store_id,
                 credential_generation: generation,
                 owner: Some((lease.request_id, lease.epoch)),
             },

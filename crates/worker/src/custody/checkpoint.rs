@@ -126,7 +126,11 @@ impl Custody {
         // until this snapshot row exists, so a rotation either sees it (and retires it)
         // or happened before (and it records the new generation).
         let generation = lineage::lock_generation(&mut tx, &subject.agent).await?;
-        lineage::lock_store_for_capture(&mut tx, settings.store.url()).await?;
+        if !lineage::lock_store_for_capture(&mut tx, settings.store_id).await? {
+            return Ok(Checkpoint::Failed(
+                "the snapshot store is being reclaimed".into(),
+            ));
+        }
         let target = HoldTarget {
             workspace_id: tree.workspace_id,
             run_id: Some(subject.run_id),
@@ -147,6 +151,7 @@ impl Custody {
                 work_context_id: Some(subject.work_context),
                 workspace_id: Some(tree.workspace_id),
                 store_url: settings.store.url(),
+                store_id: settings.store_id,
                 credential_generation: generation,
                 owner: Some((lease.request_id, lease.epoch)),
             },

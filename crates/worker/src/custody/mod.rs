@@ -42,6 +42,8 @@ use uuid::Uuid;
 pub struct CustodySettings {
     /// Where checkpoints and baselines are captured to.
     pub store: Repository,
+    /// The store's identity, recorded on every snapshot captured to it.
+    pub store_id: Uuid,
     /// Name of this workspace backend (part of the baseline key).
     pub backend: String,
     /// Whether trees survive a stop here (14-day holds) or not (1-hour handoff).

@@ -63,6 +63,10 @@ pub enum HoldReason {
     ExhaustedLimits,
     /// The retained report was already accepted (consumed).
     AlreadyConsumed,
+    /// The checkpoint's snapshot was retired or reclaimed (a retention policy, a
+    /// credential rotation): a continuation would start without the work its receipts
+    /// describe.
+    CheckpointReclaimed,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -141,6 +145,8 @@ pub struct Facts {
     pub used_wall_ms: i64,
     pub used_cpu_ms: i64,
     pub checkpoint: Option<serde_json::Value>,
+    /// Receipts stand on snapshots, and the lineage has no restorable head any more.
+    pub checkpoint_reclaimed: bool,
     pub source_digest: Option<String>,
     pub deadline: Option<DateTime<Utc>>,
     pub operator_id: Option<Uuid>,
@@ -246,6 +252,12 @@ pub fn evaluate(
                         hold(
                             HoldReason::MissingCustody,
                             "the journal no longer matches the retained checkpoint",
+                        );
+                    }
+                    if f.checkpoint_reclaimed {
+                        hold(
+                            HoldReason::CheckpointReclaimed,
+                            "the checkpoint's snapshot was retired or reclaimed",
                         );
                     }
                     let retained_source = checkpoint.get("source_digest").and_then(|d| d.as_str());
@@ -382,6 +394,7 @@ mod tests {
             used_wall_ms: 1_000,
             used_cpu_ms: 10,
             checkpoint: Some(json!({"sequence": 1, "journal_digest": "j", "source_digest": "s"})),
+            checkpoint_reclaimed: false,
             source_digest: Some("s".into()),
             deadline: None,
             operator_id: Some(OPERATOR),
@@ -501,6 +514,14 @@ mod tests {
                 },
                 true,
                 HoldReason::MissingCustody,
+            ),
+            (
+                Facts {
+                    checkpoint_reclaimed: true,
+                    ..stopped()
+                },
+                true,
+                HoldReason::CheckpointReclaimed,
             ),
             (
                 Facts {

@@ -53,6 +53,11 @@ async fn facts(
                 COALESCE(e.lease_owner IS NOT NULL AND e.lease_deadline > clock_timestamp(), FALSE) AS live_owner,
                 e.max_commands, e.max_wall_seconds, e.used_commands, e.used_wall_ms, e.used_cpu_ms,
                 e.checkpoint, e.source_digest, r.deadline, r.operator_id,
+                (EXISTS (SELECT 1 FROM journal_receipts jr
+                          WHERE jr.request_id = e.id AND jr.snapshot_id IS NOT NULL)
+                 AND NOT EXISTS (SELECT 1 FROM lineage_heads h JOIN project_snapshots s ON s.id = h.head_id
+                                  WHERE h.work_context_id = r.work_context_id AND h.retired_at IS NULL
+                                    AND s.status = 'ready' AND s.retention = 'current')) AS checkpoint_reclaimed,
                 COALESCE(t.revoked_at IS NOT NULL, FALSE) AS operator_revoked, t.role AS operator_role
            FROM execution_requests e
            JOIN runs r ON r.id = e.run_id
