@@ -149,3 +149,66 @@ async fn a_sweep_killed_half_way_is_finished_by_the_next_one() {
         .is_some_and(|s| s.success()));
     pool.close().await;
 }
+
+/// The reaper holds a store's lock for four lease TTLs while a worker captures into
+/// that store: the worker never waits for it holding its request row, so its renewals
+/// go on, it is never fenced, and the run completes in its first attempt once the lock
+/// is gone.
+#[tokio::test]
+async fn a_long_reclaim_lock_never_fences_a_capturing_worker() {
+    use cairn_e2e::cluster::{append_step, run_spec, Cluster, Settings};
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("reaper-lock", 1, Settings::default()).await;
+    let identity = cluster.dir.join("artifacts").join("store-id");
+    let store_id =
+        std::fs::read_to_string(&identity).expect("the worker wrote the store's identity");
+    let mut reaper = cluster.pool.begin().await.expect("begin");
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext($1))")
+        .bind(store_id.trim())
+        .execute(&mut *reaper)
+        .await
+        .expect("the reaper's lock");
+    let spec = run_spec(
+        vec![
+            append_step("s1", "log.txt", "one", 0.0, false),
+            append_step("s2", "log.txt", "two", 0.0, false),
+        ],
+        1,
+    );
+    let (run_id, _) = cluster.submit(&spec);
+    tokio::time::sleep(Duration::from_secs(4 * cluster.settings.lease_ttl_seconds)).await;
+    reaper.rollback().await.expect("the lock is let go");
+    let run = cluster.wait_for_state(
+        &run_id,
+        &["completed", "failed", "needs_reconciliation"],
+        Duration::from_secs(90),
+    );
+    assert_eq!(run["state"], "completed", "{run}");
+    assert_eq!(run["attempt"], 1, "never fenced: {run}");
+    assert_eq!(cluster.metric(0, "cairn_worker_self_fenced_total"), 0.0);
+}
+
+/// A dry run reads what is there: against a database that does not exist it fails
+/// with a clear error and creates nothing.
+#[tokio::test]
+async fn a_dry_run_creates_no_database() {
+    let isolation = Isolation::new("reaper-dry");
+    let output = std::process::Command::new(binary("cairn-reaper"))
+        .arg("--dry-run")
+        .envs(isolation.env())
+        .output()
+        .expect("the reaper runs");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("dry run"), "{stderr}");
+    let server = sqlx::PgPool::connect(&cairn_common::testing::postgres_server_url())
+        .await
+        .expect("server");
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(&isolation.database_name)
+            .fetch_one(&server)
+            .await
+            .expect("exists");
+    assert!(!exists, "the dry run created the database");
+}

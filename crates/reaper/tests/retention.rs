@@ -830,3 +830,37 @@ async fn quarantined_bytes_are_kept_from_the_quarantine_on() {
     let due = sweep(&db.pool, Utc::now() + kept + Duration::minutes(1)).await;
     assert_eq!(due.snapshots_reclaimed, 1);
 }
+
+/// The idle clock of a head counts from its task's last state change as well as from
+/// its last capture or restore: a task that ended yesterday keeps its head 14 days.
+#[tokio::test]
+async fn the_idle_clock_counts_from_the_tasks_last_state_change() {
+    let db = TestDb::new().await;
+    let (context, request) = live_request(&db.pool, "executing").await;
+    let head = head_of(&db.pool, context).await;
+    sqlx::query(
+        "UPDATE project_snapshots SET last_used_at = now() - interval '20 days' WHERE id = $1",
+    )
+    .bind(head)
+    .execute(&db.pool)
+    .await
+    .expect("used long ago");
+    sqlx::query("UPDATE execution_requests SET state = 'failed', updated_at = now() WHERE id = $1")
+        .bind(request)
+        .execute(&db.pool)
+        .await
+        .expect("ended now");
+    let early = sweep(
+        &db.pool,
+        Utc::now() + Duration::days(14) - Duration::hours(1),
+    )
+    .await;
+    assert_eq!(early.idle_heads_retired, 0);
+    assert_eq!(field(&db.pool, head).await.1, "current");
+    let due = sweep(
+        &db.pool,
+        Utc::now() + Duration::days(14) + Duration::minutes(1),
+    )
+    .await;
+    assert_eq!(due.idle_heads_retired, 1);
+}
