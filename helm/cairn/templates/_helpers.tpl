@@ -168,6 +168,7 @@ global.extraConfig may not name them (it would clash with or be shadowed by them
   "CAIRN_RECLAIM_AFTER_SECONDS" "reaper.retention.reclaimAfterSeconds"
   "CAIRN_DESTROYED_GRACE_SECONDS" "reaper.retention.destroyedGraceSeconds"
   "CAIRN_MEMORY_CHECKPOINT_SECONDS" "reaper.retention.memoryCheckpointSeconds"
+  "CAIRN_QUARANTINE_KEEP_SECONDS" "reaper.retention.quarantineKeepSeconds"
   | toJson -}}
 {{- end -}}
 

@@ -38,6 +38,7 @@ REAPER_DEFAULTS = {
     "CAIRN_RECLAIM_AFTER_SECONDS": "604800",
     "CAIRN_DESTROYED_GRACE_SECONDS": "86400",
     "CAIRN_MEMORY_CHECKPOINT_SECONDS": "259200",
+    "CAIRN_QUARANTINE_KEEP_SECONDS": "2592000",
 }
 # Where each reaper setting comes from in the values.
 REAPER_VALUES = {
@@ -47,6 +48,7 @@ REAPER_VALUES = {
     "CAIRN_RECLAIM_AFTER_SECONDS": ("retention", "reclaimAfterSeconds"),
     "CAIRN_DESTROYED_GRACE_SECONDS": ("retention", "destroyedGraceSeconds"),
     "CAIRN_MEMORY_CHECKPOINT_SECONDS": ("retention", "memoryCheckpointSeconds"),
+    "CAIRN_QUARANTINE_KEEP_SECONDS": ("retention", "quarantineKeepSeconds"),
 }
 # The worker's snapshot settings rendered with their defaults (the binary's own).
 WORKER_SNAPSHOT_DEFAULTS = {
