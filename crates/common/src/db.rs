@@ -39,8 +39,10 @@ fn retry_policy() -> ExponentialBuilder {
         .with_max_times(12)
 }
 
-/// Creates the database if it does not exist. Two processes racing to create it both
-/// succeed: "already exists" is the outcome either wanted.
+/// Creates the database if it does not exist. Processes racing to create it all
+/// succeed: "already exists" is the outcome each wanted, whether PostgreSQL reports it
+/// as 42P04 or, when two `CREATE DATABASE` run at once, as a unique violation of
+/// `pg_database` (23505).
 pub async fn create_if_missing(url: &str) -> Result<(), DbError> {
     validate_url(url)?;
     let exists = (|| Postgres::database_exists(url))
@@ -50,7 +52,8 @@ pub async fn create_if_missing(url: &str) -> Result<(), DbError> {
     if !exists {
         match Postgres::create_database(url).await {
             Ok(()) => tracing::info!("created database"),
-            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => {}
+            Err(sqlx::Error::Database(e))
+                if matches!(e.code().as_deref(), Some("42P04") | Some("23505")) => {}
             Err(e) => return Err(e.into()),
         }
     }
