@@ -14,6 +14,7 @@ use redis::Script;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::task::TaskTracker;
 use uuid::Uuid;
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +51,8 @@ pub struct Leases {
     redis: ConnectionManager,
     prefix: Arc<str>,
     ttl: Duration,
+    /// Liveness keys being deleted: off the job's path, each bounded (see `settle`).
+    releases: TaskTracker,
 }
 
 fn claim_script() -> &'static Script {
@@ -81,7 +84,23 @@ impl Leases {
             redis,
             prefix: prefix.into(),
             ttl,
+            releases: TaskTracker::new(),
         }
+    }
+
+    /// How long a Redis liveness operation may take. Redis is advisory: a hung Redis
+    /// must never hold up a claim, a renewal (the keeper would fence itself) or a
+    /// completion.
+    fn advisory_limit(&self) -> Duration {
+        (self.ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1))
+    }
+
+    /// Waits for the liveness deletions still in flight (each bounded): at shutdown, or
+    /// where a test reads the key next.
+    pub async fn settle(&self) {
+        self.releases.close();
+        self.releases.wait().await;
+        self.releases.reopen();
     }
 
     pub fn ttl(&self) -> Duration {
@@ -202,7 +221,7 @@ impl Leases {
         let mut conn = self.pool.acquire().await?;
         self.release_in(&mut conn, lease).await?;
         drop(conn);
-        self.clear_liveness(lease).await;
+        self.clear_liveness(lease);
         Ok(())
     }
 
@@ -233,11 +252,10 @@ impl Leases {
     /// Who Redis says holds a request: `(epoch, owner)`. Advisory only.
     pub async fn liveness(&self, request_id: Uuid) -> Option<(i64, String)> {
         let mut redis = self.redis.clone();
-        let value: Option<String> = redis::cmd("GET")
-            .arg(self.key(request_id))
-            .query_async(&mut redis)
+        let get = redis::cmd("GET").arg(self.key(request_id)).to_owned();
+        let value: Option<String> = self
+            .advisory("read a liveness key", get.query_async(&mut redis))
             .await
-            .ok()
             .flatten();
         let value = value?;
         let (epoch, owner) = value.split_once(':')?;
@@ -256,46 +274,53 @@ impl Leases {
             .await
     }
 
+    /// Runs a Redis operation as advice: bounded by [`Leases::advisory_limit`], and a
+    /// failure is logged, never returned (PostgreSQL decides ownership).
+    async fn advisory<T>(
+        &self,
+        what: &str,
+        op: impl std::future::Future<Output = redis::RedisResult<T>>,
+    ) -> Option<T> {
+        advisory(self.advisory_limit(), what, op).await
+    }
+
     async fn set_liveness(&self, lease: &Lease) {
-        match self.run_liveness(claim_script(), lease).await {
-            Ok(1) => {}
-            Ok(_) => tracing::warn!(
+        let set = self.run_liveness(claim_script(), lease);
+        match self.advisory("set a liveness key", set).await {
+            Some(1) | None => {}
+            Some(_) => tracing::warn!(
                 request_id = %lease.request_id,
                 "Redis shows a newer holder than PostgreSQL; PostgreSQL decides"
             ),
-            Err(e) => {
-                tracing::warn!(error = %e, "could not set lease liveness key; Redis is advisory")
-            }
         }
     }
 
     async fn extend_liveness(&self, lease: &Lease) {
-        match self.run_liveness(renew_script(), lease).await {
-            Ok(1) => {}
+        let extend = self.run_liveness(renew_script(), lease);
+        match self.advisory("extend a liveness key", extend).await {
+            Some(1) | None => {}
             // The key is gone (Redis restarted or lost its keys): PostgreSQL still says
             // we own the lease, so put the liveness key back.
-            Ok(-1) => self.set_liveness(lease).await,
-            Ok(_) => {
+            Some(-1) => self.set_liveness(lease).await,
+            Some(_) => {
                 tracing::warn!(request_id = %lease.request_id, "Redis liveness key held by another owner")
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "could not extend lease liveness key; Redis is advisory")
             }
         }
     }
 
-    /// Compare-and-delete of the Redis liveness key.
-    pub async fn clear_liveness(&self, lease: &Lease) {
+    /// Compare-and-delete of the Redis liveness key, off the caller's path: a job that
+    /// has committed its outcome never waits on Redis (the key expires anyway).
+    pub fn clear_liveness(&self, lease: &Lease) {
         let mut redis = self.redis.clone();
-        let result: Result<i64, _> = release_script()
-            .key(self.key(lease.request_id))
-            .arg(lease.epoch)
-            .arg(&lease.owner)
-            .invoke_async(&mut redis)
-            .await;
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "could not delete lease liveness key; it will expire");
-        }
+        let key = self.key(lease.request_id);
+        let (epoch, owner) = (lease.epoch, lease.owner.clone());
+        let limit = self.advisory_limit();
+        self.releases.spawn(async move {
+            let mut script = release_script().key(key);
+            script.arg(epoch).arg(owner);
+            let delete = script.invoke_async::<i64>(&mut redis);
+            advisory(limit, "delete a liveness key", delete).await;
+        });
     }
 
     async fn why_not_held(&self, lease: &Lease) -> Result<LeaseError, LeaseError> {
@@ -365,5 +390,28 @@ impl Lease {
         let mut tx = pool.begin().await?;
         self.fence(&mut tx).await?;
         Ok(tx)
+    }
+}
+
+/// Runs a Redis operation as advice, within `limit`; a failure or a timeout is logged.
+async fn advisory<T>(
+    limit: Duration,
+    what: &str,
+    op: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> Option<T> {
+    match tokio::time::timeout(limit, op).await {
+        Ok(Ok(value)) => Some(value),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, what, "Redis did not do it; Redis is advisory");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(
+                ?limit,
+                what,
+                "Redis did not answer in time; Redis is advisory"
+            );
+            None
+        }
     }
 }

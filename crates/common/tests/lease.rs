@@ -163,6 +163,7 @@ async fn release_lets_another_claim_at_once() {
         .expect("claim")
         .expect("free");
     leases.release(&lease).await.expect("release");
+    leases.settle().await;
     assert_eq!(leases.liveness(request).await, None, "liveness key deleted");
     assert!(matches!(
         fenced_write(&pool, &lease, "after-release").await,

@@ -145,11 +145,28 @@ async fn keep(worker: Arc<Worker>, mut lease: Lease, watch: Watch, done: Cancell
                 tracing::warn!(error = %e, request_id = %lease.request_id, "lease renewal failed; retrying until the deadline");
             }
             Err(e) => {
-                lost(&worker, &stop, &reason, &e.to_string());
+                // The job committed its outcome and let the lease go between this
+                // renewal's start and the keeper's stop: that is not a loss.
+                if !released_by_its_job(&worker, &lease).await {
+                    lost(&worker, &stop, &reason, &e.to_string());
+                }
                 return;
             }
         }
     }
+}
+
+/// Whether the request's lease was let go by its own holder: same epoch, no owner
+/// (a takeover or a fence moves the epoch).
+async fn released_by_its_job(worker: &Worker, lease: &Lease) -> bool {
+    let released: Result<Option<bool>, _> = sqlx::query_scalar(
+        "SELECT lease_epoch = $2 AND lease_owner IS NULL FROM execution_requests WHERE id = $1",
+    )
+    .bind(lease.request_id)
+    .bind(lease.epoch)
+    .fetch_optional(&worker.pool)
+    .await;
+    matches!(released, Ok(Some(true)))
 }
 
 fn lost(worker: &Worker, stop: &CancellationToken, reason: &StopReason, why: &str) {

@@ -144,6 +144,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let amqp_status = AmqpStatus::default();
     let jobs = TaskTracker::new();
     let drain = CancellationToken::new();
+    let leases = worker.leases.clone();
     let consumer = consumer::Consumer {
         worker,
         amqp_url: config.amqp.amqp_url.clone(),
@@ -196,6 +197,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             );
         }
     }
+    // Liveness keys still being deleted (each bounded, so this is short).
+    leases.settle().await;
     janitor_stop.cancel();
     let _ = janitor.await;
     probes_stop.cancel();

@@ -134,7 +134,7 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
     if !work {
         worker.leases.release_in(&mut tx, &lease).await?;
         tx.commit().await?;
-        worker.leases.clear_liveness(&lease).await;
+        worker.leases.clear_liveness(&lease);
         return Ok(Claim::Done(JobOutcome::Dropped(format!(
             "nothing to do: request is {}",
             row.state
@@ -156,7 +156,7 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
         let ended =
             limits::end_for(&mut tx, lease.request_id, continuation, &breach, at, None).await?;
         tx.commit().await?;
-        worker.leases.clear_liveness(&lease).await;
+        worker.leases.clear_liveness(&lease);
         worker.metrics.jobs_failed.inc();
         return Ok(Claim::Done(ended_outcome(ended)));
     }
@@ -170,7 +170,7 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
         .await?;
         worker.leases.release_in(&mut tx, &lease).await?;
         tx.commit().await?;
-        worker.leases.clear_liveness(&lease).await;
+        worker.leases.clear_liveness(&lease);
         let outcome = match acceptance {
             Acceptance::Accepted { .. } => {
                 worker.metrics.jobs_completed.inc();

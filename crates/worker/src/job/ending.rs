@@ -85,7 +85,7 @@ pub async fn complete(job: &Job) -> Result<JobOutcome, JobError> {
     };
     job.worker.leases.release_in(&mut tx, job.lease()).await?;
     tx.commit().await?;
-    job.worker.leases.clear_liveness(job.lease()).await;
+    job.worker.leases.clear_liveness(job.lease());
     Ok(outcome)
 }
 
@@ -104,7 +104,7 @@ pub async fn breached(
     let continuation = job.claimed.continuation;
     let ended = limits::end_for(&mut tx, job.request_id(), continuation, breach, at, next).await?;
     tx.commit().await?;
-    job.worker.leases.clear_liveness(job.lease()).await;
+    job.worker.leases.clear_liveness(job.lease());
     tracing::info!(?breach, ?ended, "a limit of the contract was reached");
     Ok(claim::ended_outcome(ended))
 }
@@ -143,7 +143,7 @@ pub async fn finish(
     }
     job.worker.leases.release_in(&mut tx, job.lease()).await?;
     tx.commit().await?;
-    job.worker.leases.clear_liveness(job.lease()).await;
+    job.worker.leases.clear_liveness(job.lease());
     Ok(())
 }
 
@@ -183,7 +183,7 @@ pub async fn end_attempt(job: &Job, error: &CustodyError) -> Result<JobOutcome, 
     let continuation = job.claimed.continuation;
     let ended = request::end_attempt(&mut tx, job.request_id(), continuation, reason).await?;
     tx.commit().await?;
-    job.worker.leases.clear_liveness(job.lease()).await;
+    job.worker.leases.clear_liveness(job.lease());
     tracing::warn!(error = %error, ?ended, "the attempt ended without a result");
     Ok(match ended {
         request::AttemptEnd::Requeued => JobOutcome::HandedBack,
@@ -203,7 +203,7 @@ pub async fn stop_after_pause(job: &Job) -> Result<(), JobError> {
     request::pause::clear(&mut tx, job.request_id()).await?;
     request::stop_at_checkpoint(&mut tx, job.request_id(), "pause_expired").await?;
     tx.commit().await?;
-    job.worker.leases.clear_liveness(job.lease()).await;
+    job.worker.leases.clear_liveness(job.lease());
     Ok(())
 }
 
@@ -236,7 +236,7 @@ pub async fn hand_back(job: &Job) -> Result<(), JobError> {
         }
     }
     tx.commit().await?;
-    job.worker.leases.clear_liveness(job.lease()).await;
+    job.worker.leases.clear_liveness(job.lease());
     Ok(())
 }
 

@@ -200,7 +200,7 @@ pub(super) async fn hand_back(job: &Job, adoption_id: Uuid) -> Result<(), JobErr
     )
     .await?;
     tx.commit().await?;
-    job.worker.leases.clear_liveness(job.lease()).await;
+    job.worker.leases.clear_liveness(job.lease());
     Ok(())
 }
 

@@ -131,7 +131,7 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
             let mut tx = job.begin().await?;
             job.worker.leases.release_in(&mut tx, job.lease()).await?;
             tx.commit().await?;
-            job.worker.leases.clear_liveness(job.lease()).await;
+            job.worker.leases.clear_liveness(job.lease());
             Ok(if passed {
                 JobOutcome::Completed
             } else {

@@ -1,0 +1,96 @@
+//! Faults that heal never cost a run anything: a Redis that stops answering (it is
+//! advisory) neither holds a job up nor makes a worker think it lost its lease.
+
+use cairn_e2e::cluster::{append_step, run_spec, Cluster, Settings};
+use cairn_e2e::{free_addr, ServiceLock};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A Redis server of this test's own, so stopping it disturbs nobody else.
+struct OwnRedis {
+    child: Child,
+    url: String,
+}
+
+impl OwnRedis {
+    fn start() -> OwnRedis {
+        let port = free_addr().port();
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &port.to_string(),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server (from the distribution's package) runs");
+        let url = format!("redis://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        OwnRedis { child, url }
+    }
+
+    fn signal(&self, signal: Signal) {
+        let pid = Pid::from_raw(i32::try_from(self.child.id()).expect("pid"));
+        kill(pid, signal).expect("signal redis-server");
+    }
+}
+
+impl Drop for OwnRedis {
+    fn drop(&mut self) {
+        self.signal(Signal::SIGCONT);
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Redis stops answering (SIGSTOP: connections hang, as in a network partition) while
+/// runs are claimed, renewed and completed: they all complete in their first attempt,
+/// and no worker reports a lost lease.
+#[tokio::test]
+async fn a_redis_that_stops_answering_costs_no_lease() {
+    let _services = ServiceLock::shared().await;
+    let redis = OwnRedis::start();
+    let mut cluster = Cluster::start("faults-redis", 0, Settings::default()).await;
+    cluster
+        .worker_env
+        .push(("CAIRN_REDIS_URL".into(), redis.url.clone()));
+    cluster.add_worker();
+    redis.signal(Signal::SIGSTOP);
+    let runs: Vec<String> = (0..6)
+        .map(|i| {
+            let spec = run_spec(
+                vec![
+                    append_step("s1", "log.txt", &format!("{i}"), 1.5, false),
+                    append_step("s2", "log.txt", &format!("{i}"), 1.5, false),
+                ],
+                1,
+            );
+            cluster.submit(&spec).0
+        })
+        .collect();
+    for run_id in &runs {
+        let run = cluster.wait_for_state(
+            run_id,
+            &["completed", "failed", "needs_reconciliation"],
+            Duration::from_secs(120),
+        );
+        assert_eq!(run["state"], "completed", "{run}");
+        assert_eq!(run["attempt"], 1, "{run}");
+    }
+    assert_eq!(
+        cluster.metric(0, "cairn_worker_leases_lost_total"),
+        0.0,
+        "a Redis outage is not a lost lease"
+    );
+    redis.signal(Signal::SIGCONT);
+}
