@@ -94,3 +94,63 @@ async fn a_redis_that_stops_answering_costs_no_lease() {
     );
     redis.signal(Signal::SIGCONT);
 }
+
+/// Every connection to the test's database is cut, again and again, while a
+/// non-idempotent step ends and its receipt is written: the worker, whose lease is
+/// still valid, retries the write instead of giving up, and the run completes in its
+/// first attempt with each step run once. Nothing goes to a person.
+#[tokio::test]
+async fn a_lost_database_connection_at_a_receipt_is_retried_within_the_lease() {
+    let _services = ServiceLock::shared().await;
+    let settings = Settings {
+        lease_ttl_seconds: 30,
+        ..Settings::default()
+    };
+    let mut cluster = Cluster::start("faults-db", 0, settings).await;
+    cluster.add_worker();
+    let marker = cluster.path("s1-ending");
+    let step = |key: &str, extra: &str| {
+        serde_json::json!({
+            "key": key,
+            "argv": ["sh", "-c", format!("sleep 0.5; echo {key} >> log.txt; echo {key} >> {}; {extra}", cluster.path("effects"))],
+            "idempotent": false,
+            "timeout_seconds": 60
+        })
+    };
+    let spec = run_spec(
+        vec![
+            step("s1", &format!("touch {marker}; sleep 0.3")),
+            step("s2", ""),
+        ],
+        1,
+    );
+    let (run_id, _) = cluster.submit(&spec);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::path::Path::new(&marker).exists() {
+        assert!(Instant::now() < deadline, "s1 never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Cut every connection of the cluster for 2.5 s: s1's end and receipt, s2's intent,
+    // its run and receipt, and the completion all fall inside.
+    let cut = Instant::now();
+    let mut cuts = 0;
+    while cut.elapsed() < Duration::from_millis(2500) {
+        cuts += sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                                    WHERE datname = current_database() AND pid <> pg_backend_pid()) t",
+        )
+        .fetch_one(&cluster.pool)
+        .await
+        .expect("terminate");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(cuts > 0, "no connection was cut");
+    let run = cluster.wait_for_state(
+        &run_id,
+        &["completed", "failed", "needs_reconciliation"],
+        Duration::from_secs(90),
+    );
+    assert_eq!(run["state"], "completed", "{run}");
+    assert_eq!(run["attempt"], 1, "{run}");
+    assert_eq!(cluster.lines("effects"), ["s1", "s2"], "each step ran once");
+}

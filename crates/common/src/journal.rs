@@ -42,6 +42,24 @@ pub struct Receipt<'a> {
     pub tier: Option<Tier>,
 }
 
+/// Whether `lease` wrote the intent of `step_key` (read back after a write whose
+/// commit may have landed before its connection broke).
+pub async fn intent_written(
+    pool: &sqlx::PgPool,
+    lease: &Lease,
+    step_key: &str,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM journal_intents
+                         WHERE request_id = $1 AND step_key = $2 AND lease_epoch = $3)",
+    )
+    .bind(lease.request_id)
+    .bind(step_key)
+    .bind(lease.epoch)
+    .fetch_one(pool)
+    .await
+}
+
 /// Writes a step's intent and charges the command, inside the caller's fenced
 /// transaction, before the step starts. `idempotent`: whether it may run again after an
 /// unknown outcome.

@@ -70,9 +70,24 @@ impl Custody {
             .without_max_times()
             .build();
         loop {
-            let reason = match self.checkpoint(lease, subject, tree, Some(commit)).await? {
-                Checkpoint::Stands(snapshot) => return Ok(snapshot),
-                Checkpoint::Failed(reason) => reason,
+            let reason = match self.checkpoint(lease, subject, tree, Some(commit)).await {
+                Ok(Checkpoint::Stands(snapshot)) => return Ok(snapshot),
+                Ok(Checkpoint::Failed(reason)) => reason,
+                // A lost connection or a restart is retried within the lease (a lost
+                // lease fails the fenced begin instead); the commit may have landed
+                // before the connection broke, so it is read back first.
+                Err(e) if e.is_transient() => {
+                    if let Ok(Some(snapshot)) = self.committed(lease, commit).await {
+                        tree.position = Some(snapshot);
+                        tree.index = None;
+                        tree.uncaptured = false;
+                        return Ok(snapshot);
+                    }
+                    // Best effort: what is left is failed by the reaper once the lease ends.
+                    let _ = self.abandon_unfinished(lease, tree).await;
+                    e.to_string()
+                }
+                Err(e) => return Err(e),
             };
             let delay = delays.next().unwrap_or(Duration::from_secs(5));
             if stop.is_cancelled() || Instant::now() + delay > deadline {
@@ -247,6 +262,53 @@ impl Custody {
         tree.uncaptured = false;
         tracing::info!(%snapshot_id, sequence, files = stats.files, unchanged = stats.files_unchanged, new_chunks = stats.chunks_new, "checkpoint committed");
         Ok(Checkpoint::Stands(snapshot_id))
+    }
+
+    /// The snapshot this lease's receipt of the step stands on, if it was committed.
+    async fn committed(
+        &self,
+        lease: &Lease,
+        commit: &Commit<'_>,
+    ) -> Result<Option<Uuid>, sqlx::Error> {
+        let recorded: Option<Option<Uuid>> = sqlx::query_scalar(
+            "SELECT snapshot_id FROM journal_receipts
+              WHERE request_id = $1 AND step_key = $2 AND lease_epoch = $3",
+        )
+        .bind(lease.request_id)
+        .bind(commit.receipt.step_key)
+        .bind(lease.epoch)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(recorded.flatten())
+    }
+
+    /// Fails this lease's captures that a broken connection left unfinished (so they
+    /// defer no reclamation), and lets the tree's holds stop saying "capturing".
+    async fn abandon_unfinished(&self, lease: &Lease, tree: &Tree) -> Result<(), CustodyError> {
+        let mut tx = lease.begin_fenced(&self.pool).await?;
+        let unfinished: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT id FROM project_snapshots
+              WHERE request_id = $1 AND lease_epoch = $2 AND status IN ('creating', 'uploading')",
+        )
+        .bind(lease.request_id)
+        .bind(lease.epoch)
+        .fetch_all(&mut *tx)
+        .await?;
+        let from = [SnapshotStatus::Creating, SnapshotStatus::Uploading];
+        for id in unfinished {
+            lineage::set_status(&mut tx, id, &from, SnapshotStatus::Failed).await?;
+        }
+        let capturing: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT id FROM holds WHERE workspace_id = $1 AND capture_in_progress AND ended_at IS NULL",
+        )
+        .bind(tree.workspace_id)
+        .fetch_all(&mut *tx)
+        .await?;
+        for id in capturing {
+            hold::set_capture_in_progress(&mut tx, id, false).await?;
+        }
+        tx.commit().await?;
+        Ok(())
     }
 
     /// A capture that will not be appended: its snapshot fails (so it defers no

@@ -111,6 +111,15 @@ pub enum CustodyError {
 }
 
 impl CustodyError {
+    /// A database fault (a lost connection, a restart, a pool timeout): it heals, and
+    /// says nothing about who owns the lease.
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            CustodyError::Db(_) | CustodyError::Lease(LeaseError::Db(_))
+        )
+    }
+
     /// Whether this ends the attempt without the lease being lost (the request is
     /// handed on), as opposed to a lost lease or a database failure.
     pub fn ends_attempt(&self) -> Option<&'static str> {

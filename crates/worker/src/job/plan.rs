@@ -11,6 +11,7 @@ use crate::pause;
 use crate::report::RetainedReport;
 use crate::step::{self, Interruption, StepCommand};
 use crate::workspace::Workspace;
+use backon::{BackoffBuilder, ExponentialBuilder};
 use cairn_common::journal::{self, Receipt, Standing};
 use cairn_common::request::limits::{self, Breach, Moment};
 use cairn_common::request::{self, RequestEvent};
@@ -105,6 +106,55 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
     }
 }
 
+/// Writes a step's intent and charges its command in one fenced transaction, unless the
+/// contract allows no more steps; returns the wall time left. A database fault is
+/// retried within the lease (a lost lease fails the fenced begin instead), and the
+/// intent is read back first, since its commit may have landed before the connection
+/// broke.
+async fn intend(job: &Job, step: &StepSpec, index: usize) -> Result<Result<i64, Breach>, JobError> {
+    let mut delays = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(2))
+        .with_total_delay(Some(job.worker.leases.ttl()))
+        .without_max_times()
+        .build();
+    loop {
+        let error = match intend_once(job, step, index).await {
+            Err(JobError::Db(e)) => e,
+            other => return other,
+        };
+        let written = journal::intent_written(&job.worker.pool, job.lease(), &step.key).await;
+        if let Ok(true) = written {
+            let mut conn = job.worker.pool.acquire().await?;
+            let current =
+                limits::read(&mut conn, job.request_id(), job.claimed.continuation).await?;
+            return Ok(Ok(current.wall_left_ms()));
+        }
+        let Some(delay) = delays.next() else {
+            return Err(JobError::Db(error));
+        };
+        tracing::warn!(error = %error, ?delay, step = %step.key, "the step's intent could not be written; retrying within the lease");
+        tokio::time::sleep(delay).await;
+    }
+}
+
+async fn intend_once(
+    job: &Job,
+    step: &StepSpec,
+    index: usize,
+) -> Result<Result<i64, Breach>, JobError> {
+    let mut tx = job.begin().await?;
+    let current = limits::read(&mut tx, job.request_id(), job.claimed.continuation).await?;
+    if let Some(breach) = current.breach(Moment::Intent) {
+        return Ok(Err(breach));
+    }
+    let lease = job.lease();
+    let attempt = job.claimed.attempt;
+    journal::write_intent(&mut tx, lease, attempt, &step.key, index, step.idempotent).await?;
+    tx.commit().await?;
+    Ok(Ok(current.wall_left_ms()))
+}
+
 async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Ending, JobError> {
     let worker = &job.worker;
     let claimed = &job.claimed;
@@ -169,23 +219,13 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
         // The intent, and the command's charge, are durable before the step starts,
         // and only if the contract still allows another step: the limits are read in
         // the same fenced transaction, as they stand now.
-        let mut tx = job.begin().await?;
-        let current = limits::read(&mut tx, request_id, claimed.continuation).await?;
-        if let Some(breach) = current.breach(Moment::Intent) {
-            let next = step.key.clone();
-            return Ok(Ending::Breach { breach, next });
-        }
-        let remaining_wall_ms = current.wall_left_ms();
-        journal::write_intent(
-            &mut tx,
-            job.lease(),
-            claimed.attempt,
-            &step.key,
-            index,
-            step.idempotent,
-        )
-        .await?;
-        tx.commit().await?;
+        let remaining_wall_ms = match intend(job, step, index).await? {
+            Ok(remaining_wall_ms) => remaining_wall_ms,
+            Err(breach) => {
+                let next = step.key.clone();
+                return Ok(Ending::Breach { breach, next });
+            }
+        };
         ran = true;
 
         let command = command(job, workspace, step, index, remaining_wall_ms);
