@@ -95,6 +95,21 @@ impl Leases {
         (self.ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1))
     }
 
+    /// Lets the leases `owner` still holds lapse now: a worker process that just
+    /// started under the id of one that died (a restarted pod keeps its name) knows
+    /// those leases belong to no live process, so the sweeper takes them over at once
+    /// instead of after their TTL. The epoch moves when it does.
+    pub async fn lapse_held_by(&self, owner: &str) -> Result<u64, sqlx::Error> {
+        let lapsed = sqlx::query(
+            "UPDATE execution_requests SET lease_deadline = clock_timestamp()
+              WHERE lease_owner = $1 AND lease_deadline > clock_timestamp()",
+        )
+        .bind(owner)
+        .execute(&self.pool)
+        .await?;
+        Ok(lapsed.rows_affected())
+    }
+
     /// Waits for the liveness deletions still in flight (each bounded): at shutdown, or
     /// where a test reads the key next.
     pub async fn settle(&self) {

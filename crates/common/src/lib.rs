@@ -22,6 +22,7 @@
 //! - [`hold`]: durable holds on live workspaces.
 //! - [`verification`]: frozen checks of a verification handoff, purposes and digests.
 //! - [`health`]: `/healthz`, `/readyz` and `/metrics` for every binary.
+//! - [`heartbeat`]: worker heartbeats, so a dead worker's requests are taken over early.
 //! - [`metrics`]: the Prometheus registry shared by a process.
 //! - [`shutdown`]: SIGTERM/SIGINT turned into a cancellation token.
 //! - [`redis_conn`]: the Redis connection manager.
@@ -36,6 +37,7 @@ pub mod db;
 pub mod digest;
 pub mod handoff;
 pub mod health;
+pub mod heartbeat;
 pub mod hold;
 pub mod ids;
 pub mod journal;

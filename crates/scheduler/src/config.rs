@@ -34,8 +34,9 @@ pub struct Config {
     /// Print the OpenAPI document and exit.
     #[arg(long)]
     pub print_openapi: bool,
-    /// Seconds between lease sweeps (lapsed leases, ended continuation windows).
-    #[arg(long, env = "CAIRN_SWEEP_INTERVAL_SECONDS", default_value_t = 5.0)]
+    /// Seconds between lease sweeps (lapsed leases, silent workers, ended continuation
+    /// windows). Part of the takeover time after a worker dies.
+    #[arg(long, env = "CAIRN_SWEEP_INTERVAL_SECONDS", default_value_t = 1.0)]
     pub sweep_interval_seconds: f64,
     /// Seconds to let background work finish after SIGTERM.
     #[arg(long, env = "CAIRN_DRAIN_SECONDS", default_value_t = 10)]

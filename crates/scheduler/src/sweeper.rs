@@ -12,6 +12,7 @@
 //!
 //! Every change moves the lease epoch on, so a paused former owner writes nothing.
 
+use cairn_common::heartbeat;
 use cairn_common::leader::{pause, Leadership};
 use cairn_common::request::action::{self, ActionKind};
 use cairn_common::request::cancel::cancel_now;
@@ -94,7 +95,7 @@ pub async fn sweep_once(
 ) -> Result<SweepReport, sqlx::Error> {
     let mut report = SweepReport::default();
     let mut tx = pool.begin().await?;
-    let lapsed: Vec<Lapsed> = sqlx::query_as(
+    let lapsed: Vec<Lapsed> = sqlx::query_as(&format!(
         "SELECT e.id, e.run_id, e.state, e.attempt, e.max_attempts,
                 e.cancel_requested_at IS NOT NULL AS cancel_requested,
                 EXISTS (SELECT 1 FROM final_reports f WHERE f.request_id = e.id
@@ -112,12 +113,15 @@ pub async fn sweep_once(
            LEFT JOIN LATERAL (SELECT a.id, a.kind, a.window_ends_at FROM continuation_actions a
                                WHERE a.request_id = e.id AND a.status = 'queued'
                                ORDER BY a.created_at DESC LIMIT 1) q ON TRUE
-          WHERE e.lease_owner IS NOT NULL AND e.lease_deadline < clock_timestamp() AND e.kind = 'run'
+          WHERE e.lease_owner IS NOT NULL AND e.kind = 'run'
+            AND (e.lease_deadline < clock_timestamp() OR {owner_silent})
           ORDER BY e.lease_deadline
           LIMIT $1
             FOR UPDATE OF e SKIP LOCKED",
-    )
+        owner_silent = heartbeat::owner_silent_sql("$2"),
+    ))
     .bind(batch)
+    .bind(heartbeat::lapse_ms())
     .fetch_all(&mut *tx)
     .await?;
     for l in lapsed {

@@ -127,6 +127,22 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         metrics,
         active: Arc::new(janitor::ActiveRequests::default()),
     });
+    // A process that just started holds no lease yet: any its id still holds belonged
+    // to a process that died (a restarted pod keeps its name).
+    let lapsed = worker.leases.lapse_held_by(&worker_id).await?;
+    if lapsed > 0 {
+        tracing::info!(
+            lapsed,
+            "leases of a previous process with this worker id lapse now"
+        );
+    }
+    cairn_common::heartbeat::beat(&pool, &worker_id, true).await?;
+    let heartbeat_stop = CancellationToken::new();
+    let heartbeat = tokio::spawn(beat(
+        pool.clone(),
+        worker_id.clone(),
+        heartbeat_stop.clone(),
+    ));
     let janitor_stop = CancellationToken::new();
     let janitor = tokio::spawn(
         janitor::Janitor {
@@ -201,9 +217,26 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     leases.settle().await;
     janitor_stop.cancel();
     let _ = janitor.await;
+    heartbeat_stop.cancel();
+    let _ = heartbeat.await;
     probes_stop.cancel();
     let _ = probes.await;
     pool.close().await;
     tracing::info!("worker stopped");
     Ok(())
+}
+
+/// Beats every [`cairn_common::heartbeat::INTERVAL`] until stopped; a beat that fails (a
+/// database blip) is logged and the next one tried.
+async fn beat(pool: sqlx::PgPool, worker_id: String, stop: CancellationToken) {
+    let mut ticks = tokio::time::interval(cairn_common::heartbeat::INTERVAL);
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        if let Err(e) = cairn_common::heartbeat::beat(&pool, &worker_id, false).await {
+            tracing::warn!(error = %e, "heartbeat not recorded; trying again");
+        }
+    }
 }

@@ -724,7 +724,7 @@ def test_scheduler_settings():
     docs = render()
     c = component(docs, "Deployment", "scheduler")["spec"]["template"]["spec"]["containers"][0]
     env = container_env(docs, c)
-    assert env["CAIRN_SWEEP_INTERVAL_SECONDS"] == "5"
+    assert env["CAIRN_SWEEP_INTERVAL_SECONDS"] == "1"
     assert env["CAIRN_DRAIN_SECONDS"] == "10"
     assert env["CAIRN_LISTEN"] == "0.0.0.0:8080"
     for label, args in value_sets():
