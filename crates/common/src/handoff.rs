@@ -3,38 +3,11 @@
 //! `verification_adoptions` and `verification_results`.
 
 use crate::request::table::{self, AdoptionEvent, Error, HandoffEvent};
+pub use crate::request::verification_state::{AdoptionStatus, HandoffState};
 use crate::verification::{self as checks, VerificationRequest};
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
-use utoipa::ToSchema;
 use uuid::Uuid;
-
-crate::text_enum! {
-    /// Where a handoff stands.
-    #[derive(Serialize, Deserialize, ToSchema)]
-    #[serde(rename_all = "snake_case")]
-    pub enum HandoffState {
-        /// Waiting for an adoption.
-        Pending => "pending",
-        Adopted => "adopted",
-        Passed => "passed",
-        Failed => "failed",
-    }
-}
-
-crate::text_enum! {
-    /// Where an adoption stands.
-    #[derive(Serialize, Deserialize, ToSchema)]
-    #[serde(rename_all = "snake_case")]
-    pub enum AdoptionStatus {
-        Queued => "queued",
-        Executing => "executing",
-        Completed => "completed",
-        Failed => "failed",
-        Cancelled => "cancelled",
-    }
-}
 
 /// Opens the handoff of an accepted report that asks for verification: the frozen
 /// checks and the source they verify. A report without valid checks opens none (the

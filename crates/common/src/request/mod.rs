@@ -8,6 +8,7 @@
 //!
 //! - [`table`]: the transition table of requests, actions, adoptions and handoffs: for
 //!   each typed event, the states it may leave and the one it enters.
+//! - [`verification_state`]: the states of handoffs and adoptions the table moves.
 //! - [`state`]: the request states and [`transition`], the one function that moves a
 //!   request (guarded by the table).
 //! - [`requeue`]: queuing a request again (a new attempt, a hand-back, a readmission by
@@ -30,6 +31,7 @@ pub mod resume;
 pub mod state;
 pub mod stop;
 pub mod table;
+pub mod verification_state;
 
 pub use requeue::{end_attempt, fence_out, readmit, requeue, AttemptEnd, Continuation};
 pub use state::{transition, RequestState};

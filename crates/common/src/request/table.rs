@@ -8,7 +8,7 @@
 
 use super::action::ActionStatus;
 use super::state::RequestState;
-use crate::handoff::{AdoptionStatus, HandoffState};
+use super::verification_state::{AdoptionStatus, HandoffState};
 use sqlx::PgConnection;
 use std::fmt::Debug;
 use uuid::Uuid;
