@@ -239,6 +239,28 @@ impl Cluster {
             .expect("holder")
     }
 
+    /// Waits until a worker other than `other` holds the request; returns it and how
+    /// long that took.
+    pub async fn wait_for_holder(
+        &self,
+        request_id: &str,
+        other: Option<&str>,
+        limit: Duration,
+    ) -> (String, Duration) {
+        let since = std::time::Instant::now();
+        loop {
+            match self.holder(request_id).await {
+                Some(holder) if Some(holder.as_str()) != other => return (holder, since.elapsed()),
+                _ => {}
+            }
+            assert!(
+                since.elapsed() < limit,
+                "no new holder of {request_id} in {limit:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     pub fn worker_index(&self, id: &str) -> usize {
         self.workers
             .iter()

@@ -155,20 +155,6 @@ async fn a_lost_database_connection_at_a_receipt_is_retried_within_the_lease() {
     assert_eq!(cluster.lines("effects"), ["s1", "s2"], "each step ran once");
 }
 
-/// Waits until `request_id` is held by a worker other than `old`; returns how long
-/// that took.
-async fn taken_over(cluster: &Cluster, request_id: &str, old: &str, limit: Duration) -> Duration {
-    let since = Instant::now();
-    loop {
-        match cluster.holder(request_id).await {
-            Some(holder) if holder != old => return since.elapsed(),
-            _ => {}
-        }
-        assert!(since.elapsed() < limit, "{request_id} was not taken over");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// A worker dies (SIGKILL) in the middle of a step while another keeps beating: its
 /// request is taken over as soon as its heartbeats lapse, long before its 60 s lease
 /// would have, and the run completes.
@@ -185,16 +171,15 @@ async fn a_dead_workers_request_is_taken_over_when_its_heartbeats_stop() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let spec = run_spec(vec![append_step("s1", "log.txt", "one", 3.0, true)], 3);
     let (run_id, request_id) = cluster.submit(&spec);
-    let holder = loop {
-        if let Some(holder) = cluster.holder(&request_id).await {
-            break holder;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let (holder, _) = cluster
+        .wait_for_holder(&request_id, None, Duration::from_secs(60))
+        .await;
     let index = cluster.worker_index(&holder);
     cluster.workers[index].process.signal(Signal::SIGKILL);
     // Well inside the 60 s lease: the heartbeats, not the TTL, decide.
-    let took = taken_over(&cluster, &request_id, &holder, Duration::from_secs(30)).await;
+    let (_, took) = cluster
+        .wait_for_holder(&request_id, Some(&holder), Duration::from_secs(30))
+        .await;
     println!("taken over {took:?} after the kill");
     cluster.wait_for_state(&run_id, &["completed"], Duration::from_secs(60));
 }
@@ -211,12 +196,9 @@ async fn a_worker_that_pauses_briefly_keeps_its_request() {
     let cluster = Cluster::start("faults-slow", 2, settings).await;
     let spec = run_spec(vec![append_step("s1", "log.txt", "one", 4.0, false)], 3);
     let (run_id, request_id) = cluster.submit(&spec);
-    let holder = loop {
-        if let Some(holder) = cluster.holder(&request_id).await {
-            break holder;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let (holder, _) = cluster
+        .wait_for_holder(&request_id, None, Duration::from_secs(60))
+        .await;
     let worker = &cluster.workers[cluster.worker_index(&holder)].process;
     worker.signal(Signal::SIGSTOP);
     tokio::time::sleep(Duration::from_secs(3)).await;

@@ -134,6 +134,9 @@ async fn intend(job: &Job, step: &StepSpec, index: usize) -> Result<Result<i64, 
             return Err(JobError::Db(error));
         };
         tracing::warn!(error = %error, ?delay, step = %step.key, "the step's intent could not be written; retrying within the lease");
+        if job.stopped() {
+            return Err(JobError::Db(error));
+        }
         tokio::time::sleep(delay).await;
     }
 }
