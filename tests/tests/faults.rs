@@ -155,6 +155,48 @@ async fn a_lost_database_connection_at_a_receipt_is_retried_within_the_lease() {
     assert_eq!(cluster.lines("effects"), ["s1", "s2"], "each step ran once");
 }
 
+/// The worker's connection is cut inside the completion's transaction, after every
+/// receipt: the worker, whose lease is still valid, writes the completion again instead
+/// of leaving the request to the sweeper. The run completes in its first attempt, and
+/// nothing counts as fencing.
+#[tokio::test]
+async fn a_lost_database_connection_at_the_completion_is_retried_within_the_lease() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("faults-completion", 0, Settings::default()).await;
+    cluster.worker_env.push((
+        "CAIRN_FAULT_POINTS".into(),
+        "before_completion_commit".into(),
+    ));
+    cluster.add_worker();
+    let effects = cluster.path("effects");
+    let spec = run_spec(vec![append_step("s1", &effects, "s1", 0.0, false)], 1);
+    let (run_id, _) = cluster.submit(&spec);
+    let ended = [
+        "completed",
+        "failed",
+        "needs_reconciliation",
+        "stopped_at_checkpoint",
+    ];
+    let run = cluster.wait_for_state(&run_id, &ended, Duration::from_secs(60));
+    assert_eq!(run["state"], "completed", "{run}");
+    assert_eq!(
+        run["attempt"], 1,
+        "the completion was retried by its owner: {run}"
+    );
+    assert_eq!(cluster.lines("effects"), ["s1"], "the step ran once");
+    assert!(
+        cluster
+            .logs()
+            .contains("fault injection: this connection is cut"),
+        "the fault was injected"
+    );
+    assert_eq!(
+        cluster.metric(0, "cairn_worker_stale_writes_rejected_total"),
+        0.0
+    );
+    assert_eq!(cluster.metric(0, "cairn_worker_self_fenced_total"), 0.0);
+}
+
 /// A worker dies (SIGKILL) in the middle of a step while another keeps beating: its
 /// request is taken over as soon as its heartbeats lapse, long before its 60 s lease
 /// would have, and the run completes.

@@ -42,22 +42,37 @@ pub struct Receipt<'a> {
     pub tier: Option<Tier>,
 }
 
-/// Whether `lease` wrote the intent of `step_key` (read back after a write whose
-/// commit may have landed before its connection broke).
-pub async fn intent_written(
+/// A journal record of a step.
+#[derive(Debug, Clone, Copy)]
+pub enum Record {
+    Intent,
+    Receipt,
+}
+
+/// Whether `lease` wrote `record` of `step_key` (read back after a write whose commit
+/// may have landed before its connection broke).
+pub async fn written(
     pool: &sqlx::PgPool,
     lease: &Lease,
+    record: Record,
     step_key: &str,
 ) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM journal_intents
-                         WHERE request_id = $1 AND step_key = $2 AND lease_epoch = $3)",
-    )
-    .bind(lease.request_id)
-    .bind(step_key)
-    .bind(lease.epoch)
-    .fetch_one(pool)
-    .await
+    let query = match record {
+        Record::Intent => {
+            "SELECT EXISTS (SELECT 1 FROM journal_intents
+                             WHERE request_id = $1 AND step_key = $2 AND lease_epoch = $3)"
+        }
+        Record::Receipt => {
+            "SELECT EXISTS (SELECT 1 FROM journal_receipts
+                             WHERE request_id = $1 AND step_key = $2 AND lease_epoch = $3)"
+        }
+    };
+    sqlx::query_scalar(query)
+        .bind(lease.request_id)
+        .bind(step_key)
+        .bind(lease.epoch)
+        .fetch_one(pool)
+        .await
 }
 
 /// Writes a step's intent and charges the command, inside the caller's fenced

@@ -396,6 +396,21 @@ impl Lease {
         }
     }
 
+    /// Whether this lease is still the request's (its epoch and owner), read outside any
+    /// transaction: after a write whose connection failed, `true` means the write did
+    /// not land, because every final write releases or moves the lease.
+    pub async fn still_held(&self, pool: &PgPool) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM execution_requests
+                             WHERE id = $1 AND lease_epoch = $2 AND lease_owner = $3)",
+        )
+        .bind(self.request_id)
+        .bind(self.epoch)
+        .bind(&self.owner)
+        .fetch_one(pool)
+        .await
+    }
+
     /// Begins a transaction whose writes are fenced by this lease: every durable worker
     /// write goes through here (or through [`Lease::fence`] on an open transaction).
     pub async fn begin_fenced(

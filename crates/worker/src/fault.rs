@@ -2,7 +2,8 @@
 //! restore, between an adoption and its first capture).
 //!
 //! In a debug build, `CAIRN_FAULT_POINTS=name[@n][,…]` makes the process SIGKILL itself
-//! the `n`th time (default: the first) it reaches a named point. Release builds compile
+//! (or cut its database connection, at a [`cut`] point) the `n`th time (default: the
+//! first) it reaches a named point. Release builds compile
 //! the points away: the variable is never read.
 
 /// A point between a capture's hold and snapshot row and its commit.
@@ -12,8 +13,31 @@ pub const DURING_RESTORE: &str = "during_restore";
 /// A point after an adoption committed and before anything was captured.
 pub const AFTER_ADOPT: &str = "after_adopt";
 
+/// A point inside a completion's transaction, before its commit.
+pub const BEFORE_COMPLETION_COMMIT: &str = "before_completion_commit";
+
 /// Kills this process if `name` is armed for this pass (debug builds only).
 pub fn point(name: &str) {
+    if armed(name) {
+        tracing::warn!(point = name, "fault injection: this process kills itself");
+        let _ = nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGKILL);
+    }
+}
+
+/// Cuts the database connection under `conn` if `name` is armed for this pass (debug
+/// builds only), as a restart would: the next statement on it fails with a lost
+/// connection.
+pub async fn cut(name: &str, conn: &mut sqlx::PgConnection) {
+    if armed(name) {
+        tracing::warn!(point = name, "fault injection: this connection is cut");
+        let _ = sqlx::query("SELECT pg_terminate_backend(pg_backend_pid())")
+            .execute(conn)
+            .await;
+    }
+}
+
+/// Whether `name` is armed in `CAIRN_FAULT_POINTS` for this pass of it.
+fn armed(name: &str) -> bool {
     #[cfg(debug_assertions)]
     {
         use std::collections::HashMap;
@@ -24,27 +48,19 @@ pub fn point(name: &str) {
             let (point, at) = p.trim().split_once('@').unwrap_or((p.trim(), "1"));
             (point == name).then(|| at.parse::<u32>().unwrap_or(1))
         }) else {
-            return;
+            return false;
         };
-        let pass = {
-            let mut passes = PASSES
-                .get_or_init(Mutex::default)
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            let pass = passes.entry(name.to_string()).or_default();
-            *pass += 1;
-            *pass
-        };
-        if pass == at {
-            tracing::warn!(
-                point = name,
-                pass,
-                "fault injection: this process kills itself"
-            );
-            let _ =
-                nix::sys::signal::kill(nix::unistd::getpid(), nix::sys::signal::Signal::SIGKILL);
-        }
+        let mut passes = PASSES
+            .get_or_init(Mutex::default)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let pass = passes.entry(name.to_string()).or_default();
+        *pass += 1;
+        *pass == at
     }
     #[cfg(not(debug_assertions))]
-    let _ = name;
+    {
+        let _ = name;
+        false
+    }
 }

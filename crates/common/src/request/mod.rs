@@ -34,6 +34,6 @@ pub mod table;
 pub mod verification_state;
 
 pub use requeue::{end_attempt, fence_out, readmit, requeue, AttemptEnd, Continuation};
-pub use state::{transition, RequestState};
+pub use state::{state_of, transition, RequestState};
 pub use stop::stop_at_checkpoint;
 pub use table::{ActionEvent, AdoptionEvent, Error, HandoffEvent, RequestEvent};

@@ -46,6 +46,17 @@ impl RequestState {
     }
 }
 
+/// A request's state and stop reason, as committed (`None` when it does not exist).
+pub async fn state_of(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+) -> Result<Option<(RequestState, Option<String>)>, sqlx::Error> {
+    sqlx::query_as("SELECT state, stop_reason FROM execution_requests WHERE id = $1")
+        .bind(request_id)
+        .fetch_optional(conn)
+        .await
+}
+
 /// Moves a request (and its run) by `event`, as the transition table allows from its
 /// current state; anything else is [`Refused`](super::table::Refused) and changes
 /// nothing. Records `reason` and `step` (cleared when `None`); a terminal state records

@@ -3,13 +3,15 @@
 //! its limit, and ending an attempt that has no result.
 
 use super::claim;
+use super::durable;
 use super::handle::{Job, JobOutcome};
 use crate::custody::{CustodyError, Subject, Tree};
 use crate::error::JobError;
+use crate::fault;
 use crate::keeper::Reason;
 use crate::step::StepOutcome;
 use cairn_common::handoff;
-use cairn_common::journal::{self, Receipt};
+use cairn_common::journal::{self, Receipt, Record};
 use cairn_common::report::{self, Acceptance};
 use cairn_common::request::action;
 use cairn_common::request::limits::{self, Breach, Moment};
@@ -43,6 +45,19 @@ pub async fn acquire_or_end(
 /// A receipt that stands on no snapshot: the step failed (or never started) and the
 /// request fails with it, so nothing continues from its tree.
 pub async fn write_receipt(job: &Job, receipt: &Receipt<'_>) -> Result<(), JobError> {
+    let landed = || async {
+        let written = journal::written(
+            &job.worker.pool,
+            job.lease(),
+            Record::Receipt,
+            receipt.step_key,
+        );
+        Ok(written.await?.then_some(()))
+    };
+    durable::until_landed(job, "receipt", || write_receipt_once(job, receipt), landed).await
+}
+
+async fn write_receipt_once(job: &Job, receipt: &Receipt<'_>) -> Result<(), JobError> {
     let mut tx = job.begin().await?;
     journal::record_receipt(&mut tx, job.lease(), receipt, None).await?;
     tx.commit().await?;
@@ -52,6 +67,11 @@ pub async fn write_receipt(job: &Job, receipt: &Receipt<'_>) -> Result<(), JobEr
 /// Every step has its receipt: unless a limit was reached meanwhile (a cancel, the
 /// window, the deadline), accept the report, if any, and complete.
 pub async fn complete(job: &Job) -> Result<JobOutcome, JobError> {
+    let landed = || durable::ended(job);
+    durable::until_landed(job, "completion", || complete_once(job), landed).await
+}
+
+async fn complete_once(job: &Job) -> Result<JobOutcome, JobError> {
     let mut tx = job.begin().await?;
     let request_id = job.request_id();
     let current = limits::read(&mut tx, request_id, job.claimed.continuation).await?;
@@ -84,6 +104,7 @@ pub async fn complete(job: &Job) -> Result<JobOutcome, JobError> {
         JobOutcome::Completed
     };
     job.worker.leases.release_in(&mut tx, job.lease()).await?;
+    fault::cut(fault::BEFORE_COMPLETION_COMMIT, &mut tx).await;
     tx.commit().await?;
     job.worker.leases.clear_liveness(job.lease());
     Ok(outcome)
@@ -93,6 +114,17 @@ pub async fn complete(job: &Job) -> Result<JobOutcome, JobError> {
 /// says, with its admitting continuation, and the lease is released, in one fenced
 /// transaction.
 pub async fn breached(
+    job: &Job,
+    breach: &Breach,
+    at: Moment,
+    next: Option<&str>,
+) -> Result<JobOutcome, JobError> {
+    let write = || breached_once(job, breach, at, next);
+    let landed = || durable::ended(job);
+    durable::until_landed(job, "the end at a limit", write, landed).await
+}
+
+async fn breached_once(
     job: &Job,
     breach: &Breach,
     at: Moment,
@@ -112,6 +144,16 @@ pub async fn breached(
 /// Ends the job by `event` and releases the lease, in one fenced transaction; a step
 /// left without a receipt is charged.
 pub async fn finish(
+    job: &Job,
+    event: RequestEvent,
+    reason: Option<&str>,
+    step: Option<&str>,
+) -> Result<(), JobError> {
+    let write = || finish_once(job, event, reason, step);
+    durable::until_landed(job, "the ending", write, || durable::released(job)).await
+}
+
+async fn finish_once(
     job: &Job,
     event: RequestEvent,
     reason: Option<&str>,
@@ -178,6 +220,17 @@ pub async fn interrupted(job: &Job) -> Result<JobOutcome, JobError> {
 /// effects could not be captured, or its checkpoint could not be read): the request
 /// is followed up as after a lapsed lease, with the reason.
 pub async fn end_attempt(job: &Job, error: &CustodyError) -> Result<JobOutcome, JobError> {
+    let landed = || durable::ended(job);
+    durable::until_landed(
+        job,
+        "the attempt's end",
+        || end_attempt_once(job, error),
+        landed,
+    )
+    .await
+}
+
+async fn end_attempt_once(job: &Job, error: &CustodyError) -> Result<JobOutcome, JobError> {
     let reason = error.ends_attempt().unwrap_or("attempt_ended");
     let mut tx = job.begin().await?;
     let continuation = job.claimed.continuation;
@@ -195,6 +248,14 @@ pub async fn end_attempt(job: &Job, error: &CustodyError) -> Result<JobOutcome, 
 /// A pause past its limit behaves like a stop: the request stops at its checkpoint
 /// (a reviewed continuation can take it further) and the lease is released.
 pub async fn stop_after_pause(job: &Job) -> Result<(), JobError> {
+    let write = || stop_after_pause_once(job);
+    durable::until_landed(job, "the stop after a pause", write, || {
+        durable::released(job)
+    })
+    .await
+}
+
+async fn stop_after_pause_once(job: &Job) -> Result<(), JobError> {
     let mut tx = job.begin().await?;
     job.worker.leases.release_in(&mut tx, job.lease()).await?;
     if let Some(action_id) = job.claimed.action_id {
@@ -211,6 +272,11 @@ pub async fn stop_after_pause(job: &Job) -> Result<(), JobError> {
 /// another worker; a stopped step has no receipt and follows the unknown-outcome rule.
 /// A checkpoint continuation goes back inside its window, or stops at its checkpoint.
 pub async fn hand_back(job: &Job) -> Result<(), JobError> {
+    let write = || hand_back_once(job);
+    durable::until_landed(job, "the hand-back", write, || durable::released(job)).await
+}
+
+async fn hand_back_once(job: &Job) -> Result<(), JobError> {
     let mut tx = job.begin().await?;
     match job.claimed.continuation {
         Continuation::Checkpoint(action_id) => {

@@ -5,8 +5,10 @@
 //! - [`handle`]: the [`Job`] handle, the claimed request and the outcome.
 //! - [`plan`]: a run's steps on its acquired tree.
 //! - [`ending`]: what each way of ending records.
+//! - [`durable`]: durable writes retried through database faults, within the lease.
 
 pub mod claim;
+pub mod durable;
 pub mod ending;
 pub mod handle;
 pub mod plan;

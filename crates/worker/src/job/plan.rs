@@ -2,8 +2,8 @@
 //! intent before it, a commit of its receipt with its checkpoint after it), pause when
 //! asked, release the tree, and record how the plan ended.
 
-use super::ending;
 use super::handle::{Job, JobOutcome};
+use super::{durable, ending};
 use crate::custody::{Commit, CustodyError, Release, Subject, Tree};
 use crate::error::JobError;
 use crate::keeper::Reason;
@@ -11,8 +11,7 @@ use crate::pause;
 use crate::report::RetainedReport;
 use crate::step::{self, Interruption, StepCommand};
 use crate::workspace::Workspace;
-use backon::{BackoffBuilder, ExponentialBuilder};
-use cairn_common::journal::{self, Receipt, Standing};
+use cairn_common::journal::{self, Receipt, Record, Standing};
 use cairn_common::request::limits::{self, Breach, Moment};
 use cairn_common::request::{self, RequestEvent};
 use cairn_common::run::StepSpec;
@@ -112,18 +111,14 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
 /// intent is read back first, since its commit may have landed before the connection
 /// broke.
 async fn intend(job: &Job, step: &StepSpec, index: usize) -> Result<Result<i64, Breach>, JobError> {
-    let mut delays = ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_delay(Duration::from_secs(2))
-        .with_total_delay(Some(job.worker.leases.ttl()))
-        .without_max_times()
-        .build();
+    let mut delays = durable::within_the_lease(job);
     loop {
         let error = match intend_once(job, step, index).await {
             Err(JobError::Db(e)) => e,
             other => return other,
         };
-        let written = journal::intent_written(&job.worker.pool, job.lease(), &step.key).await;
+        let written =
+            journal::written(&job.worker.pool, job.lease(), Record::Intent, &step.key).await;
         if let Ok(true) = written {
             let mut conn = job.worker.pool.acquire().await?;
             let current =

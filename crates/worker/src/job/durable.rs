@@ -1,0 +1,90 @@
+//! A job's durable writes through database faults. A lost connection or a restart is
+//! transient (invariant 11): the write is tried again within the lease instead of the
+//! job giving up and leaving its request to a person. Its commit may have landed before
+//! the connection broke, so what it wrote is read back before each retry.
+
+use super::handle::{Job, JobOutcome};
+use crate::error::JobError;
+use crate::keeper::Reason;
+use backon::{BackoffBuilder, ExponentialBuilder};
+use cairn_common::request::{self, RequestState};
+use std::future::Future;
+use std::time::Duration;
+
+/// Runs `write` until it lands. After a database fault, `landed` reads back whether it
+/// did (`Some` with its result); if not, it is retried with a backoff for up to one
+/// lease TTL, unless the keeper fenced the job meanwhile. A lost lease refuses the
+/// fenced begin, so a retry never writes for a stale owner.
+pub async fn until_landed<T, W, WF, L, LF>(
+    job: &Job,
+    what: &str,
+    mut write: W,
+    mut landed: L,
+) -> Result<T, JobError>
+where
+    W: FnMut() -> WF,
+    WF: Future<Output = Result<T, JobError>>,
+    L: FnMut() -> LF,
+    LF: Future<Output = Result<Option<T>, JobError>>,
+{
+    let mut delays = within_the_lease(job);
+    loop {
+        let error = match write().await {
+            Err(JobError::Db(e)) => e,
+            other => return other,
+        };
+        if let Ok(Some(value)) = landed().await {
+            return Ok(value);
+        }
+        let Some(delay) = delays.next() else {
+            return Err(JobError::Db(error));
+        };
+        if job.cause() == Some(Reason::Fenced) {
+            return Err(JobError::Db(error));
+        }
+        tracing::warn!(error = %error, ?delay, what, "a durable write failed; retrying within the lease");
+        tokio::time::sleep(delay).await;
+    }
+}
+
+/// The read-back of a write that releases or moves the lease (every way a job ends):
+/// once the lease is no longer this job's, the write landed. Another owner can only
+/// have taken it after the lease lapsed, and then nothing more is this job's to write.
+pub async fn released(job: &Job) -> Result<Option<()>, JobError> {
+    let held = job.lease().still_held(&job.worker.pool).await?;
+    Ok((!held).then_some(()))
+}
+
+/// The read-back of an ending that releases or moves the lease: once it landed, the
+/// outcome is what the request's committed state says.
+pub async fn ended(job: &Job) -> Result<Option<JobOutcome>, JobError> {
+    if released(job).await?.is_none() {
+        return Ok(None);
+    }
+    let mut conn = job.worker.pool.acquire().await?;
+    let (state, reason) = match request::state_of(&mut conn, job.request_id()).await? {
+        Some((state, reason)) => (state, reason.unwrap_or_default()),
+        None => return Ok(Some(JobOutcome::Fenced)),
+    };
+    Ok(Some(match state {
+        RequestState::Completed => JobOutcome::Completed,
+        RequestState::AwaitingVerification => JobOutcome::AwaitingVerification,
+        RequestState::NeedsReconciliation => JobOutcome::NeedsReconciliation(reason),
+        RequestState::StoppedAtCheckpoint => JobOutcome::StoppedAtCheckpoint,
+        RequestState::Cancelled => JobOutcome::Cancelled,
+        RequestState::Failed => JobOutcome::Failed(reason),
+        RequestState::Queued => JobOutcome::HandedBack,
+        // Another owner holds it: nothing more is this job's.
+        RequestState::Executing => JobOutcome::Fenced,
+    }))
+}
+
+/// The delays between retries of a durable write: growing, for up to one lease TTL.
+pub fn within_the_lease(job: &Job) -> impl Iterator<Item = Duration> {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_secs(2))
+        .with_total_delay(Some(job.worker.leases.ttl()))
+        .without_max_times()
+        .build()
+}
