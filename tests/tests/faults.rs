@@ -253,3 +253,63 @@ async fn a_worker_that_pauses_briefly_keeps_its_request() {
     assert_eq!(run["state"], "completed", "{run}");
     assert_eq!(run["attempt"], 1, "{run}");
 }
+
+/// A worker stalls (SIGSTOP) while full: RabbitMQ goes on pushing deliveries ahead to
+/// it, and they wait there until the broker drops its connection (a minute or more). A
+/// request still queued well after its announcement, while another worker has been
+/// waiting for work all that time, is announced again, so every run admitted after the
+/// stall completes within seconds. The stalled worker's own requests are taken over
+/// when its heartbeats lapse.
+#[tokio::test]
+async fn deliveries_parked_on_a_stalled_worker_are_announced_again() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("faults-parked", 1, Settings::default()).await;
+    let long = |n: usize| {
+        run_spec(
+            vec![append_step("s1", "log.txt", &n.to_string(), 8.0, true)],
+            3,
+        )
+    };
+    let mut held = Vec::new();
+    for n in 0..4 {
+        let (_, request_id) = cluster.submit(&long(n));
+        held.push(request_id);
+    }
+    for request_id in &held {
+        cluster
+            .wait_for_holder(request_id, None, Duration::from_secs(60))
+            .await;
+    }
+    // w1 is full (concurrency 4) and stalls, with its consumers still open.
+    cluster.workers[0].process.signal(Signal::SIGSTOP);
+    cluster
+        .worker_env
+        .push(("CAIRN_WORKER_CONCURRENCY".into(), "16".into()));
+    cluster.add_worker();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let started = Instant::now();
+    let effects = cluster.path("effects");
+    let quick: Vec<String> = (0..8)
+        .map(|n| {
+            let step = append_step("q", &effects, &n.to_string(), 0.0, true);
+            cluster.submit(&run_spec(vec![step], 3)).0
+        })
+        .collect();
+    for run_id in &quick {
+        let left = Duration::from_secs(25).saturating_sub(started.elapsed());
+        let run = cluster.wait_for_state(run_id, &["completed", "failed"], left);
+        assert_eq!(run["state"], "completed", "{run}");
+    }
+    println!(
+        "8 runs admitted after the stall completed in {:?}",
+        started.elapsed()
+    );
+    let mut lines = cluster.lines("effects");
+    lines.sort();
+    assert_eq!(
+        lines,
+        ["0", "1", "2", "3", "4", "5", "6", "7"],
+        "each ran once"
+    );
+    cluster.workers[0].process.signal(Signal::SIGCONT);
+}

@@ -25,23 +25,64 @@ pub fn lapse_ms() -> i64 {
 }
 
 /// Records a beat of `worker_id`; a beat after a gap longer than [`GAP`] starts a new
-/// run of beats. `fresh` (a process that just started) always starts one.
-pub async fn beat(pool: &PgPool, worker_id: &str, fresh: bool) -> Result<(), sqlx::Error> {
+/// run of beats. `fresh` (a process that just started) always starts one. `starved_for`:
+/// how long the worker has been waiting, with a free slot, for any delivery (`None`
+/// when it is not waiting); it is recorded on the database's clock.
+pub async fn beat(
+    pool: &PgPool,
+    worker_id: &str,
+    fresh: bool,
+    starved_for: Option<Duration>,
+) -> Result<(), sqlx::Error> {
+    let starved_ms = starved_for.map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
     sqlx::query(
-        "INSERT INTO worker_heartbeats (worker_id, beat_at, beating_since)
-         VALUES ($1, clock_timestamp(), clock_timestamp())
+        "INSERT INTO worker_heartbeats (worker_id, beat_at, beating_since, starved_since)
+         VALUES ($1, clock_timestamp(), clock_timestamp(),
+                 clock_timestamp() - $4 * interval '1 millisecond')
          ON CONFLICT (worker_id) DO UPDATE
             SET beating_since = CASE
                     WHEN $3 OR worker_heartbeats.beat_at < clock_timestamp() - $2 * interval '1 millisecond'
                     THEN clock_timestamp() ELSE worker_heartbeats.beating_since END,
-                beat_at = clock_timestamp()",
+                beat_at = clock_timestamp(),
+                starved_since = clock_timestamp() - $4 * interval '1 millisecond'",
     )
     .bind(worker_id)
     .bind(i64::try_from(GAP.as_millis()).unwrap_or(i64::MAX))
     .bind(fresh)
+    .bind(starved_ms)
     .execute(pool)
     .await?;
     Ok(())
+}
+
+/// How long after its announcement a request still queued counts as parked, when a live
+/// worker has waited for work all that time: far above a healthy delivery (milliseconds),
+/// below the takeover bound.
+pub const PARKED_AFTER: Duration = Duration::from_secs(3);
+
+/// How long a worker must have waited for work, after a request's announcement, for
+/// that request to count as parked elsewhere: a message in the queue reaches a waiting
+/// consumer in milliseconds.
+pub const STARVED_FOR: Duration = Duration::from_secs(1);
+
+/// The SQL condition (over `execution_requests e`, `$parked` [`PARKED_AFTER`] in ms)
+/// under which a queued request's delivery is parked on a worker that does not take
+/// it: it was announced (`updated_at`) more than `$parked` ago and its message left the
+/// outbox, yet a worker waited for any delivery, with a free slot, for [`STARVED_FOR`]
+/// after the announcement and got none. RabbitMQ pushes a queued message to a waiting
+/// consumer at once, so the message was no longer in the queue: another consumer holds it
+/// without claiming it.
+pub fn parked_sql(parked: &str) -> String {
+    format!(
+        "e.state = 'queued' AND e.lease_owner IS NULL
+         AND e.updated_at < clock_timestamp() - {parked} * interval '1 millisecond'
+         AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.published_at IS NULL
+                          AND o.payload->>'request_id' = e.id::text)
+         AND EXISTS (SELECT 1 FROM worker_heartbeats w
+                      WHERE w.beat_at >= GREATEST(w.starved_since, e.updated_at)
+                                         + {starved} * interval '1 millisecond')",
+        starved = STARVED_FOR.as_millis(),
+    )
 }
 
 /// The SQL condition (over `execution_requests e`, `$lapse` the lapse in ms) under which

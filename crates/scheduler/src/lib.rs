@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod config;
+pub mod parked;
 pub mod sweeper;
 
 use anyhow::Context;

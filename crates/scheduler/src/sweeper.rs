@@ -9,9 +9,12 @@
 //! - A verification gets another attempt of the same adoption; with attempts spent, its
 //!   handoff waits for a new adoption.
 //! - A claim that never started (lapsed while still `queued`) is announced again.
+//! - A queued request whose delivery is parked on a stalled worker is announced again
+//!   ([`crate::parked`]).
 //!
 //! Every change moves the lease epoch on, so a paused former owner writes nothing.
 
+use crate::parked;
 use cairn_common::heartbeat;
 use cairn_common::leader::{pause, Leadership};
 use cairn_common::request::action::{self, ActionKind};
@@ -19,7 +22,6 @@ use cairn_common::request::cancel::cancel_now;
 use cairn_common::request::limits::{self, Breach, Moment};
 use cairn_common::request::requeue::{requeue_verification, verification_attempts_exhausted};
 use cairn_common::request::{self, ActionEvent, Continuation, RequestEvent, RequestState};
-use cairn_common::run::{JobKind, JobMessage};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 use sqlx::postgres::PgConnection;
@@ -37,6 +39,7 @@ pub struct SweeperMetrics {
     pub stopped_at_checkpoint: Counter,
     pub needs_reconciliation: Counter,
     pub claims_reannounced: Counter,
+    pub parked_reannounced: Counter,
     pub windows_closed: Counter,
     pub sweeps: Counter,
 }
@@ -49,6 +52,7 @@ impl SweeperMetrics {
             "sweeper_stopped_at_checkpoint", "Requests stopped at their last checkpoint" => m.stopped_at_checkpoint;
             "sweeper_needs_reconciliation", "Requests whose retained report awaits review" => m.needs_reconciliation;
             "sweeper_claims_reannounced", "Claims that lapsed before starting, announced again" => m.claims_reannounced;
+            "sweeper_parked_reannounced", "Queued requests whose delivery was parked on a worker that did not take it, announced again" => m.parked_reannounced;
             "sweeper_windows_closed", "Continuation windows that ended unclaimed" => m.windows_closed;
             "sweeper_sweeps", "Sweeps run by the leader" => m.sweeps;
         );
@@ -63,6 +67,7 @@ pub struct SweepReport {
     pub stopped: u64,
     pub reconciling: u64,
     pub reannounced: u64,
+    pub parked: u64,
     pub cancelled: u64,
     pub windows_closed: u64,
 }
@@ -155,10 +160,13 @@ pub async fn sweep_once(
     }
     tx.commit().await?;
 
+    report.parked = parked::announce_again(pool, batch).await?;
+
     metrics.attempts_requeued.inc_by(report.requeued);
     metrics.stopped_at_checkpoint.inc_by(report.stopped);
     metrics.needs_reconciliation.inc_by(report.reconciling);
     metrics.claims_reannounced.inc_by(report.reannounced);
+    metrics.parked_reannounced.inc_by(report.parked);
     metrics.windows_closed.inc_by(report.windows_closed);
     metrics.sweeps.inc();
     Ok(report)
@@ -231,16 +239,12 @@ async fn handle_lapsed(
             // Claimed, then lost before it started: announce it again, same attempt,
             // unless the admitting window ended meanwhile.
             request::fence_out(&mut *conn, l.id).await?;
-            let (kind, continuation) = match (l.queued_action_kind, l.queued_action_id) {
-                (Some(ActionKind::CheckpointContinuation), Some(id)) => (
-                    JobKind::CheckpointContinuation,
-                    Continuation::Checkpoint(id),
-                ),
-                (Some(ActionKind::FinalOutcomeContinuation), Some(id)) => (
-                    JobKind::FinalOutcomeContinuation,
-                    Continuation::FinalOutcome(id),
-                ),
-                _ => (JobKind::Run, Continuation::None),
+            let action = l.queued_action_id.zip(l.queued_action_kind);
+            let message = parked::queued_message(l.run_id, l.id, l.attempt, action, None);
+            let continuation = match action {
+                Some((id, ActionKind::CheckpointContinuation)) => Continuation::Checkpoint(id),
+                Some((id, ActionKind::FinalOutcomeContinuation)) => Continuation::FinalOutcome(id),
+                None => Continuation::None,
             };
             if l.queued_window_ended && continuation != Continuation::None {
                 let breach = Breach::WindowEnded;
@@ -248,13 +252,6 @@ async fn handle_lapsed(
                 report.windows_closed += 1;
                 return Ok(());
             }
-            let message = JobMessage {
-                kind,
-                run_id: l.run_id,
-                request_id: l.id,
-                action_id: l.queued_action_id,
-                attempt: Some(l.attempt),
-            };
             request::readmit(&mut *conn, &message, RequestEvent::Requeue).await?;
             report.reannounced += 1;
         }

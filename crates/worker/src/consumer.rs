@@ -11,11 +11,33 @@ use cairn_common::run::JobMessage;
 use futures::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions, BasicRejectOptions};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+
+/// Since when the consumer has been waiting, with a free slot, for any delivery: the
+/// evidence (reported in each heartbeat) that a request still queued is parked on
+/// another worker.
+#[derive(Clone, Default)]
+pub struct Starving(Arc<Mutex<Option<Instant>>>);
+
+impl Starving {
+    /// How long it has been waiting, if it is.
+    pub fn waited(&self) -> Option<Duration> {
+        self.lock().map(|since| since.elapsed())
+    }
+
+    fn set(&self, waiting: bool) {
+        let mut since = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        *since = waiting.then(Instant::now);
+    }
+
+    fn lock(&self) -> Option<Instant> {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 
 pub struct Consumer {
     pub worker: Arc<Worker>,
@@ -25,6 +47,7 @@ pub struct Consumer {
     pub prefetch: u16,
     pub status: AmqpStatus,
     pub jobs: TaskTracker,
+    pub starving: Starving,
 }
 
 impl Consumer {
@@ -97,10 +120,12 @@ impl Consumer {
                 },
                 _ = stop.cancelled() => break Ok(()),
             };
+            self.starving.set(true);
             let delivery = tokio::select! {
                 delivery = deliveries.next() => delivery,
                 _ = stop.cancelled() => break Ok(()),
             };
+            self.starving.set(false);
             match delivery {
                 Some(Ok(delivery)) => {
                     let (worker, drain) = (self.worker.clone(), drain.clone());
@@ -118,6 +143,7 @@ impl Consumer {
                 .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
                 .await;
         }
+        self.starving.set(false);
         let _ = connection.close(200, "worker stopping".into()).await;
         self.status.set(false);
         result

@@ -136,11 +136,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             "leases of a previous process with this worker id lapse now"
         );
     }
-    cairn_common::heartbeat::beat(&pool, &worker_id, true).await?;
+    cairn_common::heartbeat::beat(&pool, &worker_id, true, None).await?;
     let heartbeat_stop = CancellationToken::new();
+    let starving = consumer::Starving::default();
     let heartbeat = tokio::spawn(beat(
         pool.clone(),
         worker_id.clone(),
+        starving.clone(),
         heartbeat_stop.clone(),
     ));
     let janitor_stop = CancellationToken::new();
@@ -169,6 +171,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         prefetch: config.prefetch(),
         status: amqp_status.clone(),
         jobs: jobs.clone(),
+        starving,
     };
     let probes_stop = CancellationToken::new();
     let readiness = Readiness {
@@ -228,14 +231,21 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
 /// Beats every [`cairn_common::heartbeat::INTERVAL`] until stopped; a beat that fails (a
 /// database blip) is logged and the next one tried.
-async fn beat(pool: sqlx::PgPool, worker_id: String, stop: CancellationToken) {
+async fn beat(
+    pool: sqlx::PgPool,
+    worker_id: String,
+    starving: consumer::Starving,
+    stop: CancellationToken,
+) {
     let mut ticks = tokio::time::interval(cairn_common::heartbeat::INTERVAL);
     loop {
         tokio::select! {
             _ = ticks.tick() => {}
             _ = stop.cancelled() => return,
         }
-        if let Err(e) = cairn_common::heartbeat::beat(&pool, &worker_id, false).await {
+        if let Err(e) =
+            cairn_common::heartbeat::beat(&pool, &worker_id, false, starving.waited()).await
+        {
             tracing::warn!(error = %e, "heartbeat not recorded; trying again");
         }
     }

@@ -1,0 +1,88 @@
+//! Deliveries parked on a worker that does not take them. RabbitMQ pushes deliveries
+//! ahead to each consumer; a worker that stalls (SIGSTOP, a frozen node) keeps them
+//! until the broker drops its connection. When a request stays queued long after its
+//! announcement while a live worker has waited for work all that time, the lease
+//! sweeper announces it again (see `heartbeat::parked_sql`). The duplicate is harmless:
+//! whichever delivery comes second finds the request claimed, and is dropped.
+
+use cairn_common::heartbeat;
+use cairn_common::outbox;
+use cairn_common::request::action::ActionKind;
+use cairn_common::run::{JobKind, JobMessage};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// The message a queued request was announced with: its queued verification adoption,
+/// its queued continuation action, or a plain run's attempt.
+pub fn queued_message(
+    run_id: Uuid,
+    request_id: Uuid,
+    attempt: i32,
+    action: Option<(Uuid, ActionKind)>,
+    verification: Option<Uuid>,
+) -> JobMessage {
+    let (kind, action_id) = match (verification, action) {
+        (Some(adoption), _) => (JobKind::Verification, Some(adoption)),
+        (None, Some((id, ActionKind::CheckpointContinuation))) => {
+            (JobKind::CheckpointContinuation, Some(id))
+        }
+        (None, Some((id, ActionKind::FinalOutcomeContinuation))) => {
+            (JobKind::FinalOutcomeContinuation, Some(id))
+        }
+        (None, None) => (JobKind::Run, None),
+    };
+    JobMessage {
+        kind,
+        run_id,
+        request_id,
+        action_id,
+        attempt: Some(attempt),
+    }
+}
+
+type Parked = (
+    Uuid,
+    Uuid,
+    i32,
+    Option<Uuid>,
+    Option<ActionKind>,
+    Option<Uuid>,
+);
+
+/// Announces again, in one transaction, up to `batch` queued requests whose delivery is
+/// parked; returns how many.
+pub async fn announce_again(pool: &PgPool, batch: i64) -> Result<u64, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let parked: Vec<Parked> = sqlx::query_as(&format!(
+        "SELECT e.id, e.run_id, e.attempt, q.id, q.kind,
+                (SELECT v.id FROM verification_adoptions v
+                  WHERE v.execution_request_id = e.id AND v.status = 'queued'
+                  ORDER BY v.created_at DESC LIMIT 1)
+           FROM execution_requests e
+           LEFT JOIN LATERAL (SELECT a.id, a.kind FROM continuation_actions a
+                               WHERE a.request_id = e.id AND a.status = 'queued'
+                               ORDER BY a.created_at DESC LIMIT 1) q ON TRUE
+          WHERE {parked}
+          ORDER BY e.updated_at
+          LIMIT $1
+            FOR UPDATE OF e SKIP LOCKED",
+        parked = heartbeat::parked_sql("$2"),
+    ))
+    .bind(batch)
+    .bind(i64::try_from(heartbeat::PARKED_AFTER.as_millis()).unwrap_or(i64::MAX))
+    .fetch_all(&mut *tx)
+    .await?;
+    for (request_id, run_id, attempt, action_id, action_kind, verification) in &parked {
+        let action = action_id.zip(*action_kind);
+        let message = queued_message(*run_id, *request_id, *attempt, action, *verification);
+        outbox::announce(&mut tx, &message).await?;
+        // The announcement's time: the next one waits for fresh evidence.
+        sqlx::query("UPDATE execution_requests SET updated_at = clock_timestamp() WHERE id = $1")
+            .bind(request_id)
+            .execute(&mut *tx)
+            .await?;
+        tracing::info!(%request_id, "the request's delivery is parked on a worker that does not take it; announced again");
+    }
+    tx.commit().await?;
+    Ok(parked.len() as u64)
+}
