@@ -102,10 +102,7 @@ async fn a_redis_that_stops_answering_costs_no_lease() {
 #[tokio::test]
 async fn a_lost_database_connection_at_a_receipt_is_retried_within_the_lease() {
     let _services = ServiceLock::shared().await;
-    let settings = Settings {
-        lease_ttl_seconds: 30,
-        ..Settings::default()
-    };
+    let settings = lease_of(30);
     let mut cluster = Cluster::start("faults-db", 0, settings).await;
     cluster.add_worker();
     let marker = cluster.path("s1-ending");
@@ -203,10 +200,7 @@ async fn a_lost_database_connection_at_the_completion_is_retried_within_the_leas
 #[tokio::test]
 async fn a_dead_workers_request_is_taken_over_when_its_heartbeats_stop() {
     let _services = ServiceLock::shared().await;
-    let settings = Settings {
-        lease_ttl_seconds: 60,
-        ..Settings::default()
-    };
+    let settings = lease_of(60);
     let cluster = Cluster::start("faults-takeover", 2, settings).await;
     // Both workers beat for a while (a worker that started after the other died is no
     // evidence that the database was reachable while it was silent).
@@ -226,15 +220,37 @@ async fn a_dead_workers_request_is_taken_over_when_its_heartbeats_stop() {
     cluster.wait_for_state(&run_id, &["completed"], Duration::from_secs(60));
 }
 
+/// The only worker dies (SIGKILL) and a replacement with another name starts, as a new
+/// pod would: once the replacement has beaten for the lapse, it is evidence that the
+/// database was reachable while the dead worker was silent, and it takes the request
+/// over long before the dead worker's 60 s lease would have lapsed.
+#[tokio::test]
+async fn a_replacement_worker_takes_over_from_a_dead_one() {
+    let _services = ServiceLock::shared().await;
+    let settings = lease_of(60);
+    let mut cluster = Cluster::start("faults-replacement", 1, settings).await;
+    let spec = run_spec(vec![append_step("s1", "log.txt", "one", 3.0, true)], 3);
+    let (run_id, request_id) = cluster.submit(&spec);
+    cluster
+        .wait_for_holder(&request_id, None, Duration::from_secs(60))
+        .await;
+    cluster.workers[0].process.signal(Signal::SIGKILL);
+    let killed = Instant::now();
+    cluster.add_worker();
+    let (holder, _) = cluster
+        .wait_for_holder(&request_id, Some("w1"), Duration::from_secs(20))
+        .await;
+    assert_eq!(holder, "w2");
+    println!("taken over {:?} after the kill", killed.elapsed());
+    cluster.wait_for_state(&run_id, &["completed"], Duration::from_secs(60));
+}
+
 /// A worker that only pauses (SIGSTOP for less than the lapse) is not taken over: its
 /// run completes in its first attempt.
 #[tokio::test]
 async fn a_worker_that_pauses_briefly_keeps_its_request() {
     let _services = ServiceLock::shared().await;
-    let settings = Settings {
-        lease_ttl_seconds: 60,
-        ..Settings::default()
-    };
+    let settings = lease_of(60);
     let cluster = Cluster::start("faults-slow", 2, settings).await;
     let spec = run_spec(vec![append_step("s1", "log.txt", "one", 4.0, false)], 3);
     let (run_id, request_id) = cluster.submit(&spec);
@@ -263,29 +279,7 @@ async fn a_worker_that_pauses_briefly_keeps_its_request() {
 #[tokio::test]
 async fn deliveries_parked_on_a_stalled_worker_are_announced_again() {
     let _services = ServiceLock::shared().await;
-    let mut cluster = Cluster::start("faults-parked", 1, Settings::default()).await;
-    let long = |n: usize| {
-        run_spec(
-            vec![append_step("s1", "log.txt", &n.to_string(), 8.0, true)],
-            3,
-        )
-    };
-    let mut held = Vec::new();
-    for n in 0..4 {
-        let (_, request_id) = cluster.submit(&long(n));
-        held.push(request_id);
-    }
-    for request_id in &held {
-        cluster
-            .wait_for_holder(request_id, None, Duration::from_secs(60))
-            .await;
-    }
-    // w1 is full (concurrency 4) and stalls, with its consumers still open.
-    cluster.workers[0].process.signal(Signal::SIGSTOP);
-    cluster
-        .worker_env
-        .push(("CAIRN_WORKER_CONCURRENCY".into(), "16".into()));
-    cluster.add_worker();
+    let cluster = stall_a_full_worker("faults-parked").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     let started = Instant::now();
     let effects = cluster.path("effects");
@@ -312,4 +306,57 @@ async fn deliveries_parked_on_a_stalled_worker_are_announced_again() {
         "each ran once"
     );
     cluster.workers[0].process.signal(Signal::SIGCONT);
+}
+
+/// The same under a steady load: the other worker gets a delivery every few hundred
+/// milliseconds, so it never waits long for work, but runs announced after the parked
+/// ones are claimed while those stay queued (a queue is first in, first out): the
+/// parked runs are announced again and complete.
+#[tokio::test]
+async fn deliveries_parked_on_a_stalled_worker_are_announced_again_under_load() {
+    let _services = ServiceLock::shared().await;
+    let cluster = stall_a_full_worker("faults-parked-load").await;
+    let started = Instant::now();
+    let effects = cluster.path("effects");
+    let mut runs: Vec<(String, Instant)> = Vec::new();
+    // A run every 250 ms for 16 s (w1's consumers take their prefetch's worth first);
+    // while the load goes on, every run admitted 8 s ago or more has completed.
+    while started.elapsed() < Duration::from_secs(16) {
+        let step = append_step("q", &effects, &runs.len().to_string(), 0.0, true);
+        runs.push((cluster.submit(&run_spec(vec![step], 3)).0, Instant::now()));
+        for (run_id, admitted) in &runs {
+            if admitted.elapsed() > Duration::from_secs(8) {
+                let run = cluster.run(run_id);
+                assert_eq!(run["state"], "completed", "8 s after admission: {run}");
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    cluster.workers[0].process.signal(Signal::SIGCONT);
+}
+
+fn lease_of(seconds: u64) -> Settings {
+    Settings {
+        lease_ttl_seconds: seconds,
+        ..Settings::default()
+    }
+}
+
+/// A cluster whose w1 is full (concurrency 4, four 8 s runs) and stalled by SIGSTOP with
+/// its consumers still open, and a w2 with room for 16.
+async fn stall_a_full_worker(label: &str) -> Cluster {
+    let mut cluster = Cluster::start(label, 1, Settings::default()).await;
+    for n in 0..4 {
+        let step = append_step("s1", "log.txt", &n.to_string(), 8.0, true);
+        let (_, request_id) = cluster.submit(&run_spec(vec![step], 3));
+        cluster
+            .wait_for_holder(&request_id, None, Duration::from_secs(60))
+            .await;
+    }
+    cluster.workers[0].process.signal(Signal::SIGSTOP);
+    cluster
+        .worker_env
+        .push(("CAIRN_WORKER_CONCURRENCY".into(), "16".into()));
+    cluster.add_worker();
+    cluster
 }

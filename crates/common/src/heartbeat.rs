@@ -66,28 +66,41 @@ pub const PARKED_AFTER: Duration = Duration::from_secs(3);
 pub const STARVED_FOR: Duration = Duration::from_secs(1);
 
 /// The SQL condition (over `execution_requests e`, `$parked` [`PARKED_AFTER`] in ms)
-/// under which a queued request's delivery is parked on a worker that does not take
-/// it: it was announced (`updated_at`) more than `$parked` ago and its message left the
-/// outbox, yet a worker waited for any delivery, with a free slot, for [`STARVED_FOR`]
-/// after the announcement and got none. RabbitMQ pushes a queued message to a waiting
-/// consumer at once, so the message was no longer in the queue: another consumer holds it
-/// without claiming it.
+/// under which a queued request's delivery is parked on a worker that does not take it:
+/// it was announced (`updated_at`) more than `$parked` ago and its message left the
+/// outbox, yet
+/// - a worker waited for any delivery, with a free slot, for [`STARVED_FOR`] after the
+///   announcement and got none (RabbitMQ pushes a queued message to a waiting consumer at
+///   once, so the message was no longer in the queue); or
+/// - for a plain run, a run announced [`STARVED_FOR`] after it was claimed already (the
+///   queue is first in, first out, so its message was delivered and not claimed).
 pub fn parked_sql(parked: &str) -> String {
     format!(
         "e.state = 'queued' AND e.lease_owner IS NULL
          AND e.updated_at < clock_timestamp() - {parked} * interval '1 millisecond'
          AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.published_at IS NULL
                           AND o.payload->>'request_id' = e.id::text)
-         AND EXISTS (SELECT 1 FROM worker_heartbeats w
-                      WHERE w.beat_at >= GREATEST(w.starved_since, e.updated_at)
-                                         + {starved} * interval '1 millisecond')",
-        starved = STARVED_FOR.as_millis(),
+         AND (EXISTS (SELECT 1 FROM worker_heartbeats w
+                       WHERE w.beat_at >= GREATEST(w.starved_since, e.updated_at)
+                                          + {later} * interval '1 millisecond')
+              OR (e.kind = 'run'
+                  AND NOT EXISTS (SELECT 1 FROM continuation_actions a
+                                   WHERE a.request_id = e.id AND a.status = 'queued')
+                  AND e.updated_at + {later} * interval '1 millisecond'
+                      < (SELECT s.queued_at FROM execution_requests s
+                          WHERE s.kind = 'run' AND s.state NOT IN ('queued', 'cancelled')
+                          ORDER BY s.queued_at DESC LIMIT 1)))",
+        later = STARVED_FOR.as_millis(),
     )
 }
 
 /// The SQL condition (over `execution_requests e`, `$lapse` the lapse in ms) under which
 /// a request's owner is taken for dead: silent for the lapse, while another worker has
-/// been beating without a gap since before the owner's last beat.
+/// been beating without a gap all that time. The database was then reachable and the
+/// owner did not reach it: it died, stalled or lost its network, and its writes are
+/// fenced. A worker started since (a replacement pod) is evidence once it has beaten
+/// for the lapse; after a database outage every worker's run of beats starts again, so
+/// the owner beats again before anyone is evidence against it.
 pub fn owner_silent_sql(lapse: &str) -> String {
     format!(
         "EXISTS (SELECT 1 FROM worker_heartbeats w
@@ -96,6 +109,6 @@ pub fn owner_silent_sql(lapse: &str) -> String {
                     AND EXISTS (SELECT 1 FROM worker_heartbeats o
                                  WHERE o.worker_id <> w.worker_id
                                    AND o.beat_at >= clock_timestamp() - {lapse} * interval '1 millisecond'
-                                   AND o.beating_since <= w.beat_at))"
+                                   AND o.beating_since <= clock_timestamp() - {lapse} * interval '1 millisecond'))"
     )
 }
