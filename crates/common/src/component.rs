@@ -25,14 +25,15 @@ pub fn validated<C: Settings>(config: C) -> C {
     config
 }
 
-/// Connects to PostgreSQL with a pool of `pool_size` and, when `migrate`, applies
-/// pending migrations.
+/// Connects to PostgreSQL with a pool of `pool_size` (see [`crate::db::connect`] for
+/// `idle_in_transaction`) and, when `migrate`, applies pending migrations.
 pub async fn database(
     args: &DatabaseArgs,
     pool_size: u32,
+    idle_in_transaction: Option<std::time::Duration>,
     migrate: bool,
 ) -> anyhow::Result<PgPool> {
-    let pool = crate::db::connect(&args.database_url, pool_size)
+    let pool = crate::db::connect(&args.database_url, pool_size, idle_in_transaction)
         .await
         .context("connecting to PostgreSQL")?;
     if migrate {

@@ -61,12 +61,22 @@ pub async fn create_if_missing(url: &str) -> Result<(), DbError> {
 }
 
 /// Connects with retry, creating the database if missing. Migrations are separate:
-/// see [`migrate`].
-pub async fn connect(url: &str, max_connections: u32) -> Result<PgPool, DbError> {
+/// see [`migrate`]. `idle_in_transaction`: PostgreSQL ends a session that sits that long
+/// inside a transaction without a statement (a process stalled mid-transaction would
+/// otherwise hold its row locks, and so its requests, until its connection died).
+pub async fn connect(
+    url: &str,
+    max_connections: u32,
+    idle_in_transaction: Option<Duration>,
+) -> Result<PgPool, DbError> {
     create_if_missing(url).await?;
-    let options = PgConnectOptions::from_str(url)
+    let mut options = PgConnectOptions::from_str(url)
         .map_err(|e| DbError::InvalidUrl(e.to_string()))?
         .application_name("cairn");
+    if let Some(limit) = idle_in_transaction {
+        let ms = limit.as_millis().to_string();
+        options = options.options([("idle_in_transaction_session_timeout", ms.as_str())]);
+    }
     let pool = (|| {
         PgPoolOptions::new()
             .max_connections(max_connections)

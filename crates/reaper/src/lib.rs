@@ -128,7 +128,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         return Ok(());
     }
     let pool_size = config.database.pool_size(10);
-    let pool = component::database(&config.database, pool_size, config.migrate).await?;
+    let pool = component::database(&config.database, pool_size, None, config.migrate).await?;
     let listener = tokio::net::TcpListener::bind(config.metrics_listen)
         .await
         .with_context(|| format!("binding {}", config.metrics_listen))?;

@@ -26,7 +26,7 @@ use tokio_util::task::TaskTracker;
 /// `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let pool_size = config.database.pool_size(10);
-    let pool = component::database(&config.database, pool_size, config.migrate).await?;
+    let pool = component::database(&config.database, pool_size, None, config.migrate).await?;
     let redis = redis_conn::connect(&config.redis.redis_url)
         .await
         .context("connecting to Redis")?;

@@ -56,9 +56,17 @@ use tokio_util::task::TaskTracker;
 /// `drain_seconds` to finish, then are stopped and their requests handed back.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let artifacts_dir = config.artifacts_dir().map_err(anyhow::Error::msg)?;
-    let pool =
-        cairn_common::component::database(&config.database, config.pool_size(), config.migrate)
-            .await?;
+    // A worker awaits nothing but PostgreSQL inside a transaction: one idle in it for the
+    // heartbeat lapse is stalled, and must not keep its request's row locked (that
+    // would block the takeover); a worker that was merely slow retries the write.
+    let idle_in_transaction = Some(cairn_common::heartbeat::LAPSE);
+    let pool = cairn_common::component::database(
+        &config.database,
+        config.pool_size(),
+        idle_in_transaction,
+        config.migrate,
+    )
+    .await?;
     let redis = redis_conn::connect(&config.redis.redis_url)
         .await
         .context("connecting to Redis")?;

@@ -9,7 +9,7 @@ pub async fn migrate(database: &DatabaseArgs) -> Result<u8, CallError> {
     }
     let failed =
         |e: &dyn std::fmt::Display| CallError::new(exit::ERROR, format!("migration failed: {e}"));
-    let pool = cairn_common::db::connect(&database.database_url, 2)
+    let pool = cairn_common::db::connect(&database.database_url, 2, None)
         .await
         .map_err(|e| failed(&e))?;
     cairn_common::db::migrate(&pool)
