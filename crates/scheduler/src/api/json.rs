@@ -45,9 +45,63 @@ where
     }
 }
 
-/// Decodes a JSON body, naming the offending field on failure.
+/// Decodes a JSON body, naming the offending field on failure. The body is exactly one
+/// JSON value (anything after it is malformed), and no string in it holds a NUL: no
+/// field Cairn stores can, so one is refused by name instead of by the database.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let deserializer = &mut serde_json::Deserializer::from_slice(bytes);
+    let value: T = typed(deserializer)?;
+    deserializer.end().map_err(|e| {
+        ApiError::bad_request(
+            "malformed_json",
+            format!("content after the JSON value: {e}"),
+        )
+    })?;
+    // A NUL can only arrive escaped (`\u0000`); look for the field only then.
+    if bytes.windows(6).any(|w| w.eq_ignore_ascii_case(b"\\u0000")) {
+        if let Ok(tree) = serde_json::from_slice::<serde_json::Value>(bytes) {
+            if let Some(field) = nul_at(&tree, "") {
+                let message = "a string holds a NUL character (\\u0000)";
+                return Err(ApiError::bad_request("invalid_body", message).with_field(field));
+            }
+        }
+    }
+    Ok(value)
+}
+
+/// The path (`a.b[2]`, or `.` for the top level) of the first string or key holding a NUL.
+fn nul_at(value: &serde_json::Value, path: &str) -> Option<String> {
+    let here = || {
+        if path.is_empty() {
+            ".".to_string()
+        } else {
+            path.to_string()
+        }
+    };
+    match value {
+        serde_json::Value::String(s) => s.contains('\0').then(here),
+        serde_json::Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, item)| nul_at(item, &format!("{path}[{i}]"))),
+        serde_json::Value::Object(map) => map.iter().find_map(|(key, item)| {
+            let inner = if path.is_empty() {
+                key.clone()
+            } else {
+                format!("{path}.{key}")
+            };
+            if key.contains('\0') {
+                return Some(inner);
+            }
+            nul_at(item, &inner)
+        }),
+        _ => None,
+    }
+}
+
+fn typed<'de, T: DeserializeOwned>(
+    deserializer: &mut serde_json::Deserializer<serde_json::de::SliceRead<'de>>,
+) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(deserializer).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
@@ -125,5 +179,41 @@ mod tests {
         assert!(decode::<Body>(br#"{"flag": true, "inner": {"seconds": 1}}"#).is_ok());
         let err = decode::<Body>(b"{").err().map(|e| e.code);
         assert_eq!(err, Some("malformed_json"));
+    }
+
+    #[test]
+    fn a_body_is_one_json_value() {
+        let body = r#"{"flag": true, "inner": {"seconds": 1}}"#;
+        for trailing in [
+            " this is not json",
+            r#"{"flag": false, "inner": {"seconds": 2}}"#,
+            "]",
+        ] {
+            let err = decode::<Body>(format!("{body}{trailing}").as_bytes()).err();
+            assert_eq!(err.map(|e| e.code), Some("malformed_json"), "{trailing}");
+        }
+        assert!(decode::<Body>(format!("{body} \n").as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn a_nul_in_any_string_is_refused_by_field() {
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct Named {
+            name: String,
+            tags: Vec<String>,
+            env: std::collections::BTreeMap<String, String>,
+        }
+        let field = |json: &str| decode::<Named>(json.as_bytes()).err().and_then(|e| e.field);
+        let ok = r#"{"name": "a", "tags": ["x"], "env": {"K": "v"}}"#;
+        assert!(decode::<Named>(ok.as_bytes()).is_ok());
+        let nul = r#"{"name": "a\u0000b", "tags": [], "env": {}}"#;
+        assert_eq!(field(nul).as_deref(), Some("name"));
+        let nul = r#"{"name": "a", "tags": ["x", "\u0000"], "env": {}}"#;
+        assert_eq!(field(nul).as_deref(), Some("tags[1]"));
+        let nul = r#"{"name": "a", "tags": [], "env": {"K": "v\u0000"}}"#;
+        assert_eq!(field(nul).as_deref(), Some("env.K"));
+        let nul = r#"{"name": "a", "tags": [], "env": {"K\u0000": "v"}}"#;
+        assert!(field(nul).is_some_and(|f| f.starts_with("env.K")));
     }
 }

@@ -46,6 +46,14 @@ async fn not_found() -> ApiError {
     )
 }
 
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        axum::http::StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "this route does not take that method",
+    )
+}
+
 /// Every route of the API.
 pub fn router(state: AppState) -> Router {
     let checkpoint = "/api/v1/runs/{run_id}/checkpoint-continuations/requests/{request_id}";
@@ -119,6 +127,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/tokens", post(tokens::create))
         .route("/api/v1/tokens/{token_id}/revoke", post(tokens::revoke))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(8 * 1024 * 1024))
         .with_state(state)
 }

@@ -193,6 +193,69 @@ async fn malformed_bodies_are_rejected_and_change_nothing() {
     assert_eq!(api.footprint().await, before);
 }
 
+/// Client input the database cannot hold is a 4xx naming the field, never a 503: a NUL
+/// in any string, a cursor out of PostgreSQL's range. A body is exactly one JSON value,
+/// and a route's wrong method answers the documented error body.
+#[tokio::test]
+async fn input_the_database_cannot_hold_is_refused_by_field() {
+    let api = Api::new().await;
+    let before = api.footprint().await;
+    let mut nul_repository = run_spec("a");
+    nul_repository["repository"] = json!("r\u{0}");
+    let mut nul_argv = run_spec("a");
+    nul_argv["steps"] = json!([{"key": "k", "argv": ["echo", "a\u{0}b"]}]);
+    for (path, body, field) in [
+        ("/api/v1/runs", nul_repository, "repository"),
+        ("/api/v1/runs", nul_argv, "steps[0].argv[1]"),
+        (
+            "/api/v1/tokens",
+            json!({"name": "a\u{0}b", "role": "viewer"}),
+            "name",
+        ),
+    ] {
+        let token = if path == "/api/v1/tokens" {
+            &api.admin
+        } else {
+            &api.operator
+        };
+        let (status, error) = api.post(path, token, Some(body.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} -> {error}");
+        assert_eq!(error_field(&error), field, "{body} -> {error}");
+    }
+    let body = run_spec("a").to_string();
+    for trailing in [" this is not json", "{}"] {
+        let (status, error) = api
+            .call_with(
+                "POST",
+                "/api/v1/runs",
+                Some(&api.operator),
+                Some(format!("{body}{trailing}")),
+                &[],
+            )
+            .await;
+        assert_eq!(
+            (status, error_code(&error)),
+            (StatusCode::BAD_REQUEST, "malformed_json")
+        );
+    }
+    let far = format!("-8000000000000000000_{}", "0".repeat(32));
+    let (status, error) = api
+        .get(&format!("/api/v1/runs?cursor={far}"), &api.viewer)
+        .await;
+    assert_eq!(
+        (status, error_field(&error)),
+        (StatusCode::BAD_REQUEST, "cursor")
+    );
+    let (status, error) = api
+        .call("DELETE", "/api/v1/runs", Some(&api.admin), None)
+        .await;
+    assert_eq!(
+        (status, error_code(&error)),
+        (StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed")
+    );
+    assert_eq!(api.footprint().await, before);
+}
+
 #[tokio::test]
 async fn malformed_run_ids_are_bad_requests_and_unknown_ones_not_found() {
     let api = Api::new().await;

@@ -9,7 +9,7 @@ use axum::Json;
 use cairn_common::ids::Id;
 use cairn_common::request::RequestState;
 use cairn_common::run::{Budgets, StepSpec};
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Datelike, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use utoipa::{IntoParams, ToSchema};
@@ -209,6 +209,11 @@ pub async fn list(
 fn parse_cursor(cursor: &str) -> Option<(DateTime<Utc>, Uuid)> {
     let (micros, id) = cursor.split_once('_')?;
     let at = DateTime::from_timestamp_micros(micros.parse().ok()?)?;
+    // PostgreSQL's range is narrower than chrono's: a cursor this API returned is a
+    // creation time, so anything outside years 1–9999 is not one.
+    if !(1..=9999).contains(&at.year()) {
+        return None;
+    }
     let id: Id = id.parse().ok()?;
     Some((at, id.uuid()))
 }
