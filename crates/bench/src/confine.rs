@@ -26,6 +26,7 @@ pub async fn run(runs: usize) -> anyhow::Result<()> {
                 output_base: dir.join(format!("{confined}-{i}")),
                 max_output: 1024,
                 tail_bytes: 128,
+                redact: true,
                 kill_grace: Duration::from_millis(100),
                 isolate_network: confined,
             };

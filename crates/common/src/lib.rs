@@ -46,6 +46,7 @@ pub mod lease;
 pub mod lineage;
 pub mod metrics;
 pub mod outbox;
+pub mod output;
 pub mod policy;
 pub mod queue;
 pub mod redis_conn;

@@ -261,6 +261,7 @@ fn capture_blocking(
         Ok(())
     };
     let stats = Mutex::new(CaptureStats::default());
+    let secrets: Mutex<Vec<String>> = Mutex::new(Vec::new());
     entries
         .par_iter_mut()
         .try_for_each(|entry| -> Result<(), SnapshotError> {
@@ -319,6 +320,12 @@ fn capture_blocking(
                 let moved = std::io::Error::other("no longer a regular file");
                 return Err(io(&path, moved));
             };
+            // A file holding a secret (a private key block, a known token) is left out:
+            // its chunks are checked before any is stored.
+            let secret = || {
+                lock(&secrets).push(entry.path.clone());
+                Ok(Vec::new())
+            };
             if entry.size <= IN_MEMORY_LIMIT {
                 // Most files are small: read each into this thread's buffer and chunk it
                 // there, instead of a fresh stream buffer per file.
@@ -335,6 +342,9 @@ fn capture_blocking(
                     if buffer.is_empty() {
                         return Ok(Vec::new());
                     }
+                    if crate::secrets::holds_secret(&buffer) {
+                        return secret();
+                    }
                     // A file that fits in one chunk is one chunk (as restic keeps files
                     // below its minimum whole): cut points only pay off in larger files,
                     // and scanning for them costs as much as compressing.
@@ -350,6 +360,10 @@ fn capture_blocking(
                     fastcdc::v2020::StreamCDC::new(file, MIN_CHUNK, super::AVG_CHUNK, MAX_CHUNK);
                 for chunk in chunker {
                     let chunk = chunk.map_err(|e| io(&path, std::io::Error::other(e)))?;
+                    if crate::secrets::holds_secret(&chunk.data) {
+                        entry.chunks = secret()?;
+                        break;
+                    }
                     entry.chunks.push(store_chunk(&chunk.data)?);
                 }
             }
@@ -365,8 +379,12 @@ fn capture_blocking(
         write(sealed)?;
     }
     let Shared { table, written, .. } = shared.into_inner().unwrap_or_else(PoisonError::into_inner);
+    let mut secrets = secrets.into_inner().unwrap_or_else(PoisonError::into_inner);
+    secrets.sort();
+    entries.retain(|e| secrets.binary_search(&e.path).is_err());
     let packs = table.compact(&mut entries);
     let mut stats = stats.into_inner().unwrap_or_else(PoisonError::into_inner);
+    stats.secrets = secrets;
     stats.packs_new = written.len() as u64;
     let manifest = Manifest {
         version: manifest::VERSION,

@@ -32,6 +32,7 @@ pub mod pack;
 pub mod regular;
 pub mod repository;
 mod restore;
+pub mod secrets;
 pub mod store;
 mod walk;
 
@@ -85,17 +86,52 @@ pub struct CaptureRules {
     pub extra_patterns: Vec<String>,
 }
 
-const CREDENTIAL_NAMES: [&str; 10] = [
-    ".git-credentials",
-    ".netrc",
-    "_netrc",
+/// Names (one path component) of credential files and directories: SSH and Git, cloud
+/// CLIs, container registries, Kubernetes, databases, package managers and secret
+/// stores. A directory of these names is left out whole.
+const CREDENTIAL_NAMES: [&str; 36] = [
+    // SSH, Git, HTTP
     ".ssh",
-    ".npmrc",
-    ".pypirc",
     "id_rsa",
     "id_dsa",
     "id_ecdsa",
     "id_ed25519",
+    ".git-credentials",
+    ".netrc",
+    "_netrc",
+    ".htpasswd",
+    // Cloud CLIs
+    ".aws",
+    ".azure",
+    "gcloud",
+    ".boto",
+    ".s3cfg",
+    ".oci",
+    ".doctl",
+    "application_default_credentials.json",
+    // Containers and Kubernetes
+    ".docker",
+    ".dockercfg",
+    ".kube",
+    "kubeconfig",
+    // Databases
+    ".pgpass",
+    ".my.cnf",
+    ".mylogin.cnf",
+    // Package managers and registries
+    ".npmrc",
+    ".yarnrc",
+    ".pypirc",
+    ".gem",
+    ".cargo-credentials",
+    "credentials.toml",
+    ".gradle-credentials",
+    // Secret stores and infrastructure tools
+    ".vault-token",
+    ".gnupg",
+    ".password-store",
+    ".terraformrc",
+    "credentials.tfrc.json",
 ];
 const CREDENTIAL_SUFFIXES: [&str; 6] = [".pem", ".key", ".p12", ".pfx", ".jks", ".keystore"];
 
@@ -108,8 +144,7 @@ impl CaptureRules {
     /// Why a name (one path component) is excluded, if it is.
     pub fn exclusion(&self, name: &str) -> Option<Exclusion> {
         if CREDENTIAL_NAMES.contains(&name)
-            || name == ".env"
-            || name.starts_with(".env.")
+            || name.starts_with(".env")
             || CREDENTIAL_SUFFIXES.iter().any(|s| name.ends_with(s))
         {
             return Some(Exclusion::Credential);
@@ -135,6 +170,8 @@ pub enum Exclusion {
     SpecialFile,
     /// A name (or a symlink target) that is not UTF-8.
     NameNotUtf8,
+    /// A file whose content holds a secret ([`secrets`]).
+    SecretContent,
 }
 
 /// At most this many skipped paths are listed; the counts cover all of them.
@@ -148,6 +185,8 @@ pub struct Skipped {
     pub nested_repositories: u64,
     pub special_files: u64,
     pub names_not_utf8: u64,
+    #[serde(default)]
+    pub secret_contents: u64,
     /// Relative paths (lossy UTF-8), at most [`SKIPPED_PATHS_LISTED`].
     pub paths: Vec<String>,
 }
@@ -160,6 +199,7 @@ impl Skipped {
             Exclusion::NestedRepository => &mut self.nested_repositories,
             Exclusion::SpecialFile => &mut self.special_files,
             Exclusion::NameNotUtf8 => &mut self.names_not_utf8,
+            Exclusion::SecretContent => &mut self.secret_contents,
         } += 1;
         if self.paths.len() < SKIPPED_PATHS_LISTED {
             self.paths.push(path);
@@ -172,6 +212,7 @@ impl Skipped {
         self.nested_repositories += other.nested_repositories;
         self.special_files += other.special_files;
         self.names_not_utf8 += other.names_not_utf8;
+        self.secret_contents += other.secret_contents;
         let room = SKIPPED_PATHS_LISTED.saturating_sub(self.paths.len());
         self.paths.extend(other.paths.into_iter().take(room));
     }
@@ -182,6 +223,7 @@ impl Skipped {
             + self.nested_repositories
             + self.special_files
             + self.names_not_utf8
+            + self.secret_contents
     }
 }
 
@@ -194,6 +236,8 @@ pub struct CaptureStats {
     pub chunks_new: u64,
     pub bytes_uploaded: u64,
     pub packs_new: u64,
+    /// Files left out because their content holds a secret (paths, never content).
+    pub secrets: Vec<String>,
 }
 
 /// Figures of one restore.

@@ -523,3 +523,96 @@ async fn a_remote_store_captures_deduplicates_and_restores_through_object_store(
     let message = integrity_failure(&store, &first, &out, "a truncated pack").await;
     assert!(message.contains("beyond the end"), "{message}");
 }
+
+/// Every byte the store holds, with every zstd frame in it decompressed: what a reader of
+/// the store's packs, indexes and manifests could see.
+fn store_plaintext(store_dir: &Path) -> Vec<u8> {
+    let mut seen = Vec::new();
+    let mut pending = vec![store_dir.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir).expect("store dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                pending.push(path);
+                continue;
+            }
+            let bytes = std::fs::read(&path).expect("store file");
+            for start in 0..bytes.len().saturating_sub(4) {
+                if bytes[start..start + 4] == [0x28, 0xb5, 0x2f, 0xfd] {
+                    let mut decoder = match zstd::stream::read::Decoder::new(&bytes[start..]) {
+                        Ok(decoder) => decoder.single_frame(),
+                        Err(_) => continue,
+                    };
+                    let mut frame = Vec::new();
+                    let _ = std::io::Read::read_to_end(&mut decoder, &mut frame);
+                    seen.extend_from_slice(&frame);
+                }
+            }
+            seen.extend_from_slice(&bytes);
+        }
+    }
+    seen
+}
+
+/// A tree holding the credential files of cloud CLIs, registries, Kubernetes, databases
+/// and `.env*` variants, a private key under an innocent name and a token in a note,
+/// beside a control file: after a capture, every pack, index and manifest of the store is
+/// decompressed and searched, and only the control file's marker is there. The snapshot
+/// records what it left out.
+#[tokio::test]
+async fn no_planted_secret_reaches_the_store() {
+    let (src, store_dir) = (scratch("secrets-src"), scratch("secrets-store"));
+    let key = format!(
+        "-----BEGIN OPENSSH {0}-----\nb3BlbnNzaC1rZXktdjE MARKER-deploy-key\n-----END OPENSSH {0}-----\n",
+        "PRIVATE KEY"
+    );
+    let token = format!("token: {}_{} MARKER-note\n", "ghp", "x".repeat(36));
+    let planted: [(&str, String); 9] = [
+        (".aws/credentials", "aws_access_key_id = MARKER-aws".into()),
+        (
+            ".docker/config.json",
+            "{\"auths\": \"MARKER-docker\"}".into(),
+        ),
+        (".kube/config", "token: MARKER-kube".into()),
+        (".pgpass", "db:5432:*:u:MARKER-pgpass".into()),
+        (".envrc", "export T=MARKER-envrc".into()),
+        (".env-prod", "T=MARKER-env-prod".into()),
+        ("keys/deploy_key", key),
+        ("docs/notes.txt", token),
+        (
+            "big/dump.log",
+            format!(
+                "{}{}",
+                "x".repeat(9 << 20),
+                "\nAKIAZZZZZZZZZZZZZZZZ MARKER-big\n"
+            ),
+        ),
+    ];
+    for (path, content) in &planted {
+        write(&src, path, content.as_bytes());
+    }
+    write(&src, "control.txt", b"MARKER-control");
+    let store = open(&store_dir);
+    let (manifest, stats) = capture(&store, &src, None).await;
+    let plain = store_plaintext(&store_dir);
+    let found = |marker: &str| plain.windows(marker.len()).any(|w| w == marker.as_bytes());
+    assert!(found("MARKER-control"), "the control file was captured");
+    for (path, content) in &planted {
+        let marker = content
+            .split_whitespace()
+            .find_map(|w| w.find("MARKER-").map(|i| &w[i..]))
+            .expect("a marker")
+            .trim_end_matches(['"', '}']);
+        assert!(!found(marker), "{path}: {marker} reached the store");
+        assert!(
+            !manifest.entries.iter().any(|e| e.path == *path),
+            "{path} is in the manifest"
+        );
+    }
+    let mut secrets = stats.secrets.clone();
+    secrets.sort();
+    assert_eq!(
+        secrets,
+        ["big/dump.log", "docs/notes.txt", "keys/deploy_key"]
+    );
+}

@@ -106,6 +106,10 @@ pub struct Config {
     /// Bytes of the end of each stream kept with the receipt in the database.
     #[arg(long, env = "CAIRN_OUTPUT_TAIL_BYTES", default_value_t = 4096)]
     pub output_tail_bytes: usize,
+    /// Replace the secrets a step prints (private key blocks, known token formats) with
+    /// `[redacted]` in its stored output and tails.
+    #[arg(long, env = "CAIRN_REDACT_OUTPUT", default_value_t = true, action = clap::ArgAction::Set)]
+    pub redact_output: bool,
 }
 
 impl Config {

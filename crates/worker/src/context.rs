@@ -18,6 +18,8 @@ pub struct JobSettings {
     pub artifacts_dir: PathBuf,
     pub output_max_bytes: u64,
     pub output_tail_bytes: usize,
+    /// Whether stored output has its secrets redacted.
+    pub redact_output: bool,
     pub kill_grace: Duration,
     pub confinement: crate::confine::Policy,
     /// How long a pause may last before it behaves like a stop.

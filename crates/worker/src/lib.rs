@@ -127,6 +127,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             artifacts_dir,
             output_max_bytes: config.output_max_bytes,
             output_tail_bytes: config.output_tail_bytes,
+            redact_output: config.redact_output,
             kill_grace: Duration::from_secs(config.kill_grace_seconds),
             confinement: confine::Policy::resolve(config.verify_confinement),
             pause_limit: Duration::from_secs(config.pause_limit_seconds),

@@ -29,6 +29,8 @@ pub struct StepCommand {
     pub output_base: PathBuf,
     pub max_output: u64,
     pub tail_bytes: usize,
+    /// Redact secrets from the stored output and tails.
+    pub redact: bool,
     pub kill_grace: Duration,
     /// Start in a new network namespace with only loopback (verification checks).
     pub isolate_network: bool,
@@ -154,18 +156,13 @@ pub async fn run_published(
     let stderr = child.stderr.take();
     let stdout_path = command.output_base.with_extension("stdout");
     let stderr_path = command.output_base.with_extension("stderr");
-    let out_task = tokio::spawn(capture(
-        stdout,
-        stdout_path.clone(),
-        command.max_output,
-        command.tail_bytes,
-    ));
-    let err_task = tokio::spawn(capture(
-        stderr,
-        stderr_path,
-        command.max_output,
-        command.tail_bytes,
-    ));
+    let bounds = Bounds {
+        max: command.max_output,
+        tail: command.tail_bytes,
+        redact: command.redact,
+    };
+    let out_task = tokio::spawn(capture(stdout, stdout_path.clone(), bounds));
+    let err_task = tokio::spawn(capture(stderr, stderr_path, bounds));
 
     // Wait for the exit without reaping it, so the CPU time can still be read from
     // /proc while the process is a zombie.
@@ -283,25 +280,42 @@ fn cpu_ms_of_zombie(pid: i32) -> i64 {
     ticks * 1000 / per_second
 }
 
-/// Streams one output pipe to its artifact file (up to `max` bytes), keeping a digest
-/// and the last `tail` bytes.
+/// What one output stream keeps.
+#[derive(Debug, Clone, Copy)]
+struct Bounds {
+    /// Bytes of the artifact file, at most.
+    max: u64,
+    /// Bytes of the tail kept with the receipt.
+    tail: usize,
+    /// Redact secrets from the file and the tail.
+    redact: bool,
+}
+
+/// Streams one output pipe to its artifact file (up to `max` bytes, secrets redacted),
+/// keeping a digest of the file and the last `tail` bytes stored, as text
+/// ([`cairn_common::output::escape`]).
 async fn capture<R: AsyncRead + Unpin>(
     pipe: Option<R>,
     path: PathBuf,
-    max: u64,
-    tail: usize,
+    bounds: Bounds,
 ) -> Result<(Vec<u8>, String, bool), std::io::Error> {
-    let mut digest = Sha256::new();
-    let mut last: Vec<u8> = Vec::new();
-    let mut written: u64 = 0;
-    let mut truncated = false;
     let Some(mut pipe) = pipe else {
-        return Ok((digest.finalize().to_vec(), String::new(), false));
+        return Ok((Sha256::new().finalize().to_vec(), String::new(), false));
     };
     if let Some(parent) = path.parent() {
         tokio::fs::create_dir_all(parent).await?;
     }
-    let mut file = tokio::fs::File::create(&path).await?;
+    let mut sink = Sink {
+        file: tokio::fs::File::create(&path).await?,
+        bounds,
+        digest: Sha256::new(),
+        written: 0,
+        truncated: false,
+        last: Vec::new(),
+    };
+    let mut redactor = bounds
+        .redact
+        .then(cairn_snapshot::secrets::Redactor::default);
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = pipe.read(&mut buf).await?;
@@ -309,31 +323,56 @@ async fn capture<R: AsyncRead + Unpin>(
             break;
         }
         let chunk = &buf[..n];
-        let room = usize::try_from(max.saturating_sub(written)).unwrap_or(usize::MAX);
-        let kept = &chunk[..chunk.len().min(room)];
-        if kept.len() < chunk.len() {
-            truncated = true;
-        }
-        if !kept.is_empty() {
-            file.write_all(kept).await?;
-            digest.update(kept);
-            written += kept.len() as u64;
-        }
-        // The tail follows the whole stream, even past the artifact bound.
-        last.extend_from_slice(chunk);
-        if last.len() > tail * 2 {
-            last.drain(..last.len() - tail);
+        match redactor.as_mut() {
+            Some(redactor) => sink.write(&redactor.push(chunk)).await?,
+            None => sink.write(chunk).await?,
         }
     }
-    file.flush().await?;
-    if last.len() > tail {
-        last.drain(..last.len() - tail);
+    if let Some(redactor) = redactor {
+        sink.write(&redactor.finish()).await?;
+    }
+    sink.file.flush().await?;
+    let mut last = sink.last;
+    if last.len() > bounds.tail {
+        last.drain(..last.len() - bounds.tail);
     }
     Ok((
-        digest.finalize().to_vec(),
-        String::from_utf8_lossy(&last).into_owned(),
-        truncated,
+        sink.digest.finalize().to_vec(),
+        cairn_common::output::escape(&last),
+        sink.truncated,
     ))
+}
+
+/// Where stored output goes: the bounded artifact file and the tail.
+struct Sink {
+    file: tokio::fs::File,
+    bounds: Bounds,
+    digest: Sha256,
+    written: u64,
+    truncated: bool,
+    last: Vec<u8>,
+}
+
+impl Sink {
+    async fn write(&mut self, bytes: &[u8]) -> Result<(), std::io::Error> {
+        let room =
+            usize::try_from(self.bounds.max.saturating_sub(self.written)).unwrap_or(usize::MAX);
+        let kept = &bytes[..bytes.len().min(room)];
+        if kept.len() < bytes.len() {
+            self.truncated = true;
+        }
+        if !kept.is_empty() {
+            self.file.write_all(kept).await?;
+            self.digest.update(kept);
+            self.written += kept.len() as u64;
+        }
+        // The tail follows the whole stream, even past the artifact bound.
+        self.last.extend_from_slice(bytes);
+        if self.last.len() > self.bounds.tail * 2 {
+            self.last.drain(..self.last.len() - self.bounds.tail);
+        }
+        Ok(())
+    }
 }
 
 /// Where a step's full output lives.
@@ -362,6 +401,7 @@ mod tests {
             output_base: dir.join("out").join("step"),
             max_output: 16,
             tail_bytes: 8,
+            redact: true,
             kill_grace: Duration::from_millis(200),
             isolate_network: false,
         }

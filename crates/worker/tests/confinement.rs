@@ -25,6 +25,7 @@ async fn run(argv: &[&str], isolate_network: bool, dir: &Path) -> StepOutcome {
             .join(if isolate_network { "confined" } else { "open" }),
         max_output: 64 * 1024,
         tail_bytes: 4096,
+        redact: true,
         kill_grace: Duration::from_millis(200),
         isolate_network,
     };

@@ -182,7 +182,7 @@ impl Custody {
         tx.commit().await?;
         fault::point(fault::DURING_CAPTURE);
 
-        let skipped = scanned.skipped.clone();
+        let mut skipped = scanned.skipped.clone();
         let captured = snapshot::capture_scanned(
             &settings.store,
             &tree.workspace.root,
@@ -199,6 +199,9 @@ impl Custody {
                 return Ok(Checkpoint::Failed(e.to_string()));
             }
         };
+        for path in &stats.secrets {
+            skipped.add(snapshot::Exclusion::SecretContent, path.clone());
+        }
         let mut tx = lease.begin_fenced(&self.pool).await?;
         let size = i64::try_from(manifest.total_bytes()).unwrap_or(i64::MAX);
         let ready = lineage::mark_ready(

@@ -409,6 +409,7 @@ fn command(
         ),
         max_output: job.worker.settings.output_max_bytes,
         tail_bytes: job.worker.settings.output_tail_bytes,
+        redact: job.worker.settings.redact_output,
         kill_grace: job.worker.settings.kill_grace,
         isolate_network: false,
     }

@@ -1,0 +1,79 @@
+//! A step's output is bytes: every byte value reaches the artifact and the receipt's
+//! tail, and the secrets a step prints are redacted before anything is stored.
+
+use cairn_common::output::unescape;
+use cairn_e2e::cluster::{run_spec, Cluster, Settings};
+use cairn_e2e::ServiceLock;
+use serde_json::json;
+use std::time::Duration;
+
+/// Every byte 0–255, NUL and invalid UTF-8 included, printed to stdout and to stderr: the
+/// step's receipt is written (the run completes), both artifacts hold the bytes exactly,
+/// and both tails give them back.
+#[tokio::test]
+async fn every_byte_a_step_prints_is_kept() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("output-bytes", 1, Settings::default()).await;
+    let format: String = (0..=255u8).map(|b| format!("\\{b:03o}")).collect();
+    let script = format!("printf '{format}'; printf '{format}' >&2");
+    let step = json!({"key": "bytes", "argv": ["sh", "-c", script], "idempotent": true});
+    let (run_id, _) = cluster.submit(&run_spec(vec![step], 1));
+    let run = cluster.wait_for_state(
+        &run_id,
+        &["completed", "failed", "needs_reconciliation"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(run["state"], "completed", "{run}");
+    let all: Vec<u8> = (0..=255u8).collect();
+    let journal = cluster.journal(&run_id);
+    let step = &journal["steps"][0];
+    for stream in ["stdout", "stderr"] {
+        let tail = step[format!("{stream}_tail")].as_str().expect("tail");
+        assert_eq!(
+            unescape(tail).as_deref(),
+            Some(&all[..]),
+            "{stream} tail {tail:?}"
+        );
+        let base = step["output_artifact"].as_str().expect("artifact");
+        let stored = std::fs::read(format!("{base}.{stream}")).expect("artifact file");
+        assert_eq!(stored, all, "{stream} artifact");
+    }
+}
+
+/// A step prints a private key block and tokens: its artifacts and tails hold
+/// `[redacted]` in their place, and none of them.
+#[tokio::test]
+async fn secrets_a_step_prints_are_redacted() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("output-redact", 1, Settings::default()).await;
+    let key = "PRIVATE KEY";
+    let github = format!("{}_{}", "ghp", "k".repeat(36));
+    let aws = format!("{}{}", "AKIA", "Q".repeat(16));
+    let script = format!(
+        "echo 'token {github} here'; printf -- '-----BEGIN OPENSSH {key}-----\\nb3BlbnNzaA\\n-----END OPENSSH {key}-----\\n'; echo 'id {aws}' >&2; echo done"
+    );
+    let step = json!({"key": "leak", "argv": ["sh", "-c", script], "idempotent": true});
+    let (run_id, _) = cluster.submit(&run_spec(vec![step], 1));
+    let run = cluster.wait_for_state(
+        &run_id,
+        &["completed", "failed", "needs_reconciliation"],
+        Duration::from_secs(60),
+    );
+    assert_eq!(run["state"], "completed", "{run}");
+    let journal = cluster.journal(&run_id);
+    let step = &journal["steps"][0];
+    let base = step["output_artifact"].as_str().expect("artifact");
+    let mut seen = String::new();
+    for stream in ["stdout", "stderr"] {
+        seen.push_str(step[format!("{stream}_tail")].as_str().expect("tail"));
+        seen.push_str(&String::from_utf8_lossy(
+            &std::fs::read(format!("{base}.{stream}")).expect("artifact"),
+        ));
+    }
+    for secret in [github.as_str(), aws.as_str(), "b3BlbnNzaA", "BEGIN OPENSSH"] {
+        assert!(!seen.contains(secret), "{secret} was stored: {seen}");
+    }
+    assert!(seen.contains("token [redacted] here"), "{seen}");
+    assert!(seen.contains("id [redacted]"), "{seen}");
+    assert!(seen.contains("done"), "{seen}");
+}
