@@ -30,12 +30,16 @@ pub struct Policy {
 #[serde(deny_unknown_fields)]
 pub struct PolicyUpdate {
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub enabled: Option<bool>,
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub allow_checkpoint_continuation: Option<bool>,
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub allow_final_outcome_continuation: Option<bool>,
     #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
     pub maximum_window_seconds: Option<i32>,
 }
 

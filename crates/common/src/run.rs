@@ -71,6 +71,7 @@ pub struct Budgets {
 #[serde(deny_unknown_fields)]
 pub struct RunSpec {
     /// Which agent the run is for (part of workspace and snapshot ownership).
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,128}$")]
     pub agent: String,
     /// Git repository URL or local path; without one the steps run in a scratch directory.
     #[serde(default)]

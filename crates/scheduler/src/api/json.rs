@@ -50,13 +50,23 @@ where
 /// field Cairn stores can, so one is refused by name instead of by the database.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     let deserializer = &mut serde_json::Deserializer::from_slice(bytes);
-    let value: T = typed(deserializer)?;
-    deserializer.end().map_err(|e| {
-        ApiError::bad_request(
-            "malformed_json",
-            format!("content after the JSON value: {e}"),
-        )
-    })?;
+    let value: T = match typed(deserializer) {
+        Ok(value) => {
+            deserializer.end().map_err(|e| {
+                ApiError::bad_request(
+                    "malformed_json",
+                    format!("content after the JSON value: {e}"),
+                )
+            })?;
+            value
+        }
+        // JSON does not tell `60.0` from `60`: an integral number is an integer wherever
+        // one is expected (a fraction is still refused). `integral` reads the whole body.
+        Err(e) if e.message.starts_with("invalid type: floating point") => {
+            integral(bytes).ok_or(e)?
+        }
+        Err(e) => return Err(e),
+    };
     // A NUL can only arrive escaped (`\u0000`); look for the field only then.
     if bytes.windows(6).any(|w| w.eq_ignore_ascii_case(b"\\u0000")) {
         if let Ok(tree) = serde_json::from_slice::<serde_json::Value>(bytes) {
@@ -97,6 +107,29 @@ fn nul_at(value: &serde_json::Value, path: &str) -> Option<String> {
         }),
         _ => None,
     }
+}
+
+/// `bytes` decoded with every integral number written as a float (`60.0`) read as the
+/// integer it is; `None` if that does not decode either.
+fn integral<T: DeserializeOwned>(bytes: &[u8]) -> Option<T> {
+    fn normalize(value: &mut serde_json::Value) {
+        match value {
+            serde_json::Value::Number(n) => {
+                if let Some(f) = n.as_f64().filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15) {
+                    // Exact: integral and within f64's exact integer range.
+                    #[allow(clippy::cast_possible_truncation)]
+                    let i = f as i64;
+                    *value = serde_json::Value::from(i);
+                }
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(normalize),
+            serde_json::Value::Object(map) => map.values_mut().for_each(normalize),
+            _ => {}
+        }
+    }
+    let mut value: serde_json::Value = serde_json::from_slice(bytes).ok()?;
+    normalize(&mut value);
+    serde_json::from_value(value).ok()
 }
 
 fn typed<'de, T: DeserializeOwned>(
@@ -193,6 +226,14 @@ mod tests {
             assert_eq!(err.map(|e| e.code), Some("malformed_json"), "{trailing}");
         }
         assert!(decode::<Body>(format!("{body} \n").as_bytes()).is_ok());
+    }
+
+    #[test]
+    fn an_integral_float_is_an_integer_and_a_fraction_is_not() {
+        let ok = decode::<Body>(br#"{"flag": true, "inner": {"seconds": 60.0}}"#);
+        assert!(ok.is_ok_and(|b| b.inner.seconds == 60));
+        let field = field_of(r#"{"flag": true, "inner": {"seconds": 60.5}}"#);
+        assert_eq!(field.as_deref(), Some("inner.seconds"));
     }
 
     #[test]

@@ -34,7 +34,153 @@ impl Modify for BearerAuth {
     }
 }
 
-/// The document as JSON text.
+/// The document as JSON text, with what every operation shares ([`complete`]).
 pub fn json() -> String {
-    ApiDoc::openapi().to_pretty_json().unwrap_or_default()
+    let Ok(mut doc) = serde_json::to_value(ApiDoc::openapi()) else {
+        return String::new();
+    };
+    complete(&mut doc);
+    serde_json::to_string_pretty(&doc).unwrap_or_default()
+}
+
+/// The component schemas a request body uses, directly or through others.
+fn request_schemas(doc: &serde_json::Value) -> std::collections::BTreeSet<String> {
+    fn refs(value: &serde_json::Value, out: &mut Vec<String>) {
+        match value {
+            serde_json::Value::Object(map) => {
+                if let Some(name) = map
+                    .get("$ref")
+                    .and_then(|r| r.as_str())
+                    .and_then(|r| r.strip_prefix("#/components/schemas/"))
+                {
+                    out.push(name.to_string());
+                }
+                map.values().for_each(|v| refs(v, out));
+            }
+            serde_json::Value::Array(items) => items.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+    let mut pending = Vec::new();
+    if let Some(paths) = doc.get("paths").and_then(|p| p.as_object()) {
+        for operation in paths
+            .values()
+            .filter_map(|p| p.as_object())
+            .flat_map(|p| p.values())
+        {
+            if let Some(body) = operation.get("requestBody") {
+                refs(body, &mut pending);
+            }
+        }
+    }
+    let mut found = std::collections::BTreeSet::new();
+    while let Some(name) = pending.pop() {
+        if found.insert(name.clone()) {
+            if let Some(schema) = doc.pointer(&format!("/components/schemas/{name}")) {
+                refs(schema, &mut pending);
+            }
+        }
+    }
+    found
+}
+
+/// Every free-form string the server stores refuses a NUL (a 400 naming the field): a
+/// string schema with no pattern, format or set of values says so.
+fn no_nul_in_strings(schema: &mut serde_json::Value) {
+    match schema {
+        serde_json::Value::Object(map) => {
+            let is_string = match map.get("type") {
+                Some(serde_json::Value::String(t)) => t == "string",
+                Some(serde_json::Value::Array(types)) => types.iter().any(|t| t == "string"),
+                _ => false,
+            };
+            let open = !["pattern", "format", "enum", "const"]
+                .iter()
+                .any(|k| map.contains_key(*k));
+            if is_string && open {
+                map.insert("pattern".into(), "^[^\\u0000]*$".into());
+            }
+            map.values_mut().for_each(no_nul_in_strings);
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(no_nul_in_strings),
+        _ => {}
+    }
+}
+
+/// Adds what the handlers' annotations leave implicit, so that a client generated from
+/// the document meets the server: the statuses every operation can answer (a bad
+/// token 401, a role too low 403, an unreadable or too large body 413, a body that is
+/// not JSON 415, an unavailable database 503, each with the error body), and the
+/// patterns the server enforces on path parameters (ids: 32 lowercase hex; agent
+/// names).
+fn complete(doc: &mut serde_json::Value) {
+    use serde_json::json;
+    let error = json!({
+        "description": "The error body",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}
+    });
+    let bodies = request_schemas(doc);
+    if let Some(schemas) = doc
+        .pointer_mut("/components/schemas")
+        .and_then(|s| s.as_object_mut())
+    {
+        for (name, schema) in schemas.iter_mut() {
+            if bodies.contains(name) {
+                no_nul_in_strings(schema);
+            }
+        }
+    }
+    let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) else {
+        return;
+    };
+    for item in paths.values_mut() {
+        let Some(item) = item.as_object_mut() else {
+            continue;
+        };
+        for (method, operation) in item.iter_mut() {
+            if !matches!(method.as_str(), "get" | "put" | "post" | "delete" | "patch") {
+                continue;
+            }
+            let has_body = operation.get("requestBody").is_some();
+            let has_params = operation
+                .get("parameters")
+                .is_some_and(|p| p.as_array().is_some_and(|a| !a.is_empty()));
+            if let Some(params) = operation
+                .get_mut("parameters")
+                .and_then(|p| p.as_array_mut())
+            {
+                for param in params {
+                    let name = param["name"].as_str().unwrap_or_default().to_string();
+                    if name == "Idempotency-Key" {
+                        param["schema"] =
+                            json!({"type": "string", "pattern": "^[!-~]([ -~]{0,253}[!-~])?$"});
+                    }
+                    if param["in"] != "path" {
+                        continue;
+                    }
+                    let pattern = if name == "agent" {
+                        "^[A-Za-z0-9._-]{1,128}$"
+                    } else {
+                        "^[0-9a-f]{32}$"
+                    };
+                    param["schema"] = json!({"type": "string", "pattern": pattern});
+                }
+            }
+            let Some(responses) = operation
+                .get_mut("responses")
+                .and_then(|r| r.as_object_mut())
+            else {
+                continue;
+            };
+            let mut statuses = vec!["401", "403", "503"];
+            if has_body {
+                statuses.extend(["400", "413", "415"]);
+            } else if has_params {
+                statuses.push("400");
+            }
+            for status in statuses {
+                responses.entry(status).or_insert_with(|| error.clone());
+            }
+        }
+    }
 }

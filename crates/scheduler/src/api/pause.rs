@@ -45,9 +45,11 @@ pub struct PauseView {
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct WaitQuery {
     /// Seconds to wait for the worker before answering 202 (0 to 60, default 30).
+    #[param(minimum = 0, maximum = 60)]
     pub wait_seconds: Option<u64>,
 }
 

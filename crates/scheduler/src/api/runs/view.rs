@@ -128,13 +128,21 @@ pub async fn load_run(
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Only runs in this state.
+    #[param(
+        pattern = "^(queued|running|awaiting_verification|stopped_at_checkpoint|needs_reconciliation|completed|failed|cancelled)$"
+    )]
     pub state: Option<String>,
     /// Page size, 1..=500 (default 50).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<i64>,
     /// `next_cursor` of the previous page.
+    #[param(
+        pattern = "^(-?[0-9]{1,16}|1[0-9]{17}|2[0-4][0-9]{16}|25[0-2][0-9]{15}|253[0-3][0-9]{14})_[0-9a-f]{32}$"
+    )]
     pub cursor: Option<String>,
 }
 

@@ -32,7 +32,9 @@ pub struct ReusableBuildCheck {
 #[serde(deny_unknown_fields)]
 pub struct VerificationAdoptionInput {
     /// A new caller-owned id: 32 lowercase hexadecimal characters.
+    #[schema(pattern = "^[0-9a-f]{32}$")]
     pub request_id: String,
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,128}$")]
     pub agent: String,
     pub pending_request_digest: String,
     pub source_digest: String,

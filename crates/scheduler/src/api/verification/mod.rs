@@ -55,9 +55,11 @@ fn evaluate(
 }
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct CandidateQuery {
-    /// The provider (agent) the verification runs under: the run's own agent.
+    /// The provider (agent) the verification runs under: the run's own agent. Required.
+    #[param(required = true, pattern = "^[A-Za-z0-9._-]{1,128}$")]
     pub agent: Option<String>,
 }
 
