@@ -39,7 +39,7 @@ pub struct PolicyUpdate {
     #[schema(nullable = false)]
     pub allow_final_outcome_continuation: Option<bool>,
     #[serde(default, deserialize_with = "present")]
-    #[schema(nullable = false)]
+    #[schema(nullable = false, minimum = 1, maximum = 7200)]
     pub maximum_window_seconds: Option<i32>,
 }
 

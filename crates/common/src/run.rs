@@ -35,8 +35,10 @@ impl FieldError {
 pub struct StepSpec {
     /// Unique within the plan: `[A-Za-z0-9._-]`, at most 64 characters. The journal keys
     /// intents and receipts by it.
+    #[schema(pattern = "^[A-Za-z0-9._-]{1,64}$")]
     pub key: String,
     /// Program and arguments; run directly, not through a shell.
+    #[schema(min_items = 1)]
     pub argv: Vec<String>,
     /// Environment of the step; nothing else is inherited.
     #[serde(default)]
@@ -46,6 +48,7 @@ pub struct StepSpec {
     pub cwd: Option<String>,
     /// Time limit of one execution, 1..=86400 seconds.
     #[serde(default = "default_step_timeout")]
+    #[schema(minimum = 1, maximum = 86400)]
     pub timeout_seconds: u32,
     /// Whether running it again after an unknown outcome is safe.
     #[serde(default)]
@@ -61,8 +64,10 @@ fn default_step_timeout() -> u32 {
 #[serde(deny_unknown_fields)]
 pub struct Budgets {
     /// Commands the request may execute in all (reused receipts are not re-charged).
+    #[schema(maximum = 100000)]
     pub max_commands: u32,
     /// Wall-clock seconds of step execution the request may spend in all.
+    #[schema(minimum = 1, maximum = 604800)]
     pub max_wall_seconds: u32,
 }
 
@@ -79,6 +84,7 @@ pub struct RunSpec {
     /// Git ref to check out (default: the repository's HEAD).
     #[serde(default, rename = "ref")]
     pub git_ref: Option<String>,
+    #[schema(max_items = 200)]
     pub steps: Vec<StepSpec>,
     pub budgets: Budgets,
     /// After this instant no further attempt or continuation starts.
@@ -86,6 +92,7 @@ pub struct RunSpec {
     pub deadline: Option<DateTime<Utc>>,
     /// Automatic attempts after lost leases, 1..=20 (default 3).
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 20)]
     pub max_attempts: Option<u32>,
 }
 

@@ -16,6 +16,7 @@ use utoipa::ToSchema;
 #[serde(deny_unknown_fields)]
 pub struct TokenRequest {
     /// A label for people, 1 to 128 characters.
+    #[schema(min_length = 1, max_length = 128)]
     pub name: String,
     pub role: Role,
 }

@@ -16,10 +16,12 @@ use utoipa::ToSchema;
 #[serde(deny_unknown_fields)]
 pub struct CheckpointContinuationInputV1 {
     /// Integer 1.
+    #[schema(minimum = 1, maximum = 1)]
     pub version: u32,
     /// The exact current candidate's 64-character digest.
     pub candidate_digest: String,
     /// 1 to the candidate's `maximum_window_seconds` (at most 7,200).
+    #[schema(minimum = 1, maximum = 7200)]
     pub valid_for_seconds: u32,
     /// Boolean `true`.
     pub acknowledge_retained_response_consumed_once: bool,
@@ -36,9 +38,11 @@ pub struct CheckpointContinuationInputV1 {
 #[serde(deny_unknown_fields)]
 pub struct FinalOutcomeContinuationInputV1 {
     /// Integer 1.
+    #[schema(minimum = 1, maximum = 1)]
     pub version: u32,
     pub candidate_digest: String,
     /// The claim window, 1 to the candidate's `maximum_window_seconds`.
+    #[schema(minimum = 1, maximum = 7200)]
     pub valid_for_seconds: u32,
     pub acknowledge_already_consumed_final_output: bool,
     pub acknowledge_no_completed_effect_replay: bool,

@@ -125,11 +125,16 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let Some(value) = headers.get("idempotency-key") else {
         return Ok(None);
     };
+    // As the document says: 1 to 255 visible ASCII characters, inner spaces allowed.
     let key = value
         .to_str()
         .ok()
-        .map(str::trim)
-        .filter(|k| !k.is_empty() && k.len() <= 255)
+        .filter(|k| {
+            (1..=255).contains(&k.len())
+                && k.bytes().all(|b| (b' '..=b'~').contains(&b))
+                && !k.starts_with(' ')
+                && !k.ends_with(' ')
+        })
         .ok_or_else(|| {
             ApiError::bad_request(
                 "invalid_idempotency_key",
@@ -236,6 +241,7 @@ async fn replay(
 #[serde(deny_unknown_fields)]
 pub struct BatchRequest {
     /// 1 to 1,000 runs, admitted together or not at all.
+    #[schema(min_items = 1, max_items = 1000)]
     pub runs: Vec<RunSpec>,
 }
 
