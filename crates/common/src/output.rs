@@ -1,8 +1,10 @@
 //! How a step's output bytes are shown as text (receipt tails, the API, `cairnctl`).
-//! Output is bytes: NULs, invalid UTF-8, anything. Its text form keeps valid UTF-8 as
-//! it is, except that a backslash is written `\\` and a NUL or any byte that is not
-//! part of valid UTF-8 is written `\xNN`. The form round-trips ([`unescape`]), and
-//! PostgreSQL text can hold it.
+//! Output is bytes: NULs, invalid UTF-8, terminal escapes, anything. Its text form keeps
+//! valid UTF-8 as it is, except that a backslash is written `\\`, and each byte of a
+//! control character other than newline and tab (NUL, carriage return, escape, C1
+//! controls) and each byte that is not part of valid UTF-8 is written `\xNN`. The form
+//! round-trips ([`unescape`]), PostgreSQL text can hold it, and a terminal shows it as
+//! text.
 
 /// The text form of `bytes`.
 pub fn escape(bytes: &[u8]) -> String {
@@ -11,7 +13,13 @@ pub fn escape(bytes: &[u8]) -> String {
         for c in chunk.valid().chars() {
             match c {
                 '\\' => out.push_str("\\\\"),
-                '\0' => out.push_str("\\x00"),
+                '\n' | '\t' => out.push(c),
+                c if c.is_control() => {
+                    let mut utf8 = [0u8; 4];
+                    for b in c.encode_utf8(&mut utf8).bytes() {
+                        out.push_str(&format!("\\x{b:02x}"));
+                    }
+                }
                 c => out.push(c),
             }
         }
@@ -55,6 +63,9 @@ mod tests {
         let mixed = "naïve \\ path\0é".as_bytes().to_vec();
         assert_eq!(escape(&mixed), "naïve \\\\ path\\x00é");
         assert_eq!(unescape(&escape(&mixed)), Some(mixed));
-        assert_eq!(escape(b"plain\n"), "plain\n");
+        assert_eq!(escape(b"plain\n\tx"), "plain\n\tx");
+        let terminal = "\x1b[31mred\r\u{85}".as_bytes().to_vec();
+        assert_eq!(escape(&terminal), "\\x1b[31mred\\x0d\\xc2\\x85");
+        assert_eq!(unescape(&escape(&terminal)), Some(terminal));
     }
 }
