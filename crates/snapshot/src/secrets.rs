@@ -113,10 +113,15 @@ impl Redactor {
             let line: Vec<u8> = self.pending.drain(..=end).collect();
             self.line(&line, &mut out);
         }
-        if self.pending.len() > LONG_LINE && self.key_lines.is_none() {
-            let cut = self.pending.len() - OVERLAP;
-            let head: Vec<u8> = self.pending.drain(..cut).collect();
-            out.extend_from_slice(&redact(&head));
+        if self.pending.len() > LONG_LINE {
+            if self.key_lines.is_some() {
+                // Inside a key block the line is replaced whole: nothing of it is kept.
+                self.pending.clear();
+            } else {
+                let cut = self.pending.len() - OVERLAP;
+                let head: Vec<u8> = self.pending.drain(..cut).collect();
+                out.extend_from_slice(&redact(&head));
+            }
         }
         out
     }
@@ -233,6 +238,26 @@ mod tests {
                 "read {step} at a time"
             );
         }
+    }
+
+    #[test]
+    fn a_long_line_is_passed_on_in_pieces_and_a_key_block_holds_nothing() {
+        let mut redactor = Redactor::default();
+        let long = vec![b'a'; LONG_LINE * 3];
+        let passed = redactor.push(&long);
+        assert!(
+            passed.len() >= LONG_LINE * 2,
+            "passed on before its newline"
+        );
+        let mut rest = redactor.push(b"\n");
+        rest.extend(redactor.finish());
+        assert_eq!(passed.len() + rest.len(), long.len() + 1);
+        let mut redactor = Redactor::default();
+        let begin = format!("-----BEGIN EC {}-----\n", "PRIVATE KEY");
+        assert_eq!(redactor.push(begin.as_bytes()), b"[redacted]\n");
+        assert!(redactor.push(&long).is_empty());
+        assert!(redactor.pending.len() <= LONG_LINE, "memory stays bounded");
+        assert_eq!(redactor.push(b"\n"), b"[redacted]\n");
     }
 
     #[test]
