@@ -343,9 +343,16 @@ fn lease_of(seconds: u64) -> Settings {
 }
 
 /// A cluster whose w1 is full (concurrency 4, four 8 s runs) and stalled by SIGSTOP with
-/// its consumers still open, and a w2 with room for 16.
+/// its consumers still open (its AMQP heartbeat is 600 s), and a w2 with room for 16.
 async fn stall_a_full_worker(label: &str) -> Cluster {
-    let mut cluster = Cluster::start(label, 1, Settings::default()).await;
+    let mut cluster = Cluster::start(label, 0, Settings::default()).await;
+    // A long AMQP heartbeat: the broker keeps the stalled worker's connection, as it does
+    // for a worker that is merely busy, so only the sweeper can free what it holds.
+    cluster
+        .worker_env
+        .push(("CAIRN_AMQP_HEARTBEAT_SECONDS".into(), "600".into()));
+    cluster.add_worker();
+    cluster.worker_env.pop();
     for n in 0..4 {
         let step = append_step("s1", "log.txt", &n.to_string(), 8.0, true);
         let (_, request_id) = cluster.submit(&run_spec(vec![step], 3));

@@ -4,7 +4,7 @@
 use cairn_common::output::unescape;
 use cairn_e2e::cluster::{run_spec, Cluster, Settings};
 use cairn_e2e::ServiceLock;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::time::Duration;
 
 /// Every byte 0–255, NUL and invalid UTF-8 included, printed to stdout and to stderr: the
@@ -13,20 +13,10 @@ use std::time::Duration;
 #[tokio::test]
 async fn every_byte_a_step_prints_is_kept() {
     let _services = ServiceLock::shared().await;
-    let cluster = Cluster::start("output-bytes", 1, Settings::default()).await;
     let format: String = (0..=255u8).map(|b| format!("\\{b:03o}")).collect();
     let script = format!("printf '{format}'; printf '{format}' >&2");
-    let step = json!({"key": "bytes", "argv": ["sh", "-c", script], "idempotent": true});
-    let (run_id, _) = cluster.submit(&run_spec(vec![step], 1));
-    let run = cluster.wait_for_state(
-        &run_id,
-        &["completed", "failed", "needs_reconciliation"],
-        Duration::from_secs(60),
-    );
-    assert_eq!(run["state"], "completed", "{run}");
+    let (_cluster, step) = completed_step("output-bytes", &script).await;
     let all: Vec<u8> = (0..=255u8).collect();
-    let journal = cluster.journal(&run_id);
-    let step = &journal["steps"][0];
     for stream in ["stdout", "stderr"] {
         let tail = step[format!("{stream}_tail")].as_str().expect("tail");
         assert_eq!(
@@ -45,23 +35,13 @@ async fn every_byte_a_step_prints_is_kept() {
 #[tokio::test]
 async fn secrets_a_step_prints_are_redacted() {
     let _services = ServiceLock::shared().await;
-    let cluster = Cluster::start("output-redact", 1, Settings::default()).await;
     let key = "PRIVATE KEY";
     let github = format!("{}_{}", "ghp", "k".repeat(36));
     let aws = format!("{}{}", "AKIA", "Q".repeat(16));
     let script = format!(
         "echo 'token {github} here'; printf -- '-----BEGIN OPENSSH {key}-----\\nb3BlbnNzaA\\n-----END OPENSSH {key}-----\\n'; echo 'id {aws}' >&2; echo done"
     );
-    let step = json!({"key": "leak", "argv": ["sh", "-c", script], "idempotent": true});
-    let (run_id, _) = cluster.submit(&run_spec(vec![step], 1));
-    let run = cluster.wait_for_state(
-        &run_id,
-        &["completed", "failed", "needs_reconciliation"],
-        Duration::from_secs(60),
-    );
-    assert_eq!(run["state"], "completed", "{run}");
-    let journal = cluster.journal(&run_id);
-    let step = &journal["steps"][0];
+    let (_cluster, step) = completed_step("output-redact", &script).await;
     let base = step["output_artifact"].as_str().expect("artifact");
     let mut seen = String::new();
     for stream in ["stdout", "stderr"] {
@@ -76,4 +56,17 @@ async fn secrets_a_step_prints_are_redacted() {
     assert!(seen.contains("token [redacted] here"), "{seen}");
     assert!(seen.contains("id [redacted]"), "{seen}");
     assert!(seen.contains("done"), "{seen}");
+}
+
+/// Runs one shell step on a fresh cluster; returns the cluster (which keeps the step's
+/// artifacts) and the step's journal entry once it completed.
+async fn completed_step(label: &str, script: &str) -> (Cluster, Value) {
+    let cluster = Cluster::start(label, 1, Settings::default()).await;
+    let step = json!({"key": "out", "argv": ["sh", "-c", script], "idempotent": true});
+    let (run_id, _) = cluster.submit(&run_spec(vec![step], 1));
+    let ended = ["completed", "failed", "needs_reconciliation"];
+    let run = cluster.wait_for_state(&run_id, &ended, Duration::from_secs(60));
+    assert_eq!(run["state"], "completed", "{run}");
+    let step = cluster.journal(&run_id)["steps"][0].clone();
+    (cluster, step)
 }

@@ -218,6 +218,15 @@ pub async fn connect_once(url: &str) -> Result<Connection, QueueError> {
     Ok(Connection::connect(url, ConnectionProperties::default()).await?)
 }
 
+/// Connects once with an AMQP heartbeat of `seconds`, unless the URL sets one: RabbitMQ
+/// drops a peer that stops answering (a stalled process) after about that long, and
+/// returns the deliveries it held to their queues.
+pub async fn connect_with_heartbeat(url: &str, seconds: u16) -> Result<Connection, QueueError> {
+    let mut uri: lapin::uri::AMQPUri = url.parse().map_err(QueueError::InvalidUrl)?;
+    uri.query.heartbeat.get_or_insert(seconds);
+    Ok(Connection::connect_uri(uri, ConnectionProperties::default()).await?)
+}
+
 /// Connects with bounded exponential backoff.
 pub async fn connect(url: &str) -> Result<Connection, QueueError> {
     validate_url(url)?;

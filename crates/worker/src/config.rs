@@ -33,6 +33,14 @@ pub struct Config {
     #[arg(long, env = "CAIRN_WORKER_CONCURRENCY", default_value_t = 4,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub concurrency: u32,
+    /// The AMQP heartbeat of the worker's consumer connection, unless the URL sets one.
+    /// RabbitMQ drops a worker that stops answering (a stalled process) after about this
+    /// long and gives the deliveries it held to others: shorter than the heartbeat lapse
+    /// (5 s), so a stalled worker is gone from the queues before its requests are taken
+    /// over.
+    #[arg(long, env = "CAIRN_AMQP_HEARTBEAT_SECONDS", default_value_t = 3,
+          value_parser = clap::value_parser!(u16).range(1..=600))]
+    pub amqp_heartbeat_seconds: u16,
     /// Unacked deliveries RabbitMQ may push ahead (0: the concurrency).
     #[arg(long, env = "CAIRN_PREFETCH", default_value_t = 0)]
     pub prefetch: u16,

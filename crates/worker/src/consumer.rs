@@ -45,6 +45,9 @@ pub struct Consumer {
     pub topology: Topology,
     pub concurrency: usize,
     pub prefetch: u16,
+    /// The AMQP heartbeat: a stalled worker's deliveries go back to their queues after
+    /// about this long.
+    pub heartbeat_seconds: u16,
     pub status: AmqpStatus,
     pub jobs: TaskTracker,
     pub starving: Starving,
@@ -82,7 +85,7 @@ impl Consumer {
         stop: &CancellationToken,
         drain: &CancellationToken,
     ) -> Result<(), String> {
-        let connection = queue::connect_once(&self.amqp_url)
+        let connection = queue::connect_with_heartbeat(&self.amqp_url, self.heartbeat_seconds)
             .await
             .map_err(|e| e.to_string())?;
         let channel = connection

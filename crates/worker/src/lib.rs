@@ -178,6 +178,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         topology: Topology::new(&config.amqp.queue_prefix, config.amqp.delivery_limit),
         concurrency: usize::try_from(config.concurrency).unwrap_or(1),
         prefetch: config.prefetch(),
+        heartbeat_seconds: config.amqp_heartbeat_seconds,
         status: amqp_status.clone(),
         jobs: jobs.clone(),
         starving,
