@@ -85,6 +85,15 @@ async fn after_expiry_a_new_owner_fences_out_the_old_one() {
         .expect("claim")
         .expect("expired lease");
     assert!(new.epoch > old.epoch, "the epoch grows with every claim");
+    // The new owner's short lease must outlast the checks below on a loaded machine: its
+    // deadline is moved an hour on (its epoch, which is what fences, stays).
+    sqlx::query(
+        "UPDATE execution_requests SET lease_deadline = now() + interval '1 hour' WHERE id = $1",
+    )
+    .bind(request)
+    .execute(&pool)
+    .await
+    .expect("extend");
 
     match fenced_write(&pool, &old, "old-after-takeover").await {
         Err(LeaseError::StaleOwner {
