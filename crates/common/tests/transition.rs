@@ -47,9 +47,21 @@ async fn reset<M: Machine>(conn: &mut PgConnection, id: Uuid, initial: M) {
     ))
     .bind(id)
     .bind(initial.to_string())
-    .execute(conn)
+    .execute(&mut *conn)
     .await
     .expect("reset state");
+    // A run mirrors its request: reset it too, or a sequence whose every move is refused
+    // leaves the run where the previous sequence took it.
+    if M::TABLE == "execution_requests" {
+        sqlx::query(
+            "UPDATE runs SET state = $2 WHERE id = (SELECT run_id FROM execution_requests WHERE id = $1)",
+        )
+        .bind(id)
+        .bind(initial.to_string())
+        .execute(conn)
+        .await
+        .expect("reset the run");
+    }
 }
 
 /// Applies random events to one row through `apply` and checks each result against the
