@@ -12,9 +12,9 @@
 //! `cairn-bench steps` prints the per-step overhead (intent → receipt on a durable tree)
 //! on an empty tree and on the 1 GiB tree with 1 % changed per step.
 
-mod confine;
 mod pipeline;
 mod reaper;
+mod sandbox;
 mod snapshot;
 mod stack;
 mod steps;
@@ -74,9 +74,9 @@ enum Bench {
         #[command(flatten)]
         postgres: Postgres,
     },
-    /// What confinement costs a verification check: the same command started in its own
-    /// network namespace (loopback up, capabilities dropped) and without.
-    Confine {
+    /// What the step sandbox costs a step: `/bin/true` started in the sandbox (with and
+    /// without the network) and, as the baseline, in a plain process group.
+    Sandbox {
         /// Commands per mode.
         #[arg(long, default_value_t = 500)]
         runs: usize,
@@ -127,7 +127,7 @@ async fn main() -> anyhow::Result<()> {
             files,
             size_mib,
         } => snapshot::run(tree, files, size_mib).await,
-        Bench::Confine { runs } => confine::run(runs).await,
+        Bench::Sandbox { runs } => sandbox::run(runs).await,
         Bench::Pipeline {
             runs,
             workers,

@@ -172,6 +172,10 @@ pub struct NewResult<'a> {
     pub stderr_tail: &'a str,
     /// Why it ran fresh instead of being reused (`not_declared`, `source_changed`, …).
     pub fresh_reason: Option<&'a str>,
+    /// The sandbox the check ran in (none for a reused result).
+    pub sandbox: Option<&'a serde_json::Value>,
+    /// The sandbox limit that ended the check, if one did.
+    pub limit: Option<&'a str>,
 }
 
 /// Records a check's result, once per adoption and check: whether it was recorded now.
@@ -183,9 +187,10 @@ pub async fn record_result(
         "INSERT INTO verification_results (id, adoption_id, command_index, command_digest, purpose, confined, reusable,
                 scope_digest, exit_code, passed, output_digest, reused_from, started_at, finished_at, request_id,
                 agent, repository, attempt, lease_epoch, step_key, source_digest, dependency_digest,
-                environment_digest, runner_digest, timed_out, wall_ms, stdout_tail, stderr_tail, fresh_reason)
+                environment_digest, runner_digest, timed_out, wall_ms, stdout_tail, stderr_tail, fresh_reason,
+                sandbox, limit_breached)
          VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21,
-                 $22, $23, $24, $25, $26, $27, $28, $29)
+                 $22, $23, $24, $25, $26, $27, $28, $29, $30, $31)
          ON CONFLICT (adoption_id, command_index) DO NOTHING",
     )
     .bind(Uuid::new_v4())
@@ -217,6 +222,8 @@ pub async fn record_result(
     .bind(r.stdout_tail)
     .bind(r.stderr_tail)
     .bind(r.fresh_reason)
+    .bind(r.sandbox)
+    .bind(r.limit)
     .execute(conn)
     .await?;
     Ok(done.rows_affected() == 1)

@@ -35,6 +35,8 @@ pub struct Readiness {
     pub postgres: Option<PgPool>,
     pub redis: Option<ConnectionManager>,
     pub amqp: Option<AmqpStatus>,
+    /// Facts about the process shown with the checks (the worker's sandbox).
+    pub details: serde_json::Map<String, serde_json::Value>,
 }
 
 const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
@@ -98,7 +100,10 @@ async fn readyz(State(state): State<ProbeState>) -> Response {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let body = json!({"status": if ready { "ready" } else { "not_ready" }, "checks": checks});
+    let mut body = json!({"status": if ready { "ready" } else { "not_ready" }, "checks": checks});
+    if !state.readiness.details.is_empty() {
+        body["details"] = serde_json::Value::Object(state.readiness.details.clone());
+    }
     (code, Json(body)).into_response()
 }
 

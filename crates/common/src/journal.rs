@@ -30,6 +30,11 @@ pub struct Outcome {
     pub stderr_tail: String,
     /// Where the full output is kept.
     pub output_artifact: String,
+    /// The sandbox the step ran in: its mechanism, namespaces, network and limits.
+    pub sandbox: serde_json::Value,
+    /// The sandbox limit the step passed, which ended it (`memory_limit`, `pids_limit`,
+    /// `cpu_limit`).
+    pub limit: Option<String>,
 }
 
 /// A receipt to write.
@@ -123,15 +128,16 @@ pub async fn record_receipt(
     sqlx::query(
         "INSERT INTO journal_receipts (request_id, step_key, lease_epoch, attempt, exit_code, signal, timed_out,
                                        wall_ms, cpu_ms, output_digest, stdout_tail, stderr_tail, output_artifact,
-                                       snapshot_id, tree_tier)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15)
+                                       snapshot_id, tree_tier, sandbox, limit_breached)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
          ON CONFLICT (request_id, step_key) DO UPDATE
             SET lease_epoch = EXCLUDED.lease_epoch, attempt = EXCLUDED.attempt, exit_code = EXCLUDED.exit_code,
                 signal = EXCLUDED.signal, timed_out = EXCLUDED.timed_out, wall_ms = EXCLUDED.wall_ms,
                 cpu_ms = EXCLUDED.cpu_ms, output_digest = EXCLUDED.output_digest,
                 stdout_tail = EXCLUDED.stdout_tail, stderr_tail = EXCLUDED.stderr_tail,
                 output_artifact = EXCLUDED.output_artifact, snapshot_id = EXCLUDED.snapshot_id,
-                tree_tier = EXCLUDED.tree_tier, finished_at = now()",
+                tree_tier = EXCLUDED.tree_tier, sandbox = EXCLUDED.sandbox,
+                limit_breached = EXCLUDED.limit_breached, finished_at = now()",
     )
     .bind(lease.request_id)
     .bind(receipt.step_key)
@@ -148,6 +154,8 @@ pub async fn record_receipt(
     .bind(&outcome.output_artifact)
     .bind(snapshot)
     .bind(receipt.tier)
+    .bind(&outcome.sandbox)
+    .bind(&outcome.limit)
     .execute(&mut *conn)
     .await?;
     // The receipt charges the measured time and ends the intent's open interval, so the

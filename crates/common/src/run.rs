@@ -53,6 +53,69 @@ pub struct StepSpec {
     /// Whether running it again after an unknown outcome is safe.
     #[serde(default)]
     pub idempotent: bool,
+    /// Whether the step reaches the network (the host's); without it the step has its
+    /// own loopback only. Absent: the worker's default (`CAIRN_STEP_NETWORK`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<bool>,
+    /// Resource limits of the step's sandbox; an absent one is the worker's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<StepLimits>,
+}
+
+/// Resource limits of one step's sandbox: all its processes together where the worker
+/// has a cgroup (memory, processes), each process otherwise. A step that passes one ends
+/// with the limit named in its receipt.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StepLimits {
+    /// Memory, in MiB (16 to 1048576).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 16, maximum = 1_048_576)]
+    pub memory_mb: Option<u64>,
+    /// Processes and threads at once (8 to 1000000).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 8, maximum = 1_000_000)]
+    pub pids: Option<u32>,
+    /// CPU time, in seconds (1 to 604800).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 604_800)]
+    pub cpu_seconds: Option<u32>,
+    /// Open files of each process (16 to 1048576).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 16, maximum = 1_048_576)]
+    pub open_files: Option<u32>,
+}
+
+impl StepLimits {
+    /// Each limit of `self`, or of `defaults` where `self` has none.
+    pub fn or(self, defaults: StepLimits) -> StepLimits {
+        StepLimits {
+            memory_mb: self.memory_mb.or(defaults.memory_mb),
+            pids: self.pids.or(defaults.pids),
+            cpu_seconds: self.cpu_seconds.or(defaults.cpu_seconds),
+            open_files: self.open_files.or(defaults.open_files),
+        }
+    }
+
+    /// The first limit out of its bounds: its field name and the bounds.
+    pub fn out_of_bounds(&self) -> Option<(&'static str, &'static str)> {
+        let outside = |value: Option<u64>, low: u64, high: u64| {
+            value.is_some_and(|v| !(low..=high).contains(&v))
+        };
+        if outside(self.memory_mb, 16, 1_048_576) {
+            return Some(("memory_mb", "from 16 to 1048576"));
+        }
+        if outside(self.pids.map(u64::from), 8, 1_000_000) {
+            return Some(("pids", "from 8 to 1000000"));
+        }
+        if outside(self.cpu_seconds.map(u64::from), 1, 604_800) {
+            return Some(("cpu_seconds", "from 1 to 604800"));
+        }
+        if outside(self.open_files.map(u64::from), 16, 1_048_576) {
+            return Some(("open_files", "from 16 to 1048576"));
+        }
+        None
+    }
 }
 
 fn default_step_timeout() -> u32 {
@@ -204,6 +267,9 @@ impl RunSpec {
                 step.timeout_seconds,
                 at,
             )?;
+            if let Some((name, bounds)) = step.limits.and_then(|l| l.out_of_bounds()) {
+                return Err(FieldError::new(at(&format!("limits.{name}")), bounds));
+            }
         }
         if self.budgets.max_commands > 100_000 {
             return Err(FieldError::new(

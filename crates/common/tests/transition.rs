@@ -404,6 +404,8 @@ async fn an_interrupted_step_is_charged_once_up_to_its_owners_deadline() {
         stdout_tail: String::new(),
         stderr_tail: String::new(),
         output_artifact: String::new(),
+        sandbox: serde_json::Value::Null,
+        limit: None,
     };
     let receipt = journal::Receipt {
         step_key: "s1",

@@ -69,6 +69,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         postgres: Some(pool.clone()),
         redis: Some(redis),
         amqp: Some(amqp_status),
+        ..Default::default()
     };
     let router = api::router(api::AppState {
         pool: pool.clone(),

@@ -95,11 +95,48 @@ pub struct Config {
     #[arg(long, env = "CAIRN_JANITOR_GRACE_SECONDS", default_value_t = 600,
           value_parser = clap::value_parser!(u64).range(60..))]
     pub janitor_grace_seconds: u64,
-    /// How verification checks are confined: `auto` (a network namespace with only
-    /// loopback where the host allows one, otherwise unconfined and never reusable),
-    /// `required` (an unconfinable check fails the verification) or `off`.
-    #[arg(long, env = "CAIRN_VERIFY_CONFINEMENT", value_enum, default_value_t = crate::confine::Mode::Auto)]
-    pub verify_confinement: crate::confine::Mode,
+    /// The step sandbox: `auto` (the full sandbox where the host allows it; otherwise
+    /// process groups and rlimits, and every receipt says so), `required` (the worker
+    /// does not start without the full sandbox) or `off`.
+    #[arg(long, env = "CAIRN_SANDBOX", value_enum, default_value_t = crate::sandbox::Mode::Auto)]
+    pub sandbox: crate::sandbox::Mode,
+    /// The bubblewrap program the sandbox runs steps with.
+    #[arg(long, env = "CAIRN_SANDBOX_BWRAP", default_value = "bwrap")]
+    pub sandbox_bwrap: PathBuf,
+    /// The uid a step has inside its user namespace.
+    #[arg(long, env = "CAIRN_SANDBOX_UID", default_value_t = 1000)]
+    pub sandbox_uid: u32,
+    /// The gid a step has inside its user namespace.
+    #[arg(long, env = "CAIRN_SANDBOX_GID", default_value_t = 1000)]
+    pub sandbox_gid: u32,
+    /// More host paths steps see, read-only, comma-separated (a toolchain outside
+    /// `/usr` and `/opt`).
+    #[arg(long, env = "CAIRN_SANDBOX_READ_ONLY", value_delimiter = ',')]
+    pub sandbox_read_only: Vec<PathBuf>,
+    /// Host paths steps see read-write at the same place, comma-separated (a cache
+    /// shared by runs, a directory a test meets its steps in). Whatever is there, every
+    /// step of every run may change.
+    #[arg(long, env = "CAIRN_SANDBOX_READ_WRITE", value_delimiter = ',')]
+    pub sandbox_read_write: Vec<PathBuf>,
+    /// Whether a step that does not say (`network`) reaches the network.
+    #[arg(long, env = "CAIRN_STEP_NETWORK", default_value_t = true, action = clap::ArgAction::Set)]
+    pub step_network: bool,
+    /// Memory of a step that sets no `limits.memory_mb`, in MiB.
+    #[arg(long, env = "CAIRN_STEP_MEMORY_MB", default_value_t = 8192,
+          value_parser = clap::value_parser!(u64).range(16..=1_048_576))]
+    pub step_memory_mb: u64,
+    /// Processes at once of a step that sets no `limits.pids`.
+    #[arg(long, env = "CAIRN_STEP_PIDS", default_value_t = 4096,
+          value_parser = clap::value_parser!(u32).range(8..=1_000_000))]
+    pub step_pids: u32,
+    /// CPU seconds of a step that sets no `limits.cpu_seconds`; 0: no limit.
+    #[arg(long, env = "CAIRN_STEP_CPU_SECONDS", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=604_800))]
+    pub step_cpu_seconds: u32,
+    /// Open files per process of a step that sets no `limits.open_files`.
+    #[arg(long, env = "CAIRN_STEP_OPEN_FILES", default_value_t = 65_536,
+          value_parser = clap::value_parser!(u32).range(16..=1_048_576))]
+    pub step_open_files: u32,
     /// Seconds a paused job stays paused before it behaves like a stop (its processes
     /// end and it stops at its checkpoint).
     #[arg(long, env = "CAIRN_PAUSE_LIMIT_SECONDS", default_value_t = 1800,
@@ -121,6 +158,25 @@ pub struct Config {
 }
 
 impl Config {
+    /// The sandbox's settings.
+    pub fn sandbox(&self) -> crate::sandbox::Settings {
+        crate::sandbox::Settings {
+            mode: self.sandbox,
+            bwrap: self.sandbox_bwrap.clone(),
+            uid: self.sandbox_uid,
+            gid: self.sandbox_gid,
+            network_default: self.step_network,
+            defaults: cairn_common::run::StepLimits {
+                memory_mb: Some(self.step_memory_mb),
+                pids: Some(self.step_pids),
+                cpu_seconds: (self.step_cpu_seconds > 0).then_some(self.step_cpu_seconds),
+                open_files: Some(self.step_open_files),
+            },
+            read_only: non_empty(&self.sandbox_read_only),
+            read_write: non_empty(&self.sandbox_read_write),
+        }
+    }
+
     /// The snapshot store's URL: the artifacts directory unless one is configured.
     pub fn snapshot_store(&self, artifacts_dir: &std::path::Path) -> String {
         if self.snapshot_store_url.is_empty() {
@@ -213,4 +269,12 @@ impl Settings for Config {
     fn log_format(&self) -> LogFormat {
         self.log.log_format
     }
+}
+
+fn non_empty(paths: &[PathBuf]) -> Vec<PathBuf> {
+    paths
+        .iter()
+        .filter(|p| !p.as_os_str().is_empty())
+        .cloned()
+        .collect()
 }

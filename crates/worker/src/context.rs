@@ -21,7 +21,6 @@ pub struct JobSettings {
     /// Whether stored output has its secrets redacted.
     pub redact_output: bool,
     pub kill_grace: Duration,
-    pub confinement: crate::confine::Policy,
     /// How long a pause may last before it behaves like a stop.
     pub pause_limit: Duration,
 }
@@ -33,6 +32,8 @@ pub struct Worker {
     pub settings: JobSettings,
     pub custody: Custody,
     pub metrics: WorkerMetrics,
+    /// The step sandbox every process of a run starts in.
+    pub sandbox: crate::sandbox::Sandbox,
     /// Requests this process runs jobs for; the janitor never touches their trees.
     pub active: Arc<ActiveRequests>,
 }

@@ -1,5 +1,5 @@
 //! The worker: consumes jobs, claims each request under a fenced lease, runs its steps
-//! in their own process groups and journals every effect.
+//! in their sandbox and journals every effect.
 //!
 //! - [`config`]: its settings.
 //! - [`context`]: what every job shares (pool, leases, settings, custody, metrics).
@@ -14,16 +14,16 @@
 //! - [`keeper`]: the lease keeper that renews, self-fences, notices cancellation and
 //!   passes pause requests on.
 //! - [`pause`]: pausing a job where it is, after a checkpoint.
-//! - [`step`]: running one command: process group, environment, timeout, output, usage.
+//! - [`step`]: running one command: environment, timeout, limits, output, usage.
+//! - [`sandbox`]: the step sandbox (namespaces, mount view, cgroup, rlimits) every
+//!   process of a run starts in, and what this host allows of it.
 //! - [`verification`]: verification handoffs: frozen checks, confined runs, reuse.
-//! - [`confine`]: the network namespace a verification check runs in.
 //! - [`scope`]: the digests a check's reuse is bound to (source, lock files, env, runner).
 //! - [`workspace`]: the working directory of a request.
 //! - [`report`]: the typed final report.
 //! - [`metrics`]: the worker's metrics.
 
 pub mod config;
-pub mod confine;
 pub mod consumer;
 pub mod context;
 pub mod custody;
@@ -36,6 +36,7 @@ pub mod keeper;
 pub mod metrics;
 pub mod pause;
 pub mod report;
+pub mod sandbox;
 pub mod scope;
 pub mod step;
 pub mod verification;
@@ -82,8 +83,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .await
         .with_context(|| format!("binding {}", config.metrics_listen))?;
 
+    let sandbox = sandbox::Sandbox::start(config.sandbox()).map_err(anyhow::Error::msg)?;
+    tracing::info!(sandbox = %serde_json::to_string(sandbox.report()).unwrap_or_default(), "step sandbox");
     let mut registry = cairn_common::metrics::registry();
     let metrics = metrics::WorkerMetrics::register(&mut registry);
+    metrics::register_sandbox(&mut registry, sandbox.report());
+    let sandbox_report = serde_json::to_value(sandbox.report()).unwrap_or_default();
     let registry = Arc::new(registry);
     let worker_id = config.worker_id();
     let ttl = Duration::from_secs(config.lease_ttl_seconds);
@@ -129,11 +134,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             output_tail_bytes: config.output_tail_bytes,
             redact_output: config.redact_output,
             kill_grace: Duration::from_secs(config.kill_grace_seconds),
-            confinement: confine::Policy::resolve(config.verify_confinement),
             pause_limit: Duration::from_secs(config.pause_limit_seconds),
         },
         custody,
         metrics,
+        sandbox,
         active: Arc::new(janitor::ActiveRequests::default()),
     });
     // A process that just started holds no lease yet: any its id still holds belonged
@@ -188,6 +193,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         postgres: Some(pool.clone()),
         redis: Some(redis),
         amqp: Some(amqp_status),
+        details: serde_json::Map::from_iter([("sandbox".to_string(), sandbox_report)]),
     };
     let probes = tokio::spawn(health::serve(
         listener,

@@ -74,9 +74,27 @@ impl WorkerMetrics {
             "worker_stale_writes_rejected", "Durable writes refused because a newer owner exists" => m.stale_writes_rejected;
             "worker_verification_checks_run", "Verification checks executed" => m.checks_run;
             "worker_verification_checks_reused", "Verification checks answered by an earlier passed, confined result" => m.checks_reused;
-            "worker_verification_checks_unconfined", "Verification checks that ran without a network namespace (never reusable)" => m.checks_unconfined;
+            "worker_verification_checks_unconfined", "Verification checks that ran outside the namespace sandbox (never reusable)" => m.checks_unconfined;
             "worker_claim_latency_seconds", "Time from a request being queued to this worker claiming it" => m.claim_latency_seconds;
         );
         m
     }
+}
+
+/// `cairn_worker_sandbox_capability{capability}`: 1 where the host allows that part of
+/// the step sandbox (and `isolated`: whether steps run in it), as probed at start.
+pub fn register_sandbox(registry: &mut Registry, report: &crate::sandbox::Report) {
+    use prometheus_client::metrics::family::Family;
+    use prometheus_client::metrics::gauge::Gauge;
+    let family = Family::<Vec<(String, String)>, Gauge>::default();
+    for (capability, present) in report.capabilities() {
+        family
+            .get_or_create(&vec![("capability".to_string(), capability.to_string())])
+            .set(i64::from(present));
+    }
+    registry.register(
+        "worker_sandbox_capability",
+        "What this host allows of the step sandbox (1) or not (0), probed at start",
+        family,
+    );
 }

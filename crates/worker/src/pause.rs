@@ -1,9 +1,10 @@
 //! Pause: an operator asked a running job to pause (`POST /api/v1/runs/{id}/pause`).
 //!
-//! The step's processes are stopped (`SIGSTOP` to its process group), the tree is
+//! The step's sandbox is frozen (the cgroup freezer, else `SIGSTOP` to each of its
+//! processes), the tree is
 //! captured as a checkpoint under a durable hold, and only then is the request recorded
-//! paused: the scheduler's paused reply always follows the capture. Resume continues the
-//! processes (`SIGCONT`). A pause that outlasts its limit (30 minutes by default)
+//! paused: the scheduler's paused reply always follows the capture. Resume thaws the
+//! sandbox. A pause that outlasts its limit (30 minutes by default)
 //! behaves like a stop: the processes end and the request stops at its checkpoint, from
 //! which a reviewed continuation can take it further.
 
@@ -11,9 +12,8 @@ use crate::custody::{self, Checkpoint, CustodyError, Subject, Tree};
 use crate::error::JobError;
 use crate::job::handle::Job;
 use crate::keeper::Reason;
+use crate::sandbox::Live;
 use cairn_common::request;
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
 use serde_json::json;
 use tokio::sync::watch;
 
@@ -25,13 +25,6 @@ pub enum PauseEnd {
     Expired,
     /// Cancelled, drained or fenced while paused.
     Stopped,
-}
-
-/// Sends `signal` to a step's process group; `group` 0 means no step is running.
-fn signal_group(group: i32, signal: Signal) {
-    if group > 0 {
-        let _ = killpg(Pid::from_raw(group), signal);
-    }
 }
 
 /// Whether a pause is requested now.
@@ -46,7 +39,7 @@ pub async fn until_requested(pause: &mut watch::Receiver<bool>) {
     }
 }
 
-/// Pauses the job here (in `step`, whose process group is `group`; 0 between steps)
+/// Pauses the job here (in `step`, whose sandbox is `live`; empty between steps)
 /// until resumed, stopped, or past the limit. The step's processes are continued on
 /// every way out, errors included.
 pub async fn pause_here(
@@ -54,14 +47,13 @@ pub async fn pause_here(
     subject: &Subject,
     tree: &mut Tree,
     step: Option<&str>,
-    group: i32,
+    live: &Live,
 ) -> Result<PauseEnd, JobError> {
-    signal_group(group, Signal::SIGSTOP);
+    let step_goes_on = live.freeze(true);
     let end = paused(job, subject, tree, step).await;
     // Stopped processes cannot act on SIGTERM: continue them whatever comes next.
-    signal_group(group, Signal::SIGCONT);
+    live.freeze(false);
     let end = end?;
-    let step_goes_on = group > 0;
     match end {
         PauseEnd::Resumed => {
             let mut tx = job.begin().await?;

@@ -363,7 +363,7 @@ pub fn runner_digest(confined: bool, backend: &str, base_image: Option<&str>) ->
     digest::of_json(&json!({
         "runner": "cairn-worker",
         "version": env!("CARGO_PKG_VERSION"),
-        "confinement": if confined { "linux-netns" } else { "none" },
+        "confinement": if confined { "sandbox" } else { "none" },
         "backend": backend,
         "base_image": base_image,
     }))

@@ -1,21 +1,23 @@
-//! Running one step: its own process group, a cleared environment plus the step's own,
-//! a timeout, bounded captured output, and the CPU time it used.
+//! Running one step in its sandbox ([`crate::sandbox`]): a cleared environment plus
+//! the step's own, a timeout, its limits, bounded captured output, and the CPU time it
+//! used.
 //!
-//! The step's process gets `SIGKILL` if the worker dies (parent-death signal), and
-//! every process left in its group is killed when it ends, so nothing a step started
-//! outlives it.
+//! The step gets `SIGKILL` if the worker dies (parent-death signal), and every process
+//! left in its sandbox is killed when it ends, so nothing a step started outlives it.
+//! The worker never waits on a pipe a leftover process could hold: after the step ends,
+//! its output is read for at most the kill grace.
 
-use nix::sys::signal::{killpg, Signal};
+use crate::sandbox::{self, Limit, Live, Running, Sandbox};
+use nix::sys::signal::Signal;
 use nix::sys::wait::{waitid, Id as WaitId, WaitPidFlag};
 use nix::unistd::Pid;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::process::Command;
 use tokio_util::sync::CancellationToken;
 
 /// What to run.
@@ -23,7 +25,8 @@ use tokio_util::sync::CancellationToken;
 pub struct StepCommand {
     pub argv: Vec<String>,
     pub env: BTreeMap<String, String>,
-    pub cwd: PathBuf,
+    /// Its workspace, working directory, home, network and limits.
+    pub place: sandbox::Spec,
     pub timeout: Duration,
     /// Full output goes here (`.stdout` / `.stderr` appended), bounded by `max_output`.
     pub output_base: PathBuf,
@@ -32,8 +35,6 @@ pub struct StepCommand {
     /// Redact secrets from the stored output and tails.
     pub redact: bool,
     pub kill_grace: Duration,
-    /// Start in a new network namespace with only loopback (verification checks).
-    pub isolate_network: bool,
 }
 
 /// Why a step stopped early.
@@ -42,6 +43,8 @@ pub enum Interruption {
     TimedOut,
     /// The job was cancelled (run cancelled, drain, or the lease was lost).
     Stopped,
+    /// It passed a limit of its sandbox.
+    Limit(Limit),
 }
 
 /// How a step ended and what it cost.
@@ -58,6 +61,10 @@ pub struct StepOutcome {
     pub stderr_tail: String,
     pub stdout_path: PathBuf,
     pub truncated: bool,
+    /// The sandbox it ran in, as its receipt records it.
+    pub sandbox: serde_json::Value,
+    /// The limit it passed, if any.
+    pub limit: Option<Limit>,
 }
 
 impl StepOutcome {
@@ -77,16 +84,24 @@ impl StepOutcome {
                 .with_extension("")
                 .to_string_lossy()
                 .into_owned(),
+            sandbox: self.sandbox.clone(),
+            limit: self.limit.map(|l| l.as_str().to_string()),
         }
     }
 
     pub fn succeeded(&self) -> bool {
-        self.exit_code == Some(0) && self.interrupted.is_none()
+        self.exit_code == Some(0) && self.interrupted.is_none() && self.limit.is_none()
     }
 
     pub fn describe(&self) -> String {
+        if let Some(limit) = self.limit {
+            return format!("passed its limit ({})", limit.as_str());
+        }
         match (self.interrupted, self.exit_code, self.signal) {
             (Some(Interruption::TimedOut), _, _) => "timed out".into(),
+            (Some(Interruption::Limit(limit)), _, _) => {
+                format!("passed its limit ({})", limit.as_str())
+            }
             (Some(Interruption::Stopped), _, _) => "stopped".into(),
             (None, Some(code), _) => format!("exited with status {code}"),
             (None, None, Some(signal)) => format!("killed by signal {signal}"),
@@ -102,6 +117,8 @@ pub enum StepError {
         program: String,
         source: std::io::Error,
     },
+    #[error("cannot start: {0}")]
+    Cwd(#[from] sandbox::CwdRefused),
     #[error("step I/O failed: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -109,49 +126,62 @@ pub enum StepError {
 /// A PATH for steps that set none: the environment is cleared, not empty-handed.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
-/// Runs a step to its end, its timeout, or `stop`.
+/// Runs a step to its end, its timeout, a limit, or `stop`.
 pub async fn run(
     command: &StepCommand,
+    sandbox: &Sandbox,
     stop: &CancellationToken,
 ) -> Result<StepOutcome, StepError> {
-    run_published(command, stop, &AtomicI32::new(0)).await
+    run_published(command, sandbox, stop, &Live::default()).await
 }
 
-/// [`run`], publishing the step's process group id in `group` while it runs (0 before
-/// and after), so a pause can stop and continue the group.
+/// [`run`], publishing the running sandbox in `live` while it runs, so a pause can
+/// freeze and thaw it.
 pub async fn run_published(
     command: &StepCommand,
+    sandbox: &Sandbox,
     stop: &CancellationToken,
-    group: &AtomicI32,
+    live: &Live,
 ) -> Result<StepOutcome, StepError> {
-    let (program, args) = command.argv.split_first().ok_or_else(|| StepError::Spawn {
-        program: String::new(),
-        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty argv"),
-    })?;
-    let mut cmd = Command::new(program);
-    cmd.args(args)
-        .env_clear()
-        .envs(&command.env)
-        .current_dir(&command.cwd)
-        .stdin(Stdio::null())
+    let program = match command.argv.first() {
+        Some(program) if !program.is_empty() => program.clone(),
+        _ => {
+            return Err(StepError::Spawn {
+                program: String::new(),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty argv"),
+            })
+        }
+    };
+    let mut env = command.env.clone();
+    env.entry("PATH".into())
+        .or_insert_with(|| DEFAULT_PATH.into());
+    let (mut cmd, group) = sandbox.command(&command.argv, &env, &command.place)?;
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true);
-    if !command.env.contains_key("PATH") {
-        cmd.env("PATH", DEFAULT_PATH);
-    }
-    die_with_parent(&mut cmd);
-    if command.isolate_network {
-        crate::confine::isolate_network(&mut cmd);
-    }
     let started = Instant::now();
-    let mut child = cmd.spawn().map_err(|source| StepError::Spawn {
-        program: program.clone(),
-        source,
-    })?;
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(source) => {
+            if let Some(group) = group {
+                group.remove().await;
+            }
+            return Err(StepError::Spawn { program, source });
+        }
+    };
     let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
-    group.store(pid, Ordering::SeqCst);
+    let running = Arc::new(Running {
+        pid,
+        isolated: sandbox.isolates(),
+        group: group.map(Arc::new),
+        cpu_limit_ms: command
+            .place
+            .limits
+            .cpu_seconds
+            .map(|s| i64::from(s) * 1000),
+    });
+    live.set(Some(running.clone()));
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
     let stdout_path = command.output_base.with_extension("stdout");
@@ -161,8 +191,14 @@ pub async fn run_published(
         tail: command.tail_bytes,
         redact: command.redact,
     };
-    let out_task = tokio::spawn(capture(stdout, stdout_path.clone(), bounds));
-    let err_task = tokio::spawn(capture(stderr, stderr_path, bounds));
+    let drained = CancellationToken::new();
+    let out_task = tokio::spawn(capture(
+        stdout,
+        stdout_path.clone(),
+        bounds,
+        drained.clone(),
+    ));
+    let err_task = tokio::spawn(capture(stderr, stderr_path, bounds, drained.clone()));
 
     // Wait for the exit without reaping it, so the CPU time can still be read from
     // /proc while the process is a zombie.
@@ -173,12 +209,15 @@ pub async fn run_published(
         )
     });
     tokio::pin!(exited);
+    let breached = watch_limits(&running);
+    tokio::pin!(breached);
     // Biased: a step that already ended is an ended step, even if a stop arrived at the
     // same moment; its receipt is then written (or refused by the fence).
     let mut exit_seen = false;
     let interrupted = tokio::select! {
         biased;
         _ = &mut exited => { exit_seen = true; None },
+        limit = &mut breached => Some(Interruption::Limit(limit)),
         _ = tokio::time::sleep(command.timeout) => Some(Interruption::TimedOut),
         _ = stop.cancelled() => Some(Interruption::Stopped),
     };
@@ -188,23 +227,52 @@ pub async fn run_published(
         Some(Interruption::Stopped) if has_exited(pid) => None,
         other => other,
     };
-    if interrupted.is_some() {
-        terminate_group(pid, command.kill_grace, &mut exited).await;
-    } else if !exit_seen {
-        let _ = exited.await;
+    match interrupted {
+        // Past a limit there is no grace: it would only grow further.
+        Some(Interruption::Limit(_)) => {
+            running.kill_all();
+            let _ = exited.await;
+        }
+        Some(_) => terminate(&running, command.kill_grace, &mut exited).await,
+        None if !exit_seen => {
+            let _ = exited.await;
+        }
+        None => {}
     }
-    let cpu_ms = cpu_ms_of_zombie(pid);
-    group.store(0, Ordering::SeqCst);
+    let cpu_ms = running.cpu_ms().unwrap_or_else(|| cpu_ms_of_zombie(pid));
+    let limit = match interrupted {
+        Some(Interruption::Limit(limit)) => Some(limit),
+        _ => running.breach(),
+    };
+    live.set(None);
     let status = child.wait().await?;
     let wall_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
-    // Whatever the step left running in its group ends with it.
-    let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-
+    // Whatever the step left running ends with it.
+    running.kill_all();
+    // Its cgroup goes once the kernel has moved the last process out: not on the
+    // step's time.
+    if let Some(group) = running.group.clone() {
+        tokio::spawn(async move { group.remove().await });
+    }
+    // The pipes close when the last process holding them ends; read what is left for at
+    // most the grace, so that no leftover can keep the step from ending.
     let joined = |r: Result<_, tokio::task::JoinError>| {
         r.map_err(|e| StepError::Io(std::io::Error::other(e)))
     };
-    let (out_digest, stdout_tail, out_truncated) = joined(out_task.await)??;
-    let (err_digest, stderr_tail, err_truncated) = joined(err_task.await)??;
+    let drain_deadline = tokio::time::sleep(command.kill_grace);
+    tokio::pin!(drain_deadline);
+    let both = async { (out_task.await, err_task.await) };
+    tokio::pin!(both);
+    let (out, err) = tokio::select! {
+        joined = &mut both => joined,
+        _ = &mut drain_deadline => {
+            tracing::warn!(pid, "a process the step left holds its output open: output read so far is kept");
+            drained.cancel();
+            both.await
+        }
+    };
+    let (out_digest, stdout_tail, out_truncated) = joined(out)??;
+    let (err_digest, stderr_tail, err_truncated) = joined(err)??;
     let mut digest = Sha256::new();
     digest.update(out_digest);
     digest.update(err_digest);
@@ -220,7 +288,23 @@ pub async fn run_published(
         stderr_tail,
         stdout_path,
         truncated: out_truncated || err_truncated,
+        sandbox: sandbox.describe(&command.place),
+        limit,
     })
+}
+
+/// Resolves with the first limit the sandbox passes; never, without a cgroup to count.
+async fn watch_limits(running: &Running) -> Limit {
+    if running.group.is_none() {
+        return std::future::pending().await;
+    }
+    let mut every = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        every.tick().await;
+        if let Some(limit) = running.breach() {
+            return limit;
+        }
+    }
 }
 
 /// Whether the process has exited (without reaping it).
@@ -232,28 +316,15 @@ fn has_exited(pid: i32) -> bool {
     )
 }
 
-/// SIGTERM to the group, SIGKILL after the grace period.
-async fn terminate_group<F>(pid: i32, grace: Duration, exited: &mut std::pin::Pin<&mut F>)
+/// SIGTERM to every process of the sandbox, SIGKILL to all after the grace period.
+async fn terminate<F>(running: &Running, grace: Duration, exited: &mut std::pin::Pin<&mut F>)
 where
     F: std::future::Future,
 {
-    let group = Pid::from_raw(pid);
-    let _ = killpg(group, Signal::SIGTERM);
+    running.signal_all(Signal::SIGTERM);
     if tokio::time::timeout(grace, exited.as_mut()).await.is_err() {
-        let _ = killpg(group, Signal::SIGKILL);
+        running.kill_all();
         exited.as_mut().await;
-    }
-}
-
-#[allow(unsafe_code)]
-fn die_with_parent(cmd: &mut Command) {
-    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
-    // which is async-signal-safe; it touches no memory shared with the parent.
-    unsafe {
-        cmd.pre_exec(|| {
-            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
-            Ok(())
-        });
     }
 }
 
@@ -298,6 +369,7 @@ async fn capture<R: AsyncRead + Unpin>(
     pipe: Option<R>,
     path: PathBuf,
     bounds: Bounds,
+    drained: CancellationToken,
 ) -> Result<(Vec<u8>, String, bool), std::io::Error> {
     let Some(mut pipe) = pipe else {
         return Ok((Sha256::new().finalize().to_vec(), String::new(), false));
@@ -318,7 +390,10 @@ async fn capture<R: AsyncRead + Unpin>(
         .then(cairn_snapshot::secrets::Redactor::default);
     let mut buf = vec![0u8; 64 * 1024];
     loop {
-        let n = pipe.read(&mut buf).await?;
+        let n = tokio::select! {
+            n = pipe.read(&mut buf) => n?,
+            _ = drained.cancelled() => 0,
+        };
         if n == 0 {
             break;
         }
@@ -396,15 +471,35 @@ mod tests {
         StepCommand {
             argv: argv.iter().map(|s| s.to_string()).collect(),
             env: BTreeMap::from([("GREETING".to_string(), "hello".to_string())]),
-            cwd: dir.to_path_buf(),
+            place: sandbox::Spec {
+                workspace: dir.to_path_buf(),
+                cwd: None,
+                home: dir.to_path_buf(),
+                network: true,
+                limits: Default::default(),
+            },
             timeout,
             output_base: dir.join("out").join("step"),
             max_output: 16,
             tail_bytes: 8,
             redact: true,
             kill_grace: Duration::from_millis(200),
-            isolate_network: false,
         }
+    }
+
+    /// Process groups only: these tests are about the step runner, not the namespaces.
+    fn unsandboxed() -> Sandbox {
+        Sandbox::start(sandbox::Settings {
+            mode: sandbox::Mode::Off,
+            bwrap: "bwrap".into(),
+            uid: 1000,
+            gid: 1000,
+            network_default: true,
+            defaults: Default::default(),
+            read_only: Vec::new(),
+            read_write: Vec::new(),
+        })
+        .expect("an unsandboxed runner")
     }
 
     fn scratch() -> PathBuf {
@@ -419,7 +514,9 @@ mod tests {
         let dir = scratch();
         std::env::set_var("CAIRN_SHOULD_NOT_LEAK", "secret");
         let cmd = command(&["sh", "-c", "echo $GREETING-${CAIRN_SHOULD_NOT_LEAK:-none}; echo 0123456789012345678901234; exit 3"], Duration::from_secs(10), &dir);
-        let outcome = run(&cmd, &CancellationToken::new()).await.expect("run");
+        let outcome = run(&cmd, &unsandboxed(), &CancellationToken::new())
+            .await
+            .expect("run");
         assert_eq!(outcome.exit_code, Some(3));
         assert!(!outcome.succeeded());
         let artifact = std::fs::read_to_string(&outcome.stdout_path).expect("artifact");
@@ -443,7 +540,9 @@ mod tests {
         let script = format!("(sleep 1; touch {}) & sleep 30", marker.display());
         let cmd = command(&["sh", "-c", &script], Duration::from_millis(300), &dir);
         let started = Instant::now();
-        let outcome = run(&cmd, &CancellationToken::new()).await.expect("run");
+        let outcome = run(&cmd, &unsandboxed(), &CancellationToken::new())
+            .await
+            .expect("run");
         assert_eq!(outcome.interrupted, Some(Interruption::TimedOut));
         assert!(started.elapsed() < Duration::from_secs(5));
         tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -469,7 +568,7 @@ mod tests {
             Duration::from_secs(30),
             &dir,
         );
-        let outcome = run(&cmd, &stop).await.expect("run");
+        let outcome = run(&cmd, &unsandboxed(), &stop).await.expect("run");
         assert_eq!(outcome.interrupted, Some(Interruption::Stopped));
         assert!(outcome.cpu_ms >= 200, "cpu {} ms", outcome.cpu_ms);
         assert!(outcome.wall_ms >= 600);

@@ -26,17 +26,22 @@ pub struct Workspace {
     pub root: PathBuf,
     /// A private `HOME` outside the tree.
     pub home: PathBuf,
-    /// Where the last step may write its final report.
+    /// Where the last step may write its final report: in its home, the one private
+    /// place beside the tree a sandboxed step can write.
     pub report_file: PathBuf,
 }
+
+/// The final report's name in the home.
+pub const REPORT_FILE: &str = ".cairn-report.json";
 
 impl Workspace {
     pub fn for_request(base: &Path, request_id: Uuid) -> Workspace {
         let name = request_id.simple().to_string();
+        let home = base.join(format!("{name}.home"));
         Workspace {
             root: base.join(&name),
-            home: base.join(format!("{name}.home")),
-            report_file: base.join(format!("{name}.report.json")),
+            report_file: home.join(REPORT_FILE),
+            home,
         }
     }
 

@@ -276,7 +276,14 @@ pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u
                 let rows = output::rows(&journal["steps"], |s| {
                     let mut row = output::cells(
                         s,
-                        &["step_key", "status", "exit_code", "wall_ms", "intent_epoch"],
+                        &[
+                            "step_key",
+                            "status",
+                            "exit_code",
+                            "limit",
+                            "wall_ms",
+                            "intent_epoch",
+                        ],
                     );
                     row.extend(output::cells(s, &["receipt_epoch", "tree_tier"]));
                     // The snapshot holding the step's effects.
@@ -293,6 +300,7 @@ pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u
                         "step",
                         "status",
                         "exit",
+                        "limit",
                         "wall_ms",
                         "intent_epoch",
                         "receipt_epoch",

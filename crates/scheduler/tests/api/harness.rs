@@ -202,6 +202,8 @@ pub fn exited_zero(wall_ms: i64, cpu_ms: i64) -> Outcome {
         stdout_tail: String::new(),
         stderr_tail: String::new(),
         output_artifact: String::new(),
+        sandbox: serde_json::Value::Null,
+        limit: None,
     }
 }
 

@@ -330,5 +330,7 @@ pub fn spawn_failure(message: &str) -> StepOutcome {
         stderr_tail: message.to_string(),
         stdout_path: PathBuf::new(),
         truncated: false,
+        sandbox: serde_json::Value::Null,
+        limit: None,
     }
 }

@@ -9,6 +9,7 @@ use crate::error::JobError;
 use crate::keeper::Reason;
 use crate::pause;
 use crate::report::RetainedReport;
+use crate::sandbox::{self, Live};
 use crate::step::{self, Interruption, StepCommand};
 use crate::workspace::Workspace;
 use cairn_common::journal::{self, Receipt, Record, Standing};
@@ -17,7 +18,6 @@ use cairn_common::request::{self, RequestEvent};
 use cairn_common::run::StepSpec;
 use serde_json::json;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::Duration;
 
 /// How a plan ended, before the request records it.
@@ -209,7 +209,7 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
             }
         }
         if pause::requested(job) && !job.stopped() {
-            pause::pause_here(job, subject, tree, None, 0).await?;
+            pause::pause_here(job, subject, tree, None, &Live::default()).await?;
         }
         if job.stopped() {
             return Ok(Ending::Interrupted);
@@ -233,8 +233,8 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
         worker.metrics.steps_run.inc();
         tree.uncaptured = true;
         tracing::info!(step = %step.key, "step started");
-        let group = AtomicI32::new(0);
-        let running = step::run_published(&command, &job.stop, &group);
+        let live = Live::default();
+        let running = step::run_published(&command, &worker.sandbox, &job.stop, &live);
         tokio::pin!(running);
         let result = loop {
             tokio::select! {
@@ -242,8 +242,7 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
                 result = &mut running => break result,
                 // Once stopped (a pause past its limit included), never pause again.
                 _ = pause::until_requested(&mut pause_requests), if !job.stopped() => {
-                    let group = group.load(Ordering::SeqCst);
-                    if let Err(e) = pause::pause_here(job, subject, tree, Some(&step.key), group).await {
+                    if let Err(e) = pause::pause_here(job, subject, tree, Some(&step.key), &live).await {
                         // Fenced (or the database failed) while pausing: end the step
                         // the usual way, its whole group with it, then give up.
                         job.stop_for(Reason::Fenced);
@@ -371,8 +370,10 @@ fn command(
     index: usize,
     remaining_wall_ms: i64,
 ) -> StepCommand {
+    let runner = &job.worker.sandbox;
+    let home = runner.home_path(&workspace.home);
     let mut env: BTreeMap<String, String> = BTreeMap::from([
-        ("HOME".into(), workspace.home.to_string_lossy().into_owned()),
+        ("HOME".into(), home.to_string_lossy().into_owned()),
         (
             "CAIRN_RUN_ID".into(),
             job.claimed.run_id.simple().to_string(),
@@ -386,7 +387,9 @@ fn command(
         ("CAIRN_ATTEMPT".into(), job.claimed.attempt.to_string()),
         (
             "CAIRN_REPORT_FILE".into(),
-            workspace.report_file.to_string_lossy().into_owned(),
+            home.join(crate::workspace::REPORT_FILE)
+                .to_string_lossy()
+                .into_owned(),
         ),
     ]);
     env.extend(step.env.clone());
@@ -395,11 +398,13 @@ fn command(
     StepCommand {
         argv: step.argv.clone(),
         env,
-        cwd: step
-            .cwd
-            .as_ref()
-            .map(|c| workspace.root.join(c))
-            .unwrap_or_else(|| workspace.root.clone()),
+        place: sandbox::Spec {
+            workspace: workspace.root.clone(),
+            cwd: step.cwd.clone(),
+            home: workspace.home.clone(),
+            network: step.network.unwrap_or(runner.network_default()),
+            limits: runner.limits(step.limits),
+        },
         timeout: step_timeout.min(wall_left),
         output_base: step::output_base(
             &job.worker.settings.artifacts_dir,
@@ -411,6 +416,5 @@ fn command(
         tail_bytes: job.worker.settings.output_tail_bytes,
         redact: job.worker.settings.redact_output,
         kill_grace: job.worker.settings.kill_grace,
-        isolate_network: false,
     }
 }

@@ -1,5 +1,5 @@
-//! One check run fresh: confined, in a private scratch directory, with a cleared
-//! environment, journaled like a step.
+//! One check run fresh: in the step sandbox without the network, with a private scratch
+//! home, a cleared environment, journaled like a step.
 
 use super::reuse::Plan;
 use super::Adoption;
@@ -77,15 +77,17 @@ pub(super) async fn run(
     .await?;
     tx.commit().await?;
 
+    let sandbox = &job.worker.sandbox;
     let command = StepCommand {
         argv: plan.check.argv.clone(),
         env: plan.env.clone(),
-        cwd: plan
-            .check
-            .cwd
-            .as_ref()
-            .map(|c| root.join(c))
-            .unwrap_or_else(|| root.to_path_buf()),
+        place: crate::sandbox::Spec {
+            workspace: root.to_path_buf(),
+            cwd: plan.check.cwd.clone(),
+            home: plan.scratch.clone(),
+            network: false,
+            limits: sandbox.limits(None),
+        },
         timeout: Duration::from_secs(u64::from(plan.check.timeout_seconds)).min(
             Duration::from_millis(u64::try_from(wall_left_ms).unwrap_or(0)),
         ),
@@ -99,7 +101,6 @@ pub(super) async fn run(
         tail_bytes: job.worker.settings.output_tail_bytes,
         redact: job.worker.settings.redact_output,
         kill_grace: job.worker.settings.kill_grace,
-        isolate_network: confined,
     };
     job.worker.metrics.checks_run.inc();
     if !confined {
@@ -109,7 +110,7 @@ pub(super) async fn run(
     tracing::info!(check = plan.index, confined, "verification check started");
     let outcome = match tokio::fs::create_dir_all(&plan.scratch).await {
         Err(e) => spawn_failure(&format!("check {}: no scratch directory: {e}", plan.index)),
-        Ok(()) => match step::run(&command, &job.stop).await {
+        Ok(()) => match step::run(&command, sandbox, &job.stop).await {
             Ok(outcome) => outcome,
             Err(e) => spawn_failure(&format!("check {}: {e}", plan.index)),
         },
@@ -173,6 +174,8 @@ pub(super) async fn run(
             stdout_tail: &outcome.stdout_tail,
             stderr_tail: &outcome.stderr_tail,
             fresh_reason: plan.fresh_reason,
+            sandbox: Some(&outcome.sandbox),
+            limit: outcome.limit.map(|l| l.as_str()),
         },
     )
     .await?;

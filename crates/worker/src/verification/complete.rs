@@ -98,6 +98,8 @@ pub(super) async fn complete(
                 stdout_tail: &prior.stdout_tail,
                 stderr_tail: &prior.stderr_tail,
                 fresh_reason: None,
+                sandbox: None,
+                limit: None,
             },
         )
         .await?;

@@ -97,11 +97,12 @@ pub(super) async fn plan<'a>(
         let index = i + 1;
         let scratch =
             check::scratch_root(&job.worker.settings.workspaces_dir, job).join(index.to_string());
-        let env = check::check_env(check, &scratch);
+        let home = job.worker.sandbox.home_path(&scratch);
+        let env = check::check_env(check, &home);
         let scope = Scope {
             source_digest: source.source_digest.clone(),
             dependency_digest: source.dependency_digest.clone(),
-            environment_digest: scope::environment_digest(&env, &scratch),
+            environment_digest: scope::environment_digest(&env, &home),
             runner_digest: runner.clone(),
         };
         let command_digest = checks::command_digest(check);

@@ -44,6 +44,14 @@ pub struct JournalStep {
     pub snapshot_id: Option<Id>,
     /// How the tree the step ran on was acquired: `adopt`, `checkpoint`, `baseline`, `cold`.
     pub tree_tier: Option<String>,
+    /// The sandbox the step ran in: `mechanism`, `isolated`, `namespaces`, `network`,
+    /// `uid`/`gid` and `limits` (with what enforced them).
+    #[schema(value_type = Option<Object>)]
+    pub sandbox: Option<serde_json::Value>,
+    /// The sandbox limit the step passed, which ended it: `memory_limit`, `pids_limit`
+    /// or `cpu_limit`.
+    #[sqlx(rename = "limit_breached")]
+    pub limit: Option<String>,
 }
 
 /// Any other journal record (checkpoints, acceptances, reuse intents and receipts).
@@ -91,7 +99,7 @@ pub async fn journal(
                 i.lease_epoch AS intent_epoch, i.attempt AS intent_attempt, i.started_at,
                 r.exit_code, r.signal, r.timed_out, r.wall_ms, r.cpu_ms, r.output_digest,
                 r.stdout_tail, r.stderr_tail, r.output_artifact, r.lease_epoch AS receipt_epoch, r.finished_at,
-                r.snapshot_id, r.tree_tier
+                r.snapshot_id, r.tree_tier, r.sandbox, r.limit_breached
            FROM journal_intents i
            JOIN execution_requests e ON e.id = i.request_id
            LEFT JOIN journal_receipts r ON r.request_id = i.request_id AND r.step_key = i.step_key

@@ -1,0 +1,95 @@
+//! `cairn-bench sandbox`: what the step sandbox costs a step. `/bin/true` is started
+//! through the worker's step runner, waited for and its output captured, in each mode:
+//! the baseline (a process group, no namespaces), then the sandbox with and without the
+//! network, each with the worker's default limits (a cgroup where the host has one).
+
+use cairn_common::run::StepLimits;
+use cairn_worker::sandbox::{self, Mode, Sandbox};
+use cairn_worker::step::{self, StepCommand};
+use std::time::{Duration, Instant};
+
+pub async fn run(runs: usize) -> anyhow::Result<()> {
+    let dir = std::env::temp_dir().join(format!(
+        "cairn-bench-sandbox-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let (workspace, home) = (dir.join("workspace"), dir.join("home"));
+    std::fs::create_dir_all(&workspace)?;
+    std::fs::create_dir_all(&home)?;
+    let settings = |mode| sandbox::Settings {
+        mode,
+        bwrap: "bwrap".into(),
+        uid: 1000,
+        gid: 1000,
+        network_default: true,
+        defaults: StepLimits {
+            memory_mb: Some(8192),
+            pids: Some(4096),
+            cpu_seconds: None,
+            open_files: Some(65_536),
+        },
+        read_only: Vec::new(),
+        read_write: Vec::new(),
+    };
+    let baseline = Sandbox::start(settings(Mode::Off)).map_err(anyhow::Error::msg)?;
+    let full = Sandbox::start(settings(Mode::Required)).map_err(anyhow::Error::msg)?;
+    println!(
+        "sandbox: {runs} starts of /bin/true per mode, each waited for; limits by {}",
+        full.report().limits_by()
+    );
+    let modes: [(&str, &Sandbox, bool); 3] = [
+        ("baseline: process group, no namespaces", &baseline, true),
+        ("sandbox, network: true", &full, true),
+        ("sandbox, network: false (checks)", &full, false),
+    ];
+    // Interleaved, so that whatever else the machine does weighs on every mode alike.
+    let mut times: Vec<Vec<Duration>> = vec![Vec::with_capacity(runs); modes.len()];
+    for i in 0..runs {
+        for (m, (_, sandbox, network)) in modes.iter().enumerate() {
+            let command = StepCommand {
+                argv: vec!["/bin/true".into()],
+                env: std::collections::BTreeMap::new(),
+                place: sandbox::Spec {
+                    workspace: workspace.clone(),
+                    cwd: None,
+                    home: home.clone(),
+                    network: *network,
+                    limits: sandbox.limits(None),
+                },
+                timeout: Duration::from_secs(30),
+                output_base: dir.join(format!("out-{m}-{i}")),
+                max_output: 1024,
+                tail_bytes: 128,
+                redact: true,
+                kill_grace: Duration::from_millis(100),
+            };
+            let started = Instant::now();
+            let outcome = step::run(
+                &command,
+                sandbox,
+                &tokio_util::sync::CancellationToken::new(),
+            )
+            .await?;
+            times[m].push(started.elapsed());
+            anyhow::ensure!(outcome.succeeded(), "/bin/true failed: {outcome:?}");
+        }
+    }
+    let mut p50s = Vec::new();
+    for ((name, _, _), times) in modes.iter().zip(times.iter_mut()) {
+        times.sort();
+        let at = |q: f64| times[((times.len() as f64 - 1.0) * q) as usize].as_secs_f64() * 1000.0;
+        p50s.push(at(0.5));
+        println!(
+            "  {name:<40} p50 {:>7.2} ms  p99 {:>7.2} ms",
+            at(0.5),
+            at(0.99)
+        );
+    }
+    println!(
+        "SANDBOX_OVERHEAD: {:.2} ms p50 (network: true), {:.2} ms p50 (network: false); goal under 5 ms",
+        p50s[1] - p50s[0],
+        p50s[2] - p50s[0]
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    Ok(())
+}

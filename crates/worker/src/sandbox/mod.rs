@@ -1,0 +1,225 @@
+//! The step sandbox (invariant 10): every process Cairn starts for a run, steps and
+//! verification checks alike, runs with no more authority than its workspace.
+//!
+//! Where the host allows it, the process runs under bubblewrap (`bwrap`, the sandbox
+//! Flatpak uses) in its own user, PID, mount, IPC, UTS and cgroup namespaces, and its own
+//! network namespace unless the step asks for the network:
+//! - as an unprivileged uid/gid of its user namespace, with no capabilities and
+//!   `no_new_privs`;
+//! - seeing a read-only system (`/usr`, the `/bin` and `/lib` links, chosen `/etc`
+//!   entries), its workspace read-write at [`WORKSPACE`], a private [`HOME`] and `/tmp`,
+//!   and a fresh `/proc` that shows only its own processes;
+//! - as the child of its namespace's init, so that when the step ends or is stopped
+//!   every process it started ends with it, `setsid` ones included.
+//!
+//! Limits (memory, processes, CPU time, open files) come from a cgroup where the host
+//! delegates one ([`cgroup`]), rlimits otherwise. [`probe`] finds out at start what the
+//! host allows; [`Mode`] decides what to do when it allows less.
+
+pub mod cgroup;
+pub mod probe;
+mod running;
+mod view;
+
+pub use probe::Report;
+pub use running::{Limit, Live, Running};
+pub use view::{resolve_cwd, CwdRefused};
+
+use cairn_common::run::StepLimits;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Where a sandboxed process finds its workspace.
+pub const WORKSPACE: &str = "/workspace";
+/// Its private home (also its `TMPDIR` for checks).
+pub const HOME: &str = "/home/cairn";
+
+/// What the worker does when the host allows less than the full sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// The full sandbox where the host allows it; otherwise processes run in their own
+    /// process group under rlimits (and a cgroup where there is one), each receipt says
+    /// so, and verification results are never reusable.
+    Auto,
+    /// The worker does not start unless the host allows the full sandbox.
+    Required,
+    /// No namespaces: process groups, rlimits and cgroups only.
+    Off,
+}
+
+/// The sandbox's settings, from the worker's configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub mode: Mode,
+    /// The bubblewrap program.
+    pub bwrap: PathBuf,
+    /// The uid and gid a step has inside its user namespace.
+    pub uid: u32,
+    pub gid: u32,
+    /// Whether a step that does not say reaches the network.
+    pub network_default: bool,
+    /// Limits of a step that sets none.
+    pub defaults: StepLimits,
+    /// More host paths a step sees, read-only at the same place (a toolchain).
+    pub read_only: Vec<PathBuf>,
+    /// Host paths a step sees read-write at the same place (a shared cache).
+    pub read_write: Vec<PathBuf>,
+}
+
+/// One process to start in the sandbox.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// The workspace on the host; the process sees it at [`WORKSPACE`].
+    pub workspace: PathBuf,
+    /// The working directory, relative to the workspace; it must resolve beneath it.
+    pub cwd: Option<String>,
+    /// The private home on the host; the process sees it at [`HOME`].
+    pub home: PathBuf,
+    pub network: bool,
+    pub limits: StepLimits,
+}
+
+/// The sandbox of this worker process: its settings and what the host allows.
+#[derive(Debug)]
+pub struct Sandbox {
+    settings: Settings,
+    report: Report,
+    cgroups: Option<cgroup::Hierarchy>,
+    etc: view::EtcView,
+    started: AtomicU64,
+}
+
+impl Sandbox {
+    /// Probes the host. With [`Mode::Required`] a host that cannot give the full
+    /// sandbox is an error that names what is missing.
+    pub fn start(settings: Settings) -> Result<Sandbox, String> {
+        let cgroups = cgroup::Hierarchy::delegated();
+        let etc = view::EtcView::copy().map_err(|e| format!("cannot copy /etc for steps: {e}"))?;
+        let report = probe::probe(&settings, &etc.path, cgroups.as_ref());
+        if settings.mode == Mode::Required && !report.isolated {
+            return Err(format!(
+                "CAIRN_SANDBOX=required, but this host cannot give steps their sandbox: {}",
+                report.missing.join("; ")
+            ));
+        }
+        if settings.mode == Mode::Auto && !report.isolated {
+            tracing::warn!(
+                missing = %report.missing.join("; "),
+                "steps run without the namespace sandbox: in their own process group, under rlimits, \
+                 and every receipt says so; verification results are never reusable"
+            );
+        }
+        Ok(Sandbox {
+            settings,
+            report,
+            cgroups,
+            etc,
+            started: AtomicU64::new(0),
+        })
+    }
+
+    /// What the host allows and what is in use, for `/readyz` and the metric.
+    pub fn report(&self) -> &Report {
+        &self.report
+    }
+
+    /// Whether processes run in the namespace sandbox.
+    pub fn isolates(&self) -> bool {
+        self.report.isolated
+    }
+
+    /// Whether a step that does not say reaches the network.
+    pub fn network_default(&self) -> bool {
+        self.settings.network_default
+    }
+
+    /// A step's limits: its own, else the worker's defaults.
+    pub fn limits(&self, own: Option<StepLimits>) -> StepLimits {
+        own.unwrap_or_default().or(self.settings.defaults)
+    }
+
+    /// The path a sandboxed process sees for its workspace.
+    pub fn workspace_path(&self, host: &Path) -> PathBuf {
+        if self.isolates() {
+            PathBuf::from(WORKSPACE)
+        } else {
+            host.to_path_buf()
+        }
+    }
+
+    /// The path a sandboxed process sees for its home.
+    pub fn home_path(&self, host: &Path) -> PathBuf {
+        if self.isolates() {
+            PathBuf::from(HOME)
+        } else {
+            host.to_path_buf()
+        }
+    }
+
+    /// What a receipt records of the sandbox a process ran in.
+    pub fn describe(&self, spec: &Spec) -> serde_json::Value {
+        let limits = json!({
+            "memory_mb": spec.limits.memory_mb,
+            "pids": spec.limits.pids,
+            "cpu_seconds": spec.limits.cpu_seconds,
+            "open_files": spec.limits.open_files,
+            "enforced_by": self.report.limits_by(),
+        });
+        if self.isolates() {
+            let mut namespaces = vec!["user", "pid", "mount", "ipc", "uts", "cgroup"];
+            if !spec.network {
+                namespaces.push("network");
+            }
+            json!({
+                "mechanism": self.report.mechanism,
+                "isolated": true,
+                "uid": self.settings.uid,
+                "gid": self.settings.gid,
+                "namespaces": namespaces,
+                "network": spec.network,
+                "limits": limits,
+            })
+        } else {
+            json!({
+                "mechanism": "none",
+                "isolated": false,
+                "missing": self.report.missing,
+                "network": true,
+                "limits": limits,
+            })
+        }
+    }
+
+    /// The command that runs `argv` with exactly `env` in the sandbox, and the cgroup
+    /// it starts in (created now). The caller spawns it and wraps it in a [`Running`].
+    pub fn command(
+        &self,
+        argv: &[String],
+        env: &BTreeMap<String, String>,
+        spec: &Spec,
+    ) -> Result<(tokio::process::Command, Option<cgroup::Group>), CwdRefused> {
+        let cwd = resolve_cwd(&spec.workspace, spec.cwd.as_deref())?;
+        let group = self.cgroups.as_ref().and_then(|h| {
+            let n = self.started.fetch_add(1, Ordering::Relaxed);
+            match h.create(&format!("step-{n}"), &spec.limits) {
+                Ok(group) => Some(group),
+                Err(e) => {
+                    tracing::warn!(error = %e, "no cgroup for this step: rlimits only");
+                    None
+                }
+            }
+        });
+        let mut cmd = if self.isolates() {
+            view::bwrap(&self.settings, &self.etc.path, argv, spec, &cwd)
+        } else {
+            view::direct(argv, &spec.workspace.join(&cwd))
+        };
+        cmd.env_clear().envs(env);
+        let rlimits = view::rlimits(&spec.limits, group.is_some());
+        view::before_exec(&mut cmd, group.as_ref(), rlimits);
+        Ok((cmd, group))
+    }
+}

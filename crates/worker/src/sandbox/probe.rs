@@ -1,0 +1,175 @@
+//! What this host allows, found out once at start by trying it: bubblewrap, each
+//! namespace the sandbox uses, and the cgroup hierarchy.
+
+use super::cgroup::Hierarchy;
+use super::{view, Settings, Spec};
+use serde::Serialize;
+use std::path::Path;
+use std::process::Stdio;
+
+/// The result of the probe: shown in `/readyz`, the metric and every receipt.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub mode: super::Mode,
+    /// `bubblewrap <version>`, or `none`.
+    pub mechanism: String,
+    pub user_namespace: bool,
+    pub pid_namespace: bool,
+    pub mount_namespace: bool,
+    pub network_namespace: bool,
+    /// `v2`, `v1` or `none`.
+    pub cgroup: &'static str,
+    /// Controllers a step's cgroup has.
+    pub cgroup_controllers: Vec<&'static str>,
+    /// Whether processes run in the namespace sandbox.
+    pub isolated: bool,
+    /// What keeps the sandbox from being whole, in words.
+    pub missing: Vec<String>,
+}
+
+impl Report {
+    /// What enforces memory and process limits.
+    pub fn limits_by(&self) -> &'static str {
+        match self.cgroup {
+            "v2" => "cgroup v2",
+            "v1" => "cgroup v1",
+            _ => "rlimit",
+        }
+    }
+
+    /// Each capability as (name, present), for the metric.
+    pub fn capabilities(&self) -> [(&'static str, bool); 7] {
+        [
+            ("bubblewrap", self.mechanism != "none"),
+            ("user_namespace", self.user_namespace),
+            ("pid_namespace", self.pid_namespace),
+            ("mount_namespace", self.mount_namespace),
+            ("network_namespace", self.network_namespace),
+            ("cgroup", self.cgroup != "none"),
+            ("isolated", self.isolated),
+        ]
+    }
+}
+
+/// Tries each part of the sandbox.
+pub fn probe(settings: &Settings, etc: &Path, cgroups: Option<&Hierarchy>) -> Report {
+    let mut report = Report {
+        mode: settings.mode,
+        mechanism: "none".into(),
+        user_namespace: false,
+        pid_namespace: false,
+        mount_namespace: false,
+        network_namespace: false,
+        cgroup: cgroups.map_or("none", Hierarchy::version),
+        cgroup_controllers: cgroups.map(Hierarchy::controllers).unwrap_or_default(),
+        isolated: false,
+        missing: Vec::new(),
+    };
+    if cgroups.is_none() {
+        report
+            .missing
+            .push("no delegated cgroup: memory and process limits are rlimits, per process".into());
+    }
+    if settings.mode == super::Mode::Off {
+        report.missing.insert(0, "CAIRN_SANDBOX=off".into());
+        return report;
+    }
+    let version = std::process::Command::new(&settings.bwrap)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output();
+    match version {
+        Ok(out) if out.status.success() => {
+            report.mechanism = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        }
+        _ => {
+            report.missing.insert(
+                0,
+                format!(
+                    "bubblewrap ({}) is not installed (Debian: apt-get install bubblewrap)",
+                    settings.bwrap.display()
+                ),
+            );
+            return report;
+        }
+    }
+    let base = ["--ro-bind", "/", "/", "--dev", "/dev"];
+    let tries = |extra: &[&str]| -> Result<(), String> {
+        let out = std::process::Command::new(&settings.bwrap)
+            .args(base)
+            .args(extra)
+            .args(["--", "true"])
+            .env_clear()
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+        }
+    };
+    let mut note = |what: &str, result: Result<(), String>| match result {
+        Ok(()) => true,
+        Err(e) => {
+            report.missing.insert(0, format!("no {what}: {e}"));
+            false
+        }
+    };
+    report.mount_namespace = note("mount namespace", tries(&[]));
+    report.user_namespace = note("user namespace", tries(&["--unshare-user"]));
+    report.pid_namespace = note(
+        "PID namespace",
+        tries(&["--unshare-pid", "--proc", "/proc"]),
+    );
+    report.network_namespace = note("network namespace", tries(&["--unshare-net"]));
+    if report.mount_namespace
+        && report.user_namespace
+        && report.pid_namespace
+        && report.network_namespace
+    {
+        report.isolated = whole(settings, etc).map_or_else(
+            |e| {
+                report
+                    .missing
+                    .insert(0, format!("the sandbox does not start: {e}"));
+                false
+            },
+            |()| true,
+        );
+    }
+    report
+}
+
+/// Starts `true` in the sandbox exactly as a step starts, in a scratch workspace.
+fn whole(settings: &Settings, etc: &Path) -> Result<(), String> {
+    let scratch = std::env::temp_dir().join(format!(
+        "cairn-sandbox-probe-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let (workspace, home) = (scratch.join("workspace"), scratch.join("home"));
+    let made = std::fs::create_dir_all(&workspace).and_then(|()| std::fs::create_dir_all(&home));
+    let result = made.map_err(|e| e.to_string()).and_then(|()| {
+        let spec = Spec {
+            workspace: workspace.clone(),
+            cwd: None,
+            home,
+            network: false,
+            limits: Default::default(),
+        };
+        let argv = ["true".to_string()];
+        let cmd = view::bwrap(settings, etc, &argv, &spec, Path::new(""));
+        let mut cmd = cmd.into_std();
+        cmd.env_clear()
+            .env("PATH", crate::step::DEFAULT_PATH)
+            .stdin(Stdio::null());
+        let out = cmd.output().map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+        }
+    });
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}

@@ -1,0 +1,149 @@
+//! A started sandbox: signalling, freezing and ending every process in it, and the
+//! limits it passed.
+
+use super::cgroup::Group;
+use nix::sys::signal::{kill, killpg, Signal};
+use nix::unistd::Pid;
+use std::sync::{Arc, Mutex};
+
+/// A limit whose breach ended a step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Limit {
+    Memory,
+    Pids,
+    Cpu,
+}
+
+impl Limit {
+    /// The name a receipt records.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Limit::Memory => "memory_limit",
+            Limit::Pids => "pids_limit",
+            Limit::Cpu => "cpu_limit",
+        }
+    }
+}
+
+/// The processes of one started command.
+#[derive(Debug)]
+pub struct Running {
+    /// The process the worker started: bubblewrap, or the command itself.
+    pub pid: i32,
+    /// Whether it runs in the namespace sandbox (else it leads its process group).
+    pub isolated: bool,
+    pub group: Option<Arc<Group>>,
+    /// The CPU limit, in ms, checked against the cgroup's measure.
+    pub cpu_limit_ms: Option<i64>,
+}
+
+impl Running {
+    /// Sends `signal` to every process of the sandbox.
+    pub fn signal_all(&self, signal: Signal) {
+        let members = match &self.group {
+            Some(group) => group.processes(),
+            None if self.isolated => namespace_members(self.pid),
+            None => {
+                let _ = killpg(Pid::from_raw(self.pid), signal);
+                return;
+            }
+        };
+        // Not bubblewrap itself: its end would end the namespace at once, with no grace.
+        for pid in members.into_iter().filter(|p| *p != self.pid) {
+            let _ = kill(Pid::from_raw(pid), signal);
+        }
+    }
+
+    /// Ends every process at once. In the namespace sandbox, the end of bubblewrap ends
+    /// its namespace's init, and the kernel then kills everything left in it.
+    pub fn kill_all(&self) {
+        let _ = kill(Pid::from_raw(self.pid), Signal::SIGKILL);
+        if !self.isolated {
+            let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
+        }
+        if let Some(group) = &self.group {
+            group.kill();
+        }
+    }
+
+    /// Freezes (or thaws) every process: the cgroup freezer where there is one, else
+    /// `SIGSTOP`/`SIGCONT` to each.
+    pub fn freeze(&self, frozen: bool) {
+        if self.group.as_ref().is_some_and(|g| g.freeze(frozen)) {
+            return;
+        }
+        self.signal_all(if frozen {
+            Signal::SIGSTOP
+        } else {
+            Signal::SIGCONT
+        });
+    }
+
+    /// The limit passed so far, if any.
+    pub fn breach(&self) -> Option<Limit> {
+        let group = self.group.as_ref()?;
+        if group.memory_breached() {
+            return Some(Limit::Memory);
+        }
+        if group.pids_breached() {
+            return Some(Limit::Pids);
+        }
+        match (self.cpu_limit_ms, group.cpu_ms()) {
+            (Some(limit), Some(used)) if used >= limit => Some(Limit::Cpu),
+            _ => None,
+        }
+    }
+
+    /// CPU time of every process, where a cgroup measured it.
+    pub fn cpu_ms(&self) -> Option<i64> {
+        self.group.as_ref().and_then(|g| g.cpu_ms())
+    }
+}
+
+/// Every process in the PID namespace of `pid`'s first child (bubblewrap's init).
+fn namespace_members(pid: i32) -> Vec<i32> {
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    let Some(init) = children.split_whitespace().next() else {
+        return Vec::new();
+    };
+    let Ok(namespace) = std::fs::read_link(format!("/proc/{init}/ns/pid")) else {
+        return Vec::new();
+    };
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| std::fs::read_link(format!("/proc/{p}/ns/pid")).is_ok_and(|n| n == namespace))
+        .collect()
+}
+
+/// The sandbox a job is running now, if any, for a pause to freeze and thaw.
+#[derive(Debug, Default)]
+pub struct Live(Mutex<Option<Arc<Running>>>);
+
+impl Live {
+    pub fn set(&self, running: Option<Arc<Running>>) {
+        *self.0.lock().unwrap_or_else(|p| p.into_inner()) = running;
+    }
+
+    fn get(&self) -> Option<Arc<Running>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.get().is_some()
+    }
+
+    /// Freezes or thaws the running sandbox; whether one was running.
+    pub fn freeze(&self, frozen: bool) -> bool {
+        match self.get() {
+            Some(running) => {
+                running.freeze(frozen);
+                true
+            }
+            None => false,
+        }
+    }
+}

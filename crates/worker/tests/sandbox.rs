@@ -1,0 +1,435 @@
+//! The step sandbox on this host (invariant 10), through the step runner the worker
+//! uses: what a step can see, reach and use, and that nothing it starts outlives it.
+//! The end-to-end tests (`tests/tests/sandbox.rs`) drive the same through the API.
+
+use cairn_common::run::StepLimits;
+use cairn_worker::sandbox::{self, Limit, Mode, Sandbox};
+use cairn_worker::step::{self, Interruption, StepCommand, StepError, StepOutcome};
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+fn settings() -> sandbox::Settings {
+    sandbox::Settings {
+        mode: Mode::Required,
+        bwrap: "bwrap".into(),
+        uid: 1000,
+        gid: 1000,
+        network_default: true,
+        defaults: StepLimits::default(),
+        read_only: Vec::new(),
+        read_write: Vec::new(),
+    }
+}
+
+/// The full sandbox: this machine allows it (the setup installs bubblewrap), and a test
+/// that silently ran without it would prove nothing.
+fn sandbox() -> Sandbox {
+    Sandbox::start(settings()).expect("this machine gives steps the full sandbox")
+}
+
+struct Scratch {
+    dir: PathBuf,
+}
+
+impl Scratch {
+    fn new() -> Scratch {
+        let dir =
+            std::env::temp_dir().join(format!("cairn-sandbox-{}", uuid::Uuid::new_v4().simple()));
+        for sub in ["workspace", "home", "out"] {
+            std::fs::create_dir_all(dir.join(sub)).expect("scratch");
+        }
+        Scratch { dir }
+    }
+
+    fn workspace(&self) -> PathBuf {
+        self.dir.join("workspace")
+    }
+
+    fn command(&self, argv: &[&str]) -> StepCommand {
+        StepCommand {
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            env: BTreeMap::from([("HOME".to_string(), sandbox::HOME.to_string())]),
+            place: sandbox::Spec {
+                workspace: self.workspace(),
+                cwd: None,
+                home: self.dir.join("home"),
+                network: false,
+                limits: StepLimits::default(),
+            },
+            timeout: Duration::from_secs(30),
+            output_base: self
+                .dir
+                .join("out")
+                .join(uuid::Uuid::new_v4().simple().to_string()),
+            max_output: 1024 * 1024,
+            tail_bytes: 64 * 1024,
+            redact: false,
+            kill_grace: Duration::from_millis(500),
+        }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn run(sandbox: &Sandbox, command: &StepCommand) -> StepOutcome {
+    step::run(command, sandbox, &CancellationToken::new())
+        .await
+        .expect("the step starts")
+}
+
+async fn sh(sandbox: &Sandbox, scratch: &Scratch, script: &str) -> StepOutcome {
+    run(sandbox, &scratch.command(&["sh", "-c", script])).await
+}
+
+/// Host processes whose command line holds `marker`.
+fn processes_with(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cmdline.contains(marker) {
+            found.push(format!("{:?}: {cmdline}", entry.file_name()));
+        }
+    }
+    found
+}
+
+#[tokio::test]
+async fn the_worker_environment_and_processes_are_out_of_sight() {
+    let sandbox = sandbox();
+    let scratch = Scratch::new();
+    // What a worker holds in its environment.
+    std::env::set_var("CAIRN_SANDBOX_TEST_SECRET", "hunter2-worker-secret");
+    let out = sh(
+        &sandbox,
+        &scratch,
+        "tr '\\0' '\\n' </proc/$PPID/environ; for f in /proc/[0-9]*/environ; do tr '\\0' '\\n' <$f; done; \
+         echo; echo pids: $(ls -d /proc/[0-9]* | wc -l); id -u; id -g",
+    )
+    .await;
+    assert!(out.succeeded(), "{out:?}");
+    assert!(
+        !out.stdout_tail.contains("hunter2"),
+        "the worker's environment leaked: {}",
+        out.stdout_tail
+    );
+    let lines: Vec<&str> = out.stdout_tail.lines().collect();
+    // Its namespace's init, the shell, and the shell's children: nothing of the host.
+    let pids: usize = lines
+        .iter()
+        .find_map(|l| l.strip_prefix("pids: "))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("a count");
+    assert!(pids <= 6, "{pids} processes visible: {}", out.stdout_tail);
+    assert_eq!(
+        lines[lines.len() - 2..],
+        ["1000", "1000"],
+        "{}",
+        out.stdout_tail
+    );
+    assert_eq!(out.sandbox["isolated"], true, "{}", out.sandbox);
+}
+
+#[tokio::test]
+async fn a_step_has_no_capability_and_no_new_privileges() {
+    let sandbox = sandbox();
+    let scratch = Scratch::new();
+    let status = run(&sandbox, &scratch.command(&["cat", "/proc/self/status"])).await;
+    for field in ["CapEff", "CapPrm", "CapBnd", "CapAmb", "CapInh"] {
+        let line = status
+            .stdout_tail
+            .lines()
+            .find(|l| l.starts_with(field))
+            .unwrap_or_default()
+            .to_string();
+        assert!(line.ends_with("0000000000000000"), "{line}");
+    }
+    assert!(
+        status.stdout_tail.lines().any(|l| l == "NoNewPrivs:\t1"),
+        "{}",
+        status.stdout_tail
+    );
+}
+
+#[tokio::test]
+async fn a_step_sees_only_its_workspace_home_tmp_and_a_read_only_system() {
+    let sandbox = sandbox();
+    let scratch = Scratch::new();
+    // A sibling workspace and a snapshot store on the host, beside this one.
+    let other = scratch.dir.join("other-workspace");
+    std::fs::create_dir_all(&other).expect("other");
+    std::fs::write(other.join("secret.txt"), "other run's file").expect("write");
+    let outside = scratch.dir.join("outside-marker");
+    let script = format!(
+        "cat {other}/secret.txt; ls {store}; touch {outside}; touch /usr/cairn-marker; \
+         touch /etc/cairn-marker; cat /etc/shadow; \
+         echo in-workspace > {ws}/inside.txt && echo wrote-workspace; \
+         echo tmp > /tmp/t && echo wrote-tmp; echo home > $HOME/h && echo wrote-home; ls /",
+        other = other.display(),
+        store = scratch.dir.display(),
+        outside = outside.display(),
+        ws = sandbox::WORKSPACE,
+    );
+    let out = sh(&sandbox, &scratch, &script).await;
+    assert!(!out.stdout_tail.contains("other run's file"), "{out:?}");
+    assert!(!outside.exists(), "a write outside the workspace landed");
+    assert!(!Path::new("/usr/cairn-marker").exists());
+    assert!(!Path::new("/etc/cairn-marker").exists());
+    assert!(!out.stdout_tail.contains("root:"), "{}", out.stdout_tail);
+    for wrote in ["wrote-workspace", "wrote-tmp", "wrote-home"] {
+        assert!(out.stdout_tail.contains(wrote), "{wrote}: {out:?}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(scratch.workspace().join("inside.txt")).expect("inside"),
+        "in-workspace\n"
+    );
+    let root: Vec<&str> = out
+        .stdout_tail
+        .lines()
+        .skip_while(|l| *l != "wrote-home")
+        .skip(1)
+        .collect();
+    for absent in ["root", "work", "var", "srv", "mnt"] {
+        assert!(!root.contains(&absent), "/{absent} is visible: {root:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_symlink_cwd_out_of_the_workspace_is_refused() {
+    let sandbox = sandbox();
+    let scratch = Scratch::new();
+    std::os::unix::fs::symlink("/", scratch.workspace().join("escape")).expect("link");
+    std::fs::create_dir_all(scratch.workspace().join("src/inner")).expect("dir");
+    std::os::unix::fs::symlink("src", scratch.workspace().join("inside")).expect("link");
+    let mut command = scratch.command(&["cat", "passwd"]);
+    command.place.cwd = Some("escape/etc".into());
+    let refused = step::run(&command, &sandbox, &CancellationToken::new()).await;
+    match refused {
+        Err(StepError::Cwd(e)) => assert!(e.to_string().contains("leaves the workspace"), "{e}"),
+        other => panic!("the symlink cwd ran: {other:?}"),
+    }
+    // A link that stays inside is followed.
+    let mut command = scratch.command(&["pwd"]);
+    command.place.cwd = Some("inside/inner".into());
+    let out = run(&sandbox, &command).await;
+    assert!(out.succeeded(), "{out:?}");
+}
+
+#[tokio::test]
+async fn network_false_has_only_its_own_loopback_and_network_true_reaches_the_host() {
+    let sandbox = sandbox();
+    let scratch = Scratch::new();
+    let listener = TcpListener::bind("127.0.0.1:0").expect("listener");
+    let port = listener.local_addr().expect("addr").port();
+    let connect = format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected");
+    let mut command = scratch.command(&["bash", "-c", &connect]);
+    command.place.network = true;
+    let open = run(&sandbox, &command).await;
+    assert!(open.succeeded(), "network: true reaches the host: {open:?}");
+    assert_eq!(open.stdout_tail, "connected\n");
+    assert_eq!(open.sandbox["network"], true);
+
+    command.place.network = false;
+    let closed = run(&sandbox, &command).await;
+    assert!(
+        !closed.succeeded(),
+        "network: false reached the host: {closed:?}"
+    );
+    assert_eq!(closed.sandbox["network"], false);
+
+    let own = "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(); \
+               c = socket.create_connection(s.getsockname(), timeout=5); print('own loopback')";
+    let inside = run(&sandbox, &scratch.command(&["python3", "-c", own])).await;
+    assert_eq!(inside.stdout_tail, "own loopback\n", "{inside:?}");
+    let links = run(&sandbox, &scratch.command(&["cat", "/proc/net/dev"])).await;
+    let interfaces: Vec<&str> = links
+        .stdout_tail
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next().map(str::trim))
+        .collect();
+    assert_eq!(interfaces, ["lo"], "{}", links.stdout_tail);
+    drop(listener);
+}
+
+#[tokio::test]
+async fn a_setsid_orphan_ends_with_its_step_on_timeout_and_on_stop() {
+    let sandbox = sandbox();
+    let scratch = Scratch::new();
+    for (marker, stopped) in [("1001.25", false), ("1001.5", true)] {
+        let script = format!("setsid sh -c 'sleep {marker}' & sleep 100");
+        let mut command = scratch.command(&["sh", "-c", &script]);
+        command.timeout = Duration::from_secs(if stopped { 60 } else { 2 });
+        let stop = CancellationToken::new();
+        if stopped {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_secs(2)).await;
+                stop.cancel();
+            });
+        }
+        let started = Instant::now();
+        let out = step::run(&command, &sandbox, &stop).await.expect("run");
+        let took = started.elapsed();
+        let expected = if stopped {
+            Interruption::Stopped
+        } else {
+            Interruption::TimedOut
+        };
+        assert_eq!(out.interrupted, Some(expected));
+        // Two seconds, the kill grace, and a margin for a loaded machine.
+        assert!(took < Duration::from_secs(6), "ended after {took:?}");
+        assert!(
+            processes_with(&format!("sleep {marker}")).is_empty(),
+            "the orphan outlived its step: {:?}",
+            processes_with(&format!("sleep {marker}"))
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_fork_loop_is_stopped_by_the_pids_limit() {
+    let sandbox = sandbox();
+    if sandbox.report().cgroup == "none" {
+        panic!("this machine delegates a cgroup; the pids limit under test needs it");
+    }
+    let scratch = Scratch::new();
+    let mut command = scratch.command(&["sh", "-c", "while :; do sleep 30 & done"]);
+    command.place.limits.pids = Some(32);
+    let started = Instant::now();
+    let out = run(&sandbox, &command).await;
+    assert_eq!(out.limit, Some(Limit::Pids), "{out:?}");
+    assert!(!out.succeeded());
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(out.describe().contains("pids_limit"), "{}", out.describe());
+    assert_eq!(out.journal().limit.as_deref(), Some("pids_limit"));
+}
+
+#[tokio::test]
+async fn allocating_past_the_memory_limit_ends_the_step_with_memory_limit() {
+    let sandbox = sandbox();
+    if sandbox.report().cgroup == "none" {
+        panic!("this machine delegates a cgroup; the memory limit under test needs it");
+    }
+    let scratch = Scratch::new();
+    let grow = "import time\nchunks = []\nwhile True:\n    chunks.append(bytearray(8 << 20))\n    time.sleep(0.01)";
+    let mut command = scratch.command(&["python3", "-c", grow]);
+    command.place.limits.memory_mb = Some(64);
+    let out = run(&sandbox, &command).await;
+    assert_eq!(out.limit, Some(Limit::Memory), "{out:?}");
+    assert_eq!(out.journal().limit.as_deref(), Some("memory_limit"));
+    // Under the limit, the same program is fine.
+    let mut command = scratch.command(&["python3", "-c", "b = bytearray(16 << 20); print('ok')"]);
+    command.place.limits.memory_mb = Some(64);
+    let out = run(&sandbox, &command).await;
+    assert!(out.succeeded(), "{out:?}");
+    assert_eq!(out.limit, None);
+}
+
+#[tokio::test]
+async fn open_files_and_cpu_time_are_limited() {
+    let sandbox = sandbox();
+    let scratch = Scratch::new();
+    let mut command = scratch.command(&["sh", "-c", "ulimit -n; ulimit -t"]);
+    command.place.limits.open_files = Some(64);
+    command.place.limits.cpu_seconds = Some(7);
+    let out = run(&sandbox, &command).await;
+    assert_eq!(out.stdout_tail, "64\n7\n", "{out:?}");
+    let mut spin = scratch.command(&["sh", "-c", "while :; do :; done"]);
+    spin.place.limits.cpu_seconds = Some(1);
+    let out = run(&sandbox, &spin).await;
+    assert!(!out.succeeded(), "{out:?}");
+    assert!(out.cpu_ms >= 900, "{out:?}");
+}
+
+#[tokio::test]
+async fn the_detection_report_matches_the_host() {
+    let sandbox = sandbox();
+    let report = sandbox.report();
+    let version = std::process::Command::new("bwrap")
+        .arg("--version")
+        .output()
+        .expect("bwrap");
+    assert_eq!(
+        report.mechanism,
+        String::from_utf8_lossy(&version.stdout).trim()
+    );
+    let tries = |args: &[&str]| {
+        std::process::Command::new("bwrap")
+            .args(["--ro-bind", "/", "/", "--dev", "/dev"])
+            .args(args)
+            .arg("true")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    assert_eq!(report.user_namespace, tries(&["--unshare-user"]));
+    assert_eq!(
+        report.pid_namespace,
+        tries(&["--unshare-pid", "--proc", "/proc"])
+    );
+    assert_eq!(report.network_namespace, tries(&["--unshare-net"]));
+    let mounts = std::fs::read_to_string("/proc/self/mounts").expect("mounts");
+    let v2_only = Path::new("/sys/fs/cgroup/cgroup.controllers").exists();
+    let v1_memory = mounts.lines().any(|l| {
+        l.contains(" cgroup ")
+            && l.split(' ')
+                .nth(3)
+                .is_some_and(|o| o.split(',').any(|c| c == "memory"))
+    });
+    let expected = if v2_only {
+        "v2"
+    } else if v1_memory {
+        "v1"
+    } else {
+        "none"
+    };
+    assert_eq!(report.cgroup, expected, "{report:?}");
+    assert!(report.isolated, "{report:?}");
+    // And a worker that may not use it says so.
+    let off = Sandbox::start(sandbox::Settings {
+        mode: Mode::Off,
+        ..settings()
+    })
+    .expect("off starts");
+    assert!(!off.isolates());
+    let missing = Sandbox::start(sandbox::Settings {
+        bwrap: "/nonexistent/bwrap".into(),
+        ..settings()
+    })
+    .expect_err("required without bubblewrap");
+    assert!(missing.contains("bubblewrap"), "{missing}");
+}
+
+#[tokio::test]
+async fn configured_host_paths_are_seen_read_only_or_read_write_even_under_tmp() {
+    let scratch = Scratch::new();
+    let (tools, cache) = (scratch.dir.join("tools"), scratch.dir.join("cache"));
+    std::fs::create_dir_all(&tools).expect("tools");
+    std::fs::create_dir_all(&cache).expect("cache");
+    std::fs::write(tools.join("tool"), "a tool").expect("tool");
+    let sandbox = Sandbox::start(sandbox::Settings {
+        read_only: vec![tools.clone()],
+        read_write: vec![cache.clone()],
+        ..settings()
+    })
+    .expect("sandbox");
+    let script = format!(
+        "cat {tools}/tool; echo; touch {tools}/new || echo read-only; echo cached > {cache}/entry",
+        tools = tools.display(),
+        cache = cache.display()
+    );
+    let out = sh(&sandbox, &scratch, &script).await;
+    assert_eq!(out.stdout_tail, "a tool\nread-only\n", "{out:?}");
+    assert!(!tools.join("new").exists());
+    assert_eq!(
+        std::fs::read_to_string(cache.join("entry")).expect("entry"),
+        "cached\n"
+    );
+}
