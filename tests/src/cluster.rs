@@ -7,6 +7,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// The directory, in the test's scratch space, that steps see (read-write).
+const SHARED: &str = "shared";
 pub const ADMIN: &str = "e2e-cluster-admin-token";
 
 /// Knobs of a test cluster.
@@ -55,7 +57,7 @@ impl Cluster {
             "cairn-e2e-{label}-{}",
             uuid::Uuid::new_v4().simple()
         ));
-        std::fs::create_dir_all(&dir).expect("test dir");
+        std::fs::create_dir_all(dir.join(SHARED)).expect("test dir");
         let api = free_addr();
         let mut env = isolation.env();
         env.push(("CAIRN_LISTEN".into(), api.to_string()));
@@ -132,6 +134,12 @@ impl Cluster {
                 self.dir.join("artifacts").to_string_lossy().into_owned(),
             ),
             ("CAIRN_WORKER_CONCURRENCY".to_string(), "4".to_string()),
+            // Steps and the test meet in one directory; the rest of the test's scratch
+            // space (workspaces, artifacts, stores) stays out of the sandbox's view.
+            (
+                "CAIRN_SANDBOX_READ_WRITE".to_string(),
+                self.dir.join(SHARED).to_string_lossy().into_owned(),
+            ),
         ]);
         env.extend(self.worker_env.iter().cloned());
         let mut process = Process::start("cairn-worker", &env);
@@ -282,15 +290,20 @@ impl Cluster {
 
     /// Lines of a file steps append to.
     pub fn lines(&self, name: &str) -> Vec<String> {
-        std::fs::read_to_string(self.dir.join(name))
+        std::fs::read_to_string(self.dir.join(SHARED).join(name))
             .unwrap_or_default()
             .lines()
             .map(String::from)
             .collect()
     }
 
+    /// A file in the directory steps share with the test.
     pub fn path(&self, name: &str) -> String {
-        self.dir.join(name).to_string_lossy().into_owned()
+        self.dir
+            .join(SHARED)
+            .join(name)
+            .to_string_lossy()
+            .into_owned()
     }
 
     pub fn logs(&self) -> String {

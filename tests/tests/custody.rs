@@ -17,7 +17,7 @@ const LONG: Duration = Duration::from_secs(90);
 /// A cluster without workers whose workers will share a snapshot store.
 async fn cluster(label: &str, extra: &[(&str, &str)]) -> Cluster {
     let mut cluster = Cluster::start(label, 0, Settings::default()).await;
-    let store = cluster.dir.join("store");
+    let store = store_of(&cluster);
     std::fs::create_dir_all(&store).expect("store");
     cluster.worker_env = vec![(
         "CAIRN_SNAPSHOT_STORE_URL".into(),
@@ -27,6 +27,12 @@ async fn cluster(label: &str, extra: &[(&str, &str)]) -> Cluster {
         .worker_env
         .extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
     cluster
+}
+
+/// The snapshot store: in the directory steps share with the test, so that a step can
+/// sabotage it (the sandbox shows a step nothing else of the host).
+fn store_of(cluster: &Cluster) -> std::path::PathBuf {
+    cluster.path("store").into()
 }
 
 /// A step that appends `key` to the tree's log after `script` (which may wait).
@@ -57,7 +63,7 @@ fn spec(steps: Vec<Value>, max_attempts: u32) -> Value {
 }
 
 fn touch(cluster: &Cluster, name: &str) {
-    std::fs::write(cluster.dir.join(name), "").expect("touch");
+    std::fs::write(cluster.path(name), "").expect("touch");
 }
 
 async fn restores(cluster: &Cluster, request_id: &str) -> Vec<(String, String)> {
@@ -138,7 +144,7 @@ fn final_log(cluster: &Cluster) -> Vec<String> {
 async fn a_step_whose_capture_failed_has_no_receipt_a_successor_could_reuse() {
     let _services = ServiceLock::shared().await;
     let mut cluster = cluster("custody-capture", &[("CAIRN_CAPTURE_RETRY_SECONDS", "60")]).await;
-    let store = cluster.dir.join("store");
+    let store = store_of(&cluster);
     let broken = cluster.path("broken");
     let sabotage = format!(
         "[ -e {broken} ] || {{ mv {0} {0}.away && touch {0} && touch {broken}; }}",
@@ -275,7 +281,7 @@ async fn a_worker_killed_during_a_capture_leaves_no_receipt() {
 async fn a_capture_that_keeps_failing_ends_the_attempt_without_a_receipt() {
     let _services = ServiceLock::shared().await;
     let mut cluster = cluster("custody-nocapture", &[("CAIRN_CAPTURE_RETRY_SECONDS", "2")]).await;
-    let store = cluster.dir.join("store");
+    let store = store_of(&cluster);
     let sabotage = format!("mv {0} {0}.away && touch {0}", store.display());
     let spec = spec(
         vec![
@@ -338,8 +344,8 @@ async fn a_fallback_tree_reuses_no_receipt_it_does_not_hold() {
     assert_receipts_stand_on_snapshots(&cluster, &run_id).await;
 
     // The same with a first step that may not run twice: a person decides.
-    std::fs::remove_file(cluster.dir.join("go")).expect("go");
-    std::fs::remove_file(cluster.dir.join("final")).expect("final");
+    std::fs::remove_file(cluster.path("go")).expect("go");
+    std::fs::remove_file(cluster.path("final")).expect("final");
     let one_not_idempotent = spec(
         vec![
             step("s1", "", false),

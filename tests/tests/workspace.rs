@@ -189,10 +189,21 @@ async fn a_successor_restores_its_own_checkpoint_and_falls_back_in_order() {
 #[tokio::test]
 async fn a_failed_capture_keeps_the_hold_and_the_tree_for_the_same_task() {
     let _services = ServiceLock::shared().await;
-    let cluster = Cluster::start("ws-hold", 1, Settings::default()).await;
+    let mut cluster = Cluster::start("ws-hold", 0, Settings::default()).await;
     let marks = cluster.path("marks");
     let done = cluster.path("s2-done");
     let artifacts = cluster.dir.join("artifacts");
+    // s2 sabotages the store: its sandbox must see it, beside the shared directory.
+    std::fs::create_dir_all(&artifacts).expect("artifacts");
+    cluster.worker_env.push((
+        "CAIRN_SANDBOX_READ_WRITE".into(),
+        format!(
+            "{},{}",
+            artifacts.display(),
+            cluster.path("").trim_end_matches('/')
+        ),
+    ));
+    cluster.add_worker();
     let spec = run_spec(
         vec![
             sh("s1", format!("echo one > work.txt; echo s1 >> {marks}"), false),
@@ -203,7 +214,6 @@ async fn a_failed_capture_keeps_the_hold_and_the_tree_for_the_same_task() {
         ],
         3,
     );
-    let mut cluster = cluster;
     let (run_id, request_id) = cluster.submit(&spec);
     cluster.wait_until("s2's capture to fail", LONG, || {
         cluster.lines("marks").contains(&"s2".to_string())
