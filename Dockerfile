@@ -19,8 +19,9 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 FROM debian:bookworm-slim
 # git: the worker clones and inspects workspaces. ca-certificates: TLS to Postgres,
 # RabbitMQ, Redis and object stores. tini: PID 1 that forwards signals and reaps children.
+# bubblewrap: the step sandbox (not set-user-id: it needs user namespaces in the pod).
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates git tini \
+ && apt-get install -y --no-install-recommends bubblewrap ca-certificates git tini \
  && rm -rf /var/lib/apt/lists/*
 # A fixed non-root user; the chart runs every container as uid/gid 10001.
 RUN groupadd --system --gid 10001 cairn \

@@ -160,7 +160,12 @@ global.extraConfig may not name them (it would clash with or be shadowed by them
   "CAIRN_WORKSPACE_PERSISTENT" "worker.workspacePersistent"
   "CAIRN_BASE_IMAGE" "worker.baseImage"
   "CAIRN_CAPTURE_EXCLUDE" "worker.captureExclude"
-  "CAIRN_VERIFY_CONFINEMENT" "worker.verifyConfinement"
+  "CAIRN_SANDBOX" "worker.sandbox.mode"
+  "CAIRN_STEP_NETWORK" "worker.sandbox.network"
+  "CAIRN_STEP_MEMORY_MB" "worker.sandbox.memoryMb"
+  "CAIRN_STEP_PIDS" "worker.sandbox.pids"
+  "CAIRN_STEP_CPU_SECONDS" "worker.sandbox.cpuSeconds"
+  "CAIRN_STEP_OPEN_FILES" "worker.sandbox.openFiles"
   "CAIRN_PAUSE_LIMIT_SECONDS" "worker.pauseLimitSeconds"
   "CAIRN_REAPER_INTERVAL_SECONDS" "reaper.intervalSeconds"
   "CAIRN_REAPER_BATCH" "reaper.batch"
@@ -212,6 +217,31 @@ capabilities:
     - ALL
 seccompProfile:
   type: RuntimeDefault
+{{- end -}}
+
+{{/*
+The worker container with what the step sandbox (bubblewrap) needs: the restricted
+context, except an unmasked /proc (a new /proc for each step's PID namespace) and a
+seccomp profile that allows creating namespaces. No capability is added: bubblewrap
+is not set-user-id; it runs in a user namespace of the pod's own (hostUsers: false).
+*/}}
+{{- define "cairn.sandboxSecurityContext" -}}
+{{- $profile := .Values.worker.sandbox.seccompProfile }}
+runAsNonRoot: true
+runAsUser: {{ .Values.global.securityContext.runAsUser }}
+runAsGroup: {{ .Values.global.securityContext.runAsGroup }}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+privileged: false
+procMount: Unmasked
+capabilities:
+  drop:
+    - ALL
+seccompProfile:
+  type: {{ $profile.type }}
+  {{- if eq $profile.type "Localhost" }}
+  localhostProfile: {{ required "worker.sandbox.seccompProfile.localhostProfile is required with type Localhost" $profile.localhostProfile | quote }}
+  {{- end }}
 {{- end -}}
 
 {{/*

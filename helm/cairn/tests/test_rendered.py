@@ -977,8 +977,12 @@ def check_container_restricted(desc, c):
 def test_security_contexts_restricted():
     for label, args in value_sets():
         docs = render(args)
+        granted = effective_values(args)["worker"]["sandbox"]["grant"]
         for desc, spec in pod_specs(docs):
             where = f"{label}: {desc}"
+            if granted and desc.endswith("(worker)"):
+                # Checked by test_worker_sandbox_grant: the one documented exception.
+                continue
             psc = spec.get("securityContext") or {}
             assert psc.get("runAsNonRoot") is True, f"{where}: pod runAsNonRoot"
             assert psc.get("runAsUser", 0) > 0, f"{where}: pod runAsUser"
@@ -1133,6 +1137,65 @@ def main():
             print(f"PASS {name}")
     print(f"test_rendered: {passed} passed, {failed} failed")
     return 1 if failed else 0
+
+
+
+# ---------------------------------------------------------------- step sandbox
+
+
+def test_worker_sandbox_settings():
+    docs = render()
+    env = container_env(docs, worker_container(docs))
+    assert env["CAIRN_SANDBOX"] == "auto"
+    assert env["CAIRN_STEP_NETWORK"] == "true"
+    assert env["CAIRN_STEP_MEMORY_MB"] == "8192"
+    assert env["CAIRN_STEP_PIDS"] == "4096"
+    assert env["CAIRN_STEP_CPU_SECONDS"] == "0"
+    assert env["CAIRN_STEP_OPEN_FILES"] == "65536"
+    spec = worker(docs)["spec"]["template"]["spec"]
+    assert "runtimeClassName" not in spec and "hostUsers" not in spec
+    for label, args in value_sets():
+        docs = render(args)
+        env = container_env(docs, worker_container(docs))
+        sandbox = effective_values(args)["worker"]["sandbox"]
+        assert env["CAIRN_SANDBOX"] == sandbox["mode"], label
+        assert env["CAIRN_STEP_PIDS"] == str(sandbox["pids"]), label
+    for comp in ("scheduler", "reaper"):
+        c = component(render(), "Deployment", comp)["spec"]["template"]["spec"]["containers"][0]
+        assert "CAIRN_SANDBOX" not in container_env(render(), c), comp
+    err = render_fails(set_args({"worker.sandbox.mode": "sometimes"}))
+    assert "mode" in err, err
+    err = render_fails(["--set", "worker.sandbox.pids=2"])
+    assert "pids" in err, err
+
+
+def test_worker_sandbox_grant():
+    """grant: the pod gets its own user namespace, the worker container an unmasked
+    /proc and the chosen seccomp profile; nothing else of the restricted context moves,
+    and no other component changes."""
+    grant = ["--set", "worker.sandbox.grant=true"]
+    args = grant + set_args({"worker.runtimeClassName": "gvisor"})
+    docs = render(args)
+    spec = worker(docs)["spec"]["template"]["spec"]
+    assert spec["hostUsers"] is False
+    assert spec["runtimeClassName"] == "gvisor"
+    sc = worker_container(docs)["securityContext"]
+    assert sc["procMount"] == "Unmasked"
+    assert sc["seccompProfile"] == {"type": "Unconfined"}
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert sc["runAsNonRoot"] is True and not sc.get("privileged")
+    for desc, other in pod_specs(docs):
+        if not desc.endswith("(worker)"):
+            assert "hostUsers" not in other, desc
+            for c in other["containers"]:
+                check_container_restricted(desc, c)
+    local = grant + set_args({"worker.sandbox.seccompProfile.type": "Localhost",
+                      "worker.sandbox.seccompProfile.localhostProfile": "profiles/cairn-sandbox.json"})
+    sc = worker_container(render(local))["securityContext"]
+    assert sc["seccompProfile"] == {"type": "Localhost", "localhostProfile": "profiles/cairn-sandbox.json"}
+    err = render_fails(grant + set_args({"worker.sandbox.seccompProfile.type": "Localhost"}))
+    assert "localhostProfile" in err, err
 
 
 if __name__ == "__main__":
