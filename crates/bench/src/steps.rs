@@ -53,6 +53,7 @@ impl Steps<'_> {
             trues,
             0,
             &format!("floor: starting /bin/true alone, p50 {floor:.2} ms"),
+            "",
         )
         .await?;
 
@@ -84,6 +85,9 @@ impl Steps<'_> {
                 &format!(
                     "floor: the snapshot engine alone capturing the same 1% change, {floor:.1} ms"
                 ),
+                // The steps read the generated tree and run this program: both
+                // read-only in their sandbox.
+                &format!("{},{}", tree.display(), exe.display()),
             )
             .await;
         let _ = std::fs::remove_dir_all(&tree);
@@ -98,12 +102,13 @@ impl Steps<'_> {
         steps: Vec<Value>,
         from: i32,
         floor: &str,
+        read_only: &str,
     ) -> anyhow::Result<()> {
         let stack = Stack::start(StackSettings {
             postgres: self.postgres,
             workers: 1,
             concurrency: 1,
-            worker_env: Vec::new(),
+            worker_env: vec![("CAIRN_SANDBOX_READ_ONLY".into(), read_only.to_string())],
         })
         .await?;
         let spec = json!({"agent": "bench", "steps": steps,

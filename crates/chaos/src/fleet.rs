@@ -11,6 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// The directory of the run (under its scratch directory) that steps may write: where
+/// they leave their effects.
+pub const SHARED: &str = "shared";
 pub const TOKEN: &str = "cairn-chaos-admin-token";
 
 /// The settings every process shares.
@@ -181,6 +184,7 @@ impl Fleet {
                             "CAIRN_WORKSPACES_DIR",
                             env.dir.join(format!("workspaces-{id}")),
                         )
+                        .env("CAIRN_SANDBOX_READ_WRITE", env.dir.join(SHARED))
                         .env("CAIRN_DRAIN_SECONDS", "10")
                         .env("CAIRN_KILL_GRACE_SECONDS", "2");
                     Ok(command)

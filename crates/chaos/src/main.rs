@@ -144,7 +144,9 @@ fn chaos(
     let fault_time = profile.spacing.as_secs_f64() * (schedule.len() + 1) as f64
         + (profile.stall + profile.broker) as f64;
     let interval = Duration::from_secs_f64(fault_time / runs as f64);
-    let effects = dir.join("effects");
+    // Steps see no host path but their workspace and this shared directory.
+    std::fs::create_dir_all(dir.join(fleet::SHARED))?;
+    let effects = dir.join(fleet::SHARED).join("effects");
     let admissions = Arc::new(Mutex::new(load::Admissions::default()));
     let load = {
         let admissions = admissions.clone();

@@ -263,7 +263,9 @@ async fn network_false_has_only_its_own_loopback_and_network_true_reaches_the_ho
 async fn a_setsid_orphan_ends_with_its_step_on_timeout_and_on_stop() {
     let sandbox = sandbox();
     let scratch = Scratch::new();
-    for (marker, stopped) in [("1001.25", false), ("1001.5", true)] {
+    // Unique per run: an orphan of another run is not this one's.
+    let unique = || format!("1001.{}", uuid::Uuid::new_v4().as_u128() % 1_000_000_000);
+    for (marker, stopped) in [(unique(), false), (unique(), true)] {
         let script = format!("setsid sh -c 'sleep {marker}' & sleep 100");
         let mut command = scratch.command(&["sh", "-c", &script]);
         command.timeout = Duration::from_secs(if stopped { 60 } else { 2 });
@@ -432,4 +434,23 @@ async fn configured_host_paths_are_seen_read_only_or_read_write_even_under_tmp()
         std::fs::read_to_string(cache.join("entry")).expect("entry"),
         "cached\n"
     );
+}
+
+#[tokio::test]
+async fn the_step_user_is_configurable_and_has_a_name() {
+    let sandbox = Sandbox::start(sandbox::Settings {
+        uid: 4242,
+        gid: 4343,
+        ..settings()
+    })
+    .expect("sandbox");
+    let scratch = Scratch::new();
+    let out = sh(
+        &sandbox,
+        &scratch,
+        "id -u; id -g; id -un; touch mine && stat -c %u mine",
+    )
+    .await;
+    assert_eq!(out.stdout_tail, "4242\n4343\ncairn\n4242\n", "{out:?}");
+    assert_eq!(out.sandbox["uid"], 4242);
 }

@@ -97,7 +97,8 @@ impl Sandbox {
     /// sandbox is an error that names what is missing.
     pub fn start(settings: Settings) -> Result<Sandbox, String> {
         let cgroups = cgroup::Hierarchy::delegated();
-        let etc = view::EtcView::copy().map_err(|e| format!("cannot copy /etc for steps: {e}"))?;
+        let etc = view::EtcView::copy(settings.uid, settings.gid)
+            .map_err(|e| format!("cannot copy /etc for steps: {e}"))?;
         let report = probe::probe(&settings, &etc.path, cgroups.as_ref());
         if settings.mode == Mode::Required && !report.isolated {
             return Err(format!(

@@ -125,8 +125,9 @@ pub(super) fn bwrap(
         .arg(Path::new(WORKSPACE).join(cwd))
         .arg("--")
         .args(argv);
-    // bwrap's own working directory: anything it could be started from.
-    cmd.current_dir("/");
+    // bwrap's own working directory: anything it could be started from. Its own
+    // process group: a signal to the worker's group (a terminal's ^C) is not the step's.
+    cmd.current_dir("/").process_group(0);
     cmd
 }
 
@@ -308,7 +309,9 @@ pub struct EtcView {
 }
 
 impl EtcView {
-    pub fn copy() -> io::Result<EtcView> {
+    /// Copies the [`ETC`] entries, and names the step's uid and gid in `passwd` and
+    /// `group` when the host's do not (programs that look their user up then find one).
+    pub fn copy(uid: u32, gid: u32) -> io::Result<EtcView> {
         let path = std::env::temp_dir().join(format!(
             "cairn-sandbox-etc-{}",
             uuid::Uuid::new_v4().simple()
@@ -321,6 +324,12 @@ impl EtcView {
                 copy_entry(&from, &view.path.join(name))?;
             }
         }
+        name_if_unknown(
+            &view.path.join("passwd"),
+            uid,
+            &format!("cairn:x:{uid}:{gid}:Cairn step:{HOME}:/bin/sh"),
+        )?;
+        name_if_unknown(&view.path.join("group"), gid, &format!("cairn:x:{gid}:"))?;
         Ok(view)
     }
 }
@@ -350,4 +359,23 @@ fn copy_entry(from: &Path, to: &Path) -> io::Result<()> {
     } else {
         Ok(())
     }
+}
+
+/// Appends `line` to a `passwd`/`group` file that has no entry with id `id`.
+fn name_if_unknown(file: &Path, id: u32, line: &str) -> io::Result<()> {
+    let mut text = std::fs::read_to_string(file).unwrap_or_default();
+    let known = text
+        .lines()
+        .any(|l| l.split(':').nth(2) == Some(id.to_string().as_str()));
+    if !known {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(line);
+        text.push('\n');
+        // A copied file may be a link to the host's: replace it, never write through.
+        let _ = std::fs::remove_file(file);
+        std::fs::write(file, text)?;
+    }
+    Ok(())
 }
