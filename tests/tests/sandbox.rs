@@ -14,6 +14,14 @@ fn sh(key: &str, script: &str) -> Value {
     json!({"key": key, "argv": ["sh", "-c", script], "timeout_seconds": 120})
 }
 
+/// `sleep 1000.<random>`: a command line no other process has.
+fn unique_sleep() -> String {
+    format!(
+        "sleep 1000.{}",
+        uuid::Uuid::new_v4().as_u128() % 1_000_000_000
+    )
+}
+
 /// The journal's row of `key`.
 fn step_of(cluster: &Cluster, run_id: &str, key: &str) -> Value {
     let journal = cluster.journal(run_id);
@@ -64,13 +72,14 @@ async fn a_step_cannot_read_the_worker_environment_or_descriptors() {
 
 /// Step 1 links `/` into the tree; step 2 asks for `cwd: escape/etc`: it is refused with
 /// a receipt that says why, and the run fails there. Nothing a step writes to a host path
-/// lands.
+/// lands, and it sees neither the workspaces nor the snapshot store.
 #[tokio::test]
 async fn a_symlink_cwd_is_refused_and_a_write_outside_is_impossible() {
     let _services = ServiceLock::shared().await;
     let cluster = Cluster::start("sandbox-cwd", 1, Settings::default()).await;
     let outside = cluster.dir.join("outside-marker");
     let workspaces = cluster.workspaces("w1");
+    let etc_marker = format!("cairn-marker-{}", uuid::Uuid::new_v4().simple());
     let mut read = sh("read", "cat passwd");
     read["cwd"] = json!("escape/etc");
     let spec = run_spec(
@@ -78,9 +87,13 @@ async fn a_symlink_cwd_is_refused_and_a_write_outside_is_impossible() {
             sh(
                 "link",
                 &format!(
-                    "ln -s / escape; touch {0} /etc/marker {1}/marker 2>/dev/null; echo linked",
+                    "ln -s / escape; touch {0} /etc/{3} {1}/marker 2>/dev/null; \
+                     ls {1} >/dev/null 2>&1 && echo saw-workspaces; \
+                     ls {2} >/dev/null 2>&1 && echo saw-store; echo linked",
                     outside.display(),
-                    workspaces.display()
+                    workspaces.display(),
+                    cluster.dir.join("artifacts").display(),
+                    etc_marker,
                 ),
             ),
             read,
@@ -96,6 +109,10 @@ async fn a_symlink_cwd_is_refused_and_a_write_outside_is_impossible() {
         reason.contains("leaves the workspace"),
         "the refusal says why: {reason}"
     );
+    // Neither the worker's workspaces (this run's and others') nor the snapshot store
+    // are in its view.
+    let link = step_of(&cluster, &run_id, "link");
+    assert_eq!(link["stdout_tail"], "linked\n", "{link}");
     let read = step_of(&cluster, &run_id, "read");
     assert!(
         read["stderr_tail"]
@@ -119,7 +136,7 @@ async fn a_symlink_cwd_is_refused_and_a_write_outside_is_impossible() {
     );
     assert!(!outside.exists(), "a write outside the workspace landed");
     assert!(!workspaces.join("marker").exists());
-    assert!(!std::path::Path::new("/etc/marker").exists());
+    assert!(!std::path::Path::new("/etc").join(&etc_marker).exists());
 }
 
 /// `sh -c "setsid sh -c 'sleep …' & sleep 100"`: on its timeout, and on a cancel, the
@@ -132,7 +149,12 @@ async fn a_setsid_orphan_is_gone_within_the_kill_grace_after_timeout_and_cancel(
     let grace = Duration::from_secs(cluster.settings.kill_grace_seconds);
 
     // Timeout.
-    let mut timed = sh("orphan", "setsid sh -c 'sleep 1000.61' & sleep 100");
+    // Unique per run: an orphan of another run (or of an older build) is not this one's.
+    let (timed_marker, cancelled_marker) = (unique_sleep(), unique_sleep());
+    let mut timed = sh(
+        "orphan",
+        &format!("setsid sh -c '{timed_marker}' & sleep 100"),
+    );
     timed["timeout_seconds"] = json!(2);
     let submitted = Instant::now();
     let (run_id, _) = cluster.submit(&run_spec(vec![timed], 1));
@@ -145,7 +167,7 @@ async fn a_setsid_orphan_is_gone_within_the_kill_grace_after_timeout_and_cancel(
     let step = step_of(&cluster, &run_id, "orphan");
     assert_eq!(step["timed_out"], true, "{step}");
     assert!(
-        cairn_e2e::processes_with("sleep 1000.61").is_empty(),
+        cairn_e2e::processes_with(&timed_marker).is_empty(),
         "the orphan outlived its step"
     );
 
@@ -153,13 +175,13 @@ async fn a_setsid_orphan_is_gone_within_the_kill_grace_after_timeout_and_cancel(
     let started = cluster.path("started");
     let cancelled = sh(
         "orphan",
-        &format!("setsid sh -c 'sleep 1000.62' & touch {started}; sleep 100"),
+        &format!("setsid sh -c '{cancelled_marker}' & touch {started}; sleep 100"),
     );
     let (run_id, _) = cluster.submit(&run_spec(vec![cancelled], 1));
     cluster.wait_until("the step to start", LONG, || {
         std::path::Path::new(&started).exists()
     });
-    assert!(!cairn_e2e::processes_with("sleep 1000.62").is_empty());
+    assert!(!cairn_e2e::processes_with(&cancelled_marker).is_empty());
     let asked = Instant::now();
     let (status, body) = cluster.call("POST", &format!("/api/v1/runs/{run_id}/cancel"), None);
     assert_eq!(status, 202, "{body}");
@@ -172,7 +194,7 @@ async fn a_setsid_orphan_is_gone_within_the_kill_grace_after_timeout_and_cancel(
     cluster.wait_until(
         "the orphan to be gone",
         grace + Duration::from_secs(2),
-        || cairn_e2e::processes_with("sleep 1000.62").is_empty(),
+        || cairn_e2e::processes_with(&cancelled_marker).is_empty(),
     );
 }
 
