@@ -2,8 +2,9 @@
 //! verification checks alike, runs with no more authority than its workspace.
 //!
 //! Where the host allows it, the process runs under bubblewrap (`bwrap`, the sandbox
-//! Flatpak uses) in its own user, PID, mount, IPC, UTS and cgroup namespaces, and its own
-//! network namespace unless the step asks for the network:
+//! Flatpak uses) in its own user, PID, mount and IPC namespaces, and its own network
+//! namespace unless the step asks for the network (no UTS or cgroup namespace: a step
+//! can change neither the host name nor a cgroup, and each would cost a start time):
 //! - as an unprivileged uid/gid of its user namespace, with no capabilities and
 //!   `no_new_privs`;
 //! - seeing a read-only system (`/usr`, the `/bin` and `/lib` links, chosen `/etc`
@@ -170,7 +171,7 @@ impl Sandbox {
             "enforced_by": self.report.limits_by(),
         });
         if self.isolates() {
-            let mut namespaces = vec!["user", "pid", "mount", "ipc", "uts", "cgroup"];
+            let mut namespaces = vec!["user", "pid", "mount", "ipc"];
             if !spec.network {
                 namespaces.push("network");
             }

@@ -68,8 +68,7 @@ pub(super) fn bwrap(
     let (uid, gid) = (settings.uid.to_string(), settings.gid.to_string());
     cmd.args(["--die-with-parent", "--new-session", "--unshare-user"])
         .args(["--uid", &uid, "--gid", &gid])
-        .args(["--unshare-pid", "--unshare-ipc", "--unshare-uts"])
-        .args(["--unshare-cgroup-try", "--hostname", "cairn-step"])
+        .args(["--unshare-pid", "--unshare-ipc"])
         .args(["--cap-drop", "ALL"]);
     if !spec.network {
         cmd.arg("--unshare-net");
