@@ -123,9 +123,6 @@ pub enum StepError {
     Io(#[from] std::io::Error),
 }
 
-/// A PATH for steps that set none: the environment is cleared, not empty-handed.
-pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-
 /// Runs a step to its end, its timeout, a limit, or `stop`.
 pub async fn run(
     command: &StepCommand,
@@ -154,7 +151,7 @@ pub async fn run_published(
     };
     let mut env = command.env.clone();
     env.entry("PATH".into())
-        .or_insert_with(|| DEFAULT_PATH.into());
+        .or_insert_with(|| sandbox::DEFAULT_PATH.into());
     let (mut cmd, group) = sandbox.command(&command.argv, &env, &command.place)?;
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -248,7 +245,7 @@ pub async fn run_published(
     let status = child.wait().await?;
     let wall_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
     // Whatever the step left running ends with it.
-    running.kill_all();
+    running.end_leftovers();
     // Its cgroup goes once the kernel has moved the last process out: not on the
     // step's time.
     if let Some(group) = running.group.clone() {

@@ -36,6 +36,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const WORKSPACE: &str = "/workspace";
 /// Its private home (also its `TMPDIR` for checks).
 pub const HOME: &str = "/home/cairn";
+/// A PATH for steps that set none: the environment is cleared, not empty-handed.
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// What the worker does when the host allows less than the full sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]

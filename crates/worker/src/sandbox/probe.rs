@@ -161,7 +161,7 @@ fn whole(settings: &Settings, etc: &Path) -> Result<(), String> {
         let cmd = view::bwrap(settings, etc, &argv, &spec, Path::new(""));
         let mut cmd = cmd.into_std();
         cmd.env_clear()
-            .env("PATH", crate::step::DEFAULT_PATH)
+            .env("PATH", super::DEFAULT_PATH)
             .stdin(Stdio::null());
         let out = cmd.output().map_err(|e| e.to_string())?;
         if out.status.success() {

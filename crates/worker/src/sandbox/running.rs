@@ -66,6 +66,19 @@ impl Running {
         }
     }
 
+    /// Ends what a step left once the process the worker started is reaped (its id may
+    /// be another process's by now, so it is not signalled): the rest of its process
+    /// group without namespaces, and whatever its cgroup still holds. In the namespace
+    /// sandbox nothing is left: the namespace ended with bubblewrap.
+    pub fn end_leftovers(&self) {
+        if !self.isolated {
+            let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
+        }
+        if let Some(group) = &self.group {
+            group.kill();
+        }
+    }
+
     /// Freezes (or thaws) every process: the cgroup freezer where there is one, else
     /// `SIGSTOP`/`SIGCONT` to each.
     pub fn freeze(&self, frozen: bool) {

@@ -203,7 +203,7 @@ pub(super) fn check_env(check: &CheckCommand, scratch: &Path) -> BTreeMap<String
     let mut env = BTreeMap::from([
         ("HOME".to_string(), scratch.clone()),
         ("TMPDIR".to_string(), scratch),
-        ("PATH".to_string(), step::DEFAULT_PATH.to_string()),
+        ("PATH".to_string(), crate::sandbox::DEFAULT_PATH.to_string()),
         ("LANG".to_string(), "C.UTF-8".to_string()),
     ]);
     env.extend(check.env.clone());
