@@ -118,6 +118,11 @@ pub struct Config {
     /// step of every run may change.
     #[arg(long, env = "CAIRN_SANDBOX_READ_WRITE", value_delimiter = ',')]
     pub sandbox_read_write: Vec<PathBuf>,
+    /// Whether steps get a cgroup of their own where the host delegates one (their
+    /// memory and process limits for all their processes together, a breach named in
+    /// the receipt); `false`: rlimits only.
+    #[arg(long, env = "CAIRN_SANDBOX_CGROUPS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub sandbox_cgroups: bool,
     /// Whether a step that does not say (`network`) reaches the network.
     #[arg(long, env = "CAIRN_STEP_NETWORK", default_value_t = true, action = clap::ArgAction::Set)]
     pub step_network: bool,
@@ -174,6 +179,7 @@ impl Config {
             },
             read_only: non_empty(&self.sandbox_read_only),
             read_write: non_empty(&self.sandbox_read_write),
+            cgroups: self.sandbox_cgroups,
         }
     }
 

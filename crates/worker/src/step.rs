@@ -495,6 +495,7 @@ mod tests {
             defaults: Default::default(),
             read_only: Vec::new(),
             read_write: Vec::new(),
+            cgroups: true,
         })
         .expect("an unsandboxed runner")
     }

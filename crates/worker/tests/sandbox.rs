@@ -21,6 +21,7 @@ fn settings() -> sandbox::Settings {
         defaults: StepLimits::default(),
         read_only: Vec::new(),
         read_write: Vec::new(),
+        cgroups: true,
     }
 }
 
@@ -261,7 +262,18 @@ async fn network_false_has_only_its_own_loopback_and_network_true_reaches_the_ho
 
 #[tokio::test]
 async fn a_setsid_orphan_ends_with_its_step_on_timeout_and_on_stop() {
-    let sandbox = sandbox();
+    // Each mechanism alone ends it: the PID namespace (no cgroup), and the cgroup.
+    for cgroups in [false, true] {
+        let sandbox = Sandbox::start(sandbox::Settings {
+            cgroups,
+            ..settings()
+        })
+        .expect("sandbox");
+        orphans_end_with_their_step(&sandbox).await;
+    }
+}
+
+async fn orphans_end_with_their_step(sandbox: &Sandbox) {
     let scratch = Scratch::new();
     // Unique per run: an orphan of another run is not this one's.
     let unique = || format!("1001.{}", uuid::Uuid::new_v4().as_u128() % 1_000_000_000);
@@ -278,7 +290,7 @@ async fn a_setsid_orphan_ends_with_its_step_on_timeout_and_on_stop() {
             });
         }
         let started = Instant::now();
-        let out = step::run(&command, &sandbox, &stop).await.expect("run");
+        let out = step::run(&command, sandbox, &stop).await.expect("run");
         let took = started.elapsed();
         let expected = if stopped {
             Interruption::Stopped

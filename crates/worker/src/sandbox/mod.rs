@@ -70,6 +70,8 @@ pub struct Settings {
     pub read_only: Vec<PathBuf>,
     /// Host paths a step sees read-write at the same place (a shared cache).
     pub read_write: Vec<PathBuf>,
+    /// Whether steps get a cgroup where the host delegates one.
+    pub cgroups: bool,
 }
 
 /// One process to start in the sandbox.
@@ -99,7 +101,10 @@ impl Sandbox {
     /// Probes the host. With [`Mode::Required`] a host that cannot give the full
     /// sandbox is an error that names what is missing.
     pub fn start(settings: Settings) -> Result<Sandbox, String> {
-        let cgroups = cgroup::Hierarchy::delegated();
+        let cgroups = settings
+            .cgroups
+            .then(cgroup::Hierarchy::delegated)
+            .flatten();
         let etc = view::EtcView::copy(settings.uid, settings.gid)
             .map_err(|e| format!("cannot copy /etc for steps: {e}"))?;
         let report = probe::probe(&settings, &etc.path, cgroups.as_ref());

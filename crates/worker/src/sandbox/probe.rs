@@ -65,7 +65,12 @@ pub fn probe(settings: &Settings, etc: &Path, cgroups: Option<&Hierarchy>) -> Re
         isolated: false,
         missing: Vec::new(),
     };
-    if cgroups.is_none() {
+    if !settings.cgroups {
+        report.missing.push(
+            "CAIRN_SANDBOX_CGROUPS=false: memory and process limits are rlimits, per process"
+                .into(),
+        );
+    } else if cgroups.is_none() {
         report
             .missing
             .push("no delegated cgroup: memory and process limits are rlimits, per process".into());

@@ -123,6 +123,10 @@ fn namespace_members(pid: i32) -> Vec<i32> {
     let Ok(namespace) = std::fs::read_link(format!("/proc/{init}/ns/pid")) else {
         return Vec::new();
     };
+    // Never the worker's own namespace: that would be every process on the host.
+    if std::fs::read_link("/proc/self/ns/pid").is_ok_and(|own| own == namespace) {
+        return Vec::new();
+    }
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
