@@ -78,16 +78,28 @@ impl Hierarchy {
             Hierarchy::V2 { base } => vec![("unified", base.join(name))],
             Hierarchy::V1 { bases } => bases.iter().map(|(c, b)| (*c, b.join(name))).collect(),
         };
-        for (_, dir) in &dirs {
+        let group = Group {
+            v2: matches!(self, Hierarchy::V2 { .. }),
+            dirs,
+        };
+        // A group made in part is removed: no step runs in it.
+        group
+            .limited(limits)
+            .inspect_err(|_| group.remove_empty())?;
+        Ok(group)
+    }
+}
+
+impl Group {
+    /// Makes the group's directories and writes its limits.
+    fn limited(&self, limits: &StepLimits) -> io::Result<()> {
+        for (_, dir) in &self.dirs {
             std::fs::create_dir(dir).or_else(|e| match e.kind() {
                 io::ErrorKind::AlreadyExists => Ok(()),
                 _ => Err(e),
             })?;
         }
-        let group = Group {
-            v2: matches!(self, Hierarchy::V2 { .. }),
-            dirs,
-        };
+        let group = self;
         if let Some(mb) = limits.memory_mb {
             let bytes = (mb * 1024 * 1024).to_string();
             match group.dir("memory") {
@@ -103,7 +115,14 @@ impl Hierarchy {
         if let (Some(pids), Some(dir)) = (limits.pids, group.dir("pids")) {
             write(&dir.join("pids.max"), &pids.to_string())?;
         }
-        Ok(group)
+        Ok(())
+    }
+
+    /// Removes the group's directories that exist (they hold no process).
+    fn remove_empty(&self) {
+        for (_, dir) in &self.dirs {
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }
 

@@ -150,15 +150,6 @@ impl Sandbox {
         own.unwrap_or_default().or(self.settings.defaults)
     }
 
-    /// The path a sandboxed process sees for its workspace.
-    pub fn workspace_path(&self, host: &Path) -> PathBuf {
-        if self.isolates() {
-            PathBuf::from(WORKSPACE)
-        } else {
-            host.to_path_buf()
-        }
-    }
-
     /// The path a sandboxed process sees for its home.
     pub fn home_path(&self, host: &Path) -> PathBuf {
         if self.isolates() {

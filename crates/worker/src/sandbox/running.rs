@@ -149,10 +149,6 @@ impl Live {
         self.0.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    pub fn is_running(&self) -> bool {
-        self.get().is_some()
-    }
-
     /// Freezes or thaws the running sandbox; whether one was running.
     pub fn freeze(&self, frozen: bool) -> bool {
         match self.get() {
