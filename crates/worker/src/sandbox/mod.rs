@@ -93,7 +93,7 @@ pub struct Sandbox {
     settings: Settings,
     report: Report,
     cgroups: Option<cgroup::Hierarchy>,
-    etc: view::EtcView,
+    view: view::View,
     started: AtomicU64,
 }
 
@@ -105,9 +105,12 @@ impl Sandbox {
             .cgroups
             .then(cgroup::Hierarchy::delegated)
             .flatten();
-        let etc = view::EtcView::copy(settings.uid, settings.gid)
-            .map_err(|e| format!("cannot copy /etc for steps: {e}"))?;
-        let report = probe::probe(&settings, &etc.path, cgroups.as_ref());
+        let view = view::View {
+            system: view::system_view(),
+            etc: view::EtcView::copy(settings.uid, settings.gid)
+                .map_err(|e| format!("cannot copy /etc for steps: {e}"))?,
+        };
+        let report = probe::probe(&settings, &view, cgroups.as_ref());
         if settings.mode == Mode::Required && !report.isolated {
             return Err(format!(
                 "CAIRN_SANDBOX=required, but this host cannot give steps their sandbox: {}",
@@ -125,7 +128,7 @@ impl Sandbox {
             settings,
             report,
             cgroups,
-            etc,
+            view,
             started: AtomicU64::new(0),
         })
     }
@@ -213,7 +216,7 @@ impl Sandbox {
             }
         });
         let mut cmd = if self.isolates() {
-            view::bwrap(&self.settings, &self.etc.path, argv, spec, &cwd)
+            view::bwrap(&self.settings, &self.view, argv, spec, &cwd)
         } else {
             view::direct(argv, &spec.workspace.join(&cwd))
         };

@@ -2,7 +2,8 @@
 //! namespace the sandbox uses, and the cgroup hierarchy.
 
 use super::cgroup::Hierarchy;
-use super::{view, Settings, Spec};
+use super::view::{self, View};
+use super::{Settings, Spec};
 use serde::Serialize;
 use std::path::Path;
 use std::process::Stdio;
@@ -52,7 +53,7 @@ impl Report {
 }
 
 /// Tries each part of the sandbox.
-pub fn probe(settings: &Settings, etc: &Path, cgroups: Option<&Hierarchy>) -> Report {
+pub fn probe(settings: &Settings, view: &View, cgroups: Option<&Hierarchy>) -> Report {
     let mut report = Report {
         mode: settings.mode,
         mechanism: "none".into(),
@@ -133,7 +134,7 @@ pub fn probe(settings: &Settings, etc: &Path, cgroups: Option<&Hierarchy>) -> Re
         && report.pid_namespace
         && report.network_namespace
     {
-        report.isolated = whole(settings, etc).map_or_else(
+        report.isolated = whole(settings, view).map_or_else(
             |e| {
                 report
                     .missing
@@ -147,7 +148,7 @@ pub fn probe(settings: &Settings, etc: &Path, cgroups: Option<&Hierarchy>) -> Re
 }
 
 /// Starts `true` in the sandbox exactly as a step starts, in a scratch workspace.
-fn whole(settings: &Settings, etc: &Path) -> Result<(), String> {
+fn whole(settings: &Settings, view: &View) -> Result<(), String> {
     let scratch = std::env::temp_dir().join(format!(
         "cairn-sandbox-probe-{}",
         uuid::Uuid::new_v4().simple()
@@ -163,7 +164,7 @@ fn whole(settings: &Settings, etc: &Path) -> Result<(), String> {
             limits: Default::default(),
         };
         let argv = ["true".to_string()];
-        let cmd = view::bwrap(settings, etc, &argv, &spec, Path::new(""));
+        let cmd = view::bwrap(settings, view, &argv, &spec, Path::new(""));
         let mut cmd = cmd.into_std();
         cmd.env_clear()
             .env("PATH", super::DEFAULT_PATH)

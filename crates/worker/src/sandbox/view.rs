@@ -50,16 +50,35 @@ const DEVICES: &[&str] = &[
 ];
 
 /// Top-level system directories: bound read-only, or recreated as the links they are
-/// (`/bin -> usr/bin` on merged-`/usr` systems).
-const SYSTEM: &[&str] = &[
-    "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "opt",
-];
+/// (`/bin -> usr/bin` on merged-`/usr` systems). Not `/opt`: what is there is the
+/// host's to decide (`CAIRN_SANDBOX_READ_ONLY`).
+const SYSTEM: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+
+/// The bubblewrap arguments that show [`SYSTEM`] as this host has it, found once.
+pub(super) fn system_view() -> Vec<std::ffi::OsString> {
+    let mut args = Vec::new();
+    for name in SYSTEM {
+        let host = Path::new("/").join(name);
+        match std::fs::read_link(&host) {
+            Ok(target) => {
+                args.extend(["--symlink".into(), target.into_os_string()]);
+                args.push(host.into_os_string());
+            }
+            Err(_) if host.is_dir() => {
+                args.extend(["--ro-bind".into(), host.clone().into_os_string()]);
+                args.push(host.into_os_string());
+            }
+            Err(_) => {}
+        }
+    }
+    args
+}
 
 /// The bubblewrap command that runs `argv` in the sandbox, in `cwd` (relative to the
 /// workspace, already resolved beneath it).
 pub(super) fn bwrap(
     settings: &Settings,
-    etc: &Path,
+    view: &View,
     argv: &[String],
     spec: &Spec,
     cwd: &Path,
@@ -73,20 +92,9 @@ pub(super) fn bwrap(
     if !spec.network {
         cmd.arg("--unshare-net");
     }
-    for name in SYSTEM {
-        let host = Path::new("/").join(name);
-        match std::fs::read_link(&host) {
-            Ok(target) => {
-                cmd.arg("--symlink").arg(target).arg(&host);
-            }
-            Err(_) if host.is_dir() => {
-                cmd.arg("--ro-bind").arg(&host).arg(&host);
-            }
-            Err(_) => {}
-        }
-    }
+    cmd.args(&view.system);
     // One mount for all of /etc: a bind per entry costs a step a few milliseconds.
-    cmd.arg("--ro-bind").arg(etc).arg("/etc");
+    cmd.arg("--ro-bind").arg(&view.etc.path).arg("/etc");
     // The devices a program expects, bound one by one: a whole `--dev` costs a step
     // about a millisecond more.
     for device in DEVICES {
@@ -298,6 +306,13 @@ pub(super) fn before_exec(
             Ok(())
         });
     }
+}
+
+/// The system a sandbox sees, prepared once when the worker starts.
+#[derive(Debug)]
+pub struct View {
+    pub system: Vec<std::ffi::OsString>,
+    pub etc: EtcView,
 }
 
 /// The `/etc` steps see: the [`ETC`] entries of the host's, copied at start (links kept
