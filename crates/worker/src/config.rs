@@ -163,8 +163,9 @@ pub struct Config {
 }
 
 impl Config {
-    /// The sandbox's settings.
-    pub fn sandbox(&self) -> crate::sandbox::Settings {
+    /// The sandbox's settings; it keeps its files in the worker's (claimed) workspaces
+    /// directory.
+    pub fn sandbox(&self, workspaces_dir: &std::path::Path) -> crate::sandbox::Settings {
         crate::sandbox::Settings {
             mode: self.sandbox,
             bwrap: self.sandbox_bwrap.clone(),
@@ -180,6 +181,7 @@ impl Config {
             read_only: non_empty(&self.sandbox_read_only),
             read_write: non_empty(&self.sandbox_read_write),
             cgroups: self.sandbox_cgroups,
+            etc_dir: workspaces_dir.join(".cairn-sandbox-etc"),
         }
     }
 

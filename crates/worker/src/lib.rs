@@ -83,7 +83,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .await
         .with_context(|| format!("binding {}", config.metrics_listen))?;
 
-    let sandbox = sandbox::Sandbox::start(config.sandbox()).map_err(anyhow::Error::msg)?;
+    let sandbox =
+        sandbox::Sandbox::start(config.sandbox(&workspaces_dir)).map_err(anyhow::Error::msg)?;
     tracing::info!(sandbox = %serde_json::to_string(sandbox.report()).unwrap_or_default(), "step sandbox");
     let mut registry = cairn_common::metrics::registry();
     let metrics = metrics::WorkerMetrics::register(&mut registry);

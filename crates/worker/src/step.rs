@@ -496,6 +496,8 @@ mod tests {
             read_only: Vec::new(),
             read_write: Vec::new(),
             cgroups: true,
+            etc_dir: std::env::temp_dir()
+                .join(format!("cairn-step-etc-{}", uuid::Uuid::new_v4().simple())),
         })
         .expect("an unsandboxed runner")
     }

@@ -22,6 +22,10 @@ fn settings() -> sandbox::Settings {
         read_only: Vec::new(),
         read_write: Vec::new(),
         cgroups: true,
+        etc_dir: std::env::temp_dir().join(format!(
+            "cairn-sandbox-etc-{}",
+            uuid::Uuid::new_v4().simple()
+        )),
     }
 }
 
@@ -465,4 +469,21 @@ async fn the_step_user_is_configurable_and_has_a_name() {
     .await;
     assert_eq!(out.stdout_tail, "4242\n4343\ncairn\n4242\n", "{out:?}");
     assert_eq!(out.sandbox["uid"], 4242);
+}
+
+#[tokio::test]
+async fn step_cgroups_a_dead_worker_left_are_removed_at_start() {
+    let own = std::fs::read_to_string("/proc/self/cgroup").expect("cgroup");
+    let parent = match own.lines().find_map(|l| l.split_once(":memory:")) {
+        Some((_, path)) => Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/')),
+        None => {
+            let path = own.lines().find_map(|l| l.strip_prefix("0::")).expect("v2");
+            Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'))
+        }
+    };
+    // No process has the largest pid the kernel can give.
+    let stale = parent.join("cairn-4194303-0");
+    std::fs::create_dir_all(stale.join("step-7")).expect("a stale step cgroup");
+    let _sandbox = sandbox();
+    assert!(!stale.exists(), "{} was left", stale.display());
 }

@@ -34,16 +34,16 @@ impl Hierarchy {
         let name = format!("cairn-{}-{n}", std::process::id());
         if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
             let path = own.lines().find_map(|l| l.strip_prefix("0::"))?;
-            return v2(
-                &Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/')),
-                &name,
-            );
+            let own = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+            remove_stale(&own);
+            return v2(&own, &name);
         }
         let mut bases = Vec::new();
         for controller in V1_CONTROLLERS {
             let Some(dir) = v1_directory(&own, &mounts, controller) else {
                 continue;
             };
+            remove_stale(&dir);
             let base = dir.join(&name);
             if std::fs::create_dir_all(&base).is_ok() {
                 bases.push((controller, base));
@@ -186,6 +186,35 @@ fn v1_directory(own: &str, mountinfo: &str, controller: &str) -> Option<PathBuf>
         let relative = Path::new(path).strip_prefix(root).ok()?;
         Some(Path::new(mount_point).join(relative))
     })
+}
+
+/// Removes the step cgroups that workers which died without cleaning up (killed, or
+/// crashed) left under `parent`: `cairn-<pid>-…` of a process that no longer exists.
+/// A cgroup that still holds a process is not removed (rmdir refuses it).
+fn remove_stale(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix("cairn-"))
+            .and_then(|n| n.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        if let Ok(steps) = std::fs::read_dir(entry.path()) {
+            for step in steps.flatten().filter(|s| s.path().is_dir()) {
+                let _ = std::fs::remove_dir(step.path());
+            }
+        }
+        let _ = std::fs::remove_dir(entry.path());
+    }
 }
 
 fn write(path: &Path, value: &str) -> io::Result<()> {

@@ -72,6 +72,9 @@ pub struct Settings {
     pub read_write: Vec<PathBuf>,
     /// Whether steps get a cgroup where the host delegates one.
     pub cgroups: bool,
+    /// Where the `/etc` steps see is kept: a directory of this worker's own (it is
+    /// replaced at start).
+    pub etc_dir: PathBuf,
 }
 
 /// One process to start in the sandbox.
@@ -107,7 +110,7 @@ impl Sandbox {
             .flatten();
         let view = view::View {
             system: view::system_view(),
-            etc: view::EtcView::copy(settings.uid, settings.gid)
+            etc: view::EtcView::copy(&settings.etc_dir, settings.uid, settings.gid)
                 .map_err(|e| format!("cannot copy /etc for steps: {e}"))?,
         };
         let report = probe::probe(&settings, &view, cgroups.as_ref());

@@ -316,7 +316,8 @@ pub struct View {
 }
 
 /// The `/etc` steps see: the [`ETC`] entries of the host's, copied at start (links kept
-/// as links). Removed when the worker ends.
+/// as links) into the worker's own directory, so that a worker that was killed leaves
+/// one copy for its successor to replace, not one per start.
 #[derive(Debug)]
 pub struct EtcView {
     pub path: PathBuf,
@@ -325,11 +326,12 @@ pub struct EtcView {
 impl EtcView {
     /// Copies the [`ETC`] entries, and names the step's uid and gid in `passwd` and
     /// `group` when the host's do not (programs that look their user up then find one).
-    pub fn copy(uid: u32, gid: u32) -> io::Result<EtcView> {
-        let path = std::env::temp_dir().join(format!(
-            "cairn-sandbox-etc-{}",
-            uuid::Uuid::new_v4().simple()
-        ));
+    pub fn copy(path: &Path, uid: u32, gid: u32) -> io::Result<EtcView> {
+        match std::fs::remove_dir_all(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let path = path.to_path_buf();
         std::fs::create_dir_all(&path)?;
         let view = EtcView { path };
         for name in ETC {
