@@ -290,7 +290,7 @@ impl Cluster {
 
     /// Lines of a file steps append to.
     pub fn lines(&self, name: &str) -> Vec<String> {
-        std::fs::read_to_string(self.dir.join(SHARED).join(name))
+        std::fs::read_to_string(self.path(name))
             .unwrap_or_default()
             .lines()
             .map(String::from)
