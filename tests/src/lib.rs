@@ -183,24 +183,12 @@ pub fn request(
     token: Option<&str>,
     body: Option<&serde_json::Value>,
 ) -> std::io::Result<Response> {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
-    stream.set_read_timeout(Some(Duration::from_secs(30)))?;
     let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let auth = token
-        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+    let content_type = (!body.is_empty()).then_some("application/json");
+    let headers = token
+        .map(|t| vec![format!("Authorization: Bearer {t}")])
         .unwrap_or_default();
-    let content_type = if body.is_empty() {
-        ""
-    } else {
-        "Content-Type: application/json\r\n"
-    };
-    write!(
-        stream,
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{auth}{content_type}Content-Length: {}\r\n\r\n{body}",
-        body.len()
-    )?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw)?;
+    let raw = exchange(addr, method, path, &headers, content_type, body.as_bytes())?;
     let text = String::from_utf8_lossy(&raw);
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let status = head
@@ -217,6 +205,33 @@ pub fn request(
         body.to_string()
     };
     Ok(Response { status, body })
+}
+
+/// One HTTP/1.1 exchange with raw bytes: the whole response, head and body.
+pub fn exchange(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[String],
+    content_type: Option<&str>,
+    body: &[u8],
+) -> std::io::Result<Vec<u8>> {
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(90)))?;
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for header in headers {
+        head.push_str(header);
+        head.push_str("\r\n");
+    }
+    if let Some(content_type) = content_type {
+        head.push_str(&format!("Content-Type: {content_type}\r\n"));
+    }
+    head.push_str(&format!("Content-Length: {}\r\n\r\n", body.len()));
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body)?;
+    let mut raw = Vec::new();
+    stream.read_to_end(&mut raw)?;
+    Ok(raw)
 }
 
 fn dechunk(mut body: &str) -> String {

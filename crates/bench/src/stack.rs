@@ -180,7 +180,13 @@ impl Stack {
         ))
         .execute(&admin)
         .await?;
-        for queue in ["runs", "continuations", "verifications", "dead"] {
+        for queue in [
+            "runs",
+            "continuations",
+            "verifications",
+            "sandboxes",
+            "dead",
+        ] {
             let _ = Command::new("rabbitmqctl")
                 .args([
                     "-q",

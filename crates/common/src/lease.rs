@@ -1,7 +1,7 @@
-//! Finite ownership leases on execution requests.
+//! Finite ownership leases on execution requests and on sandboxes.
 //!
-//! The **epoch in PostgreSQL is the fencing token**: a claim increments
-//! `execution_requests.lease_epoch` and records the owner and a deadline; every durable
+//! The **epoch in PostgreSQL is the fencing token**: a claim increments the row's
+//! `lease_epoch` (of `execution_requests`, or of `sandboxes`: see [`Leased`]) and records the owner and a deadline; every durable
 //! write of a worker goes through [`Lease::fence`], which rejects it with
 //! [`LeaseError::StaleOwner`] once the epoch moved. Redis holds a liveness key
 //! (`{prefix}lease:{request}` = `epoch:owner`, with a TTL) so others can see who is
@@ -35,9 +35,29 @@ pub enum LeaseError {
     Db(#[from] sqlx::Error),
 }
 
-/// A held lease: the request, who holds it, its fencing epoch and current deadline.
+/// What a lease is on: both kinds of row carry the same lease columns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Leased {
+    #[default]
+    Request,
+    Sandbox,
+}
+
+impl Leased {
+    fn table(self) -> &'static str {
+        match self {
+            Leased::Request => "execution_requests",
+            Leased::Sandbox => "sandboxes",
+        }
+    }
+}
+
+/// A held lease: the row (a request, or a sandbox), who holds it, its fencing epoch and
+/// current deadline.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
+    pub of: Leased,
+    /// The request's id, or the sandbox's.
     pub request_id: Uuid,
     pub owner: String,
     pub epoch: i64,
@@ -51,6 +71,7 @@ pub struct Leases {
     redis: ConnectionManager,
     prefix: Arc<str>,
     ttl: Duration,
+    of: Leased,
     /// Liveness keys being deleted: off the job's path, each bounded (see `settle`).
     releases: TaskTracker,
 }
@@ -84,8 +105,21 @@ impl Leases {
             redis,
             prefix: prefix.into(),
             ttl,
+            of: Leased::Request,
             releases: TaskTracker::new(),
         }
+    }
+
+    /// The same leases on sandboxes.
+    pub fn for_sandboxes(&self) -> Leases {
+        Leases {
+            of: Leased::Sandbox,
+            ..self.clone()
+        }
+    }
+
+    fn table(&self) -> &'static str {
+        self.of.table()
     }
 
     /// How long a Redis liveness operation may take. Redis is advisory: a hung Redis
@@ -100,10 +134,11 @@ impl Leases {
     /// those leases belong to no live process, so the sweeper takes them over at once
     /// instead of after their TTL. The epoch moves when it does.
     pub async fn lapse_held_by(&self, owner: &str) -> Result<u64, sqlx::Error> {
-        let lapsed = sqlx::query(
-            "UPDATE execution_requests SET lease_deadline = clock_timestamp()
+        let lapsed = sqlx::query(&format!(
+            "UPDATE {} SET lease_deadline = clock_timestamp()
               WHERE lease_owner = $1 AND lease_deadline > clock_timestamp()",
-        )
+            self.table()
+        ))
         .bind(owner)
         .execute(&self.pool)
         .await?;
@@ -128,7 +163,10 @@ impl Leases {
 
     /// The Redis key of a request's liveness lease.
     pub fn key(&self, request_id: Uuid) -> String {
-        format!("{}lease:{}", self.prefix, request_id.simple())
+        match self.of {
+            Leased::Request => format!("{}lease:{}", self.prefix, request_id.simple()),
+            Leased::Sandbox => format!("{}sandbox-lease:{}", self.prefix, request_id.simple()),
+        }
     }
 
     fn ttl_ms(&self) -> u64 {
@@ -157,8 +195,10 @@ impl Leases {
         request_id: Uuid,
         owner: &str,
     ) -> Result<Option<Takeover>, LeaseError> {
-        let claimed: Option<(i64, DateTime<Utc>, Option<DateTime<Utc>>)> = sqlx::query_as(
-            "UPDATE execution_requests e
+        let table = self.table();
+        let claimed: Option<(i64, DateTime<Utc>, Option<DateTime<Utc>>)> =
+            sqlx::query_as(&format!(
+                "UPDATE {table} e
                 SET lease_epoch = e.lease_epoch + 1,
                     lease_owner = $2,
                     lease_deadline = clock_timestamp() + make_interval(secs => $3),
@@ -168,20 +208,20 @@ impl Leases {
                     paused_at = NULL,
                     updated_at = clock_timestamp()
                FROM (SELECT id, lease_owner AS previous_owner, lease_deadline AS previous_deadline
-                       FROM execution_requests WHERE id = $1) p
+                       FROM {table} WHERE id = $1) p
               WHERE e.id = p.id
                 AND (e.lease_owner IS NULL OR e.lease_deadline < clock_timestamp())
           RETURNING e.lease_epoch, e.lease_deadline,
-                    CASE WHEN p.previous_owner IS NULL THEN NULL ELSE p.previous_deadline END",
-        )
-        .bind(request_id)
-        .bind(owner)
-        .bind(self.ttl_secs_f64())
-        .fetch_optional(&self.pool)
-        .await?;
+                    CASE WHEN p.previous_owner IS NULL THEN NULL ELSE p.previous_deadline END"
+            ))
+            .bind(request_id)
+            .bind(owner)
+            .bind(self.ttl_secs_f64())
+            .fetch_optional(&self.pool)
+            .await?;
         let Some((epoch, deadline, previous)) = claimed else {
             let exists: Option<(i64,)> =
-                sqlx::query_as("SELECT lease_epoch FROM execution_requests WHERE id = $1")
+                sqlx::query_as(&format!("SELECT lease_epoch FROM {table} WHERE id = $1"))
                     .bind(request_id)
                     .fetch_optional(&self.pool)
                     .await?;
@@ -191,6 +231,7 @@ impl Leases {
             };
         };
         let lease = Lease {
+            of: self.of,
             request_id,
             owner: owner.to_string(),
             epoch,
@@ -207,13 +248,14 @@ impl Leases {
     /// passed (even if nobody claimed it since) and with [`LeaseError::StaleOwner`] once
     /// another owner claimed it: either way the holder must fence itself.
     pub async fn renew(&self, lease: &mut Lease) -> Result<(), LeaseError> {
-        let renewed: Option<(DateTime<Utc>,)> = sqlx::query_as(
-            "UPDATE execution_requests
+        let renewed: Option<(DateTime<Utc>,)> = sqlx::query_as(&format!(
+            "UPDATE {}
                 SET lease_deadline = clock_timestamp() + make_interval(secs => $4)
               WHERE id = $1 AND lease_epoch = $2 AND lease_owner = $3
                 AND lease_deadline >= clock_timestamp()
           RETURNING lease_deadline",
-        )
+            lease.of.table()
+        ))
         .bind(lease.request_id)
         .bind(lease.epoch)
         .bind(&lease.owner)
@@ -248,11 +290,12 @@ impl Leases {
         conn: &mut PgConnection,
         lease: &Lease,
     ) -> Result<(), LeaseError> {
-        let cleared = sqlx::query(
-            "UPDATE execution_requests
+        let cleared = sqlx::query(&format!(
+            "UPDATE {}
                 SET lease_owner = NULL, lease_deadline = NULL, updated_at = clock_timestamp()
               WHERE id = $1 AND lease_epoch = $2 AND lease_owner = $3",
-        )
+            lease.of.table()
+        ))
         .bind(lease.request_id)
         .bind(lease.epoch)
         .bind(&lease.owner)
@@ -348,11 +391,13 @@ async fn stale_or_missing(
     conn: &mut PgConnection,
     lease: &Lease,
 ) -> Result<LeaseError, LeaseError> {
-    let row: Option<(i64,)> =
-        sqlx::query_as("SELECT lease_epoch FROM execution_requests WHERE id = $1")
-            .bind(lease.request_id)
-            .fetch_optional(&mut *conn)
-            .await?;
+    let row: Option<(i64,)> = sqlx::query_as(&format!(
+        "SELECT lease_epoch FROM {} WHERE id = $1",
+        lease.of.table()
+    ))
+    .bind(lease.request_id)
+    .fetch_optional(&mut *conn)
+    .await?;
     Ok(match row {
         None => LeaseError::NotFound(lease.request_id),
         Some((current,)) if current != lease.epoch => LeaseError::StaleOwner {
@@ -372,11 +417,12 @@ impl Lease {
     /// passed. A claimant has to wait for the row lock, so everything the transaction
     /// writes commits before any newer owner exists, or not at all.
     pub async fn fence(&self, conn: &mut PgConnection) -> Result<(), LeaseError> {
-        let row: Option<(i64, Option<String>, bool)> = sqlx::query_as(
+        let row: Option<(i64, Option<String>, bool)> = sqlx::query_as(&format!(
             "SELECT lease_epoch, lease_owner,
                     COALESCE(lease_deadline >= clock_timestamp(), FALSE)
-               FROM execution_requests WHERE id = $1 FOR UPDATE",
-        )
+               FROM {} WHERE id = $1 FOR UPDATE",
+            self.of.table()
+        ))
         .bind(self.request_id)
         .fetch_optional(&mut *conn)
         .await?;
@@ -400,10 +446,11 @@ impl Lease {
     /// transaction: after a write whose connection failed, `true` means the write did
     /// not land, because every final write releases or moves the lease.
     pub async fn still_held(&self, pool: &PgPool) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM execution_requests
+        sqlx::query_scalar(&format!(
+            "SELECT EXISTS (SELECT 1 FROM {}
                              WHERE id = $1 AND lease_epoch = $2 AND lease_owner = $3)",
-        )
+            self.of.table()
+        ))
         .bind(self.request_id)
         .bind(self.epoch)
         .bind(&self.owner)

@@ -18,6 +18,7 @@
 //! - [`lease`]: finite ownership leases: Postgres epoch (the fence) + Redis liveness key.
 //! - [`queue`]: RabbitMQ topology, connections and the manual-ack consumer.
 //! - [`outbox`]: the transactional outbox and its confirming relay.
+//! - [`sandbox`]: sandboxes (the lifecycle seed): states, transitions and route bodies.
 //! - [`lineage`]: snapshot records, checkpoint lineage (compare-and-set appends), restores.
 //! - [`hold`]: durable holds on live workspaces.
 //! - [`verification`]: frozen checks of a verification handoff, purposes and digests.
@@ -53,6 +54,7 @@ pub mod redis_conn;
 pub mod report;
 pub mod request;
 pub mod run;
+pub mod sandbox;
 pub mod shutdown;
 pub mod telemetry;
 #[cfg(feature = "testing")]

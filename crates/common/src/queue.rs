@@ -1,7 +1,7 @@
 //! RabbitMQ topology and connections.
 //!
-//! Exchange `cairn.jobs` (direct) routes to three durable quorum queues, `cairn.runs`,
-//! `cairn.continuations` and `cairn.verifications`, each with a delivery limit past which
+//! Exchange `cairn.jobs` (direct) routes to four durable quorum queues, `cairn.runs`,
+//! `cairn.continuations`, `cairn.verifications` and `cairn.sandboxes` (placements), each with a delivery limit past which
 //! RabbitMQ dead-letters a message through `cairn.dead` into the queue `cairn.dead`.
 //! Every name takes a configurable prefix so installations and tests isolate themselves.
 
@@ -23,19 +23,21 @@ pub enum QueueError {
     Amqp(#[from] lapin::Error),
 }
 
-/// The three kinds of job queue.
+/// The kinds of job queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum JobQueue {
     Runs,
     Continuations,
     Verifications,
+    Sandboxes,
 }
 
 impl JobQueue {
-    pub const ALL: [JobQueue; 3] = [
+    pub const ALL: [JobQueue; 4] = [
         JobQueue::Runs,
         JobQueue::Continuations,
         JobQueue::Verifications,
+        JobQueue::Sandboxes,
     ];
 
     /// The queue that carries messages of a kind.
@@ -46,6 +48,7 @@ impl JobQueue {
                 JobQueue::Continuations
             }
             JobKind::Verification => JobQueue::Verifications,
+            JobKind::Sandbox => JobQueue::Sandboxes,
         }
     }
 
@@ -55,6 +58,7 @@ impl JobQueue {
             JobQueue::Runs => "runs",
             JobQueue::Continuations => "continuations",
             JobQueue::Verifications => "verifications",
+            JobQueue::Sandboxes => "sandboxes",
         }
     }
 }

@@ -214,34 +214,51 @@ pub fn check_command(
     Ok(())
 }
 
+/// Checks what a workspace starts from, for a run or a sandbox: the agent's name, and a
+/// repository with an optional ref.
+pub fn check_origin(
+    agent: &str,
+    repository: Option<&str>,
+    git_ref: Option<&str>,
+    field: impl Fn(&str) -> String,
+) -> Result<(), FieldError> {
+    if !valid_name(agent, 128) {
+        return Err(FieldError::new(
+            field("agent"),
+            "1 to 128 characters of letters, digits, '.', '_' or '-'",
+        ));
+    }
+    if let Some(repository) = repository {
+        if repository.trim().is_empty() || repository.len() > 2048 {
+            return Err(FieldError::new(field("repository"), "1 to 2048 characters"));
+        }
+    }
+    if let Some(git_ref) = git_ref {
+        if repository.is_none() {
+            return Err(FieldError::new(field("ref"), "a ref needs a repository"));
+        }
+        let bad = git_ref.is_empty()
+            || git_ref.len() > 255
+            || git_ref.starts_with('-')
+            || git_ref.contains("..")
+            || git_ref.chars().any(|c| c.is_whitespace() || c.is_control());
+        if bad {
+            return Err(FieldError::new(field("ref"), "not a valid git ref"));
+        }
+    }
+    Ok(())
+}
+
 impl RunSpec {
     /// Checks everything serde cannot. `prefix` names the field path (`runs[3].`).
     pub fn validate(&self, prefix: &str, now: DateTime<Utc>) -> Result<(), FieldError> {
         let field = |name: &str| format!("{prefix}{name}");
-        if !valid_name(&self.agent, 128) {
-            return Err(FieldError::new(
-                field("agent"),
-                "1 to 128 characters of letters, digits, '.', '_' or '-'",
-            ));
-        }
-        if let Some(repository) = &self.repository {
-            if repository.trim().is_empty() || repository.len() > 2048 {
-                return Err(FieldError::new(field("repository"), "1 to 2048 characters"));
-            }
-        }
-        if let Some(git_ref) = &self.git_ref {
-            if self.repository.is_none() {
-                return Err(FieldError::new(field("ref"), "a ref needs a repository"));
-            }
-            let bad = git_ref.is_empty()
-                || git_ref.len() > 255
-                || git_ref.starts_with('-')
-                || git_ref.contains("..")
-                || git_ref.chars().any(|c| c.is_whitespace() || c.is_control());
-            if bad {
-                return Err(FieldError::new(field("ref"), "not a valid git ref"));
-            }
-        }
+        check_origin(
+            &self.agent,
+            self.repository.as_deref(),
+            self.git_ref.as_deref(),
+            field,
+        )?;
         if self.steps.len() > MAX_STEPS {
             return Err(FieldError::new(
                 field("steps"),
@@ -310,7 +327,8 @@ impl RunSpec {
     }
 }
 
-/// What the relay publishes to announce work; workers decode it.
+/// What the relay publishes to announce work; workers decode it. A sandbox placement
+/// carries the sandbox's id as both `run_id` and `request_id`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobMessage {
     pub kind: JobKind,
@@ -329,6 +347,8 @@ pub enum JobKind {
     CheckpointContinuation,
     FinalOutcomeContinuation,
     Verification,
+    /// A sandbox to place on a worker (created, resumed or restored).
+    Sandbox,
 }
 
 #[cfg(test)]

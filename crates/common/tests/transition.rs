@@ -355,6 +355,7 @@ async fn an_interrupted_step_is_charged_once_up_to_its_owners_deadline() {
     let db = TestDb::new().await;
     let (_, request_id) = testing::insert_request(&db.pool).await;
     let lease = Lease {
+        of: cairn_common::lease::Leased::Request,
         request_id,
         owner: "w1".into(),
         epoch: 0,

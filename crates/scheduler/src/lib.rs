@@ -3,11 +3,13 @@
 //! - [`api`]: admission of runs and reviewed continuations, policy, tokens.
 //! - [`config`]: its settings.
 //! - [`sweeper`]: the lease sweeper (one leader at a time).
+//! - [`sandbox_sweep`]: sandboxes whose owner's lease lapsed.
 //! - [`run`]: runs until the shutdown token is cancelled, then drains.
 
 pub mod api;
 pub mod config;
 pub mod parked;
+pub mod sandbox_sweep;
 pub mod sweeper;
 
 use anyhow::Context;

@@ -321,6 +321,9 @@ pub async fn run(
             if let Err(e) = sweep_once(&pool, 500, &metrics).await {
                 tracing::warn!(error = %e, "sweep failed");
             }
+            if let Err(e) = crate::sandbox_sweep::sweep(&pool, 500).await {
+                tracing::warn!(error = %e, "sandbox sweep failed");
+            }
             // Still leader? A lost connection means another may have taken over.
             if !leadership.still_held().await {
                 tracing::warn!("sweeper lost its leader connection");

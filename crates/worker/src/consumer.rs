@@ -1,13 +1,15 @@
-//! Consumes `cairn.runs`, `cairn.continuations` and `cairn.verifications`: at most `concurrency` jobs at once,
+//! Consumes `cairn.runs`, `cairn.continuations`, `cairn.verifications` and
+//! `cairn.sandboxes` (placements): at most `concurrency` jobs (a running sandbox is one) at once,
 //! each delivery acked only after its request was claimed durably. Reconnects to
 //! RabbitMQ with backoff when the broker goes away.
 
 use crate::context::Worker;
+use crate::hosting::{self, Placement};
 use crate::job::{self, Claim, JobOutcome};
 use backon::{BackoffBuilder, ExponentialBuilder};
 use cairn_common::health::AmqpStatus;
 use cairn_common::queue::{self, JobQueue, Topology};
-use cairn_common::run::JobMessage;
+use cairn_common::run::{JobKind, JobMessage};
 use futures::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions, BasicRejectOptions};
@@ -132,7 +134,8 @@ impl Consumer {
             match delivery {
                 Some(Ok(delivery)) => {
                     let (worker, drain) = (self.worker.clone(), drain.clone());
-                    self.jobs.spawn(process(worker, delivery, permit, drain));
+                    self.jobs
+                        .spawn(process(worker, delivery, permit, stop.clone(), drain));
                 }
                 Some(Err(e)) => break Err(e.to_string()),
                 None => break Err("the broker closed the consumer".into()),
@@ -157,6 +160,7 @@ async fn process(
     worker: Arc<Worker>,
     delivery: Delivery,
     permit: OwnedSemaphorePermit,
+    shutdown: CancellationToken,
     drain: CancellationToken,
 ) {
     let _permit = permit;
@@ -168,6 +172,10 @@ async fn process(
             return;
         }
     };
+    if message.kind == JobKind::Sandbox {
+        // A running sandbox holds this slot (the permit) until it leaves the worker.
+        return place(worker, delivery, message.request_id, shutdown, drain).await;
+    }
     match job::claim(&worker, &message).await {
         Ok(Claim::Done(outcome)) => {
             if matches!(outcome, JobOutcome::Dropped(_)) {
@@ -189,6 +197,34 @@ async fn process(
         }
         Err(e) => {
             tracing::warn!(error = %e, request_id = %message.request_id, "claim failed; requeueing the delivery");
+            redeliver_after(delivery, Duration::from_millis(500)).await;
+        }
+    }
+}
+
+/// A sandbox placement: claimed under the sandbox's lease, acked, then hosted.
+async fn place(
+    worker: Arc<Worker>,
+    delivery: Delivery,
+    sandbox_id: uuid::Uuid,
+    shutdown: CancellationToken,
+    drain: CancellationToken,
+) {
+    match hosting::claim(&worker, sandbox_id).await {
+        Ok(Placement::Dropped(why)) => {
+            tracing::debug!(%sandbox_id, why, "placement dropped");
+            worker.metrics.deliveries_dropped.inc();
+            let _ = delivery.ack(BasicAckOptions::default()).await;
+        }
+        Ok(Placement::Host(claimed)) => {
+            if let Err(e) = delivery.ack(BasicAckOptions::default()).await {
+                tracing::warn!(error = %e, "ack failed after the claim; a redelivery will find the sandbox held");
+            }
+            let (lease, row) = *claimed;
+            hosting::host(worker, lease, row, shutdown, drain).await;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, %sandbox_id, "placement claim failed; requeueing the delivery");
             redeliver_after(delivery, Duration::from_millis(500)).await;
         }
     }

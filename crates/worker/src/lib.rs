@@ -9,6 +9,8 @@
 //!   with the snapshot holding its effects, release (capture-before-release).
 //! - [`directory`]: the workspaces directory, locked by one worker, and its identity.
 //! - [`job`]: the [`job::Job`] handle: claim, a run's plan, and how a job ends.
+//! - [`hosting`]: sandboxes (the lifecycle seed) this worker holds: placement, exec and
+//!   files, stop and destroy.
 //! - [`janitor`]: removes this directory's trees once no hold guards them.
 //! - [`fault`]: crash points for tests (debug builds only).
 //! - [`keeper`]: the lease keeper that renews, self-fences, notices cancellation and
@@ -30,6 +32,7 @@ pub mod custody;
 pub mod directory;
 pub mod error;
 pub mod fault;
+pub mod hosting;
 pub mod janitor;
 pub mod job;
 pub mod keeper;
@@ -144,7 +147,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     });
     // A process that just started holds no lease yet: any its id still holds belonged
     // to a process that died (a restarted pod keeps its name).
-    let lapsed = worker.leases.lapse_held_by(&worker_id).await?;
+    let lapsed = worker.leases.lapse_held_by(&worker_id).await?
+        + worker
+            .leases
+            .for_sandboxes()
+            .lapse_held_by(&worker_id)
+            .await?;
     if lapsed > 0 {
         tracing::info!(
             lapsed,

@@ -506,7 +506,7 @@ def test_keda_scaled_object():
     (trig,) = spec["triggers"]
     regex = re.compile(trig["metadata"]["queueName"])
     assert trig["metadata"]["useRegex"] == "true" and trig["metadata"]["operation"] == "sum"
-    for q in ("cairn.runs", "cairn.continuations", "cairn.verifications"):
+    for q in ("cairn.runs", "cairn.continuations", "cairn.verifications", "cairn.sandboxes"):
         assert regex.search(q), f"{q} not matched by {regex.pattern}"
     for q in ("cairn.dead", "cairnXruns", "other.cairn.runs", "cairn.runs.x"):
         assert not regex.search(q), f"{q} wrongly matched by {regex.pattern}"
@@ -519,6 +519,7 @@ def test_keda_one_trigger_per_queue():
     assert names == [
         "staging.cairn.continuations",
         "staging.cairn.runs",
+        "staging.cairn.sandboxes",
         "staging.cairn.verifications",
     ], names
     for t in so["spec"]["triggers"]:

@@ -2,10 +2,12 @@
 //!
 //! - [`error`]: the error body every route shares.
 //! - [`json`]: the strict JSON extractor.
+//! - [`idempotency`]: the `Idempotency-Key` header.
 //! - [`auth`]: tokens and roles.
 //! - [`runs`], [`pause`], [`policy`], [`continuation`], [`verification`], [`tokens`],
 //!   [`credentials`]: the routes. Continuations and verification handoffs each have a
 //!   pure `candidate` module: their rules as a function of facts and policy.
+//! - [`sandboxes`]: sandboxes (the lifecycle seed).
 //! - [`state`]: what every handler shares (the pool, the counters).
 //! - [`openapi`]: the generated OpenAPI document.
 
@@ -13,11 +15,13 @@ pub mod auth;
 pub mod continuation;
 pub mod credentials;
 pub mod error;
+pub mod idempotency;
 pub mod json;
 pub mod openapi;
 pub mod pause;
 pub mod policy;
 pub mod runs;
+pub mod sandboxes;
 pub mod state;
 pub mod tokens;
 pub mod verification;
@@ -123,6 +127,42 @@ pub fn router(state: AppState) -> Router {
         .route(
             "/api/v1/agents/{agent}/credentials/rotate",
             post(credentials::rotate),
+        )
+        .route(
+            "/api/v1/sandboxes",
+            post(sandboxes::create::create).get(sandboxes::view::list),
+        )
+        .route(
+            "/api/v1/sandboxes/{sandbox_id}",
+            get(sandboxes::view::show).delete(sandboxes::lifecycle::destroy),
+        )
+        .route(
+            "/api/v1/sandboxes/{sandbox_id}/stop",
+            post(sandboxes::lifecycle::stop),
+        )
+        .route(
+            "/api/v1/sandboxes/{sandbox_id}/resume",
+            post(sandboxes::lifecycle::resume),
+        )
+        .route(
+            "/api/v1/sandboxes/{sandbox_id}/extend",
+            post(sandboxes::lifecycle::extend),
+        )
+        .route(
+            "/api/v1/sandboxes/{sandbox_id}/exec",
+            post(sandboxes::operations::exec),
+        )
+        .route(
+            "/api/v1/sandboxes/{sandbox_id}/files",
+            get(sandboxes::operations::list),
+        )
+        .route(
+            "/api/v1/sandboxes/{sandbox_id}/files/content",
+            get(sandboxes::operations::read).put(sandboxes::operations::write),
+        )
+        .route(
+            "/api/v1/sandboxes/{sandbox_id}/operations",
+            get(sandboxes::view::operations),
         )
         .route("/api/v1/tokens", post(tokens::create))
         .route("/api/v1/tokens/{token_id}/revoke", post(tokens::revoke))

@@ -1,12 +1,14 @@
 //! The OpenAPI 3 document, generated from the handlers' annotations and types.
 
-use super::{continuation, credentials, error, pause, policy, runs, tokens, verification};
+use super::{
+    continuation, credentials, error, pause, policy, runs, sandboxes, tokens, verification,
+};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "Cairn scheduler API", description = "Admission of runs, reviewed continuations and verification handoffs."),
+    info(title = "Cairn scheduler API", description = "Admission of runs, reviewed continuations and verification handoffs; sandboxes."),
     paths(
         runs::admission::submit, runs::admission::submit_batch, runs::view::list,
         runs::view::show, runs::cancel, runs::view::execution_requests, runs::journal::journal, pause::pause, pause::resume, pause::show,
@@ -15,6 +17,9 @@ use utoipa::{Modify, OpenApi};
         continuation::final_candidate, continuation::final_action, continuation::final_status,
         verification::candidates, verification::adopt, verification::adoption,
         tokens::create, tokens::revoke, credentials::rotate,
+        sandboxes::create::create, sandboxes::view::list, sandboxes::view::show, sandboxes::view::operations,
+        sandboxes::lifecycle::stop, sandboxes::lifecycle::resume, sandboxes::lifecycle::destroy, sandboxes::lifecycle::extend,
+        sandboxes::operations::exec, sandboxes::operations::list, sandboxes::operations::read, sandboxes::operations::write,
     ),
     components(schemas(error::ErrorBody, error::ErrorDetail)),
     modifiers(&BearerAuth)

@@ -183,6 +183,7 @@ pub fn error_field(body: &Value) -> &str {
 /// The lease a worker held on its first claim of a request (epoch 1).
 pub fn first_lease(request_id: Uuid) -> Lease {
     Lease {
+        of: cairn_common::lease::Leased::Request,
         request_id,
         owner: "w1".into(),
         epoch: 1,

@@ -328,7 +328,7 @@ impl Custody {
     /// Restores a snapshot into the workspace, retrying what may pass. A restore only
     /// reads: the snapshot's status changes only when it fails verification
     /// (quarantined); a restore killed midway leaves it as it was.
-    async fn restore_snapshot(
+    pub(crate) async fn restore_snapshot(
         &self,
         snapshot_id: Uuid,
         store_url: &str,
@@ -598,7 +598,7 @@ impl Custody {
 }
 
 /// How a restore failed.
-enum Restore {
+pub(crate) enum Restore {
     /// The snapshot is bad (quarantined) or was never restorable here: try the next tier.
     Unusable(String),
     /// It could not be read now: its store did not answer.

@@ -22,6 +22,7 @@ mod acquire;
 mod checkpoint;
 mod release;
 
+pub(crate) use acquire::Restore;
 pub use checkpoint::{Checkpoint, Commit};
 pub use release::Release;
 

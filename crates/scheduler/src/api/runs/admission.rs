@@ -121,30 +121,6 @@ fn clamp_i32(value: u32) -> i32 {
     i32::try_from(value).unwrap_or(i32::MAX)
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let Some(value) = headers.get("idempotency-key") else {
-        return Ok(None);
-    };
-    // As the document says: 1 to 255 visible ASCII characters, inner spaces allowed.
-    let key = value
-        .to_str()
-        .ok()
-        .filter(|k| {
-            (1..=255).contains(&k.len())
-                && k.bytes().all(|b| (b' '..=b'~').contains(&b))
-                && !k.starts_with(' ')
-                && !k.ends_with(' ')
-        })
-        .ok_or_else(|| {
-            ApiError::bad_request(
-                "invalid_idempotency_key",
-                "Idempotency-Key must be 1 to 255 visible characters",
-            )
-            .with_field("Idempotency-Key")
-        })?;
-    Ok(Some(key.to_string()))
-}
-
 /// Submit one run.
 #[utoipa::path(post, path = "/api/v1/runs", tag = "runs",
     request_body = RunSpec,
@@ -163,7 +139,7 @@ pub async fn submit(
     StrictJson(spec): StrictJson<RunSpec>,
 ) -> Result<Response, ApiError> {
     caller.require(Role::Operator)?;
-    let key = idempotency_key(&headers)?;
+    let key = crate::api::idempotency::key(&headers)?;
     // A replay answers with the original receipt before anything is validated again:
     // the same input may no longer pass (its deadline passed), and it admits nothing.
     if let Some(key) = &key {
@@ -268,7 +244,8 @@ pub async fn submit_batch(
     StrictJson(batch): StrictJson<BatchRequest>,
 ) -> Result<Response, ApiError> {
     caller.require(Role::Operator)?;
-    let key = idempotency_key(&headers)?.map(|k| format!("{}:{k}", caller.token_id.simple()));
+    let key = crate::api::idempotency::key(&headers)?
+        .map(|k| format!("{}:{k}", caller.token_id.simple()));
     let batch_digest = digest::of(
         &batch
             .runs

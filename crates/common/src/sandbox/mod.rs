@@ -1,0 +1,14 @@
+//! Sandboxes (the lifecycle seed): a workspace with a lifecycle of its own, placed through
+//! the queue and owned by one worker at a time under a fenced lease.
+//!
+//! - [`state`]: the six states, what the API asks of the owner, and the transition
+//!   table (the seed's diagram).
+//! - [`spec`]: create, exec and file bodies, and the defaults and bounds of each.
+//! - [`record`]: state moves, placements and fencing, for every component.
+
+pub mod record;
+pub mod spec;
+pub mod state;
+
+pub use spec::{CreateSpec, ExecSpec, FileSpec, Operation};
+pub use state::{Desired, SandboxEvent, SandboxState};

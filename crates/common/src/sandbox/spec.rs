@@ -1,0 +1,286 @@
+//! The bodies of the sandbox routes, their defaults and bounds.
+
+use crate::ids::Id;
+use crate::run::{check_command, check_origin, FieldError};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+pub const DEFAULT_TIMEOUT_SEC: u32 = 3_600;
+pub const MAX_TIMEOUT_SEC: u32 = 86_400;
+/// The idle auto-stop of a sandbox that does not set one (the seed's default for
+/// accounts created after October 11, 2026: every Cairn installation).
+pub const DEFAULT_IDLE_TIMEOUT_SEC: u32 = 1_800;
+pub const DEFAULT_DISK_MB: u32 = 10_240;
+pub const MAX_DISK_MB: u32 = 1_048_576;
+pub const DEFAULT_EXEC_TIMEOUT_SEC: u32 = 60;
+/// The largest file a read returns or a write takes.
+pub const MAX_FILE_BYTES: usize = 4 * 1024 * 1024;
+
+/// `POST /api/v1/sandboxes`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSpec {
+    pub agent: String,
+    /// A repository to clone into the new tree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repository: Option<String>,
+    #[serde(default, rename = "ref", skip_serializing_if = "Option::is_none")]
+    pub git_ref: Option<String>,
+    /// `snapshot:<id>`: start from a ready snapshot's tree (a new sandbox; the snapshot
+    /// is never changed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Idle-anchored: seconds from the last activity (an exec or a file operation) until
+    /// a persistent sandbox is stopped and a non-persistent one destroyed. 1 to 86400,
+    /// default 3600.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 86400)]
+    pub timeout_sec: Option<u32>,
+    /// Idle auto-stop, also from the last activity; 0 disables it. Default 1800.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_sec: Option<u32>,
+    /// Disables both timeouts until an explicit lifecycle action.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub always_on: Option<bool>,
+    /// Whether the sandbox survives a stop (its disk is kept). Default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistent: Option<bool>,
+    /// The disk size in MiB, 1 to 1048576, default 10240.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1048576)]
+    pub disk_mb: Option<u32>,
+}
+
+impl CreateSpec {
+    /// Checks everything serde cannot.
+    pub fn validate(&self) -> Result<(), FieldError> {
+        let field = |name: &str| name.to_string();
+        check_origin(
+            &self.agent,
+            self.repository.as_deref(),
+            self.git_ref.as_deref(),
+            field,
+        )?;
+        if self.source.is_some() && self.repository.is_some() {
+            return Err(FieldError::new(
+                "source",
+                "a sandbox starts from a repository or from a snapshot, not both",
+            ));
+        }
+        self.source_snapshot()?;
+        check_timeout(
+            self.timeout_sec.unwrap_or(DEFAULT_TIMEOUT_SEC),
+            "timeout_sec",
+        )?;
+        if let Some(disk) = self.disk_mb {
+            check_disk(disk)?;
+        }
+        Ok(())
+    }
+
+    /// The snapshot named by `source`, if any.
+    pub fn source_snapshot(&self) -> Result<Option<Uuid>, FieldError> {
+        let Some(source) = &self.source else {
+            return Ok(None);
+        };
+        source
+            .strip_prefix("snapshot:")
+            .and_then(|id| id.parse::<Id>().ok())
+            .map(|id| Some(id.uuid()))
+            .ok_or_else(|| FieldError::new("source", "`snapshot:` and a 32-hex snapshot id"))
+    }
+
+    /// The same input with its defaults filled in (what an idempotency key binds).
+    pub fn normalized(&self) -> CreateSpec {
+        CreateSpec {
+            timeout_sec: Some(self.timeout_sec.unwrap_or(DEFAULT_TIMEOUT_SEC)),
+            idle_timeout_sec: Some(self.idle_timeout_sec.unwrap_or(DEFAULT_IDLE_TIMEOUT_SEC)),
+            always_on: Some(self.always_on.unwrap_or(false)),
+            persistent: Some(self.persistent.unwrap_or(true)),
+            disk_mb: Some(self.disk_mb.unwrap_or(DEFAULT_DISK_MB)),
+            ..self.clone()
+        }
+    }
+}
+
+/// A timeout of 1 to 86400 seconds.
+pub fn check_timeout(seconds: u32, field: &str) -> Result<(), FieldError> {
+    if (1..=MAX_TIMEOUT_SEC).contains(&seconds) {
+        Ok(())
+    } else {
+        Err(FieldError::new(field, "from 1 to 86400"))
+    }
+}
+
+/// A disk size of 1 MiB to 1 TiB.
+pub fn check_disk(disk_mb: u32) -> Result<(), FieldError> {
+    if (1..=MAX_DISK_MB).contains(&disk_mb) {
+        Ok(())
+    } else {
+        Err(FieldError::new("disk_mb", "from 1 to 1048576"))
+    }
+}
+
+/// `POST /api/v1/sandboxes/{id}/exec`: one command in the sandbox's step sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecSpec {
+    #[schema(min_items = 1)]
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Relative to the sandbox's tree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// 1 to 86400 seconds, default 60.
+    #[serde(default = "default_exec_timeout")]
+    #[schema(minimum = 1, maximum = 86400)]
+    pub timeout_sec: u32,
+    /// Whether the command reaches the network. Absent: the worker's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<bool>,
+}
+
+fn default_exec_timeout() -> u32 {
+    DEFAULT_EXEC_TIMEOUT_SEC
+}
+
+impl ExecSpec {
+    pub fn validate(&self) -> Result<(), FieldError> {
+        check_command(
+            &self.argv,
+            &self.env,
+            self.cwd.as_deref(),
+            self.timeout_sec,
+            |name| match name {
+                "timeout_seconds" => "timeout_sec".to_string(),
+                other => other.to_string(),
+            },
+        )
+    }
+}
+
+/// A file operation's target: a path relative to the sandbox's tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FileSpec {
+    /// Relative to the tree; `""` or `.` is its root (for a listing).
+    pub path: String,
+}
+
+impl FileSpec {
+    /// A relative path that stays in the tree; `allow_root` for a listing.
+    pub fn validate(&self, allow_root: bool) -> Result<(), FieldError> {
+        let path = std::path::Path::new(&self.path);
+        let escapes = self.path.starts_with('/')
+            || self.path.contains('\0')
+            || self.path.len() > 4096
+            || path
+                .components()
+                .any(|c| matches!(c, std::path::Component::ParentDir));
+        if escapes {
+            return Err(FieldError::new(
+                "path",
+                "a relative path inside the sandbox",
+            ));
+        }
+        let root = path
+            .components()
+            .all(|c| matches!(c, std::path::Component::CurDir));
+        if root && !allow_root {
+            return Err(FieldError::new("path", "a file inside the sandbox"));
+        }
+        Ok(())
+    }
+}
+
+/// What the owner of a sandbox carries out for the API, in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Operation {
+    Exec(ExecSpec),
+    Read(FileSpec),
+    /// `content` is base64.
+    Write {
+        path: String,
+        content: String,
+    },
+    List(FileSpec),
+}
+
+impl Operation {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Operation::Exec(_) => "exec",
+            Operation::Read(_) => "read",
+            Operation::Write { .. } => "write",
+            Operation::List(_) => "list",
+        }
+    }
+
+    /// Whether it can change the tree (so it is journaled and committed with a capture).
+    pub fn changes_tree(&self) -> bool {
+        matches!(self, Operation::Exec(_) | Operation::Write { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn create(body: serde_json::Value) -> CreateSpec {
+        serde_json::from_value(body).expect("decodes")
+    }
+
+    #[test]
+    fn create_defaults_and_bounds() {
+        let spec = create(serde_json::json!({"agent": "coder"}));
+        assert_eq!(spec.validate(), Ok(()));
+        let normal = spec.normalized();
+        assert_eq!(normal.timeout_sec, Some(3600));
+        assert_eq!(normal.idle_timeout_sec, Some(1800));
+        assert_eq!(normal.persistent, Some(true));
+        assert_eq!(normal.always_on, Some(false));
+        for (body, field) in [
+            (
+                serde_json::json!({"agent": "c", "timeout_sec": 0}),
+                "timeout_sec",
+            ),
+            (
+                serde_json::json!({"agent": "c", "timeout_sec": 86401}),
+                "timeout_sec",
+            ),
+            (serde_json::json!({"agent": "c", "disk_mb": 0}), "disk_mb"),
+            (
+                serde_json::json!({"agent": "c", "source": "snap:1"}),
+                "source",
+            ),
+            (
+                serde_json::json!({"agent": "c", "repository": "r", "source": format!("snapshot:{}", Id::new())}),
+                "source",
+            ),
+            (serde_json::json!({"agent": "bad agent"}), "agent"),
+        ] {
+            assert_eq!(
+                create(body).validate().map_err(|e| e.field),
+                Err(field.into())
+            );
+        }
+        let id = Id::new();
+        let from = create(serde_json::json!({"agent": "c", "source": format!("snapshot:{id}")}));
+        assert_eq!(from.source_snapshot(), Ok(Some(id.uuid())));
+    }
+
+    #[test]
+    fn paths_stay_in_the_tree() {
+        let path = |p: &str| FileSpec { path: p.into() };
+        assert!(path("a/b.txt").validate(false).is_ok());
+        assert!(path(".").validate(true).is_ok());
+        assert!(path("").validate(false).is_err());
+        assert!(path("../x").validate(true).is_err());
+        assert!(path("/etc/passwd").validate(true).is_err());
+        assert!(path("a/../../x").validate(true).is_err());
+    }
+}

@@ -1,0 +1,147 @@
+//! Creating a sandbox: validated, recorded `creating` and announced for placement in one
+//! transaction; an `Idempotency-Key` replays the same sandbox.
+
+use super::view::{self, SandboxView};
+use crate::api::auth::{Caller, Role};
+use crate::api::error::{ApiError, ErrorBody};
+use crate::api::json::StrictJson;
+use crate::api::AppState;
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use cairn_common::digest;
+use cairn_common::sandbox::record;
+use cairn_common::sandbox::CreateSpec;
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+/// Create a sandbox. It is `creating` until a worker has prepared its tree, then
+/// `running`.
+#[utoipa::path(post, path = "/api/v1/sandboxes", tag = "sandboxes",
+    request_body = CreateSpec,
+    params(("Idempotency-Key" = Option<String>, Header, description = "Same key and body: the same sandbox; same key, other body: 409")),
+    responses(
+        (status = 201, description = "Recorded and queued for placement", body = SandboxView),
+        (status = 200, description = "Replay of an earlier create with the same Idempotency-Key", body = SandboxView),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 404, description = "The source snapshot does not exist", body = ErrorBody),
+        (status = 409, description = "Idempotency-Key reused with another body, or the source snapshot is not ready", body = ErrorBody),
+        (status = 422, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn create(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    StrictJson(spec): StrictJson<CreateSpec>,
+) -> Result<Response, ApiError> {
+    caller.require(Role::Operator)?;
+    let key = crate::api::idempotency::key(&headers)?
+        .map(|k| format!("{}:create:{k}", caller.token_id.simple()));
+    spec.validate()?;
+    let spec = spec.normalized();
+    let digest = digest::of(&spec);
+    if let Some(key) = &key {
+        if let Some(replay) = replay(&state, key, &digest).await? {
+            return Ok(replay);
+        }
+    }
+    let mut tx = state.pool.begin().await?;
+    if let Some(snapshot) = spec.source_snapshot()? {
+        restorable(&mut tx, snapshot).await?;
+    }
+    let id = Uuid::new_v4();
+    let inserted = sqlx::query(
+        "INSERT INTO sandboxes (id, agent, state, persistent, always_on, timeout_sec, idle_timeout_sec,
+                                disk_mb, repository, git_ref, source_snapshot_id, idempotency_key, request_digest)
+         VALUES ($1, $2, 'creating', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+    )
+    .bind(id)
+    .bind(&spec.agent)
+    .bind(spec.persistent.unwrap_or(true))
+    .bind(spec.always_on.unwrap_or(false))
+    .bind(to_i32(spec.timeout_sec))
+    .bind(to_i32(spec.idle_timeout_sec))
+    .bind(to_i32(spec.disk_mb))
+    .bind(&spec.repository)
+    .bind(&spec.git_ref)
+    .bind(spec.source_snapshot()?)
+    .bind(&key)
+    .bind(&digest)
+    .execute(&mut *tx)
+    .await;
+    match inserted {
+        Ok(_) => {}
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() && key.is_some() => {
+            // A concurrent create with the same key won the race: answer as a replay.
+            drop(tx);
+            let key = key.as_deref().unwrap_or_default();
+            return replay(&state, key, &digest).await?.ok_or_else(|| {
+                ApiError::conflict("idempotency_key_conflict", "Idempotency-Key is in use")
+            });
+        }
+        Err(e) => return Err(e.into()),
+    }
+    record::announce_placement(&mut tx, id).await?;
+    let view = view::require(&mut tx, id).await?;
+    tx.commit().await?;
+    let mut response = (StatusCode::CREATED, Json(&view)).into_response();
+    if let Ok(location) = HeaderValue::from_str(&format!("/api/v1/sandboxes/{}", view.sandbox_id)) {
+        response.headers_mut().insert("location", location);
+    }
+    Ok(response)
+}
+
+fn to_i32(value: Option<u32>) -> i32 {
+    i32::try_from(value.unwrap_or_default()).unwrap_or(i32::MAX)
+}
+
+/// A snapshot a new sandbox may start from: a sandbox's, and `ready`. A quarantined one
+/// is never restored.
+pub async fn restorable(conn: &mut PgConnection, snapshot: Uuid) -> Result<(), ApiError> {
+    let status: Option<String> = sqlx::query_scalar(
+        "SELECT status FROM project_snapshots WHERE id = $1 AND sandbox_id IS NOT NULL",
+    )
+    .bind(snapshot)
+    .fetch_optional(conn)
+    .await?;
+    match status.as_deref() {
+        None => Err(ApiError::not_found("snapshot").with_field("source")),
+        Some("ready") => Ok(()),
+        Some("quarantined") => Err(ApiError::conflict(
+            "snapshot_quarantined",
+            "the snapshot failed its integrity check and is never restored",
+        )
+        .with_field("source")),
+        Some(other) => Err(ApiError::conflict(
+            "snapshot_not_ready",
+            format!("the snapshot is {other}; only a ready snapshot is restored"),
+        )
+        .with_field("source")),
+    }
+}
+
+async fn replay(state: &AppState, key: &str, digest: &str) -> Result<Option<Response>, ApiError> {
+    let stored: Option<(Uuid, String)> =
+        sqlx::query_as("SELECT id, request_digest FROM sandboxes WHERE idempotency_key = $1")
+            .bind(key)
+            .fetch_optional(&state.pool)
+            .await?;
+    let Some((id, stored_digest)) = stored else {
+        return Ok(None);
+    };
+    if stored_digest != digest {
+        return Err(ApiError::conflict(
+            "idempotency_key_conflict",
+            "this Idempotency-Key was used with a different body; nothing was created",
+        )
+        .with_field("Idempotency-Key"));
+    }
+    let mut conn = state.pool.acquire().await?;
+    let view = view::require(&mut conn, id).await?;
+    let mut response = (StatusCode::OK, Json(view)).into_response();
+    response
+        .headers_mut()
+        .insert("idempotent-replayed", HeaderValue::from_static("true"));
+    Ok(Some(response))
+}

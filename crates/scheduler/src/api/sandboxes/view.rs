@@ -1,0 +1,330 @@
+//! Reading sandboxes: one sandbox, a page of them, and its operations.
+
+use crate::api::auth::{Caller, Role};
+use crate::api::error::{ApiError, ErrorBody};
+use crate::api::path_id;
+use crate::api::AppState;
+use axum::extract::{Path, Query, State};
+use axum::Json;
+use cairn_common::ids::Id;
+use cairn_common::sandbox::SandboxState;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use sqlx::PgConnection;
+use utoipa::{IntoParams, ToSchema};
+use uuid::Uuid;
+
+/// A sandbox.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct SandboxView {
+    #[schema(value_type = String)]
+    pub sandbox_id: Id,
+    pub agent: String,
+    pub state: SandboxState,
+    /// What was asked of it and is not done yet (`stopped` while a stop captures), or
+    /// absent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending: Option<String>,
+    pub persistent: bool,
+    pub always_on: bool,
+    pub timeout_sec: i32,
+    pub idle_timeout_sec: i32,
+    pub disk_mb: i32,
+    pub repository: Option<String>,
+    #[serde(rename = "ref")]
+    pub git_ref: Option<String>,
+    /// `snapshot:<id>` when it started from a snapshot.
+    pub source: Option<String>,
+    /// Why it stopped: `requested`, `timeout`, `pause_expired`, `worker_lost`,
+    /// `worker_drained`.
+    pub stop_reason: Option<String>,
+    /// Why it is in `error`.
+    pub error_reason: Option<String>,
+    /// `local_only` while its snapshots stay on one host's store; `replicated` when
+    /// they are in a shared object store.
+    pub durability: String,
+    /// The latest stop snapshot, kept for the sandbox's life.
+    #[schema(value_type = Option<String>)]
+    pub stop_snapshot_id: Option<Id>,
+    pub last_activity_at: DateTime<Utc>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub stopped_at: Option<DateTime<Utc>>,
+    pub destroyed_at: Option<DateTime<Utc>>,
+}
+
+#[derive(sqlx::FromRow)]
+struct Row {
+    id: Uuid,
+    agent: String,
+    state: SandboxState,
+    desired: String,
+    persistent: bool,
+    always_on: bool,
+    timeout_sec: i32,
+    idle_timeout_sec: i32,
+    disk_mb: i32,
+    repository: Option<String>,
+    git_ref: Option<String>,
+    source_snapshot_id: Option<Uuid>,
+    stop_reason: Option<String>,
+    error_reason: Option<String>,
+    store_url: Option<String>,
+    stop_snapshot_id: Option<Uuid>,
+    last_activity_at: DateTime<Utc>,
+    created_at: DateTime<Utc>,
+    updated_at: DateTime<Utc>,
+    stopped_at: Option<DateTime<Utc>>,
+    destroyed_at: Option<DateTime<Utc>>,
+}
+
+const SELECT: &str = "SELECT s.id, s.agent, s.state, s.desired, s.persistent, s.always_on, s.timeout_sec,
+        s.idle_timeout_sec, s.disk_mb, s.repository, s.git_ref, s.source_snapshot_id, s.stop_reason,
+        s.error_reason, s.stop_snapshot_id, s.last_activity_at, s.created_at, s.updated_at, s.stopped_at,
+        s.destroyed_at,
+        (SELECT p.store_url FROM project_snapshots p WHERE p.sandbox_id = s.id AND p.status = 'ready'
+          ORDER BY p.created_at DESC LIMIT 1) AS store_url
+   FROM sandboxes s";
+
+/// Whether a store keeps its objects off the host that wrote them.
+pub fn durability(store_url: Option<&str>) -> &'static str {
+    match store_url {
+        Some(url)
+            if ["s3://", "gs://", "az://", "azure://", "abfs://"]
+                .iter()
+                .any(|scheme| url.starts_with(scheme)) =>
+        {
+            "replicated"
+        }
+        _ => "local_only",
+    }
+}
+
+impl From<Row> for SandboxView {
+    fn from(r: Row) -> Self {
+        let pending = (r.desired != r.state.as_str()
+            && !matches!(r.state, SandboxState::Error | SandboxState::Destroyed)
+            && !(r.state == SandboxState::Creating && r.desired == "running"))
+            .then_some(r.desired);
+        SandboxView {
+            sandbox_id: r.id.into(),
+            agent: r.agent,
+            state: r.state,
+            pending,
+            persistent: r.persistent,
+            always_on: r.always_on,
+            timeout_sec: r.timeout_sec,
+            idle_timeout_sec: r.idle_timeout_sec,
+            disk_mb: r.disk_mb,
+            repository: r.repository,
+            git_ref: r.git_ref,
+            source: r
+                .source_snapshot_id
+                .map(|id| format!("snapshot:{}", id.simple())),
+            stop_reason: r.stop_reason,
+            error_reason: r.error_reason,
+            durability: durability(r.store_url.as_deref()).to_string(),
+            stop_snapshot_id: r.stop_snapshot_id.map(Id::from),
+            last_activity_at: r.last_activity_at,
+            created_at: r.created_at,
+            updated_at: r.updated_at,
+            stopped_at: r.stopped_at,
+            destroyed_at: r.destroyed_at,
+        }
+    }
+}
+
+/// The sandbox, or `None`.
+pub async fn load(conn: &mut PgConnection, id: Uuid) -> Result<Option<SandboxView>, sqlx::Error> {
+    let row: Option<Row> = sqlx::query_as(&format!("{SELECT} WHERE s.id = $1"))
+        .bind(id)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.map(SandboxView::from))
+}
+
+/// The sandbox, or a 404.
+pub async fn require(conn: &mut PgConnection, id: Uuid) -> Result<SandboxView, ApiError> {
+    load(conn, id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("sandbox"))
+}
+
+/// Show one sandbox.
+#[utoipa::path(get, path = "/api/v1/sandboxes/{sandbox_id}", tag = "sandboxes",
+    params(("sandbox_id" = String, Path, description = "32 hex characters")),
+    responses((status = 200, body = SandboxView), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn show(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(sandbox_id): Path<String>,
+) -> Result<Json<SandboxView>, ApiError> {
+    caller.require(Role::Viewer)?;
+    let id = path_id(&sandbox_id, "sandbox_id")?;
+    let mut conn = state.pool.acquire().await?;
+    Ok(Json(require(&mut conn, id).await?))
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only sandboxes in this state.
+    pub state: Option<String>,
+    pub agent: Option<String>,
+    /// At most this many, newest first (1 to 500, default 100).
+    pub limit: Option<i64>,
+}
+
+/// A page of sandboxes.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SandboxList {
+    pub sandboxes: Vec<SandboxView>,
+}
+
+/// List sandboxes, newest first.
+#[utoipa::path(get, path = "/api/v1/sandboxes", tag = "sandboxes", params(ListQuery),
+    responses((status = 200, body = SandboxList), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn list(
+    State(state): State<AppState>,
+    caller: Caller,
+    Query(query): Query<ListQuery>,
+) -> Result<Json<SandboxList>, ApiError> {
+    caller.require(Role::Viewer)?;
+    if let Some(wanted) = &query.state {
+        if SandboxState::parse(wanted).is_none() {
+            return Err(ApiError::bad_request(
+                "invalid_state",
+                "state is one of creating, running, stopped, paused, error, destroyed",
+            )
+            .with_field("state"));
+        }
+    }
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=500).contains(&limit) {
+        return Err(ApiError::bad_request("invalid_limit", "limit is 1 to 500").with_field("limit"));
+    }
+    let rows: Vec<Row> = sqlx::query_as(&format!(
+        "{SELECT} WHERE ($1::text IS NULL OR s.state = $1) AND ($2::text IS NULL OR s.agent = $2)
+          ORDER BY s.created_at DESC, s.id LIMIT $3"
+    ))
+    .bind(&query.state)
+    .bind(&query.agent)
+    .bind(limit)
+    .fetch_all(&state.pool)
+    .await?;
+    Ok(Json(SandboxList {
+        sandboxes: rows.into_iter().map(SandboxView::from).collect(),
+    }))
+}
+
+/// One exec or file operation, journaled like a step: its intent (`started_at`, with
+/// the owner's epoch) and its receipt (`result`, on `snapshot_id`, the durable tree
+/// holding its effects).
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct OperationView {
+    #[schema(value_type = String)]
+    pub operation_id: Id,
+    pub seq: i64,
+    /// `exec`, `read`, `write` or `list`.
+    pub kind: String,
+    /// `pending`, `running`, `done` or `interrupted` (no receipt: its worker was lost,
+    /// or the sandbox stopped first).
+    pub state: String,
+    pub lease_epoch: Option<i64>,
+    #[schema(value_type = Object)]
+    pub request: serde_json::Value,
+    #[schema(value_type = Option<Object>)]
+    pub result: Option<serde_json::Value>,
+    #[schema(value_type = Option<String>)]
+    pub snapshot_id: Option<Id>,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+type OperationRow = (
+    Uuid,
+    i64,
+    String,
+    String,
+    Option<i64>,
+    serde_json::Value,
+    Option<serde_json::Value>,
+    Option<Uuid>,
+    DateTime<Utc>,
+    Option<DateTime<Utc>>,
+    Option<DateTime<Utc>>,
+);
+
+fn operation_view(r: OperationRow) -> OperationView {
+    let mut request = r.5;
+    // A write's content is not echoed back.
+    if let Some(content) = request.get_mut("content") {
+        *content = serde_json::Value::String("(base64, not shown)".into());
+    }
+    OperationView {
+        operation_id: r.0.into(),
+        seq: r.1,
+        kind: r.2,
+        state: r.3,
+        lease_epoch: r.4,
+        request,
+        result: r.6,
+        snapshot_id: r.7.map(Id::from),
+        created_at: r.8,
+        started_at: r.9,
+        finished_at: r.10,
+    }
+}
+
+const OPERATION: &str =
+    "SELECT id, seq, kind, state, lease_epoch, body, result, snapshot_id, created_at,
+        started_at, finished_at FROM sandbox_operations";
+
+/// One operation.
+pub async fn operation(
+    conn: &mut PgConnection,
+    id: Uuid,
+) -> Result<Option<OperationView>, sqlx::Error> {
+    let row: Option<OperationRow> = sqlx::query_as(&format!("{OPERATION} WHERE id = $1"))
+        .bind(id)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.map(operation_view))
+}
+
+/// The journal of a sandbox.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OperationList {
+    pub operations: Vec<OperationView>,
+}
+
+/// A sandbox's operations, oldest first: its journal.
+#[utoipa::path(get, path = "/api/v1/sandboxes/{sandbox_id}/operations", tag = "sandboxes",
+    params(("sandbox_id" = String, Path, description = "32 hex characters")),
+    responses((status = 200, body = OperationList), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn operations(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(sandbox_id): Path<String>,
+) -> Result<Json<OperationList>, ApiError> {
+    caller.require(Role::Viewer)?;
+    let id = path_id(&sandbox_id, "sandbox_id")?;
+    let mut conn = state.pool.acquire().await?;
+    require(&mut conn, id).await?;
+    let rows: Vec<OperationRow> =
+        sqlx::query_as(&format!("{OPERATION} WHERE sandbox_id = $1 ORDER BY seq"))
+            .bind(id)
+            .fetch_all(&mut *conn)
+            .await?;
+    Ok(Json(OperationList {
+        operations: rows.into_iter().map(operation_view).collect(),
+    }))
+}

@@ -1,0 +1,330 @@
+//! The moves a sandbox's owner makes, each in one fenced transaction: running (its tree
+//! acquired here), stopped (with its stop snapshot, its slot released), destroyed, or
+//! failed to start.
+
+use super::operation;
+use super::tree::{self, SandboxTree, Seal, Unacquired};
+use super::{HostError, SandboxRow, POLL};
+use crate::context::Worker;
+use crate::workspace;
+use backon::{BackoffBuilder, ExponentialBuilder};
+use cairn_common::lease::{Lease, LeaseError};
+use cairn_common::sandbox::record;
+use cairn_common::sandbox::{SandboxEvent, SandboxState};
+use sqlx::PgConnection;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// How many times a stop's capture is tried before the sandbox fails.
+const STOP_TRIES: usize = 4;
+
+/// A claimed sandbox on this worker.
+pub struct Host {
+    pub worker: Arc<Worker>,
+    pub lease: Lease,
+    pub row: SandboxRow,
+    /// Cancelled once the lease cannot be kept.
+    pub lost: CancellationToken,
+}
+
+fn moved(e: cairn_common::request::Error) -> HostError {
+    match e {
+        cairn_common::request::Error::Db(e) => HostError::Db(e),
+        refused => HostError::Capture(format!("the sandbox moved under its owner: {refused}")),
+    }
+}
+
+impl Host {
+    /// Acquires the tree, marks the sandbox running, then serves it until it leaves.
+    pub async fn run(
+        self,
+        shutdown: &CancellationToken,
+        drain: &CancellationToken,
+    ) -> Result<&'static str, HostError> {
+        let mut tree = match tree::acquire(&self.worker, &self.row).await {
+            Ok(tree) => tree,
+            Err(Unacquired::Failed(reason)) => {
+                self.failed(&reason).await?;
+                return Ok("failed to start");
+            }
+            Err(Unacquired::Host(e)) => {
+                // The sweeper places it again (its attempts are counted).
+                self.lapse().await;
+                return Err(e);
+            }
+        };
+        self.running(&tree).await?;
+        tracing::info!(origin = tree.origin, "sandbox running");
+        loop {
+            tokio::select! {
+                biased;
+                _ = self.lost.cancelled() => return Err(self.lost_error()),
+                _ = shutdown.cancelled() => {
+                    self.stop(&mut tree, Some("worker_drained")).await?;
+                    return Ok("stopped: the worker stops");
+                }
+                _ = tokio::time::sleep(POLL) => {}
+            }
+            let next: Result<(String, Option<(Uuid, serde_json::Value)>), sqlx::Error> = sqlx::query_as(
+                "SELECT s.desired, (SELECT o.id FROM sandbox_operations o WHERE o.sandbox_id = s.id AND o.state = 'pending'
+                                      ORDER BY o.seq LIMIT 1) AS op_id,
+                        (SELECT o.body FROM sandbox_operations o WHERE o.sandbox_id = s.id AND o.state = 'pending'
+                                      ORDER BY o.seq LIMIT 1) AS op_body
+                   FROM sandboxes s WHERE s.id = $1",
+            )
+            .bind(self.row.id)
+            .fetch_one(&self.worker.pool)
+            .await
+            .map(|(desired, id, body): (String, Option<Uuid>, Option<serde_json::Value>)| {
+                (desired, id.zip(body))
+            });
+            let (desired, op) = match next {
+                Ok(next) => next,
+                Err(e) => {
+                    tracing::warn!(error = %e, "reading the sandbox failed; trying again");
+                    continue;
+                }
+            };
+            match desired.as_str() {
+                "stopped" => {
+                    self.stop(&mut tree, None).await?;
+                    return Ok("stopped");
+                }
+                "destroyed" => {
+                    self.destroy(&tree).await?;
+                    return Ok("destroyed");
+                }
+                _ => {}
+            }
+            if let Some((id, body)) = op {
+                operation::perform(&self, &mut tree, id, body, drain).await?;
+            }
+        }
+    }
+
+    fn lost_error(&self) -> HostError {
+        HostError::Lost(LeaseError::Expired {
+            request_id: self.row.id,
+        })
+    }
+
+    /// Lets the lease lapse now, so the sweeper places the sandbox again at once.
+    async fn lapse(&self) {
+        let _ = sqlx::query(
+            "UPDATE sandboxes SET lease_deadline = clock_timestamp()
+              WHERE id = $1 AND lease_epoch = $2 AND lease_owner = $3",
+        )
+        .bind(self.row.id)
+        .bind(self.lease.epoch)
+        .bind(&self.lease.owner)
+        .execute(&self.worker.pool)
+        .await;
+    }
+
+    /// Ends this owner's lease in the caller's fenced transaction.
+    async fn release(&self, conn: &mut PgConnection) -> Result<(), HostError> {
+        self.worker
+            .leases
+            .for_sandboxes()
+            .release_in(conn, &self.lease)
+            .await?;
+        Ok(())
+    }
+
+    /// Marks the sandbox running on this worker, its tree recorded and held.
+    async fn running(&self, tree: &SandboxTree) -> Result<(), HostError> {
+        let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
+        let event = match self.row.state {
+            SandboxState::Creating => SandboxEvent::Ready,
+            _ => SandboxEvent::Resume,
+        };
+        tree::record_in_use(&mut tx, &self.worker, &self.row, tree).await?;
+        record::transition(&mut tx, self.row.id, event)
+            .await
+            .map_err(moved)?;
+        sqlx::query(
+            "UPDATE sandboxes SET worker_id = $2, workspace_id = $3, stop_reason = NULL, error_reason = NULL,
+                    paused_at = NULL, last_activity_at = now(), placement_attempt = 1
+              WHERE id = $1",
+        )
+        .bind(self.row.id)
+        .bind(&self.worker.settings.worker_id)
+        .bind(tree.workspace_id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Its tree could not be acquired, for good: a sandbox being created fails with the
+    /// reason; one being resumed stays stopped and says why.
+    async fn failed(&self, reason: &str) -> Result<(), HostError> {
+        let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
+        if self.row.state == SandboxState::Creating {
+            record::transition(&mut tx, self.row.id, SandboxEvent::BootFailure)
+                .await
+                .map_err(moved)?;
+            sqlx::query("UPDATE sandboxes SET error_reason = $2 WHERE id = $1")
+                .bind(self.row.id)
+                .bind(reason)
+                .execute(&mut *tx)
+                .await?;
+        } else {
+            sqlx::query(
+                "UPDATE sandboxes SET desired = 'stopped', stop_reason = 'restore_failed', error_reason = $2
+                  WHERE id = $1",
+            )
+            .bind(self.row.id)
+            .bind(reason)
+            .execute(&mut *tx)
+            .await?;
+        }
+        record::interrupt_operations(&mut tx, self.row.id, reason).await?;
+        self.release(&mut tx).await?;
+        tx.commit().await?;
+        self.worker
+            .leases
+            .for_sandboxes()
+            .clear_liveness(&self.lease);
+        tracing::warn!(reason, "sandbox could not be prepared");
+        Ok(())
+    }
+
+    /// Stops the sandbox here: the stop snapshot is captured and committed with the
+    /// stop, then the local tree goes (the snapshot holds it). A capture that keeps
+    /// failing fails the sandbox instead, and its hold keeps the tree.
+    pub async fn stop(
+        &self,
+        tree: &mut SandboxTree,
+        reason: Option<&str>,
+    ) -> Result<(), HostError> {
+        let mut delays = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_millis(200))
+            .with_max_delay(Duration::from_secs(2))
+            .with_max_times(STOP_TRIES - 1)
+            .build();
+        loop {
+            let error = match tree::commit(
+                &self.worker,
+                &self.lease,
+                &self.row,
+                tree,
+                Seal::Stop { reason },
+            )
+            .await
+            {
+                Ok(snapshot) => {
+                    self.worker
+                        .leases
+                        .for_sandboxes()
+                        .clear_liveness(&self.lease);
+                    workspace::remove(&tree.workspace).await;
+                    tracing::info!(%snapshot, "sandbox stopped; its stop snapshot holds its tree");
+                    return Ok(());
+                }
+                Err(e @ (HostError::Capture(_) | HostError::Db(_) | HostError::Transient(_))) => e,
+                Err(e) => return Err(e),
+            };
+            match delays.next() {
+                Some(delay) if !self.lost.is_cancelled() => {
+                    tracing::warn!(error = %error, ?delay, "stop capture failed; retrying");
+                    tokio::time::sleep(delay).await;
+                }
+                _ => {
+                    self.runtime_failure(&format!(
+                        "its stop snapshot could not be captured: {error}"
+                    ))
+                    .await?;
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Recovery failed at run time: the sandbox is in `error`; its hold keeps the tree.
+    async fn runtime_failure(&self, reason: &str) -> Result<(), HostError> {
+        let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
+        record::transition(&mut tx, self.row.id, SandboxEvent::RuntimeFailure)
+            .await
+            .map_err(moved)?;
+        sqlx::query("UPDATE sandboxes SET error_reason = $2 WHERE id = $1")
+            .bind(self.row.id)
+            .bind(reason)
+            .execute(&mut *tx)
+            .await?;
+        record::interrupt_operations(&mut tx, self.row.id, reason).await?;
+        self.release(&mut tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Destroys the sandbox: everything released, the local tree removed. Its snapshots
+    /// go after the reaper's grace.
+    async fn destroy(&self, tree: &SandboxTree) -> Result<(), HostError> {
+        let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
+        record::transition(&mut tx, self.row.id, SandboxEvent::Destroy)
+            .await
+            .map_err(moved)?;
+        sqlx::query("UPDATE sandboxes SET destroyed_at = now(), paused_at = NULL WHERE id = $1")
+            .bind(self.row.id)
+            .execute(&mut *tx)
+            .await?;
+        record::interrupt_operations(&mut tx, self.row.id, "the sandbox was destroyed first")
+            .await?;
+        record::end_holds(&mut tx, self.row.id, "sandbox_destroyed").await?;
+        sqlx::query(
+            "UPDATE workspaces SET state = 'destroyed', destroyed_at = now(), updated_at = now() WHERE id = $1",
+        )
+        .bind(tree.workspace_id)
+        .execute(&mut *tx)
+        .await?;
+        self.release(&mut tx).await?;
+        tx.commit().await?;
+        self.worker
+            .leases
+            .for_sandboxes()
+            .clear_liveness(&self.lease);
+        workspace::remove(&tree.workspace).await;
+        Ok(())
+    }
+}
+
+/// The stop, sealed with its snapshot in the caller's fenced transaction: the sandbox
+/// `stopped` (for `reason`, or the one the API recorded), its pending operations ended,
+/// its slot and lease released, its tree no longer held here.
+pub async fn stopped(
+    conn: &mut PgConnection,
+    lease: &Lease,
+    row: &SandboxRow,
+    tree: &SandboxTree,
+    snapshot_id: Uuid,
+    reason: Option<&str>,
+) -> Result<(), HostError> {
+    record::transition(conn, row.id, SandboxEvent::Stop)
+        .await
+        .map_err(moved)?;
+    sqlx::query(
+        "UPDATE sandboxes SET stop_snapshot_id = $2, stopped_at = now(), desired = 'stopped',
+                stop_reason = COALESCE($3, stop_reason, 'requested'), paused_at = NULL,
+                lease_owner = NULL, lease_deadline = NULL
+          WHERE id = $1 AND lease_epoch = $4",
+    )
+    .bind(row.id)
+    .bind(snapshot_id)
+    .bind(reason)
+    .bind(lease.epoch)
+    .execute(&mut *conn)
+    .await?;
+    record::interrupt_operations(conn, row.id, "the sandbox stopped before it ran").await?;
+    record::end_holds(conn, row.id, "sandbox_stopped").await?;
+    sqlx::query(
+        "UPDATE workspaces SET state = 'stopped', host = NULL, path = NULL, directory_id = NULL,
+                updated_at = now() WHERE id = $1",
+    )
+    .bind(tree.workspace_id)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}

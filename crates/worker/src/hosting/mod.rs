@@ -1,0 +1,174 @@
+//! Hosting sandboxes (the lifecycle seed): a placement delivery is claimed under the
+//! sandbox's fenced lease, its tree acquired, and the sandbox then holds a worker slot
+//! while it is `running`, carrying out its operations in order and what the API asks
+//! of it (stop, destroy), until it stops, the worker drains, or the lease is lost.
+//!
+//! - [`tree`]: acquiring the tree and committing it (a receipt on a durable tree, or
+//!   the stop snapshot).
+//! - [`operation`]: one exec or file operation in the step sandbox, journaled.
+//! - [`lifecycle`]: the moves its owner makes: running, stopped, destroyed, failed.
+
+pub mod lifecycle;
+pub mod operation;
+pub mod tree;
+
+use crate::context::Worker;
+use cairn_common::lease::{Lease, LeaseError, Leases};
+use cairn_common::sandbox::SandboxState;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// Why hosting a sandbox stopped short.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The lease is no longer this worker's: write nothing more.
+    #[error(transparent)]
+    Lost(LeaseError),
+    #[error("database error: {0}")]
+    Db(#[from] sqlx::Error),
+    /// A capture failed; nothing was committed.
+    #[error("capture failed: {0}")]
+    Capture(String),
+    /// Something that heals (a store that did not answer): another placement may pass.
+    #[error("{0}")]
+    Transient(String),
+}
+
+impl From<LeaseError> for HostError {
+    fn from(e: LeaseError) -> Self {
+        match e {
+            LeaseError::Db(e) => HostError::Db(e),
+            lost => HostError::Lost(lost),
+        }
+    }
+}
+
+/// The sandbox's row as its owner reads it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SandboxRow {
+    pub id: Uuid,
+    pub agent: String,
+    pub state: SandboxState,
+    pub desired: String,
+    pub persistent: bool,
+    pub repository: Option<String>,
+    pub git_ref: Option<String>,
+    pub source_snapshot_id: Option<Uuid>,
+    pub workspace_id: Option<Uuid>,
+}
+
+impl SandboxRow {
+    /// Whether a placement means work: a sandbox being created, or one asked to run
+    /// again (a stopped one resumed, a paused one whose worker was lost).
+    fn wants_placing(&self) -> bool {
+        self.desired == "running"
+            && matches!(
+                self.state,
+                SandboxState::Creating | SandboxState::Stopped | SandboxState::Paused
+            )
+    }
+}
+
+async fn read(pool: &sqlx::PgPool, id: Uuid) -> Result<Option<SandboxRow>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT id, agent, state, desired, persistent, repository, git_ref, source_snapshot_id, workspace_id
+           FROM sandboxes WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(pool)
+    .await
+}
+
+/// What a placement delivery came to.
+pub enum Placement {
+    /// Claimed: host it.
+    Host(Box<(Lease, SandboxRow)>),
+    /// Nothing to do (placed already, stopped meanwhile, destroyed): ack and drop.
+    Dropped(&'static str),
+}
+
+/// Claims a placement: only a sandbox that wants placing, and only if no live owner
+/// holds it.
+pub async fn claim(worker: &Worker, id: Uuid) -> Result<Placement, HostError> {
+    let Some(row) = read(&worker.pool, id).await? else {
+        return Ok(Placement::Dropped("no such sandbox"));
+    };
+    if !row.wants_placing() {
+        return Ok(Placement::Dropped("the sandbox needs no placement"));
+    }
+    let leases = worker.leases.for_sandboxes();
+    let Some(lease) = leases.claim(id, &worker.settings.worker_id).await? else {
+        return Ok(Placement::Dropped("a live worker holds the sandbox"));
+    };
+    // Read again as its owner: it may have moved between the read and the claim.
+    let row = match read(&worker.pool, id).await? {
+        Some(row) if row.wants_placing() => row,
+        _ => {
+            leases.release(&lease).await?;
+            return Ok(Placement::Dropped("the sandbox needs no placement"));
+        }
+    };
+    Ok(Placement::Host(Box::new((lease, row))))
+}
+
+/// Hosts a claimed sandbox until it stops, is destroyed, the worker stops consuming
+/// (`shutdown`: it is stopped, captured, for another worker to resume), or the lease
+/// is lost.
+#[tracing::instrument(skip_all, fields(sandbox_id = %lease.request_id))]
+pub async fn host(
+    worker: Arc<Worker>,
+    lease: Lease,
+    row: SandboxRow,
+    shutdown: CancellationToken,
+    drain: CancellationToken,
+) {
+    let id = row.id;
+    worker.active.enter(id).await;
+    let leases = worker.leases.for_sandboxes();
+    let lost = CancellationToken::new();
+    let keeper = tokio::spawn(keep(leases.clone(), lease.clone(), lost.clone()));
+    let host = lifecycle::Host {
+        worker: worker.clone(),
+        lease,
+        row,
+        lost: lost.clone(),
+    };
+    let ended = host.run(&shutdown, &drain).await;
+    keeper.abort();
+    match &ended {
+        Ok(how) => tracing::info!(how, "sandbox left this worker"),
+        Err(HostError::Lost(e)) => {
+            tracing::warn!(error = %e, "sandbox lease lost: this worker writes nothing more for it");
+            worker.metrics.self_fenced.inc();
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "sandbox hosting stopped; its lease lapses to the sweeper")
+        }
+    }
+    worker.active.leave(id).await;
+}
+
+/// Renews the lease every third of its TTL; a database fault is retried until the
+/// deadline; once the lease cannot be kept, `lost` is cancelled.
+async fn keep(leases: Leases, mut lease: Lease, lost: CancellationToken) {
+    let every = leases.ttl() / 3;
+    loop {
+        tokio::time::sleep(every).await;
+        match leases.renew(&mut lease).await {
+            Ok(()) => {}
+            Err(LeaseError::Db(e)) if chrono::Utc::now() < lease.deadline => {
+                tracing::warn!(error = %e, "sandbox lease not renewed; trying again");
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "sandbox lease lost");
+                lost.cancel();
+                return;
+            }
+        }
+    }
+}
+
+/// How often an idle sandbox looks for its next operation and what is asked of it.
+const POLL: Duration = Duration::from_millis(25);

@@ -1,0 +1,385 @@
+//! One exec or file operation, in the sandbox's step sandbox, journaled like a step:
+//! the intent (running, with this owner's epoch) before it starts, then its receipt,
+//! committed with the checkpoint holding its effects when it may change the tree.
+//!
+//! File operations run as sandboxed commands (`cat`, `find`, a copy from the sandbox's
+//! home), so a path resolves in the step sandbox's view: a link out of the tree leads
+//! nowhere the step could not reach itself.
+
+use super::lifecycle::Host;
+use super::tree::{self, SandboxTree, Seal};
+use super::HostError;
+use crate::sandbox;
+use crate::step::{self, StepCommand, StepOutcome};
+use base64::Engine;
+use cairn_common::sandbox::spec::MAX_FILE_BYTES;
+use cairn_common::sandbox::{ExecSpec, Operation};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// How many times the commit of an operation's effects is tried.
+const COMMIT_TRIES: usize = 3;
+/// The name, in the sandbox's home, a write's content is staged under.
+const UPLOAD: &str = ".cairn-upload";
+const FILE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Carries out one operation and writes its receipt.
+pub async fn perform(
+    host: &Host,
+    tree: &mut SandboxTree,
+    id: Uuid,
+    body: Value,
+    drain: &CancellationToken,
+) -> Result<(), HostError> {
+    let pool = &host.worker.pool;
+    let mut tx = host.lease.begin_fenced(pool).await?;
+    let started = sqlx::query(
+        "UPDATE sandbox_operations SET state = 'running', lease_epoch = $2, started_at = now()
+          WHERE id = $1 AND state = 'pending'",
+    )
+    .bind(id)
+    .bind(host.lease.epoch)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("UPDATE sandboxes SET last_activity_at = now() WHERE id = $1")
+        .bind(host.row.id)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    if started.rows_affected() == 0 {
+        return Ok(());
+    }
+    let operation: Result<Operation, _> = serde_json::from_value(body);
+    let stop = host.lost.child_token();
+    let watch = tokio::spawn(watch(
+        host.worker.pool.clone(),
+        host.row.id,
+        stop.clone(),
+        drain.clone(),
+    ));
+    let (result, changes) = match &operation {
+        Ok(operation) => (
+            run(host, tree, id, operation, &stop).await,
+            operation.changes_tree(),
+        ),
+        Err(e) => (
+            json!({"error": format!("undecodable operation: {e}")}),
+            false,
+        ),
+    };
+    watch.abort();
+    if host.lost.is_cancelled() {
+        return Err(HostError::Lost(cairn_common::lease::LeaseError::Expired {
+            request_id: host.row.id,
+        }));
+    }
+    if !changes {
+        let mut tx = host.lease.begin_fenced(pool).await?;
+        sqlx::query(
+            "UPDATE sandbox_operations SET state = 'done', result = $3, finished_at = now()
+              WHERE id = $1 AND state = 'running' AND lease_epoch = $2",
+        )
+        .bind(id)
+        .bind(host.lease.epoch)
+        .bind(&result)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        return Ok(());
+    }
+    let mut last = String::new();
+    for attempt in 0..COMMIT_TRIES {
+        let seal = Seal::Operation {
+            id,
+            result: &result,
+        };
+        match tree::commit(&host.worker, &host.lease, &host.row, tree, seal).await {
+            Ok(_) => return Ok(()),
+            Err(e @ (HostError::Capture(_) | HostError::Db(_) | HostError::Transient(_))) => {
+                tracing::warn!(error = %e, attempt, "committing an operation's effects failed");
+                last = e.to_string();
+                tokio::time::sleep(Duration::from_millis(300 << attempt)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    // No receipt without a durable tree: the operation ends without one, and says so.
+    let mut tx = host.lease.begin_fenced(pool).await?;
+    sqlx::query(
+        "UPDATE sandbox_operations SET state = 'interrupted', finished_at = now(),
+                result = jsonb_build_object('error', $3::text, 'ran', $4::jsonb)
+          WHERE id = $1 AND state = 'running' AND lease_epoch = $2",
+    )
+    .bind(id)
+    .bind(host.lease.epoch)
+    .bind(format!("its effects could not be captured: {last}"))
+    .bind(&result)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Stops the running operation when the sandbox is asked to stop or be destroyed, or
+/// the worker's drain time is up.
+async fn watch(pool: sqlx::PgPool, id: Uuid, stop: CancellationToken, drain: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = drain.cancelled() => { stop.cancel(); return; }
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+        }
+        let desired: Result<String, _> =
+            sqlx::query_scalar("SELECT desired FROM sandboxes WHERE id = $1")
+                .bind(id)
+                .fetch_one(&pool)
+                .await;
+        if matches!(desired.as_deref(), Ok("stopped" | "destroyed")) {
+            stop.cancel();
+            return;
+        }
+    }
+}
+
+async fn run(
+    host: &Host,
+    tree: &SandboxTree,
+    id: Uuid,
+    operation: &Operation,
+    stop: &CancellationToken,
+) -> Value {
+    match operation {
+        Operation::Exec(spec) => exec(host, tree, id, spec, stop).await,
+        Operation::Read(file) => {
+            let argv = ["cat", "--", &file.path];
+            match file_command(host, tree, id, &argv, stop).await {
+                Ok((outcome, stdout)) if outcome.succeeded() => {
+                    if stdout.len() > MAX_FILE_BYTES {
+                        json!({"error": format!("the file is larger than {MAX_FILE_BYTES} bytes")})
+                    } else {
+                        json!({"size": stdout.len(), "content": base64::engine::general_purpose::STANDARD.encode(&stdout)})
+                    }
+                }
+                Ok((outcome, _)) => json!({"error": failure(&outcome)}),
+                Err(e) => json!({"error": e}),
+            }
+        }
+        Operation::Write { path, content } => {
+            let bytes = match base64::engine::general_purpose::STANDARD.decode(content) {
+                Ok(bytes) => bytes,
+                Err(e) => return json!({"error": format!("content is not base64: {e}")}),
+            };
+            let staged = tree.workspace.home.join(UPLOAD);
+            if let Err(e) = stage(&staged, &bytes).await {
+                return json!({"error": format!("staging the content: {e}")});
+            }
+            let script = format!(
+                "mkdir -p -- \"$(dirname -- \"$1\")\" && cat -- \"$HOME/{UPLOAD}\" > \"$1\""
+            );
+            let argv = ["sh", "-c", &script, "sh", path];
+            let written = file_command(host, tree, id, &argv, stop).await;
+            let _ = tokio::fs::remove_file(&staged).await;
+            match written {
+                Ok((outcome, _)) if outcome.succeeded() => {
+                    json!({"path": path, "size": bytes.len()})
+                }
+                Ok((outcome, _)) => json!({"error": failure(&outcome)}),
+                Err(e) => json!({"error": e}),
+            }
+        }
+        Operation::List(file) => {
+            let argv = [
+                "find",
+                &file.path,
+                "-mindepth",
+                "1",
+                "-maxdepth",
+                "1",
+                "-printf",
+                "%y %s %P\\0",
+            ];
+            match file_command(host, tree, id, &argv, stop).await {
+                Ok((outcome, stdout)) if outcome.succeeded() => {
+                    json!({"path": file.path, "entries": entries(&stdout)})
+                }
+                Ok((outcome, _)) => json!({"error": failure(&outcome)}),
+                Err(e) => json!({"error": e}),
+            }
+        }
+    }
+}
+
+/// Writes a write's content where the sandboxed copy reads it (its home, which only
+/// this sandbox sees), readable by the sandbox's user.
+async fn stage(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    tokio::fs::write(path, bytes).await?;
+    tokio::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).await
+}
+
+/// Why a file command failed, from its stderr.
+fn failure(outcome: &StepOutcome) -> String {
+    let said = outcome.stderr_tail.trim();
+    if said.is_empty() {
+        outcome.describe()
+    } else {
+        said.to_string()
+    }
+}
+
+/// `find -printf '%y %s %P\0'` output, as entries sorted by name.
+fn entries(listing: &[u8]) -> Vec<Value> {
+    let mut entries: Vec<Value> = listing
+        .split(|b| *b == 0)
+        .filter(|line| !line.is_empty())
+        .filter_map(|line| {
+            let mut parts = line.splitn(3, |b| *b == b' ');
+            let kind = match parts.next()? {
+                b"f" => "file",
+                b"d" => "dir",
+                b"l" => "link",
+                _ => "other",
+            };
+            let size: u64 = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
+            let name = String::from_utf8_lossy(parts.next()?).into_owned();
+            Some(json!({"name": name, "type": kind, "size": size}))
+        })
+        .collect();
+    entries.sort_by(|a, b| a["name"].as_str().cmp(&b["name"].as_str()));
+    entries
+}
+
+/// The command of an operation, in the sandbox's step sandbox.
+fn command(
+    host: &Host,
+    tree: &SandboxTree,
+    key: &str,
+    argv: Vec<String>,
+    env: BTreeMap<String, String>,
+    spec: Option<&ExecSpec>,
+) -> StepCommand {
+    let worker = &host.worker;
+    let runner = &worker.sandbox;
+    let home = runner.home_path(&tree.workspace.home);
+    let mut all = BTreeMap::from([
+        ("HOME".to_string(), home.to_string_lossy().into_owned()),
+        (
+            "CAIRN_SANDBOX_ID".to_string(),
+            host.row.id.simple().to_string(),
+        ),
+    ]);
+    all.extend(env);
+    StepCommand {
+        argv,
+        env: all,
+        place: sandbox::Spec {
+            workspace: tree.workspace.root.clone(),
+            cwd: spec.and_then(|s| s.cwd.clone()),
+            home: tree.workspace.home.clone(),
+            network: spec
+                .and_then(|s| s.network)
+                .unwrap_or(runner.network_default())
+                && spec.is_some(),
+            limits: runner.limits(None),
+        },
+        timeout: spec.map_or(FILE_TIMEOUT, |s| {
+            Duration::from_secs(u64::from(s.timeout_sec))
+        }),
+        output_base: step::output_base(
+            &worker.settings.artifacts_dir,
+            host.row.id,
+            key,
+            host.lease.epoch,
+        ),
+        max_output: if spec.is_some() {
+            worker.settings.output_max_bytes
+        } else {
+            u64::try_from(MAX_FILE_BYTES).unwrap_or(u64::MAX) + 1
+        },
+        tail_bytes: worker.settings.output_tail_bytes,
+        // A file's content is the caller's: it is returned as it is, never stored.
+        redact: spec.is_some() && worker.settings.redact_output,
+        kill_grace: worker.settings.kill_grace,
+    }
+}
+
+async fn exec(
+    host: &Host,
+    tree: &SandboxTree,
+    id: Uuid,
+    spec: &ExecSpec,
+    stop: &CancellationToken,
+) -> Value {
+    let command = command(
+        host,
+        tree,
+        &format!("exec-{}", id.simple()),
+        spec.argv.clone(),
+        spec.env.clone(),
+        Some(spec),
+    );
+    match step::run(&command, &host.worker.sandbox, stop).await {
+        Ok(outcome) => json!({
+            "exit_code": outcome.exit_code,
+            "signal": outcome.signal,
+            "timed_out": outcome.interrupted == Some(step::Interruption::TimedOut),
+            "stopped": outcome.interrupted == Some(step::Interruption::Stopped),
+            "limit": outcome.limit.map(|l| l.as_str()),
+            "wall_ms": outcome.wall_ms,
+            "cpu_ms": outcome.cpu_ms,
+            "stdout": outcome.stdout_tail,
+            "stderr": outcome.stderr_tail,
+            "truncated": outcome.truncated,
+            "output_digest": outcome.output_digest,
+            "sandbox": outcome.sandbox,
+        }),
+        Err(e) => json!({"exit_code": null, "error": e.to_string()}),
+    }
+}
+
+/// Runs a file command; its whole stdout, then its output files are removed (a file's
+/// content is not kept as output).
+async fn file_command(
+    host: &Host,
+    tree: &SandboxTree,
+    id: Uuid,
+    argv: &[&str],
+    stop: &CancellationToken,
+) -> Result<(StepOutcome, Vec<u8>), String> {
+    let argv = argv.iter().map(|a| a.to_string()).collect();
+    let command = command(
+        host,
+        tree,
+        &format!("file-{}", id.simple()),
+        argv,
+        BTreeMap::new(),
+        None,
+    );
+    let outcome = step::run(&command, &host.worker.sandbox, stop)
+        .await
+        .map_err(|e| e.to_string())?;
+    let stdout = tokio::fs::read(&outcome.stdout_path)
+        .await
+        .unwrap_or_default();
+    let _ = tokio::fs::remove_file(&outcome.stdout_path).await;
+    let _ = tokio::fs::remove_file(outcome.stdout_path.with_extension("stderr")).await;
+    Ok((outcome, stdout))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_listing_is_parsed_whatever_the_names() {
+        let listing = b"f 12 a b.txt\0d 4096 dir\0l 3 link\0f 0 new\nline\0";
+        let parsed = entries(listing);
+        let names: Vec<&str> = parsed.iter().filter_map(|e| e["name"].as_str()).collect();
+        assert_eq!(names, ["a b.txt", "dir", "link", "new\nline"]);
+        assert_eq!(parsed[0]["size"], 12);
+        assert_eq!(parsed[1]["type"], "dir");
+    }
+}

@@ -1,0 +1,335 @@
+//! Sandboxes (the lifecycle seed) end to end, on the real binaries: placement through
+//! the queue, exec and files journaled on durable trees, stop and resume on another
+//! worker, a worker lost mid-exec, restore from a snapshot, idempotent resume.
+
+use cairn_e2e::cluster::{Cluster, Settings, ADMIN};
+use cairn_e2e::{exchange, processes_with, ServiceLock};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn create(cluster: &Cluster, body: Value) -> String {
+    let (status, view) = cluster.call("POST", "/api/v1/sandboxes", Some(&body));
+    assert_eq!(status, 201, "{view}");
+    assert_eq!(view["state"], "creating", "{view}");
+    view["sandbox_id"].as_str().expect("id").to_string()
+}
+
+fn show(cluster: &Cluster, id: &str) -> Value {
+    let (status, view) = cluster.call("GET", &format!("/api/v1/sandboxes/{id}"), None);
+    assert_eq!(status, 200, "{view}");
+    view
+}
+
+fn wait_state(cluster: &Cluster, id: &str, state: &str) -> Value {
+    let mut last = Value::Null;
+    cluster.wait_until(&format!("sandbox {id} {state}"), LONG, || {
+        last = show(cluster, id);
+        last["state"] == state && last.get("pending").is_none()
+    });
+    last
+}
+
+fn exec(cluster: &Cluster, id: &str, script: &str) -> (u16, Value) {
+    cluster.call(
+        "POST",
+        &format!("/api/v1/sandboxes/{id}/exec"),
+        Some(&json!({"argv": ["sh", "-c", script], "timeout_sec": 60})),
+    )
+}
+
+/// A raw request: its status and body bytes.
+fn raw(cluster: &Cluster, method: &str, path: &str, body: &[u8]) -> (u16, Vec<u8>) {
+    let response = exchange(
+        cluster.api,
+        method,
+        path,
+        &[format!("Authorization: Bearer {ADMIN}")],
+        Some("application/octet-stream"),
+        body,
+    )
+    .expect("request");
+    let split = response
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("head");
+    let head = String::from_utf8_lossy(&response[..split]).to_string();
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    assert!(
+        !head.to_ascii_lowercase().contains("chunked"),
+        "a chunked reply: {head}"
+    );
+    (status, response[split + 4..].to_vec())
+}
+
+fn file(cluster: &Cluster, id: &str, path: &str) -> (u16, Vec<u8>) {
+    raw(
+        cluster,
+        "GET",
+        &format!("/api/v1/sandboxes/{id}/files/content?path={path}"),
+        b"",
+    )
+}
+
+async fn worker_of(cluster: &Cluster, id: &str) -> Option<String> {
+    let uuid = uuid::Uuid::parse_str(id).expect("uuid");
+    sqlx::query_scalar("SELECT worker_id FROM sandboxes WHERE id = $1")
+        .bind(uuid)
+        .fetch_one(&cluster.pool)
+        .await
+        .expect("worker")
+}
+
+fn operations(cluster: &Cluster, id: &str) -> Vec<Value> {
+    let (status, list) = cluster.call("GET", &format!("/api/v1/sandboxes/{id}/operations"), None);
+    assert_eq!(status, 200, "{list}");
+    list["operations"].as_array().expect("operations").clone()
+}
+
+/// The main story: created through the queue, exec and files, every receipt on a
+/// snapshot; stopped (files kept, processes gone) and resumed on another worker.
+#[tokio::test]
+async fn a_sandbox_runs_stops_and_resumes_on_another_worker() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("sandbox-life", 1, Settings::default()).await;
+    let id = create(&cluster, json!({"agent": "coder"}));
+    let running = wait_state(&cluster, &id, "running");
+    assert_eq!(running["persistent"], true);
+    assert_eq!(running["timeout_sec"], 3600);
+    assert_eq!(running["durability"], "local_only");
+    assert_eq!(worker_of(&cluster, &id).await.as_deref(), Some("w1"));
+
+    let marker = format!(
+        "sleep 1000.{}",
+        uuid::Uuid::new_v4().as_u128() % 1_000_000_000
+    );
+    let (status, receipt) = exec(
+        &cluster,
+        &id,
+        &format!("echo one > a.txt; mkdir -p dir; echo out; ({marker} &) ; true"),
+    );
+    assert_eq!(status, 200, "{receipt}");
+    assert_eq!(receipt["state"], "done", "{receipt}");
+    assert_eq!(receipt["result"]["exit_code"], 0, "{receipt}");
+    assert_eq!(receipt["result"]["stdout"], "out\n", "{receipt}");
+    assert!(
+        receipt["snapshot_id"].is_string(),
+        "a receipt on a durable tree: {receipt}"
+    );
+
+    let (status, body) = raw(
+        &cluster,
+        "PUT",
+        &format!("/api/v1/sandboxes/{id}/files/content?path=dir/b.bin"),
+        b"bytes\x00\xff",
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    let (status, content) = file(&cluster, &id, "dir/b.bin");
+    assert_eq!(
+        (status, content.as_slice()),
+        (200, b"bytes\x00\xff".as_slice())
+    );
+    let (status, listing) =
+        cluster.call("GET", &format!("/api/v1/sandboxes/{id}/files?path=."), None);
+    assert_eq!(status, 200, "{listing}");
+    let names: Vec<&str> = listing["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter_map(|e| e["name"].as_str())
+        .collect();
+    assert_eq!(names, ["a.txt", "dir"], "{listing}");
+    let (status, missing) = file(&cluster, &id, "nothing-here");
+    assert_eq!(status, 404, "{}", String::from_utf8_lossy(&missing));
+
+    let (status, stopped) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/stop"), None);
+    assert_eq!(status, 200, "{stopped}");
+    assert_eq!(stopped["state"], "stopped");
+    assert_eq!(stopped["stop_reason"], "requested");
+    assert!(stopped["stop_snapshot_id"].is_string(), "{stopped}");
+    assert!(
+        processes_with(&marker).is_empty(),
+        "stop ends every process"
+    );
+
+    // The first worker goes; the sandbox resumes on another, from its stop snapshot.
+    cluster.workers[0]
+        .process
+        .signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(cluster.workers[0].process.wait_exit(LONG).is_some());
+    cluster.add_worker();
+    let (status, resumed) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/resume"), None);
+    assert_eq!(status, 200, "{resumed}");
+    assert_eq!(resumed["state"], "running");
+    assert_eq!(worker_of(&cluster, &id).await.as_deref(), Some("w2"));
+    let (status, content) = file(&cluster, &id, "a.txt");
+    assert_eq!((status, content.as_slice()), (200, b"one\n".as_slice()));
+    let (_, content) = file(&cluster, &id, "dir/b.bin");
+    assert_eq!(content, b"bytes\x00\xff");
+    assert!(
+        processes_with(&marker).is_empty(),
+        "processes do not survive a stop"
+    );
+
+    // Every operation is journaled: an intent (its epoch) and a receipt; those that
+    // may change the tree stand on a snapshot.
+    let journal = operations(&cluster, &id);
+    let kinds: Vec<&str> = journal.iter().filter_map(|o| o["kind"].as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["exec", "write", "read", "list", "read", "read", "read"]
+    );
+    for operation in &journal {
+        assert_eq!(operation["state"], "done", "{operation}");
+        assert!(operation["lease_epoch"].is_i64(), "{operation}");
+        if operation["kind"] == "exec" || operation["kind"] == "write" {
+            assert!(operation["snapshot_id"].is_string(), "{operation}");
+        }
+    }
+
+    let (status, destroyed) = cluster.call("DELETE", &format!("/api/v1/sandboxes/{id}"), None);
+    assert_eq!(status, 200, "{destroyed}");
+    assert_eq!(destroyed["state"], "destroyed");
+    let (status, refused) = exec(&cluster, &id, "true");
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(refused["error"]["field"], "state");
+}
+
+/// A worker SIGKILLed mid-exec: the sandbox is stopped (`worker_lost`) at its last
+/// durable tree, the exec has no receipt, and resume elsewhere has every file an exec
+/// with a receipt wrote.
+#[tokio::test]
+async fn a_worker_killed_mid_exec_leaves_the_sandbox_stopped_at_its_last_durable_tree() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("sandbox-lost", 1, Settings::default()).await;
+    let id = create(&cluster, json!({"agent": "coder"}));
+    wait_state(&cluster, &id, "running");
+    let (status, first) = exec(&cluster, &id, "echo kept > kept.txt");
+    assert_eq!((status, &first["state"]), (200, &json!("done")), "{first}");
+    let (api, path) = (cluster.api, format!("/api/v1/sandboxes/{id}/exec"));
+    let slow = std::thread::spawn(move || {
+        cairn_e2e::request(
+            api,
+            "POST",
+            &path,
+            Some(ADMIN),
+            Some(&json!({"argv": ["sh", "-c", "echo lost > lost.txt; sleep 30"]})),
+        )
+    });
+    cluster.wait_until("the second exec runs", LONG, || {
+        operations(&cluster, &id)
+            .iter()
+            .any(|o| o["state"] == "running")
+    });
+    cluster.workers[0]
+        .process
+        .signal(nix::sys::signal::Signal::SIGKILL);
+    let stopped = wait_state(&cluster, &id, "stopped");
+    assert_eq!(stopped["stop_reason"], "worker_lost", "{stopped}");
+    let answer = slow.join().expect("thread").expect("reply");
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.json()["state"], "interrupted", "{}", answer.body);
+
+    cluster.add_worker();
+    let (status, resumed) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/resume"), None);
+    assert_eq!(status, 200, "{resumed}");
+    let (status, kept) = file(&cluster, &id, "kept.txt");
+    assert_eq!((status, kept.as_slice()), (200, b"kept\n".as_slice()));
+    let (status, _) = file(&cluster, &id, "lost.txt");
+    assert_eq!(
+        status, 404,
+        "an exec without a receipt left nothing durable"
+    );
+}
+
+/// Resume honours `Idempotency-Key` (one effect; other input is a 409), a
+/// non-persistent sandbox is never resumed by an operation, and a snapshot restores
+/// into a new sandbox while its source stays as it was.
+#[tokio::test]
+async fn resume_is_idempotent_and_a_snapshot_restores_into_a_new_sandbox() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("sandbox-keys", 1, Settings::default()).await;
+    let id = create(&cluster, json!({"agent": "coder"}));
+    wait_state(&cluster, &id, "running");
+    let (status, _) = exec(&cluster, &id, "echo source > s.txt");
+    assert_eq!(status, 200);
+    let (_, stopped) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/stop"), None);
+    let snapshot = stopped["stop_snapshot_id"]
+        .as_str()
+        .expect("snapshot")
+        .to_string();
+
+    let resume = |key: &str, body: &[u8]| {
+        let response = exchange(
+            cluster.api,
+            "POST",
+            &format!("/api/v1/sandboxes/{id}/resume"),
+            &[
+                format!("Authorization: Bearer {ADMIN}"),
+                format!("Idempotency-Key: {key}"),
+            ],
+            Some("application/json"),
+            body,
+        )
+        .expect("resume");
+        let text = String::from_utf8_lossy(&response).to_string();
+        let status: u16 = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        (status, text)
+    };
+    let (status, first) = resume("resume-1", b"");
+    assert_eq!(status, 200, "{first}");
+    let (status, again) = resume("resume-1", b"");
+    assert_eq!(status, 200, "{again}");
+    assert!(
+        again
+            .to_ascii_lowercase()
+            .contains("idempotent-replayed: true"),
+        "{again}"
+    );
+    let (status, other) = resume("resume-1", br#"{"disk_mb": 20480}"#);
+    assert_eq!(status, 409, "{other}");
+    let uuid = uuid::Uuid::parse_str(&id).expect("uuid");
+    let placements: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE payload->>'request_id' = $1")
+            .bind(uuid.to_string())
+            .fetch_one(&cluster.pool)
+            .await
+            .expect("count");
+    assert_eq!(placements, 2, "one placement at create, one for the resume");
+
+    // A new sandbox from the stop snapshot: the source's files, the source unchanged.
+    let copy = create(
+        &cluster,
+        json!({"agent": "coder", "source": format!("snapshot:{snapshot}"), "persistent": false}),
+    );
+    wait_state(&cluster, &copy, "running");
+    let (_, content) = file(&cluster, &copy, "s.txt");
+    assert_eq!(content, b"source\n");
+    let (status, _) = exec(&cluster, &copy, "echo changed > s.txt");
+    assert_eq!(status, 200);
+    let (_, original) = file(&cluster, &id, "s.txt");
+    assert_eq!(original, b"source\n", "the source never changes");
+
+    // Stopped and not persistent: an operation does not resume it.
+    let (status, _) = cluster.call("POST", &format!("/api/v1/sandboxes/{copy}/stop"), None);
+    assert_eq!(status, 200);
+    let (status, refused) = exec(&cluster, &copy, "true");
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(refused["error"]["code"], "not_persistent");
+    // A persistent one is resumed by the operation.
+    let (status, _) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/stop"), None);
+    assert_eq!(status, 200);
+    let (status, woke) = exec(&cluster, &id, "cat s.txt");
+    assert_eq!(status, 200, "{woke}");
+    assert_eq!(woke["result"]["stdout"], "source\n");
+    assert_eq!(show(&cluster, &id)["state"], "running");
+}
