@@ -10,4 +10,5 @@ mod lifecycle;
 mod openapi;
 mod policy;
 mod runs;
+mod sandboxes;
 mod verification;

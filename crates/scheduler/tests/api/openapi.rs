@@ -32,6 +32,18 @@ async fn the_openapi_document_lists_every_route() {
         ("get", "/api/v1/runs/{run_id}/verification-handoffs/candidates"),
         ("post", "/api/v1/runs/{run_id}/verification-handoffs/adoptions"),
         ("get", "/api/v1/runs/{run_id}/verification-handoffs/adoptions/{request_id}"),
+        ("post", "/api/v1/sandboxes"),
+        ("get", "/api/v1/sandboxes"),
+        ("get", "/api/v1/sandboxes/{sandbox_id}"),
+        ("delete", "/api/v1/sandboxes/{sandbox_id}"),
+        ("post", "/api/v1/sandboxes/{sandbox_id}/stop"),
+        ("post", "/api/v1/sandboxes/{sandbox_id}/resume"),
+        ("post", "/api/v1/sandboxes/{sandbox_id}/extend"),
+        ("post", "/api/v1/sandboxes/{sandbox_id}/exec"),
+        ("get", "/api/v1/sandboxes/{sandbox_id}/files"),
+        ("get", "/api/v1/sandboxes/{sandbox_id}/files/content"),
+        ("put", "/api/v1/sandboxes/{sandbox_id}/files/content"),
+        ("get", "/api/v1/sandboxes/{sandbox_id}/operations"),
     ];
     for (method, path) in routes {
         assert!(

@@ -107,7 +107,7 @@ async fn submit(
 
 /// Run a command in the sandbox. The reply is its receipt: exit code, signal, timeout,
 /// output tails and usage, and the snapshot holding its effects.
-#[utoipa::path(post, path = "/api/v1/sandboxes/{sandbox_id}/exec", tag = "sandboxes",
+#[utoipa::path(post, operation_id = "exec_in_sandbox", path = "/api/v1/sandboxes/{sandbox_id}/exec", tag = "sandboxes",
     request_body = ExecSpec,
     params(("sandbox_id" = String, Path, description = "32 hex characters")),
     responses((status = 200, description = "Its receipt (or `interrupted`)", body = OperationView),
@@ -170,7 +170,7 @@ fn answered(view: OperationView) -> Result<serde_json::Value, ApiError> {
 }
 
 /// List a directory of the sandbox's tree.
-#[utoipa::path(get, path = "/api/v1/sandboxes/{sandbox_id}/files", tag = "sandboxes",
+#[utoipa::path(get, operation_id = "list_sandbox_files", path = "/api/v1/sandboxes/{sandbox_id}/files", tag = "sandboxes",
     params(("sandbox_id" = String, Path, description = "32 hex characters"), PathQuery),
     responses((status = 200, description = "`entries`: name, type (`file`, `dir`, `link`, `other`) and size", body = Object),
         (status = 202, description = "Not answered yet", body = OperationView),
@@ -194,7 +194,7 @@ pub async fn list(
 }
 
 /// Read a file of the sandbox's tree (at most 4 MiB), as bytes.
-#[utoipa::path(get, path = "/api/v1/sandboxes/{sandbox_id}/files/content", tag = "sandboxes",
+#[utoipa::path(get, operation_id = "read_sandbox_file", path = "/api/v1/sandboxes/{sandbox_id}/files/content", tag = "sandboxes",
     params(("sandbox_id" = String, Path, description = "32 hex characters"), PathQuery),
     responses((status = 200, description = "The file's bytes", content_type = "application/octet-stream", body = Vec<u8>),
         (status = 202, description = "Not answered yet", body = OperationView),
@@ -223,7 +223,7 @@ pub async fn read(
 
 /// Write a file of the sandbox's tree (the body's bytes, at most 4 MiB), making its
 /// directories. Journaled like an exec: the reply is its receipt.
-#[utoipa::path(put, path = "/api/v1/sandboxes/{sandbox_id}/files/content", tag = "sandboxes",
+#[utoipa::path(put, operation_id = "write_sandbox_file", path = "/api/v1/sandboxes/{sandbox_id}/files/content", tag = "sandboxes",
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     params(("sandbox_id" = String, Path, description = "32 hex characters"), PathQuery),
     responses((status = 200, description = "Its receipt", body = OperationView),

@@ -151,7 +151,7 @@ pub async fn require(conn: &mut PgConnection, id: Uuid) -> Result<SandboxView, A
 }
 
 /// Show one sandbox.
-#[utoipa::path(get, path = "/api/v1/sandboxes/{sandbox_id}", tag = "sandboxes",
+#[utoipa::path(get, operation_id = "show_sandbox", path = "/api/v1/sandboxes/{sandbox_id}", tag = "sandboxes",
     params(("sandbox_id" = String, Path, description = "32 hex characters")),
     responses((status = 200, body = SandboxView), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
@@ -185,7 +185,7 @@ pub struct SandboxList {
 }
 
 /// List sandboxes, newest first.
-#[utoipa::path(get, path = "/api/v1/sandboxes", tag = "sandboxes", params(ListQuery),
+#[utoipa::path(get, operation_id = "list_sandboxes", path = "/api/v1/sandboxes", tag = "sandboxes", params(ListQuery),
     responses((status = 200, body = SandboxList), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
@@ -305,7 +305,7 @@ pub struct OperationList {
 }
 
 /// A sandbox's operations, oldest first: its journal.
-#[utoipa::path(get, path = "/api/v1/sandboxes/{sandbox_id}/operations", tag = "sandboxes",
+#[utoipa::path(get, operation_id = "list_sandbox_operations", path = "/api/v1/sandboxes/{sandbox_id}/operations", tag = "sandboxes",
     params(("sandbox_id" = String, Path, description = "32 hex characters")),
     responses((status = 200, body = OperationList), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),

@@ -1,0 +1,257 @@
+//! Sandboxes through the API: the seed's diagram from every state (each move it does
+//! not have is a 409 naming the current state), creation's checks and idempotency.
+
+use axum::http::StatusCode;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use super::harness::*;
+
+const STATES: [&str; 6] = [
+    "creating",
+    "running",
+    "stopped",
+    "paused",
+    "error",
+    "destroyed",
+];
+
+/// A sandbox sitting in `state`, held by no worker.
+async fn sandbox_in(api: &Api, state: &str, persistent: bool) -> String {
+    let id = Uuid::new_v4();
+    let desired = match state {
+        "stopped" | "paused" | "destroyed" => state,
+        _ => "running",
+    };
+    sqlx::query(
+        "INSERT INTO sandboxes (id, agent, state, desired, persistent, always_on, timeout_sec, idle_timeout_sec,
+                                disk_mb, request_digest)
+         VALUES ($1, 'coder', $2, $3, $4, FALSE, 3600, 1800, 10240, 'd')",
+    )
+    .bind(id)
+    .bind(state)
+    .bind(desired)
+    .bind(persistent)
+    .execute(api.pool())
+    .await
+    .expect("sandbox");
+    id.simple().to_string()
+}
+
+fn refused(status: StatusCode, body: &Value, state: &str) {
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["field"], "state", "{body}");
+    let message = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("is {state}")),
+        "names the state {state}: {message}"
+    );
+}
+
+#[tokio::test]
+async fn every_move_the_diagram_lacks_is_a_409_naming_the_state() {
+    let api = Api::new().await;
+    let token = api.operator.clone();
+    for state in STATES {
+        // stop: running and paused only (the owner is asked; with none, 202).
+        let id = sandbox_in(&api, state, true).await;
+        let (status, body) = api
+            .post(
+                &format!("/api/v1/sandboxes/{id}/stop?wait_seconds=0"),
+                &token,
+                None,
+            )
+            .await;
+        if matches!(state, "running" | "paused") {
+            assert_eq!(status, StatusCode::ACCEPTED, "stop from {state}: {body}");
+            assert_eq!(body["pending"], "stopped", "{body}");
+        } else {
+            refused(status, &body, state);
+        }
+        // resume: stopped and paused only.
+        let id = sandbox_in(&api, state, true).await;
+        let (status, body) = api
+            .post(
+                &format!("/api/v1/sandboxes/{id}/resume?wait_seconds=0"),
+                &token,
+                None,
+            )
+            .await;
+        if matches!(state, "stopped" | "paused") {
+            assert_eq!(status, StatusCode::ACCEPTED, "resume from {state}: {body}");
+        } else {
+            refused(status, &body, state);
+        }
+        // destroy: running, stopped, paused; an error record is deleted.
+        let id = sandbox_in(&api, state, true).await;
+        let (status, body) = api
+            .call(
+                "DELETE",
+                &format!("/api/v1/sandboxes/{id}?wait_seconds=0"),
+                Some(&token),
+                None,
+            )
+            .await;
+        if matches!(state, "running" | "stopped" | "paused" | "error") {
+            assert_eq!(status, StatusCode::OK, "destroy from {state}: {body}");
+            assert_eq!(body["state"], "destroyed", "{body}");
+            assert!(body["destroyed_at"].is_string(), "{body}");
+        } else {
+            refused(status, &body, state);
+        }
+        // extend: anything not ended.
+        let id = sandbox_in(&api, state, true).await;
+        let (status, body) = api
+            .post(
+                &format!("/api/v1/sandboxes/{id}/extend"),
+                &token,
+                Some(json!({"timeout_sec": 7200})),
+            )
+            .await;
+        if matches!(state, "error" | "destroyed") {
+            refused(status, &body, state);
+        } else {
+            assert_eq!(status, StatusCode::OK, "extend from {state}: {body}");
+            assert_eq!(body["timeout_sec"], 7200);
+        }
+        // exec on a sandbox that can never run again.
+        if matches!(state, "error" | "destroyed") {
+            let id = sandbox_in(&api, state, true).await;
+            let (status, body) = api
+                .post(
+                    &format!("/api/v1/sandboxes/{id}/exec"),
+                    &token,
+                    Some(json!({"argv": ["true"]})),
+                )
+                .await;
+            refused(status, &body, state);
+        }
+    }
+    // A stopped or paused sandbox that is not persistent is never resumed by an operation.
+    for state in ["stopped", "paused"] {
+        let id = sandbox_in(&api, state, false).await;
+        let (status, body) = api
+            .post(
+                &format!("/api/v1/sandboxes/{id}/exec"),
+                &token,
+                Some(json!({"argv": ["true"]})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CONFLICT, "{body}");
+        assert_eq!(body["error"]["code"], "not_persistent", "{body}");
+    }
+}
+
+#[tokio::test]
+async fn extend_replaces_the_timeout_and_an_empty_body_keeps_it() {
+    let api = Api::new().await;
+    let id = sandbox_in(&api, "running", true).await;
+    let path = format!("/api/v1/sandboxes/{id}/extend");
+    let (status, body) = api
+        .post(&path, &api.operator, Some(json!({"timeout_sec": 60})))
+        .await;
+    assert_eq!(
+        (status, &body["timeout_sec"]),
+        (StatusCode::OK, &json!(60)),
+        "{body}"
+    );
+    let (status, body) = api.post(&path, &api.operator, None).await;
+    assert_eq!(
+        (status, &body["timeout_sec"]),
+        (StatusCode::OK, &json!(60)),
+        "kept: {body}"
+    );
+    let (status, body) = api
+        .post(&path, &api.operator, Some(json!({"timeout_sec": 86401})))
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    // The disk grows through resume, never shrinks.
+    let stopped = sandbox_in(&api, "stopped", true).await;
+    let resume = format!("/api/v1/sandboxes/{stopped}/resume?wait_seconds=0");
+    let (status, body) = api
+        .post(&resume, &api.operator, Some(json!({"disk_mb": 1024})))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["code"], "disk_shrink", "{body}");
+    let (status, body) = api
+        .post(&resume, &api.operator, Some(json!({"disk_mb": 20480})))
+        .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{body}");
+    assert_eq!(body["disk_mb"], 20480, "{body}");
+}
+
+#[tokio::test]
+async fn create_checks_its_body_its_source_and_its_key() {
+    let api = Api::new().await;
+    let create = |body: Value, key: Option<&'static str>| {
+        let api = &api;
+        async move {
+            let headers: Vec<(&str, &str)> = key
+                .map(|k| vec![("idempotency-key", k)])
+                .unwrap_or_default();
+            api.call_with(
+                "POST",
+                "/api/v1/sandboxes",
+                Some(&api.operator),
+                Some(body.to_string()),
+                &headers,
+            )
+            .await
+        }
+    };
+    let (status, body) = create(json!({"agent": "coder", "timeout_sec": 0}), None).await;
+    assert_eq!(
+        (status, &body["error"]["field"]),
+        (StatusCode::UNPROCESSABLE_ENTITY, &json!("timeout_sec"))
+    );
+    let (status, body) = create(json!({"agent": "coder", "disk_mb": "big"}), None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = api
+        .post(
+            "/api/v1/sandboxes",
+            &api.viewer,
+            Some(json!({"agent": "coder"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let missing = Uuid::new_v4().simple().to_string();
+    let (status, body) = create(
+        json!({"agent": "coder", "source": format!("snapshot:{missing}")}),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+
+    // A quarantined snapshot is never restored.
+    let source = sandbox_in(&api, "stopped", true).await;
+    let snapshot = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO project_snapshots (id, kind, status, agent, backend, store_url, sandbox_id)
+         VALUES ($1, 'stop', 'quarantined', 'coder', 'local', 'file:///nowhere', $2)",
+    )
+    .bind(snapshot)
+    .bind(Uuid::parse_str(&source).expect("id"))
+    .execute(api.pool())
+    .await
+    .expect("snapshot");
+    let from = json!({"agent": "coder", "source": format!("snapshot:{}", snapshot.simple())});
+    let (status, body) = create(from, None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["code"], "snapshot_quarantined", "{body}");
+
+    // The same key and body: the same sandbox; another body: 409. Defaults are input.
+    let (status, first) = create(json!({"agent": "coder"}), Some("k1")).await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    assert_eq!(first["state"], "creating");
+    let (status, again) = create(json!({"agent": "coder", "timeout_sec": 3600}), Some("k1")).await;
+    assert_eq!(status, StatusCode::OK, "{again}");
+    assert_eq!(again["sandbox_id"], first["sandbox_id"]);
+    let (status, other) = create(json!({"agent": "other"}), Some("k1")).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{other}");
+    let placements: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE routing_key = 'sandboxes'")
+            .fetch_one(api.pool())
+            .await
+            .expect("outbox");
+    assert_eq!(placements, 1, "one placement for one sandbox");
+}
