@@ -333,3 +333,44 @@ async fn resume_is_idempotent_and_a_snapshot_restores_into_a_new_sandbox() {
     assert_eq!(woke["result"]["stdout"], "source\n");
     assert_eq!(show(&cluster, &id)["state"], "running");
 }
+
+/// Idle-anchored timeouts: a persistent sandbox is stopped (its disk kept), a
+/// non-persistent one destroyed, and `always_on` keeps one running.
+#[tokio::test]
+async fn timeouts_stop_a_persistent_sandbox_and_destroy_a_non_persistent_one() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("sandbox-timeouts", 1, Settings::default()).await;
+    let kept = create(&cluster, json!({"agent": "coder", "timeout_sec": 3}));
+    let gone = create(
+        &cluster,
+        json!({"agent": "coder", "persistent": false, "idle_timeout_sec": 2}),
+    );
+    let on = create(
+        &cluster,
+        json!({"agent": "coder", "timeout_sec": 1, "idle_timeout_sec": 1, "always_on": true}),
+    );
+    for id in [&kept, &gone, &on] {
+        cluster.wait_until("running", LONG, || {
+            ["running", "stopped", "destroyed"]
+                .contains(&show(&cluster, id)["state"].as_str().unwrap_or(""))
+        });
+    }
+    let (status, _) = exec(&cluster, &kept, "echo durable > t.txt");
+    assert_eq!(status, 200);
+    let stopped = wait_state(&cluster, &kept, "stopped");
+    assert_eq!(stopped["stop_reason"], "timeout", "{stopped}");
+    assert!(stopped["stop_snapshot_id"].is_string(), "{stopped}");
+    let destroyed = wait_state(&cluster, &gone, "destroyed");
+    assert!(destroyed["destroyed_at"].is_string(), "{destroyed}");
+    assert_eq!(
+        show(&cluster, &on)["state"],
+        "running",
+        "always_on disables both"
+    );
+    let (status, content) = file(&cluster, &kept, "t.txt");
+    assert_eq!(
+        (status, content.as_slice()),
+        (200, b"durable\n".as_slice()),
+        "a timeout keeps the disk"
+    );
+}

@@ -4,11 +4,13 @@
 //! - [`config`]: its settings.
 //! - [`sweeper`]: the lease sweeper (one leader at a time).
 //! - [`sandbox_sweep`]: sandboxes whose owner's lease lapsed.
+//! - [`sandbox_expiry`]: sandbox timeouts (idle-anchored stop or destroy).
 //! - [`run`]: runs until the shutdown token is cancelled, then drains.
 
 pub mod api;
 pub mod config;
 pub mod parked;
+pub mod sandbox_expiry;
 pub mod sandbox_sweep;
 pub mod sweeper;
 

@@ -324,6 +324,9 @@ pub async fn run(
             if let Err(e) = crate::sandbox_sweep::sweep(&pool, 500).await {
                 tracing::warn!(error = %e, "sandbox sweep failed");
             }
+            if let Err(e) = crate::sandbox_expiry::expire(&pool, 500).await {
+                tracing::warn!(error = %e, "sandbox timeouts not applied");
+            }
             // Still leader? A lost connection means another may have taken over.
             if !leadership.still_held().await {
                 tracing::warn!("sweeper lost its leader connection");

@@ -81,3 +81,31 @@ pub async fn end_holds(conn: &mut PgConnection, id: Uuid, reason: &str) -> Resul
     .await?;
     Ok(())
 }
+
+/// Destroys a sandbox no worker holds: released, its pending operations ended, its
+/// tree's holds ended and its workspace row destroyed (its snapshots go after the
+/// reaper's grace).
+pub async fn destroy_unowned(
+    conn: &mut PgConnection,
+    id: Uuid,
+    event: SandboxEvent,
+) -> Result<(), Error> {
+    transition(conn, id, event).await?;
+    fence_out(conn, id).await?;
+    sqlx::query(
+        "UPDATE sandboxes SET desired = 'destroyed', destroyed_at = now(), paused_at = NULL WHERE id = $1",
+    )
+    .bind(id)
+    .execute(&mut *conn)
+    .await?;
+    interrupt_operations(conn, id, "the sandbox was destroyed first").await?;
+    end_holds(conn, id, "sandbox_destroyed").await?;
+    sqlx::query(
+        "UPDATE workspaces SET state = 'destroyed', destroyed_at = now(), updated_at = now()
+          WHERE id = (SELECT workspace_id FROM sandboxes WHERE id = $1) AND state <> 'destroyed'",
+    )
+    .bind(id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}

@@ -356,39 +356,13 @@ pub async fn destroy(
         // Its worker ends its processes and removes its tree.
         ask(&mut tx, id, "destroyed").await?;
     } else {
-        destroy_now(&mut tx, id, event).await?;
+        record::destroy_unowned(&mut tx, id, event).await?;
     }
     tx.commit().await?;
     reply_when(&state.pool, id, wait, |v| {
         v.state == SandboxState::Destroyed
     })
     .await
-}
-
-/// Destroys a sandbox no worker holds, in the caller's transaction.
-pub async fn destroy_now(
-    conn: &mut PgConnection,
-    id: Uuid,
-    event: SandboxEvent,
-) -> Result<(), ApiError> {
-    record::transition(conn, id, event).await?;
-    record::fence_out(conn, id).await?;
-    sqlx::query(
-        "UPDATE sandboxes SET desired = 'destroyed', destroyed_at = now(), paused_at = NULL WHERE id = $1",
-    )
-    .bind(id)
-    .execute(&mut *conn)
-    .await?;
-    record::interrupt_operations(conn, id, "the sandbox was destroyed first").await?;
-    record::end_holds(conn, id, "sandbox_destroyed").await?;
-    sqlx::query(
-        "UPDATE workspaces SET state = 'destroyed', destroyed_at = now(), updated_at = now()
-          WHERE id = (SELECT workspace_id FROM sandboxes WHERE id = $1) AND state <> 'destroyed'",
-    )
-    .bind(id)
-    .execute(conn)
-    .await?;
-    Ok(())
 }
 
 /// The body of extend: the new timeout, which replaces the current one; an empty body

@@ -1,0 +1,67 @@
+//! Sandbox timeouts, idle-anchored: every exec or file operation (and an extend) counts
+//! as activity. When `timeout_sec`, or a non-zero `idle_timeout_sec`, has passed since
+//! the last activity, a persistent sandbox is stopped (its stop snapshot captured by its
+//! worker) and a non-persistent one destroyed. `always_on` disables both until an
+//! explicit lifecycle action.
+
+use cairn_common::sandbox::record;
+use cairn_common::sandbox::{SandboxEvent, SandboxState};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+/// What one pass did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Expired {
+    pub stopping: u64,
+    pub destroying: u64,
+}
+
+/// One pass over the sandboxes whose timeout passed.
+pub async fn expire(pool: &PgPool, batch: i64) -> Result<Expired, sqlx::Error> {
+    let mut report = Expired::default();
+    let mut tx = pool.begin().await?;
+    let due: Vec<(Uuid, SandboxState, bool, bool, String)> = sqlx::query_as(
+        "SELECT id, state, persistent,
+                COALESCE(lease_owner IS NOT NULL AND lease_deadline > clock_timestamp(), FALSE),
+                CASE WHEN last_activity_at + make_interval(secs => timeout_sec) <= now() THEN 'timeout'
+                     ELSE 'idle_timeout' END
+           FROM sandboxes
+          WHERE NOT always_on AND desired = state
+            AND (state = 'running' OR (state = 'stopped' AND NOT persistent))
+            AND (last_activity_at + make_interval(secs => timeout_sec) <= now()
+                 OR (idle_timeout_sec > 0 AND last_activity_at + make_interval(secs => idle_timeout_sec) <= now()))
+          ORDER BY last_activity_at LIMIT $1 FOR UPDATE SKIP LOCKED",
+    )
+    .bind(batch)
+    .fetch_all(&mut *tx)
+    .await?;
+    for (id, state, persistent, owned, reason) in due {
+        if persistent {
+            // Its worker stops it (a lost one: the lease sweeper does).
+            sqlx::query(
+                "UPDATE sandboxes SET desired = 'stopped', stop_reason = $2, updated_at = now() WHERE id = $1",
+            )
+            .bind(id)
+            .bind(&reason)
+            .execute(&mut *tx)
+            .await?;
+            report.stopping += 1;
+        } else if owned {
+            sqlx::query(
+                "UPDATE sandboxes SET desired = 'destroyed', updated_at = now() WHERE id = $1",
+            )
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+            report.destroying += 1;
+        } else if state == SandboxState::Stopped {
+            record::destroy_unowned(&mut tx, id, SandboxEvent::Destroy)
+                .await
+                .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
+            report.destroying += 1;
+        }
+        tracing::info!(sandbox_id = %id, reason, persistent, "sandbox timed out");
+    }
+    tx.commit().await?;
+    Ok(report)
+}
