@@ -374,3 +374,169 @@ async fn timeouts_stop_a_persistent_sandbox_and_destroy_a_non_persistent_one() {
         "a timeout keeps the disk"
     );
 }
+
+fn post_keyed(cluster: &Cluster, path: &str, key: &str, body: &Value) -> (u16, Value, bool) {
+    let response = exchange(
+        cluster.api,
+        "POST",
+        path,
+        &[
+            format!("Authorization: Bearer {ADMIN}"),
+            format!("Idempotency-Key: {key}"),
+        ],
+        Some("application/json"),
+        body.to_string().as_bytes(),
+    )
+    .expect("request");
+    let text = String::from_utf8_lossy(&response).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let replayed = head
+        .to_ascii_lowercase()
+        .contains("idempotent-replayed: true");
+    (
+        status,
+        serde_json::from_str(body).unwrap_or(Value::Null),
+        replayed,
+    )
+}
+
+/// Fork: one capture for a fan-out of three, the source running and unchanged, each
+/// fork its own (diverging, no copy of the source's identity); a key retried makes no
+/// more. Named snapshots: restore into a new sandbox; delete leaves it unaffected.
+#[tokio::test]
+async fn forks_and_snapshots_make_new_sandboxes_and_leave_the_source_alone() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("sandbox-fork", 2, Settings::default()).await;
+    let source = create(&cluster, json!({"agent": "coder"}));
+    wait_state(&cluster, &source, "running");
+    let (status, _) = exec(
+        &cluster,
+        &source,
+        "echo base > a.txt; mkdir -p etc; echo source-id > etc/machine-id",
+    );
+    assert_eq!(status, 200);
+
+    let (status, named) = cluster.call(
+        "POST",
+        &format!("/api/v1/sandboxes/{source}/snapshots"),
+        Some(&json!({"name": "before forks"})),
+    );
+    assert_eq!(status, 201, "{named}");
+    assert_eq!(
+        (named["status"].as_str(), named["kind"].as_str()),
+        (Some("ready"), Some("named"))
+    );
+    assert_eq!(named["name"], "before forks");
+
+    let path = format!("/api/v1/sandboxes/{source}/fork");
+    let (status, forked, replayed) = post_keyed(&cluster, &path, "branch-1", &json!({"count": 3}));
+    assert_eq!(status, 201, "{forked}");
+    assert!(!replayed);
+    let forks: Vec<String> = forked["sandboxes"]
+        .as_array()
+        .expect("sandboxes")
+        .iter()
+        .map(|s| s["sandbox_id"].as_str().expect("id").to_string())
+        .collect();
+    assert_eq!(forks.len(), 3, "{forked}");
+    assert!(forked["source_frozen_ms"].is_i64(), "{forked}");
+    let (status, again, replayed) = post_keyed(&cluster, &path, "branch-1", &json!({"count": 3}));
+    assert_eq!(status, 201, "{again}");
+    assert!(replayed, "the same key answers the same forks");
+    assert_eq!(again["snapshot_id"], forked["snapshot_id"]);
+    let (status, _, _) = post_keyed(&cluster, &path, "branch-1", &json!({"count": 2}));
+    assert_eq!(status, 409, "the same key with other input");
+    let source_uuid = uuid::Uuid::parse_str(&source).expect("uuid");
+    let (made, captures): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM sandboxes WHERE forked_from = $1),
+                (SELECT count(*) FROM project_snapshots WHERE sandbox_id = $1 AND kind = 'fork')",
+    )
+    .bind(source_uuid)
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("counts");
+    assert_eq!(
+        (made, captures),
+        (3, 1),
+        "three forks from one capture, once"
+    );
+
+    for (i, fork) in forks.iter().enumerate() {
+        wait_state(&cluster, fork, "running");
+        let (_, base) = file(&cluster, fork, "a.txt");
+        assert_eq!(base, b"base\n");
+        let (status, _) = file(&cluster, fork, "etc/machine-id");
+        assert_eq!(status, 404, "a fork keeps no copy of the source's identity");
+        let (status, _) = exec(&cluster, fork, &format!("echo {i} > mine.txt"));
+        assert_eq!(status, 200);
+    }
+    for (i, fork) in forks.iter().enumerate() {
+        let (_, mine) = file(&cluster, fork, "mine.txt");
+        assert_eq!(
+            mine,
+            format!("{i}\n").as_bytes(),
+            "each fork diverges on its own"
+        );
+    }
+    assert_eq!(
+        show(&cluster, &source)["state"],
+        "running",
+        "the source keeps running"
+    );
+    let (status, _) = file(&cluster, &source, "mine.txt");
+    assert_eq!(status, 404, "the source is unchanged");
+    let (_, identity) = file(&cluster, &source, "etc/machine-id");
+    assert_eq!(identity, b"source-id\n");
+
+    // Restore the named snapshot into a new sandbox; then delete the snapshot.
+    let snapshot = named["snapshot_id"].as_str().expect("id");
+    let (status, restored) = cluster.call(
+        "POST",
+        &format!("/api/v1/snapshots/{snapshot}/restore"),
+        None,
+    );
+    assert_eq!(status, 201, "{restored}");
+    let restored = restored["sandbox_id"].as_str().expect("id").to_string();
+    wait_state(&cluster, &restored, "running");
+    let (status, deleted) = cluster.call("DELETE", &format!("/api/v1/snapshots/{snapshot}"), None);
+    assert_eq!(status, 200, "{deleted}");
+    assert_eq!(deleted["status"], "deleted");
+    let (status, refused) = cluster.call(
+        "POST",
+        &format!("/api/v1/snapshots/{snapshot}/restore"),
+        None,
+    );
+    assert_eq!(status, 409, "a deleted snapshot is not restored: {refused}");
+    let (status, _) = cluster.call("POST", &format!("/api/v1/sandboxes/{restored}/stop"), None);
+    assert_eq!(status, 200);
+    let (status, resumed) = cluster.call(
+        "POST",
+        &format!("/api/v1/sandboxes/{restored}/resume"),
+        None,
+    );
+    assert_eq!(status, 200, "{resumed}");
+    let (_, base) = file(&cluster, &restored, "a.txt");
+    assert_eq!(
+        base, b"base\n",
+        "a sandbox restored from a deleted snapshot is unaffected"
+    );
+
+    let (status, listed) = cluster.call(
+        "GET",
+        &format!("/api/v1/snapshots?sandbox_id={source}"),
+        None,
+    );
+    assert_eq!(status, 200, "{listed}");
+    let kinds: Vec<&str> = listed["snapshots"]
+        .as_array()
+        .expect("snapshots")
+        .iter()
+        .filter_map(|s| s["kind"].as_str())
+        .collect();
+    assert_eq!(kinds, ["fork", "named"], "{listed}");
+}

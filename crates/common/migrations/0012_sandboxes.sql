@@ -50,7 +50,7 @@ CREATE TABLE sandbox_operations (
     id            UUID PRIMARY KEY,
     sandbox_id    UUID NOT NULL REFERENCES sandboxes (id),
     seq           BIGSERIAL,
-    kind          TEXT NOT NULL CHECK (kind IN ('exec', 'read', 'write', 'list')),
+    kind          TEXT NOT NULL CHECK (kind IN ('exec', 'read', 'write', 'list', 'snapshot', 'fork')),
     body          JSONB NOT NULL,
     state         TEXT NOT NULL DEFAULT 'pending' CHECK (state IN (
         'pending', 'running', 'done', 'interrupted')),
@@ -70,9 +70,17 @@ CREATE TABLE sandbox_idempotency (
     idempotency_key TEXT PRIMARY KEY,
     request_digest  TEXT NOT NULL,
     sandbox_id      UUID NOT NULL REFERENCES sandboxes (id),
+    -- The operation a snapshot create or a fork became, whose receipt a replay answers.
+    operation_id    UUID REFERENCES sandbox_operations (id),
     created_at      TIMESTAMPTZ NOT NULL DEFAULT now()
 );
 
--- Which sandbox (and owner epoch) captured a snapshot.
+-- Which sandbox (and owner epoch) captured a snapshot; a fork's capture is a snapshot of
+-- its own kind (the source of its forks).
 ALTER TABLE project_snapshots ADD COLUMN sandbox_id UUID REFERENCES sandboxes (id);
+ALTER TABLE project_snapshots DROP CONSTRAINT project_snapshots_kind_check;
+ALTER TABLE project_snapshots ADD CONSTRAINT project_snapshots_kind_check
+    CHECK (kind IN ('baseline', 'checkpoint', 'stop', 'named', 'memory', 'fork'));
+-- The sandbox a fork was taken from.
+ALTER TABLE sandboxes ADD COLUMN forked_from UUID REFERENCES sandboxes (id);
 CREATE INDEX project_snapshots_sandbox_idx ON project_snapshots (sandbox_id) WHERE sandbox_id IS NOT NULL;

@@ -10,5 +10,5 @@ pub mod record;
 pub mod spec;
 pub mod state;
 
-pub use spec::{CreateSpec, ExecSpec, FileSpec, Operation};
+pub use spec::{CreateSpec, ExecSpec, FileSpec, ForkSpec, Operation, SnapshotSpec};
 pub use state::{Desired, SandboxEvent, SandboxState};

@@ -8,6 +8,52 @@ use crate::run::{JobKind, JobMessage};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
+/// A sandbox to record in `creating`.
+#[derive(Debug, Clone)]
+pub struct NewSandbox<'a> {
+    pub agent: &'a str,
+    pub persistent: bool,
+    pub always_on: bool,
+    pub timeout_sec: i32,
+    pub idle_timeout_sec: i32,
+    pub disk_mb: i32,
+    pub repository: Option<&'a str>,
+    pub git_ref: Option<&'a str>,
+    pub source_snapshot_id: Option<Uuid>,
+    pub forked_from: Option<Uuid>,
+    pub idempotency_key: Option<&'a str>,
+    pub request_digest: &'a str,
+}
+
+/// Records a new sandbox in `creating` and announces its placement, in the caller's
+/// transaction. A unique violation means its idempotency key is taken.
+pub async fn create(conn: &mut PgConnection, s: &NewSandbox<'_>) -> Result<Uuid, sqlx::Error> {
+    let id = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO sandboxes (id, agent, state, persistent, always_on, timeout_sec, idle_timeout_sec,
+                                disk_mb, repository, git_ref, source_snapshot_id, forked_from,
+                                idempotency_key, request_digest)
+         VALUES ($1, $2, 'creating', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+    )
+    .bind(id)
+    .bind(s.agent)
+    .bind(s.persistent)
+    .bind(s.always_on)
+    .bind(s.timeout_sec)
+    .bind(s.idle_timeout_sec)
+    .bind(s.disk_mb)
+    .bind(s.repository)
+    .bind(s.git_ref)
+    .bind(s.source_snapshot_id)
+    .bind(s.forked_from)
+    .bind(s.idempotency_key)
+    .bind(s.request_digest)
+    .execute(&mut *conn)
+    .await?;
+    announce_placement(conn, id).await?;
+    Ok(id)
+}
+
 /// Moves the sandbox by `event`, or [`Error::Refused`] naming its current state.
 pub async fn transition(
     conn: &mut PgConnection,

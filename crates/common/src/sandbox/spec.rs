@@ -196,6 +196,79 @@ impl FileSpec {
     }
 }
 
+/// The largest fan-out of one fork.
+pub const MAX_FORKS: u32 = 100;
+
+/// `POST /api/v1/sandboxes/{id}/fork`: new sandboxes from one capture of a running one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkSpec {
+    /// The forks' timeout; default the source's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 86400)]
+    pub timeout_sec: Option<u32>,
+    /// How many forks from the one capture, 1 to 100 (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 100)]
+    pub count: Option<u32>,
+    /// The forks' disk in MiB: the source's or larger, never smaller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_mb: Option<u32>,
+    /// Refused: a sandbox runs on its worker's system, and Cairn has no boot images.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template_id: Option<String>,
+}
+
+impl ForkSpec {
+    pub fn validate(&self) -> Result<(), FieldError> {
+        if let Some(timeout) = self.timeout_sec {
+            check_timeout(timeout, "timeout_sec")?;
+        }
+        if !(1..=MAX_FORKS).contains(&self.count.unwrap_or(1)) {
+            return Err(FieldError::new("count", "from 1 to 100"));
+        }
+        if let Some(disk) = self.disk_mb {
+            check_disk(disk)?;
+        }
+        if self.template_id.is_some() {
+            return Err(FieldError::new(
+                "template_id",
+                "Cairn has no templates: a sandbox runs on its worker's system view; fork from a sandbox or restore a snapshot instead",
+            ));
+        }
+        Ok(())
+    }
+
+    pub fn count(&self) -> u32 {
+        self.count.unwrap_or(1)
+    }
+}
+
+/// `POST /api/v1/sandboxes/{id}/snapshots`: a named snapshot of a running sandbox.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotSpec {
+    /// Up to 200 characters, no control characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl SnapshotSpec {
+    pub fn validate(&self) -> Result<(), FieldError> {
+        match &self.name {
+            Some(name)
+                if name.is_empty() || name.len() > 200 || name.chars().any(char::is_control) =>
+            {
+                Err(FieldError::new(
+                    "name",
+                    "1 to 200 characters, no control characters",
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
 /// What the owner of a sandbox carries out for the API, in order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -208,6 +281,10 @@ pub enum Operation {
         content: String,
     },
     List(FileSpec),
+    /// A named snapshot of the tree.
+    Snapshot(SnapshotSpec),
+    /// One capture, then `count` new sandboxes from it.
+    Fork(ForkSpec),
 }
 
 impl Operation {
@@ -217,6 +294,8 @@ impl Operation {
             Operation::Read(_) => "read",
             Operation::Write { .. } => "write",
             Operation::List(_) => "list",
+            Operation::Snapshot(_) => "snapshot",
+            Operation::Fork(_) => "fork",
         }
     }
 

@@ -164,6 +164,23 @@ pub fn router(state: AppState) -> Router {
             "/api/v1/sandboxes/{sandbox_id}/operations",
             get(sandboxes::view::operations),
         )
+        .route(
+            "/api/v1/sandboxes/{sandbox_id}/fork",
+            post(sandboxes::fork::fork),
+        )
+        .route(
+            "/api/v1/sandboxes/{sandbox_id}/snapshots",
+            post(sandboxes::snapshots::create),
+        )
+        .route("/api/v1/snapshots", get(sandboxes::snapshots::list))
+        .route(
+            "/api/v1/snapshots/{snapshot_id}",
+            get(sandboxes::snapshots::show).delete(sandboxes::snapshots::delete),
+        )
+        .route(
+            "/api/v1/snapshots/{snapshot_id}/restore",
+            post(sandboxes::snapshots::restore),
+        )
         .route("/api/v1/tokens", post(tokens::create))
         .route("/api/v1/tokens/{token_id}/revoke", post(tokens::revoke))
         .fallback(not_found)

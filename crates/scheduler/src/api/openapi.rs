@@ -20,6 +20,8 @@ use utoipa::{Modify, OpenApi};
         sandboxes::create::create, sandboxes::view::list, sandboxes::view::show, sandboxes::view::operations,
         sandboxes::lifecycle::stop, sandboxes::lifecycle::resume, sandboxes::lifecycle::destroy, sandboxes::lifecycle::extend,
         sandboxes::operations::exec, sandboxes::operations::list, sandboxes::operations::read, sandboxes::operations::write,
+        sandboxes::fork::fork, sandboxes::snapshots::create, sandboxes::snapshots::list, sandboxes::snapshots::show,
+        sandboxes::snapshots::delete, sandboxes::snapshots::restore,
     ),
     components(schemas(error::ErrorBody, error::ErrorDetail)),
     modifiers(&BearerAuth)

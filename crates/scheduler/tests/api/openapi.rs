@@ -44,6 +44,12 @@ async fn the_openapi_document_lists_every_route() {
         ("get", "/api/v1/sandboxes/{sandbox_id}/files/content"),
         ("put", "/api/v1/sandboxes/{sandbox_id}/files/content"),
         ("get", "/api/v1/sandboxes/{sandbox_id}/operations"),
+        ("post", "/api/v1/sandboxes/{sandbox_id}/fork"),
+        ("post", "/api/v1/sandboxes/{sandbox_id}/snapshots"),
+        ("get", "/api/v1/snapshots"),
+        ("get", "/api/v1/snapshots/{snapshot_id}"),
+        ("delete", "/api/v1/snapshots/{snapshot_id}"),
+        ("post", "/api/v1/snapshots/{snapshot_id}/restore"),
     ];
     for (method, path) in routes {
         assert!(

@@ -255,3 +255,57 @@ async fn create_checks_its_body_its_source_and_its_key() {
             .expect("outbox");
     assert_eq!(placements, 1, "one placement for one sandbox");
 }
+
+#[tokio::test]
+async fn fork_and_snapshot_need_a_running_sandbox_and_a_valid_body() {
+    let api = Api::new().await;
+    let running = sandbox_in(&api, "running", true).await;
+    for (body, field) in [
+        (json!({"count": 0}), "count"),
+        (json!({"count": 101}), "count"),
+        (json!({"timeout_sec": 0}), "timeout_sec"),
+        (json!({"template_id": "ubuntu"}), "template_id"),
+    ] {
+        let (status, error) = api
+            .post(
+                &format!("/api/v1/sandboxes/{running}/fork"),
+                &api.operator,
+                Some(body),
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{error}");
+        assert_eq!(error["error"]["field"], field, "{error}");
+    }
+    let (status, error) = api
+        .post(
+            &format!("/api/v1/sandboxes/{running}/fork"),
+            &api.operator,
+            Some(json!({"disk_mb": 10})),
+        )
+        .await;
+    assert_eq!(
+        (status, &error["error"]["code"]),
+        (StatusCode::CONFLICT, &json!("disk_shrink"))
+    );
+    for state in ["creating", "stopped", "paused", "error", "destroyed"] {
+        let id = sandbox_in(&api, state, true).await;
+        for route in ["fork", "snapshots"] {
+            let (status, body) = api
+                .post(
+                    &format!("/api/v1/sandboxes/{id}/{route}"),
+                    &api.operator,
+                    None,
+                )
+                .await;
+            refused(status, &body, state);
+        }
+    }
+    let (status, body) = api
+        .post(
+            &format!("/api/v1/sandboxes/{running}/snapshots"),
+            &api.operator,
+            Some(json!({"name": ""})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+}

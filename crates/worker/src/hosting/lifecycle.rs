@@ -55,6 +55,30 @@ impl Host {
                 return Err(e);
             }
         };
+        if tree.origin == "source" {
+            // A copy of another sandbox: its identity goes, and its tree becomes this
+            // sandbox's own first checkpoint.
+            let root = tree.workspace.root.clone();
+            match tokio::task::spawn_blocking(move || super::fork::scrub(&root)).await {
+                Ok(Ok(removed)) if removed > 0 => tracing::info!(removed, "identity files removed"),
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    self.failed(&format!("scrubbing the copied tree: {e}"))
+                        .await?;
+                    return Ok("failed to start");
+                }
+                Err(e) => return Err(HostError::Transient(e.to_string())),
+            }
+            let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
+            tree::record_in_use(&mut tx, &self.worker, &self.row, &tree).await?;
+            tx.commit().await?;
+            if let Err(e) =
+                tree::commit(&self.worker, &self.lease, &self.row, &mut tree, Seal::Start).await
+            {
+                self.lapse().await;
+                return Err(e);
+            }
+        }
         self.running(&tree).await?;
         tracing::info!(origin = tree.origin, "sandbox running");
         loop {

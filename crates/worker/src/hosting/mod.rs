@@ -7,7 +7,9 @@
 //!   the stop snapshot).
 //! - [`operation`]: one exec or file operation in the step sandbox, journaled.
 //! - [`lifecycle`]: the moves its owner makes: running, stopped, destroyed, failed.
+//! - [`fork`]: the sandboxes a fork provisions, and the identity a copy must not keep.
 
+pub mod fork;
 pub mod lifecycle;
 pub mod operation;
 pub mod tree;

@@ -53,6 +53,9 @@ pub async fn perform(
         return Ok(());
     }
     let operation: Result<Operation, _> = serde_json::from_value(body);
+    if let Ok(Operation::Snapshot(_) | Operation::Fork(_)) = &operation {
+        return capture(host, tree, id, operation.as_ref().ok()).await;
+    }
     let stop = host.lost.child_token();
     let watch = tokio::spawn(watch(
         host.worker.pool.clone(),
@@ -123,6 +126,49 @@ pub async fn perform(
     Ok(())
 }
 
+/// A snapshot resource (or a fork's capture and its sandboxes). The sandbox takes no
+/// other operation meanwhile (operations run in order), so the capture is consistent;
+/// its receipt says how long that lasted.
+async fn capture(
+    host: &Host,
+    tree: &mut SandboxTree,
+    id: Uuid,
+    operation: Option<&Operation>,
+) -> Result<(), HostError> {
+    let started = std::time::Instant::now();
+    let (name, fork) = match operation {
+        Some(Operation::Snapshot(spec)) => (spec.name.as_deref(), None),
+        Some(Operation::Fork(spec)) => (None, Some(spec)),
+        _ => (None, None),
+    };
+    let seal = Seal::Resource {
+        id,
+        name,
+        fork,
+        started,
+    };
+    match tree::commit(&host.worker, &host.lease, &host.row, tree, seal).await {
+        Ok(_) => Ok(()),
+        Err(HostError::Lost(e)) => Err(HostError::Lost(e)),
+        Err(e) => {
+            tracing::warn!(error = %e, "snapshot capture failed");
+            let mut tx = host.lease.begin_fenced(&host.worker.pool).await?;
+            sqlx::query(
+                "UPDATE sandbox_operations SET state = 'done', finished_at = now(),
+                        result = jsonb_build_object('error', $3::text)
+                  WHERE id = $1 AND state = 'running' AND lease_epoch = $2",
+            )
+            .bind(id)
+            .bind(host.lease.epoch)
+            .bind(format!("the capture failed: {e}"))
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            Ok(())
+        }
+    }
+}
+
 /// Stops the running operation when the sandbox is asked to stop or be destroyed, or
 /// the worker's drain time is up.
 async fn watch(pool: sqlx::PgPool, id: Uuid, stop: CancellationToken, drain: CancellationToken) {
@@ -190,6 +236,7 @@ async fn run(
                 Err(e) => json!({"error": e}),
             }
         }
+        Operation::Snapshot(_) | Operation::Fork(_) => json!({"error": "not a command"}),
         Operation::List(file) => {
             let argv = [
                 "find",

@@ -14,6 +14,7 @@ use crate::workspace::{self, Workspace};
 use cairn_common::hold::{self, HoldTarget};
 use cairn_common::lease::Lease;
 use cairn_common::lineage::{self, LineageError, NewSnapshot, SnapshotStatus};
+use cairn_common::sandbox::ForkSpec;
 use cairn_snapshot::{self as snapshot, Manifest};
 use serde_json::Value;
 use std::sync::Arc;
@@ -66,25 +67,27 @@ pub async fn acquire(worker: &Worker, row: &SandboxRow) -> Result<SandboxTree, U
     let mut conn = worker.pool.acquire().await?;
     let head: Option<(Uuid, String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
         "SELECT s.id, s.store_url, s.created_at FROM lineage_heads h JOIN project_snapshots s ON s.id = h.head_id
-          WHERE h.work_context_id = $1 AND h.retired_at IS NULL AND s.status = 'ready'",
+          WHERE h.work_context_id = $1 AND h.retired_at IS NULL AND s.status = 'ready'
+            AND s.retention = 'current'",
     )
     .bind(row.id)
     .fetch_optional(&mut *conn)
     .await?;
     let stop: Option<(Uuid, String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
         "SELECT s.id, s.store_url, s.created_at FROM sandboxes b JOIN project_snapshots s ON s.id = b.stop_snapshot_id
-          WHERE b.id = $1 AND s.status = 'ready'",
+          WHERE b.id = $1 AND s.status = 'ready' AND s.retention = 'current'",
     )
     .bind(row.id)
     .fetch_optional(&mut *conn)
     .await?;
     let source: Option<(Uuid, String, String)> = match row.source_snapshot_id {
-        Some(id) => {
-            sqlx::query_as("SELECT id, store_url, status FROM project_snapshots WHERE id = $1")
-                .bind(id)
-                .fetch_optional(&mut *conn)
-                .await?
-        }
+        Some(id) => sqlx::query_as(
+            "SELECT id, store_url, CASE WHEN retention <> 'current' THEN 'deleted' ELSE status END
+                   FROM project_snapshots WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&mut *conn)
+        .await?,
         None => None,
     };
     drop(conn);
@@ -208,8 +211,19 @@ pub async fn record_in_use(
 
 /// What a commit seals with the tree.
 pub enum Seal<'a> {
+    /// A tree restored from another sandbox's snapshot becomes this one's own first
+    /// checkpoint (it never depends on that snapshot again).
+    Start,
     /// An operation's receipt.
     Operation { id: Uuid, result: &'a Value },
+    /// A snapshot resource (`named`, or the capture of a fork with its new sandboxes),
+    /// sealed with its operation's receipt.
+    Resource {
+        id: Uuid,
+        name: Option<&'a str>,
+        fork: Option<&'a ForkSpec>,
+        started: std::time::Instant,
+    },
     /// The stop snapshot, and the sandbox stopped (`reason`, or the one asked for).
     Stop { reason: Option<&'a str> },
 }
@@ -243,9 +257,12 @@ pub async fn commit(
         .await
         .map_err(|e| HostError::Capture(format!("reading the tree: {e}")))?;
     let kind = match seal {
-        Seal::Operation { .. } => "checkpoint",
+        Seal::Start | Seal::Operation { .. } => "checkpoint",
         Seal::Stop { .. } => "stop",
+        Seal::Resource { fork: None, .. } => "named",
+        Seal::Resource { fork: Some(_), .. } => "fork",
     };
+    let appends = matches!(seal, Seal::Start | Seal::Operation { .. });
     if let (Seal::Operation { id, result }, Some(position), Some(index), false) =
         (&seal, tree.position, tree.index.as_deref(), tree.uncaptured)
     {
@@ -324,26 +341,51 @@ pub async fn commit(
             ));
         }
         lineage::record_packs(&mut tx, snapshot_id, &manifest.packs).await?;
-        match &seal {
-            Seal::Operation { id, result } => {
-                match lineage::append(&mut tx, row.id, &row.agent, tree.position, snapshot_id).await
-                {
-                    Ok(_) => {}
-                    Err(LineageError::Conflict { actual, .. }) => {
-                        return Err(HostError::Capture(format!(
-                            "the sandbox's lineage moved to {actual:?}"
-                        )))
-                    }
-                    Err(LineageError::Db(e)) => return Err(HostError::Db(e)),
+        if appends {
+            match lineage::append(&mut tx, row.id, &row.agent, tree.position, snapshot_id).await {
+                Ok(_) => {}
+                Err(LineageError::Conflict { actual, .. }) => {
+                    return Err(HostError::Capture(format!(
+                        "the sandbox's lineage moved to {actual:?}"
+                    )))
                 }
-                finish_operation(&mut tx, *id, lease.epoch, result, snapshot_id).await?;
-                sqlx::query(
-                    "UPDATE workspaces SET snapshot_id = $2, updated_at = now() WHERE id = $1",
-                )
+                Err(LineageError::Db(e)) => return Err(HostError::Db(e)),
+            }
+            sqlx::query("UPDATE workspaces SET snapshot_id = $2, updated_at = now() WHERE id = $1")
                 .bind(tree.workspace_id)
                 .bind(snapshot_id)
                 .execute(&mut *tx)
                 .await?;
+        }
+        match &seal {
+            Seal::Start => {}
+            Seal::Operation { id, result } => {
+                finish_operation(&mut tx, *id, lease.epoch, result, snapshot_id).await?;
+            }
+            Seal::Resource {
+                id,
+                name,
+                fork,
+                started,
+            } => {
+                sqlx::query("UPDATE project_snapshots SET name = $2 WHERE id = $1")
+                    .bind(snapshot_id)
+                    .bind(name)
+                    .execute(&mut *tx)
+                    .await?;
+                let forks = match fork {
+                    Some(spec) => {
+                        super::fork::provision(&mut tx, row.id, snapshot_id, spec).await?
+                    }
+                    None => Vec::new(),
+                };
+                let frozen_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+                let result = serde_json::json!({
+                    "snapshot_id": snapshot_id.simple().to_string(),
+                    "sandbox_ids": forks.iter().map(|f| f.simple().to_string()).collect::<Vec<_>>(),
+                    "frozen_ms": frozen_ms,
+                });
+                finish_operation(&mut tx, *id, lease.epoch, &result, snapshot_id).await?;
             }
             Seal::Stop { reason } => {
                 super::lifecycle::stopped(&mut tx, lease, row, tree, snapshot_id, *reason).await?;
@@ -357,11 +399,13 @@ pub async fn commit(
         abandon(worker, snapshot_id).await;
         return Err(e);
     }
-    if matches!(seal, Seal::Operation { .. }) {
+    // Only a lineage append moves the tree's position; its index must stay the
+    // position's, for the shortcut above.
+    if appends {
         tree.position = Some(snapshot_id);
+        tree.index = Some(Arc::new(manifest));
+        tree.uncaptured = false;
     }
-    tree.index = Some(Arc::new(manifest));
-    tree.uncaptured = false;
     Ok(snapshot_id)
 }
 

@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cairn_common::digest;
-use cairn_common::sandbox::record;
+use cairn_common::sandbox::record::{self, NewSandbox};
 use cairn_common::sandbox::CreateSpec;
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -38,11 +38,21 @@ pub async fn create(
     caller.require(Role::Operator)?;
     let key = crate::api::idempotency::key(&headers)?
         .map(|k| format!("{}:create:{k}", caller.token_id.simple()));
+    admit(&state, key, spec).await
+}
+
+/// Records a sandbox (or replays the one `key` created), announced for placement: `201`
+/// with it, `200` for a replay.
+pub async fn admit(
+    state: &AppState,
+    key: Option<String>,
+    spec: CreateSpec,
+) -> Result<Response, ApiError> {
     spec.validate()?;
     let spec = spec.normalized();
     let digest = digest::of(&spec);
     if let Some(key) = &key {
-        if let Some(replay) = replay(&state, key, &digest).await? {
+        if let Some(replay) = replay(state, key, &digest).await? {
             return Ok(replay);
         }
     }
@@ -50,39 +60,36 @@ pub async fn create(
     if let Some(snapshot) = spec.source_snapshot()? {
         restorable(&mut tx, snapshot).await?;
     }
-    let id = Uuid::new_v4();
-    let inserted = sqlx::query(
-        "INSERT INTO sandboxes (id, agent, state, persistent, always_on, timeout_sec, idle_timeout_sec,
-                                disk_mb, repository, git_ref, source_snapshot_id, idempotency_key, request_digest)
-         VALUES ($1, $2, 'creating', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+    let created = record::create(
+        &mut tx,
+        &NewSandbox {
+            agent: &spec.agent,
+            persistent: spec.persistent.unwrap_or(true),
+            always_on: spec.always_on.unwrap_or(false),
+            timeout_sec: to_i32(spec.timeout_sec),
+            idle_timeout_sec: to_i32(spec.idle_timeout_sec),
+            disk_mb: to_i32(spec.disk_mb),
+            repository: spec.repository.as_deref(),
+            git_ref: spec.git_ref.as_deref(),
+            source_snapshot_id: spec.source_snapshot()?,
+            forked_from: None,
+            idempotency_key: key.as_deref(),
+            request_digest: &digest,
+        },
     )
-    .bind(id)
-    .bind(&spec.agent)
-    .bind(spec.persistent.unwrap_or(true))
-    .bind(spec.always_on.unwrap_or(false))
-    .bind(to_i32(spec.timeout_sec))
-    .bind(to_i32(spec.idle_timeout_sec))
-    .bind(to_i32(spec.disk_mb))
-    .bind(&spec.repository)
-    .bind(&spec.git_ref)
-    .bind(spec.source_snapshot()?)
-    .bind(&key)
-    .bind(&digest)
-    .execute(&mut *tx)
     .await;
-    match inserted {
-        Ok(_) => {}
+    let id = match created {
+        Ok(id) => id,
         Err(sqlx::Error::Database(e)) if e.is_unique_violation() && key.is_some() => {
             // A concurrent create with the same key won the race: answer as a replay.
             drop(tx);
             let key = key.as_deref().unwrap_or_default();
-            return replay(&state, key, &digest).await?.ok_or_else(|| {
+            return replay(state, key, &digest).await?.ok_or_else(|| {
                 ApiError::conflict("idempotency_key_conflict", "Idempotency-Key is in use")
             });
         }
         Err(e) => return Err(e.into()),
-    }
-    record::announce_placement(&mut tx, id).await?;
+    };
     let view = view::require(&mut tx, id).await?;
     tx.commit().await?;
     let mut response = (StatusCode::CREATED, Json(&view)).into_response();
@@ -100,7 +107,8 @@ fn to_i32(value: Option<u32>) -> i32 {
 /// is never restored.
 pub async fn restorable(conn: &mut PgConnection, snapshot: Uuid) -> Result<(), ApiError> {
     let status: Option<String> = sqlx::query_scalar(
-        "SELECT status FROM project_snapshots WHERE id = $1 AND sandbox_id IS NOT NULL",
+        "SELECT CASE WHEN retention <> 'current' THEN 'deleted' ELSE status END
+           FROM project_snapshots WHERE id = $1 AND sandbox_id IS NOT NULL",
     )
     .bind(snapshot)
     .fetch_optional(conn)

@@ -264,7 +264,7 @@ pub async fn resume(
     let digest = digest::of(&serde_json::json!({"sandbox": id, "body": spec}));
     let mut tx = state.pool.begin().await?;
     if let Some(key) = &key {
-        if seen(&mut tx, key, &digest, id).await? {
+        if seen(&mut tx, key, &digest, id).await?.is_some() {
             drop(tx);
             let mut response = reply_when(&state.pool, id, Duration::ZERO, |_| true).await?;
             response
@@ -278,29 +278,31 @@ pub async fn resume(
     grow_disk(&mut tx, id, spec.disk_mb).await?;
     resume_in(&mut tx, id, &row).await?;
     if let Some(key) = &key {
-        remember(&mut tx, key, &digest, id).await?;
+        remember(&mut tx, key, &digest, id, None).await?;
     }
     tx.commit().await?;
     reply_when(&state.pool, id, wait, |v| v.state == SandboxState::Running).await
 }
 
-/// Whether this key was used: `true` with the same input (a replay), a `409` with
-/// other input.
+/// Whether this key was used: `Some` with the same input (a replay: the operation it
+/// became, if any), a `409` with other input.
 pub async fn seen(
     conn: &mut PgConnection,
     key: &str,
     digest: &str,
     id: Uuid,
-) -> Result<bool, ApiError> {
-    let stored: Option<(String, Uuid)> = sqlx::query_as(
-        "SELECT request_digest, sandbox_id FROM sandbox_idempotency WHERE idempotency_key = $1",
+) -> Result<Option<Option<Uuid>>, ApiError> {
+    let stored: Option<(String, Uuid, Option<Uuid>)> = sqlx::query_as(
+        "SELECT request_digest, sandbox_id, operation_id FROM sandbox_idempotency WHERE idempotency_key = $1",
     )
     .bind(key)
     .fetch_optional(conn)
     .await?;
     match stored {
-        None => Ok(false),
-        Some((stored, sandbox)) if stored == digest && sandbox == id => Ok(true),
+        None => Ok(None),
+        Some((stored, sandbox, operation)) if stored == digest && sandbox == id => {
+            Ok(Some(operation))
+        }
         Some(_) => Err(ApiError::conflict(
             "idempotency_key_conflict",
             "this Idempotency-Key was used with a different request; nothing was changed",
@@ -309,19 +311,23 @@ pub async fn seen(
     }
 }
 
-/// Records a key's first use, in the transaction that carries it out.
+/// Records a key's first use (and the operation it became), in the transaction that
+/// carries it out.
 pub async fn remember(
     conn: &mut PgConnection,
     key: &str,
     digest: &str,
     id: Uuid,
+    operation: Option<Uuid>,
 ) -> Result<(), ApiError> {
     sqlx::query(
-        "INSERT INTO sandbox_idempotency (idempotency_key, request_digest, sandbox_id) VALUES ($1, $2, $3)",
+        "INSERT INTO sandbox_idempotency (idempotency_key, request_digest, sandbox_id, operation_id)
+         VALUES ($1, $2, $3, $4)",
     )
     .bind(key)
     .bind(digest)
     .bind(id)
+    .bind(operation)
     .execute(conn)
     .await?;
     Ok(())

@@ -5,8 +5,12 @@
 //! - [`view`]: one sandbox, a page of them, and its journal of operations.
 //! - [`lifecycle`]: stop, resume, destroy and extend, through the transition table.
 //! - [`operations`]: exec and file operations, carried out by the sandbox's worker.
+//! - [`snapshots`]: snapshots as resources: create, list, inspect, delete, restore.
+//! - [`fork`]: one capture, many new sandboxes.
 
 pub mod create;
+pub mod fork;
 pub mod lifecycle;
 pub mod operations;
+pub mod snapshots;
 pub mod view;

@@ -24,7 +24,7 @@ use utoipa::IntoParams;
 use uuid::Uuid;
 
 /// How long past its own timeout a reply waits for an operation (a resume, a capture).
-const MARGIN: Duration = Duration::from_secs(60);
+pub const MARGIN: Duration = Duration::from_secs(60);
 
 /// Whether the sandbox takes an operation now (resuming it first when it may).
 fn takes(row: &Locked) -> Result<bool, ApiError> {
@@ -71,8 +71,20 @@ async fn submit(
     if takes(&row)? {
         resume_in(&mut tx, id, &row).await?;
     }
+    let operation_id = record(&mut tx, id, &operation).await?;
+    tx.commit().await?;
+    await_receipt(state, operation_id, wait).await
+}
+
+/// Records an operation for the sandbox's owner, in the caller's transaction (it
+/// counts as activity).
+pub async fn record(
+    conn: &mut sqlx::PgConnection,
+    id: Uuid,
+    operation: &Operation,
+) -> Result<Uuid, ApiError> {
     let operation_id = Uuid::new_v4();
-    let body = serde_json::to_value(&operation)
+    let body = serde_json::to_value(operation)
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
     sqlx::query(
         "INSERT INTO sandbox_operations (id, sandbox_id, kind, body) VALUES ($1, $2, $3, $4)",
@@ -81,13 +93,22 @@ async fn submit(
     .bind(id)
     .bind(operation.kind())
     .bind(&body)
-    .execute(&mut *tx)
+    .execute(&mut *conn)
     .await?;
     sqlx::query("UPDATE sandboxes SET last_activity_at = now() WHERE id = $1")
         .bind(id)
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await?;
-    tx.commit().await?;
+    Ok(operation_id)
+}
+
+/// Waits for an operation's receipt up to `wait`: `200` with it (or `interrupted`),
+/// `202` with it still open.
+pub async fn await_receipt(
+    state: &AppState,
+    operation_id: Uuid,
+    wait: Duration,
+) -> Result<(StatusCode, OperationView), ApiError> {
     let deadline = tokio::time::Instant::now() + wait;
     loop {
         let mut conn = state.pool.acquire().await?;

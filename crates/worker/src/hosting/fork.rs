@@ -1,0 +1,115 @@
+//! Forks: the new sandboxes one capture provisions, and the identity a tree restored
+//! from another sandbox's snapshot must not keep.
+//!
+//! Credential files never reach a snapshot (every capture leaves them out, see
+//! `cairn_snapshot::CaptureRules`). Identity files (a machine id, SSH host keys) are
+//! captured with the tree they belong to, and removed from every tree provisioned from
+//! another sandbox's snapshot (a fork, a restore, `source: "snapshot:<id>"`), so each
+//! new sandbox makes its own.
+
+use cairn_common::digest;
+use cairn_common::sandbox::record::{self, NewSandbox};
+use cairn_common::sandbox::ForkSpec;
+use sqlx::PgConnection;
+use std::path::Path;
+use uuid::Uuid;
+
+/// Names of identity files: removed from a tree provisioned from another's snapshot.
+const IDENTITY_FILES: [&str; 3] = ["machine-id", "random-seed", "dbus-machine-id"];
+
+fn is_identity(name: &str) -> bool {
+    IDENTITY_FILES.contains(&name)
+        || (name.starts_with("ssh_host_") && (name.ends_with("_key") || name.ends_with("_key.pub")))
+}
+
+/// Removes the identity files under `root` (never following a link); how many.
+pub fn scrub(root: &Path) -> std::io::Result<u64> {
+    let mut removed = 0;
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for entry in std::fs::read_dir(&dir)? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                pending.push(entry.path());
+            } else if entry.file_name().to_str().is_some_and(is_identity) {
+                std::fs::remove_file(entry.path())?;
+                removed += 1;
+            }
+        }
+    }
+    Ok(removed)
+}
+
+/// Records `spec.count` new sandboxes from the fork's capture, each announced for
+/// placement, in the caller's fenced transaction: the source's agent, persistence and
+/// timeouts unless the fork sets them.
+pub async fn provision(
+    conn: &mut PgConnection,
+    source: Uuid,
+    snapshot_id: Uuid,
+    spec: &ForkSpec,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    let (agent, persistent, timeout_sec, idle_timeout_sec, disk_mb): (String, bool, i32, i32, i32) =
+        sqlx::query_as(
+            "SELECT agent, persistent, timeout_sec, idle_timeout_sec, disk_mb FROM sandboxes WHERE id = $1",
+        )
+        .bind(source)
+        .fetch_one(&mut *conn)
+        .await?;
+    let timeout_sec = spec
+        .timeout_sec
+        .map_or(timeout_sec, |t| i32::try_from(t).unwrap_or(i32::MAX));
+    let disk_mb = spec.disk_mb.map_or(disk_mb, |d| {
+        i32::try_from(d).unwrap_or(i32::MAX).max(disk_mb)
+    });
+    let digest = digest::of(&serde_json::json!({"fork_of": source, "snapshot": snapshot_id}));
+    let mut forks = Vec::new();
+    for _ in 0..spec.count() {
+        let fork = record::create(
+            &mut *conn,
+            &NewSandbox {
+                agent: &agent,
+                persistent,
+                always_on: false,
+                timeout_sec,
+                idle_timeout_sec,
+                disk_mb,
+                repository: None,
+                git_ref: None,
+                source_snapshot_id: Some(snapshot_id),
+                forked_from: Some(source),
+                idempotency_key: None,
+                request_digest: &digest,
+            },
+        )
+        .await?;
+        forks.push(fork);
+    }
+    Ok(forks)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_files_go_and_the_rest_stays() {
+        let root = std::env::temp_dir().join(format!("cairn-scrub-{}", Uuid::new_v4().simple()));
+        std::fs::create_dir_all(root.join("etc/ssh")).expect("dirs");
+        for path in [
+            "etc/machine-id",
+            "etc/ssh/ssh_host_ed25519_key",
+            "etc/ssh/ssh_host_ed25519_key.pub",
+            "etc/ssh/sshd_config",
+            "notes.txt",
+        ] {
+            std::fs::write(root.join(path), b"x").expect("write");
+        }
+        assert_eq!(scrub(&root).expect("scrub"), 3);
+        assert!(root.join("etc/ssh/sshd_config").exists());
+        assert!(root.join("notes.txt").exists());
+        assert!(!root.join("etc/machine-id").exists());
+        std::fs::remove_dir_all(&root).expect("cleanup");
+    }
+}
