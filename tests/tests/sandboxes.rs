@@ -540,3 +540,116 @@ async fn forks_and_snapshots_make_new_sandboxes_and_leave_the_source_alone() {
         .collect();
     assert_eq!(kinds, ["fork", "named"], "{listed}");
 }
+
+/// `cairnctl sandbox` and `cairnctl snapshot` drive every sandbox route.
+#[tokio::test]
+async fn cairnctl_drives_sandboxes_and_snapshots() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("sandbox-cli", 1, Settings::default()).await;
+    let ctl = |args: &[&str]| {
+        let output = std::process::Command::new(cairn_e2e::binary("cairnctl"))
+            .args(args)
+            .env("CAIRN_SERVER", format!("http://{}", cluster.api))
+            .env("CAIRN_TOKEN", ADMIN)
+            .output()
+            .expect("cairnctl");
+        (
+            output.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let json = |args: &[&str]| {
+        let (code, out, err) = ctl(args);
+        assert_eq!(code, 0, "{args:?}: {out}{err}");
+        serde_json::from_str::<Value>(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+    };
+    let created = json(&[
+        "sandbox",
+        "create",
+        "--agent",
+        "coder",
+        "--timeout-sec",
+        "600",
+        "--json",
+    ]);
+    let id = created["sandbox_id"].as_str().expect("id").to_string();
+    wait_state(&cluster, &id, "running");
+
+    let (code, out, err) = ctl(&[
+        "sandbox",
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "echo hi; echo oops >&2; exit 3",
+    ]);
+    assert_eq!(
+        (code, out.as_str(), err.as_str()),
+        (3, "hi\n", "oops\n"),
+        "the command's status and output"
+    );
+    let local = cluster.dir.join("upload.txt");
+    std::fs::write(&local, b"from a file\n").expect("local");
+    let (code, out, err) = ctl(&[
+        "sandbox",
+        "files",
+        "write",
+        &id,
+        "notes/n.txt",
+        local.to_str().expect("path"),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (code, out, _) = ctl(&["sandbox", "files", "read", &id, "notes/n.txt"]);
+    assert_eq!((code, out.as_str()), (0, "from a file\n"));
+    let (code, out, _) = ctl(&["sandbox", "files", "list", &id]);
+    assert!(code == 0 && out.contains("notes"), "{out}");
+
+    let saved = json(&["snapshot", "save", &id, "first", "--json"]);
+    assert_eq!(saved["status"], "ready", "{saved}");
+    let snapshot = saved["snapshot_id"].as_str().expect("snapshot").to_string();
+    let listed = json(&["snapshot", "list", "--sandbox", &id, "--json"]);
+    assert_eq!(
+        listed["snapshots"].as_array().map(Vec::len),
+        Some(1),
+        "{listed}"
+    );
+    let info = json(&["snapshot", "info", &snapshot, "--json"]);
+    assert_eq!(info["name"], "first");
+    let forked = json(&["sandbox", "fork", &id, "--count", "2", "--json"]);
+    assert_eq!(
+        forked["sandboxes"].as_array().map(Vec::len),
+        Some(2),
+        "{forked}"
+    );
+    let restored = json(&["snapshot", "restore", &snapshot, "--json"]);
+    assert_eq!(restored["source"], format!("snapshot:{snapshot}"));
+    let deleted = json(&["snapshot", "delete", &snapshot, "--json"]);
+    assert_eq!(deleted["status"], "deleted");
+
+    let stopped = json(&["sandbox", "stop", &id, "--json"]);
+    assert_eq!(stopped["state"], "stopped", "{stopped}");
+    let resumed = json(&[
+        "sandbox",
+        "resume",
+        &id,
+        "--idempotency-key",
+        "r1",
+        "--json",
+    ]);
+    assert_eq!(resumed["state"], "running", "{resumed}");
+    let extended = json(&["sandbox", "extend", &id, "--timeout-sec", "900", "--json"]);
+    assert_eq!(extended["timeout_sec"], 900);
+    let (code, out, _) = ctl(&["sandbox", "operations", &id]);
+    assert!(
+        code == 0 && out.contains("exit 3") && out.contains("snapshot"),
+        "{out}"
+    );
+    let (code, out, _) = ctl(&["sandbox", "list"]);
+    assert!(code == 0 && out.contains(&id), "{out}");
+    let destroyed = json(&["sandbox", "destroy", &id, "--json"]);
+    assert_eq!(destroyed["state"], "destroyed");
+    let (code, _, err) = ctl(&["sandbox", "exec", &id, "--", "true"]);
+    assert_eq!(code, 4, "a destroyed sandbox is a conflict: {err}");
+}

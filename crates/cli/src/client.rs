@@ -85,6 +85,31 @@ impl Client {
         body: Option<&Value>,
         headers: &[(&str, &str)],
     ) -> Result<Answer, CallError> {
+        let body = body.map(|b| (b.to_string().into_bytes(), "application/json"));
+        let (status, bytes) = self.exchange(method, path, body, headers).await?;
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+        Ok(Answer { status, body })
+    }
+
+    /// One request with a raw body (bytes and their media type); the answer's bytes.
+    pub async fn call_bytes(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(StatusCode, Vec<u8>), CallError> {
+        let body = body.map(|b| (b, "application/octet-stream"));
+        self.exchange(method, path, body, &[]).await
+    }
+
+    async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<(Vec<u8>, &str)>,
+        headers: &[(&str, &str)],
+    ) -> Result<(StatusCode, Vec<u8>), CallError> {
         let mut request = self.http.request(method, format!("{}{path}", self.server));
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
@@ -92,8 +117,8 @@ impl Client {
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
-        if let Some(body) = body {
-            request = request.json(body);
+        if let Some((bytes, media_type)) = body {
+            request = request.header("content-type", media_type).body(bytes);
         }
         let response = request.send().await.map_err(|e| {
             CallError::new(
@@ -102,14 +127,15 @@ impl Client {
             )
         })?;
         let status = response.status();
-        let text = response
-            .text()
+        let bytes = response
+            .bytes()
             .await
             .map_err(|e| CallError::new(exit::UNCERTAIN, format!("the answer was cut off: {e}")))?;
-        let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         if status.is_success() {
-            return Ok(Answer { status, body });
+            return Ok((status, bytes.to_vec()));
         }
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         let (code, message, field) = match &body["error"] {
             Value::Object(e) => (
                 e.get("code")

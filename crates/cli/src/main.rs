@@ -19,6 +19,8 @@ use commands::migrate::migrate;
 use commands::policy::{policy, PolicyCommand};
 use commands::reaper::{reaper, ReaperCommand};
 use commands::runs::{runs, RunsCommand};
+use commands::sandbox::{sandbox, SandboxCommand};
+use commands::snapshot::{snapshot, SnapshotCommand};
 use commands::tokens::{tokens, TokenCommand};
 use commands::verification;
 use std::path::PathBuf;
@@ -66,6 +68,12 @@ enum Command {
     /// Submit, list, show, watch and cancel runs.
     #[command(subcommand)]
     Runs(RunsCommand),
+    /// Sandboxes: create, list, show, exec, files, stop, resume, extend, fork, destroy.
+    #[command(subcommand)]
+    Sandbox(SandboxCommand),
+    /// Sandbox snapshots: save, list, info, fork, delete, restore.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
     /// Reviewed continuation of a request stopped at its retained checkpoint.
     #[command(subcommand, name = "checkpoint-continuations")]
     CheckpointContinuations(ContinuationCommand),
@@ -155,6 +163,8 @@ async fn run(cli: Cli) -> Result<u8, CallError> {
             Ok(exit::OK)
         }
         Command::Runs(command) => runs(&client()?, command, json).await,
+        Command::Sandbox(command) => sandbox(&client()?, command, json).await,
+        Command::Snapshot(command) => snapshot(&client()?, command, json).await,
         Command::CheckpointContinuations(command) => {
             continuation(&client()?, "checkpoint-continuations", command, json).await
         }

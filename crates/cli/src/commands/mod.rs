@@ -6,5 +6,7 @@ pub mod migrate;
 pub mod policy;
 pub mod reaper;
 pub mod runs;
+pub mod sandbox;
+pub mod snapshot;
 pub mod tokens;
 pub mod verification;

@@ -1,0 +1,527 @@
+//! `cairnctl sandbox`: create, list, show, exec, files, stop, resume, extend, fork and
+//! destroy sandboxes, and read their journal of operations.
+
+use crate::client::{exit, CallError, Client};
+use crate::{id, output, usage};
+use clap::Subcommand;
+use reqwest::Method;
+use serde_json::{json, Value};
+use std::io::Write;
+use std::path::PathBuf;
+
+#[derive(Debug, Subcommand)]
+pub enum SandboxCommand {
+    /// Create a sandbox; it is `creating` until a worker has prepared its tree.
+    Create {
+        #[arg(long)]
+        agent: String,
+        /// Clone this repository into the tree.
+        #[arg(long, conflicts_with = "source")]
+        repository: Option<String>,
+        #[arg(long = "ref", requires = "repository")]
+        git_ref: Option<String>,
+        /// Start from a snapshot: `snapshot:<id>`.
+        #[arg(long)]
+        source: Option<String>,
+        /// Idle-anchored timeout, 1 to 86400 seconds (default 3600).
+        #[arg(long)]
+        timeout_sec: Option<u32>,
+        /// Idle auto-stop in seconds; 0 disables it (default 1800).
+        #[arg(long)]
+        idle_timeout_sec: Option<u32>,
+        /// No timeout or idle stop until an explicit lifecycle action.
+        #[arg(long)]
+        always_on: bool,
+        /// Destroyed (not stopped) at its timeout, never resumed by an operation.
+        #[arg(long)]
+        not_persistent: bool,
+        #[arg(long)]
+        disk_mb: Option<u32>,
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
+    /// List sandboxes, newest first.
+    List {
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        agent: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+    },
+    /// Show one sandbox.
+    Show { sandbox: String },
+    /// Run a command in the sandbox (resuming a stopped persistent one first); prints
+    /// its output and exits with its status.
+    Exec {
+        sandbox: String,
+        /// Working directory, relative to the tree.
+        #[arg(long)]
+        cwd: Option<String>,
+        /// `NAME=VALUE`, repeatable.
+        #[arg(long = "env")]
+        env: Vec<String>,
+        #[arg(long, default_value_t = 60)]
+        timeout_sec: u32,
+        /// Reach the network (`true`) or not (`false`); default the worker's.
+        #[arg(long)]
+        network: Option<bool>,
+        /// The program and its arguments (after `--`).
+        #[arg(required = true, last = true)]
+        argv: Vec<String>,
+    },
+    /// List, read or write the sandbox's files.
+    #[command(subcommand)]
+    Files(FilesCommand),
+    /// Stop: processes end, the tree is captured (the stop snapshot), the slot released.
+    Stop { sandbox: String },
+    /// Resume a stopped or paused sandbox (on any worker).
+    Resume {
+        sandbox: String,
+        /// A larger disk; a smaller one is refused.
+        #[arg(long)]
+        disk_mb: Option<u32>,
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
+    /// Replace the timeout (not added to it); without --timeout-sec it is kept.
+    Extend {
+        sandbox: String,
+        #[arg(long)]
+        timeout_sec: Option<u32>,
+    },
+    /// Fork a running sandbox into new ones from one capture.
+    Fork {
+        sandbox: String,
+        #[arg(long)]
+        count: Option<u32>,
+        #[arg(long)]
+        timeout_sec: Option<u32>,
+        #[arg(long)]
+        idempotency_key: Option<String>,
+    },
+    /// Destroy a sandbox (or delete an `error` record).
+    Destroy { sandbox: String },
+    /// The journal: every exec and file operation, with its receipt.
+    Operations { sandbox: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum FilesCommand {
+    /// List a directory of the tree (default its root).
+    List {
+        sandbox: String,
+        path: Option<String>,
+    },
+    /// Print a file's bytes.
+    Read { sandbox: String, path: String },
+    /// Write a file from a local one (`-` for stdin).
+    Write {
+        sandbox: String,
+        path: String,
+        source: PathBuf,
+    },
+}
+
+const HEADER: [&str; 6] = [
+    "sandbox",
+    "state",
+    "agent",
+    "persistent",
+    "stop_reason",
+    "created",
+];
+
+fn row(sandbox: &Value) -> Vec<String> {
+    let state = match sandbox["pending"].as_str() {
+        Some(pending) => format!("{} (→ {pending})", output::text(&sandbox["state"])),
+        None => output::text(&sandbox["state"]),
+    };
+    vec![
+        output::text(&sandbox["sandbox_id"]),
+        state,
+        output::text(&sandbox["agent"]),
+        output::text(&sandbox["persistent"]),
+        output::text(&sandbox["stop_reason"]),
+        output::text(&sandbox["created_at"]),
+    ]
+}
+
+pub fn show(sandbox: &Value, json: bool) {
+    if json {
+        return output::json(sandbox);
+    }
+    output::fields(
+        sandbox,
+        &[
+            "sandbox_id",
+            "state",
+            "pending",
+            "agent",
+            "persistent",
+            "always_on",
+            "timeout_sec",
+            "idle_timeout_sec",
+            "disk_mb",
+            "repository",
+            "ref",
+            "source",
+            "stop_reason",
+            "error_reason",
+            "durability",
+            "stop_snapshot_id",
+            "last_activity_at",
+            "created_at",
+            "stopped_at",
+            "destroyed_at",
+        ],
+    );
+}
+
+fn keyed(key: &Option<String>) -> Vec<(&str, &str)> {
+    key.as_deref()
+        .map(|k| vec![("idempotency-key", k)])
+        .unwrap_or_default()
+}
+
+fn path_query(path: &str) -> String {
+    url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("path", path)
+        .finish()
+}
+
+pub async fn sandbox(
+    client: &Client,
+    command: SandboxCommand,
+    json: bool,
+) -> Result<u8, CallError> {
+    match command {
+        SandboxCommand::Create {
+            agent,
+            repository,
+            git_ref,
+            source,
+            timeout_sec,
+            idle_timeout_sec,
+            always_on,
+            not_persistent,
+            disk_mb,
+            idempotency_key,
+        } => {
+            let mut body =
+                json!({"agent": agent, "always_on": always_on, "persistent": !not_persistent});
+            for (name, value) in [
+                ("repository", repository.map(Value::from)),
+                ("ref", git_ref.map(Value::from)),
+                ("source", source.map(Value::from)),
+                ("timeout_sec", timeout_sec.map(Value::from)),
+                ("idle_timeout_sec", idle_timeout_sec.map(Value::from)),
+                ("disk_mb", disk_mb.map(Value::from)),
+            ] {
+                if let Some(value) = value {
+                    body[name] = value;
+                }
+            }
+            let answer = client
+                .call(
+                    Method::POST,
+                    "/api/v1/sandboxes",
+                    Some(&body),
+                    &keyed(&idempotency_key),
+                )
+                .await?;
+            if !json && answer.status.as_u16() == 200 {
+                println!("replayed: this key created the sandbox before");
+            }
+            show(&answer.body, json);
+            Ok(exit::OK)
+        }
+        SandboxCommand::List {
+            state,
+            agent,
+            limit,
+        } => {
+            let mut query = format!("?limit={limit}");
+            if let Some(state) = state {
+                query.push_str(&format!("&state={state}"));
+            }
+            if let Some(agent) = agent {
+                query.push_str(&format!("&agent={agent}"));
+            }
+            let list = client.get(&format!("/api/v1/sandboxes{query}")).await?;
+            if json {
+                output::json(&list);
+            } else {
+                output::table(&HEADER, &output::rows(&list["sandboxes"], row));
+            }
+            Ok(exit::OK)
+        }
+        SandboxCommand::Show { sandbox } => {
+            let sandbox = id(&sandbox, "the sandbox id")?;
+            show(
+                &client.get(&format!("/api/v1/sandboxes/{sandbox}")).await?,
+                json,
+            );
+            Ok(exit::OK)
+        }
+        SandboxCommand::Exec {
+            sandbox,
+            cwd,
+            env,
+            timeout_sec,
+            network,
+            argv,
+        } => {
+            let sandbox = id(&sandbox, "the sandbox id")?;
+            let mut vars = serde_json::Map::new();
+            for pair in env {
+                let (name, value) = pair
+                    .split_once('=')
+                    .ok_or_else(|| usage(format!("--env {pair}: expected NAME=VALUE")))?;
+                vars.insert(name.to_string(), Value::from(value));
+            }
+            let mut body = json!({"argv": argv, "env": vars, "timeout_sec": timeout_sec});
+            if let Some(cwd) = cwd {
+                body["cwd"] = Value::from(cwd);
+            }
+            if let Some(network) = network {
+                body["network"] = Value::from(network);
+            }
+            let answer = client
+                .call(
+                    Method::POST,
+                    &format!("/api/v1/sandboxes/{sandbox}/exec"),
+                    Some(&body),
+                    &[],
+                )
+                .await?;
+            exec_result(&answer.body, answer.status.as_u16(), json)
+        }
+        SandboxCommand::Files(command) => files(client, command, json).await,
+        SandboxCommand::Stop { sandbox } => {
+            lifecycle(client, Method::POST, &sandbox, "/stop", None, &[], json).await
+        }
+        SandboxCommand::Resume {
+            sandbox,
+            disk_mb,
+            idempotency_key,
+        } => {
+            let body = disk_mb.map(|d| json!({"disk_mb": d}));
+            lifecycle(
+                client,
+                Method::POST,
+                &sandbox,
+                "/resume",
+                body,
+                &keyed(&idempotency_key),
+                json,
+            )
+            .await
+        }
+        SandboxCommand::Extend {
+            sandbox,
+            timeout_sec,
+        } => {
+            let body = timeout_sec.map(|t| json!({"timeout_sec": t}));
+            lifecycle(client, Method::POST, &sandbox, "/extend", body, &[], json).await
+        }
+        SandboxCommand::Destroy { sandbox } => {
+            lifecycle(client, Method::DELETE, &sandbox, "", None, &[], json).await
+        }
+        SandboxCommand::Fork {
+            sandbox,
+            count,
+            timeout_sec,
+            idempotency_key,
+        } => {
+            let sandbox = id(&sandbox, "the sandbox id")?;
+            let mut body = json!({});
+            if let Some(count) = count {
+                body["count"] = Value::from(count);
+            }
+            if let Some(timeout) = timeout_sec {
+                body["timeout_sec"] = Value::from(timeout);
+            }
+            let answer = client
+                .call(
+                    Method::POST,
+                    &format!("/api/v1/sandboxes/{sandbox}/fork"),
+                    Some(&body),
+                    &keyed(&idempotency_key),
+                )
+                .await?;
+            if json {
+                output::json(&answer.body);
+            } else if answer.status.as_u16() == 202 {
+                println!("still capturing: see `cairnctl sandbox operations {sandbox}`");
+            } else {
+                println!(
+                    "one capture ({}), the source took no operation for {} ms",
+                    output::text(&answer.body["snapshot_id"]),
+                    output::text(&answer.body["source_frozen_ms"])
+                );
+                output::table(&HEADER, &output::rows(&answer.body["sandboxes"], row));
+            }
+            Ok(exit::OK)
+        }
+        SandboxCommand::Operations { sandbox } => {
+            let sandbox = id(&sandbox, "the sandbox id")?;
+            let list = client
+                .get(&format!("/api/v1/sandboxes/{sandbox}/operations"))
+                .await?;
+            if json {
+                output::json(&list);
+            } else {
+                let rows = output::rows(&list["operations"], |o| {
+                    let result = &o["result"];
+                    let outcome = match (&result["exit_code"], &result["error"]) {
+                        (_, Value::String(error)) => error.clone(),
+                        (Value::Number(code), _) => format!("exit {code}"),
+                        _ => String::new(),
+                    };
+                    vec![
+                        output::text(&o["seq"]),
+                        output::text(&o["kind"]),
+                        output::text(&o["state"]),
+                        output::text(&o["lease_epoch"]),
+                        outcome,
+                        output::text(&o["snapshot_id"]),
+                    ]
+                });
+                output::table(
+                    &["seq", "kind", "state", "epoch", "outcome", "snapshot"],
+                    &rows,
+                );
+            }
+            Ok(exit::OK)
+        }
+    }
+}
+
+/// A lifecycle call; `202` says the worker has not finished yet.
+async fn lifecycle(
+    client: &Client,
+    method: Method,
+    sandbox: &str,
+    route: &str,
+    body: Option<Value>,
+    headers: &[(&str, &str)],
+    json: bool,
+) -> Result<u8, CallError> {
+    let sandbox = id(sandbox, "the sandbox id")?;
+    let answer = client
+        .call(
+            method,
+            &format!("/api/v1/sandboxes/{sandbox}{route}"),
+            body.as_ref(),
+            headers,
+        )
+        .await?;
+    if !json && answer.status.as_u16() == 202 {
+        println!("accepted; its worker has not finished yet (`cairnctl sandbox show {sandbox}`)");
+    }
+    show(&answer.body, json);
+    Ok(exit::OK)
+}
+
+/// Prints an exec's output and exits with its status (1 when it had none).
+fn exec_result(receipt: &Value, status: u16, json: bool) -> Result<u8, CallError> {
+    if json {
+        output::json(receipt);
+    }
+    if status == 202 {
+        if !json {
+            println!("still running: see `cairnctl sandbox operations`");
+        }
+        return Ok(exit::OK);
+    }
+    let result = &receipt["result"];
+    if let Some(error) = result["error"].as_str() {
+        return Err(CallError::new(exit::ERROR, error.to_string()));
+    }
+    if !json {
+        print!("{}", output::text(&result["stdout"]));
+        eprint!("{}", output::text(&result["stderr"]));
+        let _ = std::io::stdout().flush();
+        if result["truncated"] == true {
+            eprintln!("(output truncated)");
+        }
+    }
+    let code = result["exit_code"].as_i64();
+    Ok(code
+        .and_then(|c| u8::try_from(c).ok())
+        .unwrap_or(exit::ERROR))
+}
+
+async fn files(client: &Client, command: FilesCommand, json: bool) -> Result<u8, CallError> {
+    match command {
+        FilesCommand::List { sandbox, path } => {
+            let sandbox = id(&sandbox, "the sandbox id")?;
+            let query = path_query(path.as_deref().unwrap_or("."));
+            let list = client
+                .get(&format!("/api/v1/sandboxes/{sandbox}/files?{query}"))
+                .await?;
+            if json {
+                output::json(&list);
+            } else {
+                let rows = output::rows(&list["entries"], |e| {
+                    output::cells(e, &["type", "size", "name"])
+                });
+                output::table(&["type", "size", "name"], &rows);
+            }
+        }
+        FilesCommand::Read { sandbox, path } => {
+            let sandbox = id(&sandbox, "the sandbox id")?;
+            let (_, bytes) = client
+                .call_bytes(
+                    Method::GET,
+                    &format!(
+                        "/api/v1/sandboxes/{sandbox}/files/content?{}",
+                        path_query(&path)
+                    ),
+                    None,
+                )
+                .await?;
+            std::io::stdout()
+                .write_all(&bytes)
+                .map_err(|e| CallError::new(exit::ERROR, format!("writing stdout: {e}")))?;
+        }
+        FilesCommand::Write {
+            sandbox,
+            path,
+            source,
+        } => {
+            let sandbox = id(&sandbox, "the sandbox id")?;
+            let bytes = if source.as_os_str() == "-" {
+                let mut bytes = Vec::new();
+                std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes)
+                    .map_err(|e| usage(format!("cannot read stdin: {e}")))?;
+                bytes
+            } else {
+                std::fs::read(&source)
+                    .map_err(|e| usage(format!("cannot read {}: {e}", source.display())))?
+            };
+            let (_, answer) = client
+                .call_bytes(
+                    Method::PUT,
+                    &format!(
+                        "/api/v1/sandboxes/{sandbox}/files/content?{}",
+                        path_query(&path)
+                    ),
+                    Some(bytes),
+                )
+                .await?;
+            let receipt: Value = serde_json::from_slice(&answer).unwrap_or_default();
+            if json {
+                output::json(&receipt);
+            } else {
+                println!(
+                    "wrote {} bytes to {path} (snapshot {})",
+                    output::text(&receipt["result"]["size"]),
+                    output::text(&receipt["snapshot_id"])
+                );
+            }
+        }
+    }
+    Ok(exit::OK)
+}
