@@ -653,3 +653,158 @@ async fn cairnctl_drives_sandboxes_and_snapshots() {
     let (code, _, err) = ctl(&["sandbox", "exec", &id, "--", "true"]);
     assert_eq!(code, 4, "a destroyed sandbox is a conflict: {err}");
 }
+
+/// What one exec starts in the background keeps running for the next; pause freezes
+/// it in place (a counter outside the tree stops growing) and resume continues it; a
+/// pause past its limit behaves like a stop (processes gone, files kept).
+#[tokio::test]
+async fn pause_freezes_processes_in_place_and_its_limit_behaves_like_a_stop() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("sandbox-pause", 0, Settings::default()).await;
+    cluster
+        .worker_env
+        .push(("CAIRN_PAUSE_LIMIT_SECONDS".into(), "3".into()));
+    cluster.add_worker();
+    let id = create(&cluster, json!({"agent": "coder"}));
+    wait_state(&cluster, &id, "running");
+    let counter = cluster.path("counter");
+    let marker = format!("sleep 0.1{}", uuid::Uuid::new_v4().as_u128() % 1_000_000);
+    let (status, started) = exec(
+        &cluster,
+        &id,
+        &format!("(while :; do echo x >> {counter}; {marker}; done) > /dev/null 2>&1 &"),
+    );
+    assert_eq!(
+        (status, &started["result"]["exit_code"]),
+        (200, &json!(0)),
+        "{started}"
+    );
+    let count = || cluster.lines("counter").len();
+    let first = count();
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(count() > first, "the background process outlives its exec");
+    let (status, _) = exec(&cluster, &id, "echo later > later.txt");
+    assert_eq!(status, 200);
+
+    let (status, paused) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/pause"), None);
+    assert_eq!(status, 200, "{paused}");
+    assert_eq!(paused["state"], "paused");
+    std::thread::sleep(Duration::from_millis(300));
+    let frozen = count();
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(count(), frozen, "a paused sandbox's processes do not run");
+    assert!(
+        !processes_with(&marker).is_empty(),
+        "they are frozen, not gone"
+    );
+    let (status, again) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/pause"), None);
+    assert_eq!(status, 409, "pause needs running: {again}");
+
+    let (status, resumed) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/resume"), None);
+    assert_eq!(status, 200, "{resumed}");
+    assert_eq!(resumed["state"], "running");
+    std::thread::sleep(Duration::from_millis(800));
+    assert!(count() > frozen, "resume continues them in place");
+
+    // Paused past the limit (3 s here): a stop, with its snapshot; processes gone.
+    let (status, _) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/pause"), None);
+    assert_eq!(status, 200);
+    let stopped = wait_state(&cluster, &id, "stopped");
+    assert_eq!(stopped["stop_reason"], "pause_expired", "{stopped}");
+    cluster.wait_until("the processes end", LONG, || {
+        processes_with(&marker).is_empty()
+    });
+    let settled = count();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(count(), settled, "nothing runs after the stop");
+    let (_, later) = file(&cluster, &id, "later.txt");
+    assert_eq!(
+        later, b"later\n",
+        "the files survive (an operation resumes it)"
+    );
+    assert!(
+        processes_with(&marker).is_empty(),
+        "processes do not survive a stop"
+    );
+}
+
+/// A command entering a sandbox's held namespaces has what a step has and no more: the
+/// unprivileged uid, no capabilities, `no_new_privs`, only its sandbox's processes, no
+/// worker environment, its network only when asked, and a working directory beneath
+/// the tree.
+#[tokio::test]
+async fn an_exec_in_a_sandbox_has_no_authority_beyond_its_tree() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("sandbox-authority", 0, Settings::default()).await;
+    cluster.worker_env.push((
+        "AWS_SECRET_ACCESS_KEY".into(),
+        "plain-worker-secret-7781".into(),
+    ));
+    cluster.add_worker();
+    let id = create(&cluster, json!({"agent": "coder"}));
+    wait_state(&cluster, &id, "running");
+    let probe = "id -u; grep -E '^(CapEff|CapPrm|NoNewPrivs)' /proc/self/status; \
+                 ls /proc | grep -E '^[0-9]+$' | wc -l; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'; \
+                 cat /sys/class/net/*/address 2>/dev/null | wc -l; pwd";
+    let (status, seen) = cluster.call(
+        "POST",
+        &format!("/api/v1/sandboxes/{id}/exec"),
+        Some(&json!({"argv": ["sh", "-c", "mkdir -p sub"], "timeout_sec": 30})),
+    );
+    assert_eq!(status, 200, "{seen}");
+    let (status, seen) = cluster.call(
+        "POST",
+        &format!("/api/v1/sandboxes/{id}/exec"),
+        Some(&json!({"argv": ["sh", "-c", probe], "cwd": "sub", "network": false})),
+    );
+    assert_eq!(status, 200, "{seen}");
+    let out = seen["result"]["stdout"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.first(), Some(&"1000"), "{out}");
+    assert!(out.contains("CapEff:\t0000000000000000"), "{out}");
+    assert!(out.contains("CapPrm:\t0000000000000000"), "{out}");
+    assert!(out.contains("NoNewPrivs:\t1"), "{out}");
+    let processes: usize = lines
+        .get(4)
+        .and_then(|l| l.trim().parse().ok())
+        .unwrap_or(99);
+    assert!(processes <= 8, "only the sandbox's own processes: {out}");
+    assert!(
+        !out.contains("plain-worker-secret"),
+        "no worker environment: {out}"
+    );
+    assert_eq!(lines.last(), Some(&"/workspace/sub"), "{out}");
+    let (_, with) = cluster.call(
+        "POST",
+        &format!("/api/v1/sandboxes/{id}/exec"),
+        Some(&json!({"argv": ["sh", "-c", "tail -n +3 /proc/net/dev | wc -l"], "network": true})),
+    );
+    let (_, without) = cluster.call(
+        "POST",
+        &format!("/api/v1/sandboxes/{id}/exec"),
+        Some(&json!({"argv": ["sh", "-c", "tail -n +3 /proc/net/dev | wc -l"], "network": false})),
+    );
+    let interfaces = |v: &Value| {
+        v["result"]["stdout"]
+            .as_str()
+            .unwrap_or("")
+            .trim()
+            .parse::<u32>()
+            .unwrap_or(0)
+    };
+    assert_eq!(
+        interfaces(&without),
+        1,
+        "network:false has its own loopback only: {without}"
+    );
+    assert!(interfaces(&with) > 1, "network:true has the host's: {with}");
+    let (status, refused) = cluster.call(
+        "POST",
+        &format!("/api/v1/sandboxes/{id}/exec"),
+        Some(&json!({"argv": ["true"], "cwd": "../.."})),
+    );
+    assert_eq!(status, 422, "{refused}");
+}

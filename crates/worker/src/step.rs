@@ -140,6 +140,28 @@ pub async fn run_published(
     stop: &CancellationToken,
     live: &Live,
 ) -> Result<StepOutcome, StepError> {
+    run_spawned(command, sandbox, stop, live, None).await
+}
+
+/// [`run`] inside a sandbox resource's held namespaces: what the command leaves running
+/// in the background stays, for the session to end; a timeout or a stop ends the
+/// command's own process group.
+pub async fn run_in(
+    command: &StepCommand,
+    session: &sandbox::Session,
+    sandbox: &Sandbox,
+    stop: &CancellationToken,
+) -> Result<StepOutcome, StepError> {
+    run_spawned(command, sandbox, stop, &Live::default(), Some(session)).await
+}
+
+async fn run_spawned(
+    command: &StepCommand,
+    sandbox: &Sandbox,
+    stop: &CancellationToken,
+    live: &Live,
+    session: Option<&sandbox::Session>,
+) -> Result<StepOutcome, StepError> {
     let program = match command.argv.first() {
         Some(program) if !program.is_empty() => program.clone(),
         _ => {
@@ -152,7 +174,13 @@ pub async fn run_published(
     let mut env = command.env.clone();
     env.entry("PATH".into())
         .or_insert_with(|| sandbox::DEFAULT_PATH.into());
-    let (mut cmd, group) = sandbox.command(&command.argv, &env, &command.place)?;
+    let (mut cmd, group) = match session {
+        Some(session) => (
+            sandbox.enter(session, &command.argv, &env, &command.place)?,
+            None,
+        ),
+        None => sandbox.command(&command.argv, &env, &command.place)?,
+    };
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -170,7 +198,10 @@ pub async fn run_published(
     let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
     let running = Arc::new(Running {
         pid,
-        isolated: sandbox.isolates(),
+        // A command entering a session leads its own process group there: a signal
+        // to that group reaches what it started and nothing else of the sandbox.
+        isolated: sandbox.isolates() && session.is_none(),
+        keeps_leftovers: session.is_some(),
         group: group.map(Arc::new),
         cpu_limit_ms: command
             .place

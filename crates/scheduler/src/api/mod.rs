@@ -145,6 +145,10 @@ pub fn router(state: AppState) -> Router {
             post(sandboxes::lifecycle::resume),
         )
         .route(
+            "/api/v1/sandboxes/{sandbox_id}/pause",
+            post(sandboxes::lifecycle::pause),
+        )
+        .route(
             "/api/v1/sandboxes/{sandbox_id}/extend",
             post(sandboxes::lifecycle::extend),
         )

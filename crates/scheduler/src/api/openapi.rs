@@ -18,7 +18,7 @@ use utoipa::{Modify, OpenApi};
         verification::candidates, verification::adopt, verification::adoption,
         tokens::create, tokens::revoke, credentials::rotate,
         sandboxes::create::create, sandboxes::view::list, sandboxes::view::show, sandboxes::view::operations,
-        sandboxes::lifecycle::stop, sandboxes::lifecycle::resume, sandboxes::lifecycle::destroy, sandboxes::lifecycle::extend,
+        sandboxes::lifecycle::stop, sandboxes::lifecycle::pause, sandboxes::lifecycle::resume, sandboxes::lifecycle::destroy, sandboxes::lifecycle::extend,
         sandboxes::operations::exec, sandboxes::operations::list, sandboxes::operations::read, sandboxes::operations::write,
         sandboxes::fork::fork, sandboxes::snapshots::create, sandboxes::snapshots::list, sandboxes::snapshots::show,
         sandboxes::snapshots::delete, sandboxes::snapshots::restore,

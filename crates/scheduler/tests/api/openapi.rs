@@ -38,6 +38,7 @@ async fn the_openapi_document_lists_every_route() {
         ("delete", "/api/v1/sandboxes/{sandbox_id}"),
         ("post", "/api/v1/sandboxes/{sandbox_id}/stop"),
         ("post", "/api/v1/sandboxes/{sandbox_id}/resume"),
+        ("post", "/api/v1/sandboxes/{sandbox_id}/pause"),
         ("post", "/api/v1/sandboxes/{sandbox_id}/extend"),
         ("post", "/api/v1/sandboxes/{sandbox_id}/exec"),
         ("get", "/api/v1/sandboxes/{sandbox_id}/files"),

@@ -68,6 +68,21 @@ async fn every_move_the_diagram_lacks_is_a_409_naming_the_state() {
         } else {
             refused(status, &body, state);
         }
+        // pause: running only.
+        let id = sandbox_in(&api, state, true).await;
+        let (status, body) = api
+            .post(
+                &format!("/api/v1/sandboxes/{id}/pause?wait_seconds=0"),
+                &token,
+                None,
+            )
+            .await;
+        if state == "running" {
+            assert_eq!(status, StatusCode::ACCEPTED, "pause from {state}: {body}");
+            assert_eq!(body["pending"], "paused", "{body}");
+        } else {
+            refused(status, &body, state);
+        }
         // resume: stopped and paused only.
         let id = sandbox_in(&api, state, true).await;
         let (status, body) = api

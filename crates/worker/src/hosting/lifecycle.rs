@@ -6,6 +6,7 @@ use super::operation;
 use super::tree::{self, SandboxTree, Seal, Unacquired};
 use super::{HostError, SandboxRow, POLL};
 use crate::context::Worker;
+use crate::sandbox;
 use crate::workspace;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use cairn_common::lease::{Lease, LeaseError};
@@ -27,6 +28,8 @@ pub struct Host {
     pub row: SandboxRow,
     /// Cancelled once the lease cannot be kept.
     pub lost: CancellationToken,
+    /// The held namespaces its commands enter, where processes run in namespaces.
+    pub session: Option<sandbox::Session>,
 }
 
 fn moved(e: cairn_common::request::Error) -> HostError {
@@ -39,7 +42,7 @@ fn moved(e: cairn_common::request::Error) -> HostError {
 impl Host {
     /// Acquires the tree, marks the sandbox running, then serves it until it leaves.
     pub async fn run(
-        self,
+        mut self,
         shutdown: &CancellationToken,
         drain: &CancellationToken,
     ) -> Result<&'static str, HostError> {
@@ -79,14 +82,48 @@ impl Host {
                 return Err(e);
             }
         }
+        let spec = sandbox::Spec {
+            workspace: tree.workspace.root.clone(),
+            cwd: None,
+            home: tree.workspace.home.clone(),
+            network: false,
+            limits: self.worker.sandbox.limits(None),
+        };
+        self.session = match self.worker.sandbox.start_session(&spec).await {
+            Ok(session) => session,
+            Err(reason) => {
+                self.failed(&reason).await?;
+                return Ok("failed to start");
+            }
+        };
         self.running(&tree).await?;
-        tracing::info!(origin = tree.origin, "sandbox running");
+        tracing::info!(
+            origin = tree.origin,
+            held = self.session.is_some(),
+            "sandbox running"
+        );
+        let left = self.serve(&mut tree, shutdown, drain).await;
+        // Whatever happened, no process of the sandbox outlives its hosting here.
+        if let Some(session) = self.session.take() {
+            session.end().await;
+        }
+        left
+    }
+
+    /// Serves the running sandbox: its operations in order, and what is asked of it.
+    async fn serve(
+        &mut self,
+        tree: &mut SandboxTree,
+        shutdown: &CancellationToken,
+        drain: &CancellationToken,
+    ) -> Result<&'static str, HostError> {
+        let mut paused: Option<tokio::time::Instant> = None;
         loop {
             tokio::select! {
                 biased;
                 _ = self.lost.cancelled() => return Err(self.lost_error()),
                 _ = shutdown.cancelled() => {
-                    self.stop(&mut tree, Some("worker_drained")).await?;
+                    self.stop(tree, Some("worker_drained")).await?;
                     return Ok("stopped: the worker stops");
                 }
                 _ = tokio::time::sleep(POLL) => {}
@@ -111,20 +148,82 @@ impl Host {
                     continue;
                 }
             };
-            match desired.as_str() {
-                "stopped" => {
-                    self.stop(&mut tree, None).await?;
+            match (desired.as_str(), paused) {
+                ("stopped", _) => {
+                    self.stop(tree, None).await?;
                     return Ok("stopped");
                 }
-                "destroyed" => {
-                    self.destroy(&tree).await?;
+                ("destroyed", _) => {
+                    self.destroy(tree).await?;
                     return Ok("destroyed");
                 }
+                // A pause lasts at most the limit, then it behaves like a stop.
+                (_, Some(since)) if since.elapsed() >= self.worker.settings.pause_limit => {
+                    self.stop(tree, Some("pause_expired")).await?;
+                    return Ok("stopped: its pause expired");
+                }
+                ("paused", None) => {
+                    self.pause(true).await?;
+                    paused = Some(tokio::time::Instant::now());
+                    continue;
+                }
+                ("running", Some(_)) => {
+                    self.pause(false).await?;
+                    paused = None;
+                }
+                (_, Some(_)) => continue,
                 _ => {}
             }
             if let Some((id, body)) = op {
-                operation::perform(&self, &mut tree, id, body, drain).await?;
+                operation::perform(self, tree, id, body, drain).await?;
             }
+        }
+    }
+
+    /// Freezes every process of the sandbox in place and records it paused, or thaws
+    /// them and records it running.
+    async fn pause(&self, frozen: bool) -> Result<(), HostError> {
+        if let Some(session) = &self.session {
+            session.freeze(frozen);
+        }
+        let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
+        let event = if frozen {
+            SandboxEvent::Pause
+        } else {
+            SandboxEvent::Resume
+        };
+        record::transition(&mut tx, self.row.id, event)
+            .await
+            .map_err(moved)?;
+        sqlx::query(
+            "UPDATE sandboxes SET paused_at = CASE WHEN $2 THEN now() END, last_activity_at = now()
+              WHERE id = $1",
+        )
+        .bind(self.row.id)
+        .bind(frozen)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE workspaces SET state = CASE WHEN $2 THEN 'paused' ELSE 'running' END WHERE id = (SELECT workspace_id FROM sandboxes WHERE id = $1)")
+            .bind(self.row.id)
+            .bind(frozen)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        tracing::info!(frozen, "sandbox paused or thawed in place");
+        Ok(())
+    }
+
+    /// Runs a command of the sandbox: inside its held namespaces when it has them.
+    pub async fn run_command(
+        &self,
+        command: &crate::step::StepCommand,
+        stop: &CancellationToken,
+    ) -> Result<crate::step::StepOutcome, crate::step::StepError> {
+        match &self.session {
+            Some(session) => {
+                crate::step::run_in(command, session, &self.worker.sandbox, stop).await
+            }
+            None => crate::step::run(command, &self.worker.sandbox, stop).await,
         }
     }
 
@@ -286,7 +385,10 @@ impl Host {
 
     /// Destroys the sandbox: everything released, the local tree removed. Its snapshots
     /// go after the reaper's grace.
-    async fn destroy(&self, tree: &SandboxTree) -> Result<(), HostError> {
+    async fn destroy(&mut self, tree: &SandboxTree) -> Result<(), HostError> {
+        if let Some(session) = self.session.take() {
+            session.end().await;
+        }
         let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
         record::transition(&mut tx, self.row.id, SandboxEvent::Destroy)
             .await

@@ -136,6 +136,7 @@ pub async fn host(
         lease,
         row,
         lost: lost.clone(),
+        session: None,
     };
     let ended = host.run(&shutdown, &drain).await;
     keeper.abort();

@@ -368,7 +368,7 @@ async fn exec(
         spec.env.clone(),
         Some(spec),
     );
-    match step::run(&command, &host.worker.sandbox, stop).await {
+    match host.run_command(&command, stop).await {
         Ok(outcome) => json!({
             "exit_code": outcome.exit_code,
             "signal": outcome.signal,
@@ -405,7 +405,8 @@ async fn file_command(
         BTreeMap::new(),
         None,
     );
-    let outcome = step::run(&command, &host.worker.sandbox, stop)
+    let outcome = host
+        .run_command(&command, stop)
         .await
         .map_err(|e| e.to_string())?;
     let stdout = tokio::fs::read(&outcome.stdout_path)

@@ -15,15 +15,18 @@
 //!
 //! Limits (memory, processes, CPU time, open files) come from a cgroup where the host
 //! delegates one ([`cgroup`]), rlimits otherwise. [`probe`] finds out at start what the
-//! host allows; [`Mode`] decides what to do when it allows less.
+//! host allows; [`Mode`] decides what to do when it allows less. A sandbox resource
+//! keeps one [`Session`] of namespaces that its commands enter.
 
 pub mod cgroup;
 pub mod probe;
 mod running;
+mod session;
 mod view;
 
 pub use probe::Report;
 pub use running::{Limit, Live, Running};
+pub use session::Session;
 pub use view::{resolve_cwd, CwdRefused};
 
 use cairn_common::run::StepLimits;
@@ -225,7 +228,7 @@ impl Sandbox {
         };
         cmd.env_clear().envs(env);
         let rlimits = view::rlimits(&spec.limits, group.is_some());
-        view::before_exec(&mut cmd, group.as_ref(), rlimits);
+        view::before_exec(&mut cmd, group.as_ref(), rlimits, false);
         Ok((cmd, group))
     }
 }

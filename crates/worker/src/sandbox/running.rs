@@ -35,6 +35,9 @@ pub struct Running {
     pub group: Option<Arc<Group>>,
     /// The CPU limit, in ms, checked against the cgroup's measure.
     pub cpu_limit_ms: Option<i64>,
+    /// A command of a sandbox resource: what it leaves running in the background stays
+    /// (its session ends it).
+    pub keeps_leftovers: bool,
 }
 
 impl Running {
@@ -71,6 +74,9 @@ impl Running {
     /// group without namespaces, and whatever its cgroup still holds. In the namespace
     /// sandbox nothing is left: the namespace ended with bubblewrap.
     pub fn end_leftovers(&self) {
+        if self.keeps_leftovers {
+            return;
+        }
         if !self.isolated {
             let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
         }

@@ -267,12 +267,14 @@ fn hard_limit(resource: libc::__rlimit_resource_t) -> u64 {
 }
 
 /// What the child does between fork and exec: dies with the worker, joins its cgroup,
-/// takes its rlimits. Only async-signal-safe system calls on memory prepared before the
-/// fork.
+/// takes its rlimits, and (`no_new_privs`, for a command bubblewrap does not start)
+/// can gain no privilege by exec. Only async-signal-safe system calls on memory
+/// prepared before the fork.
 pub(super) fn before_exec(
     cmd: &mut Command,
     group: Option<&cgroup::Group>,
     rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
+    no_new_privs: bool,
 ) {
     let procs = group.map(|g| g.procs_files()).unwrap_or_default();
     // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
@@ -281,6 +283,9 @@ pub(super) fn before_exec(
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if no_new_privs && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 return Err(io::Error::last_os_error());
             }
             for file in &procs {

@@ -166,6 +166,37 @@ pub async fn stop(
     .await
 }
 
+/// Pause a running sandbox: its processes are frozen in place (an exec in progress
+/// finishes first), for at most the worker's pause limit (30 minutes by default), after
+/// which it behaves like a stop. Cairn keeps no memory checkpoint: a pause that outlives
+/// its worker resumes from the disk.
+#[utoipa::path(post, operation_id = "pause_sandbox", path = "/api/v1/sandboxes/{sandbox_id}/pause", tag = "sandboxes",
+    params(("sandbox_id" = String, Path, description = "32 hex characters"), WaitQuery),
+    responses((status = 200, description = "Paused", body = SandboxView),
+        (status = 202, description = "Pausing: its worker has not frozen it yet", body = SandboxView),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
+        (status = 404, body = ErrorBody), (status = 409, description = "Not running", body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn pause(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(sandbox_id): Path<String>,
+    Query(query): Query<WaitQuery>,
+) -> Result<Response, ApiError> {
+    caller.require(Role::Operator)?;
+    let id = path_id(&sandbox_id, "sandbox_id")?;
+    let wait = query.wait()?;
+    let mut tx = state.pool.begin().await?;
+    let row = lock(&mut tx, id).await?;
+    allowed(row.state, SandboxEvent::Pause)?;
+    if row.desired != "running" {
+        return Err(invalid_state(row.state, SandboxEvent::Pause));
+    }
+    ask(&mut tx, id, "paused").await?;
+    tx.commit().await?;
+    reply_when(&state.pool, id, wait, |v| v.state != SandboxState::Running).await
+}
+
 /// The optional body of resume: the disk may grow here, never shrink.
 #[derive(Debug, Default, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

@@ -1,0 +1,161 @@
+//! A long-lived sandbox (for a sandbox resource): one namespace set and one cgroup that
+//! outlive each command, so that what one exec starts in the background keeps running
+//! for the next, a pause freezes all of it in place, and a stop ends all of it.
+//!
+//! The namespaces are held by a bubblewrap process running `sleep infinity` (its init
+//! reaps what is left behind). Each command enters them with `nsenter` (user, mount,
+//! PID, IPC, and the network namespace unless it asks for the network), as the
+//! sandbox's unprivileged uid (which has no capabilities after `exec`), with
+//! `no_new_privs`, in the session's cgroup and under its rlimits.
+
+use super::cgroup::Group;
+use super::running::Running;
+use super::view::{self, CwdRefused};
+use super::{Sandbox, Spec, WORKSPACE};
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::process::{Child, Command};
+
+/// How long the namespace's init may take to appear.
+const START: Duration = Duration::from_secs(10);
+
+/// The held namespaces of one sandbox.
+#[derive(Debug)]
+pub struct Session {
+    holder: Child,
+    running: Arc<Running>,
+    /// The namespace's init, as the host sees it: what `nsenter` targets.
+    init: i32,
+}
+
+impl Session {
+    /// Freezes (or thaws) every process of the sandbox in place.
+    pub fn freeze(&self, frozen: bool) {
+        self.running.freeze(frozen);
+    }
+
+    fn group(&self) -> Option<&Group> {
+        self.running.group.as_deref()
+    }
+
+    /// Ends every process of the sandbox (frozen ones too) and removes its cgroup.
+    pub async fn end(mut self) {
+        self.running.kill_all();
+        self.running.freeze(false);
+        let _ = self.holder.wait().await;
+        if let Some(group) = self.running.group.clone() {
+            group.remove().await;
+        }
+    }
+}
+
+impl Sandbox {
+    /// Starts the held namespaces of a sandbox resource, or `None` where processes do
+    /// not run in namespaces here (each command then runs on its own).
+    pub async fn start_session(&self, spec: &Spec) -> Result<Option<Session>, String> {
+        if !self.isolates() {
+            return Ok(None);
+        }
+        let holder_spec = Spec {
+            network: false,
+            cwd: None,
+            ..spec.clone()
+        };
+        let argv = ["sleep".to_string(), "infinity".to_string()];
+        let env = BTreeMap::from([("PATH".to_string(), super::DEFAULT_PATH.to_string())]);
+        let (mut cmd, group) = self
+            .command(&argv, &env, &holder_spec)
+            .map_err(|e| e.to_string())?;
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true);
+        let holder = match cmd.spawn() {
+            Ok(holder) => holder,
+            Err(e) => {
+                if let Some(group) = group {
+                    group.remove().await;
+                }
+                return Err(format!("cannot start the sandbox's namespaces: {e}"));
+            }
+        };
+        let pid = holder
+            .id()
+            .and_then(|p| i32::try_from(p).ok())
+            .unwrap_or_default();
+        let running = Arc::new(Running {
+            pid,
+            isolated: true,
+            group: group.map(Arc::new),
+            cpu_limit_ms: None,
+            keeps_leftovers: false,
+        });
+        let deadline = tokio::time::Instant::now() + START;
+        let init = loop {
+            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .unwrap_or_default();
+            if let Some(init) = children
+                .split_whitespace()
+                .next()
+                .and_then(|c| c.parse().ok())
+            {
+                break init;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let session = Session {
+                    holder,
+                    running,
+                    init: 0,
+                };
+                session.end().await;
+                return Err("the sandbox's namespaces did not start".into());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
+        Ok(Some(Session {
+            holder,
+            running,
+            init,
+        }))
+    }
+
+    /// The command that runs `argv` with exactly `env` inside the session's namespaces,
+    /// in its cgroup: its own process group, so that a timeout ends what it started
+    /// and nothing else of the sandbox.
+    pub fn enter(
+        &self,
+        session: &Session,
+        argv: &[String],
+        env: &BTreeMap<String, String>,
+        spec: &Spec,
+    ) -> Result<Command, CwdRefused> {
+        let cwd = view::resolve_cwd(&spec.workspace, spec.cwd.as_deref())?;
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--target={}", session.init))
+            .args(["--user", "--mount", "--pid", "--ipc"]);
+        if !spec.network {
+            cmd.arg("--net");
+        }
+        // The root and working directory of the holder (its view, at the workspace):
+        // nsenter resolves a directory it is given in the worker's view, not the
+        // sandbox's, so a working directory below the workspace is entered by a shell
+        // of the view.
+        cmd.args(["--root", "--wd"])
+            .arg(format!("--setuid={}", self.settings.uid))
+            .arg(format!("--setgid={}", self.settings.gid))
+            .arg("--");
+        if cwd.as_os_str().is_empty() {
+            cmd.args(argv);
+        } else {
+            cmd.args(["/bin/sh", "-c", "cd -- \"$0\" && exec \"$@\""])
+                .arg(Path::new(WORKSPACE).join(&cwd))
+                .args(argv);
+        }
+        cmd.env_clear().envs(env).current_dir("/").process_group(0);
+        let rlimits = view::rlimits(&spec.limits, session.group().is_some());
+        view::before_exec(&mut cmd, session.group(), rlimits, true);
+        Ok(cmd)
+    }
+}
