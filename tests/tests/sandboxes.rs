@@ -808,3 +808,115 @@ async fn an_exec_in_a_sandbox_has_no_authority_beyond_its_tree() {
     );
     assert_eq!(status, 422, "{refused}");
 }
+
+/// The reaper's sandbox rules, by time travel, on the snapshots real sandboxes made:
+/// only the latest stop snapshot stays; named snapshots stay until deleted; a
+/// destroyed sandbox's stop, fork and checkpoints go (bytes too) after the 24-hour
+/// grace, while a fork (its own first checkpoint) keeps its tree.
+#[tokio::test]
+async fn the_reapers_sandbox_rules_act_on_real_sandbox_snapshots() {
+    use cairn_reaper::retention::{Durations, Sweep};
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("sandbox-reaper", 1, Settings::default()).await;
+    let id = create(&cluster, json!({"agent": "coder"}));
+    wait_state(&cluster, &id, "running");
+    let (status, _) = exec(&cluster, &id, "echo one > a.txt");
+    assert_eq!(status, 200);
+    let (_, first) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/stop"), None);
+    let (status, _) = exec(&cluster, &id, "echo two >> a.txt");
+    assert_eq!(status, 200, "the operation resumes it");
+    let (_, named) = cluster.call(
+        "POST",
+        &format!("/api/v1/sandboxes/{id}/snapshots"),
+        Some(&json!({"name": "keep"})),
+    );
+    let (status, forked) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/fork"), None);
+    assert_eq!(status, 201, "{forked}");
+    let fork = forked["sandboxes"][0]["sandbox_id"]
+        .as_str()
+        .expect("fork")
+        .to_string();
+    wait_state(&cluster, &fork, "running");
+    let (_, second) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/stop"), None);
+    let (status, _) = cluster.call("DELETE", &format!("/api/v1/sandboxes/{id}"), None);
+    assert_eq!(status, 200);
+
+    let uuid = |v: &Value| uuid::Uuid::parse_str(v.as_str().expect("id")).expect("uuid");
+    let (first, second) = (
+        uuid(&first["stop_snapshot_id"]),
+        uuid(&second["stop_snapshot_id"]),
+    );
+    let (named, fork_capture) = (uuid(&named["snapshot_id"]), uuid(&forked["snapshot_id"]));
+    let state = |id: uuid::Uuid| {
+        let pool = cluster.pool.clone();
+        async move {
+            sqlx::query_as::<_, (String, String)>(
+                "SELECT status, retention FROM project_snapshots WHERE id = $1",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .expect("snapshot")
+        }
+    };
+    let sweep = |at: chrono::DateTime<chrono::Utc>| {
+        let pool = cluster.pool.clone();
+        async move {
+            Sweep {
+                pool: &pool,
+                now: at,
+                durations: &Durations::default(),
+                batch: 1000,
+                dry_run: false,
+            }
+            .run()
+            .await
+            .expect("sweep")
+        }
+    };
+    let now = chrono::Utc::now();
+    sweep(now + chrono::Duration::hours(1)).await;
+    assert_eq!(
+        state(first).await.1,
+        "superseded",
+        "only the latest stop snapshot stays"
+    );
+    assert_eq!(
+        state(second).await.1,
+        "current",
+        "within the grace of the destroy"
+    );
+    assert_eq!(state(fork_capture).await.1, "current");
+    sweep(now + chrono::Duration::hours(25)).await;
+    assert_eq!(
+        state(second).await,
+        ("deleted".into(), "reclaimed".into()),
+        "a destroyed sandbox's snapshots go after the 24-hour grace"
+    );
+    assert_eq!(
+        state(fork_capture).await,
+        ("deleted".into(), "reclaimed".into())
+    );
+    assert_eq!(
+        state(named).await.1,
+        "current",
+        "named snapshots stay until deleted"
+    );
+    let checkpoints: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM project_snapshots WHERE sandbox_id = $1 AND kind = 'checkpoint' AND retention = 'current'",
+    )
+    .bind(uuid::Uuid::parse_str(&id).expect("uuid"))
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("count");
+    assert_eq!(checkpoints, 0, "its checkpoints go with it");
+
+    // The fork owns its tree: stopped and resumed, it still has every file.
+    let (status, _) = cluster.call("POST", &format!("/api/v1/sandboxes/{fork}/stop"), None);
+    assert_eq!(status, 200);
+    let (status, content) = file(&cluster, &fork, "a.txt");
+    assert_eq!(
+        (status, content.as_slice()),
+        (200, b"one\ntwo\n".as_slice())
+    );
+}

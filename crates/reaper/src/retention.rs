@@ -247,8 +247,9 @@ impl Sweep<'_> {
     }
 
     /// Rule 5: sandbox retention. The latest stop snapshot of a live workspace stays;
-    /// older ones are superseded; named snapshots stay until deleted; snapshots of a
-    /// destroyed workspace go after the grace; memory checkpoints expire after the pause.
+    /// older ones are superseded; named snapshots stay until deleted; the other
+    /// snapshots of a destroyed sandbox (stop, fork, its checkpoints) go after the grace;
+    /// memory checkpoints expire after the pause.
     async fn sandbox(&self, conn: &mut PgConnection) -> Result<u64, sqlx::Error> {
         let superseded = self
             .retire_picked(
@@ -267,7 +268,9 @@ impl Sweep<'_> {
                 conn,
                 ("retired", "workspace_destroyed"),
                 "SELECT p.id FROM project_snapshots p JOIN workspaces w ON w.id = p.workspace_id
-                  WHERE p.kind IN ('stop', 'memory') AND p.retention = 'current'
+                  WHERE (p.kind IN ('stop', 'memory', 'fork')
+                         OR (p.kind = 'checkpoint' AND p.sandbox_id IS NOT NULL))
+                    AND p.retention = 'current'
                     AND w.state = 'destroyed' AND w.destroyed_at <= $3
                     AND p.status NOT IN ('creating', 'uploading', 'restoring')",
                 self.now - self.durations.destroyed_grace,
