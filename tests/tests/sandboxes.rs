@@ -147,10 +147,24 @@ async fn a_sandbox_runs_stops_and_resumes_on_another_worker() {
     let (status, missing) = file(&cluster, &id, "nothing-here");
     assert_eq!(status, 404, "{}", String::from_utf8_lossy(&missing));
 
+    assert_eq!(cluster.metric(0, "cairn_worker_sandboxes_hosted"), 1.0);
+    assert_eq!(
+        cluster.metric(0, "cairn_worker_sandbox_operations_total{kind=\"exec\"}"),
+        1.0
+    );
     let (status, stopped) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/stop"), None);
     assert_eq!(status, 200, "{stopped}");
     assert_eq!(stopped["state"], "stopped");
     assert_eq!(stopped["stop_reason"], "requested");
+    assert_eq!(
+        cluster.metric(0, "cairn_worker_sandboxes_hosted"),
+        0.0,
+        "its slot is released"
+    );
+    assert_eq!(
+        cluster.metric(0, "cairn_worker_sandbox_stops_total{reason=\"stopped\"}"),
+        1.0
+    );
     assert!(stopped["stop_snapshot_id"].is_string(), "{stopped}");
     assert!(
         processes_with(&marker).is_empty(),
@@ -919,4 +933,44 @@ async fn the_reapers_sandbox_rules_act_on_real_sandbox_snapshots() {
         (status, content.as_slice()),
         (200, b"one\ntwo\n".as_slice())
     );
+}
+
+/// A worker told to stop (SIGTERM: a rollout, a scale-down) stops the sandboxes it
+/// holds at once, each with its stop snapshot (`worker_drained`), and exits without
+/// waiting out its drain time; another worker resumes them with their files.
+#[tokio::test]
+async fn a_draining_worker_stops_its_sandboxes_for_another_to_resume() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start(
+        "sandbox-drain",
+        1,
+        Settings {
+            drain_seconds: 60,
+            ..Settings::default()
+        },
+    )
+    .await;
+    let id = create(&cluster, json!({"agent": "coder"}));
+    wait_state(&cluster, &id, "running");
+    let (status, _) = exec(&cluster, &id, "echo kept > kept.txt; (sleep 1000 &)");
+    assert_eq!(status, 200);
+    let started = std::time::Instant::now();
+    cluster.workers[0]
+        .process
+        .signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(cluster.workers[0].process.wait_exit(LONG).is_some());
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "a held sandbox does not wait out the drain time: {:?}",
+        started.elapsed()
+    );
+    let stopped = show(&cluster, &id);
+    assert_eq!(
+        (stopped["state"].as_str(), stopped["stop_reason"].as_str()),
+        (Some("stopped"), Some("worker_drained")),
+        "{stopped}"
+    );
+    cluster.add_worker();
+    let (status, content) = file(&cluster, &id, "kept.txt");
+    assert_eq!((status, content.as_slice()), (200, b"kept\n".as_slice()));
 }

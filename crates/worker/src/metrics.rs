@@ -1,6 +1,9 @@
 //! The worker's metrics.
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -24,6 +27,22 @@ pub struct WorkerMetrics {
     pub captures_failed: Counter,
     pub trees_behind_journal: Counter,
     pub claim_latency_seconds: Histogram,
+    /// Sandboxes this worker holds now (each holds a slot).
+    pub sandboxes_hosted: Gauge,
+    pub sandbox_operations: Family<KindLabel, Counter>,
+    pub sandbox_stops: Family<ReasonLabel, Counter>,
+}
+
+/// The kind of a sandbox operation.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+/// Why a sandbox left this worker.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
 }
 
 impl Default for WorkerMetrics {
@@ -50,6 +69,9 @@ impl Default for WorkerMetrics {
             captures_failed: Counter::default(),
             trees_behind_journal: Counter::default(),
             claim_latency_seconds: Histogram::new(buckets),
+            sandboxes_hosted: Gauge::default(),
+            sandbox_operations: Family::default(),
+            sandbox_stops: Family::default(),
         }
     }
 }
@@ -76,6 +98,9 @@ impl WorkerMetrics {
             "worker_verification_checks_reused", "Verification checks answered by an earlier passed, confined result" => m.checks_reused;
             "worker_verification_checks_unconfined", "Verification checks that ran outside the namespace sandbox (never reusable)" => m.checks_unconfined;
             "worker_claim_latency_seconds", "Time from a request being queued to this worker claiming it" => m.claim_latency_seconds;
+            "worker_sandboxes_hosted", "Sandboxes this worker holds now, running or paused (each holds a slot)" => m.sandboxes_hosted;
+            "worker_sandbox_operations", "Sandbox operations carried out, by kind (exec, read, write, list, snapshot, fork)" => m.sandbox_operations;
+            "worker_sandbox_stops", "Sandboxes that left this worker, by how (stopped, destroyed, pause_expired, worker_drained, failed, lease_lost)" => m.sandbox_stops;
         );
         m
     }

@@ -10,6 +10,8 @@ pub struct ApiMetrics {
     pub runs_admitted: Counter,
     pub continuations_admitted: Counter,
     pub verifications_adopted: Counter,
+    pub sandboxes_created: Counter,
+    pub sandbox_operations: Counter,
 }
 
 impl ApiMetrics {
@@ -19,6 +21,8 @@ impl ApiMetrics {
             "runs_admitted", "Runs admitted (each with its ticket and outbox message)" => metrics.runs_admitted;
             "continuations_admitted", "Reviewed continuation actions admitted" => metrics.continuations_admitted;
             "verifications_adopted", "Verification handoffs adopted (each queued on the same ticket)" => metrics.verifications_adopted;
+            "sandboxes_created", "Sandboxes recorded and queued for placement (created, restored or forked through the API)" => metrics.sandboxes_created;
+            "sandbox_operations", "Sandbox operations (exec, files, snapshots, forks) recorded for their worker" => metrics.sandbox_operations;
         );
         metrics
     }

@@ -50,7 +50,7 @@ impl Host {
             Ok(tree) => tree,
             Err(Unacquired::Failed(reason)) => {
                 self.failed(&reason).await?;
-                return Ok("failed to start");
+                return Ok("failed_to_start");
             }
             Err(Unacquired::Host(e)) => {
                 // The sweeper places it again (its attempts are counted).
@@ -68,7 +68,7 @@ impl Host {
                 Ok(Err(e)) => {
                     self.failed(&format!("scrubbing the copied tree: {e}"))
                         .await?;
-                    return Ok("failed to start");
+                    return Ok("failed_to_start");
                 }
                 Err(e) => return Err(HostError::Transient(e.to_string())),
             }
@@ -93,7 +93,7 @@ impl Host {
             Ok(session) => session,
             Err(reason) => {
                 self.failed(&reason).await?;
-                return Ok("failed to start");
+                return Ok("failed_to_start");
             }
         };
         self.running(&tree).await?;
@@ -124,7 +124,7 @@ impl Host {
                 _ = self.lost.cancelled() => return Err(self.lost_error()),
                 _ = shutdown.cancelled() => {
                     self.stop(tree, Some("worker_drained")).await?;
-                    return Ok("stopped: the worker stops");
+                    return Ok("worker_drained");
                 }
                 _ = tokio::time::sleep(POLL) => {}
             }
@@ -160,7 +160,7 @@ impl Host {
                 // A pause lasts at most the limit, then it behaves like a stop.
                 (_, Some(since)) if since.elapsed() >= self.worker.settings.pause_limit => {
                     self.stop(tree, Some("pause_expired")).await?;
-                    return Ok("stopped: its pause expired");
+                    return Ok("pause_expired");
                 }
                 ("paused", None) => {
                     self.pause(true).await?;

@@ -138,8 +138,22 @@ pub async fn host(
         lost: lost.clone(),
         session: None,
     };
+    worker.metrics.sandboxes_hosted.inc();
     let ended = host.run(&shutdown, &drain).await;
     keeper.abort();
+    worker.metrics.sandboxes_hosted.dec();
+    let reason = match &ended {
+        Ok(how) => *how,
+        Err(HostError::Lost(_)) => "lease_lost",
+        Err(_) => "error",
+    };
+    worker
+        .metrics
+        .sandbox_stops
+        .get_or_create(&crate::metrics::ReasonLabel {
+            reason: reason.to_string(),
+        })
+        .inc();
     match &ended {
         Ok(how) => tracing::info!(how, "sandbox left this worker"),
         Err(HostError::Lost(e)) => {

@@ -53,6 +53,14 @@ pub async fn perform(
         return Ok(());
     }
     let operation: Result<Operation, _> = serde_json::from_value(body);
+    let kind = operation.as_ref().map_or("undecodable", Operation::kind);
+    host.worker
+        .metrics
+        .sandbox_operations
+        .get_or_create(&crate::metrics::KindLabel {
+            kind: kind.to_string(),
+        })
+        .inc();
     if let Ok(Operation::Snapshot(_) | Operation::Fork(_)) = &operation {
         return capture(host, tree, id, operation.as_ref().ok()).await;
     }

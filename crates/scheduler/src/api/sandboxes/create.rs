@@ -92,6 +92,7 @@ pub async fn admit(
     };
     let view = view::require(&mut tx, id).await?;
     tx.commit().await?;
+    state.metrics.sandboxes_created.inc();
     let mut response = (StatusCode::CREATED, Json(&view)).into_response();
     if let Ok(location) = HeaderValue::from_str(&format!("/api/v1/sandboxes/{}", view.sandbox_id)) {
         response.headers_mut().insert("location", location);

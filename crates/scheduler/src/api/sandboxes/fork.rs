@@ -90,6 +90,12 @@ pub async fn fork(
                 sandboxes.push(view::require(&mut conn, fork).await?);
             }
         }
+        if !replay {
+            state
+                .metrics
+                .sandboxes_created
+                .inc_by(sandboxes.len() as u64);
+        }
         let made = ForkView {
             snapshot_id: snapshot.into(),
             source_frozen_ms: result["frozen_ms"].as_i64().unwrap_or_default(),

@@ -73,6 +73,7 @@ async fn submit(
     }
     let operation_id = record(&mut tx, id, &operation).await?;
     tx.commit().await?;
+    state.metrics.sandbox_operations.inc();
     await_receipt(state, operation_id, wait).await
 }
 

@@ -147,6 +147,7 @@ pub async fn submit_once(
         remember(&mut tx, key, &digest, id, Some(operation_id)).await?;
     }
     tx.commit().await?;
+    state.metrics.sandbox_operations.inc();
     let (status, view) = await_receipt(state, operation_id, wait).await?;
     Ok((status, view, false))
 }
