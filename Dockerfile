@@ -19,7 +19,8 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
 FROM debian:bookworm-slim
 # git: the worker clones and inspects workspaces. ca-certificates: TLS to Postgres,
 # RabbitMQ, Redis and object stores. tini: PID 1 that forwards signals and reaps children.
-# bubblewrap: the step sandbox (not set-user-id: it needs user namespaces in the pod).
+# bubblewrap: the step sandbox (not set-user-id: it needs user namespaces in the pod);
+# nsenter, which enters a sandbox resource's held namespaces, is util-linux's, in the base.
 RUN apt-get update \
  && apt-get install -y --no-install-recommends bubblewrap ca-certificates git tini \
  && rm -rf /var/lib/apt/lists/*

@@ -249,6 +249,17 @@ async fn a_worker_killed_mid_exec_leaves_the_sandbox_stopped_at_its_last_durable
     assert_eq!(answer.status, 200, "{}", answer.body);
     assert_eq!(answer.json()["state"], "interrupted", "{}", answer.body);
 
+    // Its one workspace row is on no worker's directory any more: no janitor takes it
+    // for a leftover of its own to destroy (which the reaper would follow).
+    let tree_row: (String, Option<uuid::Uuid>) = sqlx::query_as(
+        "SELECT w.state, w.directory_id FROM workspaces w JOIN sandboxes s ON s.workspace_id = w.id
+          WHERE s.id = $1",
+    )
+    .bind(uuid::Uuid::parse_str(&id).expect("uuid"))
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("workspace");
+    assert_eq!(tree_row, ("stopped".to_string(), None));
     cluster.add_worker();
     let (status, resumed) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/resume"), None);
     assert_eq!(status, 200, "{resumed}");
@@ -642,6 +653,10 @@ async fn cairnctl_drives_sandboxes_and_snapshots() {
     let deleted = json(&["snapshot", "delete", &snapshot, "--json"]);
     assert_eq!(deleted["status"], "deleted");
 
+    let paused = json(&["sandbox", "pause", &id, "--json"]);
+    assert_eq!(paused["state"], "paused", "{paused}");
+    let thawed = json(&["sandbox", "resume", &id, "--json"]);
+    assert_eq!(thawed["state"], "running", "{thawed}");
     let stopped = json(&["sandbox", "stop", &id, "--json"]);
     assert_eq!(stopped["state"], "stopped", "{stopped}");
     let resumed = json(&[
@@ -973,4 +988,71 @@ async fn a_draining_worker_stops_its_sandboxes_for_another_to_resume() {
     cluster.add_worker();
     let (status, content) = file(&cluster, &id, "kept.txt");
     assert_eq!((status, content.as_slice()), (200, b"kept\n".as_slice()));
+}
+
+/// A sandbox whose tree cannot be prepared (its repository cannot be cloned) ends in
+/// `error` with the reason; deleting the record destroys it.
+#[tokio::test]
+async fn a_sandbox_that_cannot_be_prepared_ends_in_error_and_its_record_is_deleted() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("sandbox-error", 1, Settings::default()).await;
+    let missing = cluster.dir.join("no-such-repository");
+    let id = create(
+        &cluster,
+        json!({"agent": "coder", "repository": missing.to_string_lossy()}),
+    );
+    let failed = wait_state(&cluster, &id, "error");
+    let reason = failed["error_reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("clone"),
+        "the reason says what failed: {failed}"
+    );
+    let (status, refused) = exec(&cluster, &id, "true");
+    assert_eq!(status, 409, "{refused}");
+    let (status, deleted) = cluster.call("DELETE", &format!("/api/v1/sandboxes/{id}"), None);
+    assert_eq!(status, 200, "{deleted}");
+    assert_eq!(deleted["state"], "destroyed");
+}
+
+/// Cairn keeps no memory checkpoint: a pause that outlives its worker resumes from the
+/// disk, on any worker, without its processes.
+#[tokio::test]
+async fn a_pause_that_outlives_its_worker_resumes_from_the_disk() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("sandbox-pause-lost", 1, Settings::default()).await;
+    let id = create(&cluster, json!({"agent": "coder"}));
+    wait_state(&cluster, &id, "running");
+    let marker = format!("sleep 0.1{}", uuid::Uuid::new_v4().as_u128() % 1_000_000);
+    let (status, _) = exec(
+        &cluster,
+        &id,
+        &format!("echo kept > kept.txt; (while :; do {marker}; done) > /dev/null 2>&1 &"),
+    );
+    assert_eq!(status, 200);
+    let (status, paused) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/pause"), None);
+    assert_eq!(
+        (status, &paused["state"]),
+        (200, &json!("paused")),
+        "{paused}"
+    );
+    cluster.workers[0]
+        .process
+        .signal(nix::sys::signal::Signal::SIGKILL);
+    // Reaped, as its pod would be: a worker's start ends what a dead worker's frozen
+    // sandbox left.
+    assert!(cluster.workers[0].process.wait_exit(LONG).is_some());
+    let stopped = wait_state(&cluster, &id, "stopped");
+    assert_eq!(stopped["stop_reason"], "worker_lost", "{stopped}");
+    cluster.add_worker();
+    let (status, resumed) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/resume"), None);
+    assert_eq!(
+        (status, &resumed["state"]),
+        (200, &json!("running")),
+        "{resumed}"
+    );
+    let (_, kept) = file(&cluster, &id, "kept.txt");
+    assert_eq!(kept, b"kept\n", "the disk survives");
+    cluster.wait_until("the frozen processes of the lost worker end", LONG, || {
+        processes_with(&marker).is_empty()
+    });
 }

@@ -12,6 +12,7 @@
 //! `cairn-bench steps` prints the per-step overhead (intent → receipt on a durable tree)
 //! on an empty tree and on the 1 GiB tree with 1 % changed per step.
 
+mod lifecycle;
 mod pipeline;
 mod reaper;
 mod sandbox;
@@ -80,6 +81,19 @@ enum Bench {
         /// Commands per mode.
         #[arg(long, default_value_t = 500)]
         runs: usize,
+        /// Also a sandbox resource's lifecycle on the generated tree: fork (the
+        /// source's freeze, fork → running, beside a restore), stop, and resume on
+        /// another worker.
+        #[arg(long)]
+        lifecycle: bool,
+        /// Files in the generated tree (with --lifecycle).
+        #[arg(long, default_value_t = 50_000)]
+        files: usize,
+        /// Total size of the generated tree, in MiB (with --lifecycle).
+        #[arg(long, default_value_t = 1024)]
+        size_mib: u64,
+        #[command(flatten)]
+        postgres: Postgres,
     },
     /// Snapshot capture, incremental capture and restore against tar+zstd and restic.
     Snapshot {
@@ -127,7 +141,26 @@ async fn main() -> anyhow::Result<()> {
             files,
             size_mib,
         } => snapshot::run(tree, files, size_mib).await,
-        Bench::Sandbox { runs } => sandbox::run(runs).await,
+        Bench::Sandbox {
+            runs,
+            lifecycle,
+            files,
+            size_mib,
+            postgres,
+        } => {
+            sandbox::run(runs).await?;
+            if lifecycle {
+                println!();
+                lifecycle::Lifecycle {
+                    files,
+                    size_mib,
+                    postgres: &postgres.postgres,
+                }
+                .run()
+                .await?;
+            }
+            Ok(())
+        }
         Bench::Pipeline {
             runs,
             workers,

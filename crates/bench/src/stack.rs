@@ -46,6 +46,8 @@ pub struct StackSettings<'a> {
 
 pub struct Stack {
     pub base: String,
+    /// The workers' ids, in the order of `processes` after the scheduler.
+    worker_ids: Vec<String>,
     pub token: String,
     pub http: reqwest::Client,
     pub pool: sqlx::PgPool,
@@ -78,6 +80,7 @@ impl Stack {
                 .stderr(Stdio::null());
         };
         let mut processes = Processes(Vec::new());
+        let mut worker_ids = Vec::new();
         let mut scheduler = Command::new(bin.join("cairn-scheduler"));
         common(&mut scheduler);
         scheduler
@@ -112,10 +115,12 @@ impl Stack {
             processes
                 .0
                 .push(worker.spawn().context("starting cairn-worker")?);
+            worker_ids.push(format!("bench-{i}"));
         }
         let pool = sqlx::PgPool::connect(&database_url).await?;
         Ok(Stack {
             base,
+            worker_ids,
             token,
             http,
             pool,
@@ -167,6 +172,22 @@ impl Stack {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Stops one worker (SIGTERM, then waits for it).
+    pub fn stop_worker(&mut self, id: &str) -> anyhow::Result<()> {
+        let index = self
+            .worker_ids
+            .iter()
+            .position(|w| w == id)
+            .context("no such worker")?;
+        let child = &mut self.processes.0[index + 1];
+        Command::new("kill")
+            .arg("-TERM")
+            .arg(child.id().to_string())
+            .status()?;
+        child.wait()?;
+        Ok(())
     }
 
     /// Stops the processes and drops the database, queues and scratch space.

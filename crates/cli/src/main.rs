@@ -68,7 +68,8 @@ enum Command {
     /// Submit, list, show, watch and cancel runs.
     #[command(subcommand)]
     Runs(RunsCommand),
-    /// Sandboxes: create, list, show, exec, files, stop, resume, extend, fork, destroy.
+    /// Sandboxes: create, list, show, exec, files, stop, pause, resume, extend, fork,
+    /// destroy.
     #[command(subcommand)]
     Sandbox(SandboxCommand),
     /// Sandbox snapshots: save, list, info, fork, delete, restore.

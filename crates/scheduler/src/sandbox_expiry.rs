@@ -1,5 +1,5 @@
 //! Sandbox timeouts, idle-anchored: every exec or file operation (and an extend) counts
-//! as activity. When `timeout_sec`, or a non-zero `idle_timeout_sec`, has passed since
+//! as activity, and so does an operation still running. When `timeout_sec`, or a non-zero `idle_timeout_sec`, has passed since
 //! the last activity, a persistent sandbox is stopped (its stop snapshot captured by its
 //! worker) and a non-persistent one destroyed. `always_on` disables both until an
 //! explicit lifecycle action.
@@ -27,6 +27,9 @@ pub async fn expire(pool: &PgPool, batch: i64) -> Result<Expired, sqlx::Error> {
                      ELSE 'idle_timeout' END
            FROM sandboxes
           WHERE NOT always_on AND desired = state
+            -- An operation in progress (or waiting) is activity.
+            AND NOT EXISTS (SELECT 1 FROM sandbox_operations o
+                             WHERE o.sandbox_id = sandboxes.id AND o.state IN ('pending', 'running'))
             AND (state = 'running' OR (state = 'stopped' AND NOT persistent))
             AND (last_activity_at + make_interval(secs => timeout_sec) <= now()
                  OR (idle_timeout_sec > 0 AND last_activity_at + make_interval(secs => idle_timeout_sec) <= now()))

@@ -53,7 +53,7 @@ pub async fn sweep(pool: &PgPool, batch: i64) -> Result<SandboxSweep, sqlx::Erro
                 .await?;
                 record::interrupt_operations(&mut savepoint, id, "its worker was lost first")
                     .await?;
-                record::end_holds(&mut savepoint, id, "worker_lost").await?;
+                record::tree_released(&mut savepoint, id, "worker_lost").await?;
                 tracing::info!(sandbox_id = %id, "sandbox's worker lost; stopped at its last durable tree");
                 report.stopped += 1;
             }

@@ -1,5 +1,5 @@
-//! `cairnctl sandbox`: create, list, show, exec, files, stop, resume, extend, fork and
-//! destroy sandboxes, and read their journal of operations.
+//! `cairnctl sandbox`: create, list, show, exec, files, stop, pause, resume, extend, fork
+//! and destroy sandboxes, and read their journal of operations.
 
 use crate::client::{exit, CallError, Client};
 use crate::{id, output, usage};
@@ -75,6 +75,8 @@ pub enum SandboxCommand {
     Files(FilesCommand),
     /// Stop: processes end, the tree is captured (the stop snapshot), the slot released.
     Stop { sandbox: String },
+    /// Pause: the sandbox's processes are frozen in place (at most the pause limit).
+    Pause { sandbox: String },
     /// Resume a stopped or paused sandbox (on any worker).
     Resume {
         sandbox: String,
@@ -300,6 +302,9 @@ pub async fn sandbox(
         SandboxCommand::Files(command) => files(client, command, json).await,
         SandboxCommand::Stop { sandbox } => {
             lifecycle(client, Method::POST, &sandbox, "/stop", None, &[], json).await
+        }
+        SandboxCommand::Pause { sandbox } => {
+            lifecycle(client, Method::POST, &sandbox, "/pause", None, &[], json).await
         }
         SandboxCommand::Resume {
             sandbox,

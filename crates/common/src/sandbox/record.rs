@@ -128,6 +128,27 @@ pub async fn end_holds(conn: &mut PgConnection, id: Uuid, reason: &str) -> Resul
     Ok(())
 }
 
+/// The sandbox's tree is on no worker any more (it stopped, or its worker was lost):
+/// its holds end, and its one workspace row (which the reaper's sandbox rules follow)
+/// stays `stopped` with no directory, so no worker's janitor ever takes it for a tree
+/// of its own to destroy.
+pub async fn tree_released(
+    conn: &mut PgConnection,
+    id: Uuid,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    end_holds(conn, id, reason).await?;
+    sqlx::query(
+        "UPDATE workspaces SET state = 'stopped', host = NULL, path = NULL, directory_id = NULL,
+                updated_at = now()
+          WHERE id = (SELECT workspace_id FROM sandboxes WHERE id = $1) AND state <> 'destroyed'",
+    )
+    .bind(id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// Destroys a sandbox no worker holds: released, its pending operations ended, its
 /// tree's holds ended and its workspace row destroyed (its snapshots go after the
 /// reaper's grace).

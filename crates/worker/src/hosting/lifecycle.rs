@@ -424,7 +424,6 @@ pub async fn stopped(
     conn: &mut PgConnection,
     lease: &Lease,
     row: &SandboxRow,
-    tree: &SandboxTree,
     snapshot_id: Uuid,
     reason: Option<&str>,
 ) -> Result<(), HostError> {
@@ -444,13 +443,6 @@ pub async fn stopped(
     .execute(&mut *conn)
     .await?;
     record::interrupt_operations(conn, row.id, "the sandbox stopped before it ran").await?;
-    record::end_holds(conn, row.id, "sandbox_stopped").await?;
-    sqlx::query(
-        "UPDATE workspaces SET state = 'stopped', host = NULL, path = NULL, directory_id = NULL,
-                updated_at = now() WHERE id = $1",
-    )
-    .bind(tree.workspace_id)
-    .execute(&mut *conn)
-    .await?;
+    record::tree_released(conn, row.id, "sandbox_stopped").await?;
     Ok(())
 }

@@ -135,8 +135,8 @@ pub async fn perform(
 }
 
 /// A snapshot resource (or a fork's capture and its sandboxes). The sandbox takes no
-/// other operation meanwhile (operations run in order), so the capture is consistent;
-/// its receipt says how long that lasted.
+/// other operation meanwhile (operations run in order) and its processes are frozen,
+/// so the capture is consistent; its receipt says how long that lasted.
 async fn capture(
     host: &Host,
     tree: &mut SandboxTree,
@@ -155,7 +155,16 @@ async fn capture(
         fork,
         started,
     };
-    match tree::commit(&host.worker, &host.lease, &host.row, tree, seal).await {
+    // The processes the sandbox keeps in the background are frozen for the capture, so
+    // that it is of one moment; they continue the moment it is taken.
+    if let Some(session) = &host.session {
+        session.freeze(true);
+    }
+    let committed = tree::commit(&host.worker, &host.lease, &host.row, tree, seal).await;
+    if let Some(session) = &host.session {
+        session.freeze(false);
+    }
+    match committed {
         Ok(_) => Ok(()),
         Err(HostError::Lost(e)) => Err(HostError::Lost(e)),
         Err(e) => {

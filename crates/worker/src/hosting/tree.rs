@@ -388,7 +388,7 @@ pub async fn commit(
                 finish_operation(&mut tx, *id, lease.epoch, &result, snapshot_id).await?;
             }
             Seal::Stop { reason } => {
-                super::lifecycle::stopped(&mut tx, lease, row, tree, snapshot_id, *reason).await?;
+                super::lifecycle::stopped(&mut tx, lease, row, snapshot_id, *reason).await?;
             }
         }
         tx.commit().await.map_err(HostError::Db)?;

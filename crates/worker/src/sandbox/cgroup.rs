@@ -190,7 +190,9 @@ fn v1_directory(own: &str, mountinfo: &str, controller: &str) -> Option<PathBuf>
 
 /// Removes the step cgroups that workers which died without cleaning up (killed, or
 /// crashed) left under `parent`: `cairn-<pid>-…` of a process that no longer exists.
-/// A cgroup that still holds a process is not removed (rmdir refuses it).
+/// What such a group still holds (a process a frozen pause kept from dying with its
+/// worker) is thawed and killed first; a group whose processes have not left yet stays
+/// for the next start.
 fn remove_stale(parent: &Path) {
     let Ok(entries) = std::fs::read_dir(parent) else {
         return;
@@ -210,11 +212,30 @@ fn remove_stale(parent: &Path) {
         }
         if let Ok(steps) = std::fs::read_dir(entry.path()) {
             for step in steps.flatten().filter(|s| s.path().is_dir()) {
+                end_processes(&step.path());
                 let _ = std::fs::remove_dir(step.path());
             }
         }
         let _ = std::fs::remove_dir(entry.path());
     }
+}
+
+/// Kills every process of a left-over group and thaws it (a frozen process dies only
+/// once thawed), in whichever version's files the group has.
+fn end_processes(dir: &Path) {
+    let procs = std::fs::read_to_string(dir.join("cgroup.procs")).unwrap_or_default();
+    for pid in procs
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+    {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let _ = write(&dir.join("cgroup.kill"), "1");
+    let _ = write(&dir.join("freezer.state"), "THAWED");
+    let _ = write(&dir.join("cgroup.freeze"), "0");
 }
 
 fn write(path: &Path, value: &str) -> io::Result<()> {

@@ -328,3 +328,18 @@ pub async fn operations(
         operations: rows.into_iter().map(operation_view).collect(),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::durability;
+
+    #[test]
+    fn only_an_object_store_is_replicated() {
+        assert_eq!(durability(None), "local_only");
+        assert_eq!(durability(Some("/var/lib/cairn/artifacts")), "local_only");
+        assert_eq!(durability(Some("file:///data")), "local_only");
+        for url in ["s3://bucket/cairn", "gs://bucket", "az://container/x"] {
+            assert_eq!(durability(Some(url)), "replicated", "{url}");
+        }
+    }
+}
