@@ -141,7 +141,6 @@ pub async fn host(
     worker.metrics.sandboxes_hosted.inc();
     let ended = host.run(&shutdown, &drain).await;
     keeper.abort();
-    worker.metrics.sandboxes_hosted.dec();
     let reason = match &ended {
         Ok(how) => *how,
         Err(HostError::Lost(_)) => "lease_lost",
@@ -154,6 +153,8 @@ pub async fn host(
             reason: reason.to_string(),
         })
         .inc();
+    // After its reason is counted: a reader that sees the slot free sees why.
+    worker.metrics.sandboxes_hosted.dec();
     match &ended {
         Ok(how) => tracing::info!(how, "sandbox left this worker"),
         Err(HostError::Lost(e)) => {

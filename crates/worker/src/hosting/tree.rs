@@ -117,12 +117,14 @@ pub async fn acquire(worker: &Worker, row: &SandboxRow) -> Result<SandboxTree, U
                 "the source snapshot is {status}; only a ready snapshot is restored"
             )));
         }
-        restore(worker, id, &store_url, &workspace).await?;
+        let index = restore(worker, id, &store_url, &workspace).await?;
         return Ok(SandboxTree {
             workspace,
             workspace_id: row.workspace_id.unwrap_or_else(Uuid::new_v4),
             position: None,
-            index: None,
+            // The restored tree's own stats: its first capture reads only what changed
+            // (the identity files the scrub removes), not the whole tree again.
+            index: Some(Arc::new(index)),
             uncaptured: true,
             origin: "source",
         });
