@@ -159,7 +159,8 @@ pub struct RunSpec {
     pub max_attempts: Option<u32>,
 }
 
-fn valid_name(text: &str, max: usize) -> bool {
+/// A name of letters, digits, `.`, `_` and `-`, 1 to `max` long (agents, step keys).
+pub fn valid_name(text: &str, max: usize) -> bool {
     !text.is_empty()
         && text.len() <= max
         && text

@@ -229,8 +229,10 @@ pub async fn create(
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Only this sandbox's snapshots.
+    #[param(pattern = "^[0-9a-f]{32}$")]
     pub sandbox_id: Option<String>,
     /// At most this many, newest first (1 to 500, default 100).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<i64>,
 }
 

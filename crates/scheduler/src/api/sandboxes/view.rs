@@ -172,9 +172,13 @@ pub async fn show(
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
     /// Only sandboxes in this state.
+    #[param(pattern = "^(creating|running|stopped|paused|error|destroyed)$")]
     pub state: Option<String>,
+    /// Only this agent's sandboxes.
+    #[param(pattern = "^[A-Za-z0-9._-]{1,128}$")]
     pub agent: Option<String>,
     /// At most this many, newest first (1 to 500, default 100).
+    #[param(minimum = 1, maximum = 500)]
     pub limit: Option<i64>,
 }
 
@@ -202,6 +206,15 @@ pub async fn list(
                 "state is one of creating, running, stopped, paused, error, destroyed",
             )
             .with_field("state"));
+        }
+    }
+    if let Some(agent) = &query.agent {
+        if !cairn_common::run::valid_name(agent, 128) {
+            return Err(ApiError::bad_request(
+                "invalid_agent",
+                "agent is 1 to 128 characters of letters, digits, '.', '_' or '-'",
+            )
+            .with_field("agent"));
         }
     }
     let limit = query.limit.unwrap_or(100);
