@@ -46,9 +46,17 @@ where
 }
 
 /// Decodes a JSON body, naming the offending field on failure. The body is exactly one
-/// JSON value (anything after it is malformed), and no string in it holds a NUL: no
+/// JSON object (anything after it is malformed), and no string in it holds a NUL: no
 /// field Cairn stores can, so one is refused by name instead of by the database.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    // Every body is an object: serde would also build a struct from an array of its
+    // fields in order, which no client means.
+    if bytes.trim_ascii_start().first() == Some(&b'[') {
+        return Err(ApiError::bad_request(
+            "invalid_body",
+            "the body must be a JSON object",
+        ));
+    }
     let deserializer = &mut serde_json::Deserializer::from_slice(bytes);
     let value: T = match typed(deserializer) {
         Ok(value) => {

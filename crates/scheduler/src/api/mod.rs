@@ -3,6 +3,7 @@
 //! - [`error`]: the error body every route shares.
 //! - [`json`]: the strict JSON extractor.
 //! - [`idempotency`]: the `Idempotency-Key` header.
+//! - [`query`]: the query string extractor with the API's error body.
 //! - [`auth`]: tokens and roles.
 //! - [`runs`], [`pause`], [`policy`], [`continuation`], [`verification`], [`tokens`],
 //!   [`credentials`]: the routes. Continuations and verification handoffs each have a
@@ -20,6 +21,7 @@ pub mod json;
 pub mod openapi;
 pub mod pause;
 pub mod policy;
+pub mod query;
 pub mod runs;
 pub mod sandboxes;
 pub mod state;

@@ -9,9 +9,10 @@ use crate::api::auth::{Caller, Role};
 use crate::api::error::{ApiError, ErrorBody};
 use crate::api::json;
 use crate::api::path_id;
+use crate::api::query::StrictQuery;
 use crate::api::AppState;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -142,7 +143,7 @@ pub async fn stop(
     State(state): State<AppState>,
     caller: Caller,
     Path(sandbox_id): Path<String>,
-    Query(query): Query<WaitQuery>,
+    StrictQuery(query): StrictQuery<WaitQuery>,
 ) -> Result<Response, ApiError> {
     caller.require(Role::Operator)?;
     let id = path_id(&sandbox_id, "sandbox_id")?;
@@ -181,7 +182,7 @@ pub async fn pause(
     State(state): State<AppState>,
     caller: Caller,
     Path(sandbox_id): Path<String>,
-    Query(query): Query<WaitQuery>,
+    StrictQuery(query): StrictQuery<WaitQuery>,
 ) -> Result<Response, ApiError> {
     caller.require(Role::Operator)?;
     let id = path_id(&sandbox_id, "sandbox_id")?;
@@ -206,11 +207,12 @@ pub struct ResumeSpec {
     pub disk_mb: Option<u32>,
 }
 
-/// An optional JSON body: empty is the default.
+/// An optional JSON body: empty (or `null`) is the default.
 pub fn optional_body<T: serde::de::DeserializeOwned + Default>(
     body: &Bytes,
 ) -> Result<T, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
+    let text = body.trim_ascii();
+    if text.is_empty() || text == b"null" {
         Ok(T::default())
     } else {
         json::decode(body)
@@ -283,7 +285,7 @@ pub async fn resume(
     caller: Caller,
     headers: HeaderMap,
     Path(sandbox_id): Path<String>,
-    Query(query): Query<WaitQuery>,
+    StrictQuery(query): StrictQuery<WaitQuery>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     caller.require(Role::Operator)?;
@@ -377,7 +379,7 @@ pub async fn destroy(
     State(state): State<AppState>,
     caller: Caller,
     Path(sandbox_id): Path<String>,
-    Query(query): Query<WaitQuery>,
+    StrictQuery(query): StrictQuery<WaitQuery>,
 ) -> Result<Response, ApiError> {
     caller.require(Role::Operator)?;
     let id = path_id(&sandbox_id, "sandbox_id")?;

@@ -9,9 +9,10 @@ use crate::api::auth::{Caller, Role};
 use crate::api::error::{ApiError, ErrorBody};
 use crate::api::json::StrictJson;
 use crate::api::path_id;
+use crate::api::query::StrictQuery;
 use crate::api::AppState;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -203,7 +204,7 @@ pub async fn list(
     State(state): State<AppState>,
     caller: Caller,
     Path(sandbox_id): Path<String>,
-    Query(query): Query<PathQuery>,
+    StrictQuery(query): StrictQuery<PathQuery>,
 ) -> Result<Response, ApiError> {
     caller.require(Role::Operator)?;
     let id = path_id(&sandbox_id, "sandbox_id")?;
@@ -227,7 +228,7 @@ pub async fn read(
     State(state): State<AppState>,
     caller: Caller,
     Path(sandbox_id): Path<String>,
-    Query(query): Query<PathQuery>,
+    StrictQuery(query): StrictQuery<PathQuery>,
 ) -> Result<Response, ApiError> {
     caller.require(Role::Operator)?;
     let id = path_id(&sandbox_id, "sandbox_id")?;
@@ -258,7 +259,7 @@ pub async fn write(
     State(state): State<AppState>,
     caller: Caller,
     Path(sandbox_id): Path<String>,
-    Query(query): Query<PathQuery>,
+    StrictQuery(query): StrictQuery<PathQuery>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     caller.require(Role::Operator)?;

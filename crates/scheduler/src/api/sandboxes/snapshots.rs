@@ -10,9 +10,10 @@ use super::view::{durability, OperationView};
 use crate::api::auth::{Caller, Role};
 use crate::api::error::{ApiError, ErrorBody};
 use crate::api::path_id;
+use crate::api::query::StrictQuery;
 use crate::api::AppState;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -248,7 +249,7 @@ pub struct SnapshotList {
 pub async fn list(
     State(state): State<AppState>,
     caller: Caller,
-    Query(query): Query<ListQuery>,
+    StrictQuery(query): StrictQuery<ListQuery>,
 ) -> Result<Json<SnapshotList>, ApiError> {
     caller.require(Role::Viewer)?;
     let sandbox = query

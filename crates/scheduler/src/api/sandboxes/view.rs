@@ -3,8 +3,9 @@
 use crate::api::auth::{Caller, Role};
 use crate::api::error::{ApiError, ErrorBody};
 use crate::api::path_id;
+use crate::api::query::StrictQuery;
 use crate::api::AppState;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::Json;
 use cairn_common::ids::Id;
 use cairn_common::sandbox::SandboxState;
@@ -196,7 +197,7 @@ pub struct SandboxList {
 pub async fn list(
     State(state): State<AppState>,
     caller: Caller,
-    Query(query): Query<ListQuery>,
+    StrictQuery(query): StrictQuery<ListQuery>,
 ) -> Result<Json<SandboxList>, ApiError> {
     caller.require(Role::Viewer)?;
     if let Some(wanted) = &query.state {
