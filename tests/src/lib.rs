@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 pub mod cluster;
 pub mod handoff;
+pub mod sandboxes;
 
 pub use cairn_common::testing::{self, ServiceLock};
 
