@@ -2,7 +2,7 @@
 //! acquired here), stopped (with its stop snapshot, its slot released), destroyed, or
 //! failed to start.
 
-use super::operation;
+use super::operation::{self, Owner};
 use super::tree::{self, SandboxTree, Seal, Unacquired};
 use super::{HostError, SandboxRow, POLL};
 use crate::context::Worker;
@@ -30,13 +30,6 @@ pub struct Host {
     pub lost: CancellationToken,
     /// The held namespaces its commands enter, where processes run in namespaces.
     pub session: Option<sandbox::Session>,
-}
-
-fn moved(e: cairn_common::request::Error) -> HostError {
-    match e {
-        cairn_common::request::Error::Db(e) => HostError::Db(e),
-        refused => HostError::Capture(format!("the sandbox moved under its owner: {refused}")),
-    }
 }
 
 impl Host {
@@ -175,7 +168,7 @@ impl Host {
                 _ => {}
             }
             if let Some((id, body)) = op {
-                operation::perform(self, tree, id, body, drain).await?;
+                operation::perform(&self.owner(), tree, id, body, drain).await?;
             }
         }
     }
@@ -192,9 +185,7 @@ impl Host {
         } else {
             SandboxEvent::Resume
         };
-        record::transition(&mut tx, self.row.id, event)
-            .await
-            .map_err(moved)?;
+        record::transition(&mut tx, self.row.id, event).await?;
         sqlx::query(
             "UPDATE sandboxes SET paused_at = CASE WHEN $2 THEN now() END, last_activity_at = now()
               WHERE id = $1",
@@ -213,17 +204,14 @@ impl Host {
         Ok(())
     }
 
-    /// Runs a command of the sandbox: inside its held namespaces when it has them.
-    pub async fn run_command(
-        &self,
-        command: &crate::step::StepCommand,
-        stop: &CancellationToken,
-    ) -> Result<crate::step::StepOutcome, crate::step::StepError> {
-        match &self.session {
-            Some(session) => {
-                crate::step::run_in(command, session, &self.worker.sandbox, stop).await
-            }
-            None => crate::step::run(command, &self.worker.sandbox, stop).await,
+    /// What an operation needs of its owner.
+    fn owner(&self) -> Owner<'_> {
+        Owner {
+            worker: &self.worker,
+            lease: &self.lease,
+            row: &self.row,
+            lost: &self.lost,
+            session: self.session.as_ref(),
         }
     }
 
@@ -264,9 +252,7 @@ impl Host {
             _ => SandboxEvent::Resume,
         };
         tree::record_in_use(&mut tx, &self.worker, &self.row, tree).await?;
-        record::transition(&mut tx, self.row.id, event)
-            .await
-            .map_err(moved)?;
+        record::transition(&mut tx, self.row.id, event).await?;
         sqlx::query(
             "UPDATE sandboxes SET worker_id = $2, workspace_id = $3, stop_reason = NULL, error_reason = NULL,
                     paused_at = NULL, last_activity_at = now(), placement_attempt = 1
@@ -282,21 +268,25 @@ impl Host {
     }
 
     /// Its tree could not be acquired, for good: a sandbox being created fails with the
-    /// reason; one being resumed stays stopped and says why.
+    /// reason; one being resumed is (or stays) stopped and says why.
     async fn failed(&self, reason: &str) -> Result<(), HostError> {
         let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
         if self.row.state == SandboxState::Creating {
-            record::transition(&mut tx, self.row.id, SandboxEvent::BootFailure)
-                .await
-                .map_err(moved)?;
+            record::transition(&mut tx, self.row.id, SandboxEvent::BootFailure).await?;
             sqlx::query("UPDATE sandboxes SET error_reason = $2 WHERE id = $1")
                 .bind(self.row.id)
                 .bind(reason)
                 .execute(&mut *tx)
                 .await?;
         } else {
+            // A paused one whose worker was lost and whose disk cannot be restored now
+            // is stopped, as its pause would have been.
+            if self.row.state == SandboxState::Paused {
+                record::transition(&mut tx, self.row.id, SandboxEvent::Stop).await?;
+            }
             sqlx::query(
-                "UPDATE sandboxes SET desired = 'stopped', stop_reason = 'restore_failed', error_reason = $2
+                "UPDATE sandboxes SET desired = 'stopped', stop_reason = 'restore_failed', error_reason = $2,
+                        paused_at = NULL
                   WHERE id = $1",
             )
             .bind(self.row.id)
@@ -369,9 +359,7 @@ impl Host {
     /// Recovery failed at run time: the sandbox is in `error`; its hold keeps the tree.
     async fn runtime_failure(&self, reason: &str) -> Result<(), HostError> {
         let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
-        record::transition(&mut tx, self.row.id, SandboxEvent::RuntimeFailure)
-            .await
-            .map_err(moved)?;
+        record::transition(&mut tx, self.row.id, SandboxEvent::RuntimeFailure).await?;
         sqlx::query("UPDATE sandboxes SET error_reason = $2 WHERE id = $1")
             .bind(self.row.id)
             .bind(reason)
@@ -390,9 +378,7 @@ impl Host {
             session.end().await;
         }
         let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
-        record::transition(&mut tx, self.row.id, SandboxEvent::Destroy)
-            .await
-            .map_err(moved)?;
+        record::transition(&mut tx, self.row.id, SandboxEvent::Destroy).await?;
         sqlx::query("UPDATE sandboxes SET destroyed_at = now(), paused_at = NULL WHERE id = $1")
             .bind(self.row.id)
             .execute(&mut *tx)
@@ -415,34 +401,4 @@ impl Host {
         workspace::remove(&tree.workspace).await;
         Ok(())
     }
-}
-
-/// The stop, sealed with its snapshot in the caller's fenced transaction: the sandbox
-/// `stopped` (for `reason`, or the one the API recorded), its pending operations ended,
-/// its slot and lease released, its tree no longer held here.
-pub async fn stopped(
-    conn: &mut PgConnection,
-    lease: &Lease,
-    row: &SandboxRow,
-    snapshot_id: Uuid,
-    reason: Option<&str>,
-) -> Result<(), HostError> {
-    record::transition(conn, row.id, SandboxEvent::Stop)
-        .await
-        .map_err(moved)?;
-    sqlx::query(
-        "UPDATE sandboxes SET stop_snapshot_id = $2, stopped_at = now(), desired = 'stopped',
-                stop_reason = COALESCE($3, stop_reason, 'requested'), paused_at = NULL,
-                lease_owner = NULL, lease_deadline = NULL
-          WHERE id = $1 AND lease_epoch = $4",
-    )
-    .bind(row.id)
-    .bind(snapshot_id)
-    .bind(reason)
-    .bind(lease.epoch)
-    .execute(&mut *conn)
-    .await?;
-    record::interrupt_operations(conn, row.id, "the sandbox stopped before it ran").await?;
-    record::tree_released(conn, row.id, "sandbox_stopped").await?;
-    Ok(())
 }

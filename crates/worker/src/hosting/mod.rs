@@ -38,6 +38,17 @@ pub enum HostError {
     Transient(String),
 }
 
+impl From<cairn_common::request::Error> for HostError {
+    /// A move the transition table refused: the sandbox moved under its owner (a writer
+    /// outside the lease, or a bug); nothing was written.
+    fn from(e: cairn_common::request::Error) -> Self {
+        match e {
+            cairn_common::request::Error::Db(e) => HostError::Db(e),
+            refused => HostError::Capture(format!("the sandbox moved under its owner: {refused}")),
+        }
+    }
+}
+
 impl From<LeaseError> for HostError {
     fn from(e: LeaseError) -> Self {
         match e {

@@ -6,12 +6,13 @@
 //! home), so a path resolves in the step sandbox's view: a link out of the tree leads
 //! nowhere the step could not reach itself.
 
-use super::lifecycle::Host;
 use super::tree::{self, SandboxTree, Seal};
-use super::HostError;
+use super::{HostError, SandboxRow};
+use crate::context::Worker;
 use crate::sandbox;
 use crate::step::{self, StepCommand, StepOutcome};
 use base64::Engine;
+use cairn_common::lease::Lease;
 use cairn_common::sandbox::spec::MAX_FILE_BYTES;
 use cairn_common::sandbox::{ExecSpec, Operation};
 use serde_json::{json, Value};
@@ -19,6 +20,30 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
+
+/// What an operation needs of the sandbox's owner: its worker, lease and row, whether
+/// the lease is lost, and the namespaces its commands enter.
+pub struct Owner<'a> {
+    pub worker: &'a Worker,
+    pub lease: &'a Lease,
+    pub row: &'a SandboxRow,
+    pub lost: &'a CancellationToken,
+    pub session: Option<&'a sandbox::Session>,
+}
+
+impl Owner<'_> {
+    /// Runs a command of the sandbox: inside its held namespaces when it has them.
+    pub async fn run_command(
+        &self,
+        command: &StepCommand,
+        stop: &CancellationToken,
+    ) -> Result<StepOutcome, step::StepError> {
+        match self.session {
+            Some(session) => step::run_in(command, session, &self.worker.sandbox, stop).await,
+            None => step::run(command, &self.worker.sandbox, stop).await,
+        }
+    }
+}
 
 /// How many times the commit of an operation's effects is tried.
 const COMMIT_TRIES: usize = 3;
@@ -28,7 +53,7 @@ const FILE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Carries out one operation and writes its receipt.
 pub async fn perform(
-    host: &Host,
+    host: &Owner<'_>,
     tree: &mut SandboxTree,
     id: Uuid,
     body: Value,
@@ -107,7 +132,7 @@ pub async fn perform(
             id,
             result: &result,
         };
-        match tree::commit(&host.worker, &host.lease, &host.row, tree, seal).await {
+        match tree::commit(host.worker, host.lease, host.row, tree, seal).await {
             Ok(_) => return Ok(()),
             Err(e @ (HostError::Capture(_) | HostError::Db(_) | HostError::Transient(_))) => {
                 tracing::warn!(error = %e, attempt, "committing an operation's effects failed");
@@ -138,7 +163,7 @@ pub async fn perform(
 /// other operation meanwhile (operations run in order) and its processes are frozen,
 /// so the capture is consistent; its receipt says how long that lasted.
 async fn capture(
-    host: &Host,
+    host: &Owner<'_>,
     tree: &mut SandboxTree,
     id: Uuid,
     operation: Option<&Operation>,
@@ -160,7 +185,7 @@ async fn capture(
     if let Some(session) = &host.session {
         session.freeze(true);
     }
-    let committed = tree::commit(&host.worker, &host.lease, &host.row, tree, seal).await;
+    let committed = tree::commit(host.worker, host.lease, host.row, tree, seal).await;
     if let Some(session) = &host.session {
         session.freeze(false);
     }
@@ -208,7 +233,7 @@ async fn watch(pool: sqlx::PgPool, id: Uuid, stop: CancellationToken, drain: Can
 }
 
 async fn run(
-    host: &Host,
+    host: &Owner<'_>,
     tree: &SandboxTree,
     id: Uuid,
     operation: &Operation,
@@ -318,7 +343,7 @@ fn entries(listing: &[u8]) -> Vec<Value> {
 
 /// The command of an operation, in the sandbox's step sandbox.
 fn command(
-    host: &Host,
+    host: &Owner<'_>,
     tree: &SandboxTree,
     key: &str,
     argv: Vec<String>,
@@ -371,7 +396,7 @@ fn command(
 }
 
 async fn exec(
-    host: &Host,
+    host: &Owner<'_>,
     tree: &SandboxTree,
     id: Uuid,
     spec: &ExecSpec,
@@ -407,7 +432,7 @@ async fn exec(
 /// Runs a file command; its whole stdout, then its output files are removed (a file's
 /// content is not kept as output).
 async fn file_command(
-    host: &Host,
+    host: &Owner<'_>,
     tree: &SandboxTree,
     id: Uuid,
     argv: &[&str],

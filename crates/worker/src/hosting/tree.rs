@@ -14,9 +14,10 @@ use crate::workspace::{self, Workspace};
 use cairn_common::hold::{self, HoldTarget};
 use cairn_common::lease::Lease;
 use cairn_common::lineage::{self, LineageError, NewSnapshot, SnapshotStatus};
-use cairn_common::sandbox::ForkSpec;
+use cairn_common::sandbox::{record, ForkSpec, SandboxEvent};
 use cairn_snapshot::{self as snapshot, Manifest};
 use serde_json::Value;
+use sqlx::PgConnection;
 use std::sync::Arc;
 use uuid::Uuid;
 
@@ -390,7 +391,7 @@ pub async fn commit(
                 finish_operation(&mut tx, *id, lease.epoch, &result, snapshot_id).await?;
             }
             Seal::Stop { reason } => {
-                super::lifecycle::stopped(&mut tx, lease, row, snapshot_id, *reason).await?;
+                stopped(&mut tx, lease, row, snapshot_id, *reason).await?;
             }
         }
         tx.commit().await.map_err(HostError::Db)?;
@@ -429,5 +430,33 @@ pub async fn finish_operation(
     .bind(snapshot_id)
     .execute(conn)
     .await?;
+    Ok(())
+}
+
+/// The stop, sealed with its snapshot in the caller's fenced transaction: the sandbox
+/// `stopped` (for `reason`, or the one the API recorded), its pending operations ended,
+/// its slot and lease released, its tree no longer held here.
+async fn stopped(
+    conn: &mut PgConnection,
+    lease: &Lease,
+    row: &SandboxRow,
+    snapshot_id: Uuid,
+    reason: Option<&str>,
+) -> Result<(), HostError> {
+    record::transition(conn, row.id, SandboxEvent::Stop).await?;
+    sqlx::query(
+        "UPDATE sandboxes SET stop_snapshot_id = $2, stopped_at = now(), desired = 'stopped',
+                stop_reason = COALESCE($3, stop_reason, 'requested'), paused_at = NULL,
+                lease_owner = NULL, lease_deadline = NULL
+          WHERE id = $1 AND lease_epoch = $4",
+    )
+    .bind(row.id)
+    .bind(snapshot_id)
+    .bind(reason)
+    .bind(lease.epoch)
+    .execute(&mut *conn)
+    .await?;
+    record::interrupt_operations(conn, row.id, "the sandbox stopped before it ran").await?;
+    record::tree_released(conn, row.id, "sandbox_stopped").await?;
     Ok(())
 }
