@@ -191,7 +191,14 @@ pub async fn pause(
     let row = lock(&mut tx, id).await?;
     allowed(row.state, SandboxEvent::Pause)?;
     if row.desired != "running" {
-        return Err(invalid_state(row.state, SandboxEvent::Pause));
+        return Err(ApiError::conflict(
+            "invalid_state",
+            format!(
+                "the sandbox is {} and being {}: pause needs it running",
+                row.state, row.desired
+            ),
+        )
+        .with_field("state"));
     }
     ask(&mut tx, id, "paused").await?;
     tx.commit().await?;
