@@ -180,7 +180,8 @@ pub fn show(sandbox: &Value, json: bool) {
     );
 }
 
-fn keyed(key: &Option<String>) -> Vec<(&str, &str)> {
+/// The `Idempotency-Key` header, when one is given.
+pub fn keyed(key: &Option<String>) -> Vec<(&str, &str)> {
     key.as_deref()
         .map(|k| vec![("idempotency-key", k)])
         .unwrap_or_default()

@@ -95,10 +95,7 @@ pub async fn snapshot(
             let body = name
                 .map(|n| json!({"name": n}))
                 .unwrap_or_else(|| json!({}));
-            let headers: Vec<(&str, &str)> = idempotency_key
-                .as_deref()
-                .map(|k| vec![("idempotency-key", k)])
-                .unwrap_or_default();
+            let headers = sandbox::keyed(&idempotency_key);
             let answer = client
                 .call(
                     Method::POST,
@@ -168,10 +165,7 @@ async fn restore(
     let body = timeout_sec
         .map(|t| json!({"timeout_sec": t}))
         .unwrap_or_else(|| json!({}));
-    let headers: Vec<(&str, &str)> = key
-        .as_deref()
-        .map(|k| vec![("idempotency-key", k)])
-        .unwrap_or_default();
+    let headers = sandbox::keyed(&key);
     let answer = client
         .call(
             Method::POST,

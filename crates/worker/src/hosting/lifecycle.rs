@@ -12,7 +12,6 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use cairn_common::lease::{Lease, LeaseError};
 use cairn_common::sandbox::record;
 use cairn_common::sandbox::{SandboxEvent, SandboxState};
-use sqlx::PgConnection;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -121,19 +120,19 @@ impl Host {
                 }
                 _ = tokio::time::sleep(POLL) => {}
             }
-            let next: Result<(String, Option<(Uuid, serde_json::Value)>), sqlx::Error> = sqlx::query_as(
-                "SELECT s.desired, (SELECT o.id FROM sandbox_operations o WHERE o.sandbox_id = s.id AND o.state = 'pending'
-                                      ORDER BY o.seq LIMIT 1) AS op_id,
-                        (SELECT o.body FROM sandbox_operations o WHERE o.sandbox_id = s.id AND o.state = 'pending'
-                                      ORDER BY o.seq LIMIT 1) AS op_body
-                   FROM sandboxes s WHERE s.id = $1",
-            )
-            .bind(self.row.id)
-            .fetch_one(&self.worker.pool)
-            .await
-            .map(|(desired, id, body): (String, Option<Uuid>, Option<serde_json::Value>)| {
-                (desired, id.zip(body))
-            });
+            // One row: what is asked of the sandbox, and its next operation if any.
+            let next: Result<(String, Option<Uuid>, Option<serde_json::Value>), sqlx::Error> =
+                sqlx::query_as(
+                    "SELECT s.desired, o.id, o.body FROM sandboxes s
+                       LEFT JOIN LATERAL (SELECT id, body FROM sandbox_operations
+                                           WHERE sandbox_id = s.id AND state = 'pending'
+                                           ORDER BY seq LIMIT 1) o ON TRUE
+                      WHERE s.id = $1",
+                )
+                .bind(self.row.id)
+                .fetch_one(&self.worker.pool)
+                .await;
+            let next = next.map(|(desired, id, body)| (desired, id.zip(body)));
             let (desired, op) = match next {
                 Ok(next) => next,
                 Err(e) => {
@@ -234,13 +233,17 @@ impl Host {
         .await;
     }
 
-    /// Ends this owner's lease in the caller's fenced transaction.
-    async fn release(&self, conn: &mut PgConnection) -> Result<(), HostError> {
-        self.worker
-            .leases
-            .for_sandboxes()
-            .release_in(conn, &self.lease)
-            .await?;
+    /// Ends this owner's lease in its fenced transaction, commits it, then drops the
+    /// liveness key: the last write of every way a sandbox leaves its worker but a stop
+    /// (whose seal releases the lease itself).
+    async fn release_and_commit(
+        &self,
+        mut tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    ) -> Result<(), HostError> {
+        let leases = self.worker.leases.for_sandboxes();
+        leases.release_in(&mut tx, &self.lease).await?;
+        tx.commit().await?;
+        leases.clear_liveness(&self.lease);
         Ok(())
     }
 
@@ -295,12 +298,7 @@ impl Host {
             .await?;
         }
         record::interrupt_operations(&mut tx, self.row.id, reason).await?;
-        self.release(&mut tx).await?;
-        tx.commit().await?;
-        self.worker
-            .leases
-            .for_sandboxes()
-            .clear_liveness(&self.lease);
+        self.release_and_commit(tx).await?;
         tracing::warn!(reason, "sandbox could not be prepared");
         Ok(())
     }
@@ -366,8 +364,7 @@ impl Host {
             .execute(&mut *tx)
             .await?;
         record::interrupt_operations(&mut tx, self.row.id, reason).await?;
-        self.release(&mut tx).await?;
-        tx.commit().await?;
+        self.release_and_commit(tx).await?;
         Ok(())
     }
 
@@ -392,12 +389,7 @@ impl Host {
         .bind(tree.workspace_id)
         .execute(&mut *tx)
         .await?;
-        self.release(&mut tx).await?;
-        tx.commit().await?;
-        self.worker
-            .leases
-            .for_sandboxes()
-            .clear_liveness(&self.lease);
+        self.release_and_commit(tx).await?;
         workspace::remove(&tree.workspace).await;
         Ok(())
     }

@@ -192,6 +192,25 @@ fn answered(view: OperationView) -> Result<serde_json::Value, ApiError> {
     Ok(result)
 }
 
+/// A file operation that only reads: its answer, or the `202` reply while it is open.
+async fn file_operation(
+    state: &AppState,
+    caller: &Caller,
+    sandbox_id: &str,
+    query: &PathQuery,
+    allow_root: bool,
+    operation: fn(FileSpec) -> Operation,
+) -> Result<Result<serde_json::Value, Response>, ApiError> {
+    caller.require(Role::Operator)?;
+    let id = path_id(sandbox_id, "sandbox_id")?;
+    let spec = query.spec(allow_root)?;
+    let (status, view) = submit(state, id, operation(spec), MARGIN).await?;
+    if status == StatusCode::ACCEPTED {
+        return Ok(Err((status, Json(view)).into_response()));
+    }
+    answered(view).map(Ok)
+}
+
 /// List a directory of the sandbox's tree.
 #[utoipa::path(get, operation_id = "list_sandbox_files", path = "/api/v1/sandboxes/{sandbox_id}/files", tag = "sandboxes",
     params(("sandbox_id" = String, Path, description = "32 hex characters"), PathQuery),
@@ -206,14 +225,10 @@ pub async fn list(
     Path(sandbox_id): Path<String>,
     StrictQuery(query): StrictQuery<PathQuery>,
 ) -> Result<Response, ApiError> {
-    caller.require(Role::Operator)?;
-    let id = path_id(&sandbox_id, "sandbox_id")?;
-    let spec = query.spec(true)?;
-    let (status, view) = submit(&state, id, Operation::List(spec), MARGIN).await?;
-    if status == StatusCode::ACCEPTED {
-        return Ok((status, Json(view)).into_response());
+    match file_operation(&state, &caller, &sandbox_id, &query, true, Operation::List).await? {
+        Ok(listing) => Ok(Json(listing).into_response()),
+        Err(pending) => Ok(pending),
     }
-    Ok(Json(answered(view)?).into_response())
 }
 
 /// Read a file of the sandbox's tree (at most 4 MiB), as bytes.
@@ -230,14 +245,11 @@ pub async fn read(
     Path(sandbox_id): Path<String>,
     StrictQuery(query): StrictQuery<PathQuery>,
 ) -> Result<Response, ApiError> {
-    caller.require(Role::Operator)?;
-    let id = path_id(&sandbox_id, "sandbox_id")?;
-    let spec = query.spec(false)?;
-    let (status, view) = submit(&state, id, Operation::Read(spec), MARGIN).await?;
-    if status == StatusCode::ACCEPTED {
-        return Ok((status, Json(view)).into_response());
-    }
-    let result = answered(view)?;
+    let result =
+        match file_operation(&state, &caller, &sandbox_id, &query, false, Operation::Read).await? {
+            Ok(result) => result,
+            Err(pending) => return Ok(pending),
+        };
     let content = base64::engine::general_purpose::STANDARD
         .decode(result["content"].as_str().unwrap_or_default())
         .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, "bad_answer", e.to_string()))?;
