@@ -88,8 +88,15 @@ pub enum LogFormat {
 
 /// Parses a binary's configuration; an invalid one prints one clear line on stderr and
 /// exits with status 2 (help and version print as usual and exit 0).
+/// Secret settings may come from files (see [`crate::secret_files`]).
 pub fn parse_or_exit<T: clap::Parser>() -> T {
-    match T::try_parse() {
+    let from_files = crate::secret_files::read(|name| std::env::var(name).ok())
+        .unwrap_or_else(|reason| exit_invalid(reason));
+    let command = crate::secret_files::apply(T::command(), &from_files);
+    let parsed = command
+        .try_get_matches()
+        .and_then(|mut matches| T::from_arg_matches_mut(&mut matches));
+    match parsed {
         Ok(config) => config,
         Err(error) => match error.kind() {
             clap::error::ErrorKind::DisplayHelp

@@ -55,6 +55,7 @@ pub mod report;
 pub mod request;
 pub mod run;
 pub mod sandbox;
+pub mod secret_files;
 pub mod shutdown;
 pub mod telemetry;
 #[cfg(feature = "testing")]
