@@ -36,4 +36,7 @@ pub struct Worker {
     pub sandbox: crate::sandbox::Sandbox,
     /// Requests this process runs jobs for; the janitor never touches their trees.
     pub active: Arc<ActiveRequests>,
+    /// Cancelled on SIGTERM: each run goes back to the queue at its next step boundary,
+    /// so a worker scaled down or rolled finishes its steps but starts no more.
+    pub draining: tokio_util::sync::CancellationToken,
 }

@@ -56,8 +56,9 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// Runs until `shutdown`, then drains: no new deliveries; running steps get
-/// `drain_seconds` to finish, then are stopped and their requests handed back.
+/// Runs until `shutdown`, then drains: no new deliveries, and no new steps (each run is
+/// handed back at its next step boundary); running steps get `drain_seconds` to finish,
+/// then are stopped and their requests handed back.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let artifacts_dir = config.artifacts_dir().map_err(anyhow::Error::msg)?;
     // A worker awaits nothing but PostgreSQL inside a transaction: one idle in it for the
@@ -144,6 +145,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         metrics,
         sandbox,
         active: Arc::new(janitor::ActiveRequests::default()),
+        draining: shutdown.clone(),
     });
     // A process that just started holds no lease yet: any its id still holds belonged
     // to a process that died (a restarted pod keeps its name).

@@ -211,6 +211,10 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
         if pause::requested(job) && !job.stopped() {
             pause::pause_here(job, subject, tree, None, &Live::default()).await?;
         }
+        if job.worker.draining.is_cancelled() {
+            // Handed back on its checkpoint: another worker starts this step.
+            job.stop_for(Reason::Drain);
+        }
         if job.stopped() {
             return Ok(Ending::Interrupted);
         }
