@@ -1,4 +1,5 @@
-//! `/healthz` (the process is up), `/readyz` (its dependencies answer) and `/metrics`.
+//! `/healthz` (the process is up), `/readyz` (what it needs to serve answers; every
+//! dependency's status in `checks`) and `/metrics`.
 
 use crate::metrics::{render, SharedRegistry};
 use axum::extract::State;
@@ -6,6 +7,9 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use redis::aio::ConnectionManager;
 use serde_json::json;
 use sqlx::PgPool;
@@ -29,43 +33,81 @@ impl AmqpStatus {
     }
 }
 
-/// What `/readyz` checks: every dependency the process uses.
+/// The dependencies whose outage makes a component unready (out of its Service, and
+/// unavailable to its PodDisruptionBudget): only those it cannot serve without.
+#[derive(Clone, Copy, Default, Debug)]
+pub struct Needs {
+    pub postgres: bool,
+    pub redis: bool,
+    pub amqp: bool,
+}
+
+/// What `/readyz` checks. Every dependency given is checked and reported, in `checks`
+/// and the `cairn_dependency_up` gauge; only those in `needs` decide readiness, so that
+/// a blip of one the component serves without never empties its Service.
 #[derive(Clone, Default)]
 pub struct Readiness {
     pub postgres: Option<PgPool>,
     pub redis: Option<ConnectionManager>,
     pub amqp: Option<AmqpStatus>,
+    pub needs: Needs,
     /// Facts about the process shown with the checks (the worker's sandbox).
     pub details: serde_json::Map<String, serde_json::Value>,
+    pub gauge: DependencyGauge,
+}
+
+/// `cairn_dependency_up{dependency}`: 1 while the dependency answered its last check.
+#[derive(Clone, Default)]
+pub struct DependencyGauge(Family<Vec<(String, String)>, Gauge>);
+
+impl DependencyGauge {
+    pub fn register(registry: &mut Registry) -> Self {
+        let gauge = Self::default();
+        registry.register(
+            "dependency_up",
+            "Whether a service this process uses answered its last check (1) or not (0)",
+            gauge.0.clone(),
+        );
+        gauge
+    }
+
+    fn set(&self, dependency: &str, up: bool) {
+        self.0
+            .get_or_create(&vec![("dependency".to_string(), dependency.to_string())])
+            .set(i64::from(up));
+    }
 }
 
 const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the gauge is refreshed between probes.
+const MONITOR_INTERVAL: Duration = Duration::from_secs(10);
 
 impl Readiness {
-    /// Runs every check; returns whether all passed and each one's result.
+    /// Runs every check; returns whether the needed ones passed and each one's result.
     pub async fn check(&self) -> (bool, serde_json::Map<String, serde_json::Value>) {
         let mut checks = serde_json::Map::new();
         let mut ready = true;
+        let mut record = |name: &str, ok: bool, needed: bool| {
+            ready &= ok || !needed;
+            self.gauge.set(name, ok);
+            checks.insert(name.into(), status(ok));
+        };
         if let Some(pool) = &self.postgres {
             let ok = matches!(
                 tokio::time::timeout(CHECK_TIMEOUT, sqlx::query("SELECT 1").execute(pool)).await,
                 Ok(Ok(_))
             );
-            ready &= ok;
-            checks.insert("postgres".into(), status(ok));
+            record("postgres", ok, self.needs.postgres);
         }
         if let Some(redis) = &self.redis {
             let mut conn = redis.clone();
             let cmd = redis::cmd("PING");
             let ping = cmd.query_async::<String>(&mut conn);
             let ok = matches!(tokio::time::timeout(CHECK_TIMEOUT, ping).await, Ok(Ok(_)));
-            ready &= ok;
-            checks.insert("redis".into(), status(ok));
+            record("redis", ok, self.needs.redis);
         }
         if let Some(amqp) = &self.amqp {
-            let ok = amqp.is_up();
-            ready &= ok;
-            checks.insert("rabbitmq".into(), status(ok));
+            record("rabbitmq", amqp.is_up(), self.needs.amqp);
         }
         (ready, checks)
     }
@@ -81,8 +123,16 @@ struct ProbeState {
     registry: SharedRegistry,
 }
 
-/// The probe routes, to merge into a component's router or serve alone.
+/// The probe routes, to merge into a component's router or serve alone. The checks
+/// also run every [`MONITOR_INTERVAL`], so the gauge shows an outage without probes.
 pub fn router(readiness: Readiness, registry: SharedRegistry) -> Router {
+    let monitored = readiness.clone();
+    tokio::spawn(async move {
+        loop {
+            monitored.check().await;
+            tokio::time::sleep(MONITOR_INTERVAL).await;
+        }
+    });
     Router::new()
         .route("/healthz", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/readyz", get(readyz))

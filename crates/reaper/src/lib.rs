@@ -134,8 +134,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .with_context(|| format!("binding {}", config.metrics_listen))?;
     let mut registry = metrics::registry();
     let reaper_metrics = ReaperMetrics::register(&mut registry);
+    let dependency_gauge = health::DependencyGauge::register(&mut registry);
     let readiness = Readiness {
         postgres: Some(pool.clone()),
+        needs: health::Needs {
+            postgres: true,
+            ..Default::default()
+        },
+        gauge: dependency_gauge,
         ..Default::default()
     };
     let probes_stop = CancellationToken::new();

@@ -48,6 +48,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let outbox_metrics = OutboxMetrics::register(&mut registry);
     let api_metrics = api::ApiMetrics::register(&mut registry);
     let sweeper_metrics = sweeper::SweeperMetrics::register(&mut registry);
+    let dependency_gauge = health::DependencyGauge::register(&mut registry);
     let registry = Arc::new(registry);
     let amqp_status = AmqpStatus::default();
     let topology = Topology::new(&config.amqp.queue_prefix, config.amqp.delivery_limit);
@@ -73,6 +74,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         postgres: Some(pool.clone()),
         redis: Some(redis),
         amqp: Some(amqp_status),
+        // The API reads and writes PostgreSQL only: a Redis or RabbitMQ outage shows in
+        // `checks` and the gauge, while the relay and the sweeper retry on their own.
+        needs: health::Needs {
+            postgres: true,
+            ..Default::default()
+        },
+        gauge: dependency_gauge,
         ..Default::default()
     };
     let router = api::router(api::AppState {

@@ -93,6 +93,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let mut registry = cairn_common::metrics::registry();
     let metrics = metrics::WorkerMetrics::register(&mut registry);
     metrics::register_sandbox(&mut registry, sandbox.report());
+    let dependency_gauge = health::DependencyGauge::register(&mut registry);
     let sandbox_report = serde_json::to_value(sandbox.report()).unwrap_or_default();
     let registry = Arc::new(registry);
     let worker_id = config.worker_id();
@@ -204,7 +205,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         postgres: Some(pool.clone()),
         redis: Some(redis),
         amqp: Some(amqp_status),
+        // A worker serves no traffic: it is ready once started, and retries its services
+        // within its leases. Were it unready on their outage, one blip would mark the
+        // whole fleet unready at once (stalling rollouts and PodDisruptionBudgets).
+        needs: health::Needs::default(),
         details: serde_json::Map::from_iter([("sandbox".to_string(), sandbox_report)]),
+        gauge: dependency_gauge,
     };
     let probes = tokio::spawn(health::serve(
         listener,
