@@ -41,8 +41,10 @@ pub struct Config {
     #[arg(long, env = "CAIRN_AMQP_HEARTBEAT_SECONDS", default_value_t = 3,
           value_parser = clap::value_parser!(u16).range(1..=600))]
     pub amqp_heartbeat_seconds: u16,
-    /// Unacked deliveries RabbitMQ may push ahead (0: the concurrency).
-    #[arg(long, env = "CAIRN_PREFETCH", default_value_t = 0)]
+    /// Deliveries RabbitMQ may push ahead to each of the worker's consumers (one per
+    /// queue; 0: 1). They wait only while a slot is free: with every slot taken the
+    /// consumers pause and hand back what they held, so no work waits on a busy worker.
+    #[arg(long, env = "CAIRN_PREFETCH", default_value_t = 1)]
     pub prefetch: u16,
     /// Lease time to live; renewed every third of it.
     #[arg(long, env = "CAIRN_LEASE_TTL_SECONDS", default_value_t = 30,
@@ -233,11 +235,7 @@ impl Config {
     }
 
     pub fn prefetch(&self) -> u16 {
-        if self.prefetch == 0 {
-            u16::try_from(self.concurrency).unwrap_or(u16::MAX)
-        } else {
-            self.prefetch
-        }
+        self.prefetch.max(1)
     }
 }
 

@@ -15,7 +15,7 @@ use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions, BasicRejectOptions};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -98,36 +98,44 @@ impl Consumer {
             .declare(&channel)
             .await
             .map_err(|e| e.to_string())?;
-        let mut consumers = Vec::with_capacity(JobQueue::ALL.len());
-        let mut tags = Vec::with_capacity(JobQueue::ALL.len());
-        for queue in JobQueue::ALL {
-            let tag = format!("{}-{}", self.worker.settings.worker_id, queue.routing_key());
-            let consumer =
-                queue::consume(&channel, &self.topology.queue(queue), &tag, self.prefetch)
-                    .await
-                    .map_err(|e| e.to_string())?;
-            consumers.push(consumer);
-            tags.push(tag);
-        }
-        let mut deliveries = futures::stream::select_all(consumers);
         self.status.set(true);
         tracing::info!(
             concurrency = self.concurrency,
             prefetch = self.prefetch,
             "consuming jobs"
         );
+        let mut consuming: Option<Consuming> = None;
         let result = loop {
             // A free slot first, so a delivery is only taken when it can run at once.
-            let permit = tokio::select! {
-                permit = permits.clone().acquire_owned() => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => break Ok(()),
+            // With every slot taken the consumers are cancelled: a delivery RabbitMQ
+            // pushed ahead would wait here, where no other worker (a new pod) can take
+            // it, until one of this worker's jobs ended.
+            let permit = match permits.clone().try_acquire_owned() {
+                Ok(permit) => permit,
+                Err(TryAcquireError::Closed) => break Ok(()),
+                Err(TryAcquireError::NoPermits) => {
+                    if let Some(full) = consuming.take() {
+                        full.pause(&channel).await;
+                    }
+                    tokio::select! {
+                        permit = permits.clone().acquire_owned() => match permit {
+                            Ok(permit) => permit,
+                            Err(_) => break Ok(()),
+                        },
+                        _ = stop.cancelled() => break Ok(()),
+                    }
+                }
+            };
+            let deliveries = match &mut consuming {
+                Some(active) => active,
+                None => match self.consume(&channel).await {
+                    Ok(started) => consuming.insert(started),
+                    Err(e) => break Err(e),
                 },
-                _ = stop.cancelled() => break Ok(()),
             };
             self.starving.set(true);
             let delivery = tokio::select! {
-                delivery = deliveries.next() => delivery,
+                delivery = deliveries.stream.next() => delivery,
                 _ = stop.cancelled() => break Ok(()),
             };
             self.starving.set(false);
@@ -144,15 +152,75 @@ impl Consumer {
         // Stop taking deliveries; prefetched, unstarted ones return to the queue when the
         // channel closes. Running jobs acked right after their claim and need it no more
         // (a job caught between claim and ack is redelivered and found claimed).
-        for tag in &tags {
-            let _ = channel
-                .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
-                .await;
+        if let Some(active) = consuming {
+            active.cancel(&channel).await;
         }
         self.starving.set(false);
         let _ = connection.close(200, "worker stopping".into()).await;
         self.status.set(false);
         result
+    }
+
+    /// Starts one consumer per job queue, each allowed `prefetch` unacked deliveries.
+    async fn consume(&self, channel: &lapin::Channel) -> Result<Consuming, String> {
+        let mut streams = Vec::with_capacity(JobQueue::ALL.len());
+        let mut tags = Vec::with_capacity(JobQueue::ALL.len());
+        for queue in JobQueue::ALL {
+            let tag = format!("{}-{}", self.worker.settings.worker_id, queue.routing_key());
+            let consumer =
+                queue::consume(channel, &self.topology.queue(queue), &tag, self.prefetch)
+                    .await
+                    .map_err(|e| e.to_string())?;
+            streams.push(consumer);
+            tags.push(tag);
+        }
+        Ok(Consuming {
+            stream: futures::stream::select_all(streams),
+            tags,
+        })
+    }
+}
+
+/// The consumers of one channel, merged.
+struct Consuming {
+    stream: futures::stream::SelectAll<lapin::Consumer>,
+    tags: Vec<String>,
+}
+
+/// How long a paused consumer may take to hand back what the broker pushed ahead.
+const PAUSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+impl Consuming {
+    async fn cancel(&self, channel: &lapin::Channel) {
+        for tag in &self.tags {
+            let _ = channel
+                .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+                .await;
+        }
+    }
+
+    /// Cancels the consumers and puts back every delivery they had received and not
+    /// handed out, at the head of its queue, for any worker with a free slot. Each
+    /// cancelled consumer's stream ends after its last delivery.
+    async fn pause(mut self, channel: &lapin::Channel) {
+        self.cancel(channel).await;
+        let requeue = async {
+            while let Some(delivery) = self.stream.next().await {
+                if let Ok(delivery) = delivery {
+                    let _ = delivery
+                        .nack(BasicNackOptions {
+                            requeue: true,
+                            ..Default::default()
+                        })
+                        .await;
+                }
+            }
+        };
+        if tokio::time::timeout(PAUSE_TIMEOUT, requeue).await.is_err() {
+            tracing::warn!(
+                "paused consumers did not end; their deliveries return when the channel closes"
+            );
+        }
     }
 }
 
