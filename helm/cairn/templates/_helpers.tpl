@@ -30,11 +30,22 @@ chart name.
 {{- end -}}
 
 {{/*
-Name of one component's resources: "<fullname>-<component>".
+A generated name: the full name, cut to leave room for "-<suffix>", then the suffix. The
+suffix is never cut, so no name exceeds 63 characters and resources with different
+suffixes never share a name, however long the release name or fullnameOverride.
+Call with (dict "root" $ "suffix" "worker-metrics").
+*/}}
+{{- define "cairn.resourceName" -}}
+{{- $base := include "cairn.fullname" .root | trunc (int (sub 62 (len .suffix))) | trimSuffix "-" -}}
+{{- printf "%s-%s" $base .suffix -}}
+{{- end -}}
+
+{{/*
+Name of one component's resources: "<fullname>-<component>", cut as cairn.resourceName.
 Call with (dict "root" $ "component" "worker").
 */}}
 {{- define "cairn.componentName" -}}
-{{- printf "%s-%s" (include "cairn.fullname" .root) .component | trunc 63 | trimSuffix "-" -}}
+{{- include "cairn.resourceName" (dict "root" .root "suffix" .component) -}}
 {{- end -}}
 
 {{/*
@@ -60,11 +71,20 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/*
-The image reference, "<repository>:<tag or appVersion>".
+The image reference: "[<imageRegistry>/]<repository>" then "@<digest>" when a digest is
+set (it pins the exact image, so the tag is left out), else ":<tag or appVersion>".
 */}}
 {{- define "cairn.image" -}}
 {{- $img := .Values.global.image -}}
-{{- printf "%s:%s" $img.repository (default .Chart.AppVersion $img.tag) -}}
+{{- $repo := $img.repository -}}
+{{- with .Values.global.imageRegistry -}}
+{{- $repo = printf "%s/%s" (trimSuffix "/" .) $repo -}}
+{{- end -}}
+{{- if $img.digest -}}
+{{- printf "%s@%s" $repo $img.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repo (default .Chart.AppVersion $img.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
@@ -93,36 +113,100 @@ Name of the Secret that holds the connection URLs and the token.
 Name of the shared ConfigMap.
 */}}
 {{- define "cairn.configName" -}}
-{{- printf "%s-config" (include "cairn.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- include "cairn.resourceName" (dict "root" . "suffix" "config") -}}
 {{- end -}}
 
 {{/*
-Environment variables taken from the Secret. Call with
-(dict "root" $ "secretName" "name" "keys" (list "databaseUrl" "redisUrl")).
-The bootstrap token is optional in the Secret.
+The keys of the connection Secret each workload reads, as a JSON list of names under
+secrets.keys. Every component reads the database URL; the scheduler and the workers the
+Redis and AMQP URLs; the scheduler alone the bootstrap token; the migration Job only the
+database URL.
 */}}
-{{- define "cairn.secretEnv" -}}
-{{- $root := .root -}}
-{{- $envNames := dict "databaseUrl" "CAIRN_DATABASE_URL" "redisUrl" "CAIRN_REDIS_URL" "amqpUrl" "CAIRN_AMQP_URL" "bootstrapAdminToken" "CAIRN_BOOTSTRAP_ADMIN_TOKEN" -}}
-{{- $optional := dict "bootstrapAdminToken" true -}}
-{{- range .keys }}
-- name: {{ get $envNames . }}
-  valueFrom:
-    secretKeyRef:
-      name: {{ $.secretName }}
-      key: {{ get $root.Values.secrets.keys . }}
-      {{- if hasKey $optional . }}
-      optional: true
-      {{- end }}
+{{- define "cairn.secretKeysOf" -}}
+{{- $keys := dict
+  "scheduler" (list "databaseUrl" "redisUrl" "amqpUrl" "bootstrapAdminToken")
+  "worker" (list "databaseUrl" "redisUrl" "amqpUrl")
+  "reaper" (list "databaseUrl")
+  "migration" (list "databaseUrl") -}}
+{{- get $keys . | toJson -}}
+{{- end -}}
+
+{{/*
+Where the connection secrets are mounted, and each one's file name and variable. The
+binaries read "<VARIABLE>_FILE", the path of a file that holds the value, so the values
+are never in the environment (nor in /proc/<pid>/environ).
+*/}}
+{{- define "cairn.secretDir" -}}/var/run/secrets/cairn{{- end -}}
+{{- define "cairn.secretFiles" -}}
+{{- dict
+  "databaseUrl" (list "database-url" "CAIRN_DATABASE_URL")
+  "redisUrl" (list "redis-url" "CAIRN_REDIS_URL")
+  "amqpUrl" (list "amqp-url" "CAIRN_AMQP_URL")
+  "bootstrapAdminToken" (list "bootstrap-admin-token" "CAIRN_BOOTSTRAP_ADMIN_TOKEN")
+  | toJson -}}
+{{- end -}}
+
+{{/*
+The "<VARIABLE>_FILE" environment variables of a workload. Call with
+(dict "root" $ "workload" "worker").
+*/}}
+{{- define "cairn.secretFileEnv" -}}
+{{- $files := include "cairn.secretFiles" .root | fromJson -}}
+{{- $dir := include "cairn.secretDir" .root -}}
+{{- range include "cairn.secretKeysOf" .workload | fromJsonArray }}
+{{- $f := get $files . }}
+- name: {{ index $f 1 }}_FILE
+  value: {{ printf "%s/%s" $dir (index $f 0) | quote }}
 {{- end }}
 {{- end -}}
 
 {{/*
-Secret keys a long-running component reads, from the release's Secret.
-Call with (dict "root" $ "keys" (list ...)).
+The read-only mount of the secret files.
 */}}
-{{- define "cairn.runtimeSecretEnv" -}}
-{{- include "cairn.secretEnv" (dict "root" .root "secretName" (include "cairn.secretName" .root) "keys" .keys) -}}
+{{- define "cairn.secretVolumeMount" -}}
+- name: secrets
+  mountPath: {{ include "cairn.secretDir" . }}
+  readOnly: true
+{{- end -}}
+
+{{/*
+The projected volume with only the keys a workload reads. The bootstrap token is its own
+source, optional: a Secret without that key gives no file, and no file means no token.
+defaultMode 0440 (288): readable by the owner and the pod's fsGroup, which the processes
+run in, and nobody else. Call with (dict "root" $ "workload" "worker").
+*/}}
+{{- define "cairn.secretVolume" -}}
+{{- $root := .root -}}
+{{- $files := include "cairn.secretFiles" $root | fromJson -}}
+{{- $name := include "cairn.secretName" $root -}}
+{{- $required := list -}}
+{{- $optional := list -}}
+{{- range include "cairn.secretKeysOf" .workload | fromJsonArray -}}
+{{- if eq . "bootstrapAdminToken" -}}
+{{- $optional = append $optional . -}}
+{{- else -}}
+{{- $required = append $required . -}}
+{{- end -}}
+{{- end -}}
+- name: secrets
+  projected:
+    defaultMode: 288
+    sources:
+      - secret:
+          name: {{ $name | quote }}
+          items:
+            {{- range $required }}
+            - key: {{ get $root.Values.secrets.keys . | quote }}
+              path: {{ index (get $files .) 0 }}
+            {{- end }}
+      {{- range $optional }}
+      - secret:
+          name: {{ $name | quote }}
+          optional: true
+          items:
+            - key: {{ get $root.Values.secrets.keys . | quote }}
+              path: {{ index (get $files .) 0 }}
+      {{- end }}
 {{- end -}}
 
 {{/*
@@ -136,21 +220,88 @@ CAIRN_DELIVERY_LIMIT: {{ int .Values.global.deliveryLimit | quote }}
 {{- end -}}
 
 {{/*
+The data of each ConfigMap, one helper per ConfigMap, so that each Deployment hashes only
+the ones it reads (cairn.configChecksums): a reaper setting does not roll the workers.
+Every component migrates at start (CAIRN_MIGRATE=true): migrations are serialized on a
+PostgreSQL advisory lock and do nothing when the schema is up to date. This is what
+migrates a first install; on upgrades the pre-upgrade hook has migrated already.
+*/}}
+{{- define "cairn.sharedConfigData" -}}
+CAIRN_LOG_FORMAT: {{ .Values.global.logFormat | quote }}
+CAIRN_MIGRATE: "true"
+{{- range $name, $value := .Values.global.extraConfig }}
+{{ $name }}: {{ $value | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "cairn.schedulerConfigData" -}}
+{{ include "cairn.messagingConfig" . }}
+CAIRN_SWEEP_INTERVAL_SECONDS: {{ .Values.scheduler.sweepIntervalSeconds | toString | quote }}
+CAIRN_DRAIN_SECONDS: {{ int .Values.scheduler.drainSeconds | quote }}
+{{- end -}}
+
+{{- define "cairn.workerConfigData" -}}
+{{- $w := .Values.worker -}}
+{{ include "cairn.messagingConfig" . }}
+CAIRN_WORKER_CONCURRENCY: {{ int $w.concurrency | quote }}
+{{- with $w.prefetch }}
+CAIRN_PREFETCH: {{ int . | quote }}
+{{- end }}
+CAIRN_LEASE_TTL_SECONDS: {{ int $w.leaseTtlSeconds | quote }}
+CAIRN_DRAIN_SECONDS: {{ int $w.drainSeconds | quote }}
+CAIRN_KILL_GRACE_SECONDS: {{ int $w.killGraceSeconds | quote }}
+CAIRN_WORKSPACE_BACKEND: {{ $w.workspaceBackend | quote }}
+CAIRN_WORKSPACE_PERSISTENT: {{ $w.workspacePersistent | toString | quote }}
+{{- with $w.baseImage }}
+CAIRN_BASE_IMAGE: {{ . | quote }}
+{{- end }}
+{{- with $w.captureExclude }}
+CAIRN_CAPTURE_EXCLUDE: {{ join "," . | quote }}
+{{- end }}
+CAIRN_SANDBOX: {{ $w.sandbox.mode | quote }}
+CAIRN_STEP_NETWORK: {{ $w.sandbox.network | toString | quote }}
+CAIRN_STEP_MEMORY_MB: {{ int $w.sandbox.memoryMb | quote }}
+CAIRN_STEP_PIDS: {{ int $w.sandbox.pids | quote }}
+CAIRN_STEP_CPU_SECONDS: {{ int $w.sandbox.cpuSeconds | quote }}
+CAIRN_STEP_OPEN_FILES: {{ int $w.sandbox.openFiles | quote }}
+CAIRN_PAUSE_LIMIT_SECONDS: {{ int $w.pauseLimitSeconds | quote }}
+{{- /* Not a secret: the store's credentials come from worker.snapshotStore.existingSecret. */}}
+{{- with $w.snapshotStore.url }}
+CAIRN_SNAPSHOT_STORE_URL: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{- define "cairn.reaperConfigData" -}}
+{{- $r := .Values.reaper -}}
+CAIRN_DRAIN_SECONDS: {{ int $r.drainSeconds | quote }}
+CAIRN_REAPER_INTERVAL_SECONDS: {{ $r.intervalSeconds | toString | quote }}
+CAIRN_REAPER_BATCH: {{ int64 $r.batch | quote }}
+CAIRN_IDLE_HEAD_SECONDS: {{ int64 $r.retention.idleHeadSeconds | quote }}
+CAIRN_RECLAIM_AFTER_SECONDS: {{ int64 $r.retention.reclaimAfterSeconds | quote }}
+CAIRN_DESTROYED_GRACE_SECONDS: {{ int64 $r.retention.destroyedGraceSeconds | quote }}
+CAIRN_MEMORY_CHECKPOINT_SECONDS: {{ int64 $r.retention.memoryCheckpointSeconds | quote }}
+CAIRN_QUARANTINE_KEEP_SECONDS: {{ int64 $r.retention.quarantineKeepSeconds | quote }}
+{{- end -}}
+
+{{/*
 Environment variables the chart sets itself, each with the values it comes from;
-global.extraConfig may not name them (it would clash with or be shadowed by them).
+global.extraConfig and the extraEnv lists may not name them (they would clash with or
+be shadowed by them).
 */}}
 {{- define "cairn.chartSetEnv" -}}
+{{- $files := "the secrets block (mounted as files under /var/run/secrets/cairn)" -}}
 {{- dict
   "CAIRN_LOG_FORMAT" "global.logFormat"
-  "CAIRN_MIGRATE" "migration.enabled"
+  "CAIRN_MIGRATE" "the chart (always true: every component migrates at start, serialized on an advisory lock)"
   "CAIRN_QUEUE_PREFIX" "global.queuePrefix"
   "CAIRN_REDIS_PREFIX" "global.redisPrefix"
   "CAIRN_DELIVERY_LIMIT" "global.deliveryLimit"
   "CAIRN_LISTEN" "scheduler.port"
   "CAIRN_METRICS_LISTEN" "worker.metricsPort and reaper.metricsPort"
   "CAIRN_SWEEP_INTERVAL_SECONDS" "scheduler.sweepIntervalSeconds"
-  "CAIRN_DRAIN_SECONDS" "scheduler.drainSeconds and worker.drainSeconds"
+  "CAIRN_DRAIN_SECONDS" "scheduler.drainSeconds, worker.drainSeconds and reaper.drainSeconds"
   "CAIRN_WORKER_CONCURRENCY" "worker.concurrency"
+  "CAIRN_PREFETCH" "worker.prefetch"
   "CAIRN_LEASE_TTL_SECONDS" "worker.leaseTtlSeconds"
   "CAIRN_KILL_GRACE_SECONDS" "worker.killGraceSeconds"
   "CAIRN_WORKSPACES_DIR" "worker.workspaces (the volume at /var/lib/cairn/workspaces)"
@@ -174,6 +325,10 @@ global.extraConfig may not name them (it would clash with or be shadowed by them
   "CAIRN_DESTROYED_GRACE_SECONDS" "reaper.retention.destroyedGraceSeconds"
   "CAIRN_MEMORY_CHECKPOINT_SECONDS" "reaper.retention.memoryCheckpointSeconds"
   "CAIRN_QUARANTINE_KEEP_SECONDS" "reaper.retention.quarantineKeepSeconds"
+  "CAIRN_DATABASE_URL_FILE" $files
+  "CAIRN_REDIS_URL_FILE" $files
+  "CAIRN_AMQP_URL_FILE" $files
+  "CAIRN_BOOTSTRAP_ADMIN_TOKEN_FILE" $files
   | toJson -}}
 {{- end -}}
 
@@ -245,10 +400,15 @@ seccompProfile:
 {{- end -}}
 
 {{/*
-Pod anti-affinity preset. Call with (dict "root" $ "component" "worker" "mode" "soft").
+Placement: <component>.affinity when set (it replaces the preset), else the
+podAntiAffinity preset. Call with (dict "root" $ "component" "worker" "values" $v).
 */}}
 {{- define "cairn.affinity" -}}
-{{- if eq .mode "soft" }}
+{{- $mode := .values.podAntiAffinity -}}
+{{- if .values.affinity }}
+affinity:
+  {{- toYaml .values.affinity | nindent 2 }}
+{{- else if eq $mode "soft" }}
 affinity:
   podAntiAffinity:
     preferredDuringSchedulingIgnoredDuringExecution:
@@ -258,7 +418,7 @@ affinity:
           labelSelector:
             matchLabels:
               {{- include "cairn.selectorLabels" . | nindent 14 }}
-{{- else if eq .mode "hard" }}
+{{- else if eq $mode "hard" }}
 affinity:
   podAntiAffinity:
     requiredDuringSchedulingIgnoredDuringExecution:
@@ -270,8 +430,29 @@ affinity:
 {{- end -}}
 
 {{/*
+topologySpreadConstraints; a constraint without a labelSelector gets the component's
+selector labels, so it spreads this component's pods and no others.
+*/}}
+{{- define "cairn.topologySpread" -}}
+{{- $root := .root -}}
+{{- $component := .component -}}
+{{- with .values.topologySpreadConstraints }}
+{{- $constraints := list }}
+{{- range . }}
+{{- $c := deepCopy . }}
+{{- if not (hasKey $c "labelSelector") }}
+{{- $_ := set $c "labelSelector" (dict "matchLabels" (include "cairn.selectorLabels" (dict "root" $root "component" $component) | fromYaml)) }}
+{{- end }}
+{{- $constraints = append $constraints $c }}
+{{- end }}
+topologySpreadConstraints:
+  {{- toYaml $constraints | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/*
 Pod spec fields shared by the long-running components: service account, pull secrets,
-placement. Call with (dict "root" $ "component" "worker" "values" .Values.worker).
+placement, priority. Call with (dict "root" $ "component" "worker" "values" .Values.worker).
 */}}
 {{- define "cairn.podCommon" -}}
 serviceAccountName: {{ include "cairn.serviceAccountName" .root }}
@@ -283,6 +464,9 @@ imagePullSecrets:
   - name: {{ . }}
   {{- end }}
 {{- end }}
+{{- with .values.priorityClassName }}
+priorityClassName: {{ . | quote }}
+{{- end }}
 {{- with .values.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
@@ -291,24 +475,44 @@ nodeSelector:
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- include "cairn.affinity" (dict "root" .root "component" .component "mode" .values.podAntiAffinity) }}
+{{- include "cairn.affinity" . }}
+{{- include "cairn.topologySpread" . }}
 {{- end -}}
 
 {{/*
-Pod annotations that roll the pods when the configuration they read changes.
+Pod annotations that roll a component's pods when the configuration it reads changes,
+and only then: the shared ConfigMap's data, its own ConfigMap's data and, when the chart
+creates the Secret, the keys of it the component reads. A change to another component's
+settings leaves these pods alone. Call with (dict "root" $ "component" "worker").
 */}}
 {{- define "cairn.configChecksums" -}}
-checksum/config: {{ include (print .Template.BasePath "/configmap.yaml") . | sha256sum }}
-{{- if not .Values.secrets.existingSecret }}
-checksum/secret: {{ include (print .Template.BasePath "/secret.yaml") . | sha256sum }}
+{{- $root := .root -}}
+checksum/config-shared: {{ include "cairn.sharedConfigData" $root | sha256sum }}
+checksum/config: {{ include (printf "cairn.%sConfigData" .component) $root | sha256sum }}
+{{- if not $root.Values.secrets.existingSecret }}
+{{- $read := list }}
+{{- range include "cairn.secretKeysOf" .component | fromJsonArray }}
+{{- $read = append $read (printf "%s=%s" (get $root.Values.secrets.keys .) (get $root.Values.secrets . | default "")) }}
+{{- end }}
+checksum/secret: {{ join "\n" $read | sha256sum }}
 {{- end }}
 {{- end -}}
 
 {{/*
-HTTP probes on /healthz (liveness) and /readyz (readiness).
-Call with (dict "port" "http" "values" .Values.scheduler).
+Probes. The startup probe holds the others off while a process waits for PostgreSQL or
+runs migrations (its listener binds only after that): the scheduler's and the reaper's on
+/readyz (they are ready once PostgreSQL answers), the worker's on /healthz (it is ready
+once started). Liveness on /healthz restarts a stuck process; readiness on /readyz.
+Call with (dict "port" "http" "values" .Values.scheduler "startupPath" "/readyz").
 */}}
 {{- define "cairn.probes" -}}
+startupProbe:
+  httpGet:
+    path: {{ .startupPath }}
+    port: {{ .port }}
+  periodSeconds: {{ .values.startupProbe.periodSeconds }}
+  timeoutSeconds: {{ .values.startupProbe.timeoutSeconds }}
+  failureThreshold: {{ .values.startupProbe.failureThreshold }}
 livenessProbe:
   httpGet:
     path: /healthz
@@ -326,12 +530,31 @@ readinessProbe:
 {{- end -}}
 
 {{/*
-Extra environment variables of a component.
+Extra environment variables of a component: each with a plain value or a valueFrom.
 */}}
 {{- define "cairn.extraEnv" -}}
 {{- range . }}
 - name: {{ .name }}
+  {{- if hasKey . "valueFrom" }}
+  valueFrom:
+    {{- toYaml .valueFrom | nindent 4 }}
+  {{- else }}
   value: {{ .value | quote }}
+  {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+Extra volume mounts and volumes of a component (rendered after the chart's own).
+*/}}
+{{- define "cairn.extraVolumeMounts" -}}
+{{- with .extraVolumeMounts }}
+{{- toYaml . }}
+{{- end }}
+{{- end -}}
+{{- define "cairn.extraVolumes" -}}
+{{- with .extraVolumes }}
+{{- toYaml . }}
 {{- end }}
 {{- end -}}
 
@@ -344,38 +567,65 @@ Checks of combinations the schema cannot express. Rendered from validate.yaml.
 {{- fail "worker.keda.enabled and worker.autoscaling.enabled are both true: KEDA creates its own HPA for the worker Deployment, and two autoscalers would fight over its replicas. Enable only one of them." -}}
 {{- end -}}
 {{- if $v.secrets.existingSecret -}}
-{{- range $k := list "databaseUrl" "redisUrl" "amqpUrl" "bootstrapAdminToken" "amqpManagementUrl" -}}
+{{- range $k := list "databaseUrl" "redisUrl" "amqpUrl" "bootstrapAdminToken" -}}
 {{- if get $v.secrets $k -}}
 {{- fail (printf "secrets.existingSecret is set, so the chart creates no Secret and secrets.%s would be ignored: put it in the existing Secret %q under key %q instead, and leave secrets.%s empty." $k $v.secrets.existingSecret (get $v.secrets.keys $k) $k) -}}
 {{- end -}}
 {{- end -}}
-{{- else if and $v.worker.keda.enabled (not $v.secrets.amqpManagementUrl) -}}
-{{- fail "worker.keda.enabled needs secrets.amqpManagementUrl: the RabbitMQ management API URL (http://user:pass@host:15672/vhost) KEDA reads the queue depth from." -}}
+{{- else -}}
+{{- /* An empty URL would leave every pod in CreateContainerConfigError or crash-looping. */ -}}
+{{- range $k := list "databaseUrl" "redisUrl" "amqpUrl" -}}
+{{- if not (get $v.secrets $k) -}}
+{{- fail (printf "secrets.%s is empty: the chart creates the Secret %q from secrets.databaseUrl, secrets.redisUrl and secrets.amqpUrl, and the pods cannot start without it. Set secrets.%s, or create a Secret yourself and name it in secrets.existingSecret (keys %s, %s, %s, and optionally %s)." $k (include "cairn.secretName" $) $k $v.secrets.keys.databaseUrl $v.secrets.keys.redisUrl $v.secrets.keys.amqpUrl $v.secrets.keys.bootstrapAdminToken) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- $keda := $v.worker.keda -}}
+{{- if and $keda.enabled (not $keda.authenticationRef) -}}
+{{- if not (and $keda.postgresql.passwordSecret.name $keda.postgresql.passwordSecret.key) -}}
+{{- fail "worker.keda.enabled needs a way for KEDA to read cairn_worker_demand from PostgreSQL: set worker.keda.postgresql.passwordSecret.name and .key (a Secret holding the password of worker.keda.postgresql.userName; the chart creates the TriggerAuthentication), or worker.keda.authenticationRef (the name of an existing KEDA TriggerAuthentication)." -}}
+{{- end -}}
+{{- range $k := list "host" "userName" "dbName" -}}
+{{- if not (get $keda.postgresql $k) -}}
+{{- fail (printf "worker.keda.postgresql.%s is required with worker.keda.enabled (without worker.keda.authenticationRef): KEDA connects to PostgreSQL itself to read cairn_worker_demand." $k) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- $chartSet := include "cairn.chartSetEnv" . | fromJson -}}
 {{- $secretNames := list "CAIRN_DATABASE_URL" "CAIRN_REDIS_URL" "CAIRN_AMQP_URL" "CAIRN_BOOTSTRAP_ADMIN_TOKEN" -}}
-{{- /* Object store credentials (keys, secrets, tokens, SAS) come from worker.snapshotStore.existingSecret only. */ -}}
+{{- /* Object store credentials (keys, secrets, tokens, SAS) come from a Secret only. */ -}}
 {{- $storeSecretPattern := "^(AWS|GOOGLE|AZURE)_[A-Z0-9_]*(KEY|SECRET|TOKEN|PASSWORD|SAS)" -}}
 {{- $extra := list -}}
 {{- range $name, $_ := $v.global.extraConfig -}}
-{{- $extra = append $extra (list (printf "global.extraConfig.%s" $name) $name) -}}
+{{- $extra = append $extra (list (printf "global.extraConfig.%s" $name) $name false) -}}
 {{- end -}}
 {{- range $comp := list "scheduler" "worker" "reaper" -}}
 {{- range (index $v $comp).extraEnv -}}
-{{- $extra = append $extra (list (printf "%s.extraEnv %s" $comp .name) .name) -}}
+{{- $fromSecret := and (hasKey . "valueFrom") (hasKey .valueFrom "secretKeyRef") -}}
+{{- $extra = append $extra (list (printf "%s.extraEnv %s" $comp .name) .name $fromSecret) -}}
 {{- end -}}
 {{- end -}}
 {{- range $e := $extra -}}
 {{- $where := index $e 0 -}}
 {{- $name := index $e 1 -}}
+{{- if eq $name "CAIRN_WORKER_ID" -}}
+{{- fail (printf "%s sets CAIRN_WORKER_ID, a worker's lease identity: from shared configuration every worker would get the same one, take over the others' leases and lapse them at start. Leave it unset; the default, <pod name>-<pid>, is unique per worker." $where) -}}
+{{- end -}}
 {{- if has $name $secretNames -}}
-{{- fail (printf "%s is a secret setting and cannot be a plain value: set it through the secrets block." $where) -}}
+{{- fail (printf "%s is a secret setting and cannot be a plain value: set it through the secrets block (the pods read it from a mounted file, %s_FILE)." $where $name) -}}
 {{- end -}}
 {{- if hasKey $chartSet $name -}}
 {{- fail (printf "%s is set by the chart, from %s: use that instead." $where (get $chartSet $name)) -}}
 {{- end -}}
-{{- if regexMatch $storeSecretPattern $name -}}
-{{- fail (printf "%s is an object store credential and cannot be a plain value: put it in a Secret named by worker.snapshotStore.existingSecret." $where) -}}
+{{- if and (regexMatch $storeSecretPattern $name) (not (index $e 2)) -}}
+{{- fail (printf "%s is an object store credential and cannot be a plain value: put it in a Secret named by worker.snapshotStore.existingSecret (or take it with valueFrom.secretKeyRef in an extraEnv)." $where) -}}
+{{- end -}}
+{{- end -}}
+{{- range $comp := list "scheduler" "worker" "reaper" -}}
+{{- range (index $v $comp).extraVolumes -}}
+{{- if has .name (list "tmp" "secrets" "workspaces" "artifacts") -}}
+{{- fail (printf "%s.extraVolumes: the volume name %q is the chart's own; choose another name." $comp .name) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- $store := $v.worker.snapshotStore -}}
@@ -397,8 +647,19 @@ Checks of combinations the schema cannot express. Rendered from validate.yaml.
 {{- if ge (int $v.worker.killGraceSeconds) (int $v.worker.drainSeconds) -}}
 {{- fail (printf "worker.killGraceSeconds (%d) must be less than worker.drainSeconds (%d): the worker stops running steps killGraceSeconds + 1 seconds before the end of its drain, so running steps get drainSeconds - killGraceSeconds - 1 seconds to finish." (int $v.worker.killGraceSeconds) (int $v.worker.drainSeconds)) -}}
 {{- end -}}
-{{- if ge (int $v.scheduler.drainSeconds) (int $v.scheduler.terminationGracePeriodSeconds) -}}
-{{- fail (printf "scheduler.drainSeconds (%d) must be less than scheduler.terminationGracePeriodSeconds (%d), or Kubernetes kills the scheduler before its background work has stopped." (int $v.scheduler.drainSeconds) (int $v.scheduler.terminationGracePeriodSeconds)) -}}
+{{- if and $v.worker.sandbox.grant (eq (toString $v.worker.hostUsers) "true") -}}
+{{- fail "worker.hostUsers is true but worker.sandbox.grant needs hostUsers: false (the step sandbox's user namespaces nest in the pod's own). Leave worker.hostUsers empty or false." -}}
+{{- end -}}
+{{- $s := $v.scheduler -}}
+{{- if ge (add (int $s.preStopSeconds) (int $s.drainSeconds)) (int $s.terminationGracePeriodSeconds) -}}
+{{- fail (printf "scheduler.preStopSeconds (%d) + scheduler.drainSeconds (%d) must be less than scheduler.terminationGracePeriodSeconds (%d): the grace period starts with the preStop pause, and Kubernetes kills the scheduler when it ends, before its background work has stopped." (int $s.preStopSeconds) (int $s.drainSeconds) (int $s.terminationGracePeriodSeconds)) -}}
+{{- end -}}
+{{- if ge (int $v.reaper.drainSeconds) (int $v.reaper.terminationGracePeriodSeconds) -}}
+{{- fail (printf "reaper.drainSeconds (%d) must be less than reaper.terminationGracePeriodSeconds (%d), or Kubernetes kills the reaper before the sweep in flight has finished." (int $v.reaper.drainSeconds) (int $v.reaper.terminationGracePeriodSeconds)) -}}
+{{- end -}}
+{{- $np := $v.worker.networkPolicy -}}
+{{- if and $np.enabled (not (or $np.egress $np.stepEgress)) -}}
+{{- fail "worker.networkPolicy.enabled with no worker.networkPolicy.egress rules: the workers could reach DNS and nothing else, not PostgreSQL, Redis, RabbitMQ or the object store, and would never start. Add the rules (see the example in values.yaml)." -}}
 {{- end -}}
 {{- if and $v.scheduler.autoscaling.enabled (gt (int $v.scheduler.autoscaling.minReplicas) (int $v.scheduler.autoscaling.maxReplicas)) -}}
 {{- fail "scheduler.autoscaling.minReplicas is greater than maxReplicas." -}}
@@ -406,7 +667,7 @@ Checks of combinations the schema cannot express. Rendered from validate.yaml.
 {{- if and $v.worker.autoscaling.enabled (gt (int $v.worker.autoscaling.minReplicas) (int $v.worker.autoscaling.maxReplicas)) -}}
 {{- fail "worker.autoscaling.minReplicas is greater than maxReplicas." -}}
 {{- end -}}
-{{- if and $v.worker.keda.enabled (gt (int $v.worker.keda.minReplicaCount) (int $v.worker.keda.maxReplicaCount)) -}}
+{{- if and $keda.enabled (gt (int $keda.minReplicaCount) (int $keda.maxReplicaCount)) -}}
 {{- fail "worker.keda.minReplicaCount is greater than maxReplicaCount." -}}
 {{- end -}}
 {{- end -}}

@@ -4,7 +4,14 @@
 Run by scripts/helm-check with the environment variable HELM pointing at a helm binary
 (default: "helm" on PATH) and KUBE_VERSION (default 1.29.0). Plain asserts, no test
 framework: each test_* function is run in order and reported as PASS or FAIL, and the
-last line reads "test_rendered: N passed, M failed".
+last line reads "test_rendered: N passed, M failed". The test_* functions of
+test_operations.py (scaling, secrets as files, checksums, names, disk, rollouts and the
+schema's ordinary options), which use the helpers here, run after these, in the same
+count.
+
+The chart fails an install without the connection URLs, so every render starts from
+ci/default-values.yaml (the defaults plus those URLs) unless its arguments name a file of
+ci/, each of which is a complete value set.
 """
 
 import base64
@@ -20,6 +27,7 @@ import yaml
 
 CHART = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CI_DIR = os.path.join(CHART, "ci")
+DEFAULT_VALUES = os.path.join(CI_DIR, "default-values.yaml")
 REPO = os.path.dirname(os.path.dirname(CHART))
 HELM = os.environ.get("HELM", "helm")
 KUBE_VERSION = os.environ.get("KUBE_VERSION", "1.29.0")
@@ -62,8 +70,11 @@ FAKE_SECRETS = {
     "secrets.redisUrl": "redis://:Redis-Pw-93bd07@redis.example:6379/0",
     "secrets.amqpUrl": "amqp://cairn:Amqp-Pw-c4e811@mq.example:5672/%2f",
     "secrets.bootstrapAdminToken": "boot-token-7d0c5b9e41",
-    "secrets.amqpManagementUrl": "http://cairn:Mgmt-Pw-2be9a6@mq.example:15672/%2f",
 }
+# The connection settings, which the pods read from files ("<NAME>_FILE"), never from
+# their environment.
+SECRET_VARS = ("CAIRN_DATABASE_URL", "CAIRN_REDIS_URL", "CAIRN_AMQP_URL", "CAIRN_BOOTSTRAP_ADMIN_TOKEN")
+SECRET_DIR = "/var/run/secrets/cairn"
 
 
 # ---------------------------------------------------------------- rendering helpers
@@ -76,35 +87,57 @@ def ci_files():
 
 
 def value_sets():
-    """(label, helm arguments) for the default values and every ci values file."""
-    sets = [("default values", [])]
-    sets += [(os.path.relpath(f, CHART), ["-f", f]) for f in ci_files()]
-    return sets
+    """(label, helm arguments) for every ci values file; ci/default-values.yaml is the
+    chart's defaults plus the URLs an install needs."""
+    return [(os.path.relpath(f, CHART), ["-f", f]) for f in ci_files()]
+
+
+def with_defaults(args):
+    """args after ci/default-values.yaml, unless they name a ci file (a complete set)."""
+    args = list(args)
+    if any(a.startswith(CI_DIR + os.sep) for a in args):
+        return args
+    return ["-f", DEFAULT_VALUES] + args
 
 
 _cache = {}
 
 
-def helm_template(args):
-    """Run helm template; return (exit code, stdout, stderr)."""
-    key = tuple(args)
+def helm_template(args, release=RELEASE, bare=False):
+    """Run helm template (after ci/default-values.yaml unless bare); return (exit code,
+    stdout, stderr)."""
+    args = list(args) if bare else with_defaults(args)
+    key = (release, tuple(args))
     if key not in _cache:
-        cmd = [HELM, "template", RELEASE, CHART, "--kube-version", KUBE_VERSION] + list(args)
+        cmd = [HELM, "template", release, CHART, "--kube-version", KUBE_VERSION] + args
         p = subprocess.run(cmd, capture_output=True, text=True, check=False)
         _cache[key] = (p.returncode, p.stdout, p.stderr)
     return _cache[key]
 
 
-def render(args=()):
+def render(args=(), release=RELEASE, bare=False):
     """Render and parse; fail the test if helm fails."""
-    rc, out, err = helm_template(list(args))
+    rc, out, err = helm_template(args, release, bare)
     assert rc == 0, f"helm template {' '.join(args)} failed: {err.strip()}"
     return [d for d in yaml.safe_load_all(out) if d]
 
 
-def render_fails(args):
+def chart_docs(args=(), release=RELEASE):
+    """Like render, without the documents of extraObjects (the user's own manifests)."""
+    rc, out, err = helm_template(args, release)
+    assert rc == 0, f"helm template {' '.join(args)} failed: {err.strip()}"
+    docs = []
+    for chunk in re.split(r"^---\s*$", out, flags=re.M):
+        source = re.search(r"^# Source: (\S+)", chunk, re.M)
+        doc = yaml.safe_load(chunk)
+        if doc and not (source and source.group(1).endswith("/extra-objects.yaml")):
+            docs.append(doc)
+    return docs
+
+
+def render_fails(args, bare=False):
     """Render, expecting failure; return helm's error output."""
-    rc, _, err = helm_template(list(args))
+    rc, _, err = helm_template(args, bare=bare)
     assert rc != 0, f"helm template {' '.join(args)} succeeded but should fail"
     return err
 
@@ -176,6 +209,7 @@ def effective_values(args):
     """The chart's values after -f files and --set/--set-string pairs (scalars only)."""
     with open(os.path.join(CHART, "values.yaml"), encoding="utf-8") as f:
         values = yaml.safe_load(f)
+    args = with_defaults(args)
     pairs = list(zip(args[::2], args[1::2]))
     # Like helm: every -f file first, in order, then every --set.
     for flag, arg in sorted(pairs, key=lambda p: p[0] != "-f"):
@@ -283,6 +317,9 @@ def test_schema_closes_every_object():
                 walk(v, f"{where}/{i}")
 
     walk(schema, "#")
+    # The one open object: Kubernetes API types passed through (affinity terms, volume
+    # sources, extraObjects), which the API server and kubernetes-validate check.
+    problems.remove("#/definitions/kubernetesObject: additionalProperties is true")
     assert not problems, "\n".join(problems)
 
 
@@ -325,8 +362,38 @@ def test_schema_rejects_unknown_and_bad_values():
         ["--set-string", "worker.snapshotStore.url=s3://bucket/a b"],
         ["--set-string", "worker.snapshotStore.existingSecret=Not_A_Name"],
         ["--set", "worker.snapshotStore.bogus=1"],
-        # The reaper's drain setting is read but not used: the chart does not set it.
-        ["--set", "reaper.drainSeconds=30"],
+        ["--set", "reaper.drainSeconds=-1"],
+        ["--set-string", "reaper.drainSeconds=30"],
+        # Gone with the RabbitMQ triggers: KEDA reads the demand from PostgreSQL.
+        ["--set-string", "secrets.amqpManagementUrl=http://x"],
+        ["--set-string", "secrets.keys.amqpManagementUrl=k"],
+        ["--set-string", "worker.keda.queues[0]=runs"],
+        ["--set", "worker.keda.combineQueues=true"],
+        ["--set-string", "worker.keda.vhostName=cairn"],
+        ["--set", "worker.keda.targetMessagesPerReplica=4"],
+        ["--set", "worker.keda.activationMessages=1"],
+        ["--set", "worker.keda.minReplicaCount=-1"],
+        ["--set", "worker.keda.targetJobsPerReplica=-1"],
+        ["--set-string", "worker.keda.postgresql.sslmode=sometimes"],
+        ["--set", "worker.keda.postgresql.port=0"],
+        ["--set", "worker.keda.fallback.bogus=1"],
+        ["--set-string", "global.image.digest=latest"],
+        ["--set-string", "global.image.digest=sha256:abc"],
+        ["--set-string", "worker.hostUsers=no"],
+        ["--set", "worker.prefetch=-1"],
+        ["--set", "worker.networkPolicy.bogus=1"],
+        ["--set-string", "worker.networkPolicy.egress[0].to[0].bogus=x"],
+        ["--set", "scheduler.preStopSeconds=-1"],
+        ["--set", "scheduler.startupProbe.periodSeconds=0"],
+        ["--set-string", "scheduler.priorityClassName=Not_A_Name"],
+        ["--set-string", "worker.affinity.bogus=x"],
+        ["--set-string", "worker.topologySpreadConstraints[0].topologyKey=zone"],
+        ["--set-string", "reaper.extraVolumeMounts[0].name=x"],
+        ["--set-string", "reaper.extraEnv[0].name=A"],
+        ["--set-string", "reaper.extraEnv[0].name=A", "--set-string", "reaper.extraEnv[0].value=b",
+         "--set-string", "reaper.extraEnv[0].valueFrom.secretKeyRef.name=s",
+         "--set-string", "reaper.extraEnv[0].valueFrom.secretKeyRef.key=k"],
+        ["--set", "extraObjects[0].kind=ConfigMap"],
         # Values no binary reads are gone, not ignored.
         ["--set", "worker.confinement.enabled=true"],
         ["--set-string", "global.artifactsUrl=s3://bucket/prefix"],
@@ -361,7 +428,7 @@ def test_common_labels_on_every_resource():
         "helm.sh/chart",
     )
     for label, args in value_sets():
-        for d in render(args):
+        for d in chart_docs(args):
             labels = d["metadata"].get("labels", {})
             missing = [k for k in required if k not in labels]
             assert not missing, f"{label}: {d['kind']}/{d['metadata']['name']} lacks {missing}"
@@ -412,8 +479,10 @@ def test_worker_defaults():
     docs = render()
     env = container_env(docs, worker_container(docs))
     assert env["CAIRN_WORKER_CONCURRENCY"] == "4"
+    assert "CAIRN_PREFETCH" not in env, "0: the binary's default, one delivery per queue"
     assert env["CAIRN_LEASE_TTL_SECONDS"] == "30"
-    assert env["CAIRN_DRAIN_SECONDS"] == "60"
+    # The longest step expected: a scale-down hands runs back at a step boundary.
+    assert env["CAIRN_DRAIN_SECONDS"] == "900"
     assert env["CAIRN_KILL_GRACE_SECONDS"] == "5"
     assert env["CAIRN_METRICS_LISTEN"] == "0.0.0.0:9090"
     assert env["CAIRN_WORKSPACES_DIR"] == WORKSPACES_DIR
@@ -421,13 +490,13 @@ def test_worker_defaults():
     assert env["CAIRN_QUEUE_PREFIX"] == ""
     assert env["CAIRN_REDIS_PREFIX"] == "cairn:"
     assert env["CAIRN_DELIVERY_LIMIT"] == "5"
-    assert env["CAIRN_MIGRATE"] == "false", "the hook migrates, not the pods"
+    assert env["CAIRN_MIGRATE"] == "true", "a first install has no hook: the pods migrate"
     assert env["CAIRN_LOG_FORMAT"] == "json"
     assert env["CAIRN_PAUSE_LIMIT_SECONDS"] == "1800"
     assert "CAIRN_SNAPSHOT_STORE_URL" not in env, "empty: the worker keeps snapshots in its artifacts directory"
     assert "CAIRN_WORKER_ID" not in env, "the default worker id (host name = pod name, pid) is unique"
     assert worker_container(docs)["args"] == ["cairn-worker"]
-    assert worker(docs)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 210
+    assert worker(docs)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 900 + 120 + 30
 
 
 def test_worker_artifacts_in_a_writable_local_directory():
@@ -465,69 +534,9 @@ def test_worker_artifacts_in_a_writable_local_directory():
 def test_keda_and_hpa_together_fail():
     err = render_fails(
         ["--set", "worker.keda.enabled=true", "--set", "worker.autoscaling.enabled=true"]
-        + set_args({"secrets.amqpManagementUrl": FAKE_SECRETS["secrets.amqpManagementUrl"]})
+        + set_args({"worker.keda.authenticationRef": "keda-pg"})
     )
     assert "worker.keda.enabled and worker.autoscaling.enabled are both true" in err, err
-
-
-def test_keda_without_management_url_fails():
-    err = render_fails(["--set", "worker.keda.enabled=true"])
-    assert "secrets.amqpManagementUrl" in err, err
-
-
-def test_keda_scaled_object():
-    docs = render(["-f", os.path.join(CI_DIR, "keda-values.yaml")])
-    so = one(docs, "ScaledObject", f"{RELEASE}-cairn-worker")
-    assert so["apiVersion"] == "keda.sh/v1alpha1"
-    spec = so["spec"]
-    assert spec["scaleTargetRef"]["name"] == worker(docs)["metadata"]["name"]
-    assert "replicas" not in worker(docs)["spec"], "KEDA owns the replicas"
-    behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
-    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 900
-    assert not [
-        h for h in of_kind(docs, "HorizontalPodAutoscaler")
-        if h["spec"]["scaleTargetRef"]["name"] == worker(docs)["metadata"]["name"]
-    ], "an HPA next to the ScaledObject"
-    secret = one(docs, "Secret", f"{RELEASE}-cairn")
-    for trig in spec["triggers"]:
-        md = trig["metadata"]
-        assert trig["type"] == "rabbitmq"
-        # http: the management API counts ready + unacked messages; amqp counts ready only.
-        assert md["protocol"] == "http", md
-        assert md["mode"] == "QueueLength", md
-        assert md.get("excludeUnacknowledged", "false") == "false", md
-        assert md["value"] == "4", "target defaults to worker.concurrency"
-        assert "host" not in md, "credentials must come from the TriggerAuthentication"
-        ta = one(docs, "TriggerAuthentication", trig["authenticationRef"]["name"])
-        (ref,) = ta["spec"]["secretTargetRef"]
-        assert ref["parameter"] == "host"
-        assert ref["name"] == secret["metadata"]["name"]
-        assert ref["key"] in secret["data"], "the management URL key is in the Secret"
-    (trig,) = spec["triggers"]
-    regex = re.compile(trig["metadata"]["queueName"])
-    assert trig["metadata"]["useRegex"] == "true" and trig["metadata"]["operation"] == "sum"
-    for q in ("cairn.runs", "cairn.continuations", "cairn.verifications", "cairn.sandboxes"):
-        assert regex.search(q), f"{q} not matched by {regex.pattern}"
-    for q in ("cairn.dead", "cairnXruns", "other.cairn.runs", "cairn.runs.x"):
-        assert not regex.search(q), f"{q} wrongly matched by {regex.pattern}"
-
-
-def test_keda_one_trigger_per_queue():
-    docs = render(["-f", os.path.join(CI_DIR, "keda-per-queue-values.yaml")])
-    so = one(docs, "ScaledObject", f"{RELEASE}-cairn-worker")
-    names = sorted(t["metadata"]["queueName"] for t in so["spec"]["triggers"])
-    assert names == [
-        "staging.cairn.continuations",
-        "staging.cairn.runs",
-        "staging.cairn.sandboxes",
-        "staging.cairn.verifications",
-    ], names
-    for t in so["spec"]["triggers"]:
-        assert t["metadata"]["protocol"] == "http" and t["metadata"]["value"] == "8"
-        ta = one(docs, "TriggerAuthentication", t["authenticationRef"]["name"])
-        assert ta["spec"]["secretTargetRef"][0]["name"] == "cairn-connections"
-    env = container_env(docs, worker_container(docs))
-    assert env["CAIRN_QUEUE_PREFIX"] == "staging."
 
 
 def test_hpa_values():
@@ -554,7 +563,7 @@ def test_no_autoscaler_by_default():
 
 
 def test_secret_values_never_in_configmaps():
-    docs = render(set_args(FAKE_SECRETS) + ["--set", "worker.keda.enabled=true"])
+    docs = render(["-f", os.path.join(CI_DIR, "keda-values.yaml")] + set_args(FAKE_SECRETS))
     secrets = of_kind(docs, "Secret")
     assert secrets, "no Secret rendered"
     plain = set()
@@ -576,13 +585,11 @@ def test_secret_values_never_in_configmaps():
         text = yaml.safe_dump(d)
         for secret in plain:
             assert secret not in text, f"{d['kind']}/{d['metadata']['name']} holds a secret value"
-    # Connection settings reach the pods through secretKeyRef only.
+    # Connection settings reach the pods as files only: test_operations.py checks them.
     for desc, spec in pod_specs(docs):
         for c in spec["containers"]:
-            for e in c.get("env", []):
-                if e["name"] in ("CAIRN_DATABASE_URL", "CAIRN_REDIS_URL", "CAIRN_AMQP_URL",
-                                 "CAIRN_BOOTSTRAP_ADMIN_TOKEN"):
-                    assert "secretKeyRef" in e.get("valueFrom", {}), f"{desc}: {e['name']} not from a Secret"
+            names = {e["name"] for e in c.get("env", [])}
+            assert not names & set(SECRET_VARS), f"{desc}: {sorted(names & set(SECRET_VARS))} in the environment"
 
 
 def test_secret_and_chart_settings_refused_in_plain_values():
@@ -598,41 +605,49 @@ def test_secret_and_chart_settings_refused_in_plain_values():
                                  "worker.extraEnv[0].value": "s3://bucket/prefix"}))
     assert "worker.extraEnv CAIRN_ARTIFACTS_URL is set by the chart" in err, err
     err = render_fails(set_args({"global.extraConfig.CAIRN_DRAIN_SECONDS": "5"}))
-    assert "scheduler.drainSeconds and worker.drainSeconds" in err, err
+    assert "scheduler.drainSeconds, worker.drainSeconds and reaper.drainSeconds" in err, err
+    err = render_fails(set_args({"worker.extraEnv[0].name": "CAIRN_PREFETCH", "worker.extraEnv[0].value": "8"}))
+    assert "worker.prefetch" in err, err
+    # The binaries refuse a setting given both as a value and as a file.
+    err = render_fails(set_args({"worker.extraEnv[0].name": "CAIRN_DATABASE_URL",
+                                 "worker.extraEnv[0].valueFrom.secretKeyRef.name": "db",
+                                 "worker.extraEnv[0].valueFrom.secretKeyRef.key": "url"}))
+    assert "worker.extraEnv CAIRN_DATABASE_URL is a secret setting" in err, err
+    err = render_fails(set_args({"global.extraConfig.CAIRN_REDIS_URL_FILE": "/x"}))
+    assert "set by the chart, from the secrets block" in err, err
     docs = render(set_args({"global.extraConfig.CAIRN_DATABASE_MAX_CONNECTIONS": "20",
-                            "worker.extraEnv[0].name": "CAIRN_PREFETCH", "worker.extraEnv[0].value": "8"}))
+                            "worker.extraEnv[0].name": "CAIRN_OUTPUT_TAIL_BYTES", "worker.extraEnv[0].value": "8192"}))
     for comp in ("scheduler", "worker", "reaper"):
         c = component(docs, "Deployment", comp)["spec"]["template"]["spec"]["containers"][0]
         assert container_env(docs, c)["CAIRN_DATABASE_MAX_CONNECTIONS"] == "20", comp
-    assert container_env(docs, worker_container(docs))["CAIRN_PREFETCH"] == "8"
+    assert container_env(docs, worker_container(docs))["CAIRN_OUTPUT_TAIL_BYTES"] == "8192"
+
+
+def secret_sources(spec):
+    """{Secret key: (Secret name, file path, optional)} of a pod's projected secret volume."""
+    out = {}
+    for vol in spec.get("volumes", []):
+        for src in (vol.get("projected") or {}).get("sources", []):
+            sec = src.get("secret")
+            for item in (sec or {}).get("items", []):
+                out[item["key"]] = (sec["name"], f"{SECRET_DIR}/{item['path']}", bool(sec.get("optional")))
+    return out
 
 
 def test_existing_secret():
     docs = render(["-f", os.path.join(CI_DIR, "existing-secret-values.yaml")])
     assert not of_kind(docs, "Secret"), "the chart rendered a Secret next to existingSecret"
-    refs = []
     for desc, spec in pod_specs(docs):
+        sources = secret_sources(spec)
+        assert sources, f"{desc}: no secret files"
+        assert {name for name, _, _ in sources.values()} == {"cairn-connections"}, f"{desc}: {sources}"
         for c in spec["containers"]:
-            for e in c.get("env", []):
-                ref = e.get("valueFrom", {}).get("secretKeyRef")
-                if ref:
-                    refs.append((desc, e["name"], ref))
             for src in c.get("envFrom", []):
                 assert "secretRef" not in src, f"{desc}: envFrom a Secret"
-    assert refs
-    for desc, _, ref in refs:
-        assert ref["name"] == "cairn-connections", f"{desc} reads Secret {ref['name']}"
-    keys = {name: ref["key"] for _, name, ref in refs}
-    assert keys["CAIRN_DATABASE_URL"] == "database-url"
-    assert keys["CAIRN_REDIS_URL"] == "redis-url"
-    assert keys["CAIRN_AMQP_URL"] == "amqp-url"
-    migration = component(docs, "Job", "migration")
-    mig_refs = [
-        e["valueFrom"]["secretKeyRef"]["name"]
-        for e in migration["spec"]["template"]["spec"]["containers"][0]["env"]
-        if "valueFrom" in e
-    ]
-    assert mig_refs == ["cairn-connections"], mig_refs
+    sched = component(docs, "Deployment", "scheduler")["spec"]["template"]["spec"]
+    assert set(secret_sources(sched)) == {"database-url", "redis-url", "amqp-url", "CAIRN_BOOTSTRAP_ADMIN_TOKEN"}
+    migration = component(docs, "Job", "migration")["spec"]["template"]["spec"]
+    assert set(secret_sources(migration)) == {"database-url"}
     for d in of_kind(docs, "Deployment"):
         assert "checksum/secret" not in d["spec"]["template"]["metadata"]["annotations"]
 
@@ -650,22 +665,22 @@ def test_components_get_only_the_secrets_they_need():
 
     def secret_env(comp, kind="Deployment"):
         spec = component(docs, kind, comp)["spec"]["template"]["spec"]
-        return {e["name"] for c in spec["containers"] for e in c.get("env", []) if "valueFrom" in e}
+        return {e["name"] for c in spec["containers"] for e in c.get("env", []) if e["name"].endswith("_FILE")}
 
-    connections = {"CAIRN_DATABASE_URL", "CAIRN_REDIS_URL", "CAIRN_AMQP_URL"}
-    assert secret_env("scheduler") == connections | {"CAIRN_BOOTSTRAP_ADMIN_TOKEN"}
+    connections = {"CAIRN_DATABASE_URL_FILE", "CAIRN_REDIS_URL_FILE", "CAIRN_AMQP_URL_FILE"}
+    assert secret_env("scheduler") == connections | {"CAIRN_BOOTSTRAP_ADMIN_TOKEN_FILE"}
     assert secret_env("worker") == connections
     # The reaper reads the database URL only: no Redis or RabbitMQ credentials.
-    assert secret_env("reaper") == {"CAIRN_DATABASE_URL"}
-    assert secret_env("migration", "Job") == {"CAIRN_DATABASE_URL"}
+    assert secret_env("reaper") == {"CAIRN_DATABASE_URL_FILE"}
+    assert secret_env("migration", "Job") == {"CAIRN_DATABASE_URL_FILE"}
 
 
 def test_reaper_gets_no_redis_or_amqp_secret_keys():
     for label, args in value_sets() + [("all secrets", set_args(FAKE_SECRETS))]:
         docs = render(args)
         values = effective_values(args)
-        c = component(docs, "Deployment", "reaper")["spec"]["template"]["spec"]["containers"][0]
-        keys = {e["valueFrom"]["secretKeyRef"]["key"] for e in c.get("env", []) if "valueFrom" in e}
+        c = reaper_container(docs)
+        keys = set(secret_sources(reaper(docs)["spec"]["template"]["spec"]))
         assert keys == {values["secrets"]["keys"]["databaseUrl"]}, f"{label}: reaper reads {keys}"
         # The only Secret it takes whole is the snapshot store's credentials, when set.
         store_secret = values["worker"]["snapshotStore"]["existingSecret"]
@@ -674,7 +689,8 @@ def test_reaper_gets_no_redis_or_amqp_secret_keys():
         assert values["secrets"]["existingSecret"] not in refs, f"{label}: reaper envFrom the connections Secret"
         env = container_env(docs, c)
         for name in ("CAIRN_REDIS_URL", "CAIRN_AMQP_URL", "CAIRN_REDIS_PREFIX", "CAIRN_QUEUE_PREFIX",
-                     "CAIRN_DELIVERY_LIMIT", "CAIRN_BOOTSTRAP_ADMIN_TOKEN"):
+                     "CAIRN_DELIVERY_LIMIT", "CAIRN_BOOTSTRAP_ADMIN_TOKEN", "CAIRN_REDIS_URL_FILE",
+                     "CAIRN_AMQP_URL_FILE", "CAIRN_BOOTSTRAP_ADMIN_TOKEN_FILE"):
             assert name not in env, f"{label}: reaper gets {name}"
 
 
@@ -688,15 +704,21 @@ def test_only_variables_the_binaries_read():
         "reaper": binary_env("reaper"),
         "migration": migration_env(),
     }
+    # A secret setting is read from "<NAME>_FILE" (crates/common/src/secret_files.rs).
+    for comp, names in reads.items():
+        names |= {f"{n}_FILE" for n in SECRET_VARS if n in names}
     for label, args in value_sets() + [("all secrets", set_args(FAKE_SECRETS))]:
         docs = render(args)
+        values = effective_values(args)
         for desc, spec in pod_specs(docs):
             comp = desc.rsplit("(", 1)[1].rstrip(")")
+            # A user's own extraEnv variables (a token for git, the node name) are theirs.
+            own = {e["name"] for e in values.get(comp, {}).get("extraEnv", []) if not e["name"].startswith("CAIRN_")}
             for c in spec["containers"]:
                 names = set(container_env(docs, c))
                 unread = {n for n in names if n.startswith("CAIRN_")} - reads[comp]
                 assert not unread, f"{label}: {desc} gets {sorted(unread)}, which {comp} does not read"
-                assert names - reads[comp] <= {"HOME"}, f"{label}: {desc}: {sorted(names - reads[comp])}"
+                assert names - reads[comp] <= {"HOME"} | own, f"{label}: {desc}: {sorted(names - reads[comp])}"
         text = yaml.safe_dump_all(docs)
         for gone in ("CAIRN_CAPTURE_SECONDS", "CAIRN_CONFINEMENT"):
             assert gone not in text, f"{label}: {gone} is rendered but no binary reads it"
@@ -739,8 +761,9 @@ def test_scheduler_settings():
     docs = render(["-f", os.path.join(CI_DIR, "artifacts-claim-values.yaml")])
     c = component(docs, "Deployment", "scheduler")["spec"]["template"]["spec"]["containers"][0]
     assert container_env(docs, c)["CAIRN_SWEEP_INTERVAL_SECONDS"] == "2.5"
-    err = render_fails(["--set", "scheduler.drainSeconds=30"])
-    assert "scheduler.drainSeconds (30) must be less than scheduler.terminationGracePeriodSeconds" in err, err
+    err = render_fails(["--set", "scheduler.drainSeconds=25"])
+    assert ("scheduler.preStopSeconds (5) + scheduler.drainSeconds (25) must be less than "
+            "scheduler.terminationGracePeriodSeconds (30)") in err, err
 
 
 # ---------------------------------------------------------------- reaper
@@ -991,7 +1014,9 @@ def test_security_contexts_restricted():
             assert psc.get("seccompProfile", {}).get("type") == "RuntimeDefault", f"{where}: pod seccomp"
             assert spec.get("automountServiceAccountToken") is False, f"{where}: token mounted"
             assert not spec.get("hostNetwork") and not spec.get("hostPID") and not spec.get("hostIPC")
-            assert "hostUsers" not in spec, f"{where}: hostUsers"
+            # hostUsers: false (a user namespace) only narrows what the pod is on the node.
+            assert spec.get("hostUsers", False) is False, f"{where}: hostUsers"
+            assert "hostUsers" not in spec or desc.endswith("(worker)"), f"{where}: hostUsers"
             tmp_volumes = {v["name"] for v in spec.get("volumes", []) if "emptyDir" in v}
             for c in spec.get("initContainers", []) + spec["containers"]:
                 check_container_restricted(f"{where} container {c['name']}", c)
@@ -1018,6 +1043,12 @@ def test_commands_ports_and_probes():
         assert env[listen_var] == f"0.0.0.0:{port}", f"{comp}: {listen_var}={env.get(listen_var)}"
         assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": port_name}, comp
         assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": port_name}, comp
+        # Listeners bind after PostgreSQL answers and migrations ran: the startup probe
+        # holds liveness off that long (5 s x 60). The worker is ready once started.
+        startup = c["startupProbe"]
+        path = "/healthz" if comp == "worker" else "/readyz"
+        assert startup["httpGet"] == {"path": path, "port": port_name}, comp
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= 300, comp
     svc = component(docs, "Service", "scheduler")
     assert svc["spec"]["ports"] == [{"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"}]
     assert component(docs, "Deployment", "reaper")["spec"]["replicas"] == 2, "a leader and a standby"
@@ -1030,6 +1061,8 @@ def test_pod_disruption_budgets():
         pod_labels = component(docs, "Deployment", comp)["spec"]["template"]["metadata"]["labels"]
         for k, v in pdb["spec"]["selector"]["matchLabels"].items():
             assert pod_labels.get(k) == v, f"{comp}: PDB selector {k}={v} misses the pods"
+        # An unready pod never blocks a node drain.
+        assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow", comp
 
 
 def test_selectors_are_distinct_per_component():
@@ -1045,22 +1078,21 @@ def test_migration_hook():
     docs = render(set_args(FAKE_SECRETS))
     job = component(docs, "Job", "migration")
     ann = job["metadata"]["annotations"]
-    assert ann["helm.sh/hook"] == "pre-install,pre-upgrade"
+    # Not pre-install: the release's Secret does not exist before a first install, whose
+    # pods migrate at start instead.
+    assert ann["helm.sh/hook"] == "pre-upgrade"
     assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
     assert "helm.sh/hook-weight" in ann
     spec = job["spec"]["template"]["spec"]
     assert spec["restartPolicy"] == "Never"
     assert spec["containers"][0]["args"] == ["cairnctl", "migrate"]
-    assert "serviceAccountName" not in spec, "the chart's ServiceAccount does not exist during pre-install"
-    # Its Secret must exist when the Job starts: a hook with a lower weight.
-    hook_secret = [s for s in of_kind(docs, "Secret") if "helm.sh/hook" in s["metadata"].get("annotations", {})]
-    assert len(hook_secret) == 1
-    s_ann = hook_secret[0]["metadata"]["annotations"]
-    assert s_ann["helm.sh/hook"] == "pre-install,pre-upgrade"
-    assert int(s_ann["helm.sh/hook-weight"]) < int(ann["helm.sh/hook-weight"])
-    assert list(hook_secret[0]["data"]) == ["CAIRN_DATABASE_URL"], "the hook Secret holds the database URL only"
-    (ref,) = [e["valueFrom"]["secretKeyRef"] for e in spec["containers"][0]["env"] if "valueFrom" in e]
-    assert ref["name"] == hook_secret[0]["metadata"]["name"]
+    assert "serviceAccountName" not in spec, "the chart's ServiceAccount may be new in this upgrade"
+    # It reads the release's own Secret, as a file, like the pods.
+    assert secret_sources(spec) == {"CAIRN_DATABASE_URL": (f"{RELEASE}-cairn", f"{SECRET_DIR}/database-url", False)}
+    env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+    assert env["CAIRN_DATABASE_URL_FILE"] == f"{SECRET_DIR}/database-url"
+    for s in of_kind(docs, "Secret"):
+        assert "helm.sh/hook" not in s["metadata"].get("annotations", {}), f"{s['metadata']['name']} is a hook"
     docs = render(["--set", "migration.enabled=false"])
     assert not of_kind(docs, "Job")
     assert container_env(docs, worker_container(docs))["CAIRN_MIGRATE"] == "true"
@@ -1071,7 +1103,10 @@ def test_worker_workspace_volumes():
     spec = worker(docs)["spec"]["template"]["spec"]
     mounts = {m["mountPath"]: m["name"] for m in worker_container(docs)["volumeMounts"]}
     vols = {v["name"]: v for v in spec["volumes"]}
-    assert vols[mounts[WORKSPACES_DIR]]["emptyDir"] == {}
+    assert vols[mounts[WORKSPACES_DIR]]["emptyDir"] == {"sizeLimit": "50Gi"}
+    docs = render(set_args({"worker.workspaces.emptyDir.sizeLimit": ""}))
+    vols = {v["name"]: v for v in worker(docs)["spec"]["template"]["spec"]["volumes"]}
+    assert vols["workspaces"]["emptyDir"] == {}, "empty: no limit"
     docs = render(["-f", os.path.join(CI_DIR, "emptydir-limit-values.yaml")])
     spec = worker(docs)["spec"]["template"]["spec"]
     vols = {v["name"]: v for v in spec["volumes"]}
@@ -1109,20 +1144,18 @@ def test_service_monitors():
     assert not of_kind(render(), "ServiceMonitor")
 
 
-def test_config_change_rolls_pods():
-    a = render()
-    b = render(["--set", "worker.concurrency=9"])
-    for comp in ("scheduler", "worker", "reaper"):
-        ca = component(a, "Deployment", comp)["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
-        cb = component(b, "Deployment", comp)["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
-        assert ca != cb, f"{comp}: checksum/config did not change"
-
-
 # ---------------------------------------------------------------- runner
 
 
 def main():
     tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and callable(f)]
+    # test_operations.py imports its helpers from this module: give it this one, not a
+    # second copy with a cache of its own.
+    sys.modules.setdefault("test_rendered", sys.modules[__name__])
+    import test_operations  # noqa: E402 - imported here, after the helpers exist
+
+    tests += [(n, f) for n, f in vars(test_operations).items()
+              if n.startswith("test_") and callable(f) and f.__module__ == "test_operations"]
     passed = failed = 0
     for name, fn in tests:
         try:
