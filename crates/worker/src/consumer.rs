@@ -12,7 +12,10 @@ use cairn_common::queue::{self, JobQueue, Topology};
 use cairn_common::run::{JobKind, JobMessage};
 use futures::StreamExt;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicCancelOptions, BasicNackOptions, BasicRejectOptions};
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicGetOptions, BasicNackOptions, BasicRejectOptions,
+};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
@@ -105,6 +108,9 @@ impl Consumer {
             "consuming jobs"
         );
         let mut consuming: Option<Consuming> = None;
+        // Deliveries a pause kept instead of returning them: they start first.
+        let mut held: VecDeque<Delivery> = VecDeque::new();
+        let mut next_queue = 0;
         let result = loop {
             // A free slot first, so a delivery is only taken when it can run at once.
             // With every slot taken the consumers are cancelled: a delivery RabbitMQ
@@ -115,7 +121,7 @@ impl Consumer {
                 Err(TryAcquireError::Closed) => break Ok(()),
                 Err(TryAcquireError::NoPermits) => {
                     if let Some(full) = consuming.take() {
-                        full.pause(&channel).await;
+                        held.extend(full.pause(&channel, self.topology.delivery_limit()).await);
                     }
                     tokio::select! {
                         permit = permits.clone().acquire_owned() => match permit {
@@ -126,6 +132,23 @@ impl Consumer {
                     }
                 }
             };
+            let waiting = match held.pop_front() {
+                Some(delivery) => Some(delivery),
+                // Out of a pause, a backlog is pulled one message per free slot: pushed
+                // deliveries would be returned (and counted) at the next pause.
+                None if consuming.is_none() => match self.pull(&channel, &mut next_queue).await {
+                    Ok(pulled) => pulled,
+                    Err(e) => break Err(e),
+                },
+                None => None,
+            };
+            if let Some(delivery) = waiting {
+                let (worker, drain) = (self.worker.clone(), drain.clone());
+                self.jobs
+                    .spawn(process(worker, delivery, permit, stop.clone(), drain));
+                continue;
+            }
+            // Nothing waits: consumers, so that the next message arrives at once.
             let deliveries = match &mut consuming {
                 Some(active) => active,
                 None => match self.consume(&channel).await {
@@ -155,10 +178,37 @@ impl Consumer {
         if let Some(active) = consuming {
             active.cancel(&channel).await;
         }
+        // Held deliveries return to their queues with the channel.
+        drop(held);
         self.starving.set(false);
         let _ = connection.close(200, "worker stopping".into()).await;
         self.status.set(false);
         result
+    }
+
+    /// Takes one waiting message, trying the queues in turn from `next` (so none waits
+    /// behind another's backlog).
+    async fn pull(
+        &self,
+        channel: &lapin::Channel,
+        next: &mut usize,
+    ) -> Result<Option<Delivery>, String> {
+        let queues = JobQueue::ALL.len();
+        for offset in 0..queues {
+            let queue = JobQueue::ALL[(*next + offset) % queues];
+            let got = channel
+                .basic_get(
+                    self.topology.queue(queue).as_str().into(),
+                    BasicGetOptions { no_ack: false },
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            if let Some(message) = got {
+                *next = (*next + offset + 1) % queues;
+                return Ok(Some(message.delivery));
+            }
+        }
+        Ok(None)
     }
 
     /// Starts one consumer per job queue, each allowed `prefetch` unacked deliveries.
@@ -200,20 +250,26 @@ impl Consuming {
     }
 
     /// Cancels the consumers and puts back every delivery they had received and not
-    /// handed out, at the head of its queue, for any worker with a free slot. Each
-    /// cancelled consumer's stream ends after its last delivery.
-    async fn pause(mut self, channel: &lapin::Channel) {
+    /// handed out, at the head of its queue, for any worker with a free slot. A quorum
+    /// queue counts each return against its delivery limit, so one that a return could
+    /// dead-letter is kept instead, and returned (to start first when a slot frees).
+    /// Each cancelled consumer's stream ends after its last delivery.
+    async fn pause(mut self, channel: &lapin::Channel, delivery_limit: u32) -> Vec<Delivery> {
         self.cancel(channel).await;
+        let mut kept = Vec::new();
         let requeue = async {
             while let Some(delivery) = self.stream.next().await {
-                if let Ok(delivery) = delivery {
-                    let _ = delivery
-                        .nack(BasicNackOptions {
-                            requeue: true,
-                            ..Default::default()
-                        })
-                        .await;
+                let Ok(delivery) = delivery else { continue };
+                if returns_so_far(&delivery) + 2 >= u64::from(delivery_limit) {
+                    kept.push(delivery);
+                    continue;
                 }
+                let _ = delivery
+                    .nack(BasicNackOptions {
+                        requeue: true,
+                        ..Default::default()
+                    })
+                    .await;
             }
         };
         if tokio::time::timeout(PAUSE_TIMEOUT, requeue).await.is_err() {
@@ -221,6 +277,28 @@ impl Consuming {
                 "paused consumers did not end; their deliveries return when the channel closes"
             );
         }
+        kept
+    }
+}
+
+/// How often the message was delivered and returned before (`x-delivery-count`, set by
+/// a quorum queue on a redelivery).
+fn returns_so_far(delivery: &Delivery) -> u64 {
+    use lapin::types::AMQPValue;
+    let count = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get("x-delivery-count"));
+    match count {
+        Some(AMQPValue::LongLongInt(n)) => u64::try_from(*n).unwrap_or(0),
+        Some(AMQPValue::LongInt(n)) => u64::try_from(*n).unwrap_or(0),
+        Some(AMQPValue::LongUInt(n)) => u64::from(*n),
+        Some(AMQPValue::ShortInt(n)) => u64::try_from(*n).unwrap_or(0),
+        Some(AMQPValue::ShortUInt(n)) => u64::from(*n),
+        Some(AMQPValue::ShortShortInt(n)) => u64::try_from(*n).unwrap_or(0),
+        Some(AMQPValue::ShortShortUInt(n)) => u64::from(*n),
+        _ => 0,
     }
 }
 
