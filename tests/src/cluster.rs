@@ -134,6 +134,9 @@ impl Cluster {
                 self.dir.join("artifacts").to_string_lossy().into_owned(),
             ),
             ("CAIRN_WORKER_CONCURRENCY".to_string(), "4".to_string()),
+            // Every worker of a cluster writes its snapshots to the one artifacts
+            // directory, so each can continue the others' runs.
+            ("CAIRN_SNAPSHOTS_SHARED".to_string(), "true".to_string()),
             // Steps and the test meet in one directory; the rest of the test's scratch
             // space (workspaces, artifacts, stores) stays out of the sandbox's view.
             (

@@ -71,6 +71,13 @@ pub struct Config {
     /// reach it.
     #[arg(long, env = "CAIRN_SNAPSHOT_STORE_URL", default_value = "")]
     pub snapshot_store_url: String,
+    /// Whether every other worker can restore this worker's snapshots (default: when the
+    /// snapshot store is an object store; set it for a directory they all mount). A
+    /// draining worker then hands each run back at its next step boundary, for another
+    /// to continue from that checkpoint; otherwise it lets its runs go on within the
+    /// drain time, since no other worker could continue them where they are.
+    #[arg(long, env = "CAIRN_SNAPSHOTS_SHARED", action = clap::ArgAction::Set)]
+    pub snapshots_shared: Option<bool>,
     /// Name of this workspace backend, part of every baseline's key.
     #[arg(long, env = "CAIRN_WORKSPACE_BACKEND", default_value = "local")]
     pub workspace_backend: String,
@@ -194,6 +201,14 @@ impl Config {
         } else {
             self.snapshot_store_url.clone()
         }
+    }
+
+    /// The `snapshots_shared` setting, or its default.
+    pub fn snapshots_shared(&self) -> bool {
+        self.snapshots_shared.unwrap_or_else(|| {
+            let url = &self.snapshot_store_url;
+            url.contains("://") && !url.starts_with("file://")
+        })
     }
 
     /// The local artifact directory (output artifacts are files here).

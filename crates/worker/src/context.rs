@@ -23,6 +23,9 @@ pub struct JobSettings {
     pub kill_grace: Duration,
     /// How long a pause may last before it behaves like a stop.
     pub pause_limit: Duration,
+    /// Whether a draining worker hands runs back at step boundaries: only where other
+    /// workers can restore its checkpoints.
+    pub hand_back_at_step_boundary: bool,
 }
 
 /// The worker's shared services, which every job holds.
@@ -36,7 +39,8 @@ pub struct Worker {
     pub sandbox: crate::sandbox::Sandbox,
     /// Requests this process runs jobs for; the janitor never touches their trees.
     pub active: Arc<ActiveRequests>,
-    /// Cancelled on SIGTERM: each run goes back to the queue at its next step boundary,
-    /// so a worker scaled down or rolled finishes its steps but starts no more.
+    /// Cancelled on SIGTERM: with shared snapshots, each run goes back to the queue at
+    /// its next step boundary, so a worker scaled down or rolled finishes its steps but
+    /// starts no more.
     pub draining: tokio_util::sync::CancellationToken,
 }

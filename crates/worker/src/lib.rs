@@ -56,9 +56,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// Runs until `shutdown`, then drains: no new deliveries, and no new steps (each run is
-/// handed back at its next step boundary); running steps get `drain_seconds` to finish,
-/// then are stopped and their requests handed back.
+/// Runs until `shutdown`, then drains: no new deliveries, and, where other workers can
+/// restore its checkpoints, no new steps (each run is handed back at its next step
+/// boundary); running jobs get `drain_seconds` to finish, then are stopped and their
+/// requests handed back.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let artifacts_dir = config.artifacts_dir().map_err(anyhow::Error::msg)?;
     // A worker awaits nothing but PostgreSQL inside a transaction: one idle in it for the
@@ -141,6 +142,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             redact_output: config.redact_output,
             kill_grace: Duration::from_secs(config.kill_grace_seconds),
             pause_limit: Duration::from_secs(config.pause_limit_seconds),
+            hand_back_at_step_boundary: config.snapshots_shared(),
         },
         custody,
         metrics,

@@ -122,6 +122,15 @@ impl Job {
         self.cause.get()
     }
 
+    /// At a boundary (between steps, or checks): on a drain, where other workers can
+    /// restore this worker's checkpoints, stops the job here, to go back to the queue.
+    pub fn stop_if_draining(&self) {
+        let settings = &self.worker.settings;
+        if settings.hand_back_at_step_boundary && self.worker.draining.is_cancelled() {
+            self.stop_for(Reason::Drain);
+        }
+    }
+
     /// Stops the job for `reason` (the first reason given wins).
     pub fn stop_for(&self, reason: Reason) {
         self.cause.set(reason);

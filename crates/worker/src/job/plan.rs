@@ -211,10 +211,8 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
         if pause::requested(job) && !job.stopped() {
             pause::pause_here(job, subject, tree, None, &Live::default()).await?;
         }
-        if job.worker.draining.is_cancelled() {
-            // Handed back on its checkpoint: another worker starts this step.
-            job.stop_for(Reason::Drain);
-        }
+        // Handed back on its checkpoint: another worker starts this step.
+        job.stop_if_draining();
         if job.stopped() {
             return Ok(Ending::Interrupted);
         }

@@ -230,6 +230,7 @@ async fn verify(job: &Job, adoption: &Adoption, root: &Path) -> Result<Ending, J
             // Reused at completion, or already run by an earlier attempt of this adoption.
             continue;
         }
+        job.stop_if_draining();
         if job.stopped() {
             return Ok(Ending::Interrupted);
         }
