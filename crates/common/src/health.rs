@@ -121,16 +121,26 @@ fn status(ok: bool) -> serde_json::Value {
 struct ProbeState {
     readiness: Readiness,
     registry: SharedRegistry,
+    /// Stops the monitor once the last copy of the router is gone.
+    _monitor: Arc<tokio_util::sync::DropGuard>,
 }
 
 /// The probe routes, to merge into a component's router or serve alone. The checks
 /// also run every [`MONITOR_INTERVAL`], so the gauge shows an outage without probes.
 pub fn router(readiness: Readiness, registry: SharedRegistry) -> Router {
     let monitored = readiness.clone();
+    let monitor = CancellationToken::new();
+    let stopped = monitor.clone();
     tokio::spawn(async move {
-        loop {
-            monitored.check().await;
-            tokio::time::sleep(MONITOR_INTERVAL).await;
+        let watch = async {
+            loop {
+                monitored.check().await;
+                tokio::time::sleep(MONITOR_INTERVAL).await;
+            }
+        };
+        tokio::select! {
+            _ = watch => {}
+            _ = stopped.cancelled() => {}
         }
     });
     Router::new()
@@ -140,6 +150,7 @@ pub fn router(readiness: Readiness, registry: SharedRegistry) -> Router {
         .with_state(ProbeState {
             readiness,
             registry,
+            _monitor: Arc::new(monitor.drop_guard()),
         })
 }
 

@@ -31,9 +31,8 @@ use tokio_util::task::TaskTracker;
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let pool_size = config.database.pool_size(10);
     let pool = component::database(&config.database, pool_size, None, config.migrate).await?;
-    let redis = redis_conn::connect(&config.redis.redis_url)
-        .await
-        .context("connecting to Redis")?;
+    // Only its readiness report reads Redis: an outage must not hold the API's start.
+    let redis = redis_conn::connect_lazily(&config.redis.redis_url).context("configuring Redis")?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("binding {}", config.listen))?;
