@@ -18,6 +18,20 @@ fn started(
     (Process::start(binary, &env), addr)
 }
 
+/// The scheduler is ready once PostgreSQL answers; its relay's RabbitMQ connection (and
+/// the topology it declares) follows. Waits for it; returns the checks.
+fn rabbitmq_connected(addr: std::net::SocketAddr) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + START;
+    loop {
+        let ready = cairn_e2e::http(addr, "GET", "/readyz").expect("readyz");
+        let checks = ready.json()["checks"].clone();
+        if checks["rabbitmq"] == "ok" || std::time::Instant::now() > deadline {
+            return checks;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 fn assert_drains_on_sigterm(mut process: Process) {
     process.signal(Signal::SIGTERM);
     let status = process
@@ -46,16 +60,7 @@ async fn the_scheduler_creates_its_database_serves_probes_and_drains() {
     wait_for_status(&mut scheduler, addr, "/healthz", 200, START);
     let ready = wait_for_status(&mut scheduler, addr, "/readyz", 200, START).json();
     assert_eq!(ready["status"], "ready");
-    // Ready once PostgreSQL answers; the relay's RabbitMQ connection follows.
-    let deadline = std::time::Instant::now() + START;
-    let mut checks = ready["checks"].clone();
-    while checks["rabbitmq"] != "ok" && std::time::Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-        checks = cairn_e2e::http(addr, "GET", "/readyz")
-            .expect("readyz")
-            .json()["checks"]
-            .clone();
-    }
+    let checks = rabbitmq_connected(addr);
     for dependency in ["postgres", "redis", "rabbitmq"] {
         assert_eq!(checks[dependency], "ok", "{checks}");
     }
@@ -88,6 +93,7 @@ async fn the_scheduler_relays_its_outbox_to_rabbitmq() {
     let isolation = Isolation::new("relay");
     let (mut scheduler, addr) = started("cairn-scheduler", &isolation, "CAIRN_LISTEN");
     wait_for_status(&mut scheduler, addr, "/readyz", 200, START);
+    rabbitmq_connected(addr);
 
     let pool = sqlx::PgPool::connect(&isolation.database_url)
         .await

@@ -33,24 +33,33 @@ fn gauge(addr: std::net::SocketAddr, dependency: &str) -> Option<f64> {
 }
 
 #[tokio::test]
-async fn a_rabbitmq_outage_leaves_the_scheduler_and_the_worker_ready_and_shows_in_their_checks() {
+async fn outages_of_what_a_component_serves_without_leave_it_ready_and_show_in_its_checks() {
     let _services = ServiceLock::shared().await;
     let isolation = Isolation::new("ready");
-    let env = with(isolation.env(), "CAIRN_AMQP_URL", &dead_amqp_url());
-    for (binary, listen_var) in [
-        ("cairn-scheduler", "CAIRN_LISTEN"),
-        ("cairn-worker", "CAIRN_METRICS_LISTEN"),
+    let no_amqp = with(isolation.env(), "CAIRN_AMQP_URL", &dead_amqp_url());
+    let no_redis = with(
+        isolation.env(),
+        "CAIRN_REDIS_URL",
+        &format!("redis://{}", free_addr()),
+    );
+    // The scheduler's API needs only PostgreSQL; a worker serves no traffic.
+    for (binary, listen_var, env, down) in [
+        (
+            "cairn-scheduler",
+            "CAIRN_LISTEN",
+            no_amqp.clone(),
+            "rabbitmq",
+        ),
+        ("cairn-scheduler", "CAIRN_LISTEN", no_redis, "redis"),
+        ("cairn-worker", "CAIRN_METRICS_LISTEN", no_amqp, "rabbitmq"),
     ] {
         let addr = free_addr();
-        let mut process = Process::start(binary, &with(env.clone(), listen_var, &addr.to_string()));
+        let mut process = Process::start(binary, &with(env, listen_var, &addr.to_string()));
         let ready = wait_for_status(&mut process, addr, "/readyz", 200, START).json();
         assert_eq!(ready["status"], "ready", "{binary}: {ready}");
-        assert_eq!(
-            ready["checks"]["rabbitmq"], "unavailable",
-            "{binary}: {ready}"
-        );
+        assert_eq!(ready["checks"][down], "unavailable", "{binary}: {ready}");
         assert_eq!(ready["checks"]["postgres"], "ok", "{binary}: {ready}");
-        assert_eq!(gauge(addr, "rabbitmq"), Some(0.0), "{binary}");
+        assert_eq!(gauge(addr, down), Some(0.0), "{binary}");
         assert_eq!(gauge(addr, "postgres"), Some(1.0), "{binary}");
     }
 }
@@ -164,14 +173,20 @@ async fn a_busy_worker_holds_no_delivery_that_another_worker_could_start() {
     assert_eq!(cluster.run(&first)["state"], "running");
 }
 
-#[tokio::test]
-async fn a_draining_worker_finishes_its_step_and_hands_the_run_back_at_the_boundary() {
-    let _services = ServiceLock::shared().await;
+/// Starts a three-step run on one worker, adds a second, SIGTERMs the first while the
+/// first step runs, and returns how long the first took to exit and each step's receipt
+/// epoch once the run completed.
+async fn drain_mid_run(label: &str, snapshots_shared: bool) -> (Duration, Vec<i64>) {
     let settings = Settings {
         drain_seconds: 60,
         ..Settings::default()
     };
-    let mut cluster = Cluster::start("boundary", 1, settings).await;
+    let mut cluster = Cluster::start(label, 0, settings).await;
+    cluster.worker_env = vec![(
+        "CAIRN_SNAPSHOTS_SHARED".into(),
+        snapshots_shared.to_string(),
+    )];
+    cluster.add_worker();
     let file = cluster.path("effects");
     let steps = ["a", "b", "c"]
         .map(|key| sleeping_step(key, &file, 3))
@@ -187,12 +202,8 @@ async fn a_draining_worker_finishes_its_step_and_hands_the_run_back_at_the_bound
         .process
         .wait_exit(Duration::from_secs(30))
         .expect("the worker exits");
+    let exited_after = signalled.elapsed();
     assert!(status.success(), "{}", cluster.workers[0].process.log());
-    assert!(
-        signalled.elapsed() < Duration::from_secs(8),
-        "the drained worker ran more than its current step ({:?})",
-        signalled.elapsed()
-    );
     let run = cluster.wait_for_state(&run_id, &["completed"], LONG);
     assert_eq!(run["attempt"], 1, "a hand-back is not a failed attempt");
     // Every step ran once and to its end: none was stopped.
@@ -204,14 +215,36 @@ async fn a_draining_worker_finishes_its_step_and_hands_the_run_back_at_the_bound
         }
     }
     let journal = cluster.journal(&run_id);
-    let epochs: Vec<i64> = journal["steps"]
+    let epochs = journal["steps"]
         .as_array()
         .expect("steps")
         .iter()
         .map(|step| step["receipt_epoch"].as_i64().expect("epoch"))
         .collect();
+    (exited_after, epochs)
+}
+
+#[tokio::test]
+async fn with_shared_snapshots_a_draining_worker_hands_the_run_back_at_the_step_boundary() {
+    let _services = ServiceLock::shared().await;
+    let (exited_after, epochs) = drain_mid_run("boundary", true).await;
+    assert!(
+        exited_after < Duration::from_secs(8),
+        "the drained worker ran more than its current step ({exited_after:?})"
+    );
     assert!(
         epochs[1] > epochs[0] && epochs[2] == epochs[1],
-        "b and c ran under the second worker's claim: {journal}"
+        "b and c ran under the second worker's claim: {epochs:?}"
+    );
+}
+
+#[tokio::test]
+async fn without_shared_snapshots_a_draining_worker_finishes_the_run_itself() {
+    let _services = ServiceLock::shared().await;
+    // No other worker could restore its checkpoints: it keeps the run within the drain.
+    let (_, epochs) = drain_mid_run("finish", false).await;
+    assert!(
+        epochs.iter().all(|epoch| *epoch == epochs[0]),
+        "every step ran under the first worker's claim: {epochs:?}"
     );
 }
