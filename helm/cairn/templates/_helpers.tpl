@@ -240,6 +240,22 @@ CAIRN_SWEEP_INTERVAL_SECONDS: {{ .Values.scheduler.sweepIntervalSeconds | toStri
 CAIRN_DRAIN_SECONDS: {{ int .Values.scheduler.drainSeconds | quote }}
 {{- end -}}
 
+{{/*
+"true" when every worker can restore every other worker's snapshots: they all mount one
+artifacts claim (worker.artifacts.existingClaim), or the snapshots go to an object store
+(worker.snapshotStore.url with a scheme other than file://, as the binary decides).
+Otherwise "false": each worker's snapshots are on its own emptyDir. It decides what a
+draining worker does (CAIRN_SNAPSHOTS_SHARED), and whether an autoscaler is allowed.
+*/}}
+{{- define "cairn.snapshotsShared" -}}
+{{- $w := .Values.worker -}}
+{{- if or $w.artifacts.existingClaim (regexMatch "^(s3|gs|az|azure|abfs|abfss)://" $w.snapshotStore.url) -}}
+true
+{{- else -}}
+false
+{{- end -}}
+{{- end -}}
+
 {{- define "cairn.workerConfigData" -}}
 {{- $w := .Values.worker -}}
 {{ include "cairn.messagingConfig" . }}
@@ -269,6 +285,12 @@ CAIRN_PAUSE_LIMIT_SECONDS: {{ int $w.pauseLimitSeconds | quote }}
 {{- with $w.snapshotStore.url }}
 CAIRN_SNAPSHOT_STORE_URL: {{ . | quote }}
 {{- end }}
+{{- /*
+Always rendered: the binary's own default is true only for an object store, so a shared
+claim would otherwise count as local. True: a draining worker hands each run back at its
+next step boundary; false: it lets its runs go on within drainSeconds.
+*/}}
+CAIRN_SNAPSHOTS_SHARED: {{ include "cairn.snapshotsShared" . | quote }}
 {{- end -}}
 
 {{- define "cairn.reaperConfigData" -}}
@@ -307,6 +329,7 @@ be shadowed by them).
   "CAIRN_WORKSPACES_DIR" "worker.workspaces (the volume at /var/lib/cairn/workspaces)"
   "CAIRN_ARTIFACTS_URL" "worker.artifacts (the volume at /var/lib/cairn/artifacts; step output stays in a local directory, but snapshots can go to an object store with worker.snapshotStore.url)"
   "CAIRN_SNAPSHOT_STORE_URL" "worker.snapshotStore.url"
+  "CAIRN_SNAPSHOTS_SHARED" "worker.artifacts.existingClaim and worker.snapshotStore.url (true with a shared artifacts claim or an object store URL, false otherwise)"
   "CAIRN_WORKSPACE_BACKEND" "worker.workspaceBackend"
   "CAIRN_WORKSPACE_PERSISTENT" "worker.workspacePersistent"
   "CAIRN_BASE_IMAGE" "worker.baseImage"
@@ -590,6 +613,19 @@ Checks of combinations the schema cannot express. Rendered from validate.yaml.
 {{- fail (printf "worker.keda.postgresql.%s is required with worker.keda.enabled (without worker.keda.authenticationRef): KEDA connects to PostgreSQL itself to read cairn_worker_demand." $k) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
+{{- $autoscaler := "" -}}
+{{- if $keda.enabled -}}
+{{- $autoscaler = "worker.keda.enabled" -}}
+{{- else if $v.worker.autoscaling.enabled -}}
+{{- $autoscaler = "worker.autoscaling.enabled" -}}
+{{- end -}}
+{{- /* Without shared snapshots a run moved off a removed worker would restart from its baseline. */ -}}
+{{- if and $autoscaler (ne (include "cairn.snapshotsShared" .) "true") -}}
+{{- fail (printf "%s is true but the workers' snapshots are not shared: an autoscaler removes busy workers, and their runs move to other workers at a step boundary, which needs a snapshot store every worker can read. Set worker.snapshotStore.url to an object store (s3://, gs:// or az://, credentials in worker.snapshotStore.existingSecret) or worker.artifacts.existingClaim to a ReadWriteMany claim." $autoscaler) -}}
+{{- end -}}
+{{- if and $keda.enabled (eq (int $keda.minReplicaCount) 0) (gt (int $keda.activationJobs) 0) -}}
+{{- fail (printf "worker.keda.minReplicaCount is 0 and worker.keda.activationJobs is %d: KEDA treats a demand at or under the activation value as no demand and scales to zero after cooldownPeriod, stopping the worker of a running job and leaving queued work with no worker. Set activationJobs to 0, or minReplicaCount to 1 or more." (int $keda.activationJobs)) -}}
 {{- end -}}
 {{- $chartSet := include "cairn.chartSetEnv" . | fromJson -}}
 {{- $secretNames := list "CAIRN_DATABASE_URL" "CAIRN_REDIS_URL" "CAIRN_AMQP_URL" "CAIRN_BOOTSTRAP_ADMIN_TOKEN" -}}

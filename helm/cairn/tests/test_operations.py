@@ -37,13 +37,15 @@ KEDA = ["-f", os.path.join(CI_DIR, "keda-values.yaml")]
 KEDA_AUTH_REF = ["-f", os.path.join(CI_DIR, "keda-auth-ref-values.yaml")]
 PRODUCTION = ["-f", os.path.join(CI_DIR, "production-values.yaml")]
 DEMAND_QUERY = "SELECT demand FROM cairn_worker_demand"
-# The least KEDA needs besides enabled: where PostgreSQL is and the password's Secret.
-KEDA_MINIMAL = ["--set", "worker.keda.enabled=true"] + set_args({
+# The least KEDA needs besides enabled: where PostgreSQL is, the password's Secret, and
+# snapshots every worker can restore (an autoscaler removes busy workers).
+KEDA_NO_STORE = ["--set", "worker.keda.enabled=true"] + set_args({
     "worker.keda.postgresql.host": "pg.example",
     "worker.keda.postgresql.userName": "keda",
     "worker.keda.postgresql.dbName": "cairn",
     "worker.keda.postgresql.passwordSecret.name": "keda-pg",
 })
+KEDA_MINIMAL = KEDA_NO_STORE + set_args({"worker.snapshotStore.url": "s3://cairn-snapshots/t"})
 # Which keys of the connection Secret (names under secrets.keys) each workload reads.
 SECRET_KEYS_OF = {
     "scheduler": {"databaseUrl", "redisUrl", "amqpUrl", "bootstrapAdminToken"},
@@ -89,7 +91,7 @@ def test_keda_scales_on_the_demand_view():
                                       "name": worker(docs)["metadata"]["name"]}
     assert "replicas" not in worker(docs)["spec"], "KEDA owns the replicas"
     assert not of_kind(docs, "HorizontalPodAutoscaler"), "an HPA next to the ScaledObject"
-    # Zero is a safe minimum: the demand counts executing work too.
+    # Zero is a safe minimum with activation 0: the demand counts executing work too.
     assert spec["minReplicaCount"] == 0 and spec["maxReplicaCount"] == 30
     assert spec["fallback"] == {"failureThreshold": 5, "replicas": 4}
     behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
@@ -100,7 +102,7 @@ def test_keda_scales_on_the_demand_view():
     assert trig["metadata"] == {
         "query": DEMAND_QUERY,
         "targetQueryValue": "3",
-        "activationTargetQueryValue": "1",
+        "activationTargetQueryValue": "0",
         "host": "postgres.databases.svc.cluster.local",
         "port": "5432",
         "userName": "keda",
@@ -145,6 +147,72 @@ def test_keda_needs_a_password_or_an_authentication_ref():
     for missing in ("host", "userName", "dbName"):
         err = render_fails(KEDA_MINIMAL + set_args({f"worker.keda.postgresql.{missing}": ""}))
         assert f"worker.keda.postgresql.{missing} is required" in err, err
+
+
+def snapshots_shared(docs):
+    return container_env(docs, worker_container(docs))["CAIRN_SNAPSHOTS_SHARED"]
+
+
+def test_snapshots_shared_follows_the_store():
+    claim = set_args({"worker.artifacts.existingClaim": "cairn-artifacts"})
+    local = "/var/lib/cairn/artifacts/snapshots"
+    cases = [
+        ("default: an emptyDir per pod", [], "false"),
+        ("a shared claim", claim, "true"),
+        ("s3", set_args({"worker.snapshotStore.url": "s3://bucket/prefix"}), "true"),
+        ("gs", set_args({"worker.snapshotStore.url": "gs://bucket/prefix"}), "true"),
+        ("az", set_args({"worker.snapshotStore.url": "az://container/prefix"}), "true"),
+        ("local, no claim", set_args({"worker.snapshotStore.url": local}), "false"),
+        ("file://, no claim", set_args({"worker.snapshotStore.url": "file://" + local}), "false"),
+        ("local on the claim", claim + set_args({"worker.snapshotStore.url": local}), "true"),
+    ]
+    for label, args, expected in cases:
+        docs = render(args)
+        # Always rendered: the binary alone would take a shared claim for a local store.
+        cm = one(docs, "ConfigMap", worker(docs)["metadata"]["name"])
+        assert cm["data"]["CAIRN_SNAPSHOTS_SHARED"] == expected, label
+        assert snapshots_shared(docs) == expected, label
+        for comp in ("scheduler", "reaper"):
+            assert "CAIRN_SNAPSHOTS_SHARED" not in container_env(docs, first_container(docs, comp)), (label, comp)
+    for label, args in value_sets():
+        w = effective_values(args)["worker"]
+        shared = bool(w["artifacts"]["existingClaim"]) or w["snapshotStore"]["url"].startswith(("s3://", "gs://", "az://"))
+        assert snapshots_shared(render(args)) == str(shared).lower(), label
+        if w["keda"]["enabled"] or w["autoscaling"]["enabled"]:
+            assert shared, f"{label}: an autoscaler without shared snapshots"
+
+
+def test_autoscalers_need_shared_snapshots():
+    hpa = ["--set", "worker.autoscaling.enabled=true"]
+    local = set_args({"worker.snapshotStore.url": "/var/lib/cairn/artifacts/snapshots"})
+    for which, args in (("worker.keda.enabled", KEDA_NO_STORE), ("worker.autoscaling.enabled", hpa)):
+        for extra in ([], local):
+            err = render_fails(args + extra)
+            assert f"{which} is true but the workers' snapshots are not shared" in err, err
+            assert "worker.snapshotStore.url" in err and "worker.artifacts.existingClaim" in err, err
+            assert "ReadWriteMany" in err, err
+        for store in (set_args({"worker.artifacts.existingClaim": "cairn-artifacts"}),
+                      set_args({"worker.snapshotStore.url": "gs://bucket/prefix"})):
+            assert snapshots_shared(render(args + store)) == "true", which
+
+
+def test_keda_to_zero_needs_activation_zero():
+    err = render_fails(KEDA + ["--set", "worker.keda.activationJobs=1"])
+    assert "worker.keda.minReplicaCount is 0 and worker.keda.activationJobs is 1" in err, err
+    assert "cooldownPeriod" in err and "Set activationJobs to 0" in err, err
+    # With a worker always there, activation only decides nothing: it applies to 0 <-> 1.
+    docs = render(KEDA_MINIMAL + ["--set", "worker.keda.activationJobs=2"])
+    md = one(docs, "ScaledObject", worker(docs)["metadata"]["name"])["spec"]["triggers"][0]["metadata"]
+    assert md["activationTargetQueryValue"] == "2"
+    render(KEDA_MINIMAL + ["--set", "worker.keda.minReplicaCount=0"])
+
+
+def test_snapshots_shared_is_the_chart_s():
+    for args in (set_args({"global.extraConfig.CAIRN_SNAPSHOTS_SHARED": "true"}),
+                 set_args({"worker.extraEnv[0].name": "CAIRN_SNAPSHOTS_SHARED", "worker.extraEnv[0].value": "true"})):
+        err = render_fails(args)
+        assert "CAIRN_SNAPSHOTS_SHARED is set by the chart, from worker.artifacts.existingClaim and " \
+               "worker.snapshotStore.url" in err, err
 
 
 # ---------------------------------------------------------------- 2. prefetch, 3. readiness
