@@ -1,9 +1,11 @@
 //! `cairn-bench`: measures Cairn on the local services and prints the figures.
 //!
 //! `cairn-bench pipeline` starts a scheduler and W workers (the binaries next to this
-//! one), submits N runs through the batch API, waits until every run completed, and
-//! prints end-to-end runs per second and admission→claim latency p50/p99, for runs with
-//! no steps (the pipeline's own cost) and runs with one `/bin/true` step.
+//! one), submits N runs through the batch API (in bursts, or at `--rate`), waits until
+//! every run ended, and prints one table: runs per second, admission→claim and
+//! admission→completed p50/p99/max, and the median time of each stage, for runs of K
+//! `/bin/true` steps (`--steps 0,1,10`; 0 is the pipeline's own cost) over W workers
+//! (`--scaling`: 1, 2 and 4); then a `SCENARIO <steps> x<workers>: N runs/s` line each.
 //!
 //! `cairn-bench snapshot` times, on one tree: full capture, capture after 1% of the files
 //! changed, and restore — beside `tar | zstd -1 -T0`, `zstd -d | tar -x`, and restic's
@@ -52,15 +54,24 @@ enum Bench {
         /// Runs per scenario.
         #[arg(long, default_value_t = 5000)]
         runs: usize,
-        /// Worker processes.
-        #[arg(long, default_value_t = 2)]
-        workers: usize,
+        /// Worker processes; several (`1,2,4`) run each scenario once per count.
+        #[arg(long, value_delimiter = ',', default_value = "2")]
+        workers: Vec<usize>,
+        /// Every scenario over 1, 2 and 4 workers (overrides --workers).
+        #[arg(long)]
+        scaling: bool,
         /// Jobs each worker runs at once.
         #[arg(long, default_value_t = 32)]
         concurrency: u32,
         /// Runs per batch submission (at most 1,000).
         #[arg(long, default_value_t = 1000)]
         batch: usize,
+        /// `/bin/true` steps per run; several (`0,1,10`) run one scenario each.
+        #[arg(long, value_delimiter = ',', default_value = "0,1")]
+        steps: Vec<usize>,
+        /// Submit at this steady rate (runs per second) instead of in bursts.
+        #[arg(long)]
+        rate: Option<f64>,
         #[command(flatten)]
         postgres: Postgres,
     },
@@ -164,15 +175,20 @@ async fn main() -> anyhow::Result<()> {
         Bench::Pipeline {
             runs,
             workers,
+            scaling,
             concurrency,
             batch,
+            steps,
+            rate,
             postgres,
         } => {
             pipeline::Pipeline {
                 runs,
-                workers,
+                workers: if scaling { vec![1, 2, 4] } else { workers },
                 concurrency,
                 batch,
+                steps,
+                rate,
                 postgres: &postgres.postgres,
             }
             .run()

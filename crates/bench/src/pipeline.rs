@@ -1,4 +1,6 @@
-//! `cairn-bench pipeline`: admission → queue → claim → completion, end to end.
+//! `cairn-bench pipeline`: admission → queue → claim → steps → completion, end to end,
+//! in a burst or at a steady rate, over one or more worker counts, with where a run's
+//! time goes (from the timestamps the system records).
 
 use crate::stack::{Stack, StackSettings};
 use serde_json::json;
@@ -6,67 +8,241 @@ use std::time::{Duration, Instant};
 
 pub struct Pipeline<'a> {
     pub runs: usize,
-    pub workers: usize,
+    pub workers: Vec<usize>,
     pub concurrency: u32,
     pub batch: usize,
+    /// Step counts to run, one scenario each.
+    pub steps: Vec<usize>,
+    /// Steady submission at this many runs per second; `None`: one burst.
+    pub rate: Option<f64>,
     pub postgres: &'a str,
+}
+
+/// One scenario's figures.
+struct Figures {
+    label: String,
+    workers: usize,
+    runs: usize,
+    wall: Duration,
+    not_completed: i64,
+    claim_ms: Percentiles,
+    done_ms: Percentiles,
+    /// Medians, in ms: admission → claim, claim → first intent, first intent → last
+    /// receipt, last receipt → completion; and one step's intent → receipt.
+    breakdown: [f64; 5],
+}
+
+#[derive(sqlx::FromRow, Default)]
+struct Percentiles {
+    p50: Option<f64>,
+    p99: Option<f64>,
+    max: Option<f64>,
+}
+
+impl Percentiles {
+    fn cell(&self) -> String {
+        let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.0}"));
+        format!("{}/{}/{}", ms(self.p50), ms(self.p99), ms(self.max))
+    }
 }
 
 impl Pipeline<'_> {
     pub async fn run(&self) -> anyhow::Result<()> {
+        let mode = match self.rate {
+            Some(rate) => format!("a steady {rate} runs/s"),
+            None => format!("bursts of {} per request", self.batch),
+        };
         println!(
-            "pipeline: {} runs per scenario, {} workers x {} concurrent jobs, batches of {}",
-            self.runs, self.workers, self.concurrency, self.batch
+            "pipeline: {} runs per scenario, submitted in {mode}; {} concurrent jobs per worker",
+            self.runs, self.concurrency
         );
-        for (label, steps) in [
-            ("no steps", json!([])),
-            (
-                "one /bin/true step",
-                json!([{"key": "true", "argv": ["/bin/true"]}]),
-            ),
-        ] {
-            self.scenario(label, steps).await?;
+        let mut all = Vec::new();
+        for &steps in &self.steps {
+            for &workers in &self.workers {
+                all.push(self.scenario(steps, workers).await?);
+            }
+        }
+        print_table(&all);
+        for figures in &all {
+            println!(
+                "SCENARIO {} x{}: {:.0} runs/s",
+                figures.label,
+                figures.workers,
+                figures.runs as f64 / figures.wall.as_secs_f64()
+            );
         }
         Ok(())
     }
 
-    async fn scenario(&self, label: &str, steps: serde_json::Value) -> anyhow::Result<()> {
+    async fn scenario(&self, steps: usize, workers: usize) -> anyhow::Result<Figures> {
         let stack = Stack::start(StackSettings {
             postgres: self.postgres,
-            workers: self.workers,
+            workers,
             concurrency: self.concurrency,
             worker_env: Vec::new(),
         })
         .await?;
-        let runs = self.runs;
-        let batch = self.batch.clamp(1, 1000);
-        let spec = json!({"agent": "bench", "steps": steps, "budgets": {"max_commands": 10, "max_wall_seconds": 600}});
+        let plan: Vec<_> = (0..steps)
+            .map(|i| json!({"key": format!("s{i}"), "argv": ["/bin/true"]}))
+            .collect();
+        let spec = json!({
+            "agent": "bench",
+            "steps": plan,
+            "budgets": {"max_commands": steps.max(1) * 2, "max_wall_seconds": 3600},
+        });
         let started = Instant::now();
-        let mut submitted = 0;
-        while submitted < runs {
-            let n = batch.min(runs - submitted);
-            stack.submit(&vec![spec.clone(); n]).await?;
-            submitted += n;
-        }
-        let admitted_in = started.elapsed();
-        stack.wait_ended(runs, Duration::from_secs(600)).await?;
+        self.submit(&stack, &spec).await?;
+        stack
+            .wait_ended(self.runs, Duration::from_secs(1800))
+            .await?;
         let wall = started.elapsed();
-        let (failed, p50, p99): (i64, f64, f64) = sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE state <> 'completed'),
-                    percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM claimed_at - admitted_at))::float8,
-                    percentile_cont(0.99) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM claimed_at - admitted_at))::float8
-               FROM execution_requests",
+        let figures = measure(&stack, steps, workers, self.runs, wall).await?;
+        stack.stop().await?;
+        Ok(figures)
+    }
+
+    /// Submits every run: in batches as fast as admission takes them, or at the rate.
+    async fn submit(&self, stack: &Stack, spec: &serde_json::Value) -> anyhow::Result<()> {
+        let batch = self.batch.clamp(1, 1000);
+        let mut submitted = 0;
+        let Some(rate) = self.rate else {
+            while submitted < self.runs {
+                let n = batch.min(self.runs - submitted);
+                stack.submit(&vec![spec.clone(); n]).await?;
+                submitted += n;
+            }
+            return Ok(());
+        };
+        // A tick every 10 ms submits what the rate owes by then, so the load is steady.
+        let started = Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(10));
+        while submitted < self.runs {
+            tick.tick().await;
+            let owed = (started.elapsed().as_secs_f64() * rate) as usize;
+            let n = owed.min(self.runs).saturating_sub(submitted);
+            if n > 0 {
+                stack.submit(&vec![spec.clone(); n]).await?;
+                submitted += n;
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn measure(
+    stack: &Stack,
+    steps: usize,
+    workers: usize,
+    runs: usize,
+    wall: Duration,
+) -> anyhow::Result<Figures> {
+    let percentiles = |from: &str, to: &str| {
+        format!(
+            "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) AS p50,
+                    percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) AS p99,
+                    max(ms) AS max
+               FROM (SELECT EXTRACT(EPOCH FROM {to} - {from})::float8 * 1000 AS ms
+                       FROM execution_requests WHERE {to} IS NOT NULL) t"
         )
+    };
+    let claim_ms: Percentiles = sqlx::query_as(&percentiles("admitted_at", "claimed_at"))
         .fetch_one(&stack.pool)
         .await?;
+    let done_ms: Percentiles = sqlx::query_as(&percentiles("admitted_at", "finished_at"))
+        .fetch_one(&stack.pool)
+        .await?;
+    let not_completed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM execution_requests WHERE state <> 'completed'")
+            .fetch_one(&stack.pool)
+            .await?;
+    let median = "percentile_cont(0.5) WITHIN GROUP (ORDER BY";
+    let breakdown: (Option<f64>, Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(&format!(
+        "WITH r AS (
+           SELECT e.admitted_at, e.claimed_at, e.finished_at,
+                  (SELECT min(i.started_at) FROM journal_intents i WHERE i.request_id = e.id) AS first_intent,
+                  (SELECT max(x.finished_at) FROM journal_receipts x WHERE x.request_id = e.id) AS last_receipt
+             FROM execution_requests e)
+         SELECT {median} EXTRACT(EPOCH FROM claimed_at - admitted_at)::float8 * 1000),
+                {median} EXTRACT(EPOCH FROM first_intent - claimed_at)::float8 * 1000),
+                {median} EXTRACT(EPOCH FROM last_receipt - first_intent)::float8 * 1000),
+                {median} EXTRACT(EPOCH FROM finished_at - COALESCE(last_receipt, claimed_at))::float8 * 1000)
+           FROM r"
+    ))
+    .fetch_one(&stack.pool)
+    .await?;
+    let per_step: Option<f64> = sqlx::query_scalar(&format!(
+        "SELECT {median} EXTRACT(EPOCH FROM x.finished_at - i.started_at)::float8 * 1000)
+           FROM journal_intents i JOIN journal_receipts x USING (request_id, step_key)"
+    ))
+    .fetch_one(&stack.pool)
+    .await?;
+    let or_nan = |v: Option<f64>| v.unwrap_or(f64::NAN);
+    Ok(Figures {
+        label: match steps {
+            0 => "no-steps".into(),
+            1 => "1-step".into(),
+            n => format!("{n}-steps"),
+        },
+        workers,
+        runs,
+        wall,
+        not_completed,
+        claim_ms,
+        done_ms,
+        breakdown: [
+            or_nan(breakdown.0),
+            or_nan(breakdown.1),
+            or_nan(breakdown.2),
+            or_nan(breakdown.3),
+            or_nan(per_step),
+        ],
+    })
+}
+
+fn print_table(all: &[Figures]) {
+    println!();
+    println!(
+        "{:<10} {:>7} {:>6} {:>8} {:>8} {:>22} {:>22} {:>6} | {:>8} {:>8} {:>9} {:>8} {:>8}",
+        "scenario",
+        "workers",
+        "runs",
+        "wall s",
+        "runs/s",
+        "adm→claim ms p50/99/max",
+        "adm→done ms p50/99/max",
+        "failed",
+        "queue",
+        "acquire",
+        "steps",
+        "finish",
+        "per step"
+    );
+    for f in all {
+        let ms = |v: f64| {
+            if v.is_nan() {
+                "-".to_string()
+            } else {
+                format!("{v:.1}")
+            }
+        };
         println!(
-            "{label:>20}: {runs} runs in {:.2}s = {:.0} runs/s end to end (admission alone {:.0} runs/s); admission→claim p50 {:.1} ms, p99 {:.1} ms; {failed} not completed",
-            wall.as_secs_f64(),
-            runs as f64 / wall.as_secs_f64(),
-            runs as f64 / admitted_in.as_secs_f64(),
-            p50 * 1000.0,
-            p99 * 1000.0,
+            "{:<10} {:>7} {:>6} {:>8.2} {:>8.0} {:>22} {:>22} {:>6} | {:>8} {:>8} {:>9} {:>8} {:>8}",
+            f.label,
+            f.workers,
+            f.runs,
+            f.wall.as_secs_f64(),
+            f.runs as f64 / f.wall.as_secs_f64(),
+            f.claim_ms.cell(),
+            f.done_ms.cell(),
+            f.not_completed,
+            ms(f.breakdown[0]),
+            ms(f.breakdown[1]),
+            ms(f.breakdown[2]),
+            ms(f.breakdown[3]),
+            ms(f.breakdown[4]),
         );
-        stack.stop().await
     }
+    println!(
+        "(medians in ms after the bar: queue = admission → claim, acquire = claim → first intent, steps = first intent → last receipt, finish = last receipt → completion, per step = one step's intent → receipt)"
+    );
 }
