@@ -148,7 +148,7 @@ pub async fn run(tree: Option<PathBuf>, files: usize, size_mib: u64) -> anyhow::
     // Shared with the next capture, as a worker shares its last manifest.
     let full = std::sync::Arc::new(full);
     line(
-        "cairn full capture (durable, syncfs)",
+        "cairn full capture (durable: fsync)",
         started.elapsed(),
         bytes,
     );

@@ -73,8 +73,8 @@ pub async fn scan(root: &Path, rules: &CaptureRules) -> Result<Scan, SnapshotErr
 
 /// Captures `root` into the store. Files whose stat matches `previous` reuse its chunks
 /// unread; a chunk the store already holds (in any lineage) is not stored again. Packs
-/// are written before the manifest, and neither is called durable before
-/// [`crate::ArtifactStore::flush`] (which this calls) returns.
+/// are written and synced before the indexes and the manifest, which are synced before
+/// this returns ([`crate::ArtifactStore::flush_keys`]: only what this capture wrote).
 pub async fn capture(
     repository: &Repository,
     root: &Path,
@@ -113,8 +113,15 @@ pub async fn capture_scanned(
         source: std::io::Error::other(e),
     })??;
     // Packs are durable before an index names them, and everything is durable before
-    // the caller marks the snapshot ready.
-    store.flush().await?;
+    // the caller marks the snapshot ready. Only what this capture wrote is synced.
+    store
+        .flush_keys(
+            written
+                .iter()
+                .map(|(pack, _)| pack::pack_key(*pack))
+                .collect(),
+        )
+        .await?;
     let mut indexes = tokio::task::JoinSet::new();
     for (pack, chunks) in &written {
         let (store, pack, chunks) = (store.clone(), *pack, chunks.clone());
@@ -127,10 +134,14 @@ pub async fn capture_scanned(
         })??;
     }
     let encoded = manifest::encode(&manifest)?;
-    store
-        .put(&manifest::manifest_key(snapshot_id), Bytes::from(encoded))
-        .await?;
-    store.flush().await?;
+    let manifest_key = manifest::manifest_key(snapshot_id);
+    store.put(&manifest_key, Bytes::from(encoded)).await?;
+    let mut index_and_manifest: Vec<String> = written
+        .iter()
+        .map(|(pack, _)| pack::index_key(*pack))
+        .collect();
+    index_and_manifest.push(manifest_key);
+    store.flush_keys(index_and_manifest).await?;
     // The catalog lock may be held by another capture's refresh: wait off the runtime.
     let catalog_owner = repository.clone();
     tokio::task::spawn_blocking(move || {

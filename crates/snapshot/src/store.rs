@@ -311,14 +311,18 @@ impl ArtifactStore {
         }
     }
 
-    /// Makes the named objects durable: for a local store each file and its directory
-    /// is synced (one `syncfs` instead when there are many); a remote store's puts are
-    /// durable once acknowledged.
+    /// Makes the named objects durable: for a local store each file and every directory
+    /// between it and the store's root is synced (one `syncfs` instead when there are
+    /// many); a remote store's puts are durable once acknowledged. Unlike `syncfs`, this
+    /// waits for nothing else written on the filesystem.
     pub async fn flush_keys(&self, keys: Vec<String>) -> Result<(), StoreError> {
         const PER_FILE_LIMIT: usize = 256;
         let Some(root) = self.local.clone() else {
             return Ok(());
         };
+        if keys.is_empty() {
+            return Ok(());
+        }
         if keys.len() > PER_FILE_LIMIT {
             return self.flush().await;
         }
@@ -327,8 +331,11 @@ impl ArtifactStore {
             for key in keys {
                 let path = root.join(&key);
                 std::fs::File::open(&path)?.sync_all()?;
-                if let Some(dir) = path.parent() {
-                    dirs.insert(dir.to_path_buf());
+                // A directory the put created is durable only once its parent is synced.
+                let mut dir = path.parent();
+                while let Some(d) = dir.filter(|d| d.starts_with(&root)) {
+                    dirs.insert(d.to_path_buf());
+                    dir = d.parent();
                 }
             }
             for dir in dirs {

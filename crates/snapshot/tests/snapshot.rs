@@ -616,3 +616,34 @@ async fn no_planted_secret_reaches_the_store() {
         ["big/dump.log", "docs/notes.txt", "keys/deploy_key"]
     );
 }
+
+/// A checkpoint syncs only what it wrote: every file it names (a key it did not write
+/// is an error, so nothing is skipped silently) and the directories a put created.
+#[tokio::test]
+async fn flushing_keys_syncs_each_named_object_and_refuses_one_not_written() {
+    let dir = scratch("flush");
+    let store = snapshot::store::ArtifactStore::open(dir.to_str().expect("utf8")).expect("store");
+    let keys = vec!["packs/ab/new".to_string(), "index/new".to_string()];
+    for key in &keys {
+        store
+            .put(key, bytes::Bytes::from_static(b"x"))
+            .await
+            .expect("put");
+    }
+    store
+        .flush_keys(keys)
+        .await
+        .expect("flush what was written");
+    store
+        .flush_keys(Vec::new())
+        .await
+        .expect("nothing to flush");
+    let missing = store
+        .flush_keys(vec!["packs/cd/never-written".into()])
+        .await;
+    assert!(
+        missing.is_err(),
+        "a key that was never written must not pass as durable"
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
