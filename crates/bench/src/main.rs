@@ -6,6 +6,8 @@
 //! admission→completed p50/p99/max, and the median time of each stage, for runs of K
 //! `/bin/true` steps (`--steps 0,1,10`; 0 is the pipeline's own cost) over W workers
 //! (`--scaling`: 1, 2 and 4); then a `SCENARIO <steps> x<workers>: N runs/s` line each.
+//! With `--peers`, Celery runs as many jobs on the same machine right after, and each
+//! SCENARIO line ends with its ratio to Celery.
 //!
 //! `cairn-bench snapshot` times, on one tree: full capture, capture after 1% of the files
 //! changed, and restore — beside `tar | zstd -1 -T0`, `zstd -d | tar -x`, and restic's
@@ -15,6 +17,7 @@
 //! on an empty tree and on the 1 GiB tree with 1 % changed per step.
 
 mod lifecycle;
+mod peers;
 mod pipeline;
 mod reaper;
 mod sandbox;
@@ -72,6 +75,11 @@ enum Bench {
         /// Submit at this steady rate (runs per second) instead of in bursts.
         #[arg(long)]
         rate: Option<f64>,
+        /// Also run the peer queues (Celery, installed once from PyPI by
+        /// `crates/bench/peers/celery/run`) with as many jobs, and print each scenario's
+        /// ratio to it.
+        #[arg(long)]
+        peers: bool,
         #[command(flatten)]
         postgres: Postgres,
     },
@@ -180,6 +188,7 @@ async fn main() -> anyhow::Result<()> {
             batch,
             steps,
             rate,
+            peers,
             postgres,
         } => {
             pipeline::Pipeline {
@@ -189,6 +198,7 @@ async fn main() -> anyhow::Result<()> {
                 batch,
                 steps,
                 rate,
+                peers,
                 postgres: &postgres.postgres,
             }
             .run()

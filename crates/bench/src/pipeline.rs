@@ -15,6 +15,8 @@ pub struct Pipeline<'a> {
     pub steps: Vec<usize>,
     /// Steady submission at this many runs per second; `None`: one burst.
     pub rate: Option<f64>,
+    /// Also run the peers (Celery) on the same machine, after Cairn, with as many jobs.
+    pub peers: bool,
     pub postgres: &'a str,
 }
 
@@ -25,6 +27,8 @@ struct Figures {
     runs: usize,
     wall: Duration,
     not_completed: i64,
+    /// Leases taken per run (its final epoch): above 1, deliveries were claimed again.
+    claims_per_run: f64,
     claim_ms: Percentiles,
     done_ms: Percentiles,
     /// Medians, in ms: admission → claim, claim → first intent, first intent → last
@@ -63,12 +67,22 @@ impl Pipeline<'_> {
             }
         }
         print_table(&all);
+        let peer = if self.peers {
+            // Two prefork processes: one per core, as a Celery user would run here.
+            let peer = crate::peers::celery(self.runs, 2, self.postgres)?;
+            println!("{}", peer.line);
+            Some(peer)
+        } else {
+            None
+        };
         for figures in &all {
+            let rate = figures.runs as f64 / figures.wall.as_secs_f64();
+            let ratio = peer.as_ref().map_or(String::new(), |p| {
+                format!(" ({:.2}× celery)", rate / p.jobs_per_second)
+            });
             println!(
-                "SCENARIO {} x{}: {:.0} runs/s",
-                figures.label,
-                figures.workers,
-                figures.runs as f64 / figures.wall.as_secs_f64()
+                "SCENARIO {} x{}: {rate:.0} runs/s{ratio}",
+                figures.label, figures.workers
             );
         }
         Ok(())
@@ -155,6 +169,10 @@ async fn measure(
         sqlx::query_scalar("SELECT count(*) FROM execution_requests WHERE state <> 'completed'")
             .fetch_one(&stack.pool)
             .await?;
+    let claims_per_run: Option<f64> =
+        sqlx::query_scalar("SELECT avg(lease_epoch)::float8 FROM execution_requests")
+            .fetch_one(&stack.pool)
+            .await?;
     let median = "percentile_cont(0.5) WITHIN GROUP (ORDER BY";
     let breakdown: (Option<f64>, Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(&format!(
         "WITH r AS (
@@ -187,6 +205,7 @@ async fn measure(
         runs,
         wall,
         not_completed,
+        claims_per_run: claims_per_run.unwrap_or(f64::NAN),
         claim_ms,
         done_ms,
         breakdown: [
@@ -202,7 +221,7 @@ async fn measure(
 fn print_table(all: &[Figures]) {
     println!();
     println!(
-        "{:<10} {:>7} {:>6} {:>8} {:>8} {:>22} {:>22} {:>6} | {:>8} {:>8} {:>9} {:>8} {:>8}",
+        "{:<10} {:>7} {:>6} {:>8} {:>8} {:>22} {:>22} {:>6} {:>7} | {:>8} {:>8} {:>9} {:>8} {:>8}",
         "scenario",
         "workers",
         "runs",
@@ -211,6 +230,7 @@ fn print_table(all: &[Figures]) {
         "adm→claim ms p50/99/max",
         "adm→done ms p50/99/max",
         "failed",
+        "claims",
         "queue",
         "acquire",
         "steps",
@@ -226,7 +246,7 @@ fn print_table(all: &[Figures]) {
             }
         };
         println!(
-            "{:<10} {:>7} {:>6} {:>8.2} {:>8.0} {:>22} {:>22} {:>6} | {:>8} {:>8} {:>9} {:>8} {:>8}",
+            "{:<10} {:>7} {:>6} {:>8.2} {:>8.0} {:>22} {:>22} {:>6} {:>7.2} | {:>8} {:>8} {:>9} {:>8} {:>8}",
             f.label,
             f.workers,
             f.runs,
@@ -235,6 +255,7 @@ fn print_table(all: &[Figures]) {
             f.claim_ms.cell(),
             f.done_ms.cell(),
             f.not_completed,
+            f.claims_per_run,
             ms(f.breakdown[0]),
             ms(f.breakdown[1]),
             ms(f.breakdown[2]),
@@ -243,6 +264,6 @@ fn print_table(all: &[Figures]) {
         );
     }
     println!(
-        "(medians in ms after the bar: queue = admission → claim, acquire = claim → first intent, steps = first intent → last receipt, finish = last receipt → completion, per step = one step's intent → receipt)"
+        "(claims = leases taken per run, 1 when no delivery was claimed twice; medians in ms after the bar: queue = admission → claim, acquire = claim → first intent, steps = first intent → last receipt, finish = last receipt → completion, per step = one step's intent → receipt)"
     );
 }
