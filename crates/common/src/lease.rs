@@ -177,9 +177,10 @@ impl Leases {
         self.ttl.as_secs_f64()
     }
 
-    /// Claims a request if nobody holds a live lease on it: epoch + 1, owner and
-    /// deadline in PostgreSQL, then the Redis liveness key. `None` when someone else
-    /// holds it. Of concurrent contenders exactly one wins (the row update is atomic).
+    /// Claims a request if it is queued and nobody holds a live lease on it (a sandbox:
+    /// if nobody holds one): epoch + 1, owner and deadline in PostgreSQL, then the Redis
+    /// liveness key. `None` when someone else holds it, or when a request is not queued.
+    /// Of concurrent contenders exactly one wins (the row update is atomic).
     pub async fn claim(&self, request_id: Uuid, owner: &str) -> Result<Option<Lease>, LeaseError> {
         Ok(self
             .claim_after(request_id, owner)
@@ -196,6 +197,13 @@ impl Leases {
         owner: &str,
     ) -> Result<Option<Takeover>, LeaseError> {
         let table = self.table();
+        // A delivery for a request no longer queued (a duplicate, or one announced
+        // again) means no work: it takes no lease, so it neither moves the epoch nor
+        // releases a lapsed owner's lease that the sweeper has yet to find.
+        let claimable = match self.of {
+            Leased::Request => "AND e.state = 'queued'",
+            Leased::Sandbox => "",
+        };
         let claimed: Option<(i64, DateTime<Utc>, Option<DateTime<Utc>>)> =
             sqlx::query_as(&format!(
                 "UPDATE {table} e
@@ -209,7 +217,7 @@ impl Leases {
                     updated_at = clock_timestamp()
                FROM (SELECT id, lease_owner AS previous_owner, lease_deadline AS previous_deadline
                        FROM {table} WHERE id = $1) p
-              WHERE e.id = p.id
+              WHERE e.id = p.id {claimable}
                 AND (e.lease_owner IS NULL OR e.lease_deadline < clock_timestamp())
           RETURNING e.lease_epoch, e.lease_deadline,
                     CASE WHEN p.previous_owner IS NULL THEN NULL ELSE p.previous_deadline END"

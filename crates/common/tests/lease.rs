@@ -278,3 +278,70 @@ async fn the_epoch_alone_fences_an_older_lease_of_the_same_owner_name() {
         .expect("current lease writes");
     assert_eq!(committed_notes(&pool).await, ["after-restart"]);
 }
+
+/// A delivery for a request that is no longer queued (a duplicate, or one the sweeper
+/// announced again) takes no lease: a lapsed owner's lease stays for the sweeper to
+/// find (released, the request would sit `executing` with no owner), and an ended
+/// request keeps its epoch and claim time.
+#[tokio::test]
+async fn a_request_that_is_not_queued_is_never_claimed() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
+    let _services = ServiceLock::shared().await;
+    let leases = leases(&pool, Duration::from_secs(30)).await;
+    let (_, request) = testing::insert_request(&pool).await;
+    let lease = leases
+        .claim(request, "owner")
+        .await
+        .expect("claim")
+        .expect("free");
+    let row = |pool: PgPool| async move {
+        sqlx::query_as::<_, (i64, Option<String>, Option<chrono::DateTime<chrono::Utc>>)>(
+            "SELECT lease_epoch, lease_owner, claimed_at FROM execution_requests WHERE id = $1",
+        )
+        .bind(request)
+        .fetch_one(&pool)
+        .await
+        .expect("row")
+    };
+    // The owner started it, then died: its lease lapsed.
+    sqlx::query(
+        "UPDATE execution_requests
+            SET state = 'executing', lease_deadline = clock_timestamp() - interval '1 second'
+          WHERE id = $1",
+    )
+    .bind(request)
+    .execute(&pool)
+    .await
+    .expect("lapse");
+    let before = row(pool.clone()).await;
+    assert!(
+        leases
+            .claim(request, "stale")
+            .await
+            .expect("claim")
+            .is_none(),
+        "an executing request is never claimed by a delivery"
+    );
+    assert_eq!(row(pool.clone()).await, before);
+    assert_eq!(before.0, lease.epoch);
+    assert_eq!(before.1.as_deref(), Some("owner"));
+
+    // Ended and released: a late duplicate claims nothing either.
+    sqlx::query(
+        "UPDATE execution_requests
+            SET state = 'completed', lease_owner = NULL, lease_deadline = NULL
+          WHERE id = $1",
+    )
+    .bind(request)
+    .execute(&pool)
+    .await
+    .expect("complete");
+    let ended = row(pool.clone()).await;
+    assert!(leases
+        .claim(request, "late")
+        .await
+        .expect("claim")
+        .is_none());
+    assert_eq!(row(pool.clone()).await, ended);
+}

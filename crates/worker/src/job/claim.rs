@@ -86,12 +86,13 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
                     .bind(message.request_id)
                     .fetch_optional(&worker.pool)
                     .await?;
-            if state == Some(RequestState::Queued) {
-                return Ok(Claim::Later);
-            }
-            return Ok(Claim::Done(JobOutcome::Dropped(
-                "another worker holds the request".into(),
-            )));
+            return Ok(match state {
+                Some(RequestState::Queued) => Claim::Later,
+                Some(state) => Claim::Done(JobOutcome::Dropped(format!(
+                    "nothing to do: request is {state}"
+                ))),
+                None => Claim::Done(JobOutcome::Dropped("unknown request".into())),
+            });
         }
         Err(LeaseError::NotFound(_)) => {
             return Ok(Claim::Done(JobOutcome::Dropped("unknown request".into())))
