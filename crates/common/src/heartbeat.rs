@@ -81,7 +81,11 @@ pub fn parked_sql(parked: &str) -> String {
          AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.published_at IS NULL
                           AND o.payload->>'request_id' = e.id::text)
          AND (EXISTS (SELECT 1 FROM worker_heartbeats w
-                       WHERE w.beat_at >= GREATEST(w.starved_since, e.updated_at)
+                       -- A busy worker reports no starved_since, and GREATEST skips a
+                       -- NULL: without the test, every busy worker would count as
+                       -- starving, and a whole backlog would be announced again.
+                       WHERE w.starved_since IS NOT NULL
+                         AND w.beat_at >= GREATEST(w.starved_since, e.updated_at)
                                           + {later} * interval '1 millisecond')
               OR (e.kind = 'run'
                   AND NOT EXISTS (SELECT 1 FROM continuation_actions a
