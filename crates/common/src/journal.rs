@@ -91,12 +91,16 @@ pub async fn write_intent(
     index: usize,
     idempotent: bool,
 ) -> Result<(), sqlx::Error> {
+    // One statement, one round trip: a data-modifying WITH runs exactly once, whether
+    // or not the outer statement reads it.
     sqlx::query(
-        "INSERT INTO journal_intents (request_id, step_key, step_index, idempotent, lease_epoch, attempt)
-         VALUES ($1, $2, $3, $4, $5, $6)
-         ON CONFLICT (request_id, step_key) DO UPDATE
-            SET lease_epoch = EXCLUDED.lease_epoch, attempt = EXCLUDED.attempt, started_at = now(),
-                ended_at = NULL",
+        "WITH intent AS (
+           INSERT INTO journal_intents (request_id, step_key, step_index, idempotent, lease_epoch, attempt)
+           VALUES ($1, $2, $3, $4, $5, $6)
+           ON CONFLICT (request_id, step_key) DO UPDATE
+              SET lease_epoch = EXCLUDED.lease_epoch, attempt = EXCLUDED.attempt, started_at = now(),
+                  ended_at = NULL)
+         UPDATE execution_requests SET used_commands = used_commands + 1, updated_at = now() WHERE id = $1",
     )
     .bind(lease.request_id)
     .bind(step_key)
@@ -104,12 +108,6 @@ pub async fn write_intent(
     .bind(idempotent)
     .bind(lease.epoch)
     .bind(attempt)
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query(
-        "UPDATE execution_requests SET used_commands = used_commands + 1, updated_at = now() WHERE id = $1",
-    )
-    .bind(lease.request_id)
     .execute(&mut *conn)
     .await?;
     Ok(())
@@ -125,19 +123,27 @@ pub async fn record_receipt(
     snapshot: Option<Uuid>,
 ) -> Result<(), sqlx::Error> {
     let outcome = receipt.outcome;
+    // One statement: the receipt, the end of the intent's open interval (so the step is
+    // never charged again as interrupted) and the charge of the measured time.
     sqlx::query(
-        "INSERT INTO journal_receipts (request_id, step_key, lease_epoch, attempt, exit_code, signal, timed_out,
-                                       wall_ms, cpu_ms, output_digest, stdout_tail, stderr_tail, output_artifact,
-                                       snapshot_id, tree_tier, sandbox, limit_breached)
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
-         ON CONFLICT (request_id, step_key) DO UPDATE
-            SET lease_epoch = EXCLUDED.lease_epoch, attempt = EXCLUDED.attempt, exit_code = EXCLUDED.exit_code,
-                signal = EXCLUDED.signal, timed_out = EXCLUDED.timed_out, wall_ms = EXCLUDED.wall_ms,
-                cpu_ms = EXCLUDED.cpu_ms, output_digest = EXCLUDED.output_digest,
-                stdout_tail = EXCLUDED.stdout_tail, stderr_tail = EXCLUDED.stderr_tail,
-                output_artifact = EXCLUDED.output_artifact, snapshot_id = EXCLUDED.snapshot_id,
-                tree_tier = EXCLUDED.tree_tier, sandbox = EXCLUDED.sandbox,
-                limit_breached = EXCLUDED.limit_breached, finished_at = now()",
+        "WITH receipt AS (
+           INSERT INTO journal_receipts (request_id, step_key, lease_epoch, attempt, exit_code, signal, timed_out,
+                                         wall_ms, cpu_ms, output_digest, stdout_tail, stderr_tail, output_artifact,
+                                         snapshot_id, tree_tier, sandbox, limit_breached)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+           ON CONFLICT (request_id, step_key) DO UPDATE
+              SET lease_epoch = EXCLUDED.lease_epoch, attempt = EXCLUDED.attempt, exit_code = EXCLUDED.exit_code,
+                  signal = EXCLUDED.signal, timed_out = EXCLUDED.timed_out, wall_ms = EXCLUDED.wall_ms,
+                  cpu_ms = EXCLUDED.cpu_ms, output_digest = EXCLUDED.output_digest,
+                  stdout_tail = EXCLUDED.stdout_tail, stderr_tail = EXCLUDED.stderr_tail,
+                  output_artifact = EXCLUDED.output_artifact, snapshot_id = EXCLUDED.snapshot_id,
+                  tree_tier = EXCLUDED.tree_tier, sandbox = EXCLUDED.sandbox,
+                  limit_breached = EXCLUDED.limit_breached, finished_at = now()),
+         ended AS (UPDATE journal_intents SET ended_at = now()
+                    WHERE request_id = $1 AND step_key = $2 AND ended_at IS NULL)
+         UPDATE execution_requests SET used_wall_ms = used_wall_ms + $8, used_cpu_ms = used_cpu_ms + $9,
+                updated_at = now()
+          WHERE id = $1",
     )
     .bind(lease.request_id)
     .bind(receipt.step_key)
@@ -156,20 +162,6 @@ pub async fn record_receipt(
     .bind(receipt.tier)
     .bind(&outcome.sandbox)
     .bind(&outcome.limit)
-    .execute(&mut *conn)
-    .await?;
-    // The receipt charges the measured time and ends the intent's open interval, so the
-    // step is never charged again as interrupted.
-    sqlx::query(
-        "WITH ended AS (UPDATE journal_intents SET ended_at = now()
-                          WHERE request_id = $1 AND step_key = $4 AND ended_at IS NULL)
-         UPDATE execution_requests SET used_wall_ms = used_wall_ms + $2, used_cpu_ms = used_cpu_ms + $3, updated_at = now()
-          WHERE id = $1",
-    )
-    .bind(lease.request_id)
-    .bind(outcome.wall_ms)
-    .bind(outcome.cpu_ms)
-    .bind(receipt.step_key)
     .execute(&mut *conn)
     .await?;
     Ok(())
