@@ -108,7 +108,12 @@ impl Steps<'_> {
             postgres: self.postgres,
             workers: 1,
             concurrency: 1,
-            worker_env: vec![("CAIRN_SANDBOX_READ_ONLY".into(), read_only.to_string())],
+            // An empty value is refused by the worker: set only when there are paths.
+            worker_env: if read_only.is_empty() {
+                Vec::new()
+            } else {
+                vec![("CAIRN_SANDBOX_READ_ONLY".into(), read_only.to_string())]
+            },
         })
         .await?;
         let spec = json!({"agent": "bench", "steps": steps,
