@@ -97,15 +97,15 @@ impl Stack {
         let http = reqwest::Client::new();
         let base = format!("http://127.0.0.1:{port}");
         wait_ready(&http, &format!("{base}/readyz")).await?;
+        let mut metrics_ports = Vec::new();
         for i in 0..settings.workers {
+            let metrics = free_port()?;
+            metrics_ports.push(metrics);
             let mut worker = Command::new(bin.join("cairn-worker"));
             common(&mut worker);
             worker
                 .env("CAIRN_WORKER_ID", format!("bench-{i}"))
-                .env(
-                    "CAIRN_METRICS_LISTEN",
-                    format!("127.0.0.1:{}", free_port()?),
-                )
+                .env("CAIRN_METRICS_LISTEN", format!("127.0.0.1:{metrics}"))
                 .env("CAIRN_WORKER_CONCURRENCY", settings.concurrency.to_string())
                 .env(
                     "CAIRN_DATABASE_MAX_CONNECTIONS",
@@ -118,6 +118,12 @@ impl Stack {
                 .0
                 .push(worker.spawn().context("starting cairn-worker")?);
             worker_ids.push(format!("bench-{i}"));
+        }
+        // A worker that exits at start (its output is not kept) would leave the bench
+        // waiting for runs nobody takes: each must answer before anything is submitted.
+        for (i, port) in metrics_ports.into_iter().enumerate() {
+            let url = format!("http://127.0.0.1:{port}/readyz");
+            wait_started(&mut processes.0[i + 1], &http, &url, &worker_ids[i]).await?;
         }
         let pool = sqlx::PgPool::connect(&database_url).await?;
         Ok(Stack {
@@ -221,6 +227,27 @@ impl Stack {
         let _ = std::fs::remove_dir_all(&self.work);
         Ok(())
     }
+}
+
+/// [`wait_ready`] for a process of the stack, failing at once if it exits.
+async fn wait_started(
+    child: &mut Child,
+    http: &reqwest::Client,
+    url: &str,
+    name: &str,
+) -> anyhow::Result<()> {
+    for _ in 0..240 {
+        if let Some(status) = child.try_wait()? {
+            bail!("{name} exited at start ({status}); run it by hand with the same environment to see why");
+        }
+        if let Ok(response) = http.get(url).send().await {
+            if response.status().is_success() {
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    bail!("{name}: {url} never answered 200")
 }
 
 async fn wait_ready(http: &reqwest::Client, url: &str) -> anyhow::Result<()> {
