@@ -61,10 +61,29 @@ impl Pipeline<'_> {
             "pipeline: {} runs per scenario, submitted in {mode}; {} concurrent jobs per worker",
             self.runs, self.concurrency
         );
+        let admin =
+            sqlx::PgPool::connect(&format!("{}/postgres", self.postgres.trim_end_matches('/')))
+                .await?;
+        let max_connections: String = sqlx::query_scalar("SHOW max_connections")
+            .fetch_one(&admin)
+            .await?;
+        admin.close().await;
         let mut all = Vec::new();
         for &steps in &self.steps {
             for &workers in &self.workers {
-                all.push(self.scenario(steps, workers).await?);
+                let scenario = match self.scenario(steps, workers).await {
+                    Ok(scenario) => scenario,
+                    // Each worker may open concurrency + 4 connections and the scheduler
+                    // 20: many workers of many jobs exhaust a default server.
+                    Err(e) if out_of_connections(&e) => {
+                        return Err(e.context(format!(
+                            "{steps} steps × {workers} workers: each worker may open {} PostgreSQL connections and the server allows {max_connections}; try a lower --concurrency",
+                            self.concurrency + 4
+                        )))
+                    }
+                    Err(e) => return Err(e),
+                };
+                all.push(scenario);
             }
         }
         print_table(&all);
@@ -142,6 +161,18 @@ impl Pipeline<'_> {
         }
         Ok(())
     }
+}
+
+/// Whether `error` is PostgreSQL (or a pool waiting on it) out of connections.
+fn out_of_connections(error: &anyhow::Error) -> bool {
+    let text = format!("{error:#}");
+    [
+        "pool timed out",
+        "too many clients",
+        "remaining connection slots",
+    ]
+    .iter()
+    .any(|sign| text.contains(sign))
 }
 
 async fn measure(
