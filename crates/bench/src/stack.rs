@@ -96,7 +96,8 @@ impl Stack {
         );
         let http = reqwest::Client::new();
         let base = format!("http://127.0.0.1:{port}");
-        wait_ready(&http, &format!("{base}/readyz")).await?;
+        let url = format!("{base}/readyz");
+        wait_started(&mut processes.0[0], &http, &url, "cairn-scheduler").await?;
         let mut metrics_ports = Vec::new();
         for i in 0..settings.workers {
             let metrics = free_port()?;
@@ -229,7 +230,7 @@ impl Stack {
     }
 }
 
-/// [`wait_ready`] for a process of the stack, failing at once if it exits.
+/// Waits until a process of the stack answers 200 at `url`, failing at once if it exits.
 async fn wait_started(
     child: &mut Child,
     http: &reqwest::Client,
@@ -248,16 +249,4 @@ async fn wait_started(
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     bail!("{name}: {url} never answered 200")
-}
-
-async fn wait_ready(http: &reqwest::Client, url: &str) -> anyhow::Result<()> {
-    for _ in 0..240 {
-        if let Ok(response) = http.get(url).send().await {
-            if response.status().is_success() {
-                return Ok(());
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    bail!("{url} never answered 200")
 }
