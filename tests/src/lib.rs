@@ -99,13 +99,27 @@ impl Process {
     }
 
     pub fn start_with_args(name: &str, env: &[(String, String)], args: &[&str]) -> Process {
+        Self::spawn(name, env, args, false)
+    }
+
+    /// Starts a binary whose stderr is a pipe nobody reads: its read end is closed at
+    /// once, as `cairn-worker 2>&1 | head -2` leaves it.
+    pub fn start_with_closed_stderr(name: &str, env: &[(String, String)]) -> Process {
+        Self::spawn(name, env, &[], true)
+    }
+
+    fn spawn(name: &str, env: &[(String, String)], args: &[&str], closed_stderr: bool) -> Process {
         let log = std::env::temp_dir().join(format!(
             "cairn-e2e-{name}-{}.log",
             uuid::Uuid::new_v4().simple()
         ));
         let out = std::fs::File::create(&log).expect("create log file");
-        let err = out.try_clone().expect("clone log file");
-        let child = Command::new(binary(name))
+        let err = if closed_stderr {
+            Stdio::piped()
+        } else {
+            Stdio::from(out.try_clone().expect("clone log file"))
+        };
+        let mut child = Command::new(binary(name))
             .args(args)
             .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
@@ -113,6 +127,7 @@ impl Process {
             .stderr(err)
             .spawn()
             .expect("spawn binary");
+        drop(child.stderr.take());
         Process {
             name: name.to_string(),
             child,
@@ -156,6 +171,32 @@ impl Drop for Process {
         }
         let _ = std::fs::remove_file(&self.log);
     }
+}
+
+/// The first UUID in its hyphenated form in `text`: logs print ids as the 32 hex
+/// characters of the API and the CLI, never this way.
+pub fn hyphenated_uuid(text: &str) -> Option<&str> {
+    const GROUPS: [usize; 5] = [8, 4, 4, 4, 12];
+    let bytes = text.as_bytes();
+    let is_hex = |b: u8| b.is_ascii_hexdigit();
+    (0..bytes.len()).find_map(|start| {
+        let mut at = start;
+        for (i, len) in GROUPS.iter().enumerate() {
+            if i > 0 {
+                if bytes.get(at) != Some(&b'-') {
+                    return None;
+                }
+                at += 1;
+            }
+            let group = bytes.get(at..at + len)?;
+            if !group.iter().all(|&b| is_hex(b)) {
+                return None;
+            }
+            at += len;
+        }
+        let bounded = start == 0 || !is_hex(bytes[start - 1]);
+        (bounded && bytes.get(at).is_none_or(|&b| !is_hex(b))).then(|| &text[start..at])
+    })
 }
 
 /// A minimal HTTP/1.1 response.
@@ -294,4 +335,19 @@ pub fn processes_with(marker: &str) -> Vec<String> {
         }
     }
     found
+}
+
+#[cfg(test)]
+mod tests {
+    use super::hyphenated_uuid;
+
+    #[test]
+    fn finds_a_hyphenated_uuid_and_nothing_else() {
+        let id = "0b7e9a52-3c1d-4f6e-8a90-1b2c3d4e5f60";
+        assert_eq!(hyphenated_uuid(&format!("request_id={id} done")), Some(id));
+        assert_eq!(hyphenated_uuid(id), Some(id));
+        assert_eq!(hyphenated_uuid("0b7e9a523c1d4f6e8a901b2c3d4e5f60"), None);
+        assert_eq!(hyphenated_uuid(&format!("{id}a")), None);
+        assert_eq!(hyphenated_uuid("2026-12-01T22:05:54Z"), None);
+    }
 }

@@ -156,6 +156,45 @@ async fn the_worker_and_the_reaper_serve_probes_and_drain() {
     }
 }
 
+/// Logging never stops shutdown: with stderr on a pipe whose reader is gone, every
+/// binary still starts, and still drains and exits on SIGTERM.
+#[tokio::test]
+async fn every_binary_exits_on_sigterm_with_stderr_on_a_closed_pipe() {
+    let _services = ServiceLock::shared().await;
+    let isolation = Isolation::new("closedpipe");
+    for (binary, listen_var, probe) in [
+        ("cairn-scheduler", "CAIRN_LISTEN", "/readyz"),
+        ("cairn-worker", "CAIRN_METRICS_LISTEN", "/readyz"),
+        ("cairn-reaper", "CAIRN_METRICS_LISTEN", "/readyz"),
+    ] {
+        let addr = free_addr();
+        let mut env = isolation.env();
+        env.push((listen_var.into(), addr.to_string()));
+        // The pretty format, as a terminal user's pipe would carry it.
+        env.retain(|(k, _)| k != "CAIRN_LOG_FORMAT");
+        let mut process = Process::start_with_closed_stderr(binary, &env);
+        wait_for_status(&mut process, addr, probe, 200, START);
+        assert_drains_on_sigterm(process);
+    }
+}
+
+/// The pretty format is for a person at a terminal: into a file it writes no colour codes.
+#[tokio::test]
+async fn the_pretty_format_writes_no_colour_codes_into_a_file() {
+    let _services = ServiceLock::shared().await;
+    let isolation = Isolation::new("pretty");
+    let addr = free_addr();
+    let mut env = isolation.env();
+    env.retain(|(k, _)| k != "CAIRN_LOG_FORMAT");
+    env.push(("CAIRN_METRICS_LISTEN".into(), addr.to_string()));
+    let mut reaper = Process::start("cairn-reaper", &env);
+    wait_for_status(&mut reaper, addr, "/readyz", 200, START);
+    let log = reaper.log();
+    assert!(log.contains("INFO"), "the reaper logged: {log:?}");
+    assert!(!log.contains('\u{1b}'), "colour codes in a file: {log:?}");
+    assert_drains_on_sigterm(reaper);
+}
+
 #[test]
 fn an_invalid_configuration_is_one_line_and_a_non_zero_exit() {
     let cases: [(&str, &[(&str, &str)]); 6] = [
@@ -192,5 +231,25 @@ fn an_invalid_configuration_is_one_line_and_a_non_zero_exit() {
             stderr.starts_with("invalid configuration: "),
             "{binary}: {stderr}"
         );
+        // It names the variable, with its value unless that may hold a secret (a URL).
+        let (var, value) = env[0];
+        let named = if var.ends_with("_URL") {
+            format!("{var}: ")
+        } else {
+            format!("{var}={value}: ")
+        };
+        assert!(stderr.contains(&named), "{binary}: {stderr}");
+        if var.ends_with("_URL") {
+            assert!(!stderr.contains(value), "{binary}: {stderr}");
+        }
     }
+    // A setting with a list of values lists them.
+    let output = std::process::Command::new(cairn_e2e::binary("cairn-worker"))
+        .env("CAIRN_LOG_FORMAT", "xml")
+        .output()
+        .expect("run binary");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr).trim_end(),
+        "invalid configuration: CAIRN_LOG_FORMAT=xml: allowed values: pretty, json"
+    );
 }
