@@ -327,9 +327,22 @@ fn tail(log: &str) -> String {
     lines[lines.len().saturating_sub(40)..].join("\n")
 }
 
+/// Every test on a cluster also checks what its binaries logged: ids as 32 hex
+/// characters, as the API and the CLI print them.
 impl Drop for Cluster {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
+        if std::thread::panicking() {
+            return;
+        }
+        let logs = std::iter::once(&self.scheduler)
+            .chain(self.workers.iter().map(|w| &w.process))
+            .map(|p| (p.name.clone(), p.log()));
+        for (name, log) in logs {
+            if let Some(line) = log.lines().find(|l| crate::hyphenated_uuid(l).is_some()) {
+                panic!("{name} logged an id as a hyphenated UUID: {line}");
+            }
+        }
     }
 }
 

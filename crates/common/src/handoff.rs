@@ -25,7 +25,7 @@ pub async fn open(
     let commands = match request {
         Some(Ok(request)) if request.validate("verification.").is_ok() => request.commands,
         _ => {
-            tracing::warn!(%request_id, "the report asks for verification without valid checks; no handoff opened");
+            tracing::warn!(request_id = %request_id.simple(), "the report asks for verification without valid checks; no handoff opened");
             return Ok(());
         }
     };

@@ -20,16 +20,16 @@ use uuid::Uuid;
 #[derive(Debug, thiserror::Error)]
 pub enum LeaseError {
     /// A newer owner exists: this holder must write nothing more.
-    #[error("stale owner of request {request_id}: held epoch {held_epoch}, current epoch {current_epoch}")]
+    #[error("stale owner of request {}: held epoch {held_epoch}, current epoch {current_epoch}", request_id.simple())]
     StaleOwner {
         request_id: Uuid,
         held_epoch: i64,
         current_epoch: i64,
     },
     /// The lease ran past its deadline without a renewal.
-    #[error("lease on request {request_id} expired")]
+    #[error("lease on request {} expired", request_id.simple())]
     Expired { request_id: Uuid },
-    #[error("execution request {0} does not exist")]
+    #[error("execution request {} does not exist", .0.simple())]
     NotFound(Uuid),
     #[error("database error: {0}")]
     Db(#[from] sqlx::Error),
@@ -190,7 +190,7 @@ impl Leases {
 
     /// [`Leases::claim`], also returning the deadline of the lease it replaced (`None`
     /// when nobody held it): a step its last owner left running is charged up to then.
-    #[tracing::instrument(skip_all, fields(request_id = %request_id, owner))]
+    #[tracing::instrument(skip_all, fields(request_id = %request_id.simple(), owner))]
     pub async fn claim_after(
         &self,
         request_id: Uuid,
@@ -355,7 +355,7 @@ impl Leases {
         match self.advisory("set a liveness key", set).await {
             Some(1) | None => {}
             Some(_) => tracing::warn!(
-                request_id = %lease.request_id,
+                request_id = %lease.request_id.simple(),
                 "Redis shows a newer holder than PostgreSQL; PostgreSQL decides"
             ),
         }
@@ -369,7 +369,7 @@ impl Leases {
             // we own the lease, so put the liveness key back.
             Some(-1) => self.set_liveness(lease).await,
             Some(_) => {
-                tracing::warn!(request_id = %lease.request_id, "Redis liveness key held by another owner")
+                tracing::warn!(request_id = %lease.request_id.simple(), "Redis liveness key held by another owner")
             }
         }
     }

@@ -57,7 +57,12 @@ crate::text_enum! {
 
 #[derive(Debug, thiserror::Error)]
 pub enum LineageError {
-    #[error("lineage {work_context} moved: expected head {expected:?}, found {actual:?}")]
+    #[error(
+        "lineage {} moved: expected head {}, found {}",
+        work_context.simple(),
+        head_text(expected),
+        head_text(actual)
+    )]
     Conflict {
         work_context: Uuid,
         expected: Option<Uuid>,
@@ -65,6 +70,11 @@ pub enum LineageError {
     },
     #[error("database error: {0}")]
     Db(#[from] sqlx::Error),
+}
+
+/// A lineage head in an error: its id as 32 hex characters, or `none`.
+fn head_text(position: &Option<Uuid>) -> String {
+    position.map_or_else(|| "none".into(), |p| p.simple().to_string())
 }
 
 /// What a new snapshot row describes.

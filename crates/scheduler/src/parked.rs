@@ -81,7 +81,7 @@ pub async fn announce_again(pool: &PgPool, batch: i64) -> Result<u64, sqlx::Erro
             .bind(request_id)
             .execute(&mut *tx)
             .await?;
-        tracing::info!(%request_id, "the request's delivery is parked on a worker that does not take it; announced again");
+        tracing::info!(request_id = %request_id.simple(), "the request's delivery is parked on a worker that does not take it; announced again");
     }
     tx.commit().await?;
     Ok(parked.len() as u64)

@@ -63,7 +63,7 @@ pub async fn expire(pool: &PgPool, batch: i64) -> Result<Expired, sqlx::Error> {
                 .map_err(|e| sqlx::Error::Protocol(e.to_string()))?;
             report.destroying += 1;
         }
-        tracing::info!(sandbox_id = %id, reason, persistent, "sandbox timed out");
+        tracing::info!(sandbox_id = %id.simple(), reason, persistent, "sandbox timed out");
     }
     tx.commit().await?;
     Ok(report)

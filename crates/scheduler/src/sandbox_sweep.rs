@@ -54,7 +54,7 @@ pub async fn sweep(pool: &PgPool, batch: i64) -> Result<SandboxSweep, sqlx::Erro
                 record::interrupt_operations(&mut savepoint, id, "its worker was lost first")
                     .await?;
                 record::tree_released(&mut savepoint, id, "worker_lost").await?;
-                tracing::info!(sandbox_id = %id, "sandbox's worker lost; stopped at its last durable tree");
+                tracing::info!(sandbox_id = %id.simple(), "sandbox's worker lost; stopped at its last durable tree");
                 report.stopped += 1;
             }
             SandboxState::Creating | SandboxState::Stopped if attempt < PLACEMENTS => {

@@ -186,7 +186,7 @@ async fn settle(
         }
         Err(request::Error::Refused(refused)) => {
             savepoint.rollback().await?;
-            tracing::warn!(%request_id, error = %refused, "the sweeper left a request that moved");
+            tracing::warn!(request_id = %request_id.simple(), error = %refused, "the sweeper left a request that moved");
             Ok(false)
         }
         Err(request::Error::Db(e)) => Err(e),
@@ -270,11 +270,11 @@ async fn handle_lapsed(
                 report.reconciling += 1;
             } else if l.attempt < l.max_attempts {
                 let attempt = request::requeue(&mut *conn, l.id, true).await?;
-                tracing::info!(request_id = %l.id, attempt, "lease lapsed; automatic attempt queued");
+                tracing::info!(request_id = %l.id.simple(), attempt, "lease lapsed; automatic attempt queued");
                 report.requeued += 1;
             } else {
                 request::stop_at_checkpoint(&mut *conn, l.id, "attempts_exhausted").await?;
-                tracing::info!(request_id = %l.id, "lease lapsed with attempts spent; stopped at its last checkpoint");
+                tracing::info!(request_id = %l.id.simple(), "lease lapsed with attempts spent; stopped at its last checkpoint");
                 report.stopped += 1;
             }
         }
@@ -295,7 +295,7 @@ async fn lapsed_verification(
 ) -> Result<(), request::Error> {
     if l.attempt < l.max_attempts {
         requeue_verification(&mut *conn, l.run_id, l.id, adoption, l.attempt + 1).await?;
-        tracing::info!(request_id = %l.id, attempt = l.attempt + 1, "verification lease lapsed; queued again");
+        tracing::info!(request_id = %l.id.simple(), attempt = l.attempt + 1, "verification lease lapsed; queued again");
         report.requeued += 1;
         return Ok(());
     }

@@ -327,7 +327,7 @@ async fn process(
             if matches!(outcome, JobOutcome::Dropped(_)) {
                 worker.metrics.deliveries_dropped.inc();
             }
-            tracing::debug!(request_id = %message.request_id, ?outcome, "delivery handled without running");
+            tracing::debug!(request_id = %message.request_id.simple(), ?outcome, "delivery handled without running");
             let _ = delivery.ack(BasicAckOptions::default()).await;
         }
         Ok(Claim::Run(claimed)) => {
@@ -338,11 +338,11 @@ async fn process(
             job::execute(worker.clone(), claimed, drain).await;
         }
         Ok(Claim::Later) => {
-            tracing::debug!(request_id = %message.request_id, "the request is being claimed; the delivery comes back");
+            tracing::debug!(request_id = %message.request_id.simple(), "the request is being claimed; the delivery comes back");
             redeliver_after(delivery, Duration::from_millis(200)).await;
         }
         Err(e) => {
-            tracing::warn!(error = %e, request_id = %message.request_id, "claim failed; requeueing the delivery");
+            tracing::warn!(error = %e, request_id = %message.request_id.simple(), "claim failed; requeueing the delivery");
             redeliver_after(delivery, Duration::from_millis(500)).await;
         }
     }
@@ -358,7 +358,7 @@ async fn place(
 ) {
     match hosting::claim(&worker, sandbox_id).await {
         Ok(Placement::Dropped(why)) => {
-            tracing::debug!(%sandbox_id, why, "placement dropped");
+            tracing::debug!(sandbox_id = %sandbox_id.simple(), why, "placement dropped");
             worker.metrics.deliveries_dropped.inc();
             let _ = delivery.ack(BasicAckOptions::default()).await;
         }
@@ -370,7 +370,7 @@ async fn place(
             hosting::host(worker, lease, row, shutdown, drain).await;
         }
         Err(e) => {
-            tracing::warn!(error = %e, %sandbox_id, "placement claim failed; requeueing the delivery");
+            tracing::warn!(error = %e, sandbox_id = %sandbox_id.simple(), "placement claim failed; requeueing the delivery");
             redeliver_after(delivery, Duration::from_millis(500)).await;
         }
     }

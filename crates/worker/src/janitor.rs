@@ -139,7 +139,7 @@ impl Janitor {
                 self.empty_trash().await;
             }
             report.removed += 1;
-            tracing::info!(%workspace_id, path = %path.display(), "removed a tree no hold guards");
+            tracing::info!(workspace_id = %workspace_id.simple(), path = %path.display(), "removed a tree no hold guards");
         }
         Ok(report)
     }

@@ -116,7 +116,11 @@ async fn paused(
     custody::set_paused(&mut tx, tree, true).await?;
     tx.commit().await?;
     job.worker.metrics.pauses.inc();
-    tracing::info!(snapshot_id = ?tree.position, capture_failed, "paused");
+    tracing::info!(
+        snapshot_id = %tree.position.map_or_else(|| "none".into(), |p| p.simple().to_string()),
+        capture_failed,
+        "paused"
+    );
     let mut requests = job.pause_requests();
     let resumed = async {
         if requests.wait_for(|p| !*p).await.is_err() {

@@ -216,7 +216,7 @@ impl Machine for HandoffState {
 
 /// A move the table does not allow: nothing was changed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{machine} {id} is {from}: the transition table allows no {event} from there")]
+#[error("{machine} {} is {from}: the transition table allows no {event} from there", id.simple())]
 pub struct Refused {
     pub machine: &'static str,
     pub id: Uuid,

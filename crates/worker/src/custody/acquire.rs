@@ -370,7 +370,7 @@ impl Custody {
             };
             match delays.next() {
                 Some(delay) => {
-                    tracing::warn!(%snapshot_id, error = %error, ?delay, "restore failed; retrying");
+                    tracing::warn!(snapshot_id = %snapshot_id.simple(), error = %error, ?delay, "restore failed; retrying");
                     tokio::time::sleep(delay).await;
                 }
                 None => return Err(Restore::Unavailable(error)),
@@ -379,7 +379,7 @@ impl Custody {
     }
 
     async fn quarantine(&self, snapshot_id: Uuid, reason: &str) {
-        tracing::warn!(%snapshot_id, %reason, "snapshot failed verification; quarantined");
+        tracing::warn!(snapshot_id = %snapshot_id.simple(), %reason, "snapshot failed verification; quarantined");
         if let Ok(mut conn) = self.pool.acquire().await {
             let _ = lineage::set_status(
                 &mut conn,
@@ -578,7 +578,7 @@ impl Custody {
                 .await
                 .map_err(|e| e.to_string())?;
             tx.commit().await.map_err(|e| e.to_string())?;
-            tracing::info!(snapshot_id = %id, "published a clean baseline");
+            tracing::info!(snapshot_id = %id.simple(), "published a clean baseline");
             Ok(())
         }
         .await;

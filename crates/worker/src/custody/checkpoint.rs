@@ -194,7 +194,7 @@ impl Custody {
         let (manifest, stats) = match captured {
             Ok(captured) => captured,
             Err(e) => {
-                tracing::warn!(error = %e, %snapshot_id, "capture failed; the hold keeps the live tree");
+                tracing::warn!(error = %e, snapshot_id = %snapshot_id.simple(), "capture failed; the hold keeps the live tree");
                 self.abandon(lease, snapshot_id, hold_id).await?;
                 return Ok(Checkpoint::Failed(e.to_string()));
             }
@@ -263,7 +263,7 @@ impl Custody {
         tree.position = Some(snapshot_id);
         tree.index = Some(Arc::new(manifest));
         tree.uncaptured = false;
-        tracing::info!(%snapshot_id, sequence, files = stats.files, unchanged = stats.files_unchanged, new_chunks = stats.chunks_new, "checkpoint committed");
+        tracing::info!(snapshot_id = %snapshot_id.simple(), sequence, files = stats.files, unchanged = stats.files_unchanged, new_chunks = stats.chunks_new, "checkpoint committed");
         Ok(Checkpoint::Stands(snapshot_id))
     }
 

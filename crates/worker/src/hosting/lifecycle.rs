@@ -332,7 +332,7 @@ impl Host {
                         .for_sandboxes()
                         .clear_liveness(&self.lease);
                     workspace::remove(&tree.workspace).await;
-                    tracing::info!(%snapshot, "sandbox stopped; its stop snapshot holds its tree");
+                    tracing::info!(snapshot = %snapshot.simple(), "sandbox stopped; its stop snapshot holds its tree");
                     return Ok(());
                 }
                 Err(e @ (HostError::Capture(_) | HostError::Db(_) | HostError::Transient(_))) => e,

@@ -129,7 +129,7 @@ pub async fn claim(worker: &Worker, id: Uuid) -> Result<Placement, HostError> {
 /// Hosts a claimed sandbox until it stops, is destroyed, the worker stops consuming
 /// (`shutdown`: it is stopped, captured, for another worker to resume), or the lease
 /// is lost.
-#[tracing::instrument(skip_all, fields(sandbox_id = %lease.request_id))]
+#[tracing::instrument(skip_all, fields(sandbox_id = %lease.request_id.simple()))]
 pub async fn host(
     worker: Arc<Worker>,
     lease: Lease,

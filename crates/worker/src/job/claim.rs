@@ -72,7 +72,7 @@ impl Admission {
 
 /// Claims the request a message announces and decides whether there is work. Only
 /// after this returns may the delivery be acked.
-#[tracing::instrument(skip_all, fields(request_id = %message.request_id, kind = ?message.kind))]
+#[tracing::instrument(skip_all, fields(request_id = %message.request_id.simple(), kind = ?message.kind))]
 pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobError> {
     let claimed = worker
         .leases
