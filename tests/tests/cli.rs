@@ -131,7 +131,7 @@ async fn cairnctl_drives_every_route() {
     let bad = write(
         &work,
         "bad.yaml",
-        "agent: coder\nsteps: []\nbudgets: {max_commands: 1, max_wall_seconds: 0}\n",
+        "agent: coder\nsteps: [{key: a, argv: [\"true\"]}]\nbudgets: {max_commands: 1, max_wall_seconds: 0}\n",
     );
     let rejected = ctl.run(&operator, &["runs", "submit", &bad]);
     assert_eq!(rejected.code, 5, "{}", rejected.stderr);
@@ -403,11 +403,20 @@ async fn cairnctl_drives_every_route() {
         denied.stderr
     );
 
-    // An uncertain response: the record is kept and the user is told to read status.
+    // An uncertain response (the connection drops before any answer): the record is
+    // kept and the user is told to read status.
+    let dropping = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     let dead = Ctl {
-        server: format!("http://{}", free_addr()),
+        server: format!("http://{}", dropping.local_addr().expect("addr")),
         state_dir: ctl.state_dir.clone(),
     };
+    std::thread::spawn(move || {
+        for stream in dropping.incoming().flatten() {
+            let mut request = [0u8; 4096];
+            let _ = std::io::Read::read(&mut &stream, &mut request);
+            drop(stream);
+        }
+    });
     let lost_action = uuid::Uuid::new_v4().simple().to_string();
     let uncertain = dead.run(
         BOOTSTRAP,
@@ -463,4 +472,45 @@ async fn cairnctl_drives_every_route() {
         "{}",
         scheduler.log()
     );
+}
+
+/// Exit codes tell the truth: an unreachable scheduler is exit 1 with the reason, for a
+/// read and for a write alike (nothing was sent); a mistyped command is a usage error
+/// with a suggestion.
+#[test]
+fn an_unreachable_scheduler_and_a_typo_get_exit_codes_that_tell_the_truth() {
+    let work = std::env::temp_dir().join(format!("cairn-cli-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&work).expect("work dir");
+    // Nothing listens on a port just freed.
+    let closed = free_addr();
+    let ctl = Ctl {
+        server: format!("http://{closed}"),
+        state_dir: work.join("state"),
+    };
+    let spec = write(
+        &work,
+        "run.yaml",
+        "agent: coder\nsteps: [{key: a, argv: [\"true\"]}]\n",
+    );
+    for args in [
+        vec!["runs", "list"],
+        vec!["runs", "show", "0123456789abcdef0123456789abcdef"],
+        vec!["runs", "submit", spec.as_str()],
+    ] {
+        let out = ctl.run("any-token", &args);
+        assert_eq!(out.code, 1, "{args:?}: {}", out.stderr);
+        assert_eq!(
+            out.stderr.trim_end(),
+            format!("error: cannot reach the scheduler at http://{closed}: connection refused"),
+            "{args:?}"
+        );
+    }
+
+    let typo = ctl.run("any-token", &["run", "list"]);
+    assert_eq!(typo.code, 2, "{}", typo.stderr);
+    let first = typo.stderr.lines().next().unwrap_or_default();
+    assert!(first.starts_with("usage: "), "{}", typo.stderr);
+    assert!(first.contains("did you mean 'runs'"), "{}", typo.stderr);
+    assert!(typo.stderr.contains("cairnctl --help"), "{}", typo.stderr);
+    let _ = std::fs::remove_dir_all(&work);
 }

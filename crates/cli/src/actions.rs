@@ -16,7 +16,8 @@ pub struct SavedAction {
     pub action_id: String,
     pub body: Value,
     pub saved_at: String,
-    /// Last known outcome: `unsubmitted`, `saved` (201), `rejected` or `uncertain`.
+    /// Last known outcome: `unsubmitted` (also when the scheduler could not be reached),
+    /// `saved` (201), `rejected` or `uncertain`.
     pub outcome: String,
 }
 
@@ -137,6 +138,8 @@ pub async fn submit_once(
     let outcome = match &result {
         Ok(_) => "saved",
         Err(e) if e.code == exit::UNCERTAIN => "uncertain",
+        // Refused before anything was sent: submitting it again is safe.
+        Err(e) if e.transient => "unsubmitted",
         Err(_) => "rejected",
     };
     let _ = save(

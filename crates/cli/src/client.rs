@@ -26,6 +26,8 @@ pub mod exit {
 pub struct CallError {
     pub code: u8,
     pub message: String,
+    /// The scheduler could not be reached or failed (a 5xx): trying again may work.
+    pub transient: bool,
 }
 
 impl fmt::Display for CallError {
@@ -41,7 +43,13 @@ impl CallError {
         CallError {
             code,
             message: message.into(),
+            transient: false,
         }
+    }
+
+    fn transient(mut self) -> Self {
+        self.transient = true;
+        self
     }
 }
 
@@ -76,8 +84,9 @@ impl Client {
         })
     }
 
-    /// One request. Network failures and 5xx answers are `UNCERTAIN`: the caller decides
-    /// whether that matters (for a read it does not; for a write it does).
+    /// One request. A refused connection is `ERROR` (nothing was sent). A lost answer or
+    /// a 5xx is `UNCERTAIN` for a write, whose outcome is then unknown, and `ERROR` for
+    /// a read.
     pub async fn call(
         &self,
         method: Method,
@@ -110,7 +119,9 @@ impl Client {
         body: Option<(Vec<u8>, &str)>,
         headers: &[(&str, &str)],
     ) -> Result<(StatusCode, Vec<u8>), CallError> {
-        let mut request = self.http.request(method, format!("{}{path}", self.server));
+        let mut request = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.server));
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
@@ -120,17 +131,40 @@ impl Client {
         if let Some((bytes, media_type)) = body {
             request = request.header("content-type", media_type).body(bytes);
         }
+        // Only a write can leave an outcome unknown; a read that failed did nothing.
+        let unknown = if method == Method::GET || method == Method::HEAD {
+            exit::ERROR
+        } else {
+            exit::UNCERTAIN
+        };
         let response = request.send().await.map_err(|e| {
+            if e.is_connect() {
+                // Nothing was sent: whatever it was, it did not happen.
+                return CallError::new(
+                    exit::ERROR,
+                    format!(
+                        "cannot reach the scheduler at {}: {}",
+                        self.server,
+                        cause(&e)
+                    ),
+                )
+                .transient();
+            }
+            let what = if unknown == exit::UNCERTAIN {
+                "; the request may or may not have taken effect: read its status"
+            } else {
+                ""
+            };
             CallError::new(
-                exit::UNCERTAIN,
-                format!("no answer from {}: {e}", self.server),
+                unknown,
+                format!("no answer from {}: {}{what}", self.server, cause(&e)),
             )
+            .transient()
         })?;
         let status = response.status();
-        let bytes = response
-            .bytes()
-            .await
-            .map_err(|e| CallError::new(exit::UNCERTAIN, format!("the answer was cut off: {e}")))?;
+        let bytes = response.bytes().await.map_err(|e| {
+            CallError::new(unknown, format!("the answer was cut off: {}", cause(&e))).transient()
+        })?;
         if status.is_success() {
             return Ok((status, bytes.to_vec()));
         }
@@ -157,17 +191,42 @@ impl Client {
             | StatusCode::UNPROCESSABLE_ENTITY
             | StatusCode::UNSUPPORTED_MEDIA_TYPE => exit::REJECTED,
             StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => exit::DENIED,
-            s if s.is_server_error() => exit::UNCERTAIN,
+            s if s.is_server_error() => unknown,
             _ => exit::ERROR,
         };
         let field = field.map(|f| format!(" (field {f})")).unwrap_or_default();
-        Err(CallError::new(
+        let error = CallError::new(
             exit_code,
             format!("{} {code}: {message}{field}", status.as_u16()),
-        ))
+        );
+        Err(if status.is_server_error() {
+            error.transient()
+        } else {
+            error
+        })
     }
 
     pub async fn get(&self, path: &str) -> Result<Value, CallError> {
         Ok(self.call(Method::GET, path, None, &[]).await?.body)
     }
+}
+
+/// The innermost cause of a failed call, in plain words ("connection refused").
+fn cause(error: &reqwest::Error) -> String {
+    let mut innermost: &dyn std::error::Error = error;
+    while let Some(source) = innermost.source() {
+        innermost = source;
+    }
+    if let Some(io) = innermost.downcast_ref::<std::io::Error>() {
+        match io.kind() {
+            std::io::ErrorKind::ConnectionRefused => return "connection refused".into(),
+            std::io::ErrorKind::ConnectionReset => return "connection reset".into(),
+            std::io::ErrorKind::TimedOut => return "timed out".into(),
+            _ => {}
+        }
+    }
+    if error.is_timeout() {
+        return "timed out".into();
+    }
+    innermost.to_string()
 }

@@ -1,8 +1,9 @@
 //! `cairnctl`: operate a Cairn installation from a terminal or a script.
 //!
-//! Tables by default, `--json` for scripts. Exit codes: 0 success, 1 error, 2 invalid
-//! usage, 3 not found, 4 conflict, 5 rejected input, 6 access denied, 8 a watched run
-//! ended without completing, 75 the outcome of a write is unknown (read its status).
+//! Tables by default, `--json` for scripts. Exit codes: 0 success, 1 error (an
+//! unreachable scheduler included: nothing was sent), 2 invalid usage, 3 not found,
+//! 4 conflict, 5 rejected input, 6 access denied, 8 a watched run ended without
+//! completing, 75 the outcome of a write is unknown (read its status).
 
 mod actions;
 mod client;
@@ -29,7 +30,12 @@ use std::time::Duration;
 
 /// Operate a Cairn installation.
 #[derive(Debug, Parser)]
-#[command(name = "cairnctl", version, about)]
+#[command(
+    name = "cairnctl",
+    version,
+    about,
+    after_help = "A run file is YAML or JSON: see \"A run\" in the README, or `cairnctl runs submit --help`.\nExit codes: 0 success, 1 error (the scheduler unreachable included), 2 usage, 3 not found,\n4 conflict, 5 rejected input, 6 access denied, 8 a watched run did not complete,\n75 a write whose outcome is unknown (read its status before trying again)."
+)]
 struct Cli {
     #[command(flatten)]
     api: ApiArgs,
@@ -176,5 +182,34 @@ async fn run(cli: Cli) -> Result<u8, CallError> {
         Command::Policy(command) => policy(&client()?, command, json).await,
         Command::Token(command) => tokens(&client()?, command, json).await,
         Command::Credentials(command) => credentials(&client()?, command, json).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every argument of every command says what it is in `--help`.
+    #[test]
+    fn help_documents_every_argument() {
+        fn undocumented(command: &clap::Command, path: &str, found: &mut Vec<String>) {
+            let path = format!("{path} {}", command.get_name());
+            for arg in command.get_arguments() {
+                let builtin = matches!(arg.get_id().as_str(), "help" | "version");
+                if !builtin && arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    found.push(format!("{path}: {}", arg.get_id()));
+                }
+            }
+            for sub in command.get_subcommands() {
+                if sub.get_about().is_none() && sub.get_name() != "help" {
+                    found.push(format!("{path} {}: no description", sub.get_name()));
+                }
+                undocumented(sub, &path, found);
+            }
+        }
+        let mut found = Vec::new();
+        undocumented(&Cli::command(), "", &mut found);
+        assert!(found.is_empty(), "undocumented:\n{}", found.join("\n"));
     }
 }

@@ -86,14 +86,18 @@ pub enum LogFormat {
     Json,
 }
 
-/// Parses a binary's configuration; an invalid one prints one clear line on stderr and
-/// exits with status 2 (help and version print as usual and exit 0).
-/// Secret settings may come from files (see [`crate::secret_files`]).
+/// Parses a binary's configuration. A bad value of an environment variable prints one
+/// line naming it (`invalid configuration: CAIRN_LISTEN=notaport: …`, with the allowed
+/// values when there is a list) and exits with status 2. A bad command line prints
+/// `usage: …`, with a "did you mean" when a name is close, and exits with status 2.
+/// Help and version print as usual and exit 0. Secret settings may come from files (see
+/// [`crate::secret_files`]).
 pub fn parse_or_exit<T: clap::Parser>() -> T {
     let from_files = crate::secret_files::read(|name| std::env::var(name).ok())
         .unwrap_or_else(|reason| exit_invalid(reason));
     let command = crate::secret_files::apply(T::command(), &from_files);
     let parsed = command
+        .clone()
         .try_get_matches()
         .and_then(|mut matches| T::from_arg_matches_mut(&mut matches));
     match parsed {
@@ -102,9 +106,110 @@ pub fn parse_or_exit<T: clap::Parser>() -> T {
             clap::error::ErrorKind::DisplayHelp
             | clap::error::ErrorKind::DisplayVersion
             | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => error.exit(),
-            _ => exit_invalid(first_line(&error.render().to_string())),
+            _ => match from_environment(&command, &error) {
+                Some(line) => exit_invalid(line),
+                None => exit_usage(&command, &error),
+            },
         },
     }
+}
+
+/// The failed value as the environment variable that gave it (`CAIRN_LISTEN=notaport:
+/// why`), or `None` when the command line gave it.
+fn from_environment(command: &clap::Command, error: &clap::Error) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue};
+    let ContextValue::String(arg) = error.get(ContextKind::InvalidArg)? else {
+        return None;
+    };
+    let long = arg.trim_start_matches('-').split([' ', '=']).next()?;
+    let (var, secret) = find_env(command, long)?;
+    let value = std::env::var(&var).ok()?;
+    if let Some(ContextValue::String(invalid)) = error.get(ContextKind::InvalidValue) {
+        if *invalid != value {
+            return None;
+        }
+    }
+    let why = match error.get(ContextKind::ValidValue) {
+        Some(ContextValue::Strings(allowed)) => format!("allowed values: {}", allowed.join(", ")),
+        _ => std::error::Error::source(error)
+            .map(|source| source.to_string())
+            .unwrap_or_else(|| first_line(&error.render().to_string())),
+    };
+    let why = why.trim_start_matches("error: ");
+    // A URL or a token may hold a secret: its name only, never its value.
+    Some(if secret {
+        format!("{var}: {why}")
+    } else {
+        format!("{var}={value}: {why}")
+    })
+}
+
+/// The environment variable of the argument `--long`, in any subcommand, and whether
+/// its value may hold a secret.
+fn find_env(command: &clap::Command, long: &str) -> Option<(String, bool)> {
+    command
+        .get_arguments()
+        .find(|a| a.get_long() == Some(long))
+        .and_then(|a| {
+            let var = a.get_env()?.to_string_lossy().into_owned();
+            let secret = a.is_hide_env_values_set()
+                || var.ends_with("_URL")
+                || var.contains("TOKEN")
+                || var.contains("PASSWORD");
+            Some((var, secret))
+        })
+        .or_else(|| {
+            command
+                .get_subcommands()
+                .find_map(|sub| find_env(sub, long))
+        })
+}
+
+/// Prints `usage: <what was wrong>`, a "did you mean" when clap has a suggestion, the
+/// usage line and where help is, and exits with status 2.
+fn exit_usage(command: &clap::Command, error: &clap::Error) -> ! {
+    use clap::error::{ContextKind, ContextValue};
+    let rendered = error.render().to_string();
+    let mut what = first_line(&rendered);
+    if what.ends_with(':') {
+        // "the following required arguments were not provided:" lists them below.
+        let listed: Vec<&str> = rendered
+            .lines()
+            .skip(1)
+            .take_while(|l| l.starts_with("  "))
+            .map(str::trim)
+            .collect();
+        what = format!("{} {}", what, listed.join(" "));
+    }
+    let mut line = format!("usage: {}", what.trim_start_matches("error: "));
+    for kind in [ContextKind::SuggestedSubcommand, ContextKind::SuggestedArg] {
+        let suggested = match error.get(kind) {
+            Some(ContextValue::String(one)) => vec![one.clone()],
+            Some(ContextValue::Strings(many)) => many.clone(),
+            _ => continue,
+        };
+        if !suggested.is_empty() {
+            line.push_str(&format!("; did you mean '{}'?", suggested.join("' or '")));
+        }
+    }
+    eprintln!("{line}");
+    let usage = rendered.lines().find(|l| l.starts_with("Usage:"));
+    // The command that failed: the usage line's words before its arguments.
+    let path = usage
+        .map(|u| {
+            u.trim_start_matches("Usage:")
+                .split_whitespace()
+                .take_while(|w| !w.starts_with(['[', '<']))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| command.get_name().to_string());
+    if let Some(usage) = usage {
+        eprintln!("{usage}");
+    }
+    eprintln!("Try '{path} --help' for every argument.");
+    std::process::exit(2)
 }
 
 /// Prints `invalid configuration: <reason>` as one line and exits with status 2.

@@ -10,12 +10,20 @@ use std::path::PathBuf;
 #[derive(Debug, Subcommand)]
 pub enum ContinuationCommand {
     /// Inspect the current candidate; starts no work.
-    Candidate { run: String, request: String },
+    Candidate {
+        /// The run's id (32 lowercase hex characters).
+        run: String,
+        /// The execution request's id (32 lowercase hex characters).
+        request: String,
+    },
     /// Save one reviewed action: records ACTION and the exact DOCUMENT locally, then
     /// POSTs once. Never retries and never invents another id.
     Request {
+        /// The run's id (32 lowercase hex characters).
         run: String,
+        /// The execution request's id (32 lowercase hex characters).
         request: String,
+        /// Your action id (32 lowercase hex); same id and DOCUMENT: the same action, else refused.
         action: String,
         /// The JSON body (`-` for stdin).
         document: PathBuf,
@@ -24,7 +32,12 @@ pub enum ContinuationCommand {
         state_dir: Option<PathBuf>,
     },
     /// Read the saved action and its worker status.
-    Status { run: String, request: String },
+    Status {
+        /// The run's id (32 lowercase hex characters).
+        run: String,
+        /// The execution request's id (32 lowercase hex characters).
+        request: String,
+    },
 }
 
 pub async fn continuation(

@@ -8,7 +8,10 @@ use reqwest::Method;
 #[derive(Debug, Subcommand)]
 pub enum CredentialsCommand {
     /// Start a new credential generation for AGENT.
-    Rotate { agent: String },
+    Rotate {
+        /// The agent's name: 1 to 128 letters, digits, '.', '_' or '-'.
+        agent: String,
+    },
 }
 
 /// Runs a `credentials` command.

@@ -12,12 +12,16 @@ pub enum PolicyCommand {
     Get,
     /// Change the named settings; the others keep their values.
     Set {
+        /// Turn saved-work recovery on (`true`) or off (`false`): the master switch.
         #[arg(long)]
         enabled: Option<bool>,
+        /// Permit (`true`) or forbid (`false`) checkpoint continuations.
         #[arg(long)]
         allow_checkpoint_continuation: Option<bool>,
+        /// Permit (`true`) or forbid (`false`) final-outcome continuations.
         #[arg(long)]
         allow_final_outcome_continuation: Option<bool>,
+        /// The longest window an action may ask for, 1 to 7200 seconds.
         #[arg(long)]
         maximum_window_seconds: Option<u32>,
     },

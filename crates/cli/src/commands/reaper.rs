@@ -15,6 +15,7 @@ pub enum ReaperCommand {
     Status {
         #[command(flatten)]
         database: DatabaseArgs,
+        /// How many of the latest sweeps to show (clamped to 1 to 1000).
         #[arg(long, default_value_t = 5)]
         limit: i64,
     },
@@ -34,7 +35,7 @@ pub async fn connect_database(args: &DatabaseArgs) -> Result<sqlx::PgPool, CallE
         .acquire_timeout(Duration::from_secs(10))
         .connect(&args.database_url)
         .await
-        .map_err(|e| CallError::new(exit::UNCERTAIN, format!("cannot reach PostgreSQL: {e}")))
+        .map_err(|e| CallError::new(exit::ERROR, format!("cannot reach PostgreSQL: {e}")))
 }
 
 pub async fn reaper(command: ReaperCommand, json: bool) -> Result<u8, CallError> {

@@ -14,6 +14,8 @@ use std::time::Duration;
 pub enum RunsCommand {
     /// Submit a run described in a YAML or JSON file (`-` for stdin).
     Submit {
+        /// The run file: `agent`, `steps` (at least one), optional `repository`, `ref`,
+        /// `budgets`, `deadline`, `max_attempts` (see "A run" in the README).
         file: PathBuf,
         /// Same key and body: the same run; same key, other body: refused.
         #[arg(long)]
@@ -21,26 +23,38 @@ pub enum RunsCommand {
     },
     /// List runs, newest first.
     List {
+        /// Only runs in this state (`queued`, `executing`, `completed`, `failed`, …).
         #[arg(long)]
         state: Option<String>,
+        /// Runs per page.
         #[arg(long, default_value_t = 50)]
         limit: u32,
+        /// The `next_cursor` of the previous page.
         #[arg(long)]
         cursor: Option<String>,
     },
     /// Show one run.
-    Show { run: String },
+    Show {
+        /// The run's id (32 lowercase hex characters).
+        run: String,
+    },
     /// Follow a run until it ends; exit 0 only when it completed.
     Watch {
+        /// The run's id (32 lowercase hex characters).
         run: String,
+        /// Seconds between two reads of the run (0.1 to 60).
         #[arg(long, default_value_t = 1.0)]
         interval_seconds: f64,
     },
-    /// Cancel a run.
-    Cancel { run: String },
+    /// Cancel a run: a running step is stopped, and its receipt keeps its output so far.
+    Cancel {
+        /// The run's id (32 lowercase hex characters).
+        run: String,
+    },
     /// Pause a running run: its step's processes stop and a checkpoint is captured
     /// before the paused reply. Pausing a paused run shows its pause again.
     Pause {
+        /// The run's id (32 lowercase hex characters).
         run: String,
         /// Seconds to wait for the worker's capture (0 to 60).
         #[arg(long, default_value_t = 30)]
@@ -48,15 +62,22 @@ pub enum RunsCommand {
     },
     /// Resume a paused run: its step's processes continue.
     Resume {
+        /// The run's id (32 lowercase hex characters).
         run: String,
         /// Seconds to wait for the worker (0 to 60).
         #[arg(long, default_value_t = 30)]
         wait_seconds: u64,
     },
     /// Show a run's journal: every step's intent and receipt.
-    Journal { run: String },
+    Journal {
+        /// The run's id (32 lowercase hex characters).
+        run: String,
+    },
     /// Show a run's execution requests.
-    Requests { run: String },
+    Requests {
+        /// The run's id (32 lowercase hex characters).
+        run: String,
+    },
 }
 
 pub fn run_row(run: &Value) -> Vec<String> {
@@ -365,7 +386,7 @@ pub async fn watch(client: &Client, run: &str, interval: f64, json: bool) -> Res
         // Reads are safe to repeat: an unanswered poll is simply tried again.
         let current = match client.get(&format!("/api/v1/runs/{run}")).await {
             Ok(value) => value,
-            Err(e) if e.code == exit::UNCERTAIN => {
+            Err(e) if e.transient => {
                 eprintln!("watch: {e}; retrying");
                 tokio::time::sleep(interval).await;
                 continue;

@@ -13,11 +13,13 @@ use std::path::PathBuf;
 pub enum SandboxCommand {
     /// Create a sandbox; it is `creating` until a worker has prepared its tree.
     Create {
+        /// The agent the sandbox is for: 1 to 128 letters, digits, '.', '_' or '-'.
         #[arg(long)]
         agent: String,
         /// Clone this repository into the tree.
         #[arg(long, conflicts_with = "source")]
         repository: Option<String>,
+        /// The git ref to check out (default the repository's HEAD); needs --repository.
         #[arg(long = "ref", requires = "repository")]
         git_ref: Option<String>,
         /// Start from a snapshot: `snapshot:<id>`.
@@ -35,25 +37,34 @@ pub enum SandboxCommand {
         /// Destroyed (not stopped) at its timeout, never resumed by an operation.
         #[arg(long)]
         not_persistent: bool,
+        /// The disk size in MiB, 1 to 1048576 (default 10240).
         #[arg(long)]
         disk_mb: Option<u32>,
+        /// Same key and body: the same sandbox; same key, other body: refused.
         #[arg(long)]
         idempotency_key: Option<String>,
     },
     /// List sandboxes, newest first.
     List {
+        /// Only sandboxes in this state: creating, running, stopped, paused, error, destroyed.
         #[arg(long)]
         state: Option<String>,
+        /// Only this agent's sandboxes.
         #[arg(long)]
         agent: Option<String>,
+        /// At most this many sandboxes, 1 to 500.
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
     /// Show one sandbox.
-    Show { sandbox: String },
+    Show {
+        /// The sandbox's id (32 lowercase hex characters).
+        sandbox: String,
+    },
     /// Run a command in the sandbox (resuming a stopped persistent one first); prints
     /// its output and exits with its status.
     Exec {
+        /// The sandbox's id (32 lowercase hex characters).
         sandbox: String,
         /// Working directory, relative to the tree.
         #[arg(long)]
@@ -61,6 +72,7 @@ pub enum SandboxCommand {
         /// `NAME=VALUE`, repeatable.
         #[arg(long = "env")]
         env: Vec<String>,
+        /// Seconds the command may run before it is stopped, 1 to 86400.
         #[arg(long, default_value_t = 60)]
         timeout_sec: u32,
         /// Reach the network (`true`) or not (`false`); default the worker's.
@@ -74,53 +86,83 @@ pub enum SandboxCommand {
     #[command(subcommand)]
     Files(FilesCommand),
     /// Stop: processes end, the tree is captured (the stop snapshot), the slot released.
-    Stop { sandbox: String },
+    Stop {
+        /// The sandbox's id (32 lowercase hex characters).
+        sandbox: String,
+    },
     /// Pause: the sandbox's processes are frozen in place (at most the pause limit).
-    Pause { sandbox: String },
+    Pause {
+        /// The sandbox's id (32 lowercase hex characters).
+        sandbox: String,
+    },
     /// Resume a stopped or paused sandbox (on any worker).
     Resume {
+        /// The sandbox's id (32 lowercase hex characters).
         sandbox: String,
         /// A larger disk; a smaller one is refused.
         #[arg(long)]
         disk_mb: Option<u32>,
+        /// Same key and body: the sandbox, not resumed again; other sandbox or body: refused.
         #[arg(long)]
         idempotency_key: Option<String>,
     },
     /// Replace the timeout (not added to it); without --timeout-sec it is kept.
     Extend {
+        /// The sandbox's id (32 lowercase hex characters).
         sandbox: String,
+        /// The new timeout in seconds, 1 to 86400; it replaces the current one.
         #[arg(long)]
         timeout_sec: Option<u32>,
     },
     /// Fork a running sandbox into new ones from one capture.
     Fork {
+        /// The sandbox's id (32 lowercase hex characters).
         sandbox: String,
+        /// How many new sandboxes from the one capture, 1 to 100 (default 1).
         #[arg(long)]
         count: Option<u32>,
+        /// The forks' timeout in seconds, 1 to 86400 (default the source's).
         #[arg(long)]
         timeout_sec: Option<u32>,
+        /// Same key and body: the same forks; same key, other sandbox or body: refused.
         #[arg(long)]
         idempotency_key: Option<String>,
     },
     /// Destroy a sandbox (or delete an `error` record).
-    Destroy { sandbox: String },
+    Destroy {
+        /// The sandbox's id (32 lowercase hex characters).
+        sandbox: String,
+    },
     /// The journal: every exec and file operation, with its receipt.
-    Operations { sandbox: String },
+    Operations {
+        /// The sandbox's id (32 lowercase hex characters).
+        sandbox: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
 pub enum FilesCommand {
     /// List a directory of the tree (default its root).
     List {
+        /// The sandbox's id (32 lowercase hex characters).
         sandbox: String,
+        /// The directory, relative to the tree (default its root).
         path: Option<String>,
     },
     /// Print a file's bytes.
-    Read { sandbox: String, path: String },
+    Read {
+        /// The sandbox's id (32 lowercase hex characters).
+        sandbox: String,
+        /// The file, relative to the tree.
+        path: String,
+    },
     /// Write a file from a local one (`-` for stdin).
     Write {
+        /// The sandbox's id (32 lowercase hex characters).
         sandbox: String,
+        /// The file to write, relative to the tree.
         path: String,
+        /// The local file to upload, at most 4 MiB (`-` for stdin).
         source: PathBuf,
     },
 }

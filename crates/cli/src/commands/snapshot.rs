@@ -12,36 +12,52 @@ use serde_json::{json, Value};
 pub enum SnapshotCommand {
     /// Snapshot a running sandbox, optionally named.
     Save {
+        /// The running sandbox's id (32 lowercase hex characters).
         sandbox: String,
+        /// A name for the snapshot, 1 to 200 characters without control characters.
         name: Option<String>,
+        /// Same key and body: the same snapshot; same key, other sandbox or body: refused.
         #[arg(long)]
         idempotency_key: Option<String>,
     },
     /// List snapshots, newest first.
     List {
+        /// Only this sandbox's snapshots (its id, 32 lowercase hex characters).
         #[arg(long)]
         sandbox: Option<String>,
+        /// At most this many snapshots, 1 to 500.
         #[arg(long, default_value_t = 100)]
         limit: u32,
     },
     /// Show one snapshot.
-    Info { snapshot: String },
+    Info {
+        /// The snapshot's id (32 lowercase hex characters).
+        snapshot: String,
+    },
     /// A new sandbox from the snapshot (the same as restore).
     Fork {
+        /// The snapshot's id (32 lowercase hex characters).
         snapshot: String,
+        /// Same key and body: the same new sandbox; same key, other snapshot or body: refused.
         #[arg(long)]
         idempotency_key: Option<String>,
     },
     /// Restore the snapshot into a new sandbox; the source never changes.
     Restore {
+        /// The snapshot's id (32 lowercase hex characters).
         snapshot: String,
+        /// The new sandbox's timeout in seconds, 1 to 86400 (default 3600).
         #[arg(long)]
         timeout_sec: Option<u32>,
+        /// Same key and body: the same new sandbox; same key, other snapshot or body: refused.
         #[arg(long)]
         idempotency_key: Option<String>,
     },
     /// Delete a snapshot; sandboxes restored from it are unaffected.
-    Delete { snapshot: String },
+    Delete {
+        /// The snapshot's id (32 lowercase hex characters).
+        snapshot: String,
+    },
 }
 
 const HEADER: [&str; 6] = ["snapshot", "sandbox", "kind", "name", "status", "created"];

@@ -10,13 +10,18 @@ use serde_json::json;
 pub enum TokenCommand {
     /// Create a token with a role (admin, operator, viewer); prints the secret once.
     Create {
+        /// The token's role: `admin`, `operator` or `viewer`.
         #[arg(long)]
         role: String,
+        /// A label for people, 1 to 128 characters.
         #[arg(long, default_value = "cairnctl")]
         name: String,
     },
     /// Revoke a token by id.
-    Revoke { token_id: String },
+    Revoke {
+        /// The token's `token_id` (32 lowercase hex characters), as printed at creation.
+        token_id: String,
+    },
 }
 
 pub async fn tokens(client: &Client, command: TokenCommand, json: bool) -> Result<u8, CallError> {

@@ -13,6 +13,7 @@ pub enum VerificationCommand {
     /// Inspect the run's pending handoff: its digests, frozen checks and the checks that
     /// may be declared reusable. Starts no work.
     Candidates {
+        /// The run's id (32 lowercase hex characters).
         run: String,
         /// The provider the verification runs under (the run's agent).
         #[arg(long)]
@@ -27,6 +28,7 @@ pub enum VerificationCommand {
     /// Adopt the frozen checks: records the document's request_id and the exact
     /// DOCUMENT locally, then POSTs once. Never retries and never invents another id.
     Adopt {
+        /// The run's id (32 lowercase hex characters).
         run: String,
         /// The JSON body (`-` for stdin).
         document: PathBuf,
@@ -35,7 +37,12 @@ pub enum VerificationCommand {
         state_dir: Option<PathBuf>,
     },
     /// Read a saved adoption and every check's result (executed or reused).
-    Status { run: String, request_id: String },
+    Status {
+        /// The run's id (32 lowercase hex characters).
+        run: String,
+        /// The adoption's `request_id`, from its document (32 lowercase hex characters).
+        request_id: String,
+    },
 }
 
 pub async fn command(
