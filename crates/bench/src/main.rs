@@ -4,7 +4,7 @@
 //! one), submits N runs through the batch API (in bursts, or at `--rate`), waits until
 //! every run ended, and prints one table: runs per second, admission→claim and
 //! admission→completed p50/p99/max, and the median time of each stage, for runs of K
-//! `/bin/true` steps (`--steps 0,1,10`; 0 is the pipeline's own cost) over W workers
+//! `/bin/true` steps (`--steps 1,10,100`) over W workers
 //! (`--scaling`: 1, 2 and 4); then a `SCENARIO <steps> x<workers>: N runs/s` line each.
 //! With `--peers`, Celery runs as many jobs on the same machine right after, and each
 //! SCENARIO line ends with its ratio to Celery.
@@ -69,8 +69,8 @@ enum Bench {
         /// Runs per batch submission (at most 1,000).
         #[arg(long, default_value_t = 1000)]
         batch: usize,
-        /// `/bin/true` steps per run; several (`0,1,10`) run one scenario each.
-        #[arg(long, value_delimiter = ',', default_value = "0,1")]
+        /// `/bin/true` steps per run, at least 1; several (`1,10`) run one scenario each.
+        #[arg(long, value_delimiter = ',', default_value = "1")]
         steps: Vec<usize>,
         /// Submit at this steady rate (runs per second) instead of in bursts.
         #[arg(long)]

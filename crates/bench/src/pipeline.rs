@@ -68,6 +68,9 @@ impl Pipeline<'_> {
             .fetch_one(&admin)
             .await?;
         admin.close().await;
+        if self.steps.contains(&0) {
+            anyhow::bail!("--steps 0: a run needs at least one step (the API refuses `steps: []`)");
+        }
         let mut all = Vec::new();
         for &steps in &self.steps {
             for &workers in &self.workers {
@@ -122,7 +125,7 @@ impl Pipeline<'_> {
         let spec = json!({
             "agent": "bench",
             "steps": plan,
-            "budgets": {"max_commands": steps.max(1) * 2, "max_wall_seconds": 3600},
+            "budgets": {"max_commands": steps * 2, "max_wall_seconds": 3600},
         });
         let started = Instant::now();
         self.submit(&stack, &spec).await?;
@@ -230,7 +233,6 @@ async fn measure(
     let or_nan = |v: Option<f64>| v.unwrap_or(f64::NAN);
     Ok(Figures {
         label: match steps {
-            0 => "no-steps".into(),
             1 => "1-step".into(),
             n => format!("{n}-steps"),
         },

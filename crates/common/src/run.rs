@@ -123,15 +123,28 @@ fn default_step_timeout() -> u32 {
 }
 
 /// Limits charged across every attempt and continuation of a request; never reset.
+/// Optional, as is each of its fields: 1000 commands and 86400 s (one day) by default.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, default)]
 pub struct Budgets {
-    /// Commands the request may execute in all (reused receipts are not re-charged).
-    #[schema(maximum = 100000)]
+    /// Commands the request may execute in all (reused receipts are not re-charged);
+    /// default 1000.
+    #[schema(maximum = 100000, default = 1000)]
     pub max_commands: u32,
-    /// Wall-clock seconds of step execution the request may spend in all.
-    #[schema(minimum = 1, maximum = 604800)]
+    /// Wall-clock seconds of step execution the request may spend in all; default 86400.
+    #[schema(minimum = 1, maximum = 604800, default = 86400)]
     pub max_wall_seconds: u32,
+}
+
+/// Enough for a plan of every allowed step run a few times over, and a day of
+/// execution: a run without budgets is bounded, and rarely by them.
+impl Default for Budgets {
+    fn default() -> Self {
+        Budgets {
+            max_commands: 1000,
+            max_wall_seconds: 86_400,
+        }
+    }
 }
 
 /// What a client submits to `POST /api/v1/runs`.
@@ -147,8 +160,9 @@ pub struct RunSpec {
     /// Git ref to check out (default: the repository's HEAD).
     #[serde(default, rename = "ref")]
     pub git_ref: Option<String>,
-    #[schema(max_items = 200)]
+    #[schema(min_items = 1, max_items = 200)]
     pub steps: Vec<StepSpec>,
+    #[serde(default)]
     pub budgets: Budgets,
     /// After this instant no further attempt or continuation starts.
     #[serde(default)]
@@ -260,6 +274,10 @@ impl RunSpec {
             self.git_ref.as_deref(),
             field,
         )?;
+        if self.steps.is_empty() {
+            // A run with nothing to do is a mistake, not a run that completes at once.
+            return Err(FieldError::new(field("steps"), "at least one step"));
+        }
         if self.steps.len() > MAX_STEPS {
             return Err(FieldError::new(
                 field("steps"),
@@ -394,6 +412,35 @@ mod tests {
             past.validate("", now).map_err(|e| e.field),
             Err("deadline".into())
         );
+    }
+
+    #[test]
+    fn budgets_are_optional_and_a_plan_without_steps_is_refused() {
+        let now = Utc::now();
+        let bare: RunSpec = serde_json::from_value(serde_json::json!({
+            "agent": "coder", "steps": [{"key": "build", "argv": ["make"]}]
+        }))
+        .expect("a run without budgets");
+        assert_eq!(
+            bare.budgets,
+            Budgets {
+                max_commands: 1000,
+                max_wall_seconds: 86_400
+            }
+        );
+        assert_eq!(bare.validate("", now), Ok(()));
+        let partial: RunSpec = serde_json::from_value(serde_json::json!({
+            "agent": "coder", "steps": [{"key": "build", "argv": ["make"]}],
+            "budgets": {"max_commands": 7}
+        }))
+        .expect("one budget given");
+        assert_eq!(partial.budgets.max_commands, 7);
+        assert_eq!(partial.budgets.max_wall_seconds, 86_400);
+
+        let mut empty = bare;
+        empty.steps.clear();
+        let refused = empty.validate("runs[1].", now).expect_err("no steps");
+        assert_eq!(refused.field, "runs[1].steps");
     }
 
     #[test]

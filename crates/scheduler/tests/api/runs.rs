@@ -152,9 +152,14 @@ async fn malformed_bodies_are_rejected_and_change_nothing() {
             "steps[0].cwd",
         ),
         (
-            json!({"agent": "a", "steps": [], "budgets": {"max_commands": 1, "max_wall_seconds": 1}, "max_attempts": 0}),
+            json!({"agent": "a", "steps": [{"key": "k", "argv": ["x"]}], "budgets": {"max_commands": 1, "max_wall_seconds": 1}, "max_attempts": 0}),
             StatusCode::UNPROCESSABLE_ENTITY,
             "max_attempts",
+        ),
+        (
+            json!({"agent": "a", "steps": []}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "steps",
         ),
     ];
     for (body, status, field) in cases {
