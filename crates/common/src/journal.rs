@@ -35,6 +35,9 @@ pub struct Outcome {
     /// The sandbox limit the step passed, which ended it (`memory_limit`, `pids_limit`,
     /// `cpu_limit`).
     pub limit: Option<String>,
+    /// The step was stopped because its run was cancelled: this receipt keeps what it
+    /// printed and used, and never counts as the step done.
+    pub cancelled: bool,
 }
 
 /// A receipt to write.
@@ -129,8 +132,8 @@ pub async fn record_receipt(
         "WITH receipt AS (
            INSERT INTO journal_receipts (request_id, step_key, lease_epoch, attempt, exit_code, signal, timed_out,
                                          wall_ms, cpu_ms, output_digest, stdout_tail, stderr_tail, output_artifact,
-                                         snapshot_id, tree_tier, sandbox, limit_breached)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17)
+                                         snapshot_id, tree_tier, sandbox, limit_breached, cancelled)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
            ON CONFLICT (request_id, step_key) DO UPDATE
               SET lease_epoch = EXCLUDED.lease_epoch, attempt = EXCLUDED.attempt, exit_code = EXCLUDED.exit_code,
                   signal = EXCLUDED.signal, timed_out = EXCLUDED.timed_out, wall_ms = EXCLUDED.wall_ms,
@@ -138,7 +141,8 @@ pub async fn record_receipt(
                   stdout_tail = EXCLUDED.stdout_tail, stderr_tail = EXCLUDED.stderr_tail,
                   output_artifact = EXCLUDED.output_artifact, snapshot_id = EXCLUDED.snapshot_id,
                   tree_tier = EXCLUDED.tree_tier, sandbox = EXCLUDED.sandbox,
-                  limit_breached = EXCLUDED.limit_breached, finished_at = now()),
+                  limit_breached = EXCLUDED.limit_breached, cancelled = EXCLUDED.cancelled,
+                  finished_at = now()),
          ended AS (UPDATE journal_intents SET ended_at = now()
                     WHERE request_id = $1 AND step_key = $2 AND ended_at IS NULL)
          UPDATE execution_requests SET used_wall_ms = used_wall_ms + $8, used_cpu_ms = used_cpu_ms + $9,
@@ -162,6 +166,7 @@ pub async fn record_receipt(
     .bind(receipt.tier)
     .bind(&outcome.sandbox)
     .bind(&outcome.limit)
+    .bind(outcome.cancelled)
     .execute(&mut *conn)
     .await?;
     Ok(())

@@ -407,6 +407,7 @@ async fn an_interrupted_step_is_charged_once_up_to_its_owners_deadline() {
         output_artifact: String::new(),
         sandbox: serde_json::Value::Null,
         limit: None,
+        cancelled: false,
     };
     let receipt = journal::Receipt {
         step_key: "s1",

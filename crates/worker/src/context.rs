@@ -43,4 +43,6 @@ pub struct Worker {
     /// its next step boundary, so a worker scaled down or rolled finishes its steps but
     /// starts no more.
     pub draining: tokio_util::sync::CancellationToken,
+    /// Wakes a job's keeper when its request's cancel or pause request changes.
+    pub signals: Arc<crate::signals::Signals>,
 }

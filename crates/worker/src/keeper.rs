@@ -5,6 +5,7 @@
 //! also passes on pause and resume requests.
 
 use crate::context::Worker;
+use crate::signals::Subscription;
 use cairn_common::lease::{Lease, LeaseError};
 use chrono::{DateTime, Utc};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -76,6 +77,8 @@ pub struct Watch {
     pub pause: watch::Sender<bool>,
     /// When the admitting continuation's window ends.
     pub window_ends_at: Option<DateTime<Utc>>,
+    /// Wakes the keeper when the request's cancel or pause request changes.
+    pub signals: Subscription,
 }
 
 pub fn spawn(worker: Arc<Worker>, lease: Lease, watch: Watch) -> Keeper {
@@ -90,68 +93,79 @@ async fn keep(worker: Arc<Worker>, mut lease: Lease, watch: Watch, done: Cancell
         reason,
         pause,
         window_ends_at,
+        signals,
     } = watch;
     let ttl = worker.leases.ttl();
     let interval = (ttl / 3).max(Duration::from_millis(100));
     let mut renewed_at = Instant::now();
+    // The next renewal, a full interval after the last try, failed ones included.
+    let mut renew_at = renewed_at + interval;
     loop {
         // Wake at the window's end too, so the step stops there, not a renewal later.
         let until_window = window_ends_at
             .and_then(|end| (end - Utc::now()).to_std().ok())
             .map(|left| left.max(Duration::from_millis(50)));
-        let nap = until_window.map_or(interval, |left| left.min(interval));
-        tokio::select! {
-            _ = tokio::time::sleep(nap) => {}
+        let until_renewal = renew_at.saturating_duration_since(Instant::now());
+        let nap = until_window.map_or(until_renewal, |left| left.min(until_renewal));
+        // A signal (a cancel or pause asked now) is read at once; the lease is renewed
+        // on its own schedule.
+        let signalled = tokio::select! {
+            _ = tokio::time::sleep(nap) => false,
+            _ = signals.wake.notified() => true,
             _ = done.cancelled() => return,
-        }
-        // Past the deadline without a renewal: fence ourselves before asking anyone.
-        if renewed_at.elapsed() >= ttl {
-            lost(
-                &worker,
-                &stop,
-                &reason,
-                "the lease deadline passed without a renewal",
-            );
-            return;
-        }
-        match worker.leases.renew(&mut lease).await {
-            Ok(()) => {
-                renewed_at = Instant::now();
-                worker.metrics.leases_renewed.inc();
-                let asked: Result<(bool, bool, bool), _> = sqlx::query_as(
-                    "SELECT cancel_requested_at IS NOT NULL, pause_requested_at IS NOT NULL,
-                            COALESCE($2 <= now(), FALSE)
-                       FROM execution_requests WHERE id = $1",
-                )
-                .bind(lease.request_id)
-                .bind(window_ends_at)
-                .fetch_one(&worker.pool)
-                .await;
-                let Ok((cancelled, paused, window_ended)) = asked else {
-                    continue;
-                };
-                pause.send_if_modified(|p| std::mem::replace(p, paused) != paused);
-                if cancelled {
-                    tracing::info!(request_id = %lease.request_id, "cancellation requested; stopping the step");
-                    reason.set(Reason::Cancelled);
-                    stop.cancel();
-                } else if window_ended {
-                    tracing::info!(request_id = %lease.request_id, "the continuation's window ended; stopping the step");
-                    reason.set(Reason::WindowEnded);
-                    stop.cancel();
-                }
-            }
-            Err(LeaseError::Db(e)) => {
-                tracing::warn!(error = %e, request_id = %lease.request_id, "lease renewal failed; retrying until the deadline");
-            }
-            Err(e) => {
-                // The job committed its outcome and let the lease go between this
-                // renewal's start and the keeper's stop: that is not a loss.
-                if !released_by_its_job(&worker, &lease).await {
-                    lost(&worker, &stop, &reason, &e.to_string());
-                }
+        };
+        if !signalled || Instant::now() >= renew_at {
+            renew_at = Instant::now() + interval;
+            // Past the deadline without a renewal: fence ourselves before asking anyone.
+            if renewed_at.elapsed() >= ttl {
+                lost(
+                    &worker,
+                    &stop,
+                    &reason,
+                    "the lease deadline passed without a renewal",
+                );
                 return;
             }
+            match worker.leases.renew(&mut lease).await {
+                Ok(()) => {
+                    renewed_at = Instant::now();
+                    worker.metrics.leases_renewed.inc();
+                }
+                Err(LeaseError::Db(e)) => {
+                    tracing::warn!(error = %e, request_id = %lease.request_id.simple(), "lease renewal failed; retrying until the deadline");
+                    continue;
+                }
+                Err(e) => {
+                    // The job committed its outcome and let the lease go between this
+                    // renewal's start and the keeper's stop: that is not a loss.
+                    if !released_by_its_job(&worker, &lease).await {
+                        lost(&worker, &stop, &reason, &e.to_string());
+                    }
+                    return;
+                }
+            }
+        }
+        let asked: Result<(bool, bool, bool), _> = sqlx::query_as(
+            "SELECT cancel_requested_at IS NOT NULL, pause_requested_at IS NOT NULL,
+                    COALESCE($2 <= now(), FALSE)
+               FROM execution_requests WHERE id = $1",
+        )
+        .bind(lease.request_id)
+        .bind(window_ends_at)
+        .fetch_one(&worker.pool)
+        .await;
+        let Ok((cancelled, paused, window_ended)) = asked else {
+            continue;
+        };
+        pause.send_if_modified(|p| std::mem::replace(p, paused) != paused);
+        if cancelled {
+            tracing::info!(request_id = %lease.request_id.simple(), "cancellation requested; stopping the step");
+            reason.set(Reason::Cancelled);
+            stop.cancel();
+        } else if window_ended {
+            tracing::info!(request_id = %lease.request_id.simple(), "the continuation's window ended; stopping the step");
+            reason.set(Reason::WindowEnded);
+            stop.cancel();
         }
     }
 }

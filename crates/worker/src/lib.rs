@@ -41,6 +41,7 @@ pub mod pause;
 pub mod report;
 pub mod sandbox;
 pub mod scope;
+pub mod signals;
 pub mod step;
 pub mod verification;
 pub mod workspace;
@@ -149,6 +150,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         sandbox,
         active: Arc::new(janitor::ActiveRequests::default()),
         draining: shutdown.clone(),
+        signals: Arc::new(signals::Signals::default()),
     });
     // A process that just started holds no lease yet: any its id still holds belonged
     // to a process that died (a restarted pod keeps its name).
@@ -173,6 +175,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         starving.clone(),
         heartbeat_stop.clone(),
     ));
+    let signals_stop = CancellationToken::new();
+    let signals = tokio::spawn(
+        worker
+            .signals
+            .clone()
+            .listen(pool.clone(), signals_stop.clone()),
+    );
     let janitor_stop = CancellationToken::new();
     let janitor = tokio::spawn(
         janitor::Janitor {
@@ -255,6 +264,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     leases.settle().await;
     janitor_stop.cancel();
     let _ = janitor.await;
+    signals_stop.cancel();
+    let _ = signals.await;
     heartbeat_stop.cancel();
     let _ = heartbeat.await;
     probes_stop.cancel();

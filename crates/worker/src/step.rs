@@ -86,6 +86,7 @@ impl StepOutcome {
                 .into_owned(),
             sandbox: self.sandbox.clone(),
             limit: self.limit.map(|l| l.as_str().to_string()),
+            cancelled: false,
         }
     }
 

@@ -16,7 +16,8 @@ pub enum Cancellation {
     /// It had already ended otherwise: nothing changed.
     Finished(RequestState),
     /// A worker holds a live lease: it was asked to stop, and ends the request
-    /// `cancelled` within one renewal.
+    /// `cancelled` as soon as its step stops (the request's signal wakes its keeper at
+    /// once; without it, within one renewal).
     Requested,
     /// Nobody held it: it is cancelled now, its epoch moved on.
     Cancelled,

@@ -205,6 +205,7 @@ pub fn exited_zero(wall_ms: i64, cpu_ms: i64) -> Outcome {
         output_artifact: String::new(),
         sandbox: serde_json::Value::Null,
         limit: None,
+        cancelled: false,
     }
 }
 

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 /// Runs a claimed request until it ends, is handed back on `drain`, or the lease is lost.
-#[tracing::instrument(skip_all, fields(request_id = %claimed.lease.request_id, run_id = %claimed.run_id, attempt = claimed.attempt))]
+#[tracing::instrument(skip_all, fields(request_id = %claimed.lease.request_id.simple(), run_id = %claimed.run_id.simple(), attempt = claimed.attempt))]
 pub async fn execute(
     worker: Arc<Worker>,
     claimed: Box<Claimed>,
@@ -43,6 +43,7 @@ pub async fn execute(
             Continuation::Checkpoint(_) => claimed.window_ends_at,
             _ => None,
         },
+        signals: worker.signals.subscribe(claimed.lease.request_id),
     };
     let keeper = keeper::spawn(worker.clone(), claimed.lease.clone(), watch);
     let drain_watch = {

@@ -175,7 +175,7 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
             Some(Standing::Done { snapshot }) if !ran => {
                 // Its receipt stands on a snapshot this tree holds: reuse it.
                 worker.metrics.steps_reused.inc();
-                tracing::info!(step = %step.key, %snapshot, "step reused from its receipt");
+                tracing::info!(step = %step.key, snapshot = %snapshot.simple(), "step reused from its receipt");
                 continue;
             }
             None => {}
@@ -273,6 +273,16 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
         };
         let journaled = outcome.journal();
         if outcome.interrupted == Some(Interruption::Stopped) {
+            if job.cause() == Some(Reason::Cancelled) {
+                // The run ends cancelled here: the receipt keeps the output so far and
+                // the time used; it stands on no snapshot, so it is never reused.
+                let cancelled = journal::Outcome {
+                    cancelled: true,
+                    ..journaled
+                };
+                ending::write_receipt(job, &receipt(&cancelled)).await?;
+                tracing::info!(step = %step.key, wall_ms = outcome.wall_ms, "step stopped: the run was cancelled");
+            }
             return Ok(Ending::Interrupted);
         }
         tracing::info!(step = %step.key, result = %outcome.describe(), wall_ms = outcome.wall_ms, "step ended");
@@ -340,7 +350,11 @@ async fn record_standings(
     let mut tx = job.begin().await?;
     request::resume::note_receipts(&mut tx, job.request_id(), &receipts.into()).await?;
     tx.commit().await?;
-    tracing::info!(tier = tree.tier.as_str(), position = ?tree.position, "journal read against the acquired tree");
+    tracing::info!(
+        tier = tree.tier.as_str(),
+        position = %tree.position.map_or_else(|| "none".into(), |p| p.simple().to_string()),
+        "journal read against the acquired tree"
+    );
     Ok(())
 }
 

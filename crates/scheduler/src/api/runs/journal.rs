@@ -22,7 +22,10 @@ pub struct JournalStep {
     pub step_key: String,
     pub step_index: i32,
     pub idempotent: bool,
-    /// `completed` (a receipt exists) or `unknown_outcome` (an intent without receipt).
+    /// From its receipt: `completed` (exit 0), `failed` (another exit, a signal, its
+    /// timeout or a sandbox limit) or `cancelled` (stopped because its run was
+    /// cancelled); without a receipt, `unknown_outcome` (it started and its end was not
+    /// recorded).
     pub status: String,
     pub intent_epoch: i64,
     pub intent_attempt: i32,
@@ -95,7 +98,10 @@ pub async fn journal(
     }
     let steps: Vec<JournalStep> = sqlx::query_as(
         "SELECT i.request_id, i.step_key, i.step_index, i.idempotent,
-                CASE WHEN r.step_key IS NULL THEN 'unknown_outcome' ELSE 'completed' END AS status,
+                CASE WHEN r.step_key IS NULL THEN 'unknown_outcome'
+                     WHEN r.cancelled THEN 'cancelled'
+                     WHEN r.exit_code = 0 AND NOT r.timed_out AND r.limit_breached IS NULL THEN 'completed'
+                     ELSE 'failed' END AS status,
                 i.lease_epoch AS intent_epoch, i.attempt AS intent_attempt, i.started_at,
                 r.exit_code, r.signal, r.timed_out, r.wall_ms, r.cpu_ms, r.output_digest,
                 r.stdout_tail, r.stderr_tail, r.output_artifact, r.lease_epoch AS receipt_epoch, r.finished_at,
