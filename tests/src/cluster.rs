@@ -164,6 +164,25 @@ impl Cluster {
         (response.status, value)
     }
 
+    /// A step's output as the API serves it (`GET …/steps/{key}/output`): the status and
+    /// the body's bytes, exactly.
+    pub fn output(&self, run_id: &str, step: &str, stream: &str) -> (u16, Vec<u8>) {
+        let path = format!("/api/v1/runs/{run_id}/steps/{step}/output?stream={stream}");
+        let token = format!("Authorization: Bearer {ADMIN}");
+        let raw = crate::exchange(self.api, "GET", &path, &[token], None, &[]).expect("API call");
+        let split = raw
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("an HTTP head");
+        let head = String::from_utf8_lossy(&raw[..split]);
+        let status = head
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        (status, raw[split + 4..].to_vec())
+    }
+
     /// Submits a run; returns `(run_id, request_id)`.
     pub fn submit(&self, spec: &Value) -> (String, String) {
         let (status, run) = self.call("POST", "/api/v1/runs", Some(spec));

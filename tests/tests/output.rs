@@ -1,11 +1,16 @@
-//! A step's output is bytes: every byte value reaches the artifact and the receipt's
-//! tail, and the secrets a step prints are redacted before anything is stored.
+//! A step's output is bytes: every byte value reaches the artifact, the live output the
+//! API serves and the receipt's tail, and the secrets a step prints are redacted before
+//! anything is stored. Live output reaches a follower within a second, and what was
+//! printed before a worker died stays readable.
 
 use cairn_common::output::unescape;
+use cairn_e2e::cluster::ADMIN;
 use cairn_e2e::cluster::{run_spec, Cluster, Settings};
-use cairn_e2e::ServiceLock;
+use cairn_e2e::{binary, Process, ServiceLock};
+use nix::sys::signal::Signal;
 use serde_json::{json, Value};
-use std::time::Duration;
+use std::io::{BufRead, BufReader};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// Every byte 0–255, NUL and invalid UTF-8 included, printed to stdout and to stderr: the
 /// step's receipt is written (the run completes), both artifacts hold the bytes exactly,
@@ -15,9 +20,15 @@ async fn every_byte_a_step_prints_is_kept() {
     let _services = ServiceLock::shared().await;
     let format: String = (0..=255u8).map(|b| format!("\\{b:03o}")).collect();
     let script = format!("printf '{format}'; printf '{format}' >&2");
-    let (_cluster, step) = completed_step("output-bytes", &script).await;
+    let (cluster, step) = completed_step("output-bytes", &script).await;
     let all: Vec<u8> = (0..=255u8).collect();
     for stream in ["stdout", "stderr"] {
+        let run_id = step["run_id"].as_str().expect("run id");
+        assert_eq!(
+            cluster.output(run_id, "out", stream),
+            (200, all.clone()),
+            "{stream} from the API"
+        );
         let tail = step[format!("{stream}_tail")].as_str().expect("tail");
         assert_eq!(
             unescape(tail).as_deref(),
@@ -41,10 +52,14 @@ async fn secrets_a_step_prints_are_redacted() {
     let script = format!(
         "echo 'token {github} here'; printf -- '-----BEGIN OPENSSH {key}-----\\nb3BlbnNzaA\\n-----END OPENSSH {key}-----\\n'; echo 'id {aws}' >&2; echo done"
     );
-    let (_cluster, step) = completed_step("output-redact", &script).await;
+    let (cluster, step) = completed_step("output-redact", &script).await;
     let base = step["output_artifact"].as_str().expect("artifact");
     let mut seen = String::new();
     for stream in ["stdout", "stderr"] {
+        let run_id = step["run_id"].as_str().expect("run id");
+        seen.push_str(&String::from_utf8_lossy(
+            &cluster.output(run_id, "out", stream).1,
+        ));
         seen.push_str(step[format!("{stream}_tail")].as_str().expect("tail"));
         seen.push_str(&String::from_utf8_lossy(
             &std::fs::read(format!("{base}.{stream}")).expect("artifact"),
@@ -67,6 +82,120 @@ async fn completed_step(label: &str, script: &str) -> (Cluster, Value) {
     let ended = ["completed", "failed", "needs_reconciliation"];
     let run = cluster.wait_for_state(&run_id, &ended, Duration::from_secs(60));
     assert_eq!(run["state"], "completed", "{run}");
-    let step = cluster.journal(&run_id)["steps"][0].clone();
+    let mut step = cluster.journal(&run_id)["steps"][0].clone();
+    step["run_id"] = json!(run_id);
     (cluster, step)
+}
+
+/// `cairnctl runs logs RUN STEP --follow` prints each line of a running step within a
+/// second of the step printing it, and exits when the step ends.
+#[tokio::test]
+async fn a_follower_sees_each_line_within_a_second() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("output-follow", 1, Settings::default()).await;
+    let script = "for i in 1 2 3 4 5; do echo \"$(date +%s.%N) line $i\"; sleep 1; done";
+    let step = json!({"key": "tick", "argv": ["sh", "-c", script]});
+    let (run_id, _) = cluster.submit(&run_spec(vec![step], 1));
+    let mut follower = std::process::Command::new(binary("cairnctl"))
+        .args([
+            "runs", "logs", &run_id, "tick", "--follow", "--stream", "stdout",
+        ])
+        .env("CAIRN_SERVER", format!("http://{}", cluster.api))
+        .env("CAIRN_TOKEN", ADMIN)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("cairnctl");
+    let stdout = follower.stdout.take().expect("stdout");
+    let mut arrivals = Vec::new();
+    for line in BufReader::new(stdout).lines() {
+        let line = line.expect("a line");
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("clock")
+            .as_secs_f64();
+        arrivals.push((line, now));
+    }
+    let status = follower.wait().expect("cairnctl exits");
+    assert!(status.success(), "{status}: {arrivals:?}");
+    assert_eq!(arrivals.len(), 5, "{arrivals:?}");
+    for (i, (line, arrived)) in arrivals.iter().enumerate() {
+        let (printed, text) = line.split_once(' ').expect("timestamp and text");
+        assert_eq!(text, format!("line {}", i + 1));
+        let late = arrived - printed.parse::<f64>().expect("a timestamp");
+        assert!(
+            late < 1.0,
+            "{line:?} arrived {late:.3} s after it was printed"
+        );
+    }
+    cluster.wait_for_state(&run_id, &["completed"], Duration::from_secs(30));
+}
+
+/// The output a step printed before its worker was killed is still readable.
+#[tokio::test]
+async fn output_printed_before_a_worker_dies_stays_readable() {
+    let _services = ServiceLock::shared().await;
+    let settings = Settings {
+        lease_ttl_seconds: 30,
+        ..Settings::default()
+    };
+    let cluster = Cluster::start("output-kill", 1, settings).await;
+    let script = "i=0; while [ $i -lt 200 ]; do echo line $i; i=$((i+1)); sleep 0.2; done";
+    let step = json!({"key": "slow", "argv": ["sh", "-c", script]});
+    let (run_id, _) = cluster.submit(&run_spec(vec![step], 1));
+    let mut seen = Vec::new();
+    cluster.wait_until(
+        "three lines in the live output",
+        Duration::from_secs(60),
+        || {
+            seen = cluster.output(&run_id, "slow", "stdout").1;
+            seen.starts_with(b"line 0\nline 1\nline 2\n")
+        },
+    );
+    cluster.workers[0].process.signal(Signal::SIGKILL);
+    std::thread::sleep(Duration::from_millis(500));
+    let (status, after) = cluster.output(&run_id, "slow", "stdout");
+    assert_eq!(status, 200);
+    assert!(
+        after.starts_with(&seen),
+        "{:?}",
+        String::from_utf8_lossy(&after)
+    );
+}
+
+/// Retention covers output: the reaper deletes a finished run's output `reclaim_after`
+/// after it finished (0 s here), and the API then says it was reclaimed. A dry run
+/// deletes nothing.
+#[tokio::test]
+async fn the_reaper_reclaims_the_output_of_a_finished_run() {
+    let _services = ServiceLock::shared().await;
+    let (cluster, step) = completed_step("output-reclaim", "echo kept for a while").await;
+    let run_id = step["run_id"].as_str().expect("run id");
+    let request = step["request_id"].as_str().expect("request id");
+    let outputs = cluster.dir.join("artifacts").join("outputs").join(request);
+    assert!(outputs.exists(), "{}", outputs.display());
+    let sweep = |args: &[&str]| {
+        let mut env = cluster.isolation.env();
+        env.extend([
+            ("CAIRN_RECLAIM_AFTER_SECONDS".to_string(), "0".to_string()),
+            (
+                "CAIRN_METRICS_LISTEN".to_string(),
+                cairn_e2e::free_addr().to_string(),
+            ),
+        ]);
+        let mut reaper = Process::start_with_args("cairn-reaper", &env, args);
+        let done = reaper
+            .wait_exit(Duration::from_secs(60))
+            .expect("one sweep");
+        assert!(done.success(), "{}", reaper.log());
+    };
+    sweep(&["--once", "--dry-run"]);
+    assert_eq!(
+        cluster.output(run_id, "out", "stdout"),
+        (200, b"kept for a while\n".to_vec())
+    );
+    sweep(&["--once"]);
+    assert!(!outputs.exists(), "{} is still there", outputs.display());
+    let (status, body) = cluster.output(run_id, "out", "stdout");
+    assert_eq!(status, 410, "{}", String::from_utf8_lossy(&body));
+    assert!(String::from_utf8_lossy(&body).contains("output_reclaimed"));
 }

@@ -60,6 +60,7 @@ pub async fn run(runs: usize) -> anyhow::Result<()> {
                 },
                 timeout: Duration::from_secs(30),
                 output_base: dir.join(format!("out-{m}-{i}")),
+                live: None,
                 max_output: 1024,
                 tail_bytes: 128,
                 redact: true,

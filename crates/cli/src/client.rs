@@ -119,9 +119,40 @@ impl Client {
         body: Option<(Vec<u8>, &str)>,
         headers: &[(&str, &str)],
     ) -> Result<(StatusCode, Vec<u8>), CallError> {
+        let unknown = outcome_unknown(&method);
+        let response = self.send(method, path, body, headers, None).await?;
+        let status = response.status();
+        let bytes = response.bytes().await.map_err(|e| {
+            CallError::new(unknown, format!("the answer was cut off: {}", cause(&e))).transient()
+        })?;
+        Ok((status, bytes.to_vec()))
+    }
+
+    /// A GET whose answer is read as it arrives (server-sent events): no time limit
+    /// but the connection's own.
+    pub async fn open_stream(&self, path: &str) -> Result<reqwest::Response, CallError> {
+        let forever = Duration::from_secs(7 * 86_400);
+        let headers = [("accept", "text/event-stream")];
+        self.send(Method::GET, path, None, &headers, Some(forever))
+            .await
+    }
+
+    /// Sends a request; a successful answer is returned unread, another becomes the
+    /// error its status and body say.
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<(Vec<u8>, &str)>,
+        headers: &[(&str, &str)],
+        timeout: Option<Duration>,
+    ) -> Result<reqwest::Response, CallError> {
         let mut request = self
             .http
             .request(method.clone(), format!("{}{path}", self.server));
+        if let Some(timeout) = timeout {
+            request = request.timeout(timeout);
+        }
         if let Some(token) = &self.token {
             request = request.bearer_auth(token);
         }
@@ -131,12 +162,7 @@ impl Client {
         if let Some((bytes, media_type)) = body {
             request = request.header("content-type", media_type).body(bytes);
         }
-        // Only a write can leave an outcome unknown; a read that failed did nothing.
-        let unknown = if method == Method::GET || method == Method::HEAD {
-            exit::ERROR
-        } else {
-            exit::UNCERTAIN
-        };
+        let unknown = outcome_unknown(&method);
         let response = request.send().await.map_err(|e| {
             if e.is_connect() {
                 // Nothing was sent: whatever it was, it did not happen.
@@ -162,12 +188,12 @@ impl Client {
             .transient()
         })?;
         let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
         let bytes = response.bytes().await.map_err(|e| {
             CallError::new(unknown, format!("the answer was cut off: {}", cause(&e))).transient()
         })?;
-        if status.is_success() {
-            return Ok((status, bytes.to_vec()));
-        }
         let text = String::from_utf8_lossy(&bytes).into_owned();
         let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
         let (code, message, field) = match &body["error"] {
@@ -208,6 +234,16 @@ impl Client {
 
     pub async fn get(&self, path: &str) -> Result<Value, CallError> {
         Ok(self.call(Method::GET, path, None, &[]).await?.body)
+    }
+}
+
+/// The exit code of a call that got no answer: only a write can leave an outcome
+/// unknown; a read that failed did nothing.
+fn outcome_unknown(method: &Method) -> u8 {
+    if method == Method::GET || method == Method::HEAD {
+        exit::ERROR
+    } else {
+        exit::UNCERTAIN
     }
 }
 

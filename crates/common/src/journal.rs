@@ -85,7 +85,8 @@ pub async fn written(
 
 /// Writes a step's intent and charges the command, inside the caller's fenced
 /// transaction, before the step starts. `idempotent`: whether it may run again after an
-/// unknown outcome.
+/// unknown outcome; `output_store`: the identity and URL of the artifact store its live
+/// output goes to, if it has any.
 pub async fn write_intent(
     conn: &mut PgConnection,
     lease: &Lease,
@@ -93,16 +94,19 @@ pub async fn write_intent(
     step_key: &str,
     index: usize,
     idempotent: bool,
+    output_store: Option<(Uuid, &str)>,
 ) -> Result<(), sqlx::Error> {
     // One statement, one round trip: a data-modifying WITH runs exactly once, whether
     // or not the outer statement reads it.
     sqlx::query(
         "WITH intent AS (
-           INSERT INTO journal_intents (request_id, step_key, step_index, idempotent, lease_epoch, attempt)
-           VALUES ($1, $2, $3, $4, $5, $6)
+           INSERT INTO journal_intents (request_id, step_key, step_index, idempotent, lease_epoch, attempt,
+                                        output_store, output_store_url)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
            ON CONFLICT (request_id, step_key) DO UPDATE
               SET lease_epoch = EXCLUDED.lease_epoch, attempt = EXCLUDED.attempt, started_at = now(),
-                  ended_at = NULL)
+                  ended_at = NULL, output_store = EXCLUDED.output_store,
+                  output_store_url = EXCLUDED.output_store_url)
          UPDATE execution_requests SET used_commands = used_commands + 1, updated_at = now() WHERE id = $1",
     )
     .bind(lease.request_id)
@@ -111,6 +115,8 @@ pub async fn write_intent(
     .bind(idempotent)
     .bind(lease.epoch)
     .bind(attempt)
+    .bind(output_store.map(|(id, _)| id))
+    .bind(output_store.map(|(_, url)| url))
     .execute(&mut *conn)
     .await?;
     Ok(())

@@ -362,7 +362,7 @@ async fn an_interrupted_step_is_charged_once_up_to_its_owners_deadline() {
         deadline: chrono::Utc::now(),
     };
     let mut conn = db.pool.acquire().await.expect("conn");
-    journal::write_intent(&mut conn, &lease, 1, "s1", 0, true)
+    journal::write_intent(&mut conn, &lease, 1, "s1", 0, true, None)
         .await
         .expect("intent");
     // The step started 5 s ago; its owner's lease ran out 3 s after it started.
@@ -392,7 +392,7 @@ async fn an_interrupted_step_is_charged_once_up_to_its_owners_deadline() {
 
     // Run again and receipted: the receipt charges what it measured, and the intent is
     // closed, so nothing more is charged as interrupted.
-    journal::write_intent(&mut conn, &lease, 2, "s1", 0, true)
+    journal::write_intent(&mut conn, &lease, 2, "s1", 0, true, None)
         .await
         .expect("intent again");
     let outcome = journal::Outcome {

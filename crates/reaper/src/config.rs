@@ -54,7 +54,7 @@ pub struct Config {
     /// investigation.
     #[arg(long, env = "CAIRN_QUARANTINE_KEEP_SECONDS", default_value_t = 30 * 86_400)]
     pub quarantine_keep_seconds: i64,
-    /// Print what one sweep would do, change nothing, and exit., change nothing, and exit.
+    /// Print what one sweep would do, change nothing, and exit.
     #[arg(long)]
     pub dry_run: bool,
     /// Run one sweep (as leader) and exit.

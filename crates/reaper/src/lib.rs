@@ -8,6 +8,7 @@
 //! - [`run`]: leadership, the sweep loop, probes and metrics.
 
 pub mod config;
+mod outputs;
 mod reclaim;
 pub mod retention;
 pub mod status;
@@ -87,6 +88,8 @@ impl ReaperMetrics {
         self.count("credentials", "retired", report.credential_retired);
         self.count("sandbox_retention", "retired", report.sandbox_retired);
         self.count("stale_captures", "failed", report.stale_captures_failed);
+        self.count("outputs", "reclaimed", report.outputs_reclaimed);
+        self.count("outputs", "failed", report.outputs_failed);
         self.bytes_reclaimed.inc_by(report.bytes_reclaimed);
         self.sweeps.inc();
         self.sweep_duration_seconds.observe(took.as_secs_f64());

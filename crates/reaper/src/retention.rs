@@ -55,6 +55,10 @@ pub struct SweepReport {
     pub credential_retired: u64,
     pub sandbox_retired: u64,
     pub stale_captures_failed: u64,
+    /// Finished requests whose step output was deleted.
+    pub outputs_reclaimed: u64,
+    /// Finished requests whose output a store did not let go this sweep.
+    pub outputs_failed: u64,
     pub dry_run: bool,
 }
 
@@ -126,6 +130,7 @@ impl Sweep<'_> {
         report.sandbox_retired = self.repeat(batches, Rule::Sandbox).await?;
         report.holds_ended = self.repeat(batches, Rule::Holds).await?;
         self.reclaim(batches, &mut report).await?;
+        self.reclaim_outputs(batches, &mut report).await?;
         Ok(report)
     }
 

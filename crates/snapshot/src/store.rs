@@ -117,6 +117,42 @@ impl ArtifactStore {
         self.local.as_ref().map(|root| root.join(key))
     }
 
+    /// Deletes every object under a prefix (which ends with `/`), at any depth.
+    pub async fn delete_prefix(&self, prefix: &str) -> Result<(), StoreError> {
+        if let Some(root) = &self.local {
+            return match tokio::fs::remove_dir_all(root.join(prefix)).await {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+                _ => Ok(()),
+            };
+        }
+        let prefix_path = ObjectPath::from(prefix.trim_end_matches('/'));
+        let keys: Vec<String> = self
+            .store
+            .list(Some(&prefix_path))
+            .map_ok(|meta| meta.location.to_string())
+            .try_collect()
+            .await?;
+        self.delete_many(&keys).await
+    }
+
+    /// The keys of every object under a prefix (which ends with `/`).
+    pub async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        if self.local.is_some() {
+            let this = self.clone();
+            let prefix = prefix.to_string();
+            let handle = Handle::current();
+            return tokio::task::spawn_blocking(move || this.list_blocking(&handle, &prefix))
+                .await
+                .map_err(|e| StoreError::Io(std::io::Error::other(e)))?;
+        }
+        let prefix_path = ObjectPath::from(prefix.trim_end_matches('/'));
+        let listed: Vec<_> = self.store.list(Some(&prefix_path)).try_collect().await?;
+        Ok(listed
+            .into_iter()
+            .map(|meta| meta.location.to_string())
+            .collect())
+    }
+
     /// The keys of every object under a prefix (which ends with `/`), for a caller on a
     /// blocking thread.
     pub fn list_blocking(&self, handle: &Handle, prefix: &str) -> Result<Vec<String>, StoreError> {

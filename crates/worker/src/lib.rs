@@ -36,6 +36,7 @@ pub mod hosting;
 pub mod janitor;
 pub mod job;
 pub mod keeper;
+pub mod live_output;
 pub mod metrics;
 pub mod pause;
 pub mod report;

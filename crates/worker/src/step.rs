@@ -7,6 +7,7 @@
 //! The worker never waits on a pipe a leftover process could hold: after the step ends,
 //! its output is read for at most the kill grace.
 
+use crate::live_output::{self, LiveOutput, Uploader};
 use crate::sandbox::{self, Limit, Live, Running, Sandbox};
 use nix::sys::signal::Signal;
 use nix::sys::wait::{waitid, Id as WaitId, WaitPidFlag};
@@ -30,6 +31,8 @@ pub struct StepCommand {
     pub timeout: Duration,
     /// Full output goes here (`.stdout` / `.stderr` appended), bounded by `max_output`.
     pub output_base: PathBuf,
+    /// The same bytes, as they are printed, to the artifact store (a run's steps).
+    pub live: Option<LiveOutput>,
     pub max_output: u64,
     pub tail_bytes: usize,
     /// Redact secrets from the stored output and tails.
@@ -221,13 +224,21 @@ async fn run_spawned(
         redact: command.redact,
     };
     let drained = CancellationToken::new();
+    let uploader = |stream| command.live.as_ref().map(|l| Uploader::start(l, stream));
     let out_task = tokio::spawn(capture(
         stdout,
         stdout_path.clone(),
         bounds,
+        uploader("stdout"),
         drained.clone(),
     ));
-    let err_task = tokio::spawn(capture(stderr, stderr_path, bounds, drained.clone()));
+    let err_task = tokio::spawn(capture(
+        stderr,
+        stderr_path,
+        bounds,
+        uploader("stderr"),
+        drained.clone(),
+    ));
 
     // Wait for the exit without reaping it, so the CPU time can still be read from
     // /proc while the process is a zombie.
@@ -391,16 +402,20 @@ struct Bounds {
     redact: bool,
 }
 
-/// Streams one output pipe to its artifact file (up to `max` bytes, secrets redacted),
-/// keeping a digest of the file and the last `tail` bytes stored, as text
-/// ([`cairn_common::output::escape`]).
+/// Streams one output pipe to its artifact file (up to `max` bytes, secrets redacted)
+/// and, for a run's step, the same bytes live to the artifact store; keeps a digest of
+/// the file and the last `tail` bytes stored, as text ([`cairn_common::output::escape`]).
 async fn capture<R: AsyncRead + Unpin>(
     pipe: Option<R>,
     path: PathBuf,
     bounds: Bounds,
+    live: Option<Uploader>,
     drained: CancellationToken,
 ) -> Result<(Vec<u8>, String, bool), std::io::Error> {
     let Some(mut pipe) = pipe else {
+        if let Some(live) = live {
+            live.finish().await;
+        }
         return Ok((Sha256::new().finalize().to_vec(), String::new(), false));
     };
     if let Some(parent) = path.parent() {
@@ -413,15 +428,24 @@ async fn capture<R: AsyncRead + Unpin>(
         written: 0,
         truncated: false,
         last: Vec::new(),
+        live,
     };
     let mut redactor = bounds
         .redact
         .then(cairn_snapshot::secrets::Redactor::default);
     let mut buf = vec![0u8; 64 * 1024];
+    let mut tick = tokio::time::interval(live_output::FLUSH_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let n = tokio::select! {
             n = pipe.read(&mut buf) => n?,
             _ = drained.cancelled() => 0,
+            _ = tick.tick() => {
+                if let Some(live) = sink.live.as_mut() {
+                    live.flush();
+                }
+                continue;
+            }
         };
         if n == 0 {
             break;
@@ -436,6 +460,9 @@ async fn capture<R: AsyncRead + Unpin>(
         sink.write(&redactor.finish()).await?;
     }
     sink.file.flush().await?;
+    if let Some(live) = sink.live.take() {
+        live.finish().await;
+    }
     let mut last = sink.last;
     if last.len() > bounds.tail {
         last.drain(..last.len() - bounds.tail);
@@ -455,6 +482,7 @@ struct Sink {
     written: u64,
     truncated: bool,
     last: Vec<u8>,
+    live: Option<Uploader>,
 }
 
 impl Sink {
@@ -466,6 +494,9 @@ impl Sink {
             self.truncated = true;
         }
         if !kept.is_empty() {
+            if let Some(live) = self.live.as_mut() {
+                live.push(kept);
+            }
             self.file.write_all(kept).await?;
             self.digest.update(kept);
             self.written += kept.len() as u64;
@@ -509,6 +540,7 @@ mod tests {
             },
             timeout,
             output_base: dir.join("out").join("step"),
+            live: None,
             max_output: 16,
             tail_bytes: 8,
             redact: true,

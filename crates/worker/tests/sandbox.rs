@@ -69,6 +69,7 @@ impl Scratch {
                 .dir
                 .join("out")
                 .join(uuid::Uuid::new_v4().simple().to_string()),
+            live: None,
             max_output: 1024 * 1024,
             tail_bytes: 64 * 1024,
             redact: false,

@@ -218,7 +218,7 @@ pub async fn journal_steps(
     outcome: &Outcome,
 ) {
     for (index, &step_key) in steps.iter().enumerate() {
-        journal::write_intent(conn, lease, 1, step_key, index, false)
+        journal::write_intent(conn, lease, 1, step_key, index, false, None)
             .await
             .expect("intent");
         let receipt = Receipt {

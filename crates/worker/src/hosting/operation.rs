@@ -383,6 +383,7 @@ fn command(
             key,
             host.lease.epoch,
         ),
+        live: None,
         max_output: if spec.is_some() {
             worker.settings.output_max_bytes
         } else {

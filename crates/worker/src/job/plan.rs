@@ -7,6 +7,7 @@ use super::{durable, ending};
 use crate::custody::{Commit, CustodyError, Release, Subject, Tree};
 use crate::error::JobError;
 use crate::keeper::Reason;
+use crate::live_output::{self, LiveOutput};
 use crate::pause;
 use crate::report::RetainedReport;
 use crate::sandbox::{self, Live};
@@ -148,7 +149,18 @@ async fn intend_once(
     }
     let lease = job.lease();
     let attempt = job.claimed.attempt;
-    journal::write_intent(&mut tx, lease, attempt, &step.key, index, step.idempotent).await?;
+    let settings = &job.worker.custody.settings;
+    let store = Some((settings.store_id, settings.store.store().url()));
+    journal::write_intent(
+        &mut tx,
+        lease,
+        attempt,
+        &step.key,
+        index,
+        step.idempotent,
+        store,
+    )
+    .await?;
     tx.commit().await?;
     Ok(Ok(current.wall_left_ms()))
 }
@@ -428,6 +440,10 @@ fn command(
             &step.key,
             job.lease().epoch,
         ),
+        live: Some(LiveOutput {
+            store: job.worker.custody.settings.store.store().clone(),
+            prefix: live_output::prefix(job.request_id(), job.lease().epoch, index),
+        }),
         max_output: job.worker.settings.output_max_bytes,
         tail_bytes: job.worker.settings.output_tail_bytes,
         redact: job.worker.settings.redact_output,

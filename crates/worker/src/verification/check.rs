@@ -73,6 +73,7 @@ pub(super) async fn run(
         &step_key,
         plan.index,
         plan.check.purpose.reuse_eligible(),
+        None,
     )
     .await?;
     tx.commit().await?;
@@ -97,6 +98,7 @@ pub(super) async fn run(
             &step_key,
             job.lease().epoch,
         ),
+        live: None,
         max_output: job.worker.settings.output_max_bytes,
         tail_bytes: job.worker.settings.output_tail_bytes,
         redact: job.worker.settings.redact_output,

@@ -4,9 +4,11 @@
 //! - [`admission`]: submitting one run or a batch.
 //! - [`view`]: reading runs and their execution requests.
 //! - [`journal`](mod@journal): a run's journal.
+//! - [`output`](mod@output): a step's output, read or followed.
 
 pub mod admission;
 pub mod journal;
+pub mod output;
 pub mod view;
 
 use crate::api::auth::{Caller, Role};

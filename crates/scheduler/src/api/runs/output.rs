@@ -1,0 +1,251 @@
+//! A step's output, read from the artifact store its worker streams it to: all of it at
+//! once, or followed as server-sent events while the step runs.
+
+use crate::api::auth::{Caller, Role};
+use crate::api::error::{ApiError, ErrorBody};
+use crate::api::path_id;
+use crate::api::AppState;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use cairn_common::output::escape;
+use cairn_snapshot::store::ArtifactStore;
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use sqlx::PgPool;
+use std::time::Duration;
+use utoipa::IntoParams;
+use uuid::Uuid;
+
+/// How often a follower looks for new chunks (workers upload every 250 ms).
+const POLL: Duration = Duration::from_millis(250);
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub struct OutputQuery {
+    /// `stdout` (the default) or `stderr`.
+    pub stream: Option<String>,
+    /// Follow the output as server-sent events until the step ends.
+    pub follow: Option<bool>,
+}
+
+/// Where one step's output is.
+struct StepOutput {
+    request_id: Uuid,
+    step_key: String,
+    epoch: i64,
+    store: ArtifactStore,
+    /// `outputs/<request>/<epoch>/<step index>/<stream>/`.
+    prefix: String,
+}
+
+/// A step's output (its latest attempt): `stdout` or `stderr`, as bytes; with
+/// `follow=true`, `text/event-stream` events while it runs: `output` events, each
+/// `{"seq": N, "text": …}` (the bytes in Cairn's escaped text form, see
+/// `cairn_common::output`), then one `end` event when the step has ended.
+#[utoipa::path(get, path = "/api/v1/runs/{run_id}/steps/{step_key}/output", tag = "runs",
+    params(("run_id" = String, Path), ("step_key" = String, Path), OutputQuery),
+    responses(
+        (status = 200, description = "The output's bytes (application/octet-stream), or its events (text/event-stream) when following", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 400, body = ErrorBody),
+        (status = 404, description = "No such run, or the step has not started, or it has no live output", body = ErrorBody),
+        (status = 409, description = "The output is in an artifact store this scheduler does not reach", body = ErrorBody),
+        (status = 410, description = "Retention deleted the output (7 days after its run finished)", body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn output(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((run_id, step_key)): Path<(String, String)>,
+    query: Result<Query<OutputQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    caller.require(Role::Viewer)?;
+    let run_id = path_id(&run_id, "run_id")?;
+    let Query(query) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    if !cairn_common::run::valid_name(&step_key, 64) {
+        return Err(ApiError::bad_request(
+            "invalid_step_key",
+            "a step key is 1 to 64 letters, digits, '.', '_' or '-'",
+        )
+        .with_field("step_key"));
+    }
+    let stream = match query.stream.as_deref().unwrap_or("stdout") {
+        s @ ("stdout" | "stderr") => s,
+        _ => {
+            return Err(
+                ApiError::bad_request("invalid_query", "stream is stdout or stderr")
+                    .with_field("stream"),
+            )
+        }
+    };
+    let step = locate(&state.pool, run_id, &step_key, stream).await?;
+    if query.follow.unwrap_or(false) {
+        return Ok(follow(state.pool.clone(), step).into_response());
+    }
+    let mut bytes = Vec::new();
+    for key in chunks(&step.store, &step.prefix).await? {
+        bytes.extend_from_slice(&read(&step.store, &key).await?);
+    }
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        bytes,
+    )
+        .into_response())
+}
+
+/// The latest attempt of `step_key` in the run, and its output's store.
+async fn locate(
+    pool: &PgPool,
+    run_id: Uuid,
+    step_key: &str,
+    stream: &str,
+) -> Result<StepOutput, ApiError> {
+    let run: Option<(Uuid,)> = sqlx::query_as("SELECT id FROM runs WHERE id = $1")
+        .bind(run_id)
+        .fetch_optional(pool)
+        .await?;
+    if run.is_none() {
+        return Err(ApiError::not_found("run"));
+    }
+    type Intent = (
+        Uuid,
+        i64,
+        i32,
+        Option<Uuid>,
+        Option<String>,
+        Option<DateTime<Utc>>,
+    );
+    let intent: Option<Intent> = sqlx::query_as(
+        "SELECT i.request_id, i.lease_epoch, i.step_index, i.output_store, i.output_store_url,
+                e.output_reclaimed_at
+           FROM journal_intents i JOIN execution_requests e ON e.id = i.request_id
+          WHERE e.run_id = $1 AND i.step_key = $2
+          ORDER BY i.started_at DESC LIMIT 1",
+    )
+    .bind(run_id)
+    .bind(step_key)
+    .fetch_optional(pool)
+    .await?;
+    let Some((request_id, epoch, index, store_id, url, reclaimed_at)) = intent else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("step {step_key} of this run has not started"),
+        ));
+    };
+    if let Some(at) = reclaimed_at {
+        return Err(ApiError::new(
+            StatusCode::GONE,
+            "output_reclaimed",
+            format!("step {step_key}'s output was deleted by retention at {at}, 7 days after its run finished"),
+        ));
+    }
+    let (Some(store_id), Some(url)) = (store_id, url) else {
+        return Err(ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("step {step_key} has no live output (it ran before this version kept any)"),
+        ));
+    };
+    // The URL is the worker's: a local directory there may be another one here.
+    let unreachable = |why: String| {
+        ApiError::conflict(
+            "output_unreachable",
+            format!("step {step_key}'s output is in the artifact store {url}, which this scheduler does not reach ({why}); give workers a store every component reaches (CAIRN_SNAPSHOT_STORE_URL)"),
+        )
+    };
+    let store = ArtifactStore::open_existing(&url).map_err(|e| unreachable(e.to_string()))?;
+    match store.identity().await {
+        Ok(found) if found == store_id => {}
+        Ok(_) => return Err(unreachable("another store answers at that URL here".into())),
+        Err(e) => return Err(unreachable(e.to_string())),
+    }
+    Ok(StepOutput {
+        request_id,
+        step_key: step_key.to_string(),
+        epoch,
+        store,
+        prefix: format!(
+            "{}/{stream}/",
+            format_args!("outputs/{}/{epoch}/{index}", request_id.simple())
+        ),
+    })
+}
+
+/// The chunk keys under `prefix`, in order.
+async fn chunks(store: &ArtifactStore, prefix: &str) -> Result<Vec<String>, ApiError> {
+    let mut keys = store.list(prefix).await.map_err(store_error)?;
+    keys.sort();
+    Ok(keys)
+}
+
+async fn read(store: &ArtifactStore, key: &str) -> Result<bytes::Bytes, ApiError> {
+    store.get(key).await.map_err(store_error)
+}
+
+fn store_error(e: cairn_snapshot::StoreError) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "store_unavailable",
+        format!("the artifact store did not answer: {e}"),
+    )
+}
+
+/// Whether the step's attempt at `epoch` has ended: its receipt or the end of its
+/// interval is recorded, another attempt took over, or the request ended.
+async fn ended(pool: &PgPool, step: &StepOutput) -> bool {
+    let ended: Result<Option<bool>, _> = sqlx::query_scalar(
+        "SELECT i.lease_epoch <> $2 OR i.ended_at IS NOT NULL OR e.lease_epoch <> $2
+                OR e.state <> 'executing'
+           FROM journal_intents i JOIN execution_requests e ON e.id = i.request_id
+          WHERE i.request_id = $1 AND i.step_key = $3",
+    )
+    .bind(step.request_id)
+    .bind(step.epoch)
+    .bind(&step.step_key)
+    .fetch_optional(pool)
+    .await;
+    // A failed read is read again at the next poll.
+    matches!(ended, Ok(Some(true)) | Ok(None))
+}
+
+/// Follows the output: every chunk once, in order, then `end`.
+fn follow(
+    pool: PgPool,
+    step: StepOutput,
+) -> Sse<impl futures::Stream<Item = Result<Event, std::convert::Infallible>>> {
+    let state = (pool, step, 0usize, false);
+    let events = futures::stream::unfold(state, |(pool, step, sent, done)| async move {
+        if done {
+            return None;
+        }
+        loop {
+            // Read whether it ended before listing, so the last chunks are in the list.
+            let ended = ended(&pool, &step).await;
+            let keys = chunks(&step.store, &step.prefix).await.unwrap_or_default();
+            let mut batch = Vec::new();
+            let mut read_now = 0;
+            for key in keys.iter().skip(sent) {
+                // A chunk that cannot be read now is read at the next poll.
+                let Ok(bytes) = read(&step.store, key).await else {
+                    break;
+                };
+                batch.extend_from_slice(&bytes);
+                read_now += 1;
+            }
+            if read_now > 0 {
+                let event = Event::default()
+                    .event("output")
+                    .data(serde_json::json!({"seq": sent, "text": escape(&batch)}).to_string());
+                return Some((Ok(event), (pool, step, sent + read_now, false)));
+            }
+            if ended && keys.len() <= sent {
+                let event = Event::default().event("end").data("{}");
+                return Some((Ok(event), (pool, step, sent, true)));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    });
+    Sse::new(events).keep_alive(KeepAlive::default())
+}

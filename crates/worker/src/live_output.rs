@@ -1,0 +1,176 @@
+//! A step's output, as it is printed, in the artifact store: each stream is a sequence of
+//! chunk objects under `outputs/<request>/<epoch>/<step index>/<stream>/<sequence>`, each
+//! at most [`CHUNK_BYTES`] and uploaded at most [`FLUSH_EVERY`] after its first byte. So
+//! a reader (the API's `…/output`, `cairnctl runs logs --follow`) sees a line within a
+//! second of its printing, and what was uploaded stays readable when the worker dies.
+//! The bytes are those of the stored artifact: bounded and, when configured, redacted.
+
+use bytes::Bytes;
+use cairn_snapshot::store::ArtifactStore;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+pub const CHUNK_BYTES: usize = 64 * 1024;
+pub const FLUSH_EVERY: Duration = Duration::from_millis(250);
+/// Chunks waiting for upload before the writer keeps bytes back instead.
+const QUEUED_CHUNKS: usize = 16;
+/// How long the end of a step waits for its last chunks.
+const FINISH_WITHIN: Duration = Duration::from_secs(10);
+
+/// Where one step's streams go.
+#[derive(Clone, Debug)]
+pub struct LiveOutput {
+    pub store: ArtifactStore,
+    /// `outputs/<request>/<epoch>/<step index>`.
+    pub prefix: String,
+}
+
+/// The prefix of a step's output objects.
+pub fn prefix(request_id: uuid::Uuid, epoch: i64, step_index: usize) -> String {
+    format!("outputs/{}/{epoch}/{step_index}", request_id.simple())
+}
+
+/// The key of chunk `sequence` of `stream` (`stdout` or `stderr`) under `prefix`;
+/// zero-padded, so the store lists chunks in order.
+pub fn chunk_key(prefix: &str, stream: &str, sequence: u64) -> String {
+    format!("{prefix}/{stream}/{sequence:010}")
+}
+
+/// Uploads one stream's chunks, in order, on its own task.
+pub struct Uploader {
+    pending: Vec<u8>,
+    queue: Option<mpsc::Sender<Bytes>>,
+    task: JoinHandle<()>,
+}
+
+impl Uploader {
+    pub fn start(live: &LiveOutput, stream: &'static str) -> Uploader {
+        let (queue, mut chunks) = mpsc::channel::<Bytes>(QUEUED_CHUNKS);
+        let store = live.store.clone();
+        let prefix = live.prefix.clone();
+        let task = tokio::spawn(async move {
+            let mut sequence = 0u64;
+            while let Some(chunk) = chunks.recv().await {
+                let key = chunk_key(&prefix, stream, sequence);
+                sequence += 1;
+                let mut tries = 0;
+                // A store that fails for a moment loses nothing; one that keeps failing
+                // leaves a gap a reader can see (the sequence skips), never a stall.
+                while let Err(e) = store.put(&key, chunk.clone()).await {
+                    tries += 1;
+                    if tries == 3 {
+                        tracing::warn!(error = %e, key, "a chunk of live output could not be stored");
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200 * tries)).await;
+                }
+            }
+        });
+        Uploader {
+            pending: Vec::new(),
+            queue: Some(queue),
+            task,
+        }
+    }
+
+    /// Takes bytes as they are stored; full chunks leave at once.
+    pub fn push(&mut self, bytes: &[u8]) {
+        self.pending.extend_from_slice(bytes);
+        while self.pending.len() >= CHUNK_BYTES {
+            let rest = self.pending.split_off(CHUNK_BYTES);
+            let full = std::mem::replace(&mut self.pending, rest);
+            if !self.send(full) {
+                break;
+            }
+        }
+    }
+
+    /// Sends what is pending (at each tick of [`FLUSH_EVERY`]).
+    pub fn flush(&mut self) {
+        if !self.pending.is_empty() {
+            let chunk = std::mem::take(&mut self.pending);
+            self.send(chunk);
+        }
+    }
+
+    /// Queues a chunk; with the queue full it goes back to pending for the next tick.
+    fn send(&mut self, chunk: Vec<u8>) -> bool {
+        let Some(queue) = &self.queue else {
+            return false;
+        };
+        match queue.try_send(Bytes::from(chunk)) {
+            Ok(()) => true,
+            Err(
+                mpsc::error::TrySendError::Full(chunk) | mpsc::error::TrySendError::Closed(chunk),
+            ) => {
+                let mut back = chunk.to_vec();
+                back.extend_from_slice(&self.pending);
+                self.pending = back;
+                false
+            }
+        }
+    }
+
+    /// Uploads the rest and waits for every chunk, for at most [`FINISH_WITHIN`].
+    pub async fn finish(mut self) {
+        let rest = std::mem::take(&mut self.pending);
+        if let Some(queue) = self.queue.take() {
+            for piece in rest.chunks(CHUNK_BYTES) {
+                if queue.send(Bytes::copy_from_slice(piece)).await.is_err() {
+                    break;
+                }
+            }
+        }
+        if tokio::time::timeout(FINISH_WITHIN, &mut self.task)
+            .await
+            .is_err()
+        {
+            tracing::warn!("the last chunks of live output were not stored in time");
+            self.task.abort();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn chunks_arrive_in_order_bounded_and_complete() {
+        let dir =
+            std::env::temp_dir().join(format!("cairn-live-{}", uuid::Uuid::new_v4().simple()));
+        let store = ArtifactStore::open(dir.to_str().expect("utf-8")).expect("store");
+        let live = LiveOutput {
+            store: store.clone(),
+            prefix: "outputs/x/1/0".into(),
+        };
+        let mut uploader = Uploader::start(&live, "stdout");
+        let mut written = Vec::new();
+        for i in 0..200u32 {
+            let line = format!("line {i} {}\n", "x".repeat(1000));
+            uploader.push(line.as_bytes());
+            written.extend_from_slice(line.as_bytes());
+            if i % 50 == 0 {
+                uploader.flush();
+            }
+        }
+        uploader.push(b"\0\xff no newline");
+        written.extend_from_slice(b"\0\xff no newline");
+        uploader.finish().await;
+        let mut keys = store.list("outputs/x/1/0/stdout/").await.expect("list");
+        keys.sort();
+        let mut read = Vec::new();
+        for key in &keys {
+            let chunk = store.get(key).await.expect("chunk");
+            assert!(chunk.len() <= CHUNK_BYTES);
+            read.extend_from_slice(&chunk);
+        }
+        assert_eq!(read, written);
+        assert_eq!(
+            keys.first().map(String::as_str),
+            Some("outputs/x/1/0/stdout/0000000000")
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}
