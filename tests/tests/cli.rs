@@ -1,6 +1,8 @@
 //! `cairnctl` drives every route of a running scheduler.
 
+use cairn_e2e::cluster::{Cluster, Settings, ADMIN};
 use cairn_e2e::{binary, free_addr, wait_for_status, Isolation, Process, ServiceLock};
+use serde_json::json;
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -513,4 +515,84 @@ fn an_unreachable_scheduler_and_a_typo_get_exit_codes_that_tell_the_truth() {
     assert!(first.contains("did you mean 'runs'"), "{}", typo.stderr);
     assert!(typo.stderr.contains("cairnctl --help"), "{}", typo.stderr);
     let _ = std::fs::remove_dir_all(&work);
+}
+
+/// `runs watch` off a terminal prints a plain line per change: each step's state, how
+/// it was done and its epoch, then the stop reason; `runs logs` prints every started
+/// step's output in plan order.
+#[tokio::test]
+async fn watch_and_logs_show_a_run_step_by_step() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("cli-watch", 1, Settings::default()).await;
+    let spec = json!({
+        "agent": "e2e",
+        "steps": [
+            {"key": "greet", "argv": ["sh", "-c", "echo hello; sleep 1"]},
+            {"key": "boom", "argv": ["sh", "-c", "echo oops >&2; exit 3"]},
+            {"key": "never", "argv": ["true"]}
+        ]
+    });
+    let (run_id, _) = cluster.submit(&spec);
+    let ctl = |args: &[&str]| {
+        Command::new(binary("cairnctl"))
+            .args(args)
+            .env("CAIRN_SERVER", format!("http://{}", cluster.api))
+            .env("CAIRN_TOKEN", ADMIN)
+            .output()
+            .expect("cairnctl")
+    };
+    let watched = ctl(&["runs", "watch", &run_id, "--interval-seconds", "0.2"]);
+    let text = String::from_utf8_lossy(&watched.stdout);
+    assert_eq!(watched.status.code(), Some(8), "{text}");
+    for expected in [
+        "step greet: pending",
+        "step greet: running at epoch 1",
+        "step greet: completed, executed at epoch 1",
+        "step boom: failed, executed at epoch 1",
+        "(exit 3)",
+        "step never: pending",
+        "run failed: step boom exited with status 3",
+    ] {
+        assert!(text.contains(expected), "{expected:?} missing:\n{text}");
+    }
+    assert!(
+        !text.contains('\u{1b}'),
+        "no terminal codes off a terminal:\n{text}"
+    );
+
+    let logs = ctl(&["runs", "logs", &run_id]);
+    assert_eq!(logs.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&logs.stdout), "hello\n");
+    assert_eq!(String::from_utf8_lossy(&logs.stderr), "oops\n");
+}
+
+/// A run queued with no worker alive: `runs watch` says so once it waited.
+#[tokio::test]
+async fn watch_says_when_no_worker_is_there_to_take_a_run() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("cli-noworker", 0, Settings::default()).await;
+    let (run_id, _) =
+        cluster.submit(&json!({"agent": "e2e", "steps": [{"key": "a", "argv": ["true"]}]}));
+    let mut watch = Command::new(binary("cairnctl"))
+        .args([
+            "runs",
+            "watch",
+            &run_id,
+            "--interval-seconds",
+            "0.2",
+            "--unclaimed-seconds",
+            "1",
+        ])
+        .env("CAIRN_SERVER", format!("http://{}", cluster.api))
+        .env("CAIRN_TOKEN", ADMIN)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("cairnctl");
+    let stdout = watch.stdout.take().expect("stdout");
+    let hint = std::io::BufRead::lines(std::io::BufReader::new(stdout))
+        .map_while(Result::ok)
+        .find(|l| l.contains("no worker is alive"));
+    let _ = watch.kill();
+    let _ = watch.wait();
+    assert!(hint.is_some_and(|h| h.contains("start cairn-worker")));
 }

@@ -2,6 +2,7 @@
 
 pub mod continuation;
 pub mod credentials;
+pub mod logs;
 pub mod migrate;
 pub mod policy;
 pub mod reaper;
@@ -10,3 +11,4 @@ pub mod sandbox;
 pub mod snapshot;
 pub mod tokens;
 pub mod verification;
+pub mod watch;

@@ -1,6 +1,8 @@
 //! `cairnctl runs`: submit, list, show, watch, pause and cancel runs, and read their
 //! requests and journal.
 
+use super::logs::{self, Stream};
+use super::watch;
 use crate::client::{exit, CallError, Client};
 use crate::{id, output, read_document, usage};
 use cairn_common::run::RunSpec;
@@ -8,7 +10,6 @@ use clap::Subcommand;
 use reqwest::Method;
 use serde_json::Value;
 use std::path::PathBuf;
-use std::time::Duration;
 
 #[derive(Debug, Subcommand)]
 pub enum RunsCommand {
@@ -38,13 +39,17 @@ pub enum RunsCommand {
         /// The run's id (32 lowercase hex characters).
         run: String,
     },
-    /// Follow a run until it ends; exit 0 only when it completed.
+    /// Follow a run until it ends: one line per step (state, time, executed or reused),
+    /// then its stop reason; exit 0 only when it completed, 8 otherwise.
     Watch {
         /// The run's id (32 lowercase hex characters).
         run: String,
         /// Seconds between two reads of the run (0.1 to 60).
         #[arg(long, default_value_t = 1.0)]
         interval_seconds: f64,
+        /// Say why after the run has waited this many seconds queued, unclaimed.
+        #[arg(long, default_value_t = 10)]
+        unclaimed_seconds: u64,
     },
     /// Cancel a run: a running step is stopped, and its receipt keeps its output so far.
     Cancel {
@@ -67,6 +72,20 @@ pub enum RunsCommand {
         /// Seconds to wait for the worker (0 to 60).
         #[arg(long, default_value_t = 30)]
         wait_seconds: u64,
+    },
+    /// Print a step's output (every started step's, in order, without STEP): stdout to
+    /// stdout, stderr to stderr, as the step printed it.
+    Logs {
+        /// The run's id (32 lowercase hex characters).
+        run: String,
+        /// The step's key; without it, every step of the run in plan order.
+        step: Option<String>,
+        /// Keep printing as the steps print, until the run ends (like `kubectl logs -f`).
+        #[arg(long, short)]
+        follow: bool,
+        /// Only this stream.
+        #[arg(long, value_enum)]
+        stream: Option<Stream>,
     },
     /// Show a run's journal: every step's intent and receipt.
     Journal {
@@ -232,7 +251,8 @@ pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u
         RunsCommand::Watch {
             run,
             interval_seconds,
-        } => watch(client, &id(&run, "RUN")?, interval_seconds, json).await,
+            unclaimed_seconds,
+        } => watch::watch(client, &run, interval_seconds, unclaimed_seconds, json).await,
         RunsCommand::Cancel { run } => {
             let run = id(&run, "RUN")?;
             let answer = client
@@ -289,6 +309,12 @@ pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u
             }
             Ok(exit::OK)
         }
+        RunsCommand::Logs {
+            run,
+            step,
+            follow,
+            stream,
+        } => logs::logs(client, &run, step, follow, stream).await,
         RunsCommand::Journal { run } => {
             let journal = of_run(client, &run, "/journal").await?;
             if json {
@@ -367,56 +393,6 @@ pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u
             }
             Ok(exit::OK)
         }
-    }
-}
-
-const ENDED: [&str; 6] = [
-    "completed",
-    "failed",
-    "cancelled",
-    "stopped_at_checkpoint",
-    "needs_reconciliation",
-    "awaiting_verification",
-];
-
-pub async fn watch(client: &Client, run: &str, interval: f64, json: bool) -> Result<u8, CallError> {
-    let interval = Duration::from_secs_f64(interval.clamp(0.1, 60.0));
-    let mut last = String::new();
-    loop {
-        // Reads are safe to repeat: an unanswered poll is simply tried again.
-        let current = match client.get(&format!("/api/v1/runs/{run}")).await {
-            Ok(value) => value,
-            Err(e) if e.transient => {
-                eprintln!("watch: {e}; retrying");
-                tokio::time::sleep(interval).await;
-                continue;
-            }
-            Err(e) => return Err(e),
-        };
-        let state = output::text(&current["state"]);
-        let line = format!(
-            "{state} attempt {}/{} commands {}/{}",
-            output::text(&current["attempt"]),
-            output::text(&current["max_attempts"]),
-            output::text(&current["usage"]["commands"]),
-            output::text(&current["budgets"]["max_commands"]),
-        );
-        if line != last {
-            if json {
-                println!("{current}");
-            } else {
-                println!("{}  {line}", chrono::Utc::now().format("%H:%M:%S"));
-            }
-            last = line;
-        }
-        if ENDED.contains(&state.as_str()) {
-            return Ok(if state == "completed" {
-                exit::OK
-            } else {
-                exit::NOT_COMPLETED
-            });
-        }
-        tokio::time::sleep(interval).await;
     }
 }
 

@@ -27,6 +27,7 @@ pub mod sandboxes;
 pub mod state;
 pub mod tokens;
 pub mod verification;
+pub mod workers;
 
 pub use state::{ApiMetrics, AppState};
 
@@ -86,6 +87,11 @@ pub fn router(state: AppState) -> Router {
             get(runs::view::execution_requests),
         )
         .route("/api/v1/runs/{run_id}/journal", get(runs::journal::journal))
+        .route(
+            "/api/v1/runs/{run_id}/steps/{step_key}/output",
+            get(runs::output::output),
+        )
+        .route("/api/v1/workers", get(workers::list))
         .route(
             "/api/v1/invalid-read-continuity/policy",
             get(policy::get_policy).put(policy::put_policy),
