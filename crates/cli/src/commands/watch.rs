@@ -32,12 +32,7 @@ impl StepLine {
     /// What a plain line says (no clock, so it changes only when the step does).
     fn plain(&self) -> String {
         let mut line = format!("step {}: {}", self.key, self.state);
-        if let Some(how) = self.how {
-            line.push_str(&format!(", {how}"));
-        }
-        if let Some(epoch) = self.epoch {
-            line.push_str(&format!(" at epoch {epoch}"));
-        }
+        line.push_str(&self.how_and_epoch(", ", " "));
         if let Some(ms) = self.wall_ms.filter(|_| self.how.is_some()) {
             line.push_str(&format!(" in {}", seconds(ms)));
         }
@@ -45,6 +40,18 @@ impl StepLine {
             line.push_str(&format!(" ({})", self.detail));
         }
         line
+    }
+
+    /// "executed at epoch 3", "reused from its receipt of epoch 1", or the epoch alone.
+    fn how_and_epoch(&self, before_how: &str, before_epoch: &str) -> String {
+        match (self.how, self.epoch) {
+            (Some("reused"), Some(epoch)) => {
+                format!("{before_how}reused from its receipt of epoch {epoch}")
+            }
+            (Some(how), Some(epoch)) => format!("{before_how}{how} at epoch {epoch}"),
+            (None, Some(epoch)) => format!("{before_epoch}at epoch {epoch}"),
+            _ => String::new(),
+        }
     }
 
     /// What a terminal line says: a mark, the state, the time it has run.
@@ -60,11 +67,7 @@ impl StepLine {
             (_, _, Some(ms)) => seconds(ms),
             _ => String::new(),
         };
-        let how = match (self.how, self.epoch) {
-            (Some(how), Some(epoch)) => format!("{how} at epoch {epoch}"),
-            (None, Some(epoch)) => format!("epoch {epoch}"),
-            _ => String::new(),
-        };
+        let how = self.how_and_epoch("", "");
         let detail = if self.detail.is_empty() {
             String::new()
         } else {
