@@ -856,6 +856,29 @@ def test_reaper_mounts_the_shared_artifact_store():
         assert "CAIRN_ARTIFACTS_URL" not in container_env(docs, reaper_container(docs)), label
 
 
+def test_scheduler_reaches_the_output_store_read_only():
+    for label, args in value_sets():
+        docs = render(args)
+        values = effective_values(args)
+        claim = values["worker"]["artifacts"].get("existingClaim")
+        deployment = component(docs, "Deployment", "scheduler")
+        spec = deployment["spec"]["template"]["spec"]
+        c = spec["containers"][0]
+        vols = {v["name"]: v for v in spec["volumes"]}
+        mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
+        if claim:
+            # Steps' output is read through the URL the workers recorded: the same
+            # claim at the same path, and nothing for the scheduler to write there.
+            mount = mounts.get(ARTIFACTS_DIR)
+            assert mount and mount.get("readOnly") is True, f"{label}: {mounts}"
+            assert vols[mount["name"]]["persistentVolumeClaim"] == {"claimName": claim, "readOnly": True}, label
+        else:
+            assert ARTIFACTS_DIR not in mounts, f"{label}: scheduler mounts {ARTIFACTS_DIR} without a shared claim"
+        store_secret = values["worker"]["snapshotStore"]["existingSecret"]
+        refs = [src["secretRef"]["name"] for src in c.get("envFrom", []) if "secretRef" in src]
+        assert refs == ([store_secret] if store_secret else []), f"{label}: scheduler envFrom Secrets {refs}"
+
+
 # ---------------------------------------------------------------- worker snapshots
 
 
@@ -926,15 +949,15 @@ def test_snapshot_store_in_an_object_store():
     w_cm = one(docs, "ConfigMap", f"{RELEASE}-cairn-worker")
     assert w_cm["data"]["CAIRN_SNAPSHOT_STORE_URL"] == "s3://cairn-snapshots/prod"
     assert container_env(docs, worker_container(docs))["CAIRN_SNAPSHOT_STORE_URL"] == "s3://cairn-snapshots/prod"
-    # Workers and the reaper alike get the store's credentials, from the Secret only.
-    assert envfrom_secrets(worker_container(docs)) == ["cairn-snapshot-store"]
-    assert envfrom_secrets(reaper_container(docs)) == ["cairn-snapshot-store"]
-    # The reaper deletes through the URL each snapshot records: it is not given the URL.
-    assert "CAIRN_SNAPSHOT_STORE_URL" not in container_env(docs, reaper_container(docs))
-    for comp in ("scheduler",):
-        c = component(docs, "Deployment", comp)["spec"]["template"]["spec"]["containers"][0]
-        assert not envfrom_secrets(c), comp
-        assert "CAIRN_SNAPSHOT_STORE_URL" not in container_env(docs, c), comp
+    # Workers, the reaper and the scheduler (which serves steps' live output from the
+    # store) get the store's credentials, from the Secret only.
+    scheduler_container = component(docs, "Deployment", "scheduler")["spec"]["template"]["spec"]["containers"][0]
+    for c in (worker_container(docs), reaper_container(docs), scheduler_container):
+        assert envfrom_secrets(c) == ["cairn-snapshot-store"]
+    # The reaper and the scheduler read through the URL each snapshot or step records:
+    # they are not given the URL.
+    for c in (reaper_container(docs), scheduler_container):
+        assert "CAIRN_SNAPSHOT_STORE_URL" not in container_env(docs, c)
     assert not envfrom_secrets(component(docs, "Job", "migration")["spec"]["template"]["spec"]["containers"][0])
     for cm in of_kind(docs, "ConfigMap"):
         if cm["metadata"]["name"] != w_cm["metadata"]["name"]:
