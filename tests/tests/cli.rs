@@ -560,6 +560,23 @@ async fn watch_and_logs_show_a_run_step_by_step() {
         "no terminal codes off a terminal:\n{text}"
     );
 
+    let journal = String::from_utf8_lossy(&ctl(&["runs", "journal", &run_id]).stdout).into_owned();
+    let row = |key: &str| {
+        journal
+            .lines()
+            .find(|l| l.starts_with(&format!("{key} ")))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(
+        row("greet").contains("completed") && row("greet").ends_with("hello"),
+        "{journal}"
+    );
+    assert!(
+        row("boom").contains("failed") && row("boom").ends_with("oops"),
+        "{journal}"
+    );
+
     let logs = ctl(&["runs", "logs", &run_id]);
     assert_eq!(logs.status.code(), Some(0));
     assert_eq!(String::from_utf8_lossy(&logs.stdout), "hello\n");

@@ -340,6 +340,7 @@ pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u
                             .map(|id| id.chars().take(12).collect())
                             .unwrap_or_else(|| "-".into()),
                     );
+                    row.push(last_line(s));
                     row
                 });
                 output::table(
@@ -353,9 +354,11 @@ pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u
                         "receipt_epoch",
                         "tree",
                         "snapshot",
+                        "output (last line)",
                     ],
                     &rows,
                 );
+                println!("(a step's whole output: cairnctl runs logs {run} STEP)");
                 for entry in journal["entries"].as_array().into_iter().flatten() {
                     println!(
                         "{}  {}  {}",
@@ -393,6 +396,25 @@ pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u
             }
             Ok(exit::OK)
         }
+    }
+}
+
+/// The last line a step printed (stdout, else stderr), from its receipt's tail, cut to
+/// 40 characters; `-` when it printed nothing.
+fn last_line(step: &Value) -> String {
+    let last = ["stdout_tail", "stderr_tail"].iter().find_map(|tail| {
+        step[*tail]
+            .as_str()?
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+    });
+    match last {
+        Some(line) if line.chars().count() > 40 => {
+            format!("{}…", line.chars().take(39).collect::<String>())
+        }
+        Some(line) => line.to_string(),
+        None => "-".into(),
     }
 }
 

@@ -38,6 +38,9 @@ pub struct JournalStep {
     pub output_digest: Option<String>,
     pub stdout_tail: Option<String>,
     pub stderr_tail: Option<String>,
+    /// The worker-local base path of the step's full output: `.stdout` and `.stderr`
+    /// are appended to it. Anyone else reads it through
+    /// `GET /api/v1/runs/{run}/steps/{key}/output`.
     pub output_artifact: Option<String>,
     pub receipt_epoch: Option<i64>,
     pub finished_at: Option<DateTime<Utc>>,
