@@ -18,8 +18,8 @@ impl Sweep<'_> {
         let mut failed: Vec<Uuid> = Vec::new();
         loop {
             let mut tx = batches.begin().await?;
-            let due: Vec<(Uuid, Vec<String>)> = sqlx::query_as(
-                "SELECT e.id, array_agg(DISTINCT i.output_store_url)
+            let rows: Vec<(Uuid, String, Uuid)> = sqlx::query_as(
+                "SELECT DISTINCT e.id, i.output_store_url, i.output_store
                    FROM execution_requests e JOIN journal_intents i ON i.request_id = e.id
                   WHERE e.id IN (SELECT x.id FROM execution_requests x
                                   WHERE x.state IN ('completed', 'failed', 'cancelled')
@@ -28,21 +28,39 @@ impl Sweep<'_> {
                                     AND EXISTS (SELECT 1 FROM journal_intents j
                                                  WHERE j.request_id = x.id AND j.output_store_url IS NOT NULL)
                                   LIMIT $2 FOR UPDATE OF x SKIP LOCKED)
-                    AND i.output_store_url IS NOT NULL
-                  GROUP BY e.id",
+                    AND i.output_store_url IS NOT NULL AND i.output_store IS NOT NULL",
             )
             .bind(self.now - self.durations.reclaim_after)
             .bind(self.batch)
             .bind(&failed)
             .fetch_all(&mut *tx)
             .await?;
-            let mut reclaimed = Vec::new();
-            for (request_id, stores) in &due {
-                if self.dry_run || delete_everywhere(*request_id, stores).await {
-                    reclaimed.push(*request_id);
-                } else {
-                    failed.push(*request_id);
+            let mut due: Vec<(Uuid, Vec<(String, Uuid)>)> = Vec::new();
+            for (request_id, url, store) in rows {
+                match due.iter_mut().find(|(id, _)| *id == request_id) {
+                    Some((_, stores)) => stores.push((url, store)),
+                    None => due.push((request_id, vec![(url, store)])),
                 }
+            }
+            let mut reclaimed = Vec::new();
+            let mut first_error = None;
+            for (request_id, stores) in &due {
+                if self.dry_run {
+                    reclaimed.push(*request_id);
+                    continue;
+                }
+                match delete_everywhere(*request_id, stores).await {
+                    Ok(()) => reclaimed.push(*request_id),
+                    Err(e) => {
+                        first_error.get_or_insert(e);
+                        failed.push(*request_id);
+                    }
+                }
+            }
+            // One line per batch: with stores this reaper never reaches (each worker's
+            // own directory), a line per request would drown the log.
+            if let Some(error) = first_error {
+                tracing::warn!(failed = failed.len(), first = %error, "step output not reclaimed; retried at the next sweep");
             }
             sqlx::query(
                 "UPDATE execution_requests SET output_reclaimed_at = $2 WHERE id = ANY($1)",
@@ -61,19 +79,24 @@ impl Sweep<'_> {
     }
 }
 
-/// Deletes the request's output in each store; whether every one answered.
-async fn delete_everywhere(request_id: Uuid, stores: &[String]) -> bool {
+/// Deletes the request's output in each store, found at its URL with its identity. A
+/// URL that reaches another store here (a worker's local directory) deletes nothing
+/// and is an error, never done.
+async fn delete_everywhere(request_id: Uuid, stores: &[(String, Uuid)]) -> Result<(), String> {
     let prefix = format!("outputs/{}/", request_id.simple());
-    let mut all = true;
-    for url in stores {
+    for (url, identity) in stores {
         let deleted = match ArtifactStore::open_existing(url) {
-            Ok(store) => store.delete_prefix(&prefix).await,
-            Err(e) => Err(e),
+            Ok(store) => match store.existing_identity().await {
+                Ok(found) if found == *identity => store
+                    .delete_prefix(&prefix)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Ok(found) => Err(format!("another store answers there ({})", found.simple())),
+                Err(e) => Err(e.to_string()),
+            },
+            Err(e) => Err(e.to_string()),
         };
-        if let Err(e) = deleted {
-            tracing::warn!(error = %e, store = %url, request_id = %request_id.simple(), "step output not reclaimed; retried at the next sweep");
-            all = false;
-        }
+        deleted.map_err(|e| format!("{url}: {e}"))?;
     }
-    all
+    Ok(())
 }

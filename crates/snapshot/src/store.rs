@@ -288,12 +288,8 @@ impl ArtifactStore {
     /// The store's identity: the id in [`IDENTITY_KEY`], written by whoever opens the
     /// store first (a create-only put, so two first openers agree).
     pub async fn identity(&self) -> Result<uuid::Uuid, StoreError> {
-        let parse = |bytes: &[u8]| {
-            let text = String::from_utf8_lossy(bytes);
-            uuid::Uuid::parse_str(text.trim()).map_err(|_| StoreError::Identity(text.into_owned()))
-        };
-        match self.get(IDENTITY_KEY).await {
-            Ok(bytes) => return parse(&bytes),
+        match self.existing_identity().await {
+            Ok(id) => return Ok(id),
             Err(StoreError::NotFound(_)) => {}
             Err(e) => return Err(e),
         }
@@ -311,9 +307,17 @@ impl ArtifactStore {
                 self.flush_keys(vec![IDENTITY_KEY.to_string()]).await?;
                 Ok(id)
             }
-            Err(object_store::Error::AlreadyExists { .. }) => parse(&self.get(IDENTITY_KEY).await?),
+            Err(object_store::Error::AlreadyExists { .. }) => self.existing_identity().await,
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// The store's identity, only read: `NotFound` when it has none (a reader never
+    /// names a store it only looked at).
+    pub async fn existing_identity(&self) -> Result<uuid::Uuid, StoreError> {
+        let bytes = self.get(IDENTITY_KEY).await?;
+        let text = String::from_utf8_lossy(&bytes);
+        uuid::Uuid::parse_str(text.trim()).map_err(|_| StoreError::Identity(text.into_owned()))
     }
 
     /// Deletes objects in bulk (the backend's batch delete where it has one); deleting

@@ -5,7 +5,7 @@
 //! second of its printing, and what was uploaded stays readable when the worker dies.
 //! The bytes are those of the stored artifact: bounded and, when configured, redacted.
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use cairn_snapshot::store::ArtifactStore;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -15,8 +15,10 @@ pub const CHUNK_BYTES: usize = 64 * 1024;
 pub const FLUSH_EVERY: Duration = Duration::from_millis(250);
 /// Chunks waiting for upload before the writer keeps bytes back instead.
 const QUEUED_CHUNKS: usize = 16;
-/// How long the end of a step waits for its last chunks.
+/// How long the end of a step waits for its last chunks, all told.
 const FINISH_WITHIN: Duration = Duration::from_secs(10);
+/// How long one upload of a chunk may take.
+const PUT_WITHIN: Duration = Duration::from_secs(10);
 
 /// Where one step's streams go.
 #[derive(Clone, Debug)]
@@ -39,7 +41,7 @@ pub fn chunk_key(prefix: &str, stream: &str, sequence: u64) -> String {
 
 /// Uploads one stream's chunks, in order, on its own task.
 pub struct Uploader {
-    pending: Vec<u8>,
+    pending: BytesMut,
     queue: Option<mpsc::Sender<Bytes>>,
     task: JoinHandle<()>,
 }
@@ -56,11 +58,17 @@ impl Uploader {
                 sequence += 1;
                 let mut tries = 0;
                 // A store that fails for a moment loses nothing; one that keeps failing
-                // leaves a gap a reader can see (the sequence skips), never a stall.
-                while let Err(e) = store.put(&key, chunk.clone()).await {
+                // (or hangs) leaves a gap a reader can see, never a stalled step.
+                loop {
+                    let put = tokio::time::timeout(PUT_WITHIN, store.put(&key, chunk.clone()));
+                    let error = match put.await {
+                        Ok(Ok(())) => break,
+                        Ok(Err(e)) => e.to_string(),
+                        Err(_) => format!("no answer within {PUT_WITHIN:?}"),
+                    };
                     tries += 1;
                     if tries == 3 {
-                        tracing::warn!(error = %e, key, "a chunk of live output could not be stored");
+                        tracing::warn!(error, key, "a chunk of live output could not be stored");
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(200 * tries)).await;
@@ -68,7 +76,7 @@ impl Uploader {
             }
         });
         Uploader {
-            pending: Vec::new(),
+            pending: BytesMut::new(),
             queue: Some(queue),
             task,
         }
@@ -77,52 +85,47 @@ impl Uploader {
     /// Takes bytes as they are stored; full chunks leave at once.
     pub fn push(&mut self, bytes: &[u8]) {
         self.pending.extend_from_slice(bytes);
-        while self.pending.len() >= CHUNK_BYTES {
-            let rest = self.pending.split_off(CHUNK_BYTES);
-            let full = std::mem::replace(&mut self.pending, rest);
-            if !self.send(full) {
-                break;
-            }
-        }
+        self.send(CHUNK_BYTES);
     }
 
     /// Sends what is pending (at each tick of [`FLUSH_EVERY`]).
     pub fn flush(&mut self) {
-        if !self.pending.is_empty() {
-            let chunk = std::mem::take(&mut self.pending);
-            self.send(chunk);
-        }
+        self.send(1);
     }
 
-    /// Queues a chunk; with the queue full it goes back to pending for the next tick.
-    fn send(&mut self, chunk: Vec<u8>) -> bool {
+    /// Queues pieces of at most [`CHUNK_BYTES`], while at least `least` bytes wait and
+    /// the queue has room; with the queue full they wait for the next call.
+    fn send(&mut self, least: usize) {
         let Some(queue) = &self.queue else {
-            return false;
+            return;
         };
-        match queue.try_send(Bytes::from(chunk)) {
-            Ok(()) => true,
-            Err(
-                mpsc::error::TrySendError::Full(chunk) | mpsc::error::TrySendError::Closed(chunk),
-            ) => {
-                let mut back = chunk.to_vec();
-                back.extend_from_slice(&self.pending);
-                self.pending = back;
-                false
-            }
+        while self.pending.len() >= least {
+            let Ok(permit) = queue.try_reserve() else {
+                return;
+            };
+            let n = self.pending.len().min(CHUNK_BYTES);
+            permit.send(self.pending.split_to(n).freeze());
         }
     }
 
-    /// Uploads the rest and waits for every chunk, for at most [`FINISH_WITHIN`].
+    /// Uploads the rest and waits for every chunk, all within [`FINISH_WITHIN`].
     pub async fn finish(mut self) {
-        let rest = std::mem::take(&mut self.pending);
-        if let Some(queue) = self.queue.take() {
-            for piece in rest.chunks(CHUNK_BYTES) {
-                if queue.send(Bytes::copy_from_slice(piece)).await.is_err() {
-                    break;
+        let queue = self.queue.take();
+        let mut rest = std::mem::take(&mut self.pending);
+        let task = &mut self.task;
+        let everything = async move {
+            if let Some(queue) = queue {
+                while !rest.is_empty() {
+                    let n = rest.len().min(CHUNK_BYTES);
+                    if queue.send(rest.split_to(n).freeze()).await.is_err() {
+                        break;
+                    }
                 }
             }
-        }
-        if tokio::time::timeout(FINISH_WITHIN, &mut self.task)
+            // The queue is closed: the task ends once it stored what it holds.
+            let _ = task.await;
+        };
+        if tokio::time::timeout(FINISH_WITHIN, everything)
             .await
             .is_err()
         {

@@ -20,8 +20,13 @@ use uuid::Uuid;
 
 /// How often a follower looks for new chunks (workers upload every 250 ms).
 const POLL: Duration = Duration::from_millis(250);
+/// Chunks in one event, at most (each is at most 64 KiB).
+const BATCH_CHUNKS: usize = 16;
+/// Polls (of [`POLL`]) a chunk that is listed but unreadable is waited for.
+const STUCK_POLLS: u32 = 40;
 
 #[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct OutputQuery {
     /// `stdout` (the default) or `stderr`.
@@ -43,7 +48,8 @@ struct StepOutput {
 /// A step's output (its latest attempt): `stdout` or `stderr`, as bytes; with
 /// `follow=true`, `text/event-stream` events while it runs: `output` events, each
 /// `{"seq": N, "text": …}` (the bytes in Cairn's escaped text form, see
-/// `cairn_common::output`), then one `end` event when the step has ended.
+/// `cairn_common::output`), then one `end` event, `{"epoch": N}`, when the attempt at
+/// that lease epoch has ended (its receipt, or another attempt took the request).
 #[utoipa::path(get, path = "/api/v1/runs/{run_id}/steps/{step_key}/output", tag = "runs",
     params(("run_id" = String, Path), ("step_key" = String, Path), OutputQuery),
     responses(
@@ -156,7 +162,8 @@ async fn locate(
         )
     };
     let store = ArtifactStore::open_existing(&url).map_err(|e| unreachable(e.to_string()))?;
-    match store.identity().await {
+    // Only read: a reader never names a store it merely looked at.
+    match store.existing_identity().await {
         Ok(found) if found == store_id => {}
         Ok(_) => return Err(unreachable("another store answers at that URL here".into())),
         Err(e) => return Err(unreachable(e.to_string())),
@@ -210,42 +217,88 @@ async fn ended(pool: &PgPool, step: &StepOutput) -> bool {
     matches!(ended, Ok(Some(true)) | Ok(None))
 }
 
-/// Follows the output: every chunk once, in order, then `end`.
+/// Follows the output: every chunk once, in order, then `end`. Position is the last
+/// key sent, so no chunk is sent twice or out of order (one that lands after a later
+/// one was sent is not sent at all); one that
+/// cannot be read for [`STUCK_POLLS`] polls is skipped, leaving a gap in `seq`.
 fn follow(
     pool: PgPool,
     step: StepOutput,
 ) -> Sse<impl futures::Stream<Item = Result<Event, std::convert::Infallible>>> {
-    let state = (pool, step, 0usize, false);
-    let events = futures::stream::unfold(state, |(pool, step, sent, done)| async move {
-        if done {
+    let state = Follower {
+        pool,
+        step,
+        last: None,
+        stuck: 0,
+        done: false,
+    };
+    let events = futures::stream::unfold(state, |mut f| async move {
+        if f.done {
             return None;
         }
         loop {
             // Read whether it ended before listing, so the last chunks are in the list.
-            let ended = ended(&pool, &step).await;
-            let keys = chunks(&step.store, &step.prefix).await.unwrap_or_default();
-            let mut batch = Vec::new();
-            let mut read_now = 0;
-            for key in keys.iter().skip(sent) {
-                // A chunk that cannot be read now is read at the next poll.
-                let Ok(bytes) = read(&step.store, key).await else {
-                    break;
-                };
-                batch.extend_from_slice(&bytes);
-                read_now += 1;
-            }
-            if read_now > 0 {
-                let event = Event::default()
-                    .event("output")
-                    .data(serde_json::json!({"seq": sent, "text": escape(&batch)}).to_string());
-                return Some((Ok(event), (pool, step, sent + read_now, false)));
-            }
-            if ended && keys.len() <= sent {
-                let event = Event::default().event("end").data("{}");
-                return Some((Ok(event), (pool, step, sent, true)));
+            let ended = ended(&f.pool, &f.step).await;
+            // A listing that failed says nothing: it is never taken for an empty one.
+            if let Ok(keys) = chunks(&f.step.store, &f.step.prefix).await {
+                let unsent: Vec<&String> = keys
+                    .iter()
+                    .filter(|k| f.last.as_ref().is_none_or(|last| *k > last))
+                    .take(BATCH_CHUNKS)
+                    .collect();
+                let mut batch = Vec::new();
+                let mut first = None;
+                for key in &unsent {
+                    match read(&f.step.store, key).await {
+                        Ok(bytes) => {
+                            batch.extend_from_slice(&bytes);
+                            first.get_or_insert_with(|| sequence(key));
+                            f.last = Some((*key).clone());
+                            f.stuck = 0;
+                        }
+                        Err(_) if f.stuck + 1 >= STUCK_POLLS => {
+                            f.last = Some((*key).clone());
+                            f.stuck = 0;
+                        }
+                        Err(_) => {
+                            f.stuck += 1;
+                            break;
+                        }
+                    }
+                }
+                if let Some(seq) = first {
+                    let data = serde_json::json!({"seq": seq, "text": escape(&batch)});
+                    return Some((
+                        Ok(Event::default().event("output").data(data.to_string())),
+                        f,
+                    ));
+                }
+                if ended && unsent.is_empty() {
+                    f.done = true;
+                    let data = serde_json::json!({"epoch": f.step.epoch});
+                    return Some((Ok(Event::default().event("end").data(data.to_string())), f));
+                }
             }
             tokio::time::sleep(POLL).await;
         }
     });
     Sse::new(events).keep_alive(KeepAlive::default())
+}
+
+struct Follower {
+    pool: PgPool,
+    step: StepOutput,
+    /// The key of the last chunk sent (or skipped).
+    last: Option<String>,
+    /// Polls the next chunk has failed to read.
+    stuck: u32,
+    done: bool,
+}
+
+/// A chunk's sequence number, from its key's last segment.
+fn sequence(key: &str) -> u64 {
+    key.rsplit('/')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_default()
 }
