@@ -199,3 +199,34 @@ async fn the_reaper_reclaims_the_output_of_a_finished_run() {
     assert_eq!(status, 410, "{}", String::from_utf8_lossy(&body));
     assert!(String::from_utf8_lossy(&body).contains("output_reclaimed"));
 }
+
+/// `runs logs --follow` follows a step again when a later attempt runs it again: the
+/// worker running it is killed, another one re-runs it (it is idempotent), and the
+/// follower prints both attempts' lines, then exits.
+#[tokio::test]
+async fn a_follower_follows_a_step_run_again_by_the_next_attempt() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("output-rerun", 2, Settings::default()).await;
+    let script = "echo start $CAIRN_ATTEMPT; sleep 3; echo done $CAIRN_ATTEMPT";
+    let step = json!({"key": "slow", "argv": ["sh", "-c", script], "idempotent": true});
+    let (run_id, request_id) = cluster.submit(&run_spec(vec![step], 3));
+    let mut follower = std::process::Command::new(binary("cairnctl"))
+        .args(["runs", "logs", &run_id, "--follow"])
+        .env("CAIRN_SERVER", format!("http://{}", cluster.api))
+        .env("CAIRN_TOKEN", ADMIN)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("cairnctl");
+    let mut lines = BufReader::new(follower.stdout.take().expect("stdout")).lines();
+    let first = lines.next().expect("a line").expect("text");
+    assert_eq!(first, "start 1");
+    let holder = cluster.holder(&request_id).await.expect("a holder");
+    cluster.workers[cluster.worker_index(&holder)]
+        .process
+        .signal(Signal::SIGKILL);
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    let status = follower.wait().expect("cairnctl exits");
+    assert!(status.success(), "{status}");
+    assert_eq!(rest, ["start 2", "done 2"], "after the kill");
+    cluster.wait_for_state(&run_id, &["completed"], Duration::from_secs(60));
+}

@@ -126,43 +126,78 @@ async fn print_step(
     Ok(true)
 }
 
-/// Waits for a step to start and prints its streams until it ends; whether it started
-/// (it never does when the run ends first).
+/// Waits for a step to start and prints its streams until it ends, attempt after
+/// attempt (a step a later attempt runs again is followed again), until it has a
+/// receipt or the run ended; whether it started (it never does when the run ends first).
 async fn follow_step(
     client: &Client,
     run: &str,
     key: &str,
     streams: &[Stream],
 ) -> Result<bool, CallError> {
-    let mut first = None;
-    while first.is_none() {
-        let path = format!("{}&follow=true", output_path(run, key, streams[0]));
-        match client.open_stream(&path).await {
-            Ok(response) => first = Some(response),
-            Err(e) if e.code == exit::NOT_FOUND || e.transient => {
-                let view = client.get(&format!("/api/v1/runs/{run}")).await?;
-                if ENDED.contains(&view["state"].as_str().unwrap_or_default()) {
-                    // One last look: the step may have started and ended meanwhile.
-                    return print_step(client, run, key, streams).await;
-                }
-                tokio::time::sleep(WAIT).await;
-            }
-            Err(e) => return Err(e),
+    let mut followed: Option<i64> = None;
+    loop {
+        let Some(attempt) = next_attempt(client, run, key, followed).await? else {
+            return match followed {
+                Some(_) => Ok(true),
+                // One last look: the step may have started and ended meanwhile.
+                None => print_step(client, run, key, streams).await,
+            };
+        };
+        let mut printing = Vec::new();
+        for &stream in streams {
+            let path = format!("{}&follow=true", output_path(run, key, stream));
+            let response = client.open_stream(&path).await?;
+            printing.push(print_events(response, stream));
+        }
+        for ended in futures::future::join_all(printing).await {
+            ended?;
+        }
+        followed = Some(attempt);
+        let (receipted, _) = step_state(client, run, key).await?;
+        if receipted {
+            return Ok(true);
         }
     }
-    let mut followed = Vec::new();
-    if let Some(response) = first {
-        followed.push(print_events(response, streams[0]));
+}
+
+/// The lease epoch of the step's latest attempt once it is newer than `followed`, or
+/// `None` when the run ended first.
+async fn next_attempt(
+    client: &Client,
+    run: &str,
+    key: &str,
+    followed: Option<i64>,
+) -> Result<Option<i64>, CallError> {
+    loop {
+        let (_, epoch) = step_state(client, run, key).await?;
+        if let Some(epoch) = epoch.filter(|e| followed.is_none_or(|f| *e > f)) {
+            return Ok(Some(epoch));
+        }
+        let view = client.get(&format!("/api/v1/runs/{run}")).await?;
+        if ENDED.contains(&view["state"].as_str().unwrap_or_default()) {
+            return Ok(None);
+        }
+        tokio::time::sleep(WAIT).await;
     }
-    for &stream in &streams[1..] {
-        let path = format!("{}&follow=true", output_path(run, key, stream));
-        let response = client.open_stream(&path).await?;
-        followed.push(print_events(response, stream));
-    }
-    for ended in futures::future::join_all(followed).await {
-        ended?;
-    }
-    Ok(true)
+}
+
+/// Whether the run's step has a receipt, and the lease epoch of its latest intent.
+async fn step_state(
+    client: &Client,
+    run: &str,
+    key: &str,
+) -> Result<(bool, Option<i64>), CallError> {
+    let view = client.get(&format!("/api/v1/runs/{run}")).await?;
+    let journal = client.get(&format!("/api/v1/runs/{run}/journal")).await?;
+    let step = journal["steps"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|s| s["step_key"] == key && s["request_id"] == view["request_id"]);
+    Ok(step.map_or((false, None), |s| {
+        (s["status"] != "unknown_outcome", s["intent_epoch"].as_i64())
+    }))
 }
 
 /// Prints each `output` event's bytes until the `end` event.

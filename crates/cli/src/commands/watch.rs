@@ -190,8 +190,10 @@ async fn waiting_hint(
     if waited < unclaimed {
         return Ok(None);
     }
-    let Some(workers) = read(client, "/api/v1/workers").await? else {
-        return Ok(None);
+    let workers = match read(client, "/api/v1/workers").await {
+        Ok(Some(workers)) => workers,
+        // A scheduler without the route gives no hint; the watch goes on.
+        Ok(None) | Err(_) => return Ok(None),
     };
     let alive = workers["workers"]
         .as_array()
