@@ -145,16 +145,17 @@ async fn keep(worker: Arc<Worker>, mut lease: Lease, watch: Watch, done: Cancell
                 }
             }
         }
-        let asked: Result<(bool, bool, bool), _> = sqlx::query_as(
+        let asked = sqlx::query_as::<_, (bool, bool, bool)>(
             "SELECT cancel_requested_at IS NOT NULL, pause_requested_at IS NOT NULL,
                     COALESCE($2 <= now(), FALSE)
                FROM execution_requests WHERE id = $1",
         )
         .bind(lease.request_id)
         .bind(window_ends_at)
-        .fetch_one(&worker.pool)
-        .await;
-        let Ok((cancelled, paused, window_ended)) = asked else {
+        .fetch_one(&worker.pool);
+        // Never past the next renewal: the deadline check must not wait on this read.
+        let asked = tokio::time::timeout(interval, asked).await;
+        let Ok(Ok((cancelled, paused, window_ended))) = asked else {
             continue;
         };
         pause.send_if_modified(|p| std::mem::replace(p, paused) != paused);

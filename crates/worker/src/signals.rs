@@ -29,7 +29,15 @@ pub struct Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.signals.waiting().remove(&self.request_id);
+        // A fenced job may still be letting go while a new claim of the same request
+        // subscribed: only this subscription's own entry goes.
+        let mut waiting = self.signals.waiting();
+        if waiting
+            .get(&self.request_id)
+            .is_some_and(|w| Arc::ptr_eq(w, &self.wake))
+        {
+            waiting.remove(&self.request_id);
+        }
     }
 }
 

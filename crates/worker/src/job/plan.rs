@@ -292,8 +292,16 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
                     cancelled: true,
                     ..journaled
                 };
-                ending::write_receipt(job, &receipt(&cancelled)).await?;
-                tracing::info!(step = %step.key, wall_ms = outcome.wall_ms, "step stopped: the run was cancelled");
+                // The cancel must land even when its record cannot: without this receipt
+                // the step reads as an unknown outcome, charged from its intent.
+                match ending::write_receipt(job, &receipt(&cancelled)).await {
+                    Ok(()) => {
+                        tracing::info!(step = %step.key, wall_ms = outcome.wall_ms, "step stopped: the run was cancelled")
+                    }
+                    Err(e) => {
+                        tracing::warn!(step = %step.key, error = %e, "the cancelled step's receipt was not written")
+                    }
+                }
             }
             return Ok(Ending::Interrupted);
         }
