@@ -32,7 +32,7 @@ pub struct WorkerList {
 }
 
 /// Workers that beat in the last hour, alive ones first.
-#[utoipa::path(get, path = "/api/v1/workers", tag = "workers",
+#[utoipa::path(get, path = "/api/v1/workers", tag = "workers", operation_id = "list_workers",
     responses((status = 200, body = WorkerList), (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn list(
