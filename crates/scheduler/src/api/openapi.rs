@@ -119,7 +119,7 @@ fn no_nul_in_strings(schema: &mut serde_json::Value) {
 /// token 401, a role too low 403, an unreadable or too large body 413, a body that is
 /// not JSON 415, an unavailable database 503, each with the error body), and the
 /// patterns the server enforces on path parameters (ids: 32 lowercase hex; agent
-/// names).
+/// names; step keys).
 fn complete(doc: &mut serde_json::Value) {
     use serde_json::json;
     let error = json!({
@@ -165,10 +165,10 @@ fn complete(doc: &mut serde_json::Value) {
                     if param["in"] != "path" {
                         continue;
                     }
-                    let pattern = if name == "agent" {
-                        "^[A-Za-z0-9._-]{1,128}$"
-                    } else {
-                        "^[0-9a-f]{32}$"
+                    let pattern = match name.as_str() {
+                        "agent" => "^[A-Za-z0-9._-]{1,128}$",
+                        "step_key" => "^[A-Za-z0-9._-]{1,64}$",
+                        _ => "^[0-9a-f]{32}$",
                     };
                     param["schema"] = json!({"type": "string", "pattern": pattern});
                 }

@@ -12,10 +12,10 @@ use axum::response::{IntoResponse, Response};
 use cairn_common::output::escape;
 use cairn_snapshot::store::ArtifactStore;
 use chrono::{DateTime, Utc};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use std::time::Duration;
-use utoipa::IntoParams;
+use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 /// How often a follower looks for new chunks (workers upload every 250 ms).
@@ -30,9 +30,20 @@ const STUCK_POLLS: u32 = 40;
 #[serde(deny_unknown_fields)]
 pub struct OutputQuery {
     /// `stdout` (the default) or `stderr`.
+    #[param(pattern = "^(stdout|stderr)$")]
     pub stream: Option<String>,
     /// Follow the output as server-sent events until the step ends.
     pub follow: Option<bool>,
+}
+
+/// One server-sent event of a followed output.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OutputEvent {
+    /// `output` or `end`.
+    pub event: String,
+    /// JSON: `{"seq": N, "text": …}` for `output` (the bytes in the escaped text form),
+    /// `{"epoch": N}` for `end`.
+    pub data: String,
 }
 
 /// Where one step's output is.
@@ -53,7 +64,9 @@ struct StepOutput {
 #[utoipa::path(get, path = "/api/v1/runs/{run_id}/steps/{step_key}/output", tag = "runs",
     params(("run_id" = String, Path), ("step_key" = String, Path), OutputQuery),
     responses(
-        (status = 200, description = "The output's bytes (application/octet-stream), or its events (text/event-stream) when following", content_type = "application/octet-stream", body = Vec<u8>),
+        (status = 200, description = "The output's bytes, or its events when following", content(
+            (Vec<u8> = "application/octet-stream"),
+            (OutputEvent = "text/event-stream"))),
         (status = 400, body = ErrorBody),
         (status = 404, description = "No such run, or the step has not started, or it has no live output", body = ErrorBody),
         (status = 409, description = "The output is in an artifact store this scheduler does not reach", body = ErrorBody),
