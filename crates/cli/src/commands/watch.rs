@@ -296,14 +296,21 @@ pub async fn watch(
     Ok(exit::OK)
 }
 
-/// Replaces the `drawn` lines printed last with `lines`.
+/// Replaces the `drawn` lines printed last with `lines`, each cut to the terminal's
+/// width (`COLUMNS`, else 100): a wrapped line would shift every later redraw.
 fn redraw(lines: &[String], drawn: &mut usize) {
+    let width = std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.parse::<usize>().ok())
+        .filter(|w| *w >= 20)
+        .unwrap_or(100);
     let mut out = std::io::stdout().lock();
     if *drawn > 0 {
         let _ = write!(out, "\x1b[{drawn}A");
     }
     for line in lines {
-        let _ = writeln!(out, "\x1b[2K{line}");
+        let cut: String = line.chars().take(width - 1).collect();
+        let _ = writeln!(out, "\x1b[2K{cut}");
     }
     // Lines left from a longer drawing are cleared.
     for _ in lines.len()..*drawn {
