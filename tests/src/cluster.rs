@@ -183,6 +183,15 @@ impl Cluster {
         (status, raw[split + 4..].to_vec())
     }
 
+    /// `cairnctl`, pointed at this cluster's scheduler, as its admin.
+    pub fn cairnctl(&self) -> std::process::Command {
+        let mut command = std::process::Command::new(crate::binary("cairnctl"));
+        command
+            .env("CAIRN_SERVER", format!("http://{}", self.api))
+            .env("CAIRN_TOKEN", ADMIN);
+        command
+    }
+
     /// Submits a run; returns `(run_id, request_id)`.
     pub fn submit(&self, spec: &Value) -> (String, String) {
         let (status, run) = self.call("POST", "/api/v1/runs", Some(spec));

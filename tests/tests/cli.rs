@@ -1,6 +1,6 @@
 //! `cairnctl` drives every route of a running scheduler.
 
-use cairn_e2e::cluster::{Cluster, Settings, ADMIN};
+use cairn_e2e::cluster::{Cluster, Settings};
 use cairn_e2e::{binary, free_addr, wait_for_status, Isolation, Process, ServiceLock};
 use serde_json::json;
 use serde_json::Value;
@@ -533,14 +533,7 @@ async fn watch_and_logs_show_a_run_step_by_step() {
         ]
     });
     let (run_id, _) = cluster.submit(&spec);
-    let ctl = |args: &[&str]| {
-        Command::new(binary("cairnctl"))
-            .args(args)
-            .env("CAIRN_SERVER", format!("http://{}", cluster.api))
-            .env("CAIRN_TOKEN", ADMIN)
-            .output()
-            .expect("cairnctl")
-    };
+    let ctl = |args: &[&str]| cluster.cairnctl().args(args).output().expect("cairnctl");
     let watched = ctl(&["runs", "watch", &run_id, "--interval-seconds", "0.2"]);
     let text = String::from_utf8_lossy(&watched.stdout);
     assert_eq!(watched.status.code(), Some(8), "{text}");
@@ -590,7 +583,8 @@ async fn watch_says_when_no_worker_is_there_to_take_a_run() {
     let cluster = Cluster::start("cli-noworker", 0, Settings::default()).await;
     let (run_id, _) =
         cluster.submit(&json!({"agent": "e2e", "steps": [{"key": "a", "argv": ["true"]}]}));
-    let mut watch = Command::new(binary("cairnctl"))
+    let mut watch = cluster
+        .cairnctl()
         .args([
             "runs",
             "watch",
@@ -600,8 +594,6 @@ async fn watch_says_when_no_worker_is_there_to_take_a_run() {
             "--unclaimed-seconds",
             "1",
         ])
-        .env("CAIRN_SERVER", format!("http://{}", cluster.api))
-        .env("CAIRN_TOKEN", ADMIN)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("cairnctl");

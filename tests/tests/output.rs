@@ -4,9 +4,8 @@
 //! printed before a worker died stays readable.
 
 use cairn_common::output::unescape;
-use cairn_e2e::cluster::ADMIN;
 use cairn_e2e::cluster::{run_spec, Cluster, Settings};
-use cairn_e2e::{binary, Process, ServiceLock};
+use cairn_e2e::{Process, ServiceLock};
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
@@ -96,12 +95,11 @@ async fn a_follower_sees_each_line_within_a_second() {
     let script = "for i in 1 2 3 4 5; do echo \"$(date +%s.%N) line $i\"; sleep 1; done";
     let step = json!({"key": "tick", "argv": ["sh", "-c", script]});
     let (run_id, _) = cluster.submit(&run_spec(vec![step], 1));
-    let mut follower = std::process::Command::new(binary("cairnctl"))
+    let mut follower = cluster
+        .cairnctl()
         .args([
             "runs", "logs", &run_id, "tick", "--follow", "--stream", "stdout",
         ])
-        .env("CAIRN_SERVER", format!("http://{}", cluster.api))
-        .env("CAIRN_TOKEN", ADMIN)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("cairnctl");
@@ -210,10 +208,9 @@ async fn a_follower_follows_a_step_run_again_by_the_next_attempt() {
     let script = "echo start $CAIRN_ATTEMPT; sleep 3; echo done $CAIRN_ATTEMPT";
     let step = json!({"key": "slow", "argv": ["sh", "-c", script], "idempotent": true});
     let (run_id, request_id) = cluster.submit(&run_spec(vec![step], 3));
-    let mut follower = std::process::Command::new(binary("cairnctl"))
+    let mut follower = cluster
+        .cairnctl()
         .args(["runs", "logs", &run_id, "--follow"])
-        .env("CAIRN_SERVER", format!("http://{}", cluster.api))
-        .env("CAIRN_TOKEN", ADMIN)
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("cairnctl");

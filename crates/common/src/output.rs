@@ -50,6 +50,31 @@ pub fn unescape(text: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
+/// Where a request's live step output lives in an artifact store (every attempt, every
+/// step): the worker writes under it, the API reads, the reaper deletes it whole.
+pub fn live_request_prefix(request_id: uuid::Uuid) -> String {
+    format!("outputs/{}/", request_id.simple())
+}
+
+/// The objects of one stream of one step's attempt (`stdout` or `stderr`), ending `/`.
+pub fn live_stream_prefix(
+    request_id: uuid::Uuid,
+    epoch: i64,
+    step_index: i64,
+    stream: &str,
+) -> String {
+    format!(
+        "{}{epoch}/{step_index}/{stream}/",
+        live_request_prefix(request_id)
+    )
+}
+
+/// The key of chunk `sequence` under a stream's prefix; zero-padded, so a store lists
+/// chunks in order.
+pub fn live_chunk_key(stream_prefix: &str, sequence: u64) -> String {
+    format!("{stream_prefix}{sequence:010}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

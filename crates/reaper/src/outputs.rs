@@ -83,7 +83,7 @@ impl Sweep<'_> {
 /// URL that reaches another store here (a worker's local directory) deletes nothing
 /// and is an error, never done.
 async fn delete_everywhere(request_id: Uuid, stores: &[(String, Uuid)]) -> Result<(), String> {
-    let prefix = format!("outputs/{}/", request_id.simple());
+    let prefix = cairn_common::output::live_request_prefix(request_id);
     for (url, identity) in stores {
         let deleted = match ArtifactStore::open_existing(url) {
             Ok(store) => match store.existing_identity().await {

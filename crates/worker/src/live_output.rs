@@ -6,6 +6,7 @@
 //! The bytes are those of the stored artifact: bounded and, when configured, redacted.
 
 use bytes::{Bytes, BytesMut};
+use cairn_common::output::{live_chunk_key, live_stream_prefix};
 use cairn_snapshot::store::ArtifactStore;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -20,23 +21,14 @@ const FINISH_WITHIN: Duration = Duration::from_secs(10);
 /// How long one upload of a chunk may take.
 const PUT_WITHIN: Duration = Duration::from_secs(10);
 
-/// Where one step's streams go.
+/// Where one step's streams go: its attempt, in the store (key layout:
+/// [`cairn_common::output::live_stream_prefix`]).
 #[derive(Clone, Debug)]
 pub struct LiveOutput {
     pub store: ArtifactStore,
-    /// `outputs/<request>/<epoch>/<step index>`.
-    pub prefix: String,
-}
-
-/// The prefix of a step's output objects.
-pub fn prefix(request_id: uuid::Uuid, epoch: i64, step_index: usize) -> String {
-    format!("outputs/{}/{epoch}/{step_index}", request_id.simple())
-}
-
-/// The key of chunk `sequence` of `stream` (`stdout` or `stderr`) under `prefix`;
-/// zero-padded, so the store lists chunks in order.
-pub fn chunk_key(prefix: &str, stream: &str, sequence: u64) -> String {
-    format!("{prefix}/{stream}/{sequence:010}")
+    pub request_id: uuid::Uuid,
+    pub epoch: i64,
+    pub step_index: usize,
 }
 
 /// Uploads one stream's chunks, in order, on its own task.
@@ -50,11 +42,12 @@ impl Uploader {
     pub fn start(live: &LiveOutput, stream: &'static str) -> Uploader {
         let (queue, mut chunks) = mpsc::channel::<Bytes>(QUEUED_CHUNKS);
         let store = live.store.clone();
-        let prefix = live.prefix.clone();
+        let index = i64::try_from(live.step_index).unwrap_or(i64::MAX);
+        let prefix = live_stream_prefix(live.request_id, live.epoch, index, stream);
         let task = tokio::spawn(async move {
             let mut sequence = 0u64;
             while let Some(chunk) = chunks.recv().await {
-                let key = chunk_key(&prefix, stream, sequence);
+                let key = live_chunk_key(&prefix, sequence);
                 sequence += 1;
                 let mut tries = 0;
                 // A store that fails for a moment loses nothing; one that keeps failing
@@ -144,9 +137,12 @@ mod tests {
         let dir =
             std::env::temp_dir().join(format!("cairn-live-{}", uuid::Uuid::new_v4().simple()));
         let store = ArtifactStore::open(dir.to_str().expect("utf-8")).expect("store");
+        let request_id = uuid::Uuid::new_v4();
         let live = LiveOutput {
             store: store.clone(),
-            prefix: "outputs/x/1/0".into(),
+            request_id,
+            epoch: 1,
+            step_index: 0,
         };
         let mut uploader = Uploader::start(&live, "stdout");
         let mut written = Vec::new();
@@ -161,7 +157,8 @@ mod tests {
         uploader.push(b"\0\xff no newline");
         written.extend_from_slice(b"\0\xff no newline");
         uploader.finish().await;
-        let mut keys = store.list("outputs/x/1/0/stdout/").await.expect("list");
+        let prefix = live_stream_prefix(request_id, 1, 0, "stdout");
+        let mut keys = store.list(&prefix).await.expect("list");
         keys.sort();
         let mut read = Vec::new();
         for key in &keys {
@@ -170,10 +167,7 @@ mod tests {
             read.extend_from_slice(&chunk);
         }
         assert_eq!(read, written);
-        assert_eq!(
-            keys.first().map(String::as_str),
-            Some("outputs/x/1/0/stdout/0000000000")
-        );
+        assert_eq!(keys.first(), Some(&format!("{prefix}0000000000")));
         let _ = std::fs::remove_dir_all(dir);
     }
 }

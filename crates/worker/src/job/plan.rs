@@ -7,7 +7,7 @@ use super::{durable, ending};
 use crate::custody::{Commit, CustodyError, Release, Subject, Tree};
 use crate::error::JobError;
 use crate::keeper::Reason;
-use crate::live_output::{self, LiveOutput};
+use crate::live_output::LiveOutput;
 use crate::pause;
 use crate::report::RetainedReport;
 use crate::sandbox::{self, Live};
@@ -450,7 +450,9 @@ fn command(
         ),
         live: Some(LiveOutput {
             store: job.worker.custody.settings.store.store().clone(),
-            prefix: live_output::prefix(job.request_id(), job.lease().epoch, index),
+            request_id: job.request_id(),
+            epoch: job.lease().epoch,
+            step_index: index,
         }),
         max_output: job.worker.settings.output_max_bytes,
         tail_bytes: job.worker.settings.output_tail_bytes,

@@ -186,10 +186,7 @@ async fn locate(
         step_key: step_key.to_string(),
         epoch,
         store,
-        prefix: format!(
-            "{}/{stream}/",
-            format_args!("outputs/{}/{epoch}/{index}", request_id.simple())
-        ),
+        prefix: cairn_common::output::live_stream_prefix(request_id, epoch, index.into(), stream),
     })
 }
 
