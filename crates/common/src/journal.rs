@@ -101,12 +101,12 @@ pub async fn write_intent(
     sqlx::query(
         "WITH intent AS (
            INSERT INTO journal_intents (request_id, step_key, step_index, idempotent, lease_epoch, attempt,
-                                        output_store, output_store_url)
-           VALUES ($1, $2, $3, $4, $5, $6, $7, $8)
+                                        output_store, output_store_url, worker_id)
+           VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
            ON CONFLICT (request_id, step_key) DO UPDATE
               SET lease_epoch = EXCLUDED.lease_epoch, attempt = EXCLUDED.attempt, started_at = now(),
                   ended_at = NULL, output_store = EXCLUDED.output_store,
-                  output_store_url = EXCLUDED.output_store_url)
+                  output_store_url = EXCLUDED.output_store_url, worker_id = EXCLUDED.worker_id)
          UPDATE execution_requests SET used_commands = used_commands + 1, updated_at = now() WHERE id = $1",
     )
     .bind(lease.request_id)
@@ -117,6 +117,7 @@ pub async fn write_intent(
     .bind(attempt)
     .bind(output_store.map(|(id, _)| id))
     .bind(output_store.map(|(_, url)| url))
+    .bind(&lease.owner)
     .execute(&mut *conn)
     .await?;
     Ok(())

@@ -29,6 +29,9 @@ pub struct JournalStep {
     pub status: String,
     pub intent_epoch: i64,
     pub intent_attempt: i32,
+    /// The worker that wrote the intent (held the lease at `intent_epoch`); absent on
+    /// intents older than this field.
+    pub worker: Option<String>,
     pub started_at: DateTime<Utc>,
     pub exit_code: Option<i32>,
     pub signal: Option<i32>,
@@ -105,7 +108,7 @@ pub async fn journal(
                      WHEN r.cancelled THEN 'cancelled'
                      WHEN r.exit_code = 0 AND NOT r.timed_out AND r.limit_breached IS NULL THEN 'completed'
                      ELSE 'failed' END AS status,
-                i.lease_epoch AS intent_epoch, i.attempt AS intent_attempt, i.started_at,
+                i.lease_epoch AS intent_epoch, i.attempt AS intent_attempt, i.worker_id AS worker, i.started_at,
                 r.exit_code, r.signal, r.timed_out, r.wall_ms, r.cpu_ms, r.output_digest,
                 r.stdout_tail, r.stderr_tail, r.output_artifact, r.lease_epoch AS receipt_epoch, r.finished_at,
                 r.snapshot_id, r.tree_tier, r.sandbox, r.limit_breached
