@@ -21,6 +21,7 @@
 //! - [`sandbox`]: sandboxes (the lifecycle seed): states, transitions and route bodies.
 //! - [`lineage`]: snapshot records, checkpoint lineage (compare-and-set appends), restores.
 //! - [`hold`]: durable holds on live workspaces.
+//! - [`reaper_status`]: the reaper's last sweeps and what waits for repair, for operators.
 //! - [`verification`]: frozen checks of a verification handoff, purposes and digests.
 //! - [`health`]: `/healthz`, `/readyz` and `/metrics` for every binary.
 //! - [`heartbeat`]: worker heartbeats, so a dead worker's requests are taken over early.
@@ -50,6 +51,7 @@ pub mod outbox;
 pub mod output;
 pub mod policy;
 pub mod queue;
+pub mod reaper_status;
 pub mod redis_conn;
 pub mod report;
 pub mod request;

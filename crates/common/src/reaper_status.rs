@@ -1,5 +1,5 @@
-//! What operators read of the reaper (`cairnctl reaper status|pending`): its last
-//! sweeps, and the artifacts that wait for repair.
+//! What operators read of the reaper (`cairnctl reaper status|pending`, the console's
+//! Operations page): its last sweeps, and the artifacts that wait for repair.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;

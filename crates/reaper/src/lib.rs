@@ -4,14 +4,15 @@
 //!
 //! - [`config`]: its settings.
 //! - [`retention`]: the rules, each batched, resumable and idempotent.
-//! - [`status`]: what operators read (the last sweeps, what waits for repair).
+//! - [`status`]: what operators read (the last sweeps, what waits for repair); it lives
+//!   in `cairn_common::reaper_status`, since the scheduler's API reads it too.
 //! - [`run`]: leadership, the sweep loop, probes and metrics.
 
 pub mod config;
 mod outputs;
 mod reclaim;
 pub mod retention;
-pub mod status;
+pub use cairn_common::reaper_status as status;
 
 use anyhow::Context;
 use cairn_common::health::{self, Readiness};

@@ -9,6 +9,8 @@
 //!   [`credentials`]: the routes. Continuations and verification handoffs each have a
 //!   pure `candidate` module: their rules as a function of facts and policy.
 //! - [`sandboxes`]: sandboxes (the lifecycle seed).
+//! - [`session`], [`workers`], [`reaper`]: who is calling; workers and their leases; the
+//!   reaper's last sweeps (the console's Operations page reads these).
 //! - [`state`]: what every handler shares (the pool, the counters).
 //! - [`openapi`]: the generated OpenAPI document.
 
@@ -22,8 +24,10 @@ pub mod openapi;
 pub mod pause;
 pub mod policy;
 pub mod query;
+pub mod reaper;
 pub mod runs;
 pub mod sandboxes;
+pub mod session;
 pub mod state;
 pub mod tokens;
 pub mod verification;
@@ -75,6 +79,7 @@ pub fn router(state: AppState) -> Router {
             post(runs::admission::submit).get(runs::view::list),
         )
         .route("/api/v1/runs/batch", post(runs::admission::submit_batch))
+        .route("/api/v1/runs/counts", get(runs::view::counts))
         .route("/api/v1/runs/{run_id}", get(runs::view::show))
         .route("/api/v1/runs/{run_id}/cancel", post(runs::cancel))
         .route(
@@ -92,6 +97,8 @@ pub fn router(state: AppState) -> Router {
             get(runs::output::output),
         )
         .route("/api/v1/workers", get(workers::list))
+        .route("/api/v1/reaper", get(reaper::show))
+        .route("/api/v1/session", get(session::show))
         .route(
             "/api/v1/invalid-read-continuity/policy",
             get(policy::get_policy).put(policy::put_policy),
@@ -126,7 +133,7 @@ pub fn router(state: AppState) -> Router {
         )
         .route(
             "/api/v1/runs/{run_id}/verification-handoffs/adoptions",
-            post(verification::adopt),
+            post(verification::adopt).get(verification::adoptions),
         )
         .route(
             "/api/v1/runs/{run_id}/verification-handoffs/adoptions/{request_id}",
@@ -193,7 +200,7 @@ pub fn router(state: AppState) -> Router {
             "/api/v1/snapshots/{snapshot_id}/restore",
             post(sandboxes::snapshots::restore),
         )
-        .route("/api/v1/tokens", post(tokens::create))
+        .route("/api/v1/tokens", post(tokens::create).get(tokens::list))
         .route("/api/v1/tokens/{token_id}/revoke", post(tokens::revoke))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)

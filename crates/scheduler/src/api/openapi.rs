@@ -1,7 +1,8 @@
 //! The OpenAPI 3 document, generated from the handlers' annotations and types.
 
 use super::{
-    continuation, credentials, error, pause, policy, runs, sandboxes, tokens, verification, workers,
+    continuation, credentials, error, pause, policy, reaper, runs, sandboxes, session, tokens,
+    verification, workers,
 };
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -10,13 +11,13 @@ use utoipa::{Modify, OpenApi};
 #[openapi(
     info(title = "Cairn scheduler API", description = "Admission of runs, reviewed continuations and verification handoffs; sandboxes."),
     paths(
-        runs::admission::submit, runs::admission::submit_batch, runs::view::list,
+        runs::admission::submit, runs::admission::submit_batch, runs::view::list, runs::view::counts,
         runs::view::show, runs::cancel, runs::view::execution_requests, runs::journal::journal, runs::output::output, pause::pause, pause::resume, pause::show,
         policy::get_policy, policy::put_policy,
         continuation::checkpoint_candidate, continuation::checkpoint_action, continuation::checkpoint_status,
         continuation::final_candidate, continuation::final_action, continuation::final_status,
-        verification::candidates, verification::adopt, verification::adoption,
-        tokens::create, tokens::revoke, credentials::rotate, workers::list,
+        verification::candidates, verification::adopt, verification::adoptions, verification::adoption,
+        tokens::create, tokens::list, tokens::revoke, session::show, credentials::rotate, workers::list, reaper::show,
         sandboxes::create::create, sandboxes::view::list, sandboxes::view::show, sandboxes::view::operations,
         sandboxes::lifecycle::stop, sandboxes::lifecycle::pause, sandboxes::lifecycle::resume, sandboxes::lifecycle::destroy, sandboxes::lifecycle::extend,
         sandboxes::operations::exec, sandboxes::operations::list, sandboxes::operations::read, sandboxes::operations::write,

@@ -9,6 +9,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use cairn_common::ids::Id;
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -57,6 +58,61 @@ pub async fn create(
             token,
         }),
     ))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TokenView {
+    #[schema(value_type = String)]
+    pub token_id: Id,
+    pub name: String,
+    pub role: Role,
+    pub created_at: DateTime<Utc>,
+    /// When it was revoked; absent while it is usable.
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+#[derive(sqlx::FromRow)]
+struct TokenRow {
+    id: uuid::Uuid,
+    name: String,
+    role: String,
+    created_at: DateTime<Utc>,
+    revoked_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TokenList {
+    pub tokens: Vec<TokenView>,
+}
+
+/// List tokens (admin), newest first. Secrets are never shown again.
+#[utoipa::path(get, path = "/api/v1/tokens", tag = "tokens", operation_id = "list_tokens",
+    responses((status = 200, body = TokenList), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn list(
+    State(state): State<AppState>,
+    caller: Caller,
+) -> Result<Json<TokenList>, ApiError> {
+    caller.require(Role::Admin)?;
+    let rows: Vec<TokenRow> = sqlx::query_as(
+        "SELECT id, name, role, created_at, revoked_at FROM api_tokens
+          ORDER BY created_at DESC, id",
+    )
+    .fetch_all(&state.pool)
+    .await?;
+    let tokens = rows
+        .into_iter()
+        .filter_map(|row| {
+            Some(TokenView {
+                token_id: row.id.into(),
+                name: row.name,
+                role: Role::parse(&row.role)?,
+                created_at: row.created_at,
+                revoked_at: row.revoked_at,
+            })
+        })
+        .collect();
+    Ok(Json(TokenList { tokens }))
 }
 
 #[derive(Debug, Serialize, ToSchema)]

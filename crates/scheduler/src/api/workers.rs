@@ -1,19 +1,35 @@
 //! The workers that beat: which are alive, since when, and whether they are waiting for
-//! work. A client tells from it that a queued run has nobody to take it.
+//! work, and which leases each holds. A client tells from it that a queued run has
+//! nobody to take it.
 
 use crate::api::auth::{Caller, Role};
 use crate::api::error::{ApiError, ErrorBody};
 use crate::api::AppState;
 use axum::extract::State;
 use axum::Json;
+use cairn_common::ids::Id;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
+use std::collections::HashMap;
 use utoipa::ToSchema;
+use uuid::Uuid;
 
 /// A worker is alive while its beats (one a second) are this recent.
 const ALIVE_WITHIN_SECONDS: f64 = 5.0;
 
-#[derive(Debug, Serialize, ToSchema, sqlx::FromRow)]
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LeaseView {
+    #[schema(value_type = String)]
+    pub request_id: Id,
+    #[schema(value_type = String)]
+    pub run_id: Id,
+    /// The fence: the epoch of this lease.
+    pub lease_epoch: i64,
+    /// It lapses then unless renewed.
+    pub lease_deadline: Option<DateTime<Utc>>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
 pub struct WorkerView {
     pub worker_id: String,
     /// Its last beat.
@@ -24,6 +40,26 @@ pub struct WorkerView {
     pub alive: bool,
     /// Since when it has had a free slot and no delivery to fill it, if it has.
     pub starved_since: Option<DateTime<Utc>>,
+    /// The execution requests it holds now.
+    pub leases: Vec<LeaseView>,
+}
+
+#[derive(sqlx::FromRow)]
+struct WorkerRow {
+    worker_id: String,
+    beat_at: DateTime<Utc>,
+    beating_since: DateTime<Utc>,
+    alive: bool,
+    starved_since: Option<DateTime<Utc>>,
+}
+
+#[derive(sqlx::FromRow)]
+struct LeaseRow {
+    owner: String,
+    request_id: Uuid,
+    run_id: Uuid,
+    lease_epoch: i64,
+    lease_deadline: Option<DateTime<Utc>>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -31,7 +67,7 @@ pub struct WorkerList {
     pub workers: Vec<WorkerView>,
 }
 
-/// Workers that beat in the last hour, alive ones first.
+/// Workers that beat in the last hour, alive ones first, with the leases they hold.
 #[utoipa::path(get, path = "/api/v1/workers", tag = "workers", operation_id = "list_workers",
     responses((status = 200, body = WorkerList), (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
@@ -40,7 +76,7 @@ pub async fn list(
     caller: Caller,
 ) -> Result<Json<WorkerList>, ApiError> {
     caller.require(Role::Viewer)?;
-    let workers: Vec<WorkerView> = sqlx::query_as(
+    let workers: Vec<WorkerRow> = sqlx::query_as(
         "SELECT worker_id, beat_at, beating_since,
                 beat_at > now() - make_interval(secs => $1) AS alive, starved_since
            FROM worker_heartbeats
@@ -50,5 +86,33 @@ pub async fn list(
     .bind(ALIVE_WITHIN_SECONDS)
     .fetch_all(&state.pool)
     .await?;
+    let leases: Vec<LeaseRow> = sqlx::query_as(
+        "SELECT lease_owner AS owner, id AS request_id, run_id, lease_epoch, lease_deadline
+           FROM execution_requests
+          WHERE lease_owner IS NOT NULL AND state = 'executing'
+          ORDER BY lease_deadline",
+    )
+    .fetch_all(&state.pool)
+    .await?;
+    let mut held: HashMap<String, Vec<LeaseView>> = HashMap::new();
+    for lease in leases {
+        held.entry(lease.owner).or_default().push(LeaseView {
+            request_id: lease.request_id.into(),
+            run_id: lease.run_id.into(),
+            lease_epoch: lease.lease_epoch,
+            lease_deadline: lease.lease_deadline,
+        });
+    }
+    let workers = workers
+        .into_iter()
+        .map(|w| WorkerView {
+            leases: held.remove(&w.worker_id).unwrap_or_default(),
+            worker_id: w.worker_id,
+            beat_at: w.beat_at,
+            beating_since: w.beating_since,
+            alive: w.alive,
+            starved_since: w.starved_since,
+        })
+        .collect();
     Ok(Json(WorkerList { workers }))
 }

@@ -8,6 +8,7 @@ mod credentials;
 mod harness;
 mod lifecycle;
 mod openapi;
+mod operations;
 mod policy;
 mod runs;
 mod sandboxes;

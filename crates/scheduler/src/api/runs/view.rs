@@ -136,6 +136,9 @@ pub struct ListQuery {
         pattern = "^(queued|running|awaiting_verification|stopped_at_checkpoint|needs_reconciliation|completed|failed|cancelled)$"
     )]
     pub state: Option<String>,
+    /// Only runs of this agent.
+    #[param(pattern = "^[A-Za-z0-9._-]{1,128}$")]
+    pub agent: Option<String>,
     /// Page size, 1..=500 (default 50).
     #[param(minimum = 1, maximum = 500)]
     pub limit: Option<i64>,
@@ -183,6 +186,7 @@ pub async fn list(
         }
         None => None,
     };
+    check_agent_filter(query.agent.as_deref())?;
     let cursor = match &query.cursor {
         Some(c) => Some(parse_cursor(c).ok_or_else(|| {
             ApiError::bad_request("invalid_query", "cursor is not one this API returned")
@@ -193,6 +197,7 @@ pub async fn list(
     let rows: Vec<RunRow> = sqlx::query_as(&format!(
         "{RUN_SELECT}
           WHERE ($1::text IS NULL OR r.state = $1)
+            AND ($5::text IS NULL OR r.agent = $5)
             AND ($2::timestamptz IS NULL OR (r.created_at, r.id) < ($2, $3))
           ORDER BY r.created_at DESC, r.id DESC
           LIMIT $4"
@@ -201,6 +206,7 @@ pub async fn list(
     .bind(cursor.map(|c| c.0))
     .bind(cursor.map(|c| c.1).unwrap_or_default())
     .bind(limit + 1)
+    .bind(&query.agent)
     .fetch_all(&state.pool)
     .await?;
     let mut runs: Vec<RunView> = rows.into_iter().map(RunView::from).collect();
@@ -212,6 +218,59 @@ pub async fn list(
         None
     };
     Ok(Json(RunPage { runs, next_cursor }))
+}
+
+fn check_agent_filter(agent: Option<&str>) -> Result<(), ApiError> {
+    match agent {
+        Some(a) if !cairn_common::run::valid_name(a, 128) => Err(ApiError::bad_request(
+            "invalid_query",
+            "agent is 1 to 128 of A-Z a-z 0-9 . _ -",
+        )
+        .with_field("agent")),
+        _ => Ok(()),
+    }
+}
+
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct CountQuery {
+    /// Only runs of this agent.
+    #[param(pattern = "^[A-Za-z0-9._-]{1,128}$")]
+    pub agent: Option<String>,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RunCounts {
+    /// Every run state, with how many runs are in it (0 included).
+    pub counts: std::collections::BTreeMap<String, i64>,
+}
+
+/// How many runs are in each state.
+#[utoipa::path(get, path = "/api/v1/runs/counts", tag = "runs", params(CountQuery),
+    operation_id = "count_runs",
+    responses((status = 200, body = RunCounts), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn counts(
+    State(state): State<AppState>,
+    caller: Caller,
+    query: Result<Query<CountQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<RunCounts>, ApiError> {
+    caller.require(Role::Viewer)?;
+    let Query(query) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
+    check_agent_filter(query.agent.as_deref())?;
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT state, count(*) FROM runs WHERE ($1::text IS NULL OR agent = $1) GROUP BY state",
+    )
+    .bind(&query.agent)
+    .fetch_all(&state.pool)
+    .await?;
+    let mut counts: std::collections::BTreeMap<String, i64> = RequestState::ALL
+        .iter()
+        .map(|s| (s.run_state().to_string(), 0))
+        .collect();
+    counts.extend(rows);
+    Ok(Json(RunCounts { counts }))
 }
 
 fn parse_cursor(cursor: &str) -> Option<(DateTime<Utc>, Uuid)> {

@@ -21,9 +21,9 @@ use cairn_common::handoff::{self, NewAdoption};
 use cairn_common::policy;
 use cairn_common::request::{self, RequestEvent};
 use cairn_common::run::{JobKind, JobMessage};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
-use utoipa::IntoParams;
+use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
 pub mod adoption;
@@ -282,6 +282,49 @@ pub async fn adopt(
     tx.commit().await?;
     state.metrics.verifications_adopted.inc();
     Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AdoptionList {
+    /// Every adoption of the run, oldest first, with its checks' results.
+    pub adoptions: Vec<AdoptionView>,
+}
+
+/// List a run's adoptions, their status and every check's result.
+#[utoipa::path(get, path = "/api/v1/runs/{run_id}/verification-handoffs/adoptions",
+    tag = "verification handoffs", params(("run_id" = String, Path)), operation_id = "list_adoptions",
+    responses((status = 200, body = AdoptionList), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn adoptions(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(run_id): Path<String>,
+) -> Result<Json<AdoptionList>, ApiError> {
+    caller.require(Role::Viewer)?;
+    let run_id = path_id(&run_id, "run_id")?;
+    let mut conn = state.pool.acquire().await?;
+    let ids: Vec<Uuid> = sqlx::query_scalar(
+        "SELECT a.id FROM runs r LEFT JOIN verification_adoptions a ON a.run_id = r.id
+          WHERE r.id = $1 ORDER BY a.created_at, a.id",
+    )
+    .bind(run_id)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(ApiError::from)
+    .and_then(|ids: Vec<Option<Uuid>>| {
+        if ids.is_empty() {
+            Err(ApiError::not_found("run"))
+        } else {
+            Ok(ids.into_iter().flatten().collect())
+        }
+    })?;
+    let mut adoptions = Vec::with_capacity(ids.len());
+    for id in ids {
+        if let Some(view) = adoption_view(&mut conn, run_id, id).await? {
+            adoptions.push(view);
+        }
+    }
+    Ok(Json(AdoptionList { adoptions }))
 }
 
 /// Read a saved adoption, its status and every check's result.
