@@ -2,6 +2,7 @@
 //!
 //! - [`api`]: admission of runs and reviewed continuations, policy, tokens.
 //! - [`config`]: its settings.
+//! - [`console`]: the operator console's static files, served at `/`.
 //! - [`sweeper`]: the lease sweeper (one leader at a time).
 //! - [`sandbox_sweep`]: sandboxes whose owner's lease lapsed.
 //! - [`sandbox_expiry`]: sandbox timeouts (idle-anchored stop or destroy).
@@ -9,6 +10,7 @@
 
 pub mod api;
 pub mod config;
+pub mod console;
 pub mod parked;
 pub mod sandbox_expiry;
 pub mod sandbox_sweep;
@@ -86,7 +88,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         pool: pool.clone(),
         metrics: api_metrics,
     })
-    .merge(health::router(readiness, registry));
+    .merge(health::router(readiness, registry))
+    .merge(console::router());
     tracing::info!(listen = %config.listen, "scheduler listening");
     health::serve(listener, router, shutdown.clone())
         .await

@@ -1,0 +1,75 @@
+// Connections → Saved-work recovery (admins): the policy screen. Each part saves only
+// the settings it shows, so every other setting keeps its saved value, whoever changed
+// it meanwhile.
+
+import { api, can, errorText, facts, h, notice, say, when } from "./core.js";
+
+export function connectionsPage() {
+  const root = h("section", { class: "page" }, h("h1", {}, "Connections"));
+  if (!can("admin")) {
+    root.append(h("p", { class: "notice warn" }, "The saved-work recovery policy is for admins."));
+    return root;
+  }
+  const status = notice();
+  const summary = h("div", {});
+  const editor = h("div", {});
+  const section = h("section", { class: "card", "aria-labelledby": "recovery-title" },
+    h("h2", { id: "recovery-title" }, "Saved-work recovery"), summary, editor, status);
+  root.append(section);
+
+  const load = async () => {
+    try {
+      const policy = await api("GET", "/api/v1/invalid-read-continuity/policy");
+      summary.replaceChildren(facts([
+        ["Saved-work recovery", policy.enabled ? "enabled" : "disabled"],
+        ["Reviewed checkpoint continuations", policy.allow_checkpoint_continuation ? "allowed" : "not allowed"],
+        ["Reviewed final-result continuations", policy.allow_final_outcome_continuation ? "allowed" : "not allowed"],
+        ["Maximum time window", `${policy.maximum_window_seconds} s`],
+        ["Revision", `${policy.revision}, saved ${when(policy.updated_at)}`],
+      ]),
+      h("div", { class: "actions" },
+        h("button", { type: "button", onclick: () => edit("checkpoint", policy) }, "Review continuation settings"),
+        h("button", { type: "button", onclick: () => edit("final", policy) }, "Review final-result settings")));
+    } catch (e) {
+      say(status, errorText(e), "error");
+    }
+  };
+
+  function edit(part, policy) {
+    const enabled = h("input", { type: "checkbox", id: "policy-enabled", checked: policy.enabled });
+    const allow = part === "checkpoint"
+      ? h("input", { type: "checkbox", id: "policy-allow", checked: policy.allow_checkpoint_continuation })
+      : h("input", { type: "checkbox", id: "policy-allow", checked: policy.allow_final_outcome_continuation });
+    const windowInput = h("input", { type: "number", id: "policy-window", min: 1, max: 7200, step: 1, required: true, value: policy.maximum_window_seconds });
+    const form = h("form", { class: "review", onsubmit: async (event) => {
+      event.preventDefault();
+      const change = { enabled: enabled.checked };
+      if (part === "checkpoint") {
+        change.allow_checkpoint_continuation = allow.checked;
+        change.maximum_window_seconds = Number(windowInput.value);
+      } else {
+        change.allow_final_outcome_continuation = allow.checked;
+      }
+      try {
+        const saved = await api("PUT", "/api/v1/invalid-read-continuity/policy", change);
+        editor.replaceChildren();
+        say(status, `Saved: revision ${saved.revision}. Other recovery settings kept their saved values.`, "ok");
+        load();
+      } catch (e) {
+        say(status, errorText(e), "error");
+      }
+    } },
+    h("h3", {}, part === "checkpoint" ? "Continuation settings" : "Final-result settings"),
+    h("p", { class: "muted" }, "Only the settings on this form are saved. Each task still needs its own review."),
+    h("div", { class: "check" }, enabled, h("label", { for: "policy-enabled" }, "Enable saved-work recovery")),
+    h("div", { class: "check" }, allow, h("label", { for: "policy-allow" },
+      part === "checkpoint" ? "Allow reviewed checkpoint continuations" : "Allow reviewed final-result continuations")),
+    part === "checkpoint" ? [h("label", { for: "policy-window" }, "Maximum time window (seconds, 1 to 7200)"), windowInput] : null,
+    h("div", { class: "actions" }, h("button", { type: "submit", class: "primary" }, "Save settings"),
+      h("button", { type: "button", onclick: () => editor.replaceChildren() }, "Close")));
+    editor.replaceChildren(form);
+    enabled.focus();
+  }
+  load();
+  return root;
+}

@@ -1,0 +1,105 @@
+// Operations: workers and the leases they hold, the reaper's last sweeps and pending
+// repairs, sandboxes with their actions, and tokens (admins).
+
+import { api, can, errorText, every, h, notice, say, stateBadge, table, when } from "./core.js";
+
+const REFRESH_MS = 3000;
+
+export function operationsPage() {
+  const status = notice();
+  const workers = h("section", { "aria-labelledby": "workers-title" }, h("h2", { id: "workers-title" }, "Workers"));
+  const reaper = h("section", { "aria-labelledby": "reaper-title" }, h("h2", { id: "reaper-title" }, "Reaper"));
+  const sandboxes = h("section", { "aria-labelledby": "sandboxes-title" }, h("h2", { id: "sandboxes-title" }, "Sandboxes"));
+  const tokens = can("admin") ? h("section", { "aria-labelledby": "tokens-title" }, h("h2", { id: "tokens-title" }, "Tokens")) : null;
+  const refreshed = h("span", { class: "refreshed" }, "Loading…");
+  const root = h("section", { class: "page" },
+    h("div", { class: "heading" }, h("h1", {}, "Operations"), h("div", { class: "live" }, refreshed)),
+    status, workers, reaper, sandboxes, tokens);
+
+  const sandboxAction = async (id, verb, method = "POST") => {
+    try {
+      await api(method, verb ? `/api/v1/sandboxes/${id}/${verb}` : `/api/v1/sandboxes/${id}`, method === "POST" ? "{}" : undefined);
+      say(status, `Sandbox ${id}: ${verb || "destroy"} asked.`, "ok");
+    } catch (e) {
+      say(status, `Sandbox ${id}: ${errorText(e)}`, "error");
+    }
+  };
+
+  async function refresh() {
+    try {
+      const [w, r, s] = await Promise.all([api("GET", "/api/v1/workers"), api("GET", "/api/v1/reaper"), api("GET", "/api/v1/sandboxes?limit=100")]);
+      workers.replaceChildren(workers.firstChild, table("Workers that beat in the last hour", ["Worker", "Alive", "Beating since", "Waiting for work since", "Leases held"],
+        w.workers.map((x) => [x.worker_id, x.alive ? "alive" : `silent since ${when(x.beat_at)}`, when(x.beating_since),
+          x.starved_since ? when(x.starved_since) : "—",
+          x.leases.length ? h("ul", { class: "plain" }, x.leases.map((l) => h("li", {},
+            h("a", { href: `#/runs/${l.run_id}`, class: "mono" }, l.run_id), ` epoch ${l.lease_epoch}, until ${when(l.lease_deadline)}`))) : "none"]),
+        "No worker has beaten in the last hour: start cairn-worker."));
+      reaper.replaceChildren(reaper.firstChild,
+        table("Last sweeps, newest first", ["Started", "Finished", "Dry run", "What it did"],
+          r.sweeps.map((x) => [when(x.started_at), when(x.finished_at), x.dry_run ? "yes" : "no", h("code", {}, JSON.stringify(x.summary))]),
+          "The reaper has not swept yet."),
+        h("h3", {}, "Pending operator repairs"),
+        table("Snapshots whose deletion waits for repair", ["Snapshot", "Kind", "Store", "Reason", "Attempts", "Next retry"],
+          r.pending_repairs.map((x) => [h("span", { class: "mono" }, x.snapshot_id), x.kind, x.store_url, x.reason || "—", String(x.attempts), when(x.next_retry_at)]),
+          "Nothing waits for repair."));
+      sandboxes.replaceChildren(sandboxes.firstChild, table("Sandboxes, newest first", ["Sandbox", "Agent", "State", "Pending", "Timeout", can("operator") ? "Actions" : "Stop reason"],
+        s.sandboxes.map((x) => [h("span", { class: "mono" }, x.sandbox_id), x.agent, stateBadge(x.state), x.pending || "—", `${x.timeout_sec} s`,
+          can("operator") ? h("div", { class: "actions" },
+            h("button", { type: "button", disabled: x.state !== "running", onclick: () => sandboxAction(x.sandbox_id, "pause") }, "Pause"),
+            h("button", { type: "button", disabled: !["paused", "stopped"].includes(x.state), onclick: () => sandboxAction(x.sandbox_id, "resume") }, "Resume"),
+            h("button", { type: "button", disabled: !["running", "paused"].includes(x.state), onclick: () => sandboxAction(x.sandbox_id, "stop") }, "Stop"),
+            h("button", { type: "button", class: "danger", disabled: x.state === "destroyed",
+              onclick: () => confirm(`Destroy sandbox ${x.sandbox_id}?`) && sandboxAction(x.sandbox_id, null, "DELETE") }, "Destroy"))
+            : x.stop_reason || "—"]),
+        "No sandboxes."));
+      refreshed.textContent = `Updated ${new Date().toLocaleTimeString()} · every ${REFRESH_MS / 1000} s`;
+    } catch (e) {
+      say(status, `Could not refresh: ${errorText(e)}`, "error");
+    }
+  }
+  every(REFRESH_MS, root, refresh);
+  if (tokens) loadTokens(tokens);
+  return root;
+}
+
+async function loadTokens(section) {
+  const status = notice();
+  const name = h("input", { id: "token-name", name: "name", required: true, maxlength: 128 });
+  const role = h("select", { id: "token-role", name: "role" }, ["viewer", "operator", "admin"].map((r) => h("option", { value: r }, r)));
+  const secret = h("div", { "aria-live": "polite" });
+  const list = h("div", {});
+  const reload = async () => {
+    try {
+      const t = await api("GET", "/api/v1/tokens");
+      list.replaceChildren(table("Tokens, newest first", ["Name", "Role", "Created", "Revoked", ""],
+        t.tokens.map((x) => [x.name, x.role, when(x.created_at), x.revoked_at ? when(x.revoked_at) : "—",
+          x.revoked_at ? "" : h("button", { type: "button", class: "danger", onclick: async () => {
+            if (!confirm(`Revoke the token ${x.name}? Anyone using it is refused from now on.`)) return;
+            try {
+              await api("POST", `/api/v1/tokens/${x.token_id}/revoke`);
+              say(status, `Revoked ${x.name}.`, "ok");
+            } catch (e) {
+              say(status, errorText(e), "error");
+            }
+            reload();
+          } }, `Revoke ${x.name}`)])));
+    } catch (e) {
+      say(status, errorText(e), "error");
+    }
+  };
+  const form = h("form", { class: "filters", onsubmit: async (event) => {
+    event.preventDefault();
+    try {
+      const created = await api("POST", "/api/v1/tokens", { name: name.value.trim(), role: role.value });
+      secret.replaceChildren(h("p", { class: "notice ok" }, `Token ${created.name} (${created.role}) created. Copy it now; it is not shown again:`),
+        h("pre", { class: "secret", tabindex: "0", "aria-label": "New token" }, created.token));
+      name.value = "";
+      reload();
+    } catch (e) {
+      say(status, errorText(e), "error");
+    }
+  } }, h("label", { for: "token-name" }, "Name"), name, h("label", { for: "token-role" }, "Role"), role,
+  h("button", { type: "submit" }, "Create token"));
+  section.append(form, secret, status, list);
+  reload();
+}

@@ -1,0 +1,153 @@
+// One run: its state and budgets, the timeline of its steps (executed or reused, at
+// which epoch, by which worker), output tails and downloads, checkpoints and the resume
+// context, and the actions the signed-in role may take. Plan and Verification are tabs.
+
+import { api, can, errorText, every, facts, h, notice, say, seconds, stateBadge, table, when } from "./core.js";
+import { planTab } from "./plan.js";
+import { verificationTab } from "./verification.js";
+
+const TERMINAL = ["completed", "failed", "cancelled"];
+const TABS = [["overview", "Overview"], ["plan", "Plan"], ["verification", "Verification"]];
+const REFRESH_MS = 2000;
+
+export function runPage(runId, tab) {
+  const current = TABS.some(([id]) => id === tab) ? tab : "overview";
+  const header = h("div", { class: "heading" }, h("h1", {}, "Run ", h("span", { class: "mono" }, runId)));
+  const tabs = h("nav", { class: "tabs", "aria-label": "Run sections" },
+    TABS.map(([id, label]) => h("a", { href: `#/runs/${runId}/${id}`, "aria-current": id === current ? "page" : false }, label)));
+  const body = h("div", {});
+  const root = h("section", { class: "page" }, h("p", {}, h("a", { href: "#/runs" }, "← All runs")), header, tabs, body);
+  if (current === "plan") body.append(planTab(runId));
+  else if (current === "verification") body.append(verificationTab(runId));
+  else body.append(overview(runId));
+  return root;
+}
+
+/** "executed at epoch 3 by w1", or "reused from its receipt of epoch 1". */
+function how(step, reusedKeys, run, request) {
+  if (step.request_id !== run.request_id) return `earlier request, epoch ${step.intent_epoch}`;
+  if (running(step, run, request)) return `running at epoch ${step.intent_epoch}${step.worker ? ` on ${step.worker}` : ""}`;
+  if (reusedKeys.has(step.step_key) && step.receipt_epoch !== null) {
+    return `reused from its receipt of epoch ${step.receipt_epoch}`;
+  }
+  const by = step.worker ? ` by ${step.worker}` : "";
+  return `executed at epoch ${step.intent_epoch}${by}`;
+}
+
+/** Whether the step is running now: no receipt yet, under the lease the run holds. */
+function running(step, run, request) {
+  return step.status === "unknown_outcome" && run.state === "running"
+    && step.request_id === run.request_id && step.intent_epoch === request.lease_epoch;
+}
+
+function outcome(step, run, request) {
+  if (running(step, run, request)) return "running";
+  if (step.status === "unknown_outcome") return "unknown outcome: started, its end not recorded";
+  if (step.status !== "failed") return step.status.replaceAll("_", " ");
+  if (step.limit) return `failed: passed its ${step.limit}`;
+  if (step.signal !== null) return `failed: signal ${step.signal}`;
+  if (step.timed_out) return "failed: timed out";
+  return `failed: exit ${step.exit_code}`;
+}
+
+async function download(runId, key, stream, status) {
+  try {
+    const blob = await api("GET", `/api/v1/runs/${runId}/steps/${encodeURIComponent(key)}/output?stream=${stream}`, undefined, { raw: true });
+    const url = URL.createObjectURL(blob);
+    const link = h("a", { href: url, download: `${runId}-${key}.${stream}` });
+    document.body.append(link);
+    link.click();
+    link.remove();
+    setTimeout(() => URL.revokeObjectURL(url), 10000);
+  } catch (e) {
+    say(status, `Could not download ${key} ${stream}: ${errorText(e)}`, "error");
+  }
+}
+
+function actions(run, pause, status, reload) {
+  if (!can("operator")) return null;
+  const act = async (label, method, path) => {
+    try {
+      await api(method, path);
+      say(status, `${label}: asked.`, "ok");
+    } catch (e) {
+      say(status, `${label} failed: ${errorText(e)}`, "error");
+    }
+    reload();
+  };
+  const finished = TERMINAL.includes(run.state);
+  return h("div", { class: "actions", role: "group", "aria-label": "Run actions" },
+    h("button", { type: "button", class: "danger", disabled: finished || !!run.cancel_requested_at,
+      onclick: () => confirm("Cancel this run? Running steps are stopped.") && act("Cancel", "POST", `/api/v1/runs/${run.run_id}/cancel`) }, "Cancel run"),
+    h("button", { type: "button", disabled: pause.state !== "running",
+      onclick: () => act("Pause", "POST", `/api/v1/runs/${run.run_id}/pause`) }, "Pause"),
+    h("button", { type: "button", disabled: !["paused", "pausing"].includes(pause.state),
+      onclick: () => act("Resume", "POST", `/api/v1/runs/${run.run_id}/resume`) }, "Resume"));
+}
+
+function overview(runId) {
+  const status = notice();
+  const content = h("div", {}, h("p", {}, "Loading…"));
+  const root = h("div", {}, status, content);
+  let finished = false;
+  const load = async () => {
+    if (finished) return;
+    try {
+      const [run, journal, requests, pause] = await Promise.all([
+        api("GET", `/api/v1/runs/${runId}`),
+        api("GET", `/api/v1/runs/${runId}/journal`),
+        api("GET", `/api/v1/runs/${runId}/execution-requests`),
+        api("GET", `/api/v1/runs/${runId}/pause`),
+      ]);
+      const request = requests.execution_requests.find((r) => r.request_id === run.request_id) || {};
+      const reused = new Set((request.resume_context?.receipts || [])
+        .filter((r) => r.standing === "on_tree").map((r) => r.step_key));
+      const remaining = (max, used) => Math.max(0, max - used);
+      content.replaceChildren(
+        facts([
+          ["State", stateBadge(run.state)],
+          ["Stop reason", run.stop_reason || "—"],
+          ["Pause", pause.state.replaceAll("_", " ")],
+          ["Agent", run.agent],
+          ["Attempt", `${run.attempt} of ${run.max_attempts}`],
+          ["Commands", `${run.usage.commands} used, ${remaining(run.budgets.max_commands, run.usage.commands)} of ${run.budgets.max_commands} left`],
+          ["Wall time", `${seconds(run.usage.wall_ms)} used, ${remaining(run.budgets.max_wall_seconds, Math.ceil(run.usage.wall_ms / 1000))} s of ${run.budgets.max_wall_seconds} s left`],
+          ["CPU time", seconds(run.usage.cpu_ms)],
+          ["Lease", request.lease_owner ? `held by ${request.lease_owner} at epoch ${request.lease_epoch} until ${when(request.lease_deadline)}` : `epoch ${request.lease_epoch ?? "—"}, not held`],
+          ["Created", when(run.created_at)],
+          ["Finished", when(run.finished_at)],
+        ]),
+        actions(run, pause, status, load) || "",
+        h("h2", {}, "Timeline"),
+        table("Steps in plan order", ["Step", "Outcome", "How", "Wall", "Started", "Tree"],
+          run.steps.map((spec) => {
+            const step = journal.steps.filter((s) => s.step_key === spec.key).pop();
+            if (!step) return [spec.key, "pending", "—", "—", "—", "—"];
+            return [spec.key, outcome(step, run, request), how(step, reused, run, request), seconds(step.wall_ms), when(step.started_at),
+              step.tree_tier ? `${step.tree_tier}${step.snapshot_id ? ` → ${step.snapshot_id}` : ""}` : "—"];
+          })),
+        h("h2", {}, "Output"),
+        journal.steps.length === 0 ? h("p", { class: "empty" }, "No step has started.") :
+          h("div", { class: "outputs" }, journal.steps.filter((s) => s.request_id === run.request_id).map((s) =>
+            h("article", { class: "output", "aria-label": `Output of ${s.step_key}` },
+              h("h3", {}, s.step_key),
+              h("p", { class: "muted" }, "Last lines, as recorded with the receipt (bytes that are not text are escaped)."),
+              h("pre", { class: "tail", tabindex: "0", "aria-label": `${s.step_key} stdout tail` }, s.stdout_tail || "(no stdout)"),
+              s.stderr_tail ? h("pre", { class: "tail err", tabindex: "0", "aria-label": `${s.step_key} stderr tail` }, s.stderr_tail) : null,
+              h("div", { class: "actions" },
+                h("button", { type: "button", onclick: () => download(runId, s.step_key, "stdout", status) }, `Download ${s.step_key} stdout`),
+                h("button", { type: "button", onclick: () => download(runId, s.step_key, "stderr", status) }, `Download ${s.step_key} stderr`))))),
+        h("h2", {}, "Checkpoints"),
+        table("Execution requests and their retained checkpoints", ["Request", "Kind", "State", "Epoch", "Checkpoint"],
+          requests.execution_requests.map((r) => [h("span", { class: "mono" }, r.request_id), r.kind, stateBadge(r.state === "executing" ? "running" : r.state),
+            String(r.lease_epoch), r.checkpoint ? JSON.stringify(r.checkpoint) : "—"])),
+        h("h3", {}, "Resume context"),
+        h("pre", { class: "json", tabindex: "0", "aria-label": "Resume context" }, request.resume_context ? JSON.stringify(request.resume_context, null, 2) : "None: the run has not resumed."));
+      if (TERMINAL.includes(run.state)) finished = true;
+    } catch (e) {
+      say(status, errorText(e), "error");
+    }
+  };
+  every(REFRESH_MS, root, load);
+  return root;
+}

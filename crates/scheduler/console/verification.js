@@ -1,0 +1,135 @@
+// The Verification tab: the pending handoff's candidate and frozen checks, the adoption
+// form with its reusable declarations (saved before one POST, read back after), and
+// every check's result, labelled Executed or Reused prior verified result.
+
+import { api, can, errorText, facts, h, newId, notice, savedDecision, say, seconds, session, table, when } from "./core.js";
+import { submitOnce } from "./submit.js";
+
+export function verificationTab(runId) {
+  const status = notice();
+  const pending = h("section", { class: "card flow", id: "flow-verification", "aria-labelledby": "verification-title" },
+    h("h2", { id: "verification-title" }, "Approve verification"), h("p", {}, "Loading…"));
+  const results = h("section", { "aria-labelledby": "results-title" }, h("h2", { id: "results-title" }, "Results"));
+  const root = h("div", {}, pending, status, results);
+  // After a submission the run's state moves on: read it again before anything else.
+  const refresh = () => api("GET", `/api/v1/runs/${runId}`).then((run) => {
+    loadCandidate(run, pending, status, refresh);
+    loadResults(run, results);
+  }).catch((e) => say(status, errorText(e), "error"));
+  refresh();
+  return root;
+}
+
+async function loadResults(run, section) {
+  try {
+    const list = await api("GET", `/api/v1/runs/${run.run_id}/verification-handoffs/adoptions`);
+    const blocks = list.adoptions.map((a) => h("article", { class: "adoption" },
+      h("h3", {}, "Adoption ", h("span", { class: "mono" }, a.request_id)),
+      facts([["Status", a.status], ["Handoff", a.handoff_state], ["Adopted", when(a.created_at)]]),
+      table(`Checks of adoption ${a.request_id}`, ["#", "Result", "Passed", "Exit", "Wall", "Finished", "Where it came from"],
+        a.results.map((r) => [String(r.index), h("strong", { class: r.reused ? "reused" : "executed" }, r.display),
+          r.passed ? "passed" : "failed", r.exit_code === null ? "—" : String(r.exit_code), seconds(r.wall_ms), when(r.finished_at),
+          r.source_execution
+            ? `reused from result ${r.source_execution.result_id} (request ${r.source_execution.request_id || "—"}, attempt ${r.source_execution.attempt}, epoch ${r.source_execution.lease_epoch}); not run again`
+            : `executed in attempt ${r.attempt}${r.fresh_reason ? `; fresh because ${r.fresh_reason.replaceAll("_", " ")}` : ""}`]),
+        "No check has a result yet.")));
+    section.replaceChildren(h("h2", { id: "results-title" }, "Results"),
+      ...(blocks.length ? blocks : [h("p", { class: "empty" }, "No verification was adopted for this run.")]));
+  } catch (e) {
+    section.append(h("p", { class: "notice error" }, errorText(e)));
+  }
+}
+
+async function loadCandidate(run, section, status, refresh) {
+  const title = h("h2", { id: "verification-title" }, "Approve verification");
+  const key0 = `verification.${run.run_id}.`;
+  if (run.state !== "awaiting_verification") {
+    // Asked only while a handoff waits: the API answers 404/409 otherwise.
+    const saved = Object.keys(localStorage).some((k) => k.startsWith(`cairn.decision.${key0}`));
+    section.replaceChildren(title, h("p", { class: "empty" },
+      `No verification waits for approval: the run is ${run.state.replaceAll("_", " ")}.${saved ? " A saved approval of this run is listed in Results once recorded." : ""}`));
+    return;
+  }
+  let candidate;
+  try {
+    candidate = await api("GET", `/api/v1/runs/${run.run_id}/verification-handoffs/candidates?agent=${encodeURIComponent(run.agent)}`);
+  } catch (e) {
+    section.replaceChildren(title, h("p", { class: "empty" }, e.status === 404 || e.status === 409 ? `No pending verification handoff: ${e.message}` : errorText(e)));
+    return;
+  }
+  const key = `${key0}${candidate.handoff_id}`;
+  const saved = savedDecision(key);
+  const parts = [title,
+    facts([["Admission", h("strong", {}, candidate.admission)], ["Agent", candidate.agent],
+      ["Command budget", `${candidate.budget.used_commands} used, ${candidate.budget.remaining_commands} of ${candidate.budget.max_commands} left`]]),
+    candidate.holds.length ? h("ul", { class: "holds", "aria-label": "Holds" }, candidate.holds.map((x) => h("li", {}, x))) : null,
+    table("Frozen checks", ["#", "Command", "Purpose", "Directory"],
+      candidate.commands.map((c) => [String(c.index), h("code", {}, c.arguments.join(" ")), c.purpose, c.cwd || "—"]))];
+  const readButton = h("button", { type: "button", onclick: () => readBack(run, key, candidate, status) }, "Read saved verification approval");
+  if (saved) {
+    parts.push(h("p", {}, `A verification approval is saved in this browser: ${saved.action_id}. It is never sent twice.`), readButton);
+  } else if (candidate.admission === "READY" && can("operator")) {
+    parts.push(adoptionForm(run, candidate, key, status, refresh));
+  } else if (candidate.admission === "READY") {
+    parts.push(h("p", { class: "muted" }, "Approving verification needs the operator role."));
+  }
+  section.replaceChildren(...parts.filter(Boolean));
+}
+
+function adoptionForm(run, candidate, key, status, reload) {
+  const choices = candidate.reusable_build_candidates.map((c) => {
+    const box = h("input", { type: "checkbox", id: `reuse-${c.index}`, name: "reuse", value: c.command_digest });
+    return { c, box, row: h("div", { class: "check" }, box,
+      h("label", { for: `reuse-${c.index}` }, `Check ${c.index} (`, h("code", {}, c.arguments.join(" ")),
+        ") tests the retained source and build inputs independently of time or external state")) };
+  });
+  const ack = h("input", { type: "checkbox", id: "verification-ack", name: "ack" });
+  const reviewButton = h("button", { type: "button" }, "Review verification approval");
+  const save = h("button", { type: "submit", class: "primary", hidden: true, disabled: true }, "Save verification approval");
+  const summary = h("p", { class: "summary", "aria-live": "polite" });
+  reviewButton.addEventListener("click", () => {
+    const selected = choices.filter((x) => x.box.checked).length;
+    summary.textContent = `${candidate.commands.length} frozen checks run; ${selected} selected as reusable in later verification.`;
+    save.hidden = false;
+    save.disabled = !ack.checked;
+  });
+  ack.addEventListener("change", () => { save.disabled = save.hidden || !ack.checked; });
+  return h("form", { class: "review", onsubmit: async (event) => {
+    event.preventDefault();
+    if (!ack.checked) return;
+    save.disabled = true;
+    const requestId = newId();
+    const body = { request_id: requestId, agent: candidate.agent, pending_request_digest: candidate.pending_request_digest,
+      source_digest: candidate.source_digest, commands_digest: candidate.commands_digest, policy_digest: candidate.policy_digest,
+      provider_digest: candidate.provider_digest,
+      reusable_build_checks: choices.filter((x) => x.box.checked).map((x) => ({ command_digest: x.c.command_digest,
+        purpose: "source_build", independent_of_time_and_external_state: true })) };
+    const outcome = await submitOnce(key, { action_id: requestId, path: `/api/v1/runs/${run.run_id}/verification-handoffs/adoptions`,
+      text: JSON.stringify(body) }, status, { saved: "Verification approval recorded", read: "Read saved verification approval" });
+    if (outcome === "not_sent") save.disabled = false;
+    else reload();
+  } },
+  h("h3", {}, "Choose reuse"),
+  choices.length ? h("fieldset", {}, h("legend", {}, "Reusable checks (leave unselected when a check needs a fresh result)"), choices.map((x) => x.row))
+    : h("p", { class: "muted" }, "No check may be declared reusable."),
+  reviewButton, summary,
+  h("div", { class: "check" }, ack, h("label", { for: "verification-ack" }, "I approve the frozen checks and declare the selected checks independent of time and external state.")),
+  save);
+}
+
+async function readBack(run, key, candidate, status) {
+  const saved = savedDecision(key);
+  if (!saved) return;
+  try {
+    const adoption = await api("GET", `/api/v1/runs/${run.run_id}/verification-handoffs/adoptions/${saved.action_id}`);
+    const body = JSON.parse(saved.text);
+    const matches = adoption.policy_digest === body.policy_digest && adoption.commands_digest === body.commands_digest
+      && (!adoption.operator_id || adoption.operator_id === session.tokenId);
+    say(status, matches ? `Verification approval recorded: ${adoption.status}. Follow Results and the journal for what ran.`
+      : "A record exists under the saved id, but its policy, checks or operator differ from the saved input: the outcome is unresolved.",
+    matches ? "ok" : "warn");
+  } catch (e) {
+    say(status, e.status === 404 ? `No approval is recorded under ${saved.action_id} yet. Keep it; it is not sent again.`
+      : `Could not read the saved approval: ${errorText(e)}`, e.status === 404 ? "warn" : "error");
+  }
+}
