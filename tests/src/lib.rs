@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod browser;
 pub mod cluster;
 pub mod handoff;
 pub mod sandboxes;

@@ -1,0 +1,417 @@
+//! The operator console in a real headless browser (Debian's Chromium over WebDriver):
+//! sign-in per role, a run appearing and completing live, the saved-continuation flow
+//! with a lost response, the policy screen keeping what it does not show, and a
+//! verification approved in the page with its reused result labelled. Every page
+//! is checked at 1280 and 390 px (labelled controls, no overflow, a clean console) and
+//! screenshotted under `target/console-screenshots/`.
+
+use cairn_e2e::browser::Browser;
+use cairn_e2e::cluster::{run_spec, Cluster, Settings, ADMIN};
+use cairn_e2e::handoff::{build_check, id, verified_run, verify, Tree, LONG};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// One browser at a time: Chromium is heavy on a two-core machine.
+static ONE_BROWSER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const ACTIONS: [&str; 6] = [
+    "Cancel run",
+    "Pause",
+    "Resume",
+    "Check current admission",
+    "Continue saved task",
+    "Create token",
+];
+
+fn token(cluster: &Cluster, name: &str, role: &str) -> String {
+    let (status, created) = cluster.call(
+        "POST",
+        "/api/v1/tokens",
+        Some(&json!({"name": name, "role": role})),
+    );
+    assert_eq!(status, 201, "{created}");
+    created["token"].as_str().expect("token").to_string()
+}
+
+fn slow_run() -> Value {
+    run_spec(
+        vec![
+            json!({"key": "think", "argv": ["sh", "-c", "echo thinking; sleep 60"], "timeout_seconds": 120}),
+        ],
+        1,
+    )
+}
+
+#[tokio::test]
+async fn each_role_sees_only_the_actions_it_may_take() {
+    let _one = ONE_BROWSER.lock().await;
+    let cluster = Cluster::start("console-roles", 1, Settings::default()).await;
+    let viewer = token(&cluster, "ada-viewer", "viewer");
+    let operator = token(&cluster, "otto-operator", "operator");
+    let (run_id, _) = cluster.submit(&slow_run());
+    cluster.wait_for_state(&run_id, &["running"], Duration::from_secs(60));
+    let browser = Browser::start(cluster.api).await;
+
+    // A viewer reads everything and is offered nothing to do.
+    browser.sign_in(&viewer).await;
+    browser.wait_text("#who", "ada-viewer · viewer").await;
+    browser.open(&format!("#/runs/{run_id}")).await;
+    browser.wait_text("main", "running at epoch 1 on w1").await;
+    let shown = browser.buttons().await;
+    for action in ACTIONS {
+        assert!(
+            !shown.iter().any(|b| b == action),
+            "a viewer was offered {action:?}: {shown:?}"
+        );
+    }
+    assert!(shown.iter().any(|b| b.starts_with("Download")), "{shown:?}");
+    browser.check_page("run-viewer").await;
+    browser.open("#/runs").await;
+    let nav = browser.wait_text("#nav", "Runs").await;
+    assert!(
+        !nav.contains("Connections"),
+        "a viewer sees Connections: {nav}"
+    );
+    browser.open("#/operations").await;
+    browser.wait_text("main", "Workers").await;
+    assert!(!browser.buttons().await.iter().any(|b| b == "Create token"));
+
+    // An operator may cancel; the run is cancelled on the server.
+    browser.sign_in(&operator).await;
+    browser.open(&format!("#/runs/{run_id}")).await;
+    browser.wait_text("main", "running at epoch 1 on w1").await;
+    let shown = browser.buttons().await;
+    assert!(shown.iter().any(|b| b == "Cancel run"), "{shown:?}");
+    browser.check_page("run-operator").await;
+    browser.click("Cancel run").await;
+    browser
+        .client
+        .accept_alert()
+        .await
+        .expect("confirm the cancel");
+    cluster.wait_for_state(&run_id, &["cancelled"], Duration::from_secs(30));
+    browser.wait_text("main", "cancelled").await;
+
+    // One reaper sweep, for Operations to show.
+    let swept = std::process::Command::new(cairn_e2e::binary("cairn-reaper"))
+        .arg("--once")
+        .envs(cluster.isolation.env())
+        .output()
+        .expect("run the reaper");
+    assert!(
+        swept.status.success(),
+        "{}",
+        String::from_utf8_lossy(&swept.stderr)
+    );
+
+    // An admin also sees Connections and tokens.
+    browser.sign_in(ADMIN).await;
+    let nav = browser.wait_text("#nav", "Connections").await;
+    assert!(nav.contains("Operations"), "{nav}");
+    browser.open("#/operations").await;
+    browser.wait_text("main", "ada-viewer").await;
+    browser.wait_text("main", "Last sweeps, newest first").await;
+    assert!(browser.buttons().await.iter().any(|b| b == "Create token"));
+    browser.check_page("operations-admin").await;
+    browser.close().await;
+}
+
+#[tokio::test]
+async fn a_run_appears_and_completes_live() {
+    let _one = ONE_BROWSER.lock().await;
+    let cluster = Cluster::start("console-live", 1, Settings::default()).await;
+    let browser = Browser::start(cluster.api).await;
+    browser.sign_in(ADMIN).await;
+    browser.open("#/runs").await;
+    browser.wait_text("#run-list", "No runs yet").await;
+
+    // Submitted behind the page's back: the list shows it without a reload.
+    let spec = run_spec(
+        vec![
+            json!({"key": "build", "argv": ["sh", "-c", "sleep 3; printf 'built \\000 ok\\n'"], "timeout_seconds": 60}),
+        ],
+        1,
+    );
+    let (run_id, _) = cluster.submit(&spec);
+    let row = browser.wait_text("#run-list", &run_id).await;
+    assert!(
+        row.contains("queued") || row.contains("running"),
+        "the new run is not shown live: {row}"
+    );
+    browser.check_page("runs-live").await;
+    browser
+        .wait_text_for("#run-list", "completed", Duration::from_secs(60))
+        .await;
+    browser.wait_text(".counts", "1").await;
+
+    // By keyboard: Tab reaches the run's link, Enter opens it.
+    let mut reached = false;
+    for _ in 0..40 {
+        browser.press("\u{E004}").await;
+        let focused = browser.client.active_element().await.expect("focus");
+        if focused
+            .attr("href")
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|h| h.contains(&run_id))
+        {
+            reached = true;
+            break;
+        }
+    }
+    assert!(reached, "Tab never reached the run's link");
+    browser.press("\u{E007}").await;
+    let page = browser.wait_text("main", "executed at epoch 1 by").await;
+    assert!(
+        page.contains("built \\x00 ok"),
+        "the tail is not shown escaped: {page}"
+    );
+    browser.check_page("run-completed").await;
+    browser.close().await;
+}
+
+/// Puts the run's request where a lapsed lease with spent attempts leaves it.
+async fn stop_at_checkpoint(cluster: &Cluster, request_id: &str) {
+    let receipts: Vec<(String, Option<i32>, String)> = Vec::new();
+    sqlx::query(
+        "UPDATE execution_requests SET state = 'stopped_at_checkpoint', lease_epoch = 1,
+                checkpoint = jsonb_build_object('sequence', 1, 'journal_digest', $2::text) WHERE id = $1::uuid",
+    )
+    .bind(request_id)
+    .bind(cairn_common::digest::of(&receipts))
+    .execute(&cluster.pool)
+    .await
+    .expect("stop at checkpoint");
+    sqlx::query("UPDATE runs SET state = 'stopped_at_checkpoint' WHERE id = (SELECT run_id FROM execution_requests WHERE id = $1::uuid)")
+        .bind(request_id)
+        .execute(&cluster.pool)
+        .await
+        .expect("run state");
+}
+
+/// Plan → Saved continuation: check, review, choose a 300 s window, acknowledge all four.
+async fn review(browser: &Browser, run_id: &str) {
+    browser.open(&format!("#/runs/{run_id}/plan")).await;
+    browser.click("Check current admission").await;
+    browser.wait_text("#flow-checkpoint", "READY").await;
+    browser.click("Review saved continuation").await;
+    let window = browser.wait_for("#flow-checkpoint-window").await;
+    window.clear().await.expect("clear");
+    window.send_keys("300").await.expect("window");
+    for ack in [
+        "acknowledge_retained_response_consumed_once",
+        "acknowledge_no_completed_effect_replay",
+        "acknowledge_same_request_attempt_and_budgets",
+        "acknowledge_finite_ownership_lease",
+    ] {
+        browser
+            .wait_for(&format!("#flow-checkpoint-{ack}"))
+            .await
+            .click()
+            .await
+            .expect("acknowledge");
+    }
+}
+
+async fn actions_saved(cluster: &Cluster, request_id: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM continuation_actions WHERE request_id = $1::uuid")
+        .bind(request_id)
+        .fetch_one(&cluster.pool)
+        .await
+        .expect("count actions")
+}
+
+#[tokio::test]
+async fn the_saved_continuation_flow_survives_a_lost_response() {
+    let _one = ONE_BROWSER.lock().await;
+    // No worker: the admitted continuation stays queued for the readback to see.
+    let cluster = Cluster::start("console-continuation", 0, Settings::default()).await;
+    let (run_id, request_id) = cluster.submit(&slow_run());
+    stop_at_checkpoint(&cluster, &request_id).await;
+    let browser = Browser::start(cluster.api).await;
+    browser.sign_in(ADMIN).await;
+
+    // Connections → Saved-work recovery → Review continuation settings.
+    browser.open("#/connections").await;
+    browser.click("Review continuation settings").await;
+    browser
+        .wait_for("#policy-enabled")
+        .await
+        .click()
+        .await
+        .expect("enable");
+    browser
+        .wait_for("#policy-allow")
+        .await
+        .click()
+        .await
+        .expect("allow");
+    let window = browser.wait_for("#policy-window").await;
+    window.clear().await.expect("clear");
+    window.send_keys("900").await.expect("window");
+    // Meanwhile another admin saves a setting this screen does not show.
+    let (status, _) = cluster.call(
+        "PUT",
+        "/api/v1/invalid-read-continuity/policy",
+        Some(&json!({"allow_final_outcome_continuation": true})),
+    );
+    assert_eq!(status, 200);
+    browser.check_page("policy").await;
+    browser.click("Save settings").await;
+    browser
+        .wait_text("main", "Other recovery settings kept")
+        .await;
+    let (_, policy) = cluster.call("GET", "/api/v1/invalid-read-continuity/policy", None);
+    assert_eq!(policy["enabled"], true, "{policy}");
+    assert_eq!(policy["allow_checkpoint_continuation"], true, "{policy}");
+    assert_eq!(policy["maximum_window_seconds"], 900, "{policy}");
+    assert_eq!(
+        policy["allow_final_outcome_continuation"], true,
+        "the policy screen overwrote a setting it does not show: {policy}"
+    );
+
+    // Storage that cannot keep the decision: nothing is sent.
+    review(&browser, &run_id).await;
+    browser.check_page("plan-review").await;
+    browser
+        .client
+        .execute(
+            "Storage.prototype.setItem = function () { throw new Error('quota exceeded'); };",
+            vec![],
+        )
+        .await
+        .expect("break storage");
+    browser.click("Continue saved task").await;
+    browser.wait_text("#flow-checkpoint", "Not sent").await;
+    assert_eq!(actions_saved(&cluster, &request_id).await, 0);
+
+    // The POST arrives, its response is lost.
+    browser.client.refresh().await.expect("reload");
+    review(&browser, &run_id).await;
+    browser
+        .client
+        .execute(
+            "const real = window.fetch;
+             window.fetch = async (url, init) => {
+               const response = await real(url, init);
+               if (init && init.method === 'POST' && String(url).includes('/actions/')) {
+                 throw new TypeError('Failed to fetch');
+               }
+               return response;
+             };",
+            vec![],
+        )
+        .await
+        .expect("lose responses");
+    browser.click("Continue saved task").await;
+    browser
+        .wait_text("#flow-checkpoint", "response was lost")
+        .await;
+    assert_eq!(actions_saved(&cluster, &request_id).await, 1);
+    browser.check_page("plan-lost-response").await;
+
+    // After a reload the saved decision is shown, never offered for submission again,
+    // and read back.
+    browser.client.refresh().await.expect("reload");
+    browser
+        .wait_text("#flow-checkpoint", "saved in this browser")
+        .await;
+    let shown = browser.buttons().await;
+    assert!(
+        !shown.iter().any(|b| b == "Continue saved task"),
+        "{shown:?}"
+    );
+    browser.click("Check saved continuation").await;
+    let said = browser
+        .wait_text("#flow-checkpoint", "Saved continuation confirmed")
+        .await;
+    assert!(said.contains("queued"), "{said}");
+    let saved: Value = serde_json::from_value(
+        browser
+            .client
+            .execute(
+                "return JSON.parse(localStorage.getItem(Object.keys(localStorage).find(k => k.startsWith('cairn.decision.checkpoint.'))));",
+                vec![],
+            )
+            .await
+            .expect("saved decision"),
+    )
+    .expect("decision json");
+    let (_, status) = cluster.call(
+        "GET",
+        &format!("/api/v1/runs/{run_id}/checkpoint-continuations/requests/{request_id}/status"),
+        None,
+    );
+    assert_eq!(status["action_id"], saved["action_id"], "{status}");
+    assert_eq!(status["lease"]["valid_for_seconds"], 300, "{status}");
+    assert_eq!(actions_saved(&cluster, &request_id).await, 1);
+    browser.check_page("plan-readback").await;
+    browser.close().await;
+}
+
+#[tokio::test]
+async fn verification_is_approved_in_the_console_and_reuse_is_labelled() {
+    let _one = ONE_BROWSER.lock().await;
+    let _services = cairn_e2e::ServiceLock::shared().await;
+    let cluster = Cluster::start("console-verify", 1, Settings::default()).await;
+    let effects = cluster.path("effects");
+    let tree = Tree {
+        source: "fn main() {}",
+        lock: "lock v1",
+        mode: "a",
+    };
+    let spec = verified_run(&tree, json!([build_check(&effects)]));
+    // The first verification executes the check, declared reusable.
+    verify(&cluster, &spec, &id(1));
+
+    // The second is approved in the console, reusing it.
+    let (run_id, _) = cluster.submit(&spec);
+    cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
+    let browser = Browser::start(cluster.api).await;
+    browser.sign_in(ADMIN).await;
+    browser.open(&format!("#/runs/{run_id}/verification")).await;
+    browser
+        .wait_text("#flow-verification", "Frozen checks")
+        .await;
+    browser
+        .wait_for("#reuse-1")
+        .await
+        .click()
+        .await
+        .expect("select");
+    browser.click("Review verification approval").await;
+    browser
+        .wait_text("#flow-verification", "1 selected as reusable")
+        .await;
+    browser
+        .wait_for("#verification-ack")
+        .await
+        .click()
+        .await
+        .expect("acknowledge");
+    browser.check_page("verification-review").await;
+    browser.click("Save verification approval").await;
+    browser
+        .wait_text("main", "Verification approval recorded")
+        .await;
+    cluster.wait_for_state(&run_id, &["completed"], LONG);
+    let (_, adoptions) = cluster.call(
+        "GET",
+        &format!("/api/v1/runs/{run_id}/verification-handoffs/adoptions"),
+        None,
+    );
+    assert_eq!(
+        cluster.lines("effects"),
+        ["built a"],
+        "the check ran again: {adoptions}"
+    );
+
+    browser.client.refresh().await.expect("reload");
+    let results = browser
+        .wait_text_for("main", "Reused prior verified result", LONG)
+        .await;
+    assert!(results.contains("reused from result"), "{results}");
+    browser.check_page("verification-results").await;
+    browser.close().await;
+}
