@@ -176,10 +176,11 @@ function flow(spec, kind, run) {
     if (!keepStatus) say(status, "");
     readback.replaceChildren();
     if (saved) {
-      stage.replaceChildren(...savedPanel(saved).filter(Boolean), readButton());
+      const [text, list, newReview] = savedPanel(saved);
+      stage.replaceChildren(text, list, h("div", { class: "actions" }, newReview, readButton()));
     } else {
       const checkButton = h("button", { type: "button", onclick: () => check(checkButton) }, spec.check);
-      stage.replaceChildren(checkButton, readButton());
+      stage.replaceChildren(h("div", { class: "actions" }, checkButton, readButton()));
     }
   }
   render();

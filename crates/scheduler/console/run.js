@@ -9,6 +9,7 @@ import { verificationTab } from "./verification.js";
 const TERMINAL = ["completed", "failed", "cancelled"];
 const TABS = [["overview", "Overview"], ["plan", "Plan"], ["verification", "Verification"]];
 const REFRESH_MS = 2000;
+const LIVE_TAIL_BYTES = 4096;
 
 export function runPage(runId, tab) {
   const current = TABS.some(([id]) => id === tab) ? tab : "overview";
@@ -48,6 +49,21 @@ function outcome(step, run, request) {
   if (step.signal !== null) return `failed: signal ${step.signal}`;
   if (step.timed_out) return "failed: timed out";
   return `failed: exit ${step.exit_code}`;
+}
+
+/** The end of each running step's stdout, as the API serves it now. */
+async function liveTails(runId, steps) {
+  const tails = {};
+  await Promise.all(steps.map(async (s) => {
+    try {
+      const blob = await api("GET", `/api/v1/runs/${runId}/steps/${encodeURIComponent(s.step_key)}/output?stream=stdout`, undefined, { raw: true });
+      // Bytes that are not UTF-8 show as U+FFFD; the download keeps them exactly.
+      tails[s.step_key] = new TextDecoder().decode(await blob.slice(Math.max(0, blob.size - LIVE_TAIL_BYTES)).arrayBuffer());
+    } catch (e) {
+      tails[s.step_key] = `(live output unavailable: ${errorText(e)})`;
+    }
+  }));
+  return tails;
 }
 
 async function download(runId, key, stream, status) {
@@ -103,6 +119,7 @@ function overview(runId) {
       const reused = new Set((request.resume_context?.receipts || [])
         .filter((r) => r.standing === "on_tree").map((r) => r.step_key));
       const remaining = (max, used) => Math.max(0, max - used);
+      const live = await liveTails(runId, journal.steps.filter((s) => running(s, run, request)));
       content.replaceChildren(
         facts([
           ["State", stateBadge(run.state)],
@@ -131,9 +148,12 @@ function overview(runId) {
           h("div", { class: "outputs" }, journal.steps.filter((s) => s.request_id === run.request_id).map((s) =>
             h("article", { class: "output", "aria-label": `Output of ${s.step_key}` },
               h("h3", {}, s.step_key),
-              h("p", { class: "muted" }, "Last lines, as recorded with the receipt (bytes that are not text are escaped)."),
-              h("pre", { class: "tail", tabindex: "0", "aria-label": `${s.step_key} stdout tail` }, s.stdout_tail || "(no stdout)"),
-              s.stderr_tail ? h("pre", { class: "tail err", tabindex: "0", "aria-label": `${s.step_key} stderr tail` }, s.stderr_tail) : null,
+              s.step_key in live
+                ? [h("p", { class: "muted" }, `Live: the last ${LIVE_TAIL_BYTES / 1024} KiB of stdout, read every ${REFRESH_MS / 1000} s.`),
+                  h("pre", { class: "tail", tabindex: "0", "aria-label": `${s.step_key} live stdout` }, live[s.step_key] || "(nothing printed yet)")]
+                : [h("p", { class: "muted" }, "Last lines, as recorded with the receipt (bytes that are not text are escaped)."),
+                  h("pre", { class: "tail", tabindex: "0", "aria-label": `${s.step_key} stdout tail` }, s.stdout_tail || "(no stdout)"),
+                  s.stderr_tail ? h("pre", { class: "tail err", tabindex: "0", "aria-label": `${s.step_key} stderr tail` }, s.stderr_tail) : null],
               h("div", { class: "actions" },
                 h("button", { type: "button", onclick: () => download(runId, s.step_key, "stdout", status) }, `Download ${s.step_key} stdout`),
                 h("button", { type: "button", onclick: () => download(runId, s.step_key, "stderr", status) }, `Download ${s.step_key} stderr`))))),
