@@ -80,7 +80,8 @@ impl Browser {
                 // everything that would reach out at start is off.
                 "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic",
                     "--no-first-run", "--disable-background-networking", "--disable-component-update",
-                    "--disable-sync", "--disable-dev-shm-usage", "--hide-scrollbars",
+                    "--disable-sync", "--disable-dev-shm-usage", "--hide-scrollbars", "--disable-breakpad",
+                    "--disable-crash-reporter",
                     format!("--user-data-dir={}", profile.display()), "--window-size=1280,900"],
             }),
         );
@@ -255,10 +256,35 @@ impl Browser {
         assert!(console.is_empty(), "{name}: the console said {console:#?}");
     }
 
-    pub async fn close(mut self) {
+    /// Ends the WebDriver session (Chromium quits), then the driver.
+    pub async fn close(self) {
         let _ = self.client.clone().close().await;
+    }
+}
+
+impl Drop for Browser {
+    /// Also after a failed assertion: Chromium outlives a killed ChromeDriver, so every
+    /// process started with this test's profile directory is killed.
+    fn drop(&mut self) {
         let _ = self.driver.kill();
         let _ = self.driver.wait();
+        let marker = format!("--user-data-dir={}", self.profile.display());
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry
+                .file_name()
+                .to_str()
+                .and_then(|p| p.parse::<i32>().ok())
+            else {
+                continue;
+            };
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmdline).contains(&marker) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
         let _ = std::fs::remove_dir_all(&self.profile);
     }
 }

@@ -14,12 +14,13 @@ use std::time::Duration;
 /// One browser at a time: Chromium is heavy on a two-core machine.
 static ONE_BROWSER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// Buttons that change something; a viewer is offered none of them.
 const ACTIONS: [&str; 6] = [
     "Cancel run",
     "Pause",
     "Resume",
-    "Check current admission",
     "Continue saved task",
+    "Save verification approval",
     "Create token",
 ];
 
@@ -57,6 +58,8 @@ async fn each_role_sees_only_the_actions_it_may_take() {
     browser.wait_text("#who", "ada-viewer · viewer").await;
     browser.open(&format!("#/runs/{run_id}")).await;
     browser.wait_text("main", "running at epoch 1 on w1").await;
+    // The running step's output, live.
+    browser.wait_text("main", "thinking").await;
     let shown = browser.buttons().await;
     for action in ACTIONS {
         assert!(
@@ -229,10 +232,11 @@ async fn the_saved_continuation_flow_survives_a_lost_response() {
     let cluster = Cluster::start("console-continuation", 0, Settings::default()).await;
     let (run_id, request_id) = cluster.submit(&slow_run());
     stop_at_checkpoint(&cluster, &request_id).await;
+    let viewer = token(&cluster, "vera-viewer", "viewer");
     let browser = Browser::start(cluster.api).await;
-    browser.sign_in(ADMIN).await;
 
     // Connections → Saved-work recovery → Review continuation settings.
+    browser.sign_in(ADMIN).await;
     browser.open("#/connections").await;
     browser.click("Review continuation settings").await;
     browser
@@ -270,6 +274,21 @@ async fn the_saved_continuation_flow_survives_a_lost_response() {
         policy["allow_final_outcome_continuation"], true,
         "the policy screen overwrote a setting it does not show: {policy}"
     );
+
+    // A viewer may check the candidate, and is offered nothing to admit it with.
+    browser.sign_in(&viewer).await;
+    browser.open(&format!("#/runs/{run_id}/plan")).await;
+    browser.click("Check current admission").await;
+    browser
+        .wait_text("#flow-checkpoint", "needs the admin role")
+        .await;
+    let shown = browser.buttons().await;
+    assert!(
+        !shown.iter().any(|b| b == "Review saved continuation"),
+        "{shown:?}"
+    );
+    browser.check_page("plan-viewer").await;
+    browser.sign_in(ADMIN).await;
 
     // Storage that cannot keep the decision: nothing is sent.
     review(&browser, &run_id).await;
