@@ -164,6 +164,20 @@ async fn a_run_appears_and_completes_live() {
         }
     }
     assert!(reached, "Tab never reached the run's link");
+    // A refresh that changes the list keeps the keyboard's place.
+    let (second, _) = cluster.submit(&spec);
+    browser.wait_text("#run-list", &second).await;
+    let focused = browser.client.active_element().await.expect("focus");
+    let href = focused
+        .attr("href")
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_default();
+    assert!(
+        href.contains(&run_id),
+        "the refresh moved the focus to {href:?}"
+    );
     browser.press("\u{E007}").await;
     let page = browser.wait_text("main", "executed at epoch 1 by").await;
     assert!(

@@ -103,6 +103,29 @@ export function h(tag, attrs = {}, ...children) {
   return el;
 }
 
+/** What identifies a focusable element across two renderings of the same data. */
+function focusKey(el) {
+  return [el.tagName, el.id, el.getAttribute("href"), el.getAttribute("aria-label"), el.textContent.trim()].join("|");
+}
+
+/**
+ * Replaces `container`'s children, unless `data` (what they were built from) is the same
+ * as last time; keeps the keyboard focus on the same control when it was inside. A
+ * periodic refresh thus never moves a keyboard user's place.
+ */
+export function rerender(container, data, build) {
+  const text = JSON.stringify(data);
+  if (container.dataset.rendered === text) return;
+  const active = document.activeElement;
+  const key = active && active !== container && container.contains(active) ? focusKey(active) : null;
+  container.replaceChildren(...[build()].flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false));
+  container.dataset.rendered = text;
+  if (key) {
+    const again = [...container.querySelectorAll("a, button, input, select, [tabindex]")].find((e) => focusKey(e) === key);
+    if (again) again.focus({ preventScroll: true });
+  }
+}
+
 /** A table with a caption; rows are arrays of cells (strings or nodes). */
 export function table(caption, headings, rows, empty = "None.") {
   if (rows.length === 0) return h("p", { class: "empty" }, empty);

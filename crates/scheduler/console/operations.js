@@ -1,15 +1,18 @@
 // Operations: workers and the leases they hold, the reaper's last sweeps and pending
 // repairs, sandboxes with their actions, and tokens (admins).
 
-import { api, can, errorText, every, h, notice, say, stateBadge, table, when } from "./core.js";
+import { api, can, errorText, every, h, notice, rerender, say, stateBadge, table, when } from "./core.js";
 
 const REFRESH_MS = 3000;
 
 export function operationsPage() {
   const status = notice();
-  const workers = h("section", { "aria-labelledby": "workers-title" }, h("h2", { id: "workers-title" }, "Workers"));
-  const reaper = h("section", { "aria-labelledby": "reaper-title" }, h("h2", { id: "reaper-title" }, "Reaper"));
-  const sandboxes = h("section", { "aria-labelledby": "sandboxes-title" }, h("h2", { id: "sandboxes-title" }, "Sandboxes"));
+  const workersBody = h("div", {});
+  const reaperBody = h("div", {});
+  const sandboxesBody = h("div", {});
+  const workers = h("section", { "aria-labelledby": "workers-title" }, h("h2", { id: "workers-title" }, "Workers"), workersBody);
+  const reaper = h("section", { "aria-labelledby": "reaper-title" }, h("h2", { id: "reaper-title" }, "Reaper"), reaperBody);
+  const sandboxes = h("section", { "aria-labelledby": "sandboxes-title" }, h("h2", { id: "sandboxes-title" }, "Sandboxes"), sandboxesBody);
   const tokens = can("admin") ? h("section", { "aria-labelledby": "tokens-title" }, h("h2", { id: "tokens-title" }, "Tokens")) : null;
   const refreshed = h("span", { class: "refreshed" }, "Loading…");
   const root = h("section", { class: "page" },
@@ -28,27 +31,27 @@ export function operationsPage() {
   async function refresh() {
     try {
       const [w, r, s] = await Promise.all([api("GET", "/api/v1/workers"), api("GET", "/api/v1/reaper"), api("GET", "/api/v1/sandboxes?limit=100")]);
-      workers.replaceChildren(workers.firstChild, table("Workers that beat in the last hour", ["Worker", "Alive", "Beating since", "Waiting for work since", "Leases held"],
+      rerender(workersBody, w, () => table("Workers that beat in the last hour", ["Worker", "Alive", "Beating since", "Waiting for work since", "Leases held"],
         w.workers.map((x) => [x.worker_id, x.alive ? "alive" : `silent since ${when(x.beat_at)}`, when(x.beating_since),
           x.starved_since ? when(x.starved_since) : "—",
           x.leases.length ? h("ul", { class: "plain" }, x.leases.map((l) => h("li", {},
             h("a", { href: `#/runs/${l.run_id}`, class: "mono" }, l.run_id), ` epoch ${l.lease_epoch}, until ${when(l.lease_deadline)}`))) : "none"]),
         "No worker has beaten in the last hour: start cairn-worker."));
-      reaper.replaceChildren(reaper.firstChild,
+      rerender(reaperBody, r, () => [
         table("Last sweeps, newest first", ["Started", "Finished", "Dry run", "What it did"],
           r.sweeps.map((x) => [when(x.started_at), when(x.finished_at), x.dry_run ? "yes" : "no", h("code", {}, JSON.stringify(x.summary))]),
           "The reaper has not swept yet."),
         h("h3", {}, "Pending operator repairs"),
         table("Snapshots whose deletion waits for repair", ["Snapshot", "Kind", "Store", "Reason", "Attempts", "Next retry"],
           r.pending_repairs.map((x) => [h("span", { class: "mono" }, x.snapshot_id), x.kind, x.store_url, x.reason || "—", String(x.attempts), when(x.next_retry_at)]),
-          "Nothing waits for repair."));
-      sandboxes.replaceChildren(sandboxes.firstChild, table("Sandboxes, newest first", ["Sandbox", "Agent", "State", "Pending", "Timeout", can("operator") ? "Actions" : "Stop reason"],
+          "Nothing waits for repair.")]);
+      rerender(sandboxesBody, s, () => table("Sandboxes, newest first", ["Sandbox", "Agent", "State", "Pending", "Timeout", can("operator") ? "Actions" : "Stop reason"],
         s.sandboxes.map((x) => [h("span", { class: "mono" }, x.sandbox_id), x.agent, stateBadge(x.state), x.pending || "—", `${x.timeout_sec} s`,
           can("operator") ? h("div", { class: "actions" },
-            h("button", { type: "button", disabled: x.state !== "running", onclick: () => sandboxAction(x.sandbox_id, "pause") }, "Pause"),
-            h("button", { type: "button", disabled: !["paused", "stopped"].includes(x.state), onclick: () => sandboxAction(x.sandbox_id, "resume") }, "Resume"),
-            h("button", { type: "button", disabled: !["running", "paused"].includes(x.state), onclick: () => sandboxAction(x.sandbox_id, "stop") }, "Stop"),
-            h("button", { type: "button", class: "danger", disabled: x.state === "destroyed",
+            h("button", { type: "button", disabled: x.state !== "running", "aria-label": `Pause sandbox ${x.sandbox_id}`, onclick: () => sandboxAction(x.sandbox_id, "pause") }, "Pause"),
+            h("button", { type: "button", disabled: !["paused", "stopped"].includes(x.state), "aria-label": `Resume sandbox ${x.sandbox_id}`, onclick: () => sandboxAction(x.sandbox_id, "resume") }, "Resume"),
+            h("button", { type: "button", disabled: !["running", "paused"].includes(x.state), "aria-label": `Stop sandbox ${x.sandbox_id}`, onclick: () => sandboxAction(x.sandbox_id, "stop") }, "Stop"),
+            h("button", { type: "button", class: "danger", disabled: x.state === "destroyed", "aria-label": `Destroy sandbox ${x.sandbox_id}`,
               onclick: () => confirm(`Destroy sandbox ${x.sandbox_id}?`) && sandboxAction(x.sandbox_id, null, "DELETE") }, "Destroy"))
             : x.stop_reason || "—"]),
         "No sandboxes."));

@@ -2,7 +2,7 @@
 // which epoch, by which worker), output tails and downloads, checkpoints and the resume
 // context, and the actions the signed-in role may take. Plan and Verification are tabs.
 
-import { api, can, errorText, every, facts, h, notice, say, seconds, stateBadge, table, when } from "./core.js";
+import { api, can, errorText, every, facts, h, notice, rerender, say, seconds, stateBadge, table, when } from "./core.js";
 import { planTab } from "./plan.js";
 import { verificationTab } from "./verification.js";
 
@@ -120,7 +120,7 @@ function overview(runId) {
         .filter((r) => r.standing === "on_tree").map((r) => r.step_key));
       const remaining = (max, used) => Math.max(0, max - used);
       const live = await liveTails(runId, journal.steps.filter((s) => running(s, run, request)));
-      content.replaceChildren(
+      rerender(content, { run, journal, requests, pause, live }, () => [
         facts([
           ["State", stateBadge(run.state)],
           ["Stop reason", run.stop_reason || "—"],
@@ -162,7 +162,7 @@ function overview(runId) {
           requests.execution_requests.map((r) => [h("span", { class: "mono" }, r.request_id), r.kind, stateBadge(r.state === "executing" ? "running" : r.state),
             String(r.lease_epoch), r.checkpoint ? JSON.stringify(r.checkpoint) : "—"])),
         h("h3", {}, "Resume context"),
-        h("pre", { class: "json", tabindex: "0", "aria-label": "Resume context" }, request.resume_context ? JSON.stringify(request.resume_context, null, 2) : "None: the run has not resumed."));
+        h("pre", { class: "json", tabindex: "0", "aria-label": "Resume context" }, request.resume_context ? JSON.stringify(request.resume_context, null, 2) : "None: the run has not resumed.")]);
       if (TERMINAL.includes(run.state)) finished = true;
     } catch (e) {
       say(status, errorText(e), "error");

@@ -1,7 +1,7 @@
 // Runs: a live list (polled every 2 s, with the time of the last refresh shown),
 // filters by state and agent, counts per state, and what needs a person.
 
-import { api, errorText, every, h, notice, say, stateBadge, table, when } from "./core.js";
+import { api, errorText, every, h, notice, rerender, say, stateBadge, table, when } from "./core.js";
 
 const STATES = ["queued", "running", "awaiting_verification", "stopped_at_checkpoint",
   "needs_reconciliation", "completed", "failed", "cancelled"];
@@ -64,19 +64,19 @@ export function runsPage(params) {
         api("GET", `/api/v1/runs?${query}`),
         api("GET", `/api/v1/runs/counts${countQuery}`),
       ]);
-      counts.replaceChildren(...STATES.map((s) => h("a", {
+      rerender(counts, tally, () => STATES.map((s) => h("a", {
         class: `count${s === state ? " current" : ""}`, href: filterHash(s === state ? "" : s, agent),
         "aria-label": `${tally.counts[s] || 0} ${s.replaceAll("_", " ")}`,
       }, stateBadge(s), h("strong", {}, String(tally.counts[s] || 0)))));
       const waiting = Object.keys(NEEDS_A_PERSON).filter((s) => tally.counts[s] > 0);
-      attention.replaceChildren(
+      rerender(attention, tally, () => [
         h("h2", { id: "attention-title" }, "Needs a person"),
         waiting.length === 0
           ? h("p", { class: "empty" }, "Nothing waits for a person.")
           : h("ul", {}, waiting.map((s) => h("li", {},
             h("a", { href: filterHash(s, agent) }, `${tally.counts[s]} ${s.replaceAll("_", " ")}`),
-            ` — ${NEEDS_A_PERSON[s]}`))));
-      list.replaceChildren(table("Runs, newest first", ["Run", "Agent", "State", "Steps", "Attempt", "Created", "Updated"],
+            ` — ${NEEDS_A_PERSON[s]}`)))]);
+      rerender(list, page.runs, () => table("Runs, newest first", ["Run", "Agent", "State", "Steps", "Attempt", "Created", "Updated"],
         page.runs.map((r) => [
           h("a", { href: `#/runs/${r.run_id}`, class: "mono" }, r.run_id),
           r.agent, stateBadge(r.state), String(r.steps.length), `${r.attempt} of ${r.max_attempts}`,
