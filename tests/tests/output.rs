@@ -40,6 +40,38 @@ async fn every_byte_a_step_prints_is_kept() {
     }
 }
 
+/// `tail_bytes` answers the output's last bytes, across chunk boundaries, and does not
+/// go with `follow`.
+#[tokio::test]
+async fn a_tail_is_the_outputs_last_bytes() {
+    let _services = ServiceLock::shared().await;
+    // About 230 KB: several 64 KiB chunks.
+    let (cluster, step) = completed_step("output-tail", "seq 1 40000").await;
+    let run_id = step["run_id"].as_str().expect("run id");
+    let (status, all) = cluster.output(run_id, "out", "stdout");
+    assert_eq!(status, 200);
+    assert!(all.len() > 3 * 65536, "{} bytes", all.len());
+    for want in [1, 70_000, 131_072, all.len(), all.len() + 10] {
+        let (status, tail) = cluster.output(run_id, "out", &format!("stdout&tail_bytes={want}"));
+        assert_eq!(status, 200);
+        let expected = &all[all.len().saturating_sub(want)..];
+        assert!(
+            tail == expected,
+            "tail_bytes={want}: {} bytes, not the last {}",
+            tail.len(),
+            expected.len()
+        );
+    }
+    for query in [
+        "stdout&tail_bytes=0",
+        "stdout&tail_bytes=1048577",
+        "stdout&tail_bytes=5&follow=true",
+    ] {
+        let (status, body) = cluster.output(run_id, "out", query);
+        assert_eq!(status, 400, "{query}: {}", String::from_utf8_lossy(&body));
+    }
+}
+
 /// A step prints a private key block and tokens: its artifacts and tails hold
 /// `[redacted]` in their place, and none of them.
 #[tokio::test]

@@ -56,9 +56,9 @@ async function liveTails(runId, steps) {
   const tails = {};
   await Promise.all(steps.map(async (s) => {
     try {
-      const blob = await api("GET", `/api/v1/runs/${runId}/steps/${encodeURIComponent(s.step_key)}/output?stream=stdout`, undefined, { raw: true });
+      const blob = await api("GET", `/api/v1/runs/${runId}/steps/${encodeURIComponent(s.step_key)}/output?stream=stdout&tail_bytes=${LIVE_TAIL_BYTES}`, undefined, { raw: true });
       // Bytes that are not UTF-8 show as U+FFFD; the download keeps them exactly.
-      tails[s.step_key] = new TextDecoder().decode(await blob.slice(Math.max(0, blob.size - LIVE_TAIL_BYTES)).arrayBuffer());
+      tails[s.step_key] = new TextDecoder().decode(await blob.arrayBuffer());
     } catch (e) {
       tails[s.step_key] = `(live output unavailable: ${errorText(e)})`;
     }

@@ -34,7 +34,14 @@ pub struct OutputQuery {
     pub stream: Option<String>,
     /// Follow the output as server-sent events until the step ends.
     pub follow: Option<bool>,
+    /// Only the last this many bytes (1 to 1,048,576), read from the last chunks alone;
+    /// not with `follow`.
+    #[param(minimum = 1, maximum = 1048576)]
+    pub tail_bytes: Option<u64>,
 }
+
+/// The largest `tail_bytes`.
+const MAX_TAIL_BYTES: u64 = 1024 * 1024;
 
 /// One server-sent event of a followed output.
 #[derive(Debug, Serialize, ToSchema)]
@@ -97,13 +104,46 @@ pub async fn output(
             )
         }
     };
+    let following = query.follow.unwrap_or(false);
+    let tail = match query.tail_bytes {
+        Some(n) if !(1..=MAX_TAIL_BYTES).contains(&n) => {
+            return Err(
+                ApiError::bad_request("invalid_query", "tail_bytes is from 1 to 1048576")
+                    .with_field("tail_bytes"),
+            )
+        }
+        Some(_) if following => {
+            return Err(ApiError::bad_request(
+                "invalid_query",
+                "tail_bytes reads what was printed so far; it does not go with follow",
+            )
+            .with_field("tail_bytes"))
+        }
+        Some(n) => usize::try_from(n).ok(),
+        None => None,
+    };
     let step = locate(&state.pool, run_id, &step_key, stream).await?;
-    if query.follow.unwrap_or(false) {
+    if following {
         return Ok(follow(state.pool.clone(), step).into_response());
     }
-    let mut bytes = Vec::new();
-    for key in chunks(&step.store, &step.prefix).await? {
-        bytes.extend_from_slice(&read(&step.store, &key).await?);
+    let keys = chunks(&step.store, &step.prefix).await?;
+    // A tail reads chunks from the last one back, only as many as it needs.
+    let mut parts = Vec::new();
+    let mut have = 0usize;
+    for key in keys.iter().rev() {
+        if tail.is_some_and(|want| have >= want) {
+            break;
+        }
+        let chunk = read(&step.store, key).await?;
+        have += chunk.len();
+        parts.push(chunk);
+    }
+    let mut bytes = Vec::with_capacity(have);
+    for part in parts.iter().rev() {
+        bytes.extend_from_slice(part);
+    }
+    if let Some(want) = tail {
+        bytes.drain(..bytes.len().saturating_sub(want));
     }
     Ok((
         StatusCode::OK,
