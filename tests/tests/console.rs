@@ -207,28 +207,94 @@ async fn stop_at_checkpoint(cluster: &Cluster, request_id: &str) {
         .expect("run state");
 }
 
-/// Plan → Saved continuation: check, review, choose a 300 s window, acknowledge all four.
-async fn review(browser: &Browser, run_id: &str) {
+/// A Plan tab flow: its section id, its buttons and its first acknowledgement.
+struct Flow {
+    id: &'static str,
+    check: &'static str,
+    review: &'static str,
+    first_ack: &'static str,
+}
+
+const SAVED_CONTINUATION: Flow = Flow {
+    id: "checkpoint",
+    check: "Check current admission",
+    review: "Review saved continuation",
+    first_ack: "acknowledge_retained_response_consumed_once",
+};
+
+const SAVED_RESULT: Flow = Flow {
+    id: "final",
+    check: "Check saved result",
+    review: "Review saved result",
+    first_ack: "acknowledge_already_consumed_final_output",
+};
+
+/// Plan → a flow: check, review, choose a 300 s window, acknowledge all four.
+async fn review(browser: &Browser, run_id: &str, flow: &Flow) {
+    let id = flow.id;
     browser.open(&format!("#/runs/{run_id}/plan")).await;
-    browser.click("Check current admission").await;
-    browser.wait_text("#flow-checkpoint", "READY").await;
-    browser.click("Review saved continuation").await;
-    let window = browser.wait_for("#flow-checkpoint-window").await;
+    browser.click(flow.check).await;
+    browser.wait_text(&format!("#flow-{id}"), "READY").await;
+    browser.click(flow.review).await;
+    let window = browser.wait_for(&format!("#flow-{id}-window")).await;
     window.clear().await.expect("clear");
     window.send_keys("300").await.expect("window");
     for ack in [
-        "acknowledge_retained_response_consumed_once",
+        flow.first_ack,
         "acknowledge_no_completed_effect_replay",
         "acknowledge_same_request_attempt_and_budgets",
         "acknowledge_finite_ownership_lease",
     ] {
         browser
-            .wait_for(&format!("#flow-checkpoint-{ack}"))
+            .wait_for(&format!("#flow-{id}-{ack}"))
             .await
             .click()
             .await
             .expect("acknowledge");
     }
+}
+
+/// What a worker leaves when it retained the run's final report (blocked, asking for
+/// verification) and lost its lease before the report was accepted.
+async fn retain_unaccepted_report(cluster: &Cluster, request_id: &str) {
+    use cairn_common::report::{self, RetainedReport};
+    use cairn_common::request::{self, RequestEvent};
+    let request_id = uuid::Uuid::parse_str(request_id).expect("uuid");
+    let mut conn = cluster.pool.acquire().await.expect("conn");
+    sqlx::query("UPDATE execution_requests SET lease_epoch = 1 WHERE id = $1")
+        .bind(request_id)
+        .execute(&mut *conn)
+        .await
+        .expect("epoch");
+    request::transition(&mut conn, request_id, RequestEvent::Claim, None, None)
+        .await
+        .expect("claimed");
+    let lease = cairn_common::lease::Lease {
+        of: cairn_common::lease::Leased::Request,
+        request_id,
+        owner: "w1".into(),
+        epoch: 1,
+        deadline: chrono::Utc::now(),
+    };
+    let body = json!({"question": "run the tests?"});
+    let retained = RetainedReport {
+        outcome: "blocked",
+        followup_kind: Some("verification"),
+        body: &body,
+        source_digest: None,
+    };
+    report::retain(&mut conn, &lease, &retained)
+        .await
+        .expect("report");
+    request::transition(
+        &mut conn,
+        request_id,
+        RequestEvent::Reconcile,
+        Some("final_report_unaccepted"),
+        None,
+    )
+    .await
+    .expect("needs reconciliation");
 }
 
 async fn actions_saved(cluster: &Cluster, request_id: &str) -> i64 {
@@ -305,7 +371,7 @@ async fn the_saved_continuation_flow_survives_a_lost_response() {
     browser.sign_in(ADMIN).await;
 
     // Storage that cannot keep the decision: nothing is sent.
-    review(&browser, &run_id).await;
+    review(&browser, &run_id, &SAVED_CONTINUATION).await;
     browser.check_page("plan-review").await;
     browser
         .client
@@ -321,7 +387,7 @@ async fn the_saved_continuation_flow_survives_a_lost_response() {
 
     // The POST arrives, its response is lost.
     browser.client.refresh().await.expect("reload");
-    review(&browser, &run_id).await;
+    review(&browser, &run_id, &SAVED_CONTINUATION).await;
     browser
         .client
         .execute(
@@ -446,5 +512,50 @@ async fn verification_is_approved_in_the_console_and_reuse_is_labelled() {
         .await;
     assert!(results.contains("reused from result"), "{results}");
     browser.check_page("verification-results").await;
+    browser.close().await;
+}
+
+#[tokio::test]
+async fn a_saved_agent_result_is_accepted_once_and_read_back() {
+    let _one = ONE_BROWSER.lock().await;
+    let cluster = Cluster::start("console-final", 0, Settings::default()).await;
+    let (run_id, request_id) = cluster.submit(&slow_run());
+    retain_unaccepted_report(&cluster, &request_id).await;
+    let (status, _) = cluster.call(
+        "PUT",
+        "/api/v1/invalid-read-continuity/policy",
+        Some(&json!({"enabled": true, "allow_final_outcome_continuation": true})),
+    );
+    assert_eq!(status, 200);
+
+    let browser = Browser::start(cluster.api).await;
+    browser.sign_in(ADMIN).await;
+    review(&browser, &run_id, &SAVED_RESULT).await;
+    let shown = browser
+        .wait_text("#flow-final", "blocked, next step: verification")
+        .await;
+    assert!(shown.contains("Claim window"), "{shown}");
+    browser.check_page("plan-saved-result").await;
+    browser.click("Accept saved result").await;
+    browser
+        .wait_text("#flow-final", "Saved result accepted")
+        .await;
+    assert_eq!(actions_saved(&cluster, &request_id).await, 1);
+
+    browser.client.refresh().await.expect("reload");
+    browser
+        .wait_text("#flow-final", "saved in this browser")
+        .await;
+    assert!(!browser
+        .buttons()
+        .await
+        .iter()
+        .any(|b| b == "Accept saved result"));
+    browser.click("Read saved action").await;
+    let said = browser
+        .wait_text("#flow-final", "Saved result accepted: action")
+        .await;
+    assert!(said.contains("is queued"), "{said}");
+    assert_eq!(actions_saved(&cluster, &request_id).await, 1);
     browser.close().await;
 }

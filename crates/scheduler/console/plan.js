@@ -20,6 +20,7 @@ const FLOWS = {
     submit: "Continue saved task",
     read: "Check saved continuation",
     saved: "Saved continuation",
+    confirmed: "Saved continuation confirmed",
     window: "Time window (seconds)",
     firstAck: ["acknowledge_retained_response_consumed_once", "The retained response is consumed at most once."],
     retained: (c) => c.checkpoint ? JSON.stringify(c.checkpoint) : "—",
@@ -32,6 +33,7 @@ const FLOWS = {
     submit: "Accept saved result",
     read: "Read saved action",
     saved: "Saved result accepted",
+    confirmed: "Saved result accepted",
     window: "Claim window (seconds)",
     firstAck: ["acknowledge_already_consumed_final_output", "The final output was already consumed: it is accepted, never requested again."],
     retained: (c) => c.retained_outcome
@@ -80,7 +82,7 @@ function flow(spec, kind, run) {
       } else if (now.action_id === saved.action_id) {
         markDecision(key, { outcome: "confirmed", status: now.status });
         render(true);
-        say(status, `${spec.saved} confirmed: action ${saved.action_id} is ${now.status}.${now.status === "queued" ? " A worker has not claimed it yet." : ""}`, "ok");
+        say(status, `${spec.confirmed}: action ${saved.action_id} is ${now.status}.${now.status === "queued" ? " A worker has not claimed it yet." : ""}`, "ok");
       } else if (now.action_id) {
         say(status, `Another action (${now.action_id}) holds this request; the saved action ${saved.action_id} was not admitted. Keep it for the record.`, "warn");
       } else {
