@@ -512,6 +512,11 @@ async fn verification_is_approved_in_the_console_and_reuse_is_labelled() {
         .await;
     assert!(results.contains("reused from result"), "{results}");
     browser.check_page("verification-results").await;
+    // The saved approval reads back as this token's, with its outcome.
+    browser.click("Read saved verification approval").await;
+    browser
+        .wait_text("main", "Verification approval recorded: completed")
+        .await;
     browser.close().await;
 }
 

@@ -83,7 +83,10 @@ async function route() {
   const [path, query] = location.hash.replace(/^#\/?/, "").split("?");
   const [section, id, tab] = (path || "runs").split("/");
   markSection(section);
-  if (section === "runs" && id) {
+  if (section === "runs" && id && !/^[0-9a-f]{32}$/.test(id)) {
+    show("Not a run", h("section", { class: "page" }, h("h1", {}, "Not a run id"),
+      h("p", {}, "Run ids are 32 lowercase hexadecimal characters. "), h("a", { href: "#/runs" }, "All runs")));
+  } else if (section === "runs" && id) {
     show(`Run ${id}`, runPage(id, tab || "overview"));
   } else if (section === "operations") {
     show("Operations", operationsPage());
@@ -97,7 +100,8 @@ async function route() {
 
 signout.addEventListener("click", () => {
   forgetToken();
-  location.hash = "#/runs";
+  // Replacing the address does not fire hashchange, so the message stays.
+  history.replaceState(null, "", "#/runs");
   signInPage("Signed out.");
 });
 window.addEventListener("cairn:signed-out", (event) => signInPage(event.detail));

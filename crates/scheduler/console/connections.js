@@ -1,6 +1,6 @@
-// Connections → Saved-work recovery (admins): the policy screen. Each part saves only
-// the settings it shows, so every other setting keeps its saved value, whoever changed
-// it meanwhile.
+// Connections → Saved-work recovery (admins): the policy screen. A save sends only the
+// settings the admin changed on the form, so every other setting keeps its saved value,
+// whoever changed it meanwhile.
 
 import { api, can, errorText, facts, h, notice, say, when } from "./core.js";
 
@@ -43,12 +43,17 @@ export function connectionsPage() {
     const windowInput = h("input", { type: "number", id: "policy-window", min: 1, max: 7200, step: 1, required: true, value: policy.maximum_window_seconds });
     const form = h("form", { class: "review", onsubmit: async (event) => {
       event.preventDefault();
-      const change = { enabled: enabled.checked };
+      const change = {};
+      if (enabled.checked !== policy.enabled) change.enabled = enabled.checked;
       if (part === "checkpoint") {
-        change.allow_checkpoint_continuation = allow.checked;
-        change.maximum_window_seconds = Number(windowInput.value);
-      } else {
+        if (allow.checked !== policy.allow_checkpoint_continuation) change.allow_checkpoint_continuation = allow.checked;
+        if (Number(windowInput.value) !== policy.maximum_window_seconds) change.maximum_window_seconds = Number(windowInput.value);
+      } else if (allow.checked !== policy.allow_final_outcome_continuation) {
         change.allow_final_outcome_continuation = allow.checked;
+      }
+      if (Object.keys(change).length === 0) {
+        say(status, "Nothing to save: the form shows the saved values.", "info");
+        return;
       }
       try {
         const saved = await api("PUT", "/api/v1/invalid-read-continuity/policy", change);
@@ -60,7 +65,7 @@ export function connectionsPage() {
       }
     } },
     h("h3", {}, part === "checkpoint" ? "Continuation settings" : "Final-result settings"),
-    h("p", { class: "muted" }, "Only the settings on this form are saved. Each task still needs its own review."),
+    h("p", { class: "muted" }, "Only the settings you change here are saved. Each task still needs its own review."),
     h("div", { class: "check" }, enabled, h("label", { for: "policy-enabled" }, "Enable saved-work recovery")),
     h("div", { class: "check" }, allow, h("label", { for: "policy-allow" },
       part === "checkpoint" ? "Allow reviewed checkpoint continuations" : "Allow reviewed final-result continuations")),

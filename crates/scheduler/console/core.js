@@ -33,6 +33,7 @@ export function forgetToken() {
   session.token = null;
   session.role = null;
   session.name = null;
+  session.tokenId = null;
 }
 
 /** An API failure: the HTTP status and the API's error body, or a network failure. */
@@ -221,6 +222,17 @@ export function saveDecision(key, decision) {
   localStorage.setItem(DECISION_PREFIX + key, text);
   if (localStorage.getItem(DECISION_PREFIX + key) !== text) {
     throw new Error("the browser did not keep it");
+  }
+}
+
+/** The keys (without the prefix) of every saved decision starting with `start`. */
+export function savedDecisionKeys(start) {
+  try {
+    return Object.keys(localStorage)
+      .filter((k) => k.startsWith(DECISION_PREFIX + start))
+      .map((k) => k.slice(DECISION_PREFIX.length));
+  } catch {
+    return [];
   }
 }
 

@@ -74,7 +74,7 @@ async function loadTokens(section) {
   const reload = async () => {
     try {
       const t = await api("GET", "/api/v1/tokens");
-      list.replaceChildren(table("Tokens, newest first", ["Name", "Role", "Created", "Revoked", ""],
+      list.replaceChildren(table("Tokens, newest first", ["Name", "Role", "Created", "Revoked", "Action"],
         t.tokens.map((x) => [x.name, x.role, when(x.created_at), x.revoked_at ? when(x.revoked_at) : "—",
           x.revoked_at ? "" : h("button", { type: "button", class: "danger", onclick: async () => {
             if (!confirm(`Revoke the token ${x.name}? Anyone using it is refused from now on.`)) return;
@@ -90,8 +90,11 @@ async function loadTokens(section) {
       say(status, errorText(e), "error");
     }
   };
+  const create = h("button", { type: "submit" }, "Create token");
   const form = h("form", { class: "filters", onsubmit: async (event) => {
     event.preventDefault();
+    if (create.disabled) return;
+    create.disabled = true;
     try {
       const created = await api("POST", "/api/v1/tokens", { name: name.value.trim(), role: role.value });
       secret.replaceChildren(h("p", { class: "notice ok" }, `Token ${created.name} (${created.role}) created. Copy it now; it is not shown again:`),
@@ -100,9 +103,10 @@ async function loadTokens(section) {
       reload();
     } catch (e) {
       say(status, errorText(e), "error");
+    } finally {
+      create.disabled = false;
     }
-  } }, h("label", { for: "token-name" }, "Name"), name, h("label", { for: "token-role" }, "Role"), role,
-  h("button", { type: "submit" }, "Create token"));
+  } }, h("label", { for: "token-name" }, "Name"), name, h("label", { for: "token-role" }, "Role"), role, create);
   section.append(form, secret, status, list);
   reload();
 }

@@ -84,7 +84,7 @@ function flow(spec, kind, run) {
         render(true);
         say(status, `${spec.confirmed}: action ${saved.action_id} is ${now.status}.${now.status === "queued" ? " A worker has not claimed it yet." : ""}`, "ok");
       } else if (now.action_id) {
-        say(status, `Another action (${now.action_id}) holds this request; the saved action ${saved.action_id} was not admitted. Keep it for the record.`, "warn");
+        say(status, `The latest action recorded for this request is ${now.action_id}, not the saved ${saved.action_id}: whether the saved one was admitted is unresolved here. Keep it, and read the journal for what ran.`, "warn");
       } else {
         say(status, `No action is recorded yet for the saved action ${saved.action_id}. Its outcome is unresolved: keep it, and check again.`, "warn");
       }
@@ -114,9 +114,10 @@ function flow(spec, kind, run) {
       return { field, box, row: h("div", { class: "check" }, box, h("label", { for: `${id}-${field}` }, text)) };
     });
     const submit = h("button", { type: "submit", class: "primary", disabled: true }, spec.submit);
+    let sending = false;
     const update = () => {
       const value = Number(windowInput.value);
-      submit.disabled = !(acks.every((a) => a.box.checked) && Number.isInteger(value) && value >= 1 && value <= max);
+      submit.disabled = sending || !(acks.every((a) => a.box.checked) && Number.isInteger(value) && value >= 1 && value <= max);
     };
     for (const a of acks) a.box.addEventListener("change", update);
     windowInput.addEventListener("input", update);
@@ -124,12 +125,19 @@ function flow(spec, kind, run) {
       event.preventDefault();
       update();
       if (submit.disabled) return;
+      // Nothing on the form changes, and nothing is sent again, while this one is out.
+      sending = true;
       submit.disabled = true;
+      for (const input of [windowInput, ...acks.map((a) => a.box)]) input.disabled = true;
       const body = { version: 1, candidate_digest: candidate.candidate_digest, valid_for_seconds: Number(windowInput.value) };
       for (const a of acks) body[a.field] = true;
       const actionId = newId();
       const outcome = await submitOnce(key, { action_id: actionId, path: `${base}/actions/${actionId}`, text: JSON.stringify(body) }, status, spec);
-      if (outcome === "not_sent") submit.disabled = false;
+      if (outcome === "not_sent") {
+        sending = false;
+        for (const input of [windowInput, ...acks.map((a) => a.box)]) input.disabled = false;
+        update();
+      }
       else if (outcome === "refused") render();
       else render(true);
     } },
@@ -160,7 +168,12 @@ function flow(spec, kind, run) {
       ];
       parts.push(readButton());
       if (ready && can("admin")) {
-        const go = h("button", { type: "button", class: "primary", onclick: () => { go.remove(); stage.append(review(candidate)); } }, spec.review);
+        const go = h("button", { type: "button", class: "primary", onclick: () => {
+          go.remove();
+          const form = review(candidate);
+          stage.append(form);
+          form.querySelector("input").focus();
+        } }, spec.review);
         parts.push(go);
       } else if (ready) {
         parts.push(h("p", { class: "muted" }, "Admitting a continuation needs the admin role."));

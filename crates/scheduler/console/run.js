@@ -82,7 +82,10 @@ async function download(runId, key, stream, status) {
 
 function actions(run, pause, status, reload) {
   if (!can("operator")) return null;
-  const act = async (label, method, path) => {
+  const act = async (label, method, path, button) => {
+    // Pause and resume wait for the worker (up to 30 s): one request at a time.
+    button.disabled = true;
+    say(status, `${label}: asking…`);
     try {
       await api(method, path);
       say(status, `${label}: asked.`, "ok");
@@ -94,11 +97,11 @@ function actions(run, pause, status, reload) {
   const finished = TERMINAL.includes(run.state);
   return h("div", { class: "actions", role: "group", "aria-label": "Run actions" },
     h("button", { type: "button", class: "danger", disabled: finished || !!run.cancel_requested_at,
-      onclick: () => confirm("Cancel this run? Running steps are stopped.") && act("Cancel", "POST", `/api/v1/runs/${run.run_id}/cancel`) }, "Cancel run"),
+      onclick: (e) => confirm("Cancel this run? Running steps are stopped.") && act("Cancel", "POST", `/api/v1/runs/${run.run_id}/cancel`, e.currentTarget) }, "Cancel run"),
     h("button", { type: "button", disabled: pause.state !== "running",
-      onclick: () => act("Pause", "POST", `/api/v1/runs/${run.run_id}/pause`) }, "Pause"),
+      onclick: (e) => act("Pause", "POST", `/api/v1/runs/${run.run_id}/pause`, e.currentTarget) }, "Pause"),
     h("button", { type: "button", disabled: !["paused", "pausing"].includes(pause.state),
-      onclick: () => act("Resume", "POST", `/api/v1/runs/${run.run_id}/resume`) }, "Resume"));
+      onclick: (e) => act("Resume", "POST", `/api/v1/runs/${run.run_id}/resume`, e.currentTarget) }, "Resume"));
 }
 
 function overview(runId) {
@@ -106,8 +109,11 @@ function overview(runId) {
   const content = h("div", {}, h("p", {}, "Loading…"));
   const root = h("div", {}, status, content);
   let finished = false;
+  // A reload after an action may overlap the timer's: only the latest one is shown.
+  let latest = 0;
   const load = async () => {
     if (finished) return;
+    const mine = ++latest;
     try {
       const [run, journal, requests, pause] = await Promise.all([
         api("GET", `/api/v1/runs/${runId}`),
@@ -120,10 +126,12 @@ function overview(runId) {
         .filter((r) => r.standing === "on_tree").map((r) => r.step_key));
       const remaining = (max, used) => Math.max(0, max - used);
       const live = await liveTails(runId, journal.steps.filter((s) => running(s, run, request)));
+      if (mine !== latest) return;
       rerender(content, { run, journal, requests, pause, live }, () => [
         facts([
           ["State", stateBadge(run.state)],
           ["Stop reason", run.stop_reason || "—"],
+          ["Needs a decision on", run.reconciliation_step ? `step ${run.reconciliation_step} (started, its end not recorded)` : "—"],
           ["Pause", pause.state.replaceAll("_", " ")],
           ["Agent", run.agent],
           ["Attempt", `${run.attempt} of ${run.max_attempts}`],
@@ -131,6 +139,7 @@ function overview(runId) {
           ["Wall time", `${seconds(run.usage.wall_ms)} used, ${remaining(run.budgets.max_wall_seconds, Math.ceil(run.usage.wall_ms / 1000))} s of ${run.budgets.max_wall_seconds} s left`],
           ["CPU time", seconds(run.usage.cpu_ms)],
           ["Lease", request.lease_owner ? `held by ${request.lease_owner} at epoch ${request.lease_epoch} until ${when(request.lease_deadline)}` : `epoch ${request.lease_epoch ?? "—"}, not held`],
+          ["Deadline", run.deadline ? when(run.deadline) : "none"],
           ["Created", when(run.created_at)],
           ["Finished", when(run.finished_at)],
         ]),

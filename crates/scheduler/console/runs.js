@@ -24,7 +24,8 @@ export function runsPage(params) {
   const state = STATES.includes(params.get("state")) ? params.get("state") : "";
   const agent = params.get("agent") || "";
   const status = notice();
-  const counts = h("div", { class: "counts", "aria-label": "Runs per state" });
+  const counts = h("div", { class: "counts", role: "group", "aria-label": "Runs per state" });
+  const more = h("p", { class: "muted" });
   const attention = h("section", { class: "attention", "aria-labelledby": "attention-title" });
   const list = h("div", { id: "run-list" });
   const refreshed = h("span", { class: "refreshed", "aria-live": "off" }, "Loading…");
@@ -51,7 +52,7 @@ export function runsPage(params) {
 
   const root = h("section", { class: "page" },
     h("div", { class: "heading" }, h("h1", {}, "Runs"), h("div", { class: "live" }, refreshed, toggle)),
-    filters, counts, attention, status, list);
+    filters, counts, attention, status, list, more);
 
   async function refresh() {
     if (!live) return;
@@ -82,6 +83,7 @@ export function runsPage(params) {
           r.agent, stateBadge(r.state), String(r.steps.length), `${r.attempt} of ${r.max_attempts}`,
           when(r.created_at), when(r.updated_at),
         ]), state || agent ? "No run matches these filters." : "No runs yet. Submit one with cairnctl runs submit."));
+      more.textContent = page.next_cursor ? "Only the newest 100 runs are listed: filter by state or agent to find older ones." : "";
       refreshed.textContent = `Updated ${new Date().toLocaleTimeString()} · every ${REFRESH_MS / 1000} s`;
       say(status, "");
     } catch (e) {

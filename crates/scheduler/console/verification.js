@@ -2,7 +2,7 @@
 // form with its reusable declarations (saved before one POST, read back after), and
 // every check's result, labelled Executed or Reused prior verified result.
 
-import { api, can, errorText, facts, h, newId, notice, savedDecision, say, seconds, session, table, when } from "./core.js";
+import { api, can, errorText, facts, h, newId, notice, savedDecision, savedDecisionKeys, say, seconds, session, table, when } from "./core.js";
 import { submitOnce } from "./submit.js";
 
 export function verificationTab(runId) {
@@ -30,9 +30,14 @@ async function loadResults(run, section) {
         a.results.map((r) => [String(r.index), h("strong", { class: r.reused ? "reused" : "executed" }, r.display),
           r.passed ? "passed" : "failed", r.exit_code === null ? "—" : String(r.exit_code), seconds(r.wall_ms), when(r.finished_at),
           r.source_execution
-            ? `reused from result ${r.source_execution.result_id} (request ${r.source_execution.request_id || "—"}, attempt ${r.source_execution.attempt}, epoch ${r.source_execution.lease_epoch}); not run again`
+            ? `reused from result ${r.source_execution.result_id} (request ${r.source_execution.request_id || "—"}${r.source_execution.step_key ? `, ${r.source_execution.step_key}` : ""}, attempt ${r.source_execution.attempt}, epoch ${r.source_execution.lease_epoch}); not run again`
             : `executed in attempt ${r.attempt}${r.fresh_reason ? `; fresh because ${r.fresh_reason.replaceAll("_", " ")}` : ""}`]),
-        "No check has a result yet.")));
+        "No check has a result yet."),
+      // A reused result keeps its original output: shown as recorded.
+      a.results.map((r) => h("details", {},
+        h("summary", {}, `Check ${r.index} output (${r.reused ? "from its original execution" : "as it ran"})`),
+        h("pre", { class: "tail", tabindex: "0", "aria-label": `Check ${r.index} stdout` }, r.stdout_tail || "(no stdout)"),
+        r.stderr_tail ? h("pre", { class: "tail err", tabindex: "0", "aria-label": `Check ${r.index} stderr` }, r.stderr_tail) : null))));
     section.replaceChildren(h("h2", { id: "results-title" }, "Results"),
       ...(blocks.length ? blocks : [h("p", { class: "empty" }, "No verification was adopted for this run.")]));
   } catch (e) {
@@ -43,11 +48,14 @@ async function loadResults(run, section) {
 async function loadCandidate(run, section, status, refresh) {
   const title = h("h2", { id: "verification-title" }, "Approve verification");
   const key0 = `verification.${run.run_id}.`;
+  // Approvals saved in this browser can always be read back, whatever the run's state.
+  const readButtons = savedDecisionKeys(key0).map((k) => h("button", { type: "button", onclick: () => readBack(run, k, status),
+    "aria-label": `Read saved verification approval ${savedDecision(k)?.action_id ?? ""}`.trim() }, "Read saved verification approval"));
   if (run.state !== "awaiting_verification") {
     // Asked only while a handoff waits: the API answers 404/409 otherwise.
-    const saved = Object.keys(localStorage).some((k) => k.startsWith(`cairn.decision.${key0}`));
     section.replaceChildren(title, h("p", { class: "empty" },
-      `No verification waits for approval: the run is ${run.state.replaceAll("_", " ")}.${saved ? " A saved approval of this run is listed in Results once recorded." : ""}`));
+      `No verification waits for approval: the run is ${run.state.replaceAll("_", " ")}.`),
+    h("div", { class: "actions" }, readButtons));
     return;
   }
   let candidate;
@@ -65,14 +73,14 @@ async function loadCandidate(run, section, status, refresh) {
     candidate.holds.length ? h("ul", { class: "holds", "aria-label": "Holds" }, candidate.holds.map((x) => h("li", {}, x))) : null,
     table("Frozen checks", ["#", "Command", "Purpose", "Directory"],
       candidate.commands.map((c) => [String(c.index), h("code", {}, c.arguments.join(" ")), c.purpose, c.cwd || "—"]))];
-  const readButton = h("button", { type: "button", onclick: () => readBack(run, key, candidate, status) }, "Read saved verification approval");
   if (saved) {
-    parts.push(h("p", {}, `A verification approval is saved in this browser: ${saved.action_id}. It is never sent twice.`), readButton);
+    parts.push(h("p", {}, `A verification approval is saved in this browser: ${saved.action_id}. It is never sent twice.`));
   } else if (candidate.admission === "READY" && can("operator")) {
     parts.push(adoptionForm(run, candidate, key, status, refresh));
   } else if (candidate.admission === "READY") {
     parts.push(h("p", { class: "muted" }, "Approving verification needs the operator role."));
   }
+  parts.push(h("div", { class: "actions" }, readButtons));
   section.replaceChildren(...parts.filter(Boolean));
 }
 
@@ -87,17 +95,28 @@ function adoptionForm(run, candidate, key, status, reload) {
   const reviewButton = h("button", { type: "button" }, "Review verification approval");
   const save = h("button", { type: "submit", class: "primary", hidden: true, disabled: true }, "Save verification approval");
   const summary = h("p", { class: "summary", "aria-live": "polite" });
+  let sending = false;
+  // A changed selection needs a new review.
+  for (const x of choices) {
+    x.box.addEventListener("change", () => {
+      save.hidden = true;
+      save.disabled = true;
+      summary.textContent = "";
+    });
+  }
   reviewButton.addEventListener("click", () => {
     const selected = choices.filter((x) => x.box.checked).length;
     summary.textContent = `${candidate.commands.length} frozen checks run; ${selected} selected as reusable in later verification.`;
     save.hidden = false;
-    save.disabled = !ack.checked;
+    save.disabled = sending || !ack.checked;
   });
-  ack.addEventListener("change", () => { save.disabled = save.hidden || !ack.checked; });
+  ack.addEventListener("change", () => { save.disabled = sending || save.hidden || !ack.checked; });
   return h("form", { class: "review", onsubmit: async (event) => {
     event.preventDefault();
-    if (!ack.checked) return;
+    if (!ack.checked || sending || save.hidden) return;
+    sending = true;
     save.disabled = true;
+    for (const input of [ack, reviewButton, ...choices.map((x) => x.box)]) input.disabled = true;
     const requestId = newId();
     const body = { request_id: requestId, agent: candidate.agent, pending_request_digest: candidate.pending_request_digest,
       source_digest: candidate.source_digest, commands_digest: candidate.commands_digest, policy_digest: candidate.policy_digest,
@@ -106,7 +125,11 @@ function adoptionForm(run, candidate, key, status, reload) {
         purpose: "source_build", independent_of_time_and_external_state: true })) };
     const outcome = await submitOnce(key, { action_id: requestId, path: `/api/v1/runs/${run.run_id}/verification-handoffs/adoptions`,
       text: JSON.stringify(body) }, status, { saved: "Verification approval recorded", read: "Read saved verification approval" });
-    if (outcome === "not_sent") save.disabled = false;
+    if (outcome === "not_sent") {
+      sending = false;
+      for (const input of [ack, reviewButton, ...choices.map((x) => x.box)]) input.disabled = false;
+      save.disabled = !ack.checked;
+    }
     else reload();
   } },
   h("h3", {}, "Choose reuse"),
@@ -117,14 +140,17 @@ function adoptionForm(run, candidate, key, status, reload) {
   save);
 }
 
-async function readBack(run, key, candidate, status) {
+async function readBack(run, key, status) {
   const saved = savedDecision(key);
   if (!saved) return;
   try {
     const adoption = await api("GET", `/api/v1/runs/${run.run_id}/verification-handoffs/adoptions/${saved.action_id}`);
     const body = JSON.parse(saved.text);
-    const matches = adoption.policy_digest === body.policy_digest && adoption.commands_digest === body.commands_digest
-      && (!adoption.operator_id || adoption.operator_id === session.tokenId);
+    // Confirmed only when the record is this input, submitted by this token.
+    const matches = adoption.request_id === saved.action_id && adoption.agent === body.agent
+      && adoption.policy_digest === body.policy_digest && adoption.commands_digest === body.commands_digest
+      && (adoption.source_digest ?? null) === (body.source_digest ?? null)
+      && adoption.operator_id === session.tokenId;
     say(status, matches ? `Verification approval recorded: ${adoption.status}. Follow Results and the journal for what ran.`
       : "A record exists under the saved id, but its policy, checks or operator differ from the saved input: the outcome is unresolved.",
     matches ? "ok" : "warn");
