@@ -77,7 +77,8 @@ struct StepOutput {
         (status = 400, body = ErrorBody),
         (status = 404, description = "No such run, or the step has not started, or it has no live output", body = ErrorBody),
         (status = 409, description = "The output is in an artifact store this scheduler does not reach", body = ErrorBody),
-        (status = 410, description = "Retention deleted the output (7 days after its run finished)", body = ErrorBody)),
+        (status = 410, description = "Retention deleted the output (7 days after its run finished)", body = ErrorBody),
+        (status = 422, description = "tail_bytes with follow", body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn output(
     State(state): State<AppState>,
@@ -112,12 +113,12 @@ pub async fn output(
                     .with_field("tail_bytes"),
             )
         }
+        // Each is valid alone, so the pair is a 422: a rule the document cannot state.
         Some(_) if following => {
-            return Err(ApiError::bad_request(
-                "invalid_query",
+            return Err(ApiError::unprocessable(
+                "tail_bytes",
                 "tail_bytes reads what was printed so far; it does not go with follow",
-            )
-            .with_field("tail_bytes"))
+            ))
         }
         Some(n) => usize::try_from(n).ok(),
         None => None,
