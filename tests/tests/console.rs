@@ -184,6 +184,15 @@ async fn a_run_appears_and_completes_live() {
         page.contains("built \\x00 ok"),
         "the tail is not shown escaped: {page}"
     );
+    // Its checkpoint lineage: the snapshot its receipt stands on.
+    let snapshot = cluster.journal(&run_id)["steps"][0]["snapshot_id"]
+        .as_str()
+        .expect("a snapshot")
+        .to_string();
+    assert!(
+        page.contains(&format!("build {snapshot}")),
+        "no lineage row: {page}"
+    );
     browser.check_page("run-completed").await;
     browser.close().await;
 }

@@ -167,6 +167,13 @@ function overview(runId) {
                 h("button", { type: "button", onclick: () => download(runId, s.step_key, "stdout", status) }, `Download ${s.step_key} stdout`),
                 h("button", { type: "button", onclick: () => download(runId, s.step_key, "stderr", status) }, `Download ${s.step_key} stderr`))))),
         h("h2", {}, "Checkpoints"),
+        facts([["This attempt's tree", request.resume_context?.restore_tier
+          ? `restored from tier ${request.resume_context.restore_tier}${request.resume_context.snapshot_id ? ` (snapshot ${request.resume_context.snapshot_id})` : ""}`
+          : "the first attempt's own"]]),
+        table("Checkpoint lineage: the snapshot each receipt stands on, in step order", ["After step", "Snapshot", "Receipt epoch", "Tree tier"],
+          journal.steps.filter((s) => s.request_id === run.request_id && s.snapshot_id).map((s) => [
+            s.step_key, h("span", { class: "mono" }, s.snapshot_id), String(s.receipt_epoch), s.tree_tier || "—"]),
+          "No checkpoint yet: none is taken before a step's receipt."),
         table("Execution requests and their retained checkpoints", ["Request", "Kind", "State", "Epoch", "Checkpoint"],
           requests.execution_requests.map((r) => [h("span", { class: "mono" }, r.request_id), r.kind, stateBadge(r.state === "executing" ? "running" : r.state),
             String(r.lease_epoch), r.checkpoint ? JSON.stringify(r.checkpoint) : "—"])),
