@@ -121,7 +121,7 @@ impl Custody {
         .fetch_optional(&self.pool)
         .await?;
         let Some((old_workspace, path, hold_id, position)) = candidate else {
-            attempts.push(json!({"tier": "adopt", "outcome": "skipped", "reason": "no tree tree of this task here"}));
+            attempts.push(json!({"tier": "adopt", "outcome": "skipped", "reason": "no tree of this task here"}));
             return Ok(None);
         };
         let held_path = std::path::PathBuf::from(&path);
