@@ -394,6 +394,32 @@ async fn the_saved_continuation_flow_survives_a_lost_response() {
     browser.wait_text("#flow-checkpoint", "Not sent").await;
     assert_eq!(actions_saved(&cluster, &request_id).await, 0);
 
+    // A refusal says so, and leaves nothing saved: the window outgrew the policy.
+    browser.client.refresh().await.expect("reload");
+    review(&browser, &run_id, &SAVED_CONTINUATION).await;
+    let narrow = |seconds: u32| {
+        let (status, policy) = cluster.call(
+            "PUT",
+            "/api/v1/invalid-read-continuity/policy",
+            Some(&json!({"maximum_window_seconds": seconds})),
+        );
+        assert_eq!(status, 200, "{policy}");
+    };
+    narrow(120);
+    browser.click("Continue saved task").await;
+    browser
+        .wait_text("#flow-checkpoint", "Refused, nothing was admitted")
+        .await;
+    assert_eq!(actions_saved(&cluster, &request_id).await, 0);
+    // The refusal's 409 is the one failed load the console shows.
+    let said = browser.console_problems().await;
+    assert!(
+        said.iter()
+            .all(|m| m.contains("/actions/") && m.contains("409")),
+        "{said:#?}"
+    );
+    narrow(900);
+
     // The POST arrives, its response is lost.
     browser.client.refresh().await.expect("reload");
     review(&browser, &run_id, &SAVED_CONTINUATION).await;

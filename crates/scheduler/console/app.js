@@ -17,11 +17,11 @@ function show(title, ...content) {
   main.replaceChildren(...content);
 }
 
-function signInPage(message) {
+function signInPage(message, kind = "error") {
   nav.hidden = true;
   signout.hidden = true;
   who.textContent = "";
-  const status = h("p", { class: message ? "notice error" : "notice", role: "status", "aria-live": "polite" }, message || "");
+  const status = h("p", { class: `notice ${kind}`, role: "status", "aria-live": "polite" }, message || "");
   const input = h("input", { id: "token", name: "token", type: "password", autocomplete: "off", required: true, spellcheck: "false" });
   const form = h("form", { class: "card signin", onsubmit: async (event) => {
     event.preventDefault();
@@ -102,7 +102,7 @@ signout.addEventListener("click", () => {
   forgetToken();
   // Replacing the address does not fire hashchange, so the message stays.
   history.replaceState(null, "", "#/runs");
-  signInPage("Signed out.");
+  signInPage("Signed out.", "info");
 });
 window.addEventListener("cairn:signed-out", (event) => signInPage(event.detail));
 window.addEventListener("hashchange", route);

@@ -28,12 +28,23 @@ export function connectionsPage() {
         ["Revision", `${policy.revision}, saved ${when(policy.updated_at)}`],
       ]),
       h("div", { class: "actions" },
-        h("button", { type: "button", onclick: () => edit("checkpoint", policy) }, "Review continuation settings"),
-        h("button", { type: "button", onclick: () => edit("final", policy) }, "Review final-result settings")));
+        h("button", { type: "button", onclick: () => open("checkpoint") }, "Review continuation settings"),
+        h("button", { type: "button", onclick: () => open("final") }, "Review final-result settings")));
     } catch (e) {
       say(status, errorText(e), "error");
     }
   };
+
+  // The form starts from the policy as saved now, not as this page first read it.
+  async function open(part) {
+    try {
+      const policy = await api("GET", "/api/v1/invalid-read-continuity/policy");
+      say(status, "");
+      edit(part, policy);
+    } catch (e) {
+      say(status, errorText(e), "error");
+    }
+  }
 
   function edit(part, policy) {
     const enabled = h("input", { type: "checkbox", id: "policy-enabled", checked: policy.enabled });
@@ -52,7 +63,7 @@ export function connectionsPage() {
         change.allow_final_outcome_continuation = allow.checked;
       }
       if (Object.keys(change).length === 0) {
-        say(status, "Nothing to save: the form shows the saved values.", "info");
+        say(status, `Nothing to save: nothing on the form differs from revision ${policy.revision}, which it was opened with.`, "info");
         return;
       }
       try {

@@ -28,6 +28,7 @@ export function operationsPage() {
     }
   };
 
+  let failing = false;
   async function refresh() {
     try {
       const [w, r, s] = await Promise.all([api("GET", "/api/v1/workers"), api("GET", "/api/v1/reaper"), api("GET", "/api/v1/sandboxes?limit=100")]);
@@ -56,7 +57,12 @@ export function operationsPage() {
             : x.stop_reason || "—"]),
         "No sandboxes."));
       refreshed.textContent = `Updated ${new Date().toLocaleTimeString()} · every ${REFRESH_MS / 1000} s`;
+      if (failing) {
+        failing = false;
+        say(status, "");
+      }
     } catch (e) {
+      failing = true;
       say(status, `Could not refresh: ${errorText(e)}`, "error");
     }
   }
@@ -76,7 +82,7 @@ async function loadTokens(section) {
       const t = await api("GET", "/api/v1/tokens");
       list.replaceChildren(table("Tokens, newest first", ["Name", "Role", "Created", "Revoked", "Action"],
         t.tokens.map((x) => [x.name, x.role, when(x.created_at), x.revoked_at ? when(x.revoked_at) : "—",
-          x.revoked_at ? "" : h("button", { type: "button", class: "danger", onclick: async () => {
+          x.revoked_at ? "" : h("button", { type: "button", class: "danger", "aria-label": `Revoke ${x.name} (${x.role}, token ${x.token_id})`, onclick: async () => {
             if (!confirm(`Revoke the token ${x.name}? Anyone using it is refused from now on.`)) return;
             try {
               await api("POST", `/api/v1/tokens/${x.token_id}/revoke`);
@@ -95,6 +101,9 @@ async function loadTokens(section) {
     event.preventDefault();
     if (create.disabled) return;
     create.disabled = true;
+    // Each attempt says only its own outcome.
+    say(status, "");
+    secret.replaceChildren();
     try {
       const created = await api("POST", "/api/v1/tokens", { name: name.value.trim(), role: role.value });
       secret.replaceChildren(h("p", { class: "notice ok" }, `Token ${created.name} (${created.role}) created. Copy it now; it is not shown again:`),

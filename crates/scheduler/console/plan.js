@@ -49,7 +49,7 @@ export function planTab(runId) {
       h("p", { class: "muted" }, "Candidate checks start no work. An admitted action queues the existing ticket; later worker receipts say what ran."),
       flow(FLOWS.checkpoint, "checkpoint", run),
       flow(FLOWS.final, "final", run));
-  }).catch((e) => root.replaceChildren(h("p", { class: "notice error", role: "status" }, errorText(e))));
+  }).catch((e) => root.replaceChildren(h("p", { class: "notice error", role: "status" }, e.status === 404 ? "No such run." : errorText(e))));
   return root;
 }
 
@@ -82,7 +82,8 @@ function flow(spec, kind, run) {
       } else if (now.action_id === saved.action_id) {
         markDecision(key, { outcome: "confirmed", status: now.status });
         render(true);
-        say(status, `${spec.confirmed}: action ${saved.action_id} is ${now.status}.${now.status === "queued" ? " A worker has not claimed it yet." : ""}`, "ok");
+        const bad = ["failed", "needs_reconciliation"].includes(now.status);
+        say(status, `${spec.confirmed}: action ${saved.action_id} is ${now.status.replaceAll("_", " ")}.${now.status === "queued" ? " A worker has not claimed it yet." : ""}${bad ? " Read the journal for what ran." : ""}`, bad ? "warn" : "ok");
       } else if (now.action_id) {
         say(status, `The latest action recorded for this request is ${now.action_id}, not the saved ${saved.action_id}: whether the saved one was admitted is unresolved here. Keep it, and read the journal for what ran.`, "warn");
       } else {
@@ -138,7 +139,7 @@ function flow(spec, kind, run) {
         for (const input of [windowInput, ...acks.map((a) => a.box)]) input.disabled = false;
         update();
       }
-      else if (outcome === "refused") render();
+      else if (outcome === "refused") render(true);
       else render(true);
     } },
     h("h3", {}, spec.review),

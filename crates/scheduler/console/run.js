@@ -32,6 +32,7 @@ function how(step, reusedKeys, run, request) {
     return `reused from its receipt of epoch ${step.receipt_epoch}`;
   }
   const by = step.worker ? ` by ${step.worker}` : "";
+  if (step.status === "unknown_outcome") return `started at epoch ${step.intent_epoch}${by}, its end not recorded`;
   return `executed at epoch ${step.intent_epoch}${by}`;
 }
 
@@ -111,9 +112,10 @@ function overview(runId) {
   let finished = false;
   // A reload after an action may overlap the timer's: only the latest one is shown.
   let latest = 0;
+  let failing = false;
   const load = async () => {
     if (finished) return;
-    const mine = ++latest;
+    const ticket = ++latest;
     try {
       const [run, journal, requests, pause] = await Promise.all([
         api("GET", `/api/v1/runs/${runId}`),
@@ -125,8 +127,18 @@ function overview(runId) {
       const reused = new Set((request.resume_context?.receipts || [])
         .filter((r) => r.standing === "on_tree").map((r) => r.step_key));
       const remaining = (max, used) => Math.max(0, max - used);
-      const live = await liveTails(runId, journal.steps.filter((s) => running(s, run, request)));
-      if (mine !== latest) return;
+      // Plan steps only: verification checks keep their output with the worker, and
+      // their tails are on the Verification tab.
+      const planned = new Set(run.steps.map((p) => p.key));
+      const mine = journal.steps.filter((s) => s.request_id === run.request_id && planned.has(s.step_key));
+      // Without a receipt (running, or its end not recorded) the output so far is read.
+      const live = await liveTails(runId, mine.filter((s) => s.receipt_epoch === null));
+      if (ticket !== latest) return;
+      if (failing) {
+        // The fault healed: its message goes (an action's message stays).
+        failing = false;
+        say(status, "");
+      }
       rerender(content, { run, journal, requests, pause, live }, () => [
         facts([
           ["State", stateBadge(run.state)],
@@ -154,11 +166,13 @@ function overview(runId) {
           })),
         h("h2", {}, "Output"),
         journal.steps.length === 0 ? h("p", { class: "empty" }, "No step has started.") :
-          h("div", { class: "outputs" }, journal.steps.filter((s) => s.request_id === run.request_id).map((s) =>
+          h("div", { class: "outputs" }, mine.map((s) =>
             h("article", { class: "output", "aria-label": `Output of ${s.step_key}` },
               h("h3", {}, s.step_key),
               s.step_key in live
-                ? [h("p", { class: "muted" }, `Live: the last ${LIVE_TAIL_BYTES / 1024} KiB of stdout, read every ${REFRESH_MS / 1000} s.`),
+                ? [h("p", { class: "muted" }, running(s, run, request)
+                  ? `Live: the last ${LIVE_TAIL_BYTES / 1024} KiB of stdout, read every ${REFRESH_MS / 1000} s.`
+                  : `No receipt: the last ${LIVE_TAIL_BYTES / 1024} KiB of stdout it printed before its end went unrecorded.`),
                   h("pre", { class: "tail", tabindex: "0", "aria-label": `${s.step_key} live stdout` }, live[s.step_key] || "(nothing printed yet)")]
                 : [h("p", { class: "muted" }, "Last lines, as recorded with the receipt (bytes that are not text are escaped)."),
                   h("pre", { class: "tail", tabindex: "0", "aria-label": `${s.step_key} stdout tail` }, s.stdout_tail || "(no stdout)"),
@@ -181,6 +195,11 @@ function overview(runId) {
         h("pre", { class: "json", tabindex: "0", "aria-label": "Resume context" }, request.resume_context ? JSON.stringify(request.resume_context, null, 2) : "None: the run has not resumed.")]);
       if (TERMINAL.includes(run.state)) finished = true;
     } catch (e) {
+      if (e.status === 404) {
+        finished = true;
+        content.replaceChildren(h("p", { class: "empty" }, "No such run."), h("a", { href: "#/runs" }, "All runs"));
+      }
+      failing = true;
       say(status, errorText(e), "error");
     }
   };

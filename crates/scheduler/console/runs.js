@@ -6,8 +6,8 @@ import { api, errorText, every, h, notice, rerender, say, stateBadge, table, whe
 const STATES = ["queued", "running", "awaiting_verification", "stopped_at_checkpoint",
   "needs_reconciliation", "completed", "failed", "cancelled"];
 const NEEDS_A_PERSON = {
-  needs_reconciliation: "A step's outcome is unknown: decide before it runs again.",
-  stopped_at_checkpoint: "Its lease lapsed with attempts spent: review a saved continuation.",
+  needs_reconciliation: "A step's outcome is unknown or a final report waits: see its stop reason; a retained report can be accepted (Plan tab).",
+  stopped_at_checkpoint: "It stopped at a retained checkpoint: review a saved continuation (Plan tab).",
   awaiting_verification: "Its report asks for verification: adopt the frozen checks.",
 };
 const REFRESH_MS = 2000;
@@ -34,6 +34,7 @@ export function runsPage(params) {
     live = !live;
     toggle.setAttribute("aria-pressed", String(live));
     toggle.textContent = live ? "Pause live updates" : "Resume live updates";
+    if (!live) refreshed.textContent = "Live updates paused";
   } }, "Pause live updates");
 
   const stateSelect = h("select", { id: "filter-state", name: "state" },

@@ -2,7 +2,9 @@
 // form with its reusable declarations (saved before one POST, read back after), and
 // every check's result, labelled Executed or Reused prior verified result.
 
-import { api, can, errorText, facts, h, newId, notice, savedDecision, savedDecisionKeys, say, seconds, session, table, when } from "./core.js";
+import { api, can, errorText, every, facts, h, newId, notice, rerender, savedDecision, savedDecisionKeys, say, seconds, session, table, when } from "./core.js";
+
+const RESULTS_REFRESH_MS = 3000;
 import { submitOnce } from "./submit.js";
 
 export function verificationTab(runId) {
@@ -10,20 +12,28 @@ export function verificationTab(runId) {
   const pending = h("section", { class: "card flow", id: "flow-verification", "aria-labelledby": "verification-title" },
     h("h2", { id: "verification-title" }, "Approve verification"), h("p", {}, "Loading…"));
   const results = h("section", { "aria-labelledby": "results-title" }, h("h2", { id: "results-title" }, "Results"));
+  const body = h("div", {});
+  results.append(body);
   const root = h("div", {}, pending, status, results);
   // After a submission the run's state moves on: read it again before anything else.
   const refresh = () => api("GET", `/api/v1/runs/${runId}`).then((run) => {
     loadCandidate(run, pending, status, refresh);
-    loadResults(run, results);
-  }).catch((e) => say(status, errorText(e), "error"));
+  }).catch((e) => {
+    pending.replaceChildren(h("h2", { id: "verification-title" }, "Approve verification"),
+      h("p", { class: "empty" }, e.status === 404 ? "No such run." : errorText(e)));
+  });
   refresh();
+  // Results move while checks run: read again every 3 s, re-rendered only on change.
+  every(RESULTS_REFRESH_MS, root, () => loadResults(runId, body));
   return root;
 }
 
-async function loadResults(run, section) {
+async function loadResults(runId, section) {
   try {
-    const list = await api("GET", `/api/v1/runs/${run.run_id}/verification-handoffs/adoptions`);
-    const blocks = list.adoptions.map((a) => h("article", { class: "adoption" },
+    const list = await api("GET", `/api/v1/runs/${runId}/verification-handoffs/adoptions`);
+    rerender(section, list, () => list.adoptions.length === 0
+      ? h("p", { class: "empty" }, "No verification was adopted for this run.")
+      : list.adoptions.map((a) => h("article", { class: "adoption" },
       h("h3", {}, "Adoption ", h("span", { class: "mono" }, a.request_id)),
       facts([["Status", a.status], ["Handoff", a.handoff_state], ["Adopted", when(a.created_at)]]),
       table(`Checks of adoption ${a.request_id}`, ["#", "Result", "Passed", "Exit", "Wall", "Finished", "Where it came from"],
@@ -37,11 +47,9 @@ async function loadResults(run, section) {
       a.results.map((r) => h("details", {},
         h("summary", {}, `Check ${r.index} output (${r.reused ? "from its original execution" : "as it ran"})`),
         h("pre", { class: "tail", tabindex: "0", "aria-label": `Check ${r.index} stdout` }, r.stdout_tail || "(no stdout)"),
-        r.stderr_tail ? h("pre", { class: "tail err", tabindex: "0", "aria-label": `Check ${r.index} stderr` }, r.stderr_tail) : null))));
-    section.replaceChildren(h("h2", { id: "results-title" }, "Results"),
-      ...(blocks.length ? blocks : [h("p", { class: "empty" }, "No verification was adopted for this run.")]));
+        r.stderr_tail ? h("pre", { class: "tail err", tabindex: "0", "aria-label": `Check ${r.index} stderr` }, r.stderr_tail) : null)))));
   } catch (e) {
-    section.append(h("p", { class: "notice error" }, errorText(e)));
+    rerender(section, { error: errorText(e) }, () => h("p", { class: "notice error" }, errorText(e)));
   }
 }
 
@@ -71,6 +79,9 @@ async function loadCandidate(run, section, status, refresh) {
     facts([["Admission", h("strong", {}, candidate.admission)], ["Agent", candidate.agent],
       ["Command budget", `${candidate.budget.used_commands} used, ${candidate.budget.remaining_commands} of ${candidate.budget.max_commands} left`]]),
     candidate.holds.length ? h("ul", { class: "holds", "aria-label": "Holds" }, candidate.holds.map((x) => h("li", {}, x))) : null,
+    candidate.commands.length > candidate.budget.remaining_commands
+      ? h("p", { class: "notice warn" }, `${candidate.commands.length} frozen checks and ${candidate.budget.remaining_commands} commands left: the checks that are not reused must fit, or the approval is refused.`)
+      : null,
     table("Frozen checks", ["#", "Command", "Purpose", "Directory"],
       candidate.commands.map((c) => [String(c.index), h("code", {}, c.arguments.join(" ")), c.purpose, c.cwd || "—"]))];
   if (saved) {
