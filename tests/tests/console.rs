@@ -263,49 +263,6 @@ async fn review(browser: &Browser, run_id: &str, flow: &Flow) {
     }
 }
 
-/// What a worker leaves when it retained the run's final report (blocked, asking for
-/// verification) and lost its lease before the report was accepted.
-async fn retain_unaccepted_report(cluster: &Cluster, request_id: &str) {
-    use cairn_common::report::{self, RetainedReport};
-    use cairn_common::request::{self, RequestEvent};
-    let request_id = uuid::Uuid::parse_str(request_id).expect("uuid");
-    let mut conn = cluster.pool.acquire().await.expect("conn");
-    sqlx::query("UPDATE execution_requests SET lease_epoch = 1 WHERE id = $1")
-        .bind(request_id)
-        .execute(&mut *conn)
-        .await
-        .expect("epoch");
-    request::transition(&mut conn, request_id, RequestEvent::Claim, None, None)
-        .await
-        .expect("claimed");
-    let lease = cairn_common::lease::Lease {
-        of: cairn_common::lease::Leased::Request,
-        request_id,
-        owner: "w1".into(),
-        epoch: 1,
-        deadline: chrono::Utc::now(),
-    };
-    let body = json!({"question": "run the tests?"});
-    let retained = RetainedReport {
-        outcome: "blocked",
-        followup_kind: Some("verification"),
-        body: &body,
-        source_digest: None,
-    };
-    report::retain(&mut conn, &lease, &retained)
-        .await
-        .expect("report");
-    request::transition(
-        &mut conn,
-        request_id,
-        RequestEvent::Reconcile,
-        Some("final_report_unaccepted"),
-        None,
-    )
-    .await
-    .expect("needs reconciliation");
-}
-
 async fn actions_saved(cluster: &Cluster, request_id: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM continuation_actions WHERE request_id = $1::uuid")
         .bind(request_id)
@@ -560,7 +517,10 @@ async fn a_saved_agent_result_is_accepted_once_and_read_back() {
     let _one = ONE_BROWSER.lock().await;
     let cluster = Cluster::start("console-final", 0, Settings::default()).await;
     let (run_id, request_id) = cluster.submit(&slow_run());
-    retain_unaccepted_report(&cluster, &request_id).await;
+    let request_uuid = uuid::Uuid::parse_str(&request_id).expect("uuid");
+    let mut conn = cluster.pool.acquire().await.expect("conn");
+    cairn_common::testing::retain_unaccepted_report(&mut conn, request_uuid).await;
+    drop(conn);
     let (status, _) = cluster.call(
         "PUT",
         "/api/v1/invalid-read-continuity/policy",

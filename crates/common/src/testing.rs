@@ -109,6 +109,42 @@ pub async fn insert_request(pool: &sqlx::PgPool) -> (Uuid, Uuid) {
     (run_id, request_id)
 }
 
+/// What a worker leaves when it retained its run's final report (blocked, asking for
+/// verification) and lost its lease before the report was accepted: the request,
+/// claimed at epoch 1, needs reconciliation.
+pub async fn retain_unaccepted_report(conn: &mut sqlx::PgConnection, request_id: Uuid) {
+    use crate::request::{self, RequestEvent};
+    sqlx::query("UPDATE execution_requests SET lease_epoch = 1 WHERE id = $1")
+        .bind(request_id)
+        .execute(&mut *conn)
+        .await
+        .expect("epoch");
+    request::transition(conn, request_id, RequestEvent::Claim, None, None)
+        .await
+        .expect("claimed");
+    let lease = crate::lease::Lease {
+        of: crate::lease::Leased::Request,
+        request_id,
+        owner: "w1".into(),
+        epoch: 1,
+        deadline: chrono::Utc::now(),
+    };
+    let body = serde_json::json!({"question": "run the tests?"});
+    let report = crate::report::RetainedReport {
+        outcome: "blocked",
+        followup_kind: Some("verification"),
+        body: &body,
+        source_digest: None,
+    };
+    crate::report::retain(conn, &lease, &report)
+        .await
+        .expect("report");
+    let unaccepted = Some("final_report_unaccepted");
+    request::transition(conn, request_id, RequestEvent::Reconcile, unaccepted, None)
+        .await
+        .expect("needs reconciliation");
+}
+
 /// Polls `check` until it returns `Some` or `timeout` passes.
 pub async fn eventually<T, F, Fut>(timeout: Duration, mut check: F) -> Option<T>
 where

@@ -1,8 +1,6 @@
 //! Reviewed continuations: candidates, actions, holds, final-outcome acceptance.
 
 use axum::http::StatusCode;
-use cairn_common::report::{self, RetainedReport};
-use cairn_common::request::{self, RequestEvent};
 use cairn_scheduler::api::{auth, auth::Role};
 use serde_json::{json, Value};
 use uuid::Uuid;
@@ -381,37 +379,8 @@ pub(super) async fn retained_report(api: &Api) -> Continuation {
     )
     .await;
     let (run_id, request_id) = api.request_of(&api.submit(&api.admin).await).await;
-    // A worker claimed it (epoch 1), retained its report, and its lease lapsed before
-    // the report was accepted.
     let mut conn = api.pool().acquire().await.expect("conn");
-    sqlx::query("UPDATE execution_requests SET lease_epoch = 1 WHERE id = $1")
-        .bind(request_id)
-        .execute(&mut *conn)
-        .await
-        .expect("epoch");
-    request::transition(&mut conn, request_id, RequestEvent::Claim, None, None)
-        .await
-        .expect("claimed");
-    let body = json!({"question": "run the tests?"});
-    let report = RetainedReport {
-        outcome: "blocked",
-        followup_kind: Some("verification"),
-        body: &body,
-        source_digest: None,
-    };
-    report::retain(&mut conn, &first_lease(request_id), &report)
-        .await
-        .expect("report");
-    let unaccepted = Some("final_report_unaccepted");
-    request::transition(
-        &mut conn,
-        request_id,
-        RequestEvent::Reconcile,
-        unaccepted,
-        None,
-    )
-    .await
-    .expect("needs reconciliation");
+    cairn_common::testing::retain_unaccepted_report(&mut conn, request_id).await;
     Continuation::of("final-outcome-continuations", run_id, request_id)
 }
 
