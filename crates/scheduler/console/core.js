@@ -185,18 +185,32 @@ export function newId() {
 export function every(ms, root, tick) {
   let timer = null;
   let stopped = false;
+  let busy = false;
   const loop = async () => {
     if (stopped || !root.isConnected) return;
+    busy = true;
     try {
-      await tick();
+      // A tab nobody looks at asks the API nothing; it catches up when shown again.
+      if (!document.hidden) await tick();
     } finally {
+      busy = false;
       if (!stopped && root.isConnected) timer = setTimeout(loop, ms);
     }
   };
+  const onShow = () => {
+    if (stopped || !root.isConnected) {
+      document.removeEventListener("visibilitychange", onShow);
+    } else if (!document.hidden && !busy) {
+      clearTimeout(timer);
+      loop();
+    }
+  };
+  document.addEventListener("visibilitychange", onShow);
   // The first tick waits for the caller to put `root` on the page.
   timer = setTimeout(loop, 0);
   return () => {
     stopped = true;
+    document.removeEventListener("visibilitychange", onShow);
     clearTimeout(timer);
   };
 }
