@@ -472,9 +472,54 @@ impl Lease {
         &self,
         pool: &PgPool,
     ) -> Result<Transaction<'static, Postgres>, LeaseError> {
-        let mut tx = pool.begin().await?;
-        self.fence(&mut tx).await?;
-        Ok(tx)
+        let Some(statement) = self.fenced_begin() else {
+            let mut tx = pool.begin().await?;
+            self.fence(&mut tx).await?;
+            return Ok(tx);
+        };
+        pool.begin_with(statement)
+            .await
+            .map_err(|e| self.fence_refusal(e))
+    }
+
+    /// The fence check and the BEGIN as one simple query (one round trip): the check
+    /// runs first, in an implicit block that a refusal aborts (the session is left
+    /// idle) and that a BEGIN after it takes into the transaction, with its row lock.
+    /// The values are written into the text, as simple queries take no parameters, so
+    /// an owner with any character that would need quoting takes the two-trip path.
+    fn fenced_begin(&self) -> Option<String> {
+        let plain = |c: char| c.is_ascii_alphanumeric() || "-_.:@/".contains(c);
+        self.owner.chars().all(plain).then(|| {
+            format!(
+                "SELECT cairn_fence('{}', '{}', {}, '{}'); BEGIN",
+                self.of.table(),
+                self.request_id,
+                self.epoch,
+                self.owner
+            )
+        })
+    }
+
+    /// The lease error a refusal of `cairn_fence` stands for; any other error is the
+    /// database's (a lost connection is not a lost lease).
+    fn fence_refusal(&self, error: sqlx::Error) -> LeaseError {
+        let Some(db) = error.as_database_error() else {
+            return LeaseError::Db(error);
+        };
+        let request_id = self.request_id;
+        match db.code().as_deref() {
+            Some("CF001") => LeaseError::NotFound(request_id),
+            Some("CF002") => LeaseError::StaleOwner {
+                request_id,
+                held_epoch: self.epoch,
+                current_epoch: db
+                    .try_downcast_ref::<sqlx::postgres::PgDatabaseError>()
+                    .and_then(|e| e.detail()?.parse().ok())
+                    .unwrap_or(i64::MAX),
+            },
+            Some("CF003") => LeaseError::Expired { request_id },
+            _ => LeaseError::Db(error),
+        }
     }
 }
 

@@ -345,3 +345,74 @@ async fn a_request_that_is_not_queued_is_never_claimed() {
         .is_none());
     assert_eq!(row(pool.clone()).await, ended);
 }
+
+/// The fence is checked in the BEGIN's round trip: a refusal must leave the connection
+/// idle for its next user (not in an aborted transaction), and a pass must hold the row
+/// lock until the commit, so that a claimant waits for everything the writer commits.
+#[tokio::test]
+async fn a_fenced_begin_holds_the_row_and_a_refusal_leaves_its_connection_clean() {
+    let db = TestDb::new().await;
+    let _services = ServiceLock::shared().await;
+    // One connection: whatever a refusal leaves on it, the next transaction meets.
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&db.url)
+        .await
+        .expect("pool");
+    let leases = leases(&db.pool, Duration::from_secs(30)).await;
+    for owner in ["worker-a", "o'brien; drop table x"] {
+        let (_, request) = testing::insert_request(&db.pool).await;
+        let held = leases
+            .claim(request, owner)
+            .await
+            .expect("claim")
+            .expect("free");
+        let stale = Lease {
+            epoch: held.epoch - 1,
+            ..held.clone()
+        };
+        let other = Lease {
+            owner: "someone-else".into(),
+            ..held.clone()
+        };
+        let missing = Lease {
+            request_id: uuid::Uuid::new_v4(),
+            ..held.clone()
+        };
+        for (lease, refused) in [
+            (&stale, "stale"),
+            (&other, "expired"),
+            (&missing, "missing"),
+        ] {
+            let got = fenced_write(&pool, lease, refused).await;
+            let kind = match got {
+                Err(LeaseError::StaleOwner { current_epoch, .. }) => {
+                    assert_eq!(current_epoch, held.epoch);
+                    "stale"
+                }
+                Err(LeaseError::Expired { .. }) => "expired",
+                Err(LeaseError::NotFound(_)) => "missing",
+                other => panic!("{refused} lease of {owner:?} must be refused, got {other:?}"),
+            };
+            assert_eq!(kind, refused, "owner {owner:?}");
+        }
+        fenced_write(&pool, &held, owner)
+            .await
+            .expect("the holder writes on the same connection after three refusals");
+
+        let tx = held.begin_fenced(&pool).await.expect("fenced begin");
+        let locked: bool = sqlx::query_scalar(
+            "SELECT NOT EXISTS (SELECT 1 FROM execution_requests WHERE id = $1 FOR UPDATE SKIP LOCKED)",
+        )
+        .bind(request)
+        .fetch_one(&db.pool)
+        .await
+        .expect("probe the row lock");
+        assert!(locked, "the fenced transaction holds the request's row");
+        tx.rollback().await.expect("rollback");
+    }
+    assert_eq!(
+        committed_notes(&db.pool).await,
+        ["worker-a", "o'brien; drop table x"]
+    );
+}
