@@ -345,6 +345,11 @@ impl Group {
         if self.v2 && write(&self.dirs[0].1.join("cgroup.kill"), "1").is_ok() {
             return;
         }
+        // Nothing joins a group but the process the worker starts in it, so an empty one
+        // stays empty: no freeze and thaw (the usual case, once a sandbox has ended).
+        if self.processes().is_empty() {
+            return;
+        }
         // Frozen, nothing in the group can fork while it is emptied.
         let frozen = self.freeze(true);
         for pid in self.processes() {
