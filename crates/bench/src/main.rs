@@ -13,14 +13,19 @@
 //! changed, and restore — beside `tar | zstd -1 -T0`, `zstd -d | tar -x`, and restic's
 //! backup, incremental backup and restore when restic is installed.
 //!
+//! `cairn-bench fence` times a fenced begin with the lease check in the BEGIN's round
+//! trip, beside the check as a statement of its own.
+//!
 //! `cairn-bench steps` prints the per-step overhead (intent → receipt on a durable tree)
 //! on an empty tree and on the 1 GiB tree with 1 % changed per step.
 
+mod fence;
 mod lifecycle;
 mod peers;
 mod pipeline;
 mod reaper;
 mod sandbox;
+mod scratch;
 mod snapshot;
 mod stack;
 mod steps;
@@ -80,6 +85,15 @@ enum Bench {
         /// ratio to it.
         #[arg(long)]
         peers: bool,
+        #[command(flatten)]
+        postgres: Postgres,
+    },
+    /// What the lease fence costs a durable write: the check in the BEGIN's round trip
+    /// beside the check as a statement of its own.
+    Fence {
+        /// Fenced transactions of each kind.
+        #[arg(long, default_value_t = 5000)]
+        transactions: usize,
         #[command(flatten)]
         postgres: Postgres,
     },
@@ -150,6 +164,10 @@ enum Bench {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
+        Bench::Fence {
+            transactions,
+            postgres,
+        } => fence::run(transactions, &postgres.postgres).await,
         Bench::Reaper {
             rows,
             batch,

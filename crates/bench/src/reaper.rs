@@ -1,21 +1,15 @@
 //! `cairn-bench reaper`: one sweep over a large snapshot table.
 
+use crate::scratch::Scratch;
 use std::time::Instant;
 
 pub async fn run(rows: i64, batch: i64, postgres: &str) -> anyhow::Result<()> {
-    let stamp = uuid::Uuid::new_v4().simple().to_string();
-    let database = format!("cairn_bench_{}", &stamp[..12]);
-    let server = postgres.trim_end_matches('/');
-    let admin = sqlx::PgPool::connect(&format!("{server}/postgres")).await?;
-    sqlx::query(&format!("CREATE DATABASE \"{database}\""))
-        .execute(&admin)
-        .await?;
+    let scratch = Scratch::create(postgres).await?;
     let pool = sqlx::postgres::PgPoolOptions::new()
         .max_connections(4)
-        .connect(&format!("{server}/{database}"))
+        .connect(&scratch.url)
         .await?;
-    cairn_common::db::migrate(&pool).await?;
-    let store = std::env::temp_dir().join(format!("cairn-bench-reaper-{}", &stamp[..12]));
+    let store = std::env::temp_dir().join(format!("cairn-bench-reaper-{}", scratch.stamp));
     std::fs::create_dir_all(&store)?;
     let store_url = format!("file://{}", store.display());
     let started = Instant::now();
@@ -72,11 +66,7 @@ pub async fn run(rows: i64, batch: i64, postgres: &str) -> anyhow::Result<()> {
         rows as f64 / took.as_secs_f64()
     );
     pool.close().await;
-    sqlx::query(&format!(
-        "DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"
-    ))
-    .execute(&admin)
-    .await?;
+    scratch.drop().await?;
     let _ = std::fs::remove_dir_all(&store);
     Ok(())
 }

@@ -1,0 +1,99 @@
+//! `cairn-bench fence`: what the lease fence costs a durable write, with the check sent in
+//! the BEGIN's round trip (`SELECT cairn_fence(...); BEGIN`) beside the same check as a
+//! statement of its own after the BEGIN (the path an owner name that would need quoting
+//! still takes). Each transaction is begun fenced and rolled back, so that no WAL flush
+//! hides the round trips; the two kinds alternate.
+
+use crate::scratch::Scratch;
+use cairn_common::lease::{Lease, Leased};
+use std::time::Instant;
+use uuid::Uuid;
+
+pub async fn run(transactions: usize, postgres: &str) -> anyhow::Result<()> {
+    let scratch = Scratch::create(postgres).await?;
+    let measured = measure(transactions, &scratch.url).await;
+    scratch.drop().await?;
+    let [one, two] = measured?;
+    println!("fence: {transactions} fenced transactions of each kind, begun and rolled back on one connection");
+    println!(
+        "{:<44} {:>9} {:>9} {:>9}",
+        "kind", "p50 µs", "p99 µs", "mean µs"
+    );
+    for (label, times) in [
+        ("check in the BEGIN's round trip (Cairn)", &one),
+        ("check as its own statement (baseline)", &two),
+    ] {
+        println!(
+            "{label:<44} {:>9.0} {:>9.0} {:>9.0}",
+            percentile(times, 0.50),
+            percentile(times, 0.99),
+            times.iter().sum::<f64>() / times.len().max(1) as f64
+        );
+    }
+    println!(
+        "SCENARIO fence: {:.0} µs p50 per fenced begin (baseline {:.0} µs)",
+        percentile(&one, 0.50),
+        percentile(&two, 0.50)
+    );
+    Ok(())
+}
+
+/// Times of the one-trip and the two-trip fenced begin, in µs.
+async fn measure(transactions: usize, url: &str) -> anyhow::Result<[Vec<f64>; 2]> {
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(url)
+        .await?;
+    // An owner with a space cannot be written into the query's text unquoted, so its
+    // lease takes the two-trip path: the same check, as its own statement.
+    let one = held(&pool, "bench-fence").await?;
+    let two = held(&pool, "bench fence").await?;
+    let mut times = [Vec::new(), Vec::new()];
+    for i in 0..transactions * 2 {
+        let lease = if i % 2 == 0 { &one } else { &two };
+        let started = Instant::now();
+        let tx = lease.begin_fenced(&pool).await?;
+        tx.rollback().await?;
+        times[i % 2].push(started.elapsed().as_secs_f64() * 1e6);
+    }
+    pool.close().await;
+    Ok(times)
+}
+
+/// A queued request, taken by `owner` for an hour at epoch 1.
+async fn held(pool: &sqlx::PgPool, owner: &str) -> anyhow::Result<Lease> {
+    let (run, request) = (Uuid::new_v4(), Uuid::new_v4());
+    sqlx::query(
+        "INSERT INTO runs (id, root_run_id, work_context_id, agent, steps, max_commands, max_wall_seconds,
+                           max_attempts, state, request_digest)
+         VALUES ($1, $1, $1, 'bench', '[]', 10, 600, 3, 'running', 'bench')",
+    )
+    .bind(run)
+    .execute(pool)
+    .await?;
+    let deadline: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
+        "INSERT INTO execution_requests (id, run_id, kind, state, max_attempts, max_commands, max_wall_seconds,
+                                         lease_epoch, lease_owner, lease_deadline)
+         VALUES ($1, $2, 'run', 'executing', 3, 10, 600, 1, $3, now() + interval '1 hour')
+         RETURNING lease_deadline",
+    )
+    .bind(request)
+    .bind(run)
+    .bind(owner)
+    .fetch_one(pool)
+    .await?;
+    Ok(Lease {
+        of: Leased::Request,
+        request_id: request,
+        owner: owner.into(),
+        epoch: 1,
+        deadline,
+    })
+}
+
+fn percentile(times: &[f64], q: f64) -> f64 {
+    let mut sorted = times.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    let index = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    sorted.get(index).copied().unwrap_or(0.0)
+}
