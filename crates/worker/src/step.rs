@@ -29,7 +29,8 @@ pub struct StepCommand {
     /// Its workspace, working directory, home, network and limits.
     pub place: sandbox::Spec,
     pub timeout: Duration,
-    /// Full output goes here (`.stdout` / `.stderr` appended), bounded by `max_output`.
+    /// Full output goes here (`.stdout` / `.stderr` appended), bounded by `max_output`;
+    /// a stream that printed nothing has no file.
     pub output_base: PathBuf,
     /// The same bytes, as they are printed, to the artifact store (a run's steps).
     pub live: Option<LiveOutput>,
@@ -418,11 +419,9 @@ async fn capture<R: AsyncRead + Unpin>(
         }
         return Ok((Sha256::new().finalize().to_vec(), String::new(), false));
     };
-    if let Some(parent) = path.parent() {
-        tokio::fs::create_dir_all(parent).await?;
-    }
     let mut sink = Sink {
-        file: tokio::fs::File::create(&path).await?,
+        path,
+        file: None,
         bounds,
         digest: Sha256::new(),
         written: 0,
@@ -459,7 +458,14 @@ async fn capture<R: AsyncRead + Unpin>(
     if let Some(redactor) = redactor {
         sink.write(&redactor.finish()).await?;
     }
-    sink.file.flush().await?;
+    match sink.file.as_mut() {
+        Some(file) => file.flush().await?,
+        // Nothing printed: no file, not even one an earlier command left at this path.
+        None => match tokio::fs::remove_file(&sink.path).await {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        },
+    }
     if let Some(live) = sink.live.take() {
         live.finish().await;
     }
@@ -476,7 +482,10 @@ async fn capture<R: AsyncRead + Unpin>(
 
 /// Where stored output goes: the bounded artifact file and the tail.
 struct Sink {
-    file: tokio::fs::File,
+    path: PathBuf,
+    /// Made at the first byte kept: a stream that printed nothing leaves no file (and
+    /// costs the filesystem no inode).
+    file: Option<tokio::fs::File>,
     bounds: Bounds,
     digest: Sha256,
     written: u64,
@@ -497,7 +506,16 @@ impl Sink {
             if let Some(live) = self.live.as_mut() {
                 live.push(kept);
             }
-            self.file.write_all(kept).await?;
+            let file = match &mut self.file {
+                Some(file) => file,
+                None => {
+                    if let Some(parent) = self.path.parent() {
+                        tokio::fs::create_dir_all(parent).await?;
+                    }
+                    self.file.insert(tokio::fs::File::create(&self.path).await?)
+                }
+            };
+            file.write_all(kept).await?;
             self.digest.update(kept);
             self.written += kept.len() as u64;
         }
@@ -595,6 +613,37 @@ mod tests {
         );
         assert_eq!(outcome.output_digest.len(), 64);
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_printed_nothing_leaves_no_file() {
+        let dir = scratch();
+        let cmd = command(
+            &["sh", "-c", "echo oops >&2"],
+            Duration::from_secs(10),
+            &dir,
+        );
+        // What an earlier command left at the same path is not this one's output.
+        std::fs::create_dir_all(dir.join("out")).expect("out");
+        std::fs::write(outcome_path(&cmd, "stdout"), "stale").expect("stale");
+        let outcome = run(&cmd, &unsandboxed(), &CancellationToken::new())
+            .await
+            .expect("run");
+        assert!(outcome.succeeded());
+        assert!(
+            !outcome.stdout_path.exists(),
+            "no stdout file for a step that printed nothing"
+        );
+        assert_eq!(
+            std::fs::read_to_string(outcome_path(&cmd, "stderr")).expect("stderr"),
+            "oops\n"
+        );
+        assert_eq!(outcome.stdout_tail, "");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    fn outcome_path(cmd: &StepCommand, stream: &str) -> PathBuf {
+        cmd.output_base.with_extension(stream)
     }
 
     #[tokio::test]
