@@ -99,12 +99,29 @@ pub struct NewSnapshot<'a> {
 
 /// Inserts a snapshot in `creating`.
 pub async fn create(conn: &mut PgConnection, s: &NewSnapshot<'_>) -> Result<Uuid, sqlx::Error> {
+    insert(conn, s, SnapshotStatus::Creating).await
+}
+
+/// Inserts a snapshot already `uploading`, for a capture that starts writing it once its
+/// transaction commits: one row version, where `creating` then `uploading` made two.
+pub async fn create_uploading(
+    conn: &mut PgConnection,
+    s: &NewSnapshot<'_>,
+) -> Result<Uuid, sqlx::Error> {
+    insert(conn, s, SnapshotStatus::Uploading).await
+}
+
+async fn insert(
+    conn: &mut PgConnection,
+    s: &NewSnapshot<'_>,
+    status: SnapshotStatus,
+) -> Result<Uuid, sqlx::Error> {
     let id = Uuid::new_v4();
     sqlx::query(
         "INSERT INTO project_snapshots (id, kind, status, agent, repository, backend, base_image, canonical_ref,
                                         work_context_id, workspace_id, store_url, credential_generation,
                                         request_id, lease_epoch, store_id)
-         VALUES ($1, $2, 'creating', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+         VALUES ($1, $2, $15, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
     )
     .bind(id)
     .bind(s.kind)
@@ -120,6 +137,7 @@ pub async fn create(conn: &mut PgConnection, s: &NewSnapshot<'_>) -> Result<Uuid
     .bind(s.owner.map(|o| o.0))
     .bind(s.owner.map(|o| o.1))
     .bind(s.store_id)
+    .bind(status)
     .execute(conn)
     .await?;
     Ok(id)
@@ -450,14 +468,29 @@ pub async fn credential_generation(
 /// Locks the agent's generation row for the caller's transaction (creating it at 0)
 /// and returns the generation: captures hold it shared, rotation takes it exclusively.
 pub async fn lock_generation(conn: &mut PgConnection, agent: &str) -> Result<i64, sqlx::Error> {
-    sqlx::query("INSERT INTO credential_generations (agent) VALUES ($1) ON CONFLICT DO NOTHING")
-        .bind(agent)
-        .execute(&mut *conn)
-        .await?;
-    sqlx::query_scalar("SELECT generation FROM credential_generations WHERE agent = $1 FOR SHARE")
-        .bind(agent)
-        .fetch_one(conn)
-        .await
+    // One round trip: the row this statement makes (held by this transaction until it
+    // ends), or the existing one, locked shared. A row another transaction made after
+    // this statement's snapshot is seen by neither part; the plain read then takes it.
+    let locked: Option<i64> = sqlx::query_scalar(
+        "WITH made AS (INSERT INTO credential_generations (agent) VALUES ($1)
+                         ON CONFLICT DO NOTHING RETURNING generation),
+              held AS (SELECT generation FROM credential_generations WHERE agent = $1 FOR SHARE)
+         SELECT generation FROM made UNION ALL SELECT generation FROM held",
+    )
+    .bind(agent)
+    .fetch_optional(&mut *conn)
+    .await?;
+    match locked {
+        Some(generation) => Ok(generation),
+        None => {
+            sqlx::query_scalar(
+                "SELECT generation FROM credential_generations WHERE agent = $1 FOR SHARE",
+            )
+            .bind(agent)
+            .fetch_one(conn)
+            .await
+        }
+    }
 }
 
 /// Rotates an agent's credentials: every snapshot taken under an older generation is

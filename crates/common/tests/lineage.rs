@@ -244,11 +244,32 @@ async fn an_existing_shorter_hold_is_never_extended() {
         expires <= soon + chrono::Duration::seconds(1),
         "not extended"
     );
+    // A capture marks the active hold, without extending it either.
+    let capture = hold::hold_for_capture(&mut conn, &target, later)
+        .await
+        .expect("capture hold");
+    assert_eq!(capture, first, "a capture marks the active hold");
+    let marked = |id: Uuid| {
+        sqlx::query_as::<_, (String, bool, chrono::DateTime<chrono::Utc>)>(
+            "SELECT reason, capture_in_progress, expires_at FROM holds WHERE id = $1",
+        )
+        .bind(id)
+    };
+    let (_, capturing, expires) = marked(first).fetch_one(&mut *conn).await.expect("row");
+    assert!(capturing);
+    assert!(expires <= soon + chrono::Duration::seconds(1));
     hold::end(&mut conn, first, "released").await.expect("end");
     assert!(hold::active(&mut conn, workspace)
         .await
         .expect("active")
         .is_none());
+    // With none active, a capture makes its own.
+    let made = hold::hold_for_capture(&mut conn, &target, later)
+        .await
+        .expect("capture hold");
+    assert_ne!(made, first);
+    let (reason, capturing, _) = marked(made).fetch_one(&mut *conn).await.expect("row");
+    assert_eq!((reason.as_str(), capturing), ("capture", true));
 }
 
 /// A capture holds its request row when it registers with its store, so it never waits
@@ -278,4 +299,66 @@ async fn a_capture_never_waits_for_the_reapers_store_lock() {
     assert!(lineage::lock_store_for_capture(&mut capture, store)
         .await
         .expect("try"));
+}
+
+/// A capture's generation lock: it makes an agent's row at 0 the first time, reads the
+/// current generation after a rotation, and holds the row shared until its transaction
+/// ends, so that a rotation waits for the capture (and concurrent first captures of a
+/// new agent both get the row).
+#[tokio::test]
+async fn a_capture_locks_the_agents_generation_until_it_commits() {
+    let db = TestDb::new().await;
+    let agent = format!("agent-{}", Uuid::new_v4().simple());
+    let mut firsts = Vec::new();
+    for _ in 0..4 {
+        let pool = db.pool.clone();
+        let agent = agent.clone();
+        firsts.push(tokio::spawn(async move {
+            let mut tx = pool.begin().await.expect("begin");
+            let generation = lineage::lock_generation(&mut tx, &agent)
+                .await
+                .expect("lock");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            tx.commit().await.expect("commit");
+            generation
+        }));
+    }
+    for first in firsts {
+        assert_eq!(first.await.expect("join"), 0, "a new agent starts at 0");
+    }
+
+    let mut capture = db.pool.begin().await.expect("begin");
+    assert_eq!(
+        lineage::lock_generation(&mut capture, &agent)
+            .await
+            .expect("lock"),
+        0
+    );
+    let rotating = {
+        let pool = db.pool.clone();
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            let mut conn = pool.acquire().await.expect("conn");
+            lineage::rotate_credentials(&mut conn, &agent)
+                .await
+                .expect("rotate");
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(
+        !rotating.is_finished(),
+        "a rotation waits for the capture holding the generation"
+    );
+    capture.commit().await.expect("commit");
+    rotating
+        .await
+        .expect("rotation ends once the capture committed");
+    let mut conn = db.pool.acquire().await.expect("conn");
+    assert_eq!(
+        lineage::lock_generation(&mut conn, &agent)
+            .await
+            .expect("lock"),
+        1,
+        "the rotated generation"
+    );
 }
