@@ -86,6 +86,34 @@ pub async fn hold(
     Ok(id)
 }
 
+/// [`hold`], marking the active hold with a capture in progress, in one statement: a
+/// capture's first step.
+pub async fn hold_for_capture(
+    conn: &mut PgConnection,
+    target: &HoldTarget<'_>,
+    expires_at: DateTime<Utc>,
+) -> Result<Uuid, sqlx::Error> {
+    sqlx::query_scalar(
+        "WITH existing AS (SELECT id FROM holds WHERE workspace_id = $2 AND ended_at IS NULL
+                             ORDER BY expires_at LIMIT 1 FOR UPDATE),
+              marked AS (UPDATE holds SET capture_in_progress = TRUE
+                          WHERE id IN (SELECT id FROM existing) RETURNING id),
+              made AS (INSERT INTO holds (id, workspace_id, run_id, work_context_id, agent, reason,
+                                          expires_at, capture_in_progress)
+                       SELECT $1, $2, $3, $4, $5, 'capture', $6, TRUE
+                        WHERE NOT EXISTS (SELECT 1 FROM existing) RETURNING id)
+         SELECT id FROM marked UNION ALL SELECT id FROM made",
+    )
+    .bind(Uuid::new_v4())
+    .bind(target.workspace_id)
+    .bind(target.run_id)
+    .bind(target.work_context)
+    .bind(target.agent)
+    .bind(expires_at)
+    .fetch_one(conn)
+    .await
+}
+
 pub async fn set_capture_in_progress(
     conn: &mut PgConnection,
     hold_id: Uuid,

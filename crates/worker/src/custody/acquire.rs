@@ -531,7 +531,7 @@ impl Custody {
         if !locked {
             return Err("the snapshot store is being reclaimed".into());
         }
-        let id = lineage::create(
+        let id = lineage::create_uploading(
             &mut tx,
             &NewSnapshot {
                 kind: "baseline",
@@ -547,14 +547,6 @@ impl Custody {
                 credential_generation: generation,
                 owner: Some((lease.request_id, lease.epoch)),
             },
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-        lineage::set_status(
-            &mut tx,
-            id,
-            &[SnapshotStatus::Creating],
-            SnapshotStatus::Uploading,
         )
         .await
         .map_err(|e| e.to_string())?;

@@ -152,9 +152,8 @@ impl Custody {
             work_context: Some(subject.work_context),
             agent: &subject.agent,
         };
-        let hold_id = hold::hold(&mut tx, &target, "capture", expires).await?;
-        hold::set_capture_in_progress(&mut tx, hold_id, true).await?;
-        let snapshot_id = lineage::create(
+        let hold_id = hold::hold_for_capture(&mut tx, &target, expires).await?;
+        let snapshot_id = lineage::create_uploading(
             &mut tx,
             &NewSnapshot {
                 kind: "checkpoint",
@@ -170,13 +169,6 @@ impl Custody {
                 credential_generation: generation,
                 owner: Some((lease.request_id, lease.epoch)),
             },
-        )
-        .await?;
-        lineage::set_status(
-            &mut tx,
-            snapshot_id,
-            &[SnapshotStatus::Creating],
-            SnapshotStatus::Uploading,
         )
         .await?;
         tx.commit().await?;
