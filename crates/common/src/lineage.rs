@@ -188,27 +188,36 @@ pub async fn set_status(
     Ok(done.rows_affected() == 1)
 }
 
-/// Marks a snapshot durable and usable, with its manifest key and size.
+/// Marks a snapshot durable and usable, with its manifest key and size, and records
+/// which packs it references (in one statement), so the reaper deletes a pack only when
+/// no snapshot of its store references it. False, recording nothing, unless the
+/// snapshot was still being captured.
 pub async fn mark_ready(
     conn: &mut PgConnection,
     id: Uuid,
     manifest_key: &str,
     size_bytes: i64,
+    pack_ids: &[Uuid],
 ) -> Result<bool, sqlx::Error> {
-    let done = sqlx::query(
-        "UPDATE project_snapshots SET status = 'ready', manifest_key = $2, size_bytes = $3, last_used_at = now()
-          WHERE id = $1 AND status IN ('creating', 'uploading')",
+    let marked: i64 = sqlx::query_scalar(
+        "WITH ready AS (UPDATE project_snapshots
+                           SET status = 'ready', manifest_key = $2, size_bytes = $3, last_used_at = now()
+                         WHERE id = $1 AND status IN ('creating', 'uploading') RETURNING id),
+              packs AS (INSERT INTO snapshot_packs (snapshot_id, pack_id)
+                        SELECT ready.id, p FROM ready, UNNEST($4::uuid[]) AS p ON CONFLICT DO NOTHING)
+         SELECT count(*) FROM ready",
     )
     .bind(id)
     .bind(manifest_key)
     .bind(size_bytes)
-    .execute(conn)
+    .bind(pack_ids)
+    .fetch_one(conn)
     .await?;
-    Ok(done.rows_affected() == 1)
+    Ok(marked == 1)
 }
 
-/// Records which packs a snapshot references (with `mark_ready`, in one transaction),
-/// so the reaper deletes a pack only when no snapshot of its store references it.
+/// Records which packs a snapshot references, apart from [`mark_ready`] (which records
+/// them with the snapshot's readiness).
 pub async fn record_packs(
     conn: &mut PgConnection,
     snapshot_id: Uuid,

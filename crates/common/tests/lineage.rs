@@ -20,7 +20,7 @@ async fn ready_checkpoint(pool: &PgPool, agent: &str, context: Uuid) -> Uuid {
     )
     .await
     .expect("create");
-    assert!(lineage::mark_ready(&mut conn, id, "manifests/x", 1)
+    assert!(lineage::mark_ready(&mut conn, id, "manifests/x", 1, &[])
         .await
         .expect("ready"));
     id
@@ -360,5 +360,61 @@ async fn a_capture_locks_the_agents_generation_until_it_commits() {
             .expect("lock"),
         1,
         "the rotated generation"
+    );
+}
+
+/// Readiness and the packs a snapshot references land together, and only on a snapshot
+/// still being captured: one failed meanwhile (the reaper took it for abandoned) gets
+/// neither.
+#[tokio::test]
+async fn a_snapshot_is_marked_ready_with_its_packs_or_not_at_all() {
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.expect("conn");
+    let packs = [Uuid::new_v4(), Uuid::new_v4()];
+    let recorded = |id: Uuid| {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM snapshot_packs WHERE snapshot_id = $1")
+            .bind(id)
+    };
+    let capturing = lineage::create_uploading(
+        &mut conn,
+        &cairn_common::testing::new_checkpoint("agent", Uuid::new_v4()),
+    )
+    .await
+    .expect("create");
+    assert!(
+        lineage::mark_ready(&mut conn, capturing, "manifests/a", 1, &packs)
+            .await
+            .expect("ready")
+    );
+    assert_eq!(
+        recorded(capturing)
+            .fetch_one(&mut *conn)
+            .await
+            .expect("count"),
+        2
+    );
+
+    let failed = lineage::create_uploading(
+        &mut conn,
+        &cairn_common::testing::new_checkpoint("agent", Uuid::new_v4()),
+    )
+    .await
+    .expect("create");
+    assert!(lineage::set_status(
+        &mut conn,
+        failed,
+        &[SnapshotStatus::Uploading],
+        SnapshotStatus::Failed
+    )
+    .await
+    .expect("fail"));
+    assert!(
+        !lineage::mark_ready(&mut conn, failed, "manifests/b", 1, &packs)
+            .await
+            .expect("not ready")
+    );
+    assert_eq!(
+        recorded(failed).fetch_one(&mut *conn).await.expect("count"),
+        0
     );
 }

@@ -95,7 +95,7 @@ async fn snapshot_row(
     )
     .await
     .expect("create");
-    lineage::mark_ready(&mut conn, id, &snapshot::manifest_key(id), 1)
+    lineage::mark_ready(&mut conn, id, &snapshot::manifest_key(id), 1, &[])
         .await
         .expect("ready");
     id
@@ -525,12 +525,9 @@ async fn a_capture_running_beside_a_sweep_loses_no_chunk() {
             }
             let manifest = capture(&store, &tree, id).await;
             let mut tx = db.pool.begin().await.expect("begin");
-            lineage::mark_ready(&mut tx, id, &snapshot::manifest_key(id), 1)
+            lineage::mark_ready(&mut tx, id, &snapshot::manifest_key(id), 1, &manifest.packs)
                 .await
                 .expect("ready");
-            lineage::record_packs(&mut tx, id, &manifest.packs)
-                .await
-                .expect("packs");
             tx.commit().await.expect("commit");
             manifest
         };
@@ -680,7 +677,7 @@ async fn checkpoint_in(pool: &PgPool, store_url: &str, store_id: Uuid) -> Uuid {
         ..new_snapshot("checkpoint", store_url, Some(Uuid::new_v4()), None, None)
     };
     let id = lineage::create(&mut conn, &new).await.expect("create");
-    lineage::mark_ready(&mut conn, id, &snapshot::manifest_key(id), 1)
+    lineage::mark_ready(&mut conn, id, &snapshot::manifest_key(id), 1, &[])
         .await
         .expect("ready");
     id

@@ -81,13 +81,10 @@ async fn capture(
             .expect("capture");
     let mut tx = pool.begin().await.expect("begin");
     assert!(
-        lineage::mark_ready(&mut tx, id, &snapshot::manifest_key(id), 1)
+        lineage::mark_ready(&mut tx, id, &snapshot::manifest_key(id), 1, &manifest.packs)
             .await
             .expect("ready")
     );
-    lineage::record_packs(&mut tx, id, &manifest.packs)
-        .await
-        .expect("packs");
     let expected = task.head.as_ref().map(|h| h.0);
     lineage::append(&mut tx, task.context, AGENT, expected, id)
         .await

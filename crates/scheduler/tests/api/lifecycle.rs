@@ -323,7 +323,7 @@ async fn a_candidate_whose_checkpoint_was_reclaimed_is_held() {
     )
     .await
     .expect("snapshot");
-    cairn_common::lineage::mark_ready(&mut conn, head, "manifests/head", 1)
+    cairn_common::lineage::mark_ready(&mut conn, head, "manifests/head", 1, &[])
         .await
         .expect("ready");
     cairn_common::lineage::append(&mut conn, context, &agent, None, head)

@@ -560,15 +560,13 @@ impl Custody {
                 .begin_fenced(&self.pool)
                 .await
                 .map_err(|e| e.to_string())?;
-            let ready = lineage::mark_ready(&mut tx, id, &snapshot::manifest_key(id), size)
+            let key = snapshot::manifest_key(id);
+            let ready = lineage::mark_ready(&mut tx, id, &key, size, &manifest.packs)
                 .await
                 .map_err(|e| e.to_string())?;
             if !ready {
                 return Err("the baseline was failed while it was captured".to_string());
             }
-            lineage::record_packs(&mut tx, id, &manifest.packs)
-                .await
-                .map_err(|e| e.to_string())?;
             tx.commit().await.map_err(|e| e.to_string())?;
             tracing::info!(snapshot_id = %id.simple(), "published a clean baseline");
             Ok(())

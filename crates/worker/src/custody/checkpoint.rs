@@ -201,6 +201,7 @@ impl Custody {
             snapshot_id,
             &snapshot::manifest_key(snapshot_id),
             size,
+            &manifest.packs,
         )
         .await?;
         if !ready {
@@ -212,7 +213,6 @@ impl Custody {
                 "the snapshot was failed while it was captured".into(),
             ));
         }
-        lineage::record_packs(&mut tx, snapshot_id, &manifest.packs).await?;
         if skipped.total() > 0 {
             lineage::record_skipped(&mut tx, snapshot_id, &skipped).await?;
         }

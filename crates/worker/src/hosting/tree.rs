@@ -336,6 +336,7 @@ pub async fn commit(
             snapshot_id,
             &snapshot::manifest_key(snapshot_id),
             size,
+            &manifest.packs,
         )
         .await?
         {
@@ -343,7 +344,6 @@ pub async fn commit(
                 "the snapshot was failed while it was captured".into(),
             ));
         }
-        lineage::record_packs(&mut tx, snapshot_id, &manifest.packs).await?;
         if appends {
             match lineage::append(&mut tx, row.id, &row.agent, tree.position, snapshot_id).await {
                 Ok(_) => {}
