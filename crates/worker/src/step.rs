@@ -217,8 +217,8 @@ async fn run_spawned(
     live.set(Some(running.clone()));
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
-    let stdout_path = command.output_base.with_extension("stdout");
-    let stderr_path = command.output_base.with_extension("stderr");
+    let stdout_path = stream_path(&command.output_base, "stdout");
+    let stderr_path = stream_path(&command.output_base, "stderr");
     let bounds = Bounds {
         max: command.max_output,
         tail: command.tail_bytes,
@@ -528,6 +528,15 @@ impl Sink {
     }
 }
 
+/// The file of one stream under an output base: the stream's name is appended, so the
+/// base's `.epoch-N` stays in it (each epoch's output is its own file).
+pub fn stream_path(base: &Path, stream: &str) -> PathBuf {
+    let mut path = base.as_os_str().to_owned();
+    path.push(".");
+    path.push(stream);
+    PathBuf::from(path)
+}
+
 /// Where a step's full output lives.
 pub fn output_base(
     artifacts: &Path,
@@ -615,6 +624,23 @@ mod tests {
         let _ = std::fs::remove_dir_all(dir);
     }
 
+    #[test]
+    fn each_epoch_of_a_step_has_its_own_output_files() {
+        let artifacts = Path::new("/artifacts");
+        let request = uuid::Uuid::new_v4();
+        let (first, second) = (
+            output_base(artifacts, request, "build.v2", 1),
+            output_base(artifacts, request, "build.v2", 2),
+        );
+        assert_ne!(
+            stream_path(&first, "stdout"),
+            stream_path(&second, "stdout")
+        );
+        assert!(stream_path(&first, "stderr")
+            .to_string_lossy()
+            .ends_with("build.v2.epoch-1.stderr"));
+    }
+
     #[tokio::test]
     async fn a_stream_that_printed_nothing_leaves_no_file() {
         let dir = scratch();
@@ -623,7 +649,8 @@ mod tests {
             Duration::from_secs(10),
             &dir,
         );
-        // What an earlier command left at the same path is not this one's output.
+        // What an earlier command of this epoch left at the same path (a sandbox's exec
+        // key reused, a step run again) is not this one's output.
         std::fs::create_dir_all(dir.join("out")).expect("out");
         std::fs::write(outcome_path(&cmd, "stdout"), "stale").expect("stale");
         let outcome = run(&cmd, &unsandboxed(), &CancellationToken::new())
@@ -643,7 +670,7 @@ mod tests {
     }
 
     fn outcome_path(cmd: &StepCommand, stream: &str) -> PathBuf {
-        cmd.output_base.with_extension(stream)
+        stream_path(&cmd.output_base, stream)
     }
 
     #[tokio::test]
