@@ -2,7 +2,7 @@
 //!
 //! The **epoch in PostgreSQL is the fencing token**: a claim increments the row's
 //! `lease_epoch` (of `execution_requests`, or of `sandboxes`: see [`Leased`]) and records the owner and a deadline; every durable
-//! write of a worker goes through [`Lease::fence`], which rejects it with
+//! write of a worker goes through [`Lease::begin_fenced`] (or [`Lease::fence`]), which rejects it with
 //! [`LeaseError::StaleOwner`] once the epoch moved. Redis holds a liveness key
 //! (`{prefix}lease:{request}` = `epoch:owner`, with a TTL) so others can see who is
 //! alive cheaply; Redis may lose every key at any time and nothing here depends on it
@@ -468,6 +468,11 @@ impl Lease {
 
     /// Begins a transaction whose writes are fenced by this lease: every durable worker
     /// write goes through here (or through [`Lease::fence`] on an open transaction).
+    ///
+    /// Do not cancel this future (a `select!` or a timeout around it): dropped after
+    /// its query went out, the connection would go back to the pool inside the new
+    /// transaction, holding the leased row until the session's idle-in-transaction
+    /// timeout. Each refusal is an `ERROR` in PostgreSQL's log (SQLSTATE `CF00x`).
     pub async fn begin_fenced(
         &self,
         pool: &PgPool,
@@ -542,6 +547,43 @@ async fn advisory<T>(
                 "Redis did not answer in time; Redis is advisory"
             );
             None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lease(owner: &str) -> Lease {
+        Lease {
+            of: Leased::Request,
+            request_id: Uuid::nil(),
+            owner: owner.into(),
+            epoch: 7,
+            deadline: Utc::now(),
+        }
+    }
+
+    /// Only owners that need no quoting are written into the query's text.
+    #[test]
+    fn a_fenced_begin_is_one_query_only_for_owners_that_need_no_quoting() {
+        assert_eq!(
+            lease("host-1.example:4242/w_@a").fenced_begin().as_deref(),
+            Some(
+                "SELECT cairn_fence('execution_requests', '00000000-0000-0000-0000-000000000000', 7, 'host-1.example:4242/w_@a'); BEGIN"
+            )
+        );
+        for owner in [
+            "o'brien",
+            "back\\slash",
+            "a b",
+            "semi;colon",
+            "naïve",
+            "new\nline",
+            "$$",
+        ] {
+            assert_eq!(lease(owner).fenced_begin(), None, "{owner:?}");
         }
     }
 }

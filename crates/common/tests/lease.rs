@@ -360,6 +360,13 @@ async fn a_fenced_begin_holds_the_row_and_a_refusal_leaves_its_connection_clean(
         .await
         .expect("pool");
     let leases = leases(&db.pool, Duration::from_secs(30)).await;
+    let backend = || async {
+        sqlx::query_scalar::<_, i32>("SELECT pg_backend_pid()")
+            .fetch_one(&pool)
+            .await
+            .expect("backend")
+    };
+    let session = backend().await;
     for owner in ["worker-a", "o'brien; drop table x"] {
         let (_, request) = testing::insert_request(&db.pool).await;
         let held = leases
@@ -399,6 +406,11 @@ async fn a_fenced_begin_holds_the_row_and_a_refusal_leaves_its_connection_clean(
         fenced_write(&pool, &held, owner)
             .await
             .expect("the holder writes on the same connection after three refusals");
+        assert_eq!(
+            backend().await,
+            session,
+            "the refused session was kept, not replaced"
+        );
 
         let tx = held.begin_fenced(&pool).await.expect("fenced begin");
         let locked: bool = sqlx::query_scalar(
