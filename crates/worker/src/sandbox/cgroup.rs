@@ -345,8 +345,9 @@ impl Group {
         if self.v2 && write(&self.dirs[0].1.join("cgroup.kill"), "1").is_ok() {
             return;
         }
-        // Nothing joins a group but the process the worker starts in it, so an empty one
-        // stays empty: no freeze and thaw (the usual case, once a sandbox has ended).
+        // Only the worker puts a process in a group (a step's, or a session's command),
+        // never one already in it, so an empty group has nothing to end: no freeze and
+        // thaw (the usual case, once a sandbox has ended).
         if self.processes().is_empty() {
             return;
         }
