@@ -12,7 +12,7 @@ use uuid::Uuid;
 pub async fn run(transactions: usize, postgres: &str) -> anyhow::Result<()> {
     let scratch = Scratch::create(postgres).await?;
     let measured = measure(transactions, &scratch.url).await;
-    scratch.drop().await?;
+    scratch.remove().await?;
     let [one, two] = measured?;
     println!("fence: {transactions} fenced transactions of each kind, begun and rolled back on one connection");
     println!(

@@ -66,7 +66,7 @@ pub async fn run(rows: i64, batch: i64, postgres: &str) -> anyhow::Result<()> {
         rows as f64 / took.as_secs_f64()
     );
     pool.close().await;
-    scratch.drop().await?;
+    scratch.remove().await?;
     let _ = std::fs::remove_dir_all(&store);
     Ok(())
 }

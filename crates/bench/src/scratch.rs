@@ -27,14 +27,24 @@ impl Scratch {
             name,
             stamp,
         };
-        let pool = PgPool::connect(&scratch.url).await?;
-        cairn_common::db::migrate(&pool).await?;
-        pool.close().await;
-        Ok(scratch)
+        let migrated = async {
+            let pool = PgPool::connect(&scratch.url).await?;
+            cairn_common::db::migrate(&pool).await?;
+            pool.close().await;
+            anyhow::Ok(())
+        }
+        .await;
+        match migrated {
+            Ok(()) => Ok(scratch),
+            Err(e) => {
+                scratch.remove().await?;
+                Err(e)
+            }
+        }
     }
 
     /// Drops the database, with whatever connections are still open to it.
-    pub async fn drop(self) -> anyhow::Result<()> {
+    pub async fn remove(self) -> anyhow::Result<()> {
         sqlx::query(&format!(
             "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
             self.name
