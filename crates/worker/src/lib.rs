@@ -44,6 +44,7 @@ pub mod sandbox;
 pub mod scope;
 pub mod signals;
 pub mod step;
+pub mod step_output;
 pub mod verification;
 pub mod workspace;
 
