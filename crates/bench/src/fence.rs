@@ -60,7 +60,7 @@ async fn measure(transactions: usize, url: &str) -> anyhow::Result<[Vec<f64>; 2]
     Ok(times)
 }
 
-/// A queued request, taken by `owner` for an hour at epoch 1.
+/// An executing request, held by `owner` for an hour at epoch 1.
 async fn held(pool: &sqlx::PgPool, owner: &str) -> anyhow::Result<Lease> {
     let (run, request) = (Uuid::new_v4(), Uuid::new_v4());
     sqlx::query(
