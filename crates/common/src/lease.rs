@@ -425,29 +425,16 @@ impl Lease {
     /// passed. A claimant has to wait for the row lock, so everything the transaction
     /// writes commits before any newer owner exists, or not at all.
     pub async fn fence(&self, conn: &mut PgConnection) -> Result<(), LeaseError> {
-        let row: Option<(i64, Option<String>, bool)> = sqlx::query_as(&format!(
-            "SELECT lease_epoch, lease_owner,
-                    COALESCE(lease_deadline >= clock_timestamp(), FALSE)
-               FROM {} WHERE id = $1 FOR UPDATE",
-            self.of.table()
-        ))
-        .bind(self.request_id)
-        .fetch_optional(&mut *conn)
-        .await?;
-        match row {
-            None => Err(LeaseError::NotFound(self.request_id)),
-            Some((epoch, _, _)) if epoch != self.epoch => Err(LeaseError::StaleOwner {
-                request_id: self.request_id,
-                held_epoch: self.epoch,
-                current_epoch: epoch,
-            }),
-            Some((_, owner, live)) if owner.as_deref() != Some(self.owner.as_str()) || !live => {
-                Err(LeaseError::Expired {
-                    request_id: self.request_id,
-                })
-            }
-            Some(_) => Ok(()),
-        }
+        // The same check as the one-trip begin: one implementation, `cairn_fence`.
+        sqlx::query("SELECT cairn_fence($1, $2, $3, $4)")
+            .bind(self.of.table())
+            .bind(self.request_id)
+            .bind(self.epoch)
+            .bind(&self.owner)
+            .execute(conn)
+            .await
+            .map(|_| ())
+            .map_err(|e| self.fence_refusal(e))
     }
 
     /// Whether this lease is still the request's (its epoch and owner), read outside any
@@ -506,7 +493,7 @@ impl Lease {
     }
 
     /// The lease error a refusal of `cairn_fence` stands for; any other error is the
-    /// database's (a lost connection is not a lost lease).
+    /// database's (a lost connection is not a lost lease, and is retried as a fault).
     fn fence_refusal(&self, error: sqlx::Error) -> LeaseError {
         let Some(db) = error.as_database_error() else {
             return LeaseError::Db(error);

@@ -428,3 +428,34 @@ async fn a_fenced_begin_holds_the_row_and_a_refusal_leaves_its_connection_clean(
         ["worker-a", "o'brien; drop table x"]
     );
 }
+
+/// A database fault in the fenced begin (here: the check cannot run at all) is the
+/// database's error, retried within the lease as a fault, never taken for a lost lease.
+#[tokio::test]
+async fn a_fenced_begin_that_cannot_check_is_a_database_error_not_fencing() {
+    let db = TestDb::new().await;
+    let _services = ServiceLock::shared().await;
+    let leases = leases(&db.pool, Duration::from_secs(30)).await;
+    let (_, request) = testing::insert_request(&db.pool).await;
+    let plain = leases
+        .claim(request, "worker-a")
+        .await
+        .expect("claim")
+        .expect("free");
+    // The other path: an owner written as a parameter, not into the query's text.
+    let quoted = Lease {
+        owner: "o'brien".into(),
+        ..plain.clone()
+    };
+    let held = [plain, quoted];
+    sqlx::query("DROP FUNCTION cairn_fence")
+        .execute(&db.pool)
+        .await
+        .expect("drop the check");
+    for lease in &held {
+        match lease.begin_fenced(&db.pool).await {
+            Err(LeaseError::Db(_)) => {}
+            other => panic!("owner {:?}: a database error, got {other:?}", lease.owner),
+        }
+    }
+}
