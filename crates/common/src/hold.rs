@@ -61,55 +61,47 @@ pub async fn hold(
     reason: &str,
     expires_at: DateTime<Utc>,
 ) -> Result<Uuid, sqlx::Error> {
-    let existing: Option<Uuid> = sqlx::query_scalar(
-        "SELECT id FROM holds WHERE workspace_id = $1 AND ended_at IS NULL ORDER BY expires_at LIMIT 1 FOR UPDATE",
-    )
-    .bind(target.workspace_id)
-    .fetch_optional(&mut *conn)
-    .await?;
-    if let Some(id) = existing {
-        return Ok(id);
-    }
-    let id = Uuid::new_v4();
-    sqlx::query(
-        "INSERT INTO holds (id, workspace_id, run_id, work_context_id, agent, reason, expires_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-    )
-    .bind(id)
-    .bind(target.workspace_id)
-    .bind(target.run_id)
-    .bind(target.work_context)
-    .bind(target.agent)
-    .bind(reason)
-    .bind(expires_at)
-    .execute(conn)
-    .await?;
-    Ok(id)
+    take(conn, target, reason, expires_at, false).await
 }
 
-/// [`hold`], marking the active hold with a capture in progress, in one statement: a
-/// capture's first step.
+/// [`hold`] for a capture: the active hold (kept, or made with reason `capture`) is
+/// marked with a capture in progress.
 pub async fn hold_for_capture(
     conn: &mut PgConnection,
     target: &HoldTarget<'_>,
     expires_at: DateTime<Utc>,
 ) -> Result<Uuid, sqlx::Error> {
+    take(conn, target, "capture", expires_at, true).await
+}
+
+/// Keeps the workspace's active hold (locked) or makes one, in one statement, and marks
+/// it capturing when `capture` is set.
+async fn take(
+    conn: &mut PgConnection,
+    target: &HoldTarget<'_>,
+    reason: &str,
+    expires_at: DateTime<Utc>,
+    capture: bool,
+) -> Result<Uuid, sqlx::Error> {
     sqlx::query_scalar(
         "WITH existing AS (SELECT id FROM holds WHERE workspace_id = $2 AND ended_at IS NULL
                              ORDER BY expires_at LIMIT 1 FOR UPDATE),
               marked AS (UPDATE holds SET capture_in_progress = TRUE
-                          WHERE id IN (SELECT id FROM existing) RETURNING id),
+                          WHERE $8 AND id IN (SELECT id FROM existing)),
               made AS (INSERT INTO holds (id, workspace_id, run_id, work_context_id, agent, reason,
                                           expires_at, capture_in_progress)
-                       SELECT $1, $2, $3, $4, $5, 'capture', $6, TRUE
+                       SELECT $1, $2, $3, $4, $5, $6, $7, $8
                         WHERE NOT EXISTS (SELECT 1 FROM existing) RETURNING id)
-         SELECT id FROM marked UNION ALL SELECT id FROM made",
+         SELECT id FROM existing UNION ALL SELECT id FROM made",
     )
     .bind(Uuid::new_v4())
     .bind(target.workspace_id)
     .bind(target.run_id)
     .bind(target.work_context)
     .bind(target.agent)
+    .bind(reason)
     .bind(expires_at)
+    .bind(capture)
     .fetch_one(conn)
     .await
 }
