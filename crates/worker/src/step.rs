@@ -9,8 +9,7 @@
 
 use crate::live_output::{LiveOutput, Uploader};
 use crate::sandbox::{self, Limit, Live, Running, Sandbox};
-use crate::step_output::{capture, Bounds};
-pub use crate::step_output::{output_base, stream_path};
+use crate::step_output::{capture, stream_path, Bounds};
 use nix::sys::signal::Signal;
 use nix::sys::wait::{waitid, Id as WaitId, WaitPidFlag};
 use nix::unistd::Pid;
@@ -396,6 +395,7 @@ fn cpu_ms_of_zombie(pid: i32) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::step_output::output_base;
     use std::path::Path;
 
     fn command(argv: &[&str], timeout: Duration, dir: &Path) -> StepCommand {

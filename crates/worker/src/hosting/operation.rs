@@ -377,7 +377,7 @@ fn command(
         timeout: spec.map_or(FILE_TIMEOUT, |s| {
             Duration::from_secs(u64::from(s.timeout_sec))
         }),
-        output_base: step::output_base(
+        output_base: crate::step_output::output_base(
             &worker.settings.artifacts_dir,
             host.row.id,
             key,

@@ -442,7 +442,7 @@ fn command(
             limits: runner.limits(step.limits),
         },
         timeout: step_timeout.min(wall_left),
-        output_base: step::output_base(
+        output_base: crate::step_output::output_base(
             &job.worker.settings.artifacts_dir,
             job.request_id(),
             &step.key,

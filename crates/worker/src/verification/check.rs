@@ -92,7 +92,7 @@ pub(super) async fn run(
         timeout: Duration::from_secs(u64::from(plan.check.timeout_seconds)).min(
             Duration::from_millis(u64::try_from(wall_left_ms).unwrap_or(0)),
         ),
-        output_base: step::output_base(
+        output_base: crate::step_output::output_base(
             &job.worker.settings.artifacts_dir,
             job.request_id(),
             &step_key,
