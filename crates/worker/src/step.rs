@@ -128,6 +128,15 @@ pub enum StepError {
     Io(#[from] std::io::Error),
 }
 
+impl From<sandbox::CommandError> for StepError {
+    fn from(e: sandbox::CommandError) -> StepError {
+        match e {
+            sandbox::CommandError::Cwd(e) => StepError::Cwd(e),
+            sandbox::CommandError::Variables(e) => StepError::Io(e),
+        }
+    }
+}
+
 /// Runs a step to its end, its timeout, a limit, or `stop`.
 pub async fn run(
     command: &StepCommand,

@@ -143,6 +143,65 @@ async fn the_worker_environment_and_processes_are_out_of_sight() {
     assert_eq!(out.sandbox["isolated"], true, "{}", out.sandbox);
 }
 
+/// bubblewrap, and nsenter into a sandbox resource's namespaces, run on the host with
+/// the worker's authority. A step's variables must reach the step and never the
+/// launcher's own dynamic loader: `LD_PRELOAD` there would run the step's code as the
+/// worker, outside every namespace. `LD_DEBUG` shows which programs' loaders saw them.
+#[tokio::test]
+async fn a_steps_variables_reach_it_and_never_the_host_side_launcher() {
+    let sandbox = sandbox();
+    let scratch = Scratch::new();
+    let with_variables = |argv: &[&str]| {
+        let mut command = scratch.command(argv);
+        command.env.extend([
+            ("LD_DEBUG".to_string(), "libs".to_string()),
+            ("-u".to_string(), "a name like an option".to_string()),
+            ("SECRET".to_string(), "hunter2 two\nlines=".to_string()),
+        ]);
+        command
+    };
+    let command = with_variables(&["/usr/bin/env"]);
+    let plain = run(&sandbox, &command).await;
+    let session = sandbox
+        .start_session(&command.place)
+        .await
+        .expect("a session")
+        .expect("namespaces here");
+    let command = with_variables(&["/usr/bin/env"]);
+    let entered = step::run_in(&command, &session, &sandbox, &CancellationToken::new())
+        .await
+        .expect("the command starts");
+    session.end().await;
+    for (how, out) in [("bwrap", plain), ("nsenter", entered)] {
+        assert!(out.succeeded(), "{how}: {out:?}");
+        let stdout = std::fs::read_to_string(&out.stdout_path).expect("stdout");
+        let stderr_path = out.stdout_path.with_extension("stderr");
+        let stderr = std::fs::read_to_string(&stderr_path).expect("stderr");
+        assert!(
+            stderr.contains("initialize program: /usr/bin/env"),
+            "{how}: the step's loader sees its variables: {stderr}"
+        );
+        assert!(
+            !stderr.contains(&format!("initialize program: {how}")),
+            "{how}'s loader on the host saw the step's variables: {stderr}"
+        );
+        assert!(
+            stdout.contains("\nSECRET=hunter2 two\nlines=\n"),
+            "{how}: {stdout}"
+        );
+        assert!(
+            stdout.contains("-u=a name like an option\n"),
+            "{how}: {stdout}"
+        );
+    }
+    // Nor on bubblewrap's command line, which every process on the host can read (the
+    // namespace's init is bubblewrap's child, with its arguments).
+    let out = run(&sandbox, &with_variables(&["cat", "/proc/1/cmdline"])).await;
+    let cmdline = std::fs::read_to_string(&out.stdout_path).expect("stdout");
+    assert!(cmdline.contains("--unshare-pid"), "{cmdline}");
+    assert!(!cmdline.contains("hunter2"), "{cmdline}");
+}
+
 #[tokio::test]
 async fn a_step_has_no_capability_and_no_new_privileges() {
     let sandbox = sandbox();

@@ -209,8 +209,19 @@ impl Sandbox {
         argv: &[String],
         env: &BTreeMap<String, String>,
         spec: &Spec,
-    ) -> Result<(tokio::process::Command, Option<cgroup::Group>), CwdRefused> {
+    ) -> Result<(tokio::process::Command, Option<cgroup::Group>), CommandError> {
         let cwd = resolve_cwd(&spec.workspace, spec.cwd.as_deref())?;
+        let (mut cmd, args) = if self.isolates() {
+            let (cmd, args) = view::bwrap(&self.settings, &self.view, argv, env, spec, &cwd)
+                .map_err(CommandError::Variables)?;
+            (cmd, Some(args))
+        } else {
+            // No namespaces, so no boundary for the variables to cross: the command is
+            // the step itself.
+            let mut cmd = view::direct(argv, &spec.workspace.join(&cwd));
+            cmd.env_clear().envs(env);
+            (cmd, None)
+        };
         let group = self.cgroups.as_ref().and_then(|h| {
             let n = self.started.fetch_add(1, Ordering::Relaxed);
             match h.create(&format!("step-{n}"), &spec.limits) {
@@ -221,14 +232,17 @@ impl Sandbox {
                 }
             }
         });
-        let mut cmd = if self.isolates() {
-            view::bwrap(&self.settings, &self.view, argv, spec, &cwd)
-        } else {
-            view::direct(argv, &spec.workspace.join(&cwd))
-        };
-        cmd.env_clear().envs(env);
         let rlimits = view::rlimits(&spec.limits, group.is_some());
-        view::before_exec(&mut cmd, group.as_ref(), rlimits, false);
+        view::before_exec(&mut cmd, group.as_ref(), rlimits, false, args);
         Ok((cmd, group))
     }
+}
+
+/// Why a command could not be prepared.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    #[error(transparent)]
+    Cwd(#[from] CwdRefused),
+    #[error("cannot hand the command its variables: {0}")]
+    Variables(std::io::Error),
 }

@@ -5,6 +5,7 @@ use super::cgroup::Hierarchy;
 use super::view::{self, View};
 use super::{Settings, Spec};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Stdio;
 
@@ -164,11 +165,12 @@ fn whole(settings: &Settings, view: &View) -> Result<(), String> {
             limits: Default::default(),
         };
         let argv = ["true".to_string()];
-        let cmd = view::bwrap(settings, view, &argv, &spec, Path::new(""));
+        let env = BTreeMap::from([("PATH".to_string(), super::DEFAULT_PATH.to_string())]);
+        let (mut cmd, args) = view::bwrap(settings, view, &argv, &env, &spec, Path::new(""))
+            .map_err(|e| e.to_string())?;
+        view::before_exec(&mut cmd, None, Vec::new(), false, Some(args));
         let mut cmd = cmd.into_std();
-        cmd.env_clear()
-            .env("PATH", super::DEFAULT_PATH)
-            .stdin(Stdio::null());
+        cmd.stdin(Stdio::null());
         let out = cmd.output().map_err(|e| e.to_string())?;
         if out.status.success() {
             Ok(())

@@ -146,16 +146,22 @@ impl Sandbox {
             .arg(format!("--setuid={}", self.settings.uid))
             .arg(format!("--setgid={}", self.settings.gid))
             .arg("--");
-        if cwd.as_os_str().is_empty() {
+        // nsenter runs on the host with the worker's authority, so the command's
+        // variables are never its environment (its dynamic loader would honour
+        // `LD_PRELOAD` from them): `env`, already inside the sandbox, sets them.
+        cmd.args(["/usr/bin/env", "-i", "--"])
+            .args(env.iter().map(|(name, value)| format!("{name}={value}")));
+        // `env` would read a program whose name holds `=` as one more variable.
+        if cwd.as_os_str().is_empty() && argv.first().is_some_and(|p| !p.contains('=')) {
             cmd.args(argv);
         } else {
             cmd.args(["/bin/sh", "-c", "cd -- \"$0\" && exec \"$@\""])
                 .arg(Path::new(WORKSPACE).join(&cwd))
                 .args(argv);
         }
-        cmd.env_clear().envs(env).current_dir("/").process_group(0);
+        cmd.env_clear().current_dir("/").process_group(0);
         let rlimits = view::rlimits(&spec.limits, session.group().is_some());
-        view::before_exec(&mut cmd, session.group(), rlimits, true);
+        view::before_exec(&mut cmd, session.group(), rlimits, true, None);
         Ok(cmd)
     }
 }

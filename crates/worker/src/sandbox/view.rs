@@ -4,6 +4,7 @@
 
 use super::{cgroup, Settings, Spec, HOME, WORKSPACE};
 use cairn_common::run::StepLimits;
+use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -74,16 +75,31 @@ pub(super) fn system_view() -> Vec<std::ffi::OsString> {
     args
 }
 
-/// The bubblewrap command that runs `argv` in the sandbox, in `cwd` (relative to the
-/// workspace, already resolved beneath it).
+/// The descriptor bubblewrap reads the step's variables from (`--args`).
+pub(super) const ARGS_FD: i32 = 3;
+
+/// The bubblewrap command that runs `argv` with exactly `env` in the sandbox, in `cwd`
+/// (relative to the workspace, already resolved beneath it), and the file of arguments
+/// it reads at [`ARGS_FD`].
+///
+/// bubblewrap itself runs on the host with the worker's authority, so the step's
+/// variables are never its environment: its dynamic loader would honour `LD_PRELOAD`,
+/// `LD_LIBRARY_PATH` or `GCONV_PATH` from it, as root, outside every namespace. They
+/// reach it as `--setenv` arguments in a sealed memory file, read after the loader has
+/// run and set only for the command it starts; not on its command line either, which
+/// every process on the host can read.
 pub(super) fn bwrap(
     settings: &Settings,
     view: &View,
     argv: &[String],
+    env: &BTreeMap<String, String>,
     spec: &Spec,
     cwd: &Path,
-) -> Command {
+) -> io::Result<(Command, OwnedFd)> {
     let mut cmd = Command::new(&settings.bwrap);
+    cmd.env_clear();
+    let variables = setenv_args(env)?;
+    cmd.args(["--args", &ARGS_FD.to_string()]);
     let (uid, gid) = (settings.uid.to_string(), settings.gid.to_string());
     cmd.args(["--die-with-parent", "--new-session", "--unshare-user"])
         .args(["--uid", &uid, "--gid", &gid])
@@ -135,7 +151,44 @@ pub(super) fn bwrap(
     // bwrap's own working directory: anything it could be started from. Its own
     // process group: a signal to the worker's group (a terminal's ^C) is not the step's.
     cmd.current_dir("/").process_group(0);
-    cmd
+    Ok((cmd, variables))
+}
+
+/// `--setenv NAME VALUE` for each variable, NUL-separated, in a memory file read from
+/// its start. Names and values hold no NUL (`run::check_command`); one that does is
+/// refused here too rather than split.
+fn setenv_args(env: &BTreeMap<String, String>) -> io::Result<OwnedFd> {
+    let mut data = Vec::new();
+    for (name, value) in env {
+        if name.contains('\0') || value.contains('\0') {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a variable holds a NUL",
+            ));
+        }
+        for part in ["--setenv", name, value] {
+            data.extend_from_slice(part.as_bytes());
+            data.push(0);
+        }
+    }
+    let file = memory_file()?;
+    let mut file = std::fs::File::from(file);
+    std::io::Write::write_all(&mut file, &data)?;
+    std::io::Seek::rewind(&mut file)?;
+    Ok(OwnedFd::from(file))
+}
+
+/// An anonymous memory file, closed on exec unless placed for the child.
+fn memory_file() -> io::Result<OwnedFd> {
+    // SAFETY: memfd_create(2) with a NUL-terminated name; the descriptor is owned at once.
+    #[allow(unsafe_code)]
+    unsafe {
+        let fd = libc::memfd_create(c"cairn-step-env".as_ptr(), libc::MFD_CLOEXEC);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
 }
 
 /// The command without namespaces: its own process group, in the workspace.
@@ -267,23 +320,38 @@ fn hard_limit(resource: libc::__rlimit_resource_t) -> u64 {
 }
 
 /// What the child does between fork and exec: dies with the worker, joins its cgroup,
-/// takes its rlimits, and (`no_new_privs`, for a command bubblewrap does not start)
-/// can gain no privilege by exec. Only async-signal-safe system calls on memory
-/// prepared before the fork.
+/// takes its rlimits, finds `args` (if any) at [`ARGS_FD`], and (`no_new_privs`, for a
+/// command bubblewrap does not start) can gain no privilege by exec. Only
+/// async-signal-safe system calls on memory prepared before the fork.
 pub(super) fn before_exec(
     cmd: &mut Command,
     group: Option<&cgroup::Group>,
     rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
     no_new_privs: bool,
+    args: Option<OwnedFd>,
 ) {
     let procs = group.map(|g| g.procs_files()).unwrap_or_default();
     // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
-    // open(2), write(2), close(2) and setrlimit(2) on memory owned by the closure.
+    // dup2(2), fcntl(2), open(2), write(2), close(2) and setrlimit(2) on memory owned
+    // by the closure.
     #[allow(unsafe_code)]
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
                 return Err(io::Error::last_os_error());
+            }
+            if let Some(args) = &args {
+                // Only this child gets the file: the copy at ARGS_FD is not closed on
+                // exec, the original (and every other descriptor of the worker) is.
+                let fd = args.as_raw_fd();
+                let placed = if fd == ARGS_FD {
+                    libc::fcntl(fd, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(fd, ARGS_FD)
+                };
+                if placed < 0 {
+                    return Err(io::Error::last_os_error());
+                }
             }
             if no_new_privs && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
                 return Err(io::Error::last_os_error());
