@@ -16,7 +16,6 @@ use nix::unistd::Pid;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -188,17 +187,13 @@ async fn run_spawned(
     let mut env = command.env.clone();
     env.entry("PATH".into())
         .or_insert_with(|| sandbox::DEFAULT_PATH.into());
-    let (mut cmd, group) = match session {
+    let (cmd, group) = match session {
         Some(session) => (
             sandbox.enter(session, &command.argv, &env, &command.place)?,
             None,
         ),
         None => sandbox.command(&command.argv, &env, &command.place)?,
     };
-    cmd.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
     let started = Instant::now();
     let mut child = match cmd.spawn() {
         Ok(child) => child,
@@ -209,7 +204,7 @@ async fn run_spawned(
             return Err(StepError::Spawn { program, source });
         }
     };
-    let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
+    let pid = child.pid;
     let running = Arc::new(Running {
         pid,
         // A command entering a session leads its own process group there: a signal

@@ -202,6 +202,37 @@ async fn a_steps_variables_reach_it_and_never_the_host_side_launcher() {
     assert!(!cmdline.contains("hunter2"), "{cmdline}");
 }
 
+/// A descriptor the worker inherited without close-on-exec (from a shell, a supervisor)
+/// is the worker's, not the step's: bubblewrap hands on whatever it is given.
+#[tokio::test]
+async fn a_step_holds_only_its_standard_descriptors() {
+    let sandbox = sandbox();
+    let scratch = Scratch::new();
+    let secret = scratch.dir.join("worker-only");
+    std::fs::write(&secret, "the worker's").expect("write");
+    let inherited = std::fs::File::open(&secret).expect("open");
+    // SAFETY: fcntl(2) on a descriptor this test owns: as if inherited, open on exec.
+    #[allow(unsafe_code)]
+    let cleared = unsafe {
+        libc::fcntl(
+            std::os::fd::AsRawFd::as_raw_fd(&inherited),
+            libc::F_SETFD,
+            0,
+        )
+    };
+    assert_eq!(cleared, 0);
+    let out = sh(&sandbox, &scratch, "ls /proc/self/fd | tr '\\n' ' '").await;
+    drop(inherited);
+    assert!(out.succeeded(), "{out:?}");
+    // 0, 1, 2 and the directory `ls` reads.
+    assert_eq!(
+        out.stdout_tail.split_whitespace().collect::<Vec<_>>(),
+        ["0", "1", "2", "3"],
+        "{}",
+        out.stdout_tail
+    );
+}
+
 #[tokio::test]
 async fn a_step_has_no_capability_and_no_new_privileges() {
     let sandbox = sandbox();

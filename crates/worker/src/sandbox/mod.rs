@@ -22,11 +22,13 @@ pub mod cgroup;
 pub mod probe;
 mod running;
 mod session;
+pub mod spawn;
 mod view;
 
 pub use probe::Report;
 pub use running::{Limit, Live, Running};
 pub use session::Session;
+pub use spawn::{Launch, Started};
 pub use view::{resolve_cwd, CwdRefused};
 
 use cairn_common::run::StepLimits;
@@ -202,25 +204,20 @@ impl Sandbox {
         }
     }
 
-    /// The command that runs `argv` with exactly `env` in the sandbox, and the cgroup
-    /// it starts in (created now). The caller spawns it and wraps it in a [`Running`].
+    /// The process that runs `argv` with exactly `env` in the sandbox, and the cgroup it
+    /// starts in (created now). The caller spawns it and wraps it in a [`Running`].
     pub fn command(
         &self,
         argv: &[String],
         env: &BTreeMap<String, String>,
         spec: &Spec,
-    ) -> Result<(tokio::process::Command, Option<cgroup::Group>), CommandError> {
+    ) -> Result<(Launch, Option<cgroup::Group>), CommandError> {
         let cwd = resolve_cwd(&spec.workspace, spec.cwd.as_deref())?;
-        let (mut cmd, args) = if self.isolates() {
-            let (cmd, args) = view::bwrap(&self.settings, &self.view, argv, env, spec, &cwd)
-                .map_err(CommandError::Variables)?;
-            (cmd, Some(args))
+        let mut cmd = if self.isolates() {
+            view::bwrap(&self.settings, &self.view, argv, env, spec, &cwd)
+                .map_err(CommandError::Variables)?
         } else {
-            // No namespaces, so no boundary for the variables to cross: the command is
-            // the step itself.
-            let mut cmd = view::direct(argv, &spec.workspace.join(&cwd));
-            cmd.env_clear().envs(env);
-            (cmd, None)
+            view::direct(argv, env, &spec.workspace.join(&cwd))
         };
         let group = self.cgroups.as_ref().and_then(|h| {
             let n = self.started.fetch_add(1, Ordering::Relaxed);
@@ -232,8 +229,8 @@ impl Sandbox {
                 }
             }
         });
-        let rlimits = view::rlimits(&spec.limits, group.is_some());
-        view::before_exec(&mut cmd, group.as_ref(), rlimits, false, args);
+        cmd.rlimits = view::rlimits(&spec.limits, group.is_some());
+        cmd.cgroup_procs = group.as_ref().map(|g| g.procs_files()).unwrap_or_default();
         Ok((cmd, group))
     }
 }

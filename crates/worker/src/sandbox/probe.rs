@@ -148,7 +148,8 @@ pub fn probe(settings: &Settings, view: &View, cgroups: Option<&Hierarchy>) -> R
     report
 }
 
-/// Starts `true` in the sandbox exactly as a step starts, in a scratch workspace.
+/// Starts `true` in the sandbox as a step starts (its namespaces and mount view), in a
+/// scratch workspace.
 fn whole(settings: &Settings, view: &View) -> Result<(), String> {
     let scratch = std::env::temp_dir().join(format!(
         "cairn-sandbox-probe-{}",
@@ -165,12 +166,21 @@ fn whole(settings: &Settings, view: &View) -> Result<(), String> {
             limits: Default::default(),
         };
         let argv = ["true".to_string()];
-        let env = BTreeMap::from([("PATH".to_string(), super::DEFAULT_PATH.to_string())]);
-        let (mut cmd, args) = view::bwrap(settings, view, &argv, &env, &spec, Path::new(""))
-            .map_err(|e| e.to_string())?;
-        view::before_exec(&mut cmd, None, Vec::new(), false, Some(args));
-        let mut cmd = cmd.into_std();
-        cmd.stdin(Stdio::null());
+        // No variables: bubblewrap finds `true` on its default path.
+        let launch = view::bwrap(
+            settings,
+            view,
+            &argv,
+            &BTreeMap::new(),
+            &spec,
+            Path::new(""),
+        )
+        .map_err(|e| e.to_string())?;
+        let mut cmd = std::process::Command::new(&launch.program);
+        cmd.args(&launch.args)
+            .env_clear()
+            .current_dir(&launch.cwd)
+            .stdin(Stdio::null());
         let out = cmd.output().map_err(|e| e.to_string())?;
         if out.status.success() {
             Ok(())

@@ -10,13 +10,13 @@
 
 use super::cgroup::Group;
 use super::running::Running;
+use super::spawn::{Launch, Started};
 use super::view::{self, CwdRefused};
 use super::{Sandbox, Spec, WORKSPACE};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::process::{Child, Command};
 
 /// How long the namespace's init may take to appear.
 const START: Duration = Duration::from_secs(10);
@@ -24,7 +24,7 @@ const START: Duration = Duration::from_secs(10);
 /// The held namespaces of one sandbox.
 #[derive(Debug)]
 pub struct Session {
-    holder: Child,
+    holder: Started,
     running: Arc<Running>,
     /// The namespace's init, as the host sees it: what `nsenter` targets.
     init: i32,
@@ -65,14 +65,10 @@ impl Sandbox {
         };
         let argv = ["sleep".to_string(), "infinity".to_string()];
         let env = BTreeMap::from([("PATH".to_string(), super::DEFAULT_PATH.to_string())]);
-        let (mut cmd, group) = self
+        let (cmd, group) = self
             .command(&argv, &env, &holder_spec)
             .map_err(|e| e.to_string())?;
-        cmd.stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .kill_on_drop(true);
-        let holder = match cmd.spawn() {
+        let mut holder = match cmd.spawn() {
             Ok(holder) => holder,
             Err(e) => {
                 if let Some(group) = group {
@@ -81,10 +77,9 @@ impl Sandbox {
                 return Err(format!("cannot start the sandbox's namespaces: {e}"));
             }
         };
-        let pid = holder
-            .id()
-            .and_then(|p| i32::try_from(p).ok())
-            .unwrap_or_default();
+        // `sleep` prints nothing, and nothing else may write there.
+        (holder.stdout, holder.stderr) = (None, None);
+        let pid = holder.pid;
         let running = Arc::new(Running {
             pid,
             isolated: true,
@@ -130,9 +125,9 @@ impl Sandbox {
         argv: &[String],
         env: &BTreeMap<String, String>,
         spec: &Spec,
-    ) -> Result<Command, CwdRefused> {
+    ) -> Result<Launch, CwdRefused> {
         let cwd = view::resolve_cwd(&spec.workspace, spec.cwd.as_deref())?;
-        let mut cmd = Command::new("nsenter");
+        let mut cmd = Launch::new("nsenter");
         cmd.arg(format!("--target={}", session.init))
             .args(["--user", "--mount", "--pid", "--ipc"]);
         if !spec.network {
@@ -159,9 +154,9 @@ impl Sandbox {
                 .arg(Path::new(WORKSPACE).join(&cwd))
                 .args(argv);
         }
-        cmd.env_clear().current_dir("/").process_group(0);
-        let rlimits = view::rlimits(&spec.limits, session.group().is_some());
-        view::before_exec(&mut cmd, session.group(), rlimits, true, None);
+        cmd.rlimits = view::rlimits(&spec.limits, session.group().is_some());
+        cmd.cgroup_procs = session.group().map(|g| g.procs_files()).unwrap_or_default();
+        cmd.no_new_privs = true;
         Ok(cmd)
     }
 }

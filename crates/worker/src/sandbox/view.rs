@@ -1,8 +1,9 @@
 //! What a sandboxed process sees and is allowed: the bubblewrap command line (its mount
-//! view and namespaces), its working directory, resolved beneath the workspace, and
-//! what it inherits at exec (its cgroup, rlimits, death with the worker).
+//! view and namespaces, the step's variables), its working directory, resolved beneath
+//! the workspace, and its rlimits.
 
-use super::{cgroup, Settings, Spec, HOME, WORKSPACE};
+use super::spawn::{Launch, FILE_FD};
+use super::{Settings, Spec, HOME, WORKSPACE};
 use cairn_common::run::StepLimits;
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -10,7 +11,6 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
-use tokio::process::Command;
 
 /// `/etc` entries a step sees, read-only: names, users, DNS, certificates, the dynamic
 /// linker's cache and the `alternatives` links many programs are reached through. Not
@@ -75,12 +75,9 @@ pub(super) fn system_view() -> Vec<std::ffi::OsString> {
     args
 }
 
-/// The descriptor bubblewrap reads the step's variables from (`--args`).
-pub(super) const ARGS_FD: i32 = 3;
-
 /// The bubblewrap command that runs `argv` with exactly `env` in the sandbox, in `cwd`
-/// (relative to the workspace, already resolved beneath it), and the file of arguments
-/// it reads at [`ARGS_FD`].
+/// (relative to the workspace, already resolved beneath it), with the file of arguments
+/// it reads at [`FILE_FD`].
 ///
 /// bubblewrap itself runs on the host with the worker's authority, so the step's
 /// variables are never its environment: its dynamic loader would honour `LD_PRELOAD`,
@@ -95,11 +92,12 @@ pub(super) fn bwrap(
     env: &BTreeMap<String, String>,
     spec: &Spec,
     cwd: &Path,
-) -> io::Result<(Command, OwnedFd)> {
-    let mut cmd = Command::new(&settings.bwrap);
-    cmd.env_clear();
-    let variables = setenv_args(env)?;
-    cmd.args(["--args", &ARGS_FD.to_string()]);
+) -> io::Result<Launch> {
+    let mut cmd = Launch::new(&settings.bwrap);
+    if !env.is_empty() {
+        cmd.file = Some(setenv_args(env)?);
+        cmd.args(["--args", &FILE_FD.to_string()]);
+    }
     let (uid, gid) = (settings.uid.to_string(), settings.gid.to_string());
     cmd.args(["--die-with-parent", "--new-session", "--unshare-user"])
         .args(["--uid", &uid, "--gid", &gid])
@@ -148,10 +146,9 @@ pub(super) fn bwrap(
         .arg(Path::new(WORKSPACE).join(cwd))
         .arg("--")
         .args(argv);
-    // bwrap's own working directory: anything it could be started from. Its own
-    // process group: a signal to the worker's group (a terminal's ^C) is not the step's.
-    cmd.current_dir("/").process_group(0);
-    Ok((cmd, variables))
+    // bwrap's own working directory (`Launch::new`'s `/`): anything it could be started
+    // from.
+    Ok(cmd)
 }
 
 /// `--setenv NAME VALUE` for each variable, NUL-separated, in a memory file read from
@@ -191,10 +188,12 @@ fn memory_file() -> io::Result<OwnedFd> {
     }
 }
 
-/// The command without namespaces: its own process group, in the workspace.
-pub(super) fn direct(argv: &[String], cwd: &Path) -> Command {
-    let mut cmd = Command::new(&argv[0]);
-    cmd.args(&argv[1..]).current_dir(cwd).process_group(0);
+/// The command without namespaces, with exactly `env`, in the workspace. No boundary
+/// lies between the worker and it for the variables to cross: it is the step itself.
+pub(super) fn direct(argv: &[String], env: &BTreeMap<String, String>, cwd: &Path) -> Launch {
+    let mut cmd = Launch::new(&argv[0]);
+    cmd.args(&argv[1..]).envs(env);
+    cmd.cwd = cwd.to_path_buf();
     cmd
 }
 
@@ -317,68 +316,6 @@ fn hard_limit(resource: libc::__rlimit_resource_t) -> u64 {
         libc::getrlimit(resource, &mut current);
     }
     current.rlim_max
-}
-
-/// What the child does between fork and exec: dies with the worker, joins its cgroup,
-/// takes its rlimits, finds `args` (if any) at [`ARGS_FD`], and (`no_new_privs`, for a
-/// command bubblewrap does not start) can gain no privilege by exec. Only
-/// async-signal-safe system calls on memory prepared before the fork.
-pub(super) fn before_exec(
-    cmd: &mut Command,
-    group: Option<&cgroup::Group>,
-    rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
-    no_new_privs: bool,
-    args: Option<OwnedFd>,
-) {
-    let procs = group.map(|g| g.procs_files()).unwrap_or_default();
-    // SAFETY: the closure runs in the forked child before exec and only calls prctl(2),
-    // dup2(2), fcntl(2), open(2), write(2), close(2) and setrlimit(2) on memory owned
-    // by the closure.
-    #[allow(unsafe_code)]
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if let Some(args) = &args {
-                // Only this child gets the file: the copy at ARGS_FD is not closed on
-                // exec, the original (and every other descriptor of the worker) is.
-                let fd = args.as_raw_fd();
-                let placed = if fd == ARGS_FD {
-                    libc::fcntl(fd, libc::F_SETFD, 0)
-                } else {
-                    libc::dup2(fd, ARGS_FD)
-                };
-                if placed < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            if no_new_privs && libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            for file in &procs {
-                let fd = libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                let written = libc::write(fd, b"0".as_ptr().cast(), 1);
-                libc::close(fd);
-                if written != 1 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            for (resource, value) in &rlimits {
-                let limit = libc::rlimit {
-                    rlim_cur: *value,
-                    rlim_max: *value,
-                };
-                if libc::setrlimit(*resource, &limit) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
 }
 
 /// The system a sandbox sees, prepared once when the worker starts.
