@@ -388,12 +388,12 @@ pub async fn retire(
     work_context: Uuid,
     reason: &str,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE lineage_heads SET retired_at = now() WHERE work_context_id = $1 AND retired_at IS NULL")
-        .bind(work_context)
-        .execute(&mut *conn)
-        .await?;
+    // One statement: the two tables are disjoint, so neither update sees the other's.
     sqlx::query(
-        "UPDATE project_snapshots SET retention = 'retired', retired_at = now(), retire_reason = $2
+        "WITH head AS (
+             UPDATE lineage_heads SET retired_at = now() WHERE work_context_id = $1 AND retired_at IS NULL
+         )
+         UPDATE project_snapshots SET retention = 'retired', retired_at = now(), retire_reason = $2
           WHERE work_context_id = $1 AND kind = 'checkpoint' AND retention = 'current'",
     )
     .bind(work_context)

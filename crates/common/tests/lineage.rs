@@ -103,6 +103,17 @@ async fn an_append_replaces_only_a_head_that_can_no_longer_be_restored() {
     lineage::retire(&mut conn, context, "idle")
         .await
         .expect("retire");
+    // Both the head and its current checkpoints leave reuse.
+    let (head_retired, retention): (bool, String) = sqlx::query_as(
+        "SELECT h.retired_at IS NOT NULL, s.retention
+           FROM lineage_heads h JOIN project_snapshots s ON s.id = h.head_id
+          WHERE h.work_context_id = $1",
+    )
+    .bind(context)
+    .fetch_one(&mut *conn)
+    .await
+    .expect("retired");
+    assert_eq!((head_retired, retention.as_str()), (true, "retired"));
     let second = ready_checkpoint(&db.pool, "agent", context).await;
     assert_eq!(
         lineage::append(&mut conn, context, "agent", Some(first), second)
