@@ -32,9 +32,10 @@ struct Figures {
     messages_per_run: f64,
     claim_ms: Percentiles,
     done_ms: Percentiles,
-    /// Medians, in ms: admission → claim, claim → first intent, first intent → last
-    /// receipt, last receipt → completion; and one step's intent → receipt.
-    breakdown: [f64; 5],
+    /// p50 and p99, in ms: admission → claim, claim → first intent, first intent → last
+    /// receipt, last receipt → completion; and one step's intent → receipt. The p99s
+    /// say which stage a slow run was slow in.
+    breakdown: [(f64, f64); 5],
 }
 
 #[derive(sqlx::FromRow, Default)]
@@ -209,28 +210,45 @@ async fn measure(
     )
     .fetch_one(&stack.pool)
     .await?;
-    let median = "percentile_cont(0.5) WITHIN GROUP (ORDER BY";
-    let breakdown: (Option<f64>, Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(&format!(
+    // The p50 and p99 of an interval, in ms, as two columns.
+    let both = |interval: &str| {
+        format!(
+            "percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM {interval})::float8 * 1000),
+             percentile_cont(0.99) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM {interval})::float8 * 1000)"
+        )
+    };
+    type Pair = (Option<f64>, Option<f64>);
+    let stages: (Option<f64>, Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(&format!(
         "WITH r AS (
            SELECT e.admitted_at, e.claimed_at, e.finished_at,
                   (SELECT min(i.started_at) FROM journal_intents i WHERE i.request_id = e.id) AS first_intent,
                   (SELECT max(x.finished_at) FROM journal_receipts x WHERE x.request_id = e.id) AS last_receipt
              FROM execution_requests e)
-         SELECT {median} EXTRACT(EPOCH FROM claimed_at - admitted_at)::float8 * 1000),
-                {median} EXTRACT(EPOCH FROM first_intent - claimed_at)::float8 * 1000),
-                {median} EXTRACT(EPOCH FROM last_receipt - first_intent)::float8 * 1000),
-                {median} EXTRACT(EPOCH FROM finished_at - COALESCE(last_receipt, claimed_at))::float8 * 1000)
-           FROM r"
+         SELECT {}, {} FROM r",
+        both("claimed_at - admitted_at"),
+        both("first_intent - claimed_at"),
     ))
     .fetch_one(&stack.pool)
     .await?;
-    let per_step: Option<f64> = sqlx::query_scalar(&format!(
-        "SELECT {median} EXTRACT(EPOCH FROM x.finished_at - i.started_at)::float8 * 1000)
-           FROM journal_intents i JOIN journal_receipts x USING (request_id, step_key)"
+    let later: (Option<f64>, Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(&format!(
+        "WITH r AS (
+           SELECT e.claimed_at, e.finished_at,
+                  (SELECT min(i.started_at) FROM journal_intents i WHERE i.request_id = e.id) AS first_intent,
+                  (SELECT max(x.finished_at) FROM journal_receipts x WHERE x.request_id = e.id) AS last_receipt
+             FROM execution_requests e)
+         SELECT {}, {} FROM r",
+        both("last_receipt - first_intent"),
+        both("finished_at - COALESCE(last_receipt, claimed_at)"),
     ))
     .fetch_one(&stack.pool)
     .await?;
-    let or_nan = |v: Option<f64>| v.unwrap_or(f64::NAN);
+    let per_step: Pair = sqlx::query_as(&format!(
+        "SELECT {} FROM journal_intents i JOIN journal_receipts x USING (request_id, step_key)",
+        both("x.finished_at - i.started_at")
+    ))
+    .fetch_one(&stack.pool)
+    .await?;
+    let pair = |(p50, p99): Pair| (p50.unwrap_or(f64::NAN), p99.unwrap_or(f64::NAN));
     Ok(Figures {
         label: match steps {
             1 => "1-step".into(),
@@ -244,11 +262,11 @@ async fn measure(
         claim_ms,
         done_ms,
         breakdown: [
-            or_nan(breakdown.0),
-            or_nan(breakdown.1),
-            or_nan(breakdown.2),
-            or_nan(breakdown.3),
-            or_nan(per_step),
+            pair((stages.0, stages.1)),
+            pair((stages.2, stages.3)),
+            pair((later.0, later.1)),
+            pair((later.2, later.3)),
+            pair(per_step),
         ],
     })
 }
@@ -256,7 +274,7 @@ async fn measure(
 fn print_table(all: &[Figures]) {
     println!();
     println!(
-        "{:<10} {:>7} {:>6} {:>8} {:>8} {:>22} {:>22} {:>6} {:>7} | {:>8} {:>8} {:>9} {:>8} {:>8}",
+        "{:<10} {:>7} {:>6} {:>8} {:>8} {:>22} {:>22} {:>6} {:>7} | {:>12} {:>12} {:>12} {:>12} {:>12}",
         "scenario",
         "workers",
         "runs",
@@ -273,15 +291,15 @@ fn print_table(all: &[Figures]) {
         "per step"
     );
     for f in all {
-        let ms = |v: f64| {
-            if v.is_nan() {
+        let ms = |(p50, p99): (f64, f64)| {
+            if p50.is_nan() {
                 "-".to_string()
             } else {
-                format!("{v:.1}")
+                format!("{p50:.1}/{p99:.0}")
             }
         };
         println!(
-            "{:<10} {:>7} {:>6} {:>8.2} {:>8.0} {:>22} {:>22} {:>6} {:>7.2} | {:>8} {:>8} {:>9} {:>8} {:>8}",
+            "{:<10} {:>7} {:>6} {:>8.2} {:>8.0} {:>22} {:>22} {:>6} {:>7.2} | {:>12} {:>12} {:>12} {:>12} {:>12}",
             f.label,
             f.workers,
             f.runs,
@@ -299,6 +317,6 @@ fn print_table(all: &[Figures]) {
         );
     }
     println!(
-        "(msgs = messages announced per run, 1 when no run was announced twice; medians in ms after the bar: queue = admission → claim, acquire = claim → first intent, steps = first intent → last receipt, finish = last receipt → completion, per step = one step's intent → receipt)"
+        "(msgs = messages announced per run, 1 when no run was announced twice; after the bar, p50/p99 in ms of each stage: queue = admission → claim, acquire = claim → first intent, steps = first intent → last receipt, finish = last receipt → completion, per step = one step's intent → receipt)"
     );
 }
