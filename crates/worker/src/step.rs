@@ -204,6 +204,24 @@ async fn run_spawned(
             return Err(StepError::Spawn { program, source });
         }
     };
+    // Registered with the runtime once the process is ours to drop: on a failure it is
+    // killed and reaped as `child` goes.
+    let receiver = |fd: Option<std::os::fd::OwnedFd>| {
+        fd.map(tokio::net::unix::pipe::Receiver::from_owned_fd)
+            .transpose()
+    };
+    let pipes =
+        receiver(child.stdout.take()).and_then(|out| Ok((out, receiver(child.stderr.take())?)));
+    let (stdout, stderr) = match pipes {
+        Ok(pipes) => pipes,
+        Err(e) => {
+            drop(child);
+            if let Some(group) = group {
+                group.remove().await;
+            }
+            return Err(StepError::Io(e));
+        }
+    };
     let pid = child.pid;
     let running = Arc::new(Running {
         pid,
@@ -219,8 +237,6 @@ async fn run_spawned(
             .map(|s| i64::from(s) * 1000),
     });
     live.set(Some(running.clone()));
-    let stdout = child.stdout.take();
-    let stderr = child.stderr.take();
     let stdout_path = stream_path(&command.output_base, "stdout");
     let stderr_path = stream_path(&command.output_base, "stderr");
     let bounds = Bounds {

@@ -98,7 +98,10 @@ pub struct Spec {
 /// The sandbox of this worker process: its settings and what the host allows.
 #[derive(Debug)]
 pub struct Sandbox {
+    /// With `bwrap` found on the worker's PATH, never on a step's.
     settings: Settings,
+    /// `nsenter`, found the same way (sandbox resources enter their held namespaces).
+    nsenter: PathBuf,
     report: Report,
     cgroups: Option<cgroup::Hierarchy>,
     view: view::View,
@@ -108,7 +111,14 @@ pub struct Sandbox {
 impl Sandbox {
     /// Probes the host. With [`Mode::Required`] a host that cannot give the full
     /// sandbox is an error that names what is missing.
-    pub fn start(settings: Settings) -> Result<Sandbox, String> {
+    pub fn start(mut settings: Settings) -> Result<Sandbox, String> {
+        // The host's programs are found once, on the worker's own PATH.
+        let path = std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into());
+        if let Some(bwrap) = spawn::find(settings.bwrap.as_os_str(), &path) {
+            settings.bwrap = bwrap;
+        }
+        let nsenter =
+            spawn::find("nsenter".as_ref(), &path).unwrap_or_else(|| "/usr/bin/nsenter".into());
         let cgroups = settings
             .cgroups
             .then(cgroup::Hierarchy::delegated)
@@ -134,6 +144,7 @@ impl Sandbox {
         }
         Ok(Sandbox {
             settings,
+            nsenter,
             report,
             cgroups,
             view,

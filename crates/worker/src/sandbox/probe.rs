@@ -6,6 +6,7 @@ use super::view::{self, View};
 use super::{Settings, Spec};
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::io::Read;
 use std::path::Path;
 use std::process::Stdio;
 
@@ -148,8 +149,7 @@ pub fn probe(settings: &Settings, view: &View, cgroups: Option<&Hierarchy>) -> R
     report
 }
 
-/// Starts `true` in the sandbox as a step starts (its namespaces and mount view), in a
-/// scratch workspace.
+/// Starts `true` in the sandbox as a step starts, in a scratch workspace.
 fn whole(settings: &Settings, view: &View) -> Result<(), String> {
     let scratch = std::env::temp_dir().join(format!(
         "cairn-sandbox-probe-{}",
@@ -165,27 +165,24 @@ fn whole(settings: &Settings, view: &View) -> Result<(), String> {
             network: false,
             limits: Default::default(),
         };
+        // Started as a step is (its variables through bubblewrap's `--args`, the
+        // spawn's descriptors and death signal), but in no cgroup: the probe asks what
+        // the namespaces allow.
         let argv = ["true".to_string()];
-        // No variables: bubblewrap finds `true` on its default path.
-        let launch = view::bwrap(
-            settings,
-            view,
-            &argv,
-            &BTreeMap::new(),
-            &spec,
-            Path::new(""),
-        )
-        .map_err(|e| e.to_string())?;
-        let mut cmd = std::process::Command::new(&launch.program);
-        cmd.args(&launch.args)
-            .env_clear()
-            .current_dir(&launch.cwd)
-            .stdin(Stdio::null());
-        let out = cmd.output().map_err(|e| e.to_string())?;
-        if out.status.success() {
+        let env = BTreeMap::from([("PATH".to_string(), super::DEFAULT_PATH.to_string())]);
+        let launch = view::bwrap(settings, view, &argv, &env, &spec, Path::new(""))
+            .map_err(|e| e.to_string())?;
+        let mut started = launch.spawn().map_err(|e| e.to_string())?;
+        drop(started.stdout.take());
+        let mut errors = String::new();
+        if let Some(stderr) = started.stderr.take() {
+            let _ = std::fs::File::from(stderr).read_to_string(&mut errors);
+        }
+        let status = started.wait_blocking().map_err(|e| e.to_string())?;
+        if status.success() {
             Ok(())
         } else {
-            Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+            Err(errors.trim().to_string())
         }
     });
     let _ = std::fs::remove_dir_all(&scratch);

@@ -65,10 +65,12 @@ impl Sandbox {
         };
         let argv = ["sleep".to_string(), "infinity".to_string()];
         let env = BTreeMap::from([("PATH".to_string(), super::DEFAULT_PATH.to_string())]);
-        let (cmd, group) = self
+        let (mut cmd, group) = self
             .command(&argv, &env, &holder_spec)
             .map_err(|e| e.to_string())?;
-        let mut holder = match cmd.spawn() {
+        // `sleep` prints nothing, and what else of the sandbox writes there is lost.
+        cmd.quiet = true;
+        let holder = match cmd.spawn() {
             Ok(holder) => holder,
             Err(e) => {
                 if let Some(group) = group {
@@ -77,8 +79,6 @@ impl Sandbox {
                 return Err(format!("cannot start the sandbox's namespaces: {e}"));
             }
         };
-        // `sleep` prints nothing, and nothing else may write there.
-        (holder.stdout, holder.stderr) = (None, None);
         let pid = holder.pid;
         let running = Arc::new(Running {
             pid,
@@ -127,7 +127,8 @@ impl Sandbox {
         spec: &Spec,
     ) -> Result<Launch, CwdRefused> {
         let cwd = view::resolve_cwd(&spec.workspace, spec.cwd.as_deref())?;
-        let mut cmd = Launch::new("nsenter");
+        // Found once at start on the worker's own PATH, never on the command's.
+        let mut cmd = Launch::new(&self.nsenter);
         cmd.arg(format!("--target={}", session.init))
             .args(["--user", "--mount", "--pid", "--ipc"]);
         if !spec.network {
@@ -141,11 +142,18 @@ impl Sandbox {
             .arg(format!("--setuid={}", self.settings.uid))
             .arg(format!("--setgid={}", self.settings.gid))
             .arg("--");
-        // nsenter runs on the host with the worker's authority, so the command's
-        // variables are never its environment (its dynamic loader would honour
-        // `LD_PRELOAD` from them): `env`, already inside the sandbox, sets them.
-        cmd.args(["/usr/bin/env", "-i", "--"])
-            .args(env.iter().map(|(name, value)| format!("{name}={value}")));
+        // nsenter runs on the host with the worker's authority: a variable the C library
+        // acts on there (its loader would honour `LD_PRELOAD`) is set by `env`, already
+        // inside the sandbox, as an argument; every other one stays in the environment,
+        // which, unlike a command line, only the process's owner can read.
+        let (on_host, kept): (Vec<_>, Vec<_>) =
+            env.iter().partition(|(name, _)| acted_on_by_libc(name));
+        cmd.envs(kept);
+        cmd.args(["/usr/bin/env", "--"]).args(
+            on_host
+                .iter()
+                .map(|(name, value)| format!("{name}={value}")),
+        );
         // `env` would read a program whose name holds `=` as one more variable.
         if cwd.as_os_str().is_empty() && argv.first().is_some_and(|p| !p.contains('=')) {
             cmd.args(argv);
@@ -159,4 +167,27 @@ impl Sandbox {
         cmd.no_new_privs = true;
         Ok(cmd)
     }
+}
+
+/// Whether the C library would act on a variable of this name while it loads or runs a
+/// program: glibc's own list of what it ignores for set-user-id programs, and every
+/// `LD_`, `MALLOC_` and `GLIBC_` name.
+fn acted_on_by_libc(name: &str) -> bool {
+    const NAMES: &[&str] = &[
+        "GCONV_PATH",
+        "GETCONF_DIR",
+        "HOSTALIASES",
+        "LOCALDOMAIN",
+        "LOCPATH",
+        "NIS_PATH",
+        "NLSPATH",
+        "RESOLV_HOST_CONF",
+        "RES_OPTIONS",
+        "TMPDIR",
+        "TZDIR",
+    ];
+    ["LD_", "MALLOC_", "GLIBC_"]
+        .iter()
+        .any(|prefix| name.starts_with(prefix))
+        || NAMES.contains(&name)
 }

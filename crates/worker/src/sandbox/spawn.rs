@@ -11,22 +11,29 @@
 //! its standard ones and the file it was given.
 //!
 //! The child shares the worker's memory, so it only makes system calls on memory
-//! prepared before the clone: no allocation, no lock, no panic.
+//! prepared before the clone: no allocation, no lock, no panic. The process is known by
+//! a pidfd from the clone on, so that a signal or a reap can never reach another
+//! process that later got the same id.
+
+// The child resets signals with the kernel's own `sigaction` layout (an all-zero one:
+// handler, flags, restorer, and an 8-byte mask), as these architectures have it.
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+compile_error!("spawn's raw rt_sigaction and rt_sigprocmask are written for x86_64 and aarch64");
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
-use tokio::net::unix::pipe;
+use std::sync::Arc;
 
 /// Where a program finds the file it is given with [`Launch::file`] (bubblewrap's
 /// `--args`).
 pub const FILE_FD: RawFd = 3;
 
-/// The child's stack: it makes a dozen system calls and execs.
+/// The child's stack: it makes a few dozen system calls and execs.
 const STACK: usize = 64 * 1024;
 
 /// One process to start.
@@ -45,10 +52,12 @@ pub struct Launch {
     /// Soft and hard limits it sets.
     pub rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
     pub no_new_privs: bool,
+    /// Its output and errors go to `/dev/null` rather than to pipes.
+    pub quiet: bool,
 }
 
 impl Launch {
-    /// `program` with no arguments, no environment, in `/`.
+    /// `program` with no arguments, no environment, in `/`, its output on pipes.
     pub fn new(program: impl AsRef<OsStr>) -> Launch {
         Launch {
             program: program.as_ref().to_os_string(),
@@ -59,6 +68,7 @@ impl Launch {
             cgroup_procs: Vec::new(),
             rlimits: Vec::new(),
             no_new_privs: false,
+            quiet: false,
         }
     }
 
@@ -91,23 +101,32 @@ impl Launch {
     }
 }
 
-/// A started process: its id, its output pipes, and its exit once reaped. Dropped before
-/// it was reaped, it is killed and reaped on a thread of its own.
+/// A started process: its id, the read ends of its output pipes (closed on exec), and
+/// its exit once reaped. Dropped before it was reaped, it is killed and reaped on a
+/// thread of its own.
 #[derive(Debug)]
 pub struct Started {
     pub pid: i32,
-    pub stdout: Option<pipe::Receiver>,
-    pub stderr: Option<pipe::Receiver>,
+    pub stdout: Option<OwnedFd>,
+    pub stderr: Option<OwnedFd>,
+    pidfd: Arc<OwnedFd>,
     reaped: bool,
 }
 
 impl Started {
     /// Waits for the exit and reaps the process.
     pub async fn wait(&mut self) -> io::Result<ExitStatus> {
-        let pid = self.pid;
-        let status = tokio::task::spawn_blocking(move || reap(pid))
+        let pidfd = self.pidfd.clone();
+        let status = tokio::task::spawn_blocking(move || reap(&pidfd))
             .await
             .map_err(io::Error::other)??;
+        self.reaped = true;
+        Ok(status)
+    }
+
+    /// [`Started::wait`], on this thread.
+    pub fn wait_blocking(&mut self) -> io::Result<ExitStatus> {
+        let status = reap(&self.pidfd)?;
         self.reaped = true;
         Ok(status)
     }
@@ -118,30 +137,39 @@ impl Drop for Started {
         if self.reaped {
             return;
         }
-        // SAFETY: kill(2) with integers; the id is ours until we reap it.
+        // Through the pidfd: even if a wait that was given up reaped it meanwhile, the
+        // signal reaches no other process.
+        // SAFETY: pidfd_send_signal(2) with a descriptor we own and no siginfo.
         #[allow(unsafe_code)]
         unsafe {
-            libc::kill(self.pid, libc::SIGKILL);
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.pidfd.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            );
         }
-        let pid = self.pid;
+        let pidfd = self.pidfd.clone();
         let _ = std::thread::Builder::new()
             .name("cairn-reap".into())
-            .spawn(move || reap(pid));
+            .spawn(move || reap(&pidfd));
     }
 }
 
-fn reap(pid: i32) -> io::Result<ExitStatus> {
-    let mut status = 0;
+/// Waits for the process of `pidfd` to exit and reaps it.
+fn reap(pidfd: &OwnedFd) -> io::Result<ExitStatus> {
+    use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
     loop {
-        // SAFETY: waitpid(2) fills the integer it is given.
-        #[allow(unsafe_code)]
-        let done = unsafe { libc::waitpid(pid, &mut status, 0) };
-        if done == pid {
-            return Ok(ExitStatus::from_raw(status));
-        }
-        let error = io::Error::last_os_error();
-        if error.kind() != io::ErrorKind::Interrupted {
-            return Err(error);
+        match waitid(Id::PIDFd(pidfd.as_fd()), WaitPidFlag::WEXITED) {
+            Ok(WaitStatus::Exited(_, code)) => return Ok(ExitStatus::from_raw((code & 0xff) << 8)),
+            Ok(WaitStatus::Signaled(_, signal, core)) => {
+                return Ok(ExitStatus::from_raw(
+                    signal as i32 | if core { 0x80 } else { 0 },
+                ))
+            }
+            Ok(_) | Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
         }
     }
 }
@@ -154,6 +182,9 @@ struct Plan {
     cwd: CString,
     stdio: [RawFd; 3],
     file: Option<RawFd>,
+    /// Past [`FILE_FD`], the highest descriptor open before the clone: what the child
+    /// closes where `close_range` is not allowed.
+    highest_fd: RawFd,
     procs: Vec<CString>,
     rlimits: Vec<(libc::__rlimit_resource_t, u64)>,
     no_new_privs: bool,
@@ -163,46 +194,56 @@ struct Plan {
 
 impl Launch {
     /// Starts the process with `/dev/null` as its standard input and its output and
-    /// errors on pipes. An error means nothing runs: a program that cannot be found or
-    /// executed, or a cgroup, limit or directory the child could not take.
+    /// errors on pipes (or `/dev/null`, [`Launch::quiet`]). An error means nothing runs:
+    /// a program that cannot be found or executed, or a directory, cgroup or limit the
+    /// child could not take.
     pub fn spawn(self) -> io::Result<Started> {
         let program = resolve(&self.program, &self.env)?;
         let strings = Strings::new(&program, &self.program, &self.args, &self.env)?;
-        let null = open_null()?;
-        let (out_read, out_write) = pipe_pair()?;
-        let (err_read, err_write) = pipe_pair()?;
+        // Every descriptor the child moves comes from above the ones it moves to, so
+        // that placing one never overwrites another still to be placed.
+        let null = above_targets(open_null()?)?;
+        let (out, err) = if self.quiet {
+            (None, None)
+        } else {
+            (Some(pipe_pair()?), Some(pipe_pair()?))
+        };
+        let write_end = |pipe: &Option<(OwnedFd, OwnedFd)>| {
+            pipe.as_ref()
+                .map_or(null.as_raw_fd(), |(_, write)| write.as_raw_fd())
+        };
+        let file = self.file.map(above_targets).transpose()?;
         let mut plan = Plan {
             program: strings.program.clone(),
             argv: pointers(&strings.argv),
             envp: pointers(&strings.envp),
             cwd: c_string(self.cwd.as_os_str())?,
-            stdio: [
-                null.as_raw_fd(),
-                out_write.as_raw_fd(),
-                err_write.as_raw_fd(),
-            ],
-            file: self.file.as_ref().map(AsRawFd::as_raw_fd),
+            stdio: [null.as_raw_fd(), write_end(&out), write_end(&err)],
+            file: file.as_ref().map(AsRawFd::as_raw_fd),
+            highest_fd: highest_open_fd(),
             procs: self.cgroup_procs,
             rlimits: self.rlimits,
             no_new_privs: self.no_new_privs,
             error: 0,
         };
-        let pid = clone_and_exec(&mut plan)?;
-        // The child exec'd or ended: its copies of these are its own now.
-        drop((null, out_write, err_write, self.file));
+        let (pid, pidfd) = clone_and_exec(&mut plan)?;
+        let mut started = Started {
+            pid,
+            stdout: out.map(|(read, _)| read),
+            stderr: err.map(|(read, _)| read),
+            pidfd: Arc::new(pidfd),
+            reaped: false,
+        };
+        // The child exec'd or ended: its copies of the write ends, `/dev/null` and the
+        // file are its own now (these are dropped on return).
         // SAFETY: the child wrote it, if at all, before the clone returned.
         #[allow(unsafe_code)]
         let error = unsafe { std::ptr::read_volatile(&plan.error) };
         if error != 0 {
-            let _ = reap(pid);
+            let _ = started.wait_blocking();
             return Err(io::Error::from_raw_os_error(error));
         }
-        Ok(Started {
-            pid,
-            stdout: Some(pipe::Receiver::from_owned_fd(out_read)?),
-            stderr: Some(pipe::Receiver::from_owned_fd(err_read)?),
-            reaped: false,
-        })
+        Ok(started)
     }
 }
 
@@ -256,27 +297,32 @@ fn c_string(text: &OsStr) -> io::Result<CString> {
     })
 }
 
-/// A program name with no `/` is looked up in the process's own `PATH`, as `execvp`
-/// would; a path is taken as it is.
-fn resolve(program: &OsStr, env: &[(OsString, OsString)]) -> io::Result<PathBuf> {
-    if program.as_bytes().contains(&b'/') {
-        return Ok(PathBuf::from(program));
-    }
+/// A program name with no `/` is looked up in the process's own `PATH` (else
+/// [`super::DEFAULT_PATH`]); a path is taken as it is.
+pub fn resolve(program: &OsStr, env: &[(OsString, OsString)]) -> io::Result<PathBuf> {
     let path = env
         .iter()
         .find(|(name, _)| name == "PATH")
         .map(|(_, value)| value.clone())
         .unwrap_or_else(|| super::DEFAULT_PATH.into());
-    std::env::split_paths(&path)
+    find(program, &path).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{} is not in PATH", program.to_string_lossy()),
+        )
+    })
+}
+
+/// `program` itself if it holds a `/`, else the first executable file of that name in
+/// the directories of `path`.
+pub fn find(program: &OsStr, path: &OsStr) -> Option<PathBuf> {
+    if program.as_bytes().contains(&b'/') {
+        return Some(PathBuf::from(program));
+    }
+    std::env::split_paths(path)
         .filter(|dir| !dir.as_os_str().is_empty())
         .map(|dir| dir.join(program))
         .find(|candidate| executable(candidate))
-        .ok_or_else(|| {
-            io::Error::new(
-                io::ErrorKind::NotFound,
-                format!("{} is not in PATH", program.to_string_lossy()),
-            )
-        })
 }
 
 fn executable(path: &Path) -> bool {
@@ -289,46 +335,92 @@ fn open_null() -> io::Result<OwnedFd> {
     Ok(OwnedFd::from(file))
 }
 
-/// A pipe, both ends closed on exec (the child's copies on 1 and 2 are not).
+/// `fd`, moved above [`FILE_FD`] if it is at or below it (only when the worker was
+/// started with a standard descriptor closed).
+fn above_targets(fd: OwnedFd) -> io::Result<OwnedFd> {
+    if fd.as_raw_fd() > FILE_FD {
+        return Ok(fd);
+    }
+    // SAFETY: fcntl(2) duplicates a descriptor we own; the copy is owned at once.
+    #[allow(unsafe_code)]
+    unsafe {
+        let moved = libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, FILE_FD + 1);
+        if moved < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(OwnedFd::from_raw_fd(moved))
+    }
+}
+
+/// A pipe: the read end, then the write end, both above [`FILE_FD`] and closed on exec
+/// (the child's copies on 1 and 2 are not).
 fn pipe_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: pipe2(2) fills the two integers; both are owned at once.
     #[allow(unsafe_code)]
-    unsafe {
+    let (read, write) = unsafe {
         if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])))
-    }
+        (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+    };
+    Ok((above_targets(read)?, above_targets(write)?))
+}
+
+/// The highest descriptor open now, for the child's fallback when `close_range` is not
+/// allowed; a descriptor opened later by another thread is opened close-on-exec.
+fn highest_open_fd() -> RawFd {
+    std::fs::read_dir("/proc/self/fd")
+        .map(|entries| {
+            entries
+                .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<RawFd>().ok())
+                .max()
+                .unwrap_or(0)
+        })
+        .unwrap_or(1024)
 }
 
 /// Clones with every signal blocked (no handler of the worker's may run in the child),
-/// and returns once the child exec'd or failed.
-fn clone_and_exec(plan: &mut Plan) -> io::Result<i32> {
+/// and returns once the child exec'd or failed, with its pidfd.
+fn clone_and_exec(plan: &mut Plan) -> io::Result<(i32, OwnedFd)> {
     let mut stack = vec![0u8; STACK];
+    let mut pidfd: libc::c_int = -1;
     // SAFETY: the stack is ours and outlives the child's use of it (CLONE_VFORK returns
     // only after its exec or exit); the top is 16-byte aligned as the ABI wants. The
-    // signal masks are restored before returning.
+    // raw signal masks (all 64 signals, the C library's own included) are restored
+    // before returning. The kernel writes the pidfd before the clone returns.
     #[allow(unsafe_code)]
     unsafe {
         let top = stack.as_mut_ptr().add(STACK);
         let top = top.sub(top as usize % 16);
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        let mut old: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let all: u64 = !0;
+        let mut old: u64 = 0;
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &all as *const u64,
+            &mut old as *mut u64,
+            8usize,
+        );
         let pid = libc::clone(
             child,
             top.cast(),
-            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD,
             (plan as *mut Plan).cast(),
+            &mut pidfd as *mut libc::c_int,
         );
         let error = io::Error::last_os_error();
-        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        libc::syscall(
+            libc::SYS_rt_sigprocmask,
+            libc::SIG_SETMASK,
+            &old as *const u64,
+            std::ptr::null_mut::<u64>(),
+            8usize,
+        );
         if pid < 0 {
             return Err(error);
         }
-        Ok(pid)
+        Ok((pid, OwnedFd::from_raw_fd(pidfd)))
     }
 }
 
@@ -361,10 +453,9 @@ extern "C" fn child(arg: *mut libc::c_void) -> libc::c_int {
 #[allow(unsafe_code)]
 unsafe fn prepare(plan: &Plan) -> Result<(), i32> {
     let check = |r: libc::c_int| if r < 0 { Err(errno()) } else { Ok(()) };
-    // Default dispositions and an empty mask: nothing of the worker's signal handling.
-    // The system call itself, since the C library keeps its own signals from
-    // `sigaction`: all zero is SIG_DFL, no flags and an empty mask in the kernel's
-    // layout (handler, flags, restorer, mask).
+    // Default dispositions: nothing of the worker's signal handling. The system call
+    // itself, since the C library keeps its own signals from `sigaction`; all zero is
+    // SIG_DFL, no flags and an empty mask.
     let default = [0u64; 4];
     for signal in 1..=libc::SIGRTMAX() {
         if signal != libc::SIGKILL && signal != libc::SIGSTOP {
@@ -377,9 +468,6 @@ unsafe fn prepare(plan: &Plan) -> Result<(), i32> {
             );
         }
     }
-    let mut none: libc::sigset_t = std::mem::zeroed();
-    libc::sigemptyset(&mut none);
-    libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut());
     // Its own process group: a signal to the worker's (a terminal's ^C) is not its.
     check(libc::setpgid(0, 0))?;
     check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0))?;
@@ -392,7 +480,13 @@ unsafe fn prepare(plan: &Plan) -> Result<(), i32> {
     // Nothing else of the worker's: not even a descriptor it inherited without
     // close-on-exec from whatever started it, which bubblewrap would hand on.
     let first = if plan.file.is_some() { FILE_FD + 1 } else { 3 };
-    check(libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) as libc::c_int)?;
+    let closed = libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0);
+    if closed < 0 {
+        // Older kernels and seccomp profiles: one by one, as far as any was open.
+        for fd in first..=plan.highest_fd {
+            libc::close(fd);
+        }
+    }
     check(libc::chdir(plan.cwd.as_ptr()))?;
     for file in &plan.procs {
         let fd = libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
@@ -414,6 +508,16 @@ unsafe fn prepare(plan: &Plan) -> Result<(), i32> {
     if plan.no_new_privs {
         check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
     }
+    // Last, as `posix_spawn` does: until now a signal to the worker's group (^C, ^Z)
+    // could have ended or stopped the child half-prepared.
+    let none: u64 = 0;
+    libc::syscall(
+        libc::SYS_rt_sigprocmask,
+        libc::SIG_SETMASK,
+        &none as *const u64,
+        std::ptr::null_mut::<u64>(),
+        8usize,
+    );
     Ok(())
 }
 
@@ -446,8 +550,11 @@ mod tests {
     async fn output(launch: Launch) -> (ExitStatus, String, String) {
         let mut started = launch.spawn().expect("spawn");
         let (mut out, mut err) = (Vec::new(), Vec::new());
-        let mut stdout = started.stdout.take().expect("stdout");
-        let mut stderr = started.stderr.take().expect("stderr");
+        let receiver = |fd: Option<OwnedFd>| {
+            tokio::net::unix::pipe::Receiver::from_owned_fd(fd.expect("a pipe")).expect("pipe")
+        };
+        let mut stdout = receiver(started.stdout.take());
+        let mut stderr = receiver(started.stderr.take());
         stdout.read_to_end(&mut out).await.expect("read");
         stderr.read_to_end(&mut err).await.expect("read");
         let status = started.wait().await.expect("wait");
@@ -520,6 +627,36 @@ mod tests {
         no_group.cgroup_procs =
             vec![CString::new("/nonexistent-cairn-cgroup/cgroup.procs").expect("c")];
         assert!(no_group.spawn().is_err());
+    }
+
+    /// Exit codes and signals come back as they were; a quiet process has no pipes; a
+    /// process dropped unreaped is killed and reaped.
+    #[tokio::test]
+    async fn exits_are_reported_and_a_dropped_process_ends() {
+        let path = Pairs::from([("PATH", super::super::DEFAULT_PATH)]);
+        let status = |script: &str| {
+            let mut launch = Launch::new("sh");
+            launch.args(["-c", script]).envs(&path.0);
+            launch.quiet = true;
+            launch
+        };
+        let mut exited = status("exit 3").spawn().expect("spawn");
+        assert!(exited.stdout.is_none() && exited.stderr.is_none());
+        assert_eq!(exited.wait().await.expect("wait").code(), Some(3));
+        let mut killed = status("kill -9 $$").spawn().expect("spawn");
+        assert_eq!(killed.wait().await.expect("wait").signal(), Some(9));
+
+        let sleeping = status("sleep 30").spawn().expect("spawn");
+        let pid = sleeping.pid;
+        drop(sleeping);
+        let gone = async {
+            while std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(5), gone)
+            .await
+            .expect("killed and reaped");
     }
 
     /// `(name, value)` pairs as the `String` map `envs` takes.

@@ -82,7 +82,7 @@ pub(super) fn system_view() -> Vec<std::ffi::OsString> {
 /// bubblewrap itself runs on the host with the worker's authority, so the step's
 /// variables are never its environment: its dynamic loader would honour `LD_PRELOAD`,
 /// `LD_LIBRARY_PATH` or `GCONV_PATH` from it, as root, outside every namespace. They
-/// reach it as `--setenv` arguments in a sealed memory file, read after the loader has
+/// reach it as `--setenv` arguments in a memory file, read after the loader has
 /// run and set only for the command it starts; not on its command line either, which
 /// every process on the host can read.
 pub(super) fn bwrap(
@@ -152,15 +152,15 @@ pub(super) fn bwrap(
 }
 
 /// `--setenv NAME VALUE` for each variable, NUL-separated, in a memory file read from
-/// its start. Names and values hold no NUL (`run::check_command`); one that does is
-/// refused here too rather than split.
+/// its start. `run::check_command` refuses an empty name, `=` in a name and NUL
+/// anywhere; such a variable is refused here too rather than split.
 fn setenv_args(env: &BTreeMap<String, String>) -> io::Result<OwnedFd> {
     let mut data = Vec::new();
     for (name, value) in env {
-        if name.contains('\0') || value.contains('\0') {
+        if name.is_empty() || name.contains(['=', '\0']) || value.contains('\0') {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
-                "a variable holds a NUL",
+                format!("invalid variable {name:?}"),
             ));
         }
         for part in ["--setenv", name, value] {
