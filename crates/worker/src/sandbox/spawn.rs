@@ -367,9 +367,24 @@ fn pipe_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     Ok((above_targets(read)?, above_targets(write)?))
 }
 
-/// The highest descriptor open now, for the child's fallback when `close_range` is not
-/// allowed; a descriptor opened later by another thread is opened close-on-exec.
+/// The highest descriptor open now, for the child's fallback where `close_range` is
+/// not allowed (0 where it is); a descriptor opened later by another thread is opened
+/// close-on-exec.
 fn highest_open_fd() -> RawFd {
+    static CLOSE_RANGE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    // SAFETY: close_range(2) over descriptors no process can hold closes nothing.
+    #[allow(unsafe_code)]
+    let allowed = *CLOSE_RANGE.get_or_init(|| unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            libc::c_uint::MAX - 1,
+            libc::c_uint::MAX,
+            0,
+        ) == 0
+    });
+    if allowed {
+        return 0;
+    }
     std::fs::read_dir("/proc/self/fd")
         .map(|entries| {
             entries
