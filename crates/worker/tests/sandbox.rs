@@ -230,6 +230,45 @@ async fn a_steps_variables_reach_it_and_never_the_host_side_launcher() {
     }
 }
 
+/// bubblewrap and nsenter are the host's, found on the worker's own PATH: a step's PATH,
+/// which may name a directory the step wrote, never chooses the program the worker
+/// runs on the host.
+#[tokio::test]
+async fn a_steps_path_never_chooses_the_launcher() {
+    use std::os::unix::fs::PermissionsExt;
+    let sandbox = sandbox();
+    let scratch = Scratch::new();
+    let fake = scratch.dir.join("fake-bin");
+    std::fs::create_dir_all(&fake).expect("dir");
+    let marker = scratch.dir.join("ran-on-the-host");
+    for name in ["bwrap", "nsenter"] {
+        let path = fake.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\ntouch {}\n", marker.display())).expect("write");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    }
+    let mut command = scratch.command(&["true"]);
+    command.env.insert(
+        "PATH".to_string(),
+        format!("{}:{}", fake.display(), sandbox::DEFAULT_PATH),
+    );
+    let plain = run(&sandbox, &command).await;
+    let session = sandbox
+        .start_session(&command.place)
+        .await
+        .expect("a session")
+        .expect("namespaces here");
+    let entered = step::run_in(&command, &session, &sandbox, &CancellationToken::new())
+        .await
+        .expect("the command starts");
+    session.end().await;
+    assert!(
+        !marker.exists(),
+        "a program of the step's PATH ran on the host"
+    );
+    assert!(plain.succeeded(), "{plain:?}");
+    assert!(entered.succeeded(), "{entered:?}");
+}
+
 /// A descriptor the worker inherited without close-on-exec (from a shell, a supervisor)
 /// is the worker's, not the step's: bubblewrap hands on whatever it is given.
 #[tokio::test]
