@@ -88,14 +88,19 @@ impl Sandbox {
             keeps_leftovers: false,
         });
         let deadline = tokio::time::Instant::now() + START;
-        let init = loop {
-            let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-                .unwrap_or_default();
-            if let Some(init) = children
+        let first_child = |pid: i32| -> Option<i32> {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+                .ok()?
                 .split_whitespace()
-                .next()
-                .and_then(|c| c.parse().ok())
-            {
+                .next()?
+                .parse()
+                .ok()
+        };
+        // Ready once the namespace's init has started `sleep`: it does so only after it
+        // made the view and moved into it. Entered any sooner, `nsenter` would take the
+        // root the init had before (a command then finds no `/usr/bin/env`).
+        let init = loop {
+            if let Some(init) = first_child(pid).filter(|&init| first_child(init).is_some()) {
                 break init;
             }
             if tokio::time::Instant::now() >= deadline {
