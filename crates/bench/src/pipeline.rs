@@ -38,6 +38,19 @@ struct Figures {
     breakdown: [(f64, f64); 5],
 }
 
+/// Each stage's p50 and p99, in ms.
+#[derive(sqlx::FromRow)]
+struct StageRow {
+    queue_p50: Option<f64>,
+    queue_p99: Option<f64>,
+    acquire_p50: Option<f64>,
+    acquire_p99: Option<f64>,
+    steps_p50: Option<f64>,
+    steps_p99: Option<f64>,
+    finish_p50: Option<f64>,
+    finish_p99: Option<f64>,
+}
+
 #[derive(sqlx::FromRow, Default)]
 struct Percentiles {
     p50: Option<f64>,
@@ -210,41 +223,31 @@ async fn measure(
     )
     .fetch_one(&stack.pool)
     .await?;
-    // The p50 and p99 of an interval, in ms, as two columns.
-    let both = |interval: &str| {
+    // The p50 and p99 of an interval, in ms, as the columns `{name}_p50` and `{name}_p99`.
+    let both = |name: &str, interval: &str| {
         format!(
-            "percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM {interval})::float8 * 1000),
-             percentile_cont(0.99) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM {interval})::float8 * 1000)"
+            "percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM {interval})::float8 * 1000) AS {name}_p50,
+             percentile_cont(0.99) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM {interval})::float8 * 1000) AS {name}_p99"
         )
     };
     type Pair = (Option<f64>, Option<f64>);
-    let stages: (Option<f64>, Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(&format!(
+    let row: StageRow = sqlx::query_as(&format!(
         "WITH r AS (
            SELECT e.admitted_at, e.claimed_at, e.finished_at,
                   (SELECT min(i.started_at) FROM journal_intents i WHERE i.request_id = e.id) AS first_intent,
                   (SELECT max(x.finished_at) FROM journal_receipts x WHERE x.request_id = e.id) AS last_receipt
              FROM execution_requests e)
-         SELECT {}, {} FROM r",
-        both("claimed_at - admitted_at"),
-        both("first_intent - claimed_at"),
-    ))
-    .fetch_one(&stack.pool)
-    .await?;
-    let later: (Option<f64>, Option<f64>, Option<f64>, Option<f64>) = sqlx::query_as(&format!(
-        "WITH r AS (
-           SELECT e.claimed_at, e.finished_at,
-                  (SELECT min(i.started_at) FROM journal_intents i WHERE i.request_id = e.id) AS first_intent,
-                  (SELECT max(x.finished_at) FROM journal_receipts x WHERE x.request_id = e.id) AS last_receipt
-             FROM execution_requests e)
-         SELECT {}, {} FROM r",
-        both("last_receipt - first_intent"),
-        both("finished_at - COALESCE(last_receipt, claimed_at)"),
+         SELECT {}, {}, {}, {} FROM r",
+        both("queue", "claimed_at - admitted_at"),
+        both("acquire", "first_intent - claimed_at"),
+        both("steps", "last_receipt - first_intent"),
+        both("finish", "finished_at - COALESCE(last_receipt, claimed_at)"),
     ))
     .fetch_one(&stack.pool)
     .await?;
     let per_step: Pair = sqlx::query_as(&format!(
         "SELECT {} FROM journal_intents i JOIN journal_receipts x USING (request_id, step_key)",
-        both("x.finished_at - i.started_at")
+        both("step", "x.finished_at - i.started_at")
     ))
     .fetch_one(&stack.pool)
     .await?;
@@ -262,10 +265,10 @@ async fn measure(
         claim_ms,
         done_ms,
         breakdown: [
-            pair((stages.0, stages.1)),
-            pair((stages.2, stages.3)),
-            pair((later.0, later.1)),
-            pair((later.2, later.3)),
+            pair((row.queue_p50, row.queue_p99)),
+            pair((row.acquire_p50, row.acquire_p99)),
+            pair((row.steps_p50, row.steps_p99)),
+            pair((row.finish_p50, row.finish_p99)),
             pair(per_step),
         ],
     })

@@ -94,6 +94,15 @@ async fn sh(sandbox: &Sandbox, scratch: &Scratch, script: &str) -> StepOutcome {
     run(sandbox, &scratch.command(&["sh", "-c", script])).await
 }
 
+/// The held namespaces of a sandbox resource, at `command`'s place.
+async fn session(sandbox: &Sandbox, command: &StepCommand) -> sandbox::Session {
+    sandbox
+        .start_session(&command.place)
+        .await
+        .expect("a session")
+        .expect("namespaces here")
+}
+
 /// Host processes whose command line holds `marker`.
 fn processes_with(marker: &str) -> Vec<String> {
     let mut found = Vec::new();
@@ -175,11 +184,7 @@ async fn a_steps_variables_reach_it_and_never_the_host_side_launcher() {
     let command = with_variables(&["sh", "-c", "sleep 1; exec /usr/bin/env"]);
     let (plain, seen) = tokio::join!(run(&sandbox, &command), exposed());
     assert_eq!(seen, Vec::<String>::new(), "bwrap");
-    let session = sandbox
-        .start_session(&command.place)
-        .await
-        .expect("a session")
-        .expect("namespaces here");
+    let session = session(&sandbox, &command).await;
     let command = with_variables(&["sh", "-c", "sleep 1; exec /usr/bin/env"]);
     let stop = CancellationToken::new();
     let (entered, seen) =
@@ -252,11 +257,7 @@ async fn a_steps_path_never_chooses_the_launcher() {
         format!("{}:{}", fake.display(), sandbox::DEFAULT_PATH),
     );
     let plain = run(&sandbox, &command).await;
-    let session = sandbox
-        .start_session(&command.place)
-        .await
-        .expect("a session")
-        .expect("namespaces here");
+    let session = session(&sandbox, &command).await;
     let entered = step::run_in(&command, &session, &sandbox, &CancellationToken::new())
         .await
         .expect("the command starts");
