@@ -187,6 +187,22 @@ async fn a_lost_database_connection_at_the_completion_is_retried_within_the_leas
             .contains("fault injection: this connection is cut"),
         "the fault was injected"
     );
+    // The tree's release is written with the completion, so it was written again too:
+    // the row is destroyed, the lineage retired, and the tree is gone.
+    let released: (String, bool, String) = sqlx::query_as(
+        "SELECT w.state, h.retired_at IS NOT NULL, w.path FROM workspaces w
+           JOIN lineage_heads h ON h.work_context_id = w.work_context_id
+          WHERE w.run_id = $1::uuid",
+    )
+    .bind(&run_id)
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("the run's workspace");
+    assert_eq!((released.0.as_str(), released.1), ("destroyed", true));
+    assert!(
+        !std::path::Path::new(&released.2).exists(),
+        "the tree was removed"
+    );
     assert_eq!(
         cluster.metric(0, "cairn_worker_stale_writes_rejected_total"),
         0.0

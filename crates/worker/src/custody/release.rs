@@ -23,58 +23,84 @@ pub enum Release {
 impl Custody {
     /// Releases the workspace, while the lease is still ours (except when fenced).
     pub async fn release(&self, lease: &Lease, subject: &Subject, tree: &Tree, how: Release) {
-        let keep = tree.uncaptured && !matches!(how, Release::Ended { .. });
         if how == Release::Fenced {
-            if !keep {
+            if !keeps(tree, how) {
                 workspace::remove(&tree.workspace).await;
             }
             return;
         }
         let result = async {
             let mut tx = lease.begin_fenced(&self.pool).await?;
-            if keep {
-                // A hold guards it (written by a failed capture, moved with an adopted
-                // tree, or written now).
-                let expires = hold::expiry(
-                    chrono::Utc::now(),
-                    subject.deadline,
-                    self.settings.persistent,
-                    self.settings.hold_limits,
-                );
-                let target = HoldTarget {
-                    workspace_id: tree.workspace_id,
-                    run_id: Some(subject.run_id),
-                    work_context: Some(subject.work_context),
-                    agent: &subject.agent,
-                };
-                hold::hold(&mut tx, &target, "uncaptured tree", expires).await?;
-                sqlx::query(
-                    "UPDATE workspaces SET state = 'stopped', updated_at = now() WHERE id = $1",
-                )
-                .bind(tree.workspace_id)
-                .execute(&mut *tx)
-                .await?;
-            } else {
-                super::acquire::destroy_row(&mut tx, tree.workspace_id).await?;
-                if let Release::Ended { retire } = how {
-                    // Any hold of a terminal task ends with it, in the same transaction.
-                    hold::end_for_workspace(&mut tx, tree.workspace_id, "task_ended").await?;
-                    if retire {
-                        lineage::retire(&mut tx, subject.work_context, "task_completed").await?;
-                    }
-                }
-            }
+            self.release_rows(&mut tx, subject, tree, how).await?;
             tx.commit().await?;
             Ok::<_, CustodyError>(())
         }
         .await;
         match result {
-            Ok(()) if !keep => workspace::remove(&tree.workspace).await,
-            Ok(()) => {
-                let _ = tokio::fs::remove_dir_all(&tree.workspace.home).await;
-                tracing::info!(path = %tree.workspace.root.display(), "uncaptured tree kept under a hold");
-            }
+            Ok(()) => self.released(tree, how).await,
             Err(e) => tracing::warn!(error = %e, "workspace release not recorded; the tree stays"),
         }
     }
+
+    /// What a release records, in the caller's fenced transaction: a tree that goes is
+    /// marked destroyed (its holds end with its task, and a completed task's lineage
+    /// retires); a tree that stays is held. Once that transaction commits,
+    /// [`Custody::released`] deals with the files.
+    pub async fn release_rows(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        subject: &Subject,
+        tree: &Tree,
+        how: Release,
+    ) -> Result<(), CustodyError> {
+        if keeps(tree, how) {
+            // A hold guards it (written by a failed capture, moved with an adopted
+            // tree, or written now).
+            let expires = hold::expiry(
+                chrono::Utc::now(),
+                subject.deadline,
+                self.settings.persistent,
+                self.settings.hold_limits,
+            );
+            let target = HoldTarget {
+                workspace_id: tree.workspace_id,
+                run_id: Some(subject.run_id),
+                work_context: Some(subject.work_context),
+                agent: &subject.agent,
+            };
+            hold::hold(&mut *conn, &target, "uncaptured tree", expires).await?;
+            sqlx::query(
+                "UPDATE workspaces SET state = 'stopped', updated_at = now() WHERE id = $1",
+            )
+            .bind(tree.workspace_id)
+            .execute(&mut *conn)
+            .await?;
+            return Ok(());
+        }
+        super::acquire::destroy_row(&mut *conn, tree.workspace_id).await?;
+        if let Release::Ended { retire } = how {
+            // Any hold of a terminal task ends with it, in the same transaction.
+            hold::end_for_workspace(&mut *conn, tree.workspace_id, "task_ended").await?;
+            if retire {
+                lineage::retire(&mut *conn, subject.work_context, "task_completed").await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// After [`Custody::release_rows`] committed: a tree that went is removed; one
+    /// that stays keeps its files, without the step's home.
+    pub async fn released(&self, tree: &Tree, how: Release) {
+        if keeps(tree, how) {
+            let _ = tokio::fs::remove_dir_all(&tree.workspace.home).await;
+            tracing::info!(path = %tree.workspace.root.display(), "uncaptured tree kept under a hold");
+        } else {
+            workspace::remove(&tree.workspace).await;
+        }
+    }
+}
+
+/// Whether a release keeps the tree: it holds uncaptured work and its task goes on.
+fn keeps(tree: &Tree, how: Release) -> bool {
+    tree.uncaptured && !matches!(how, Release::Ended { .. })
 }

@@ -5,7 +5,7 @@
 use super::claim;
 use super::durable;
 use super::handle::{Job, JobOutcome};
-use crate::custody::{CustodyError, Subject, Tree};
+use crate::custody::{CustodyError, Release, Subject, Tree};
 use crate::error::JobError;
 use crate::fault;
 use crate::keeper::Reason;
@@ -64,20 +64,90 @@ async fn write_receipt_once(job: &Job, receipt: &Receipt<'_>) -> Result<(), JobE
     Ok(())
 }
 
-/// Every step has its receipt: unless a limit was reached meanwhile (a cancel, the
-/// window, the deadline), accept the report, if any, and complete.
-pub async fn complete(job: &Job) -> Result<JobOutcome, JobError> {
-    let landed = || durable::ended(job);
-    durable::until_landed(job, "completion", || complete_once(job), landed).await
+/// How a completion's transaction went.
+enum Completion {
+    Done(JobOutcome),
+    /// A limit was reached meanwhile (a cancel, the window, the deadline): nothing was
+    /// written, and the request ends as the limit says.
+    Breached(Breach),
 }
 
-async fn complete_once(job: &Job) -> Result<JobOutcome, JobError> {
+/// Every step has its receipt: unless a limit was reached meanwhile, accept the
+/// report, if any, and complete.
+pub async fn complete(job: &Job) -> Result<JobOutcome, JobError> {
+    match complete_with(job, None).await? {
+        Completion::Done(outcome) => Ok(outcome),
+        Completion::Breached(breach) => breached(job, &breach, Moment::Completion, None).await,
+    }
+}
+
+/// [`complete`] for a plan whose last receipt captured its tree: the tree's release
+/// commits in the completion's own transaction, one fenced commit instead of two. A
+/// limit reached meanwhile releases it as that limit's ending does; a completion that
+/// could not be written releases it as a plan that ended on that error does.
+pub async fn complete_and_release(
+    job: &Job,
+    subject: &Subject,
+    tree: &Tree,
+) -> Result<JobOutcome, JobError> {
+    let custody = &job.worker.custody;
+    match complete_with(job, Some((subject, tree))).await {
+        Ok(Completion::Done(outcome)) => {
+            // Captured, so the tree goes whoever ended the request.
+            custody
+                .released(tree, Release::Ended { retire: false })
+                .await;
+            Ok(outcome)
+        }
+        Ok(Completion::Breached(breach)) => {
+            custody
+                .release(job.lease(), subject, tree, release_at(&breach))
+                .await;
+            breached(job, &breach, Moment::Completion, None).await
+        }
+        Err(e) => {
+            let how = match e {
+                JobError::Lease(_) => Release::Fenced,
+                _ => Release::HandedOn,
+            };
+            custody.release(job.lease(), subject, tree, how).await;
+            Err(e)
+        }
+    }
+}
+
+/// How the tree is released when a limit ends the plan: back at its checkpoint, a
+/// continuation's tree stays for the next review; otherwise the task ended.
+pub fn release_at(breach: &Breach) -> Release {
+    match breach {
+        Breach::WindowEnded => Release::HandedOn,
+        _ => Release::Ended { retire: false },
+    }
+}
+
+async fn complete_with(job: &Job, tree: Option<(&Subject, &Tree)>) -> Result<Completion, JobError> {
+    let write = || complete_once(job, tree);
+    let landed = || async { Ok(durable::ended(job).await?.map(Completion::Done)) };
+    durable::until_landed(job, "completion", write, landed).await
+}
+
+async fn complete_once(job: &Job, tree: Option<(&Subject, &Tree)>) -> Result<Completion, JobError> {
     let mut tx = job.begin().await?;
     let request_id = job.request_id();
     let current = limits::read(&mut tx, request_id, job.claimed.continuation).await?;
     if let Some(breach) = current.breach(Moment::Completion) {
-        drop(tx);
-        return breached(job, &breach, Moment::Completion, None).await;
+        return Ok(Completion::Breached(breach));
+    }
+    if let Some((subject, tree)) = tree {
+        // A task is done (its lineage retired) when it completed without asking for
+        // more: a blocked or clarification report pauses it, and its checkpoint stays
+        // current.
+        let retire = !report::asks_for_more(&mut tx, request_id).await?;
+        let how = Release::Ended { retire };
+        job.worker
+            .custody
+            .release_rows(&mut tx, subject, tree, how)
+            .await?;
     }
     let outcome = if report::awaits_acceptance(&mut tx, request_id).await? {
         let acceptance = report::accept(
@@ -107,7 +177,7 @@ async fn complete_once(job: &Job) -> Result<JobOutcome, JobError> {
     fault::cut(fault::BEFORE_COMPLETION_COMMIT, &mut tx).await;
     tx.commit().await?;
     job.worker.leases.clear_liveness(job.lease());
-    Ok(outcome)
+    Ok(Completion::Done(outcome))
 }
 
 /// A limit was reached (at an intent or at completion): the request ends as the limit
@@ -304,17 +374,6 @@ async fn hand_back_once(job: &Job) -> Result<(), JobError> {
     tx.commit().await?;
     job.worker.leases.clear_liveness(job.lease());
     Ok(())
-}
-
-/// Whether the run's report asks for more than completion (its task stays open).
-pub async fn paused_by_report(job: &Job) -> bool {
-    let request_id = job.request_id();
-    match job.worker.pool.acquire().await {
-        Ok(mut conn) => report::asks_for_more(&mut conn, request_id)
-            .await
-            .unwrap_or(false),
-        Err(_) => false,
-    }
 }
 
 /// The outcome recorded for a command that could not start.

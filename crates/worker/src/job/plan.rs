@@ -63,18 +63,9 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
             Some(Reason::Drain | Reason::PauseExpired | Reason::WindowEnded) => Release::HandedOn,
             Some(Reason::Fenced) | None => Release::Fenced,
         },
-        // Back at its checkpoint, a continuation's tree stays for the next review.
-        Ok(Ending::Breach {
-            breach: Breach::WindowEnded,
-            ..
-        }) => Release::HandedOn,
-        Ok(Ending::Breach { .. }) => Release::Ended { retire: false },
-        // A task is done (its lineage retired) when it completed without asking for
-        // more: a blocked or clarification report pauses it, and its checkpoint stays
-        // current.
-        Ok(Ending::Complete) => Release::Ended {
-            retire: !ending::paused_by_report(job).await,
-        },
+        Ok(Ending::Breach { breach, .. }) => ending::release_at(breach),
+        // The tree's release commits with the completion.
+        Ok(Ending::Complete) => return ending::complete_and_release(job, &subject, &tree).await,
         Ok(Ending::Fail(_)) => Release::Ended { retire: false },
         Ok(Ending::Reconcile { .. } | Ending::EndAttempt(_))
         | Err(JobError::Db(_) | JobError::Custody(_) | JobError::Refused(_)) => Release::HandedOn,
@@ -85,7 +76,7 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
         .release(job.lease(), &subject, &tree, how)
         .await;
     match ended? {
-        Ending::Complete => ending::complete(job).await,
+        Ending::Complete => unreachable!("a completed plan ends with its release, above"),
         Ending::Fail(message) => {
             ending::finish(job, RequestEvent::Fail, Some(&message), None).await?;
             Ok(JobOutcome::Failed(message))
