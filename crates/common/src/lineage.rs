@@ -413,25 +413,70 @@ pub struct Restorable {
     pub created_at: DateTime<Utc>,
 }
 
-/// The head checkpoint of exactly this work context, if it is ready and was taken
-/// under the agent's current credential generation. Never another context's.
-pub async fn restorable_head(
+/// What acquiring a task's tree needs to know of its lineage, read in one statement.
+#[derive(Debug, Clone)]
+pub struct Survey {
+    /// The agent's current credential generation (0 until the first rotation).
+    pub generation: i64,
+    /// The head, whether retired or not, and whether it is restorable.
+    pub head: Option<(Uuid, bool)>,
+    /// The head checkpoint of exactly this work context, if it is ready and was taken
+    /// under the agent's current credential generation. Never another context's.
+    pub restorable: Option<Restorable>,
+}
+
+/// Reads a task's [`Survey`].
+pub async fn survey(
     conn: &mut PgConnection,
     work_context: Uuid,
     agent: &str,
-) -> Result<Option<Restorable>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT s.id, s.store_url, s.work_context_id, s.credential_generation, s.created_at
-           FROM lineage_heads h JOIN project_snapshots s ON s.id = h.head_id
-           LEFT JOIN credential_generations g ON g.agent = s.agent
-          WHERE h.work_context_id = $1 AND h.retired_at IS NULL AND s.work_context_id = $1
-            AND s.agent = $2 AND s.kind = 'checkpoint' AND s.status = 'ready' AND s.retention = 'current'
-            AND s.credential_generation >= COALESCE(g.generation, 0)",
+) -> Result<Survey, sqlx::Error> {
+    type Row = (
+        i64,
+        Option<Uuid>,
+        Option<bool>,
+        Option<bool>,
+        Option<String>,
+        Option<Uuid>,
+        Option<i64>,
+        Option<DateTime<Utc>>,
+    );
+    let row: Row = sqlx::query_as(
+        "SELECT COALESCE(g.generation, 0), h.head_id,
+                h.retired_at IS NULL AND s.status = 'ready' AND s.retention = 'current',
+                h.retired_at IS NULL AND s.work_context_id = $1 AND s.agent = $2
+                  AND s.kind = 'checkpoint' AND s.status = 'ready' AND s.retention = 'current'
+                  AND s.credential_generation >= COALESCE(g.generation, 0),
+                s.store_url, s.work_context_id, s.credential_generation, s.created_at
+           FROM (SELECT 1) one
+           LEFT JOIN credential_generations g ON g.agent = $2
+           LEFT JOIN (lineage_heads h JOIN project_snapshots s ON s.id = h.head_id)
+                  ON h.work_context_id = $1",
     )
     .bind(work_context)
     .bind(agent)
-    .fetch_optional(conn)
-    .await
+    .fetch_one(conn)
+    .await?;
+    let (generation, head_id, usable, restorable, store_url, context, taken_under, created_at) =
+        row;
+    let head = head_id.map(|id| (id, usable.unwrap_or(false)));
+    let restorable = match (head_id, restorable, store_url, taken_under, created_at) {
+        (Some(id), Some(true), Some(store_url), Some(credential_generation), Some(created_at)) => {
+            Some(Restorable {
+                id,
+                store_url,
+                work_context_id: context,
+                credential_generation,
+                created_at,
+            })
+        }
+        _ => None,
+    };
+    Ok(Survey {
+        generation,
+        head,
+        restorable,
+    })
 }
 
 /// The eligible clean baseline for a key.
@@ -459,19 +504,6 @@ pub async fn restorable_baseline(
     .bind(canonical_ref)
     .fetch_optional(conn)
     .await
-}
-
-/// The agent's current credential generation (0 until the first rotation).
-pub async fn credential_generation(
-    conn: &mut PgConnection,
-    agent: &str,
-) -> Result<i64, sqlx::Error> {
-    let generation: Option<i64> =
-        sqlx::query_scalar("SELECT generation FROM credential_generations WHERE agent = $1")
-            .bind(agent)
-            .fetch_optional(conn)
-            .await?;
-    Ok(generation.unwrap_or(0))
 }
 
 /// Locks the agent's generation row for the caller's transaction (creating it at 0)

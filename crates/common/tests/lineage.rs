@@ -8,9 +8,10 @@ use uuid::Uuid;
 
 async fn ready_checkpoint(pool: &PgPool, agent: &str, context: Uuid) -> Uuid {
     let mut conn = pool.acquire().await.expect("conn");
-    let generation = lineage::credential_generation(&mut conn, agent)
+    let generation = lineage::survey(&mut conn, context, agent)
         .await
-        .expect("generation");
+        .expect("generation")
+        .generation;
     let id = lineage::create(
         &mut conn,
         &NewSnapshot {
@@ -171,21 +172,24 @@ async fn a_restore_only_ever_sees_its_own_work_context() {
     lineage::append(&mut conn, theirs, "agent", None, their_checkpoint)
         .await
         .expect("append");
-    assert!(lineage::restorable_head(&mut conn, mine, "agent")
+    assert!(lineage::survey(&mut conn, mine, "agent")
         .await
         .expect("query")
+        .restorable
         .is_none());
     assert_eq!(
-        lineage::restorable_head(&mut conn, theirs, "agent")
+        lineage::survey(&mut conn, theirs, "agent")
             .await
             .expect("query")
+            .restorable
             .map(|r| r.id),
         Some(their_checkpoint)
     );
     assert!(
-        lineage::restorable_head(&mut conn, theirs, "another-agent")
+        lineage::survey(&mut conn, theirs, "another-agent")
             .await
             .expect("query")
+            .restorable
             .is_none(),
         "ownership includes the agent"
     );
@@ -206,10 +210,16 @@ async fn rotating_credentials_retires_snapshots_from_reuse() {
             .expect("rotate"),
         1
     );
-    assert!(lineage::restorable_head(&mut conn, context, "agent")
+    let survey = lineage::survey(&mut conn, context, "agent")
         .await
-        .expect("query")
-        .is_none());
+        .expect("query");
+    assert!(survey.restorable.is_none());
+    assert_eq!(survey.generation, 1);
+    assert_eq!(
+        survey.head,
+        Some((checkpoint, false)),
+        "the head is not usable"
+    );
     let (retention, reason): (String, Option<String>) =
         sqlx::query_as("SELECT retention, retire_reason FROM project_snapshots WHERE id = $1")
             .bind(checkpoint)

@@ -248,9 +248,10 @@ async fn idle_heads_are_retired_at_fourteen_days_not_before() {
     let retired = sweep(&db.pool, used + Duration::days(14)).await;
     assert_eq!(retired.idle_heads_retired, 1, "14 days: retired");
     assert_eq!(field(&db.pool, head).await.1, "retired");
-    assert!(lineage::restorable_head(&mut conn, context, "agent")
+    assert!(lineage::survey(&mut conn, context, "agent")
         .await
         .expect("query")
+        .restorable
         .is_none());
 }
 

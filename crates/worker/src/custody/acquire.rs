@@ -27,6 +27,9 @@ struct Acquired {
     adopted: Option<(Uuid, Uuid)>,
 }
 
+/// A held tree of the task: its workspace row, path, hold and snapshot.
+type HeldTree = (Uuid, String, Uuid, Option<Uuid>);
+
 /// Transient restore failures are retried this many times before the attempt ends.
 const RESTORE_TRIES: usize = 3;
 
@@ -39,19 +42,27 @@ impl Custody {
     pub async fn acquire(&self, lease: &Lease, subject: &Subject) -> Result<Tree, CustodyError> {
         let workspace = Workspace::for_request(&self.directory.path, subject.request_id);
         let mut conn = self.pool.acquire().await?;
-        let generation = lineage::credential_generation(&mut conn, &subject.agent).await?;
-        let head = lineage::head_of(&mut conn, subject.work_context).await?;
+        let survey = lineage::survey(&mut conn, subject.work_context, &subject.agent).await?;
+        let generation = survey.generation;
+        let mut held = self.held_tree(&mut conn, subject, generation).await?;
         drop(conn);
         let mut attempts = Vec::new();
         for tier in [Tier::Adopt, Tier::Checkpoint, Tier::Baseline] {
             let acquired = match tier {
                 Tier::Adopt => {
-                    self.adopt(lease, subject, &workspace, generation, head, &mut attempts)
-                        .await?
+                    self.adopt(
+                        lease,
+                        subject,
+                        &workspace,
+                        held.take(),
+                        survey.head,
+                        &mut attempts,
+                    )
+                    .await?
                 }
                 Tier::Checkpoint => {
                     workspace.reset().await?;
-                    self.restore_checkpoint(lease, subject, &workspace, head, &mut attempts)
+                    self.restore_checkpoint(lease, subject, &workspace, &survey, &mut attempts)
                         .await?
                 }
                 _ => {
@@ -92,23 +103,15 @@ impl Custody {
             .await
     }
 
-    /// Tier 1: a still-held tree of the same task in this directory, under the current
-    /// credentials, with no capture running, and at the lineage head: a tree behind the
-    /// head (another worker advanced the lineage since) lacks effects the journal has.
-    async fn adopt(
+    /// The newest still-held tree of the same task in this directory, under the current
+    /// credentials: `(workspace, path, hold, snapshot)`.
+    async fn held_tree(
         &self,
-        lease: &Lease,
+        conn: &mut sqlx::PgConnection,
         subject: &Subject,
-        workspace: &Workspace,
         generation: i64,
-        head: Option<(Uuid, bool)>,
-        attempts: &mut Vec<Value>,
-    ) -> Result<Option<Acquired>, CustodyError> {
-        // We hold the only lease on the task's ticket and own this directory (locked by
-        // one live process), so whoever had the tree (a worker that died, or released it
-        // held) is gone; a capture it left in progress can never be appended (fenced),
-        // and it only read the tree.
-        let candidate: Option<(Uuid, String, Uuid, Option<Uuid>)> = sqlx::query_as(
+    ) -> Result<Option<HeldTree>, sqlx::Error> {
+        sqlx::query_as(
             "SELECT w.id, w.path, h.id, w.snapshot_id FROM workspaces w JOIN holds h ON h.workspace_id = w.id
               WHERE w.work_context_id = $1 AND w.agent = $2 AND w.directory_id = $3 AND w.state IN ('running', 'stopped', 'paused')
                 AND w.credential_generation = $4 AND h.ended_at IS NULL AND h.expires_at > now()
@@ -118,9 +121,27 @@ impl Custody {
         .bind(&subject.agent)
         .bind(self.directory.id)
         .bind(generation)
-        .fetch_optional(&self.pool)
-        .await?;
-        let Some((old_workspace, path, hold_id, position)) = candidate else {
+        .fetch_optional(conn)
+        .await
+    }
+
+    /// Tier 1: a still-held tree of the same task in this directory ([`Self::held_tree`]),
+    /// with no capture running, and at the lineage head: a tree behind the head (another
+    /// worker advanced the lineage since) lacks effects the journal has.
+    async fn adopt(
+        &self,
+        lease: &Lease,
+        subject: &Subject,
+        workspace: &Workspace,
+        held: Option<HeldTree>,
+        head: Option<(Uuid, bool)>,
+        attempts: &mut Vec<Value>,
+    ) -> Result<Option<Acquired>, CustodyError> {
+        // We hold the only lease on the task's ticket and own this directory (locked by
+        // one live process), so whoever had the tree (a worker that died, or released it
+        // held) is gone; a capture it left in progress can never be appended (fenced),
+        // and it only read the tree.
+        let Some((old_workspace, path, hold_id, position)) = held else {
             attempts.push(json!({"tier": "adopt", "outcome": "skipped", "reason": "no tree of this task here"}));
             return Ok(None);
         };
@@ -182,15 +203,11 @@ impl Custody {
         lease: &Lease,
         subject: &Subject,
         workspace: &Workspace,
-        head: Option<(Uuid, bool)>,
+        survey: &lineage::Survey,
         attempts: &mut Vec<Value>,
     ) -> Result<Option<Acquired>, CustodyError> {
-        let mut conn = self.pool.acquire().await?;
-        let restorable =
-            lineage::restorable_head(&mut conn, subject.work_context, &subject.agent).await?;
-        drop(conn);
-        let Some(checkpoint) = restorable else {
-            let reason = if head.is_some() {
+        let Some(checkpoint) = &survey.restorable else {
+            let reason = if survey.head.is_some() {
                 "the head cannot be restored (retired, failed, or taken under older credentials)"
             } else {
                 "no current checkpoint"
