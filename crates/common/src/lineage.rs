@@ -284,69 +284,71 @@ pub async fn append(
         expected,
         actual,
     };
-    // Each compare-and-set is one statement, atomic with or without a transaction.
-    let mut superseded = None;
-    let mut sequence: Option<i64> = if let Some(head) = expected {
-        let sequence = sqlx::query_scalar(
+    // Each compare-and-set is one statement, atomic with or without a transaction, and
+    // records the snapshot's place (and supersedes the head it replaced) in the same
+    // statement: the rows differ, so neither update sees the other's.
+    let sequence: Option<i64> = if expected.is_some() {
+        sqlx::query_scalar(&placed(
             "UPDATE lineage_heads SET head_id = $3, sequence = sequence + 1, retired_at = NULL, updated_at = now()
               WHERE work_context_id = $1 AND head_id = $2
-          RETURNING sequence",
-        )
+          RETURNING sequence),
+             superseded AS (
+                 UPDATE project_snapshots SET retention = 'superseded', retired_at = now()
+                  WHERE id = $2 AND retention = 'current' AND EXISTS (SELECT 1 FROM head)",
+        ))
         .bind(work_context)
-        .bind(head)
-        .bind(snapshot_id)
-        .fetch_optional(&mut *conn)
-        .await?;
-        superseded = sequence.and(expected);
-        sequence
-    } else {
-        sqlx::query_scalar(
-            "INSERT INTO lineage_heads (work_context_id, agent, head_id, sequence) VALUES ($1, $2, $3, 1)
-             ON CONFLICT (work_context_id) DO NOTHING RETURNING sequence",
-        )
-        .bind(work_context)
-        .bind(agent)
+        .bind(expected)
         .bind(snapshot_id)
         .fetch_optional(&mut *conn)
         .await?
-    };
-    if sequence.is_none() {
-        // Not derived from the head: it may replace only a head that can no longer be
-        // restored, never one this tree lacks while it still can be.
-        sequence = sqlx::query_scalar(
-            "UPDATE lineage_heads h SET head_id = $3, sequence = h.sequence + 1, retired_at = NULL, updated_at = now()
-               FROM project_snapshots s
-              WHERE h.work_context_id = $1 AND s.id = h.head_id AND h.head_id IS DISTINCT FROM $2
-                AND NOT (h.retired_at IS NULL AND s.status = 'ready' AND s.retention = 'current')
-          RETURNING h.sequence",
-        )
+    } else {
+        sqlx::query_scalar(&placed(
+            "INSERT INTO lineage_heads (work_context_id, agent, head_id, sequence) VALUES ($1, $4, $3, 1)
+             ON CONFLICT (work_context_id) DO NOTHING RETURNING sequence",
+        ))
         .bind(work_context)
         .bind(expected)
         .bind(snapshot_id)
+        .bind(agent)
         .fetch_optional(&mut *conn)
-        .await?;
-    }
-    let Some(sequence) = sequence else {
-        let actual = head_of(&mut *conn, work_context).await?.map(|h| h.0);
-        return Err(conflict(actual));
+        .await?
     };
-    sqlx::query("UPDATE project_snapshots SET work_context_id = $2, sequence = $3, predecessor_id = $4 WHERE id = $1")
-        .bind(snapshot_id)
-        .bind(work_context)
-        .bind(sequence)
-        .bind(expected)
-        .execute(&mut *conn)
-        .await?;
-    if let Some(previous) = superseded {
-        sqlx::query(
-            "UPDATE project_snapshots SET retention = 'superseded', retired_at = now()
-              WHERE id = $1 AND retention = 'current'",
-        )
-        .bind(previous)
-        .execute(&mut *conn)
-        .await?;
+    if let Some(sequence) = sequence {
+        return Ok(sequence);
     }
-    Ok(sequence)
+    // Not derived from the head: it may replace only a head that can no longer be
+    // restored, never one this tree lacks while it still can be.
+    let replaced: Option<i64> = sqlx::query_scalar(&placed(
+        "UPDATE lineage_heads h SET head_id = $3, sequence = h.sequence + 1, retired_at = NULL, updated_at = now()
+           FROM project_snapshots s
+          WHERE h.work_context_id = $1 AND s.id = h.head_id AND h.head_id IS DISTINCT FROM $2
+            AND NOT (h.retired_at IS NULL AND s.status = 'ready' AND s.retention = 'current')
+      RETURNING h.sequence",
+    ))
+    .bind(work_context)
+    .bind(expected)
+    .bind(snapshot_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    match replaced {
+        Some(sequence) => Ok(sequence),
+        None => {
+            let actual = head_of(&mut *conn, work_context).await?.map(|h| h.0);
+            Err(conflict(actual))
+        }
+    }
+}
+
+/// One statement of [`append`]: `head` (a compare-and-set of the head returning the new
+/// sequence, and any further common table expressions) then, if it moved, snapshot `$3`
+/// takes its place after predecessor `$2` in context `$1`.
+fn placed(head: &str) -> String {
+    format!(
+        "WITH head AS ({head})
+         UPDATE project_snapshots s SET work_context_id = $1, sequence = head.sequence, predecessor_id = $2
+           FROM head WHERE s.id = $3
+         RETURNING head.sequence"
+    )
 }
 
 /// A snapshot and its predecessors, newest first: the snapshots whose effects a tree at

@@ -66,6 +66,36 @@ async fn of_concurrent_appends_against_one_head_exactly_one_wins() {
             .expect("head")
             .expect("head");
         assert_eq!(now.1, head.1 + 1, "sequence N+1");
+        // The winner records its place; the head it replaced leaves reuse.
+        type Placed = (Uuid, String, Option<i64>, Option<Uuid>, Option<Uuid>);
+        let rows: Vec<Placed> = sqlx::query_as(
+            "SELECT id, retention, sequence, predecessor_id, work_context_id
+                   FROM project_snapshots WHERE id = ANY($1) ORDER BY sequence NULLS LAST",
+        )
+        .bind(vec![head.0, now.0])
+        .fetch_all(&db.pool)
+        .await
+        .expect("rows");
+        assert_eq!(
+            rows,
+            [
+                (
+                    head.0,
+                    "superseded".into(),
+                    Some(head.1),
+                    rows[0].3,
+                    Some(context)
+                ),
+                (
+                    now.0,
+                    "current".into(),
+                    Some(now.1),
+                    Some(head.0),
+                    Some(context)
+                ),
+            ],
+            "round {round}"
+        );
     }
     // A stale expectation never overwrites.
     let stale = ready_checkpoint(&db.pool, "agent", context).await;
