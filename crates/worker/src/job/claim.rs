@@ -41,11 +41,24 @@ struct RequestRow {
     agent: String,
     work_context_id: Uuid,
     deadline: Option<chrono::DateTime<chrono::Utc>>,
+    admission_id: Option<Uuid>,
+    admission_kind: Option<String>,
+    window_ends_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl RequestRow {
+    fn admission(&self) -> Option<Admission> {
+        let (id, kind) = (self.admission_id?, self.admission_kind.clone()?);
+        Some(Admission {
+            id,
+            kind,
+            window_ends_at: self.window_ends_at,
+        })
+    }
 }
 
 /// What admitted the queued request: a reviewed continuation or an adopted verification
 /// that owns the ticket now (its window open or not).
-#[derive(sqlx::FromRow)]
 struct Admission {
     id: Uuid,
     kind: String,
@@ -102,30 +115,29 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
     let mut tx = lease.begin_fenced(&worker.pool).await?;
     // A step the last owner left running is charged up to that owner's deadline.
     journal::charge_interrupted(&mut tx, lease.request_id, previous_deadline).await?;
+    // Whatever admitted the ticket, its window open or ended, is read with the request:
+    // a plain run message is stale as long as a continuation or an adoption owns it.
     let row: RequestRow = sqlx::query_as(
         "SELECT e.state, e.kind, e.run_id, e.attempt, r.steps, r.repository, r.git_ref, e.max_commands,
                 e.max_wall_seconds, e.used_commands, e.used_wall_ms,
                 EXTRACT(EPOCH FROM clock_timestamp() - e.queued_at)::float8 AS queued_for_seconds,
-                r.agent, r.work_context_id, r.deadline
-           FROM execution_requests e JOIN runs r ON r.id = e.run_id WHERE e.id = $1",
+                r.agent, r.work_context_id, r.deadline,
+                a.id AS admission_id, a.kind AS admission_kind, a.window_ends_at
+           FROM execution_requests e JOIN runs r ON r.id = e.run_id
+           LEFT JOIN LATERAL (
+                (SELECT id, kind, window_ends_at, created_at FROM continuation_actions
+                  WHERE request_id = e.id AND status = 'queued')
+                UNION ALL
+                (SELECT id, 'verification', NULL, created_at FROM verification_adoptions
+                  WHERE execution_request_id = e.id AND status = 'queued')
+                ORDER BY created_at DESC LIMIT 1) a ON TRUE
+          WHERE e.id = $1",
     )
     .bind(lease.request_id)
     .fetch_one(&mut *tx)
     .await?;
     let queued = row.state == RequestState::Queued && row.kind == "run";
-    // Whatever admitted the ticket, its window open or ended: a plain run message is
-    // stale as long as a continuation or an adoption owns the ticket.
-    let admission: Option<Admission> = sqlx::query_as(
-        "(SELECT id, kind, window_ends_at, created_at FROM continuation_actions
-           WHERE request_id = $1 AND status = 'queued')
-         UNION ALL
-         (SELECT id, 'verification', NULL, created_at FROM verification_adoptions
-           WHERE execution_request_id = $1 AND status = 'queued')
-         ORDER BY created_at DESC LIMIT 1",
-    )
-    .bind(lease.request_id)
-    .fetch_optional(&mut *tx)
-    .await?;
+    let admission = row.admission();
     let work = match (message.kind, &admission) {
         (JobKind::Run, None) => queued,
         (JobKind::Run, Some(_)) => false,
