@@ -8,6 +8,9 @@ use utoipa::ToSchema;
 
 /// Largest number of steps in one plan.
 pub const MAX_STEPS: usize = 200;
+/// Most variables a command may set. The step sandbox passes each as three of
+/// bubblewrap's arguments, of which it takes at most 9,000 in all.
+pub const MAX_VARIABLES: usize = 1_000;
 /// Largest number of runs in one batch admission.
 pub const MAX_BATCH: usize = 1_000;
 /// Default bound on automatic attempts.
@@ -40,7 +43,7 @@ pub struct StepSpec {
     /// Program and arguments; run directly, not through a shell.
     #[schema(min_items = 1)]
     pub argv: Vec<String>,
-    /// Environment of the step; nothing else is inherited.
+    /// Environment of the step, at most 1,000 variables; nothing else is inherited.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// Working directory relative to the workspace root.
@@ -183,7 +186,7 @@ pub fn valid_name(text: &str, max: usize) -> bool {
 }
 
 /// Checks a command anything runs (a step, a verification check): a program, no NUL,
-/// valid variables, a working directory inside the workspace, a timeout of 1..=86400 s.
+/// at most [`MAX_VARIABLES`] valid variables, a working directory inside the workspace, a timeout of 1..=86400 s.
 /// `at` names a field of the command.
 pub fn check_command(
     argv: &[String],
@@ -197,6 +200,12 @@ pub fn check_command(
     }
     if argv.iter().any(|a| a.contains('\0')) {
         return Err(FieldError::new(at("argv"), "arguments cannot contain NUL"));
+    }
+    if env.len() > MAX_VARIABLES {
+        return Err(FieldError::new(
+            at("env"),
+            format!("at most {MAX_VARIABLES} variables"),
+        ));
     }
     for (name, value) in env {
         let valid = !name.is_empty()
@@ -404,6 +413,19 @@ mod tests {
         assert_eq!(
             escape.validate("runs[2].", now).map_err(|e| e.field),
             Err("runs[2].steps[0].cwd".into())
+        );
+
+        let mut crowded = spec.clone();
+        crowded.steps[0].env = (0..=MAX_VARIABLES)
+            .map(|i| (format!("V{i}"), "x".into()))
+            .collect();
+        let refused = crowded.validate("", now).expect_err("too many variables");
+        assert_eq!(refused.field, "steps[0].env");
+        crowded.steps[0].env.pop_first();
+        assert_eq!(
+            crowded.validate("", now),
+            Ok(()),
+            "{MAX_VARIABLES} are allowed"
         );
 
         let mut past = spec;

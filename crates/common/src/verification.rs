@@ -62,7 +62,8 @@ pub struct CheckCommand {
     /// Working directory relative to the workspace root.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
-    /// Variables of the check, on top of the runner's (`HOME`, `TMPDIR`, `PATH`).
+    /// Variables of the check (at most 1,000), on top of the runner's (`HOME`, `TMPDIR`,
+    /// `PATH`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
     /// Time limit, 1..=86400 seconds.

@@ -2,7 +2,7 @@
 //! uses: what a step can see, reach and use, and that nothing it starts outlives it.
 //! The end-to-end tests (`tests/tests/sandbox.rs`) drive the same through the API.
 
-use cairn_common::run::StepLimits;
+use cairn_common::run::{StepLimits, MAX_VARIABLES};
 use cairn_worker::sandbox::{self, Limit, Mode, Sandbox};
 use cairn_worker::step::{self, Interruption, StepCommand, StepError, StepOutcome};
 use std::collections::BTreeMap;
@@ -233,6 +233,23 @@ async fn a_steps_variables_reach_it_and_never_the_host_side_launcher() {
             );
         }
     }
+}
+
+/// The most variables a request may give a command all reach it: bubblewrap takes each
+/// as three of its at most 9,000 arguments.
+#[tokio::test]
+async fn the_most_variables_a_request_may_give_reach_the_step() {
+    let sandbox = sandbox();
+    let scratch = Scratch::new();
+    let mut command = scratch.command(&["/usr/bin/env"]);
+    command.env = (0..MAX_VARIABLES)
+        .map(|i| (format!("CAIRN_V{i}"), format!("value {i}")))
+        .collect();
+    let out = run(&sandbox, &command).await;
+    assert!(out.succeeded(), "{out:?}");
+    let stdout = std::fs::read_to_string(&out.stdout_path).expect("stdout");
+    let seen = stdout.lines().filter(|l| l.starts_with("CAIRN_V")).count();
+    assert_eq!(seen, MAX_VARIABLES);
 }
 
 /// bubblewrap and nsenter are the host's, found on the worker's own PATH: a step's PATH,

@@ -129,6 +129,7 @@ pub fn check_disk(disk_mb: u32) -> Result<(), FieldError> {
 pub struct ExecSpec {
     #[schema(min_items = 1)]
     pub argv: Vec<String>,
+    /// At most 1,000 variables.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
     /// Relative to the sandbox's tree.
