@@ -81,10 +81,10 @@ pub async fn complete(job: &Job) -> Result<JobOutcome, JobError> {
     }
 }
 
-/// [`complete`] for a plan whose last receipt captured its tree: the tree's release
-/// commits in the completion's own transaction, one fenced commit instead of two. A
-/// limit reached meanwhile releases it as that limit's ending does; a completion that
-/// could not be written releases it as a plan that ended on that error does.
+/// [`complete`] for a plan run on a tree: the tree's release (its task ended) commits
+/// in the completion's own transaction, one fenced commit instead of two. A limit
+/// reached meanwhile releases it as that limit's ending does; a completion that could
+/// not be written releases it as a plan that ended on that error does.
 pub async fn complete_and_release(
     job: &Job,
     subject: &Subject,
@@ -93,7 +93,8 @@ pub async fn complete_and_release(
     let custody = &job.worker.custody;
     match complete_with(job, Some((subject, tree))).await {
         Ok(Completion::Done(outcome)) => {
-            // Captured, so the tree goes whoever ended the request.
+            // The request ended (by this completion, or, read back after a lost
+            // connection, by whoever ended it), so the tree goes, as for any ended task.
             custody
                 .released(tree, Release::Ended { retire: false })
                 .await;
