@@ -186,8 +186,8 @@ pub fn valid_name(text: &str, max: usize) -> bool {
 }
 
 /// Checks a command anything runs (a step, a verification check): a program, no NUL,
-/// at most [`MAX_VARIABLES`] valid variables, a working directory inside the workspace, a timeout of 1..=86400 s.
-/// `at` names a field of the command.
+/// at most [`MAX_VARIABLES`] valid variables, a working directory inside the workspace,
+/// a timeout of 1..=86400 s. `at` names a field of the command.
 pub fn check_command(
     argv: &[String],
     env: &BTreeMap<String, String>,
