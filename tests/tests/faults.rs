@@ -199,10 +199,13 @@ async fn a_lost_database_connection_at_the_completion_is_retried_within_the_leas
     .await
     .expect("the run's workspace");
     assert_eq!((released.0.as_str(), released.1), ("destroyed", true));
-    assert!(
-        !std::path::Path::new(&released.2).exists(),
-        "the tree was removed"
-    );
+    // The files go once the transaction committed, just after the run shows completed.
+    let tree = std::path::Path::new(&released.2);
+    let removing = Instant::now();
+    while tree.exists() && removing.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!tree.exists(), "the tree was removed");
     assert_eq!(
         cluster.metric(0, "cairn_worker_stale_writes_rejected_total"),
         0.0

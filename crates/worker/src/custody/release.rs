@@ -88,6 +88,17 @@ impl Custody {
         Ok(())
     }
 
+    /// Whether the tree's row is destroyed: its release was written (read back after a
+    /// lost connection). Unknown counts as not.
+    pub async fn is_destroyed(&self, tree: &Tree) -> bool {
+        let state: Result<Option<String>, sqlx::Error> =
+            sqlx::query_scalar("SELECT state FROM workspaces WHERE id = $1")
+                .bind(tree.workspace_id)
+                .fetch_optional(&self.pool)
+                .await;
+        matches!(state, Ok(Some(state)) if state == "destroyed")
+    }
+
     /// After [`Custody::release_rows`] committed: a tree that went is removed; one
     /// that stays keeps its files, without the step's home.
     pub async fn released(&self, tree: &Tree, how: Release) {

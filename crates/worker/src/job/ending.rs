@@ -66,7 +66,11 @@ async fn write_receipt_once(job: &Job, receipt: &Receipt<'_>) -> Result<(), JobE
 
 /// How a completion's transaction went.
 enum Completion {
+    /// It committed.
     Done(JobOutcome),
+    /// A lost connection failed it, and the read-back found the lease released: it
+    /// landed, or the request moved on without it (requeued, or another owner's).
+    ReadBack(JobOutcome),
     /// A limit was reached meanwhile (a cancel, the window, the deadline): nothing was
     /// written, and the request ends as the limit says.
     Breached(Breach),
@@ -76,7 +80,7 @@ enum Completion {
 /// report, if any, and complete.
 pub async fn complete(job: &Job) -> Result<JobOutcome, JobError> {
     match complete_with(job, None).await? {
-        Completion::Done(outcome) => Ok(outcome),
+        Completion::Done(outcome) | Completion::ReadBack(outcome) => Ok(outcome),
         Completion::Breached(breach) => breached(job, &breach, Moment::Completion, None).await,
     }
 }
@@ -91,29 +95,29 @@ pub async fn complete_and_release(
     tree: &Tree,
 ) -> Result<JobOutcome, JobError> {
     let custody = &job.worker.custody;
-    match complete_with(job, Some((subject, tree))).await {
-        Ok(Completion::Done(outcome)) => {
-            // The request ended (by this completion, or, read back after a lost
-            // connection, by whoever ended it), so the tree goes, as for any ended task.
+    let result = complete_with(job, Some((subject, tree))).await;
+    // After a lost connection, only the tree's row says whether this release landed
+    // with the completion.
+    let uncertain = matches!(result, Ok(Completion::ReadBack(_)) | Err(_));
+    let how = match &result {
+        Ok(Completion::Done(_)) => None,
+        _ if uncertain && custody.is_destroyed(tree).await => None,
+        Ok(Completion::ReadBack(_)) | Err(JobError::Lease(_)) => Some(Release::Fenced),
+        Ok(Completion::Breached(breach)) => Some(release_at(breach)),
+        Err(_) => Some(Release::HandedOn),
+    };
+    match how {
+        // The release committed with the completion: the tree's files go.
+        None => {
             custody
                 .released(tree, Release::Ended { retire: false })
-                .await;
-            Ok(outcome)
+                .await
         }
-        Ok(Completion::Breached(breach)) => {
-            custody
-                .release(job.lease(), subject, tree, release_at(&breach))
-                .await;
-            breached(job, &breach, Moment::Completion, None).await
-        }
-        Err(e) => {
-            let how = match e {
-                JobError::Lease(_) => Release::Fenced,
-                _ => Release::HandedOn,
-            };
-            custody.release(job.lease(), subject, tree, how).await;
-            Err(e)
-        }
+        Some(how) => custody.release(job.lease(), subject, tree, how).await,
+    }
+    match result? {
+        Completion::Done(outcome) | Completion::ReadBack(outcome) => Ok(outcome),
+        Completion::Breached(breach) => breached(job, &breach, Moment::Completion, None).await,
     }
 }
 
@@ -128,7 +132,7 @@ pub fn release_at(breach: &Breach) -> Release {
 
 async fn complete_with(job: &Job, tree: Option<(&Subject, &Tree)>) -> Result<Completion, JobError> {
     let write = || complete_once(job, tree);
-    let landed = || async { Ok(durable::ended(job).await?.map(Completion::Done)) };
+    let landed = || async { Ok(durable::ended(job).await?.map(Completion::ReadBack)) };
     durable::until_landed(job, "completion", write, landed).await
 }
 
