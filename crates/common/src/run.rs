@@ -11,6 +11,19 @@ pub const MAX_STEPS: usize = 200;
 /// Most variables a command may set. The step sandbox passes each as three of
 /// bubblewrap's arguments, of which it takes at most 9,000 in all.
 pub const MAX_VARIABLES: usize = 1_000;
+/// The schema of a command's `env`: names to values, at most [`MAX_VARIABLES`].
+pub fn variables_schema() -> utoipa::openapi::Object {
+    use utoipa::openapi::{ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(Type::Object)
+        .additional_properties(Some(ObjectBuilder::new().schema_type(Type::String)))
+        .max_properties(Some(MAX_VARIABLES))
+        .description(Some(
+            "The command's variables, at most 1,000 (names to values), on top of the \
+             few the runner sets (such as PATH and HOME); nothing else is inherited.",
+        ))
+        .build()
+}
 /// Largest number of runs in one batch admission.
 pub const MAX_BATCH: usize = 1_000;
 /// Default bound on automatic attempts.
@@ -45,6 +58,7 @@ pub struct StepSpec {
     pub argv: Vec<String>,
     /// Environment of the step, at most 1,000 variables; nothing else is inherited.
     #[serde(default)]
+    #[schema(schema_with = variables_schema)]
     pub env: BTreeMap<String, String>,
     /// Working directory relative to the workspace root.
     #[serde(default)]

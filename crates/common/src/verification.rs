@@ -65,6 +65,7 @@ pub struct CheckCommand {
     /// Variables of the check (at most 1,000), on top of the runner's (`HOME`, `TMPDIR`,
     /// `PATH`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schema(schema_with = crate::run::variables_schema)]
     pub env: BTreeMap<String, String>,
     /// Time limit, 1..=86400 seconds.
     #[serde(default = "default_timeout")]

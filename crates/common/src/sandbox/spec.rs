@@ -131,6 +131,7 @@ pub struct ExecSpec {
     pub argv: Vec<String>,
     /// At most 1,000 variables.
     #[serde(default)]
+    #[schema(schema_with = crate::run::variables_schema)]
     pub env: BTreeMap<String, String>,
     /// Relative to the sandbox's tree.
     #[serde(default, skip_serializing_if = "Option::is_none")]
