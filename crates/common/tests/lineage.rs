@@ -174,6 +174,26 @@ async fn an_append_replaces_only_a_head_that_can_no_longer_be_restored() {
             .expect("over a quarantined head"),
         3
     );
+    // Each append recorded its snapshot's place; only one that derives from the head
+    // supersedes it.
+    for (snapshot, sequence, predecessor, retention) in [
+        (first, 1, None, "retired"),
+        (second, 2, Some(first), "current"),
+        (third, 3, None, "current"),
+    ] {
+        let placed: (Option<i64>, Option<Uuid>, String) = sqlx::query_as(
+            "SELECT sequence, predecessor_id, retention FROM project_snapshots WHERE id = $1",
+        )
+        .bind(snapshot)
+        .fetch_one(&mut *conn)
+        .await
+        .expect("placed");
+        assert_eq!(
+            placed,
+            (Some(sequence), predecessor, retention.to_string()),
+            "sequence {sequence}"
+        );
+    }
     let fourth = ready_checkpoint(&db.pool, "agent", context).await;
     lineage::append(&mut conn, context, "agent", Some(third), fourth)
         .await
