@@ -11,6 +11,7 @@ pub const MAX_STEPS: usize = 200;
 /// Most variables a command may set. The step sandbox passes each as three of
 /// bubblewrap's arguments, of which it takes at most 9,000 in all.
 pub const MAX_VARIABLES: usize = 1_000;
+
 /// The schema of a command's `env`: names to values, at most [`MAX_VARIABLES`].
 pub fn variables_schema() -> utoipa::openapi::Object {
     use utoipa::openapi::{ObjectBuilder, Type};
@@ -24,6 +25,7 @@ pub fn variables_schema() -> utoipa::openapi::Object {
         ))
         .build()
 }
+
 /// Largest number of runs in one batch admission.
 pub const MAX_BATCH: usize = 1_000;
 /// Default bound on automatic attempts.
