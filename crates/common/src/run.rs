@@ -17,6 +17,7 @@ pub fn variables_schema() -> utoipa::openapi::Object {
     use utoipa::openapi::{ObjectBuilder, Type};
     ObjectBuilder::new()
         .schema_type(Type::Object)
+        .property_names(Some(ObjectBuilder::new().schema_type(Type::String)))
         .additional_properties(Some(ObjectBuilder::new().schema_type(Type::String)))
         .max_properties(Some(MAX_VARIABLES))
         .description(Some(
