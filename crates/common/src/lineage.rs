@@ -268,6 +268,23 @@ pub async fn head(
         .await
 }
 
+/// One statement of [`append`], put together at compile time: `$head` (a
+/// compare-and-set of the head returning the new sequence, and any further common
+/// table expressions) then, if it moved, snapshot `$3` takes its place after
+/// predecessor `$2` in context `$1`.
+macro_rules! placed {
+    ($head:literal $(,)?) => {
+        concat!(
+            "WITH head AS (",
+            $head,
+            ")
+         UPDATE project_snapshots s SET work_context_id = $1, sequence = head.sequence, predecessor_id = $2
+           FROM head WHERE s.id = $3
+         RETURNING head.sequence"
+        )
+    };
+}
+
 /// Appends a ready checkpoint as sequence N+1 of its work context. `expected` is the
 /// snapshot the captured tree derives from (its predecessor). It must be the head, which
 /// then becomes `superseded`; or, when it is not, the head must be one that can no longer
@@ -288,7 +305,7 @@ pub async fn append(
     // records the snapshot's place (and supersedes the head it replaced) in the same
     // statement: the rows differ, so neither update sees the other's.
     let sequence: Option<i64> = if expected.is_some() {
-        sqlx::query_scalar(&placed(
+        sqlx::query_scalar(placed!(
             "UPDATE lineage_heads SET head_id = $3, sequence = sequence + 1, retired_at = NULL, updated_at = now()
               WHERE work_context_id = $1 AND head_id = $2
           RETURNING sequence),
@@ -302,7 +319,7 @@ pub async fn append(
         .fetch_optional(&mut *conn)
         .await?
     } else {
-        sqlx::query_scalar(&placed(
+        sqlx::query_scalar(placed!(
             "INSERT INTO lineage_heads (work_context_id, agent, head_id, sequence) VALUES ($1, $4, $3, 1)
              ON CONFLICT (work_context_id) DO NOTHING RETURNING sequence",
         ))
@@ -318,7 +335,7 @@ pub async fn append(
     }
     // Not derived from the head: it may replace only a head that can no longer be
     // restored, never one this tree lacks while it still can be.
-    let replaced: Option<i64> = sqlx::query_scalar(&placed(
+    let replaced: Option<i64> = sqlx::query_scalar(placed!(
         "UPDATE lineage_heads h SET head_id = $3, sequence = h.sequence + 1, retired_at = NULL, updated_at = now()
            FROM project_snapshots s
           WHERE h.work_context_id = $1 AND s.id = h.head_id AND h.head_id IS DISTINCT FROM $2
@@ -337,18 +354,6 @@ pub async fn append(
             Err(conflict(actual))
         }
     }
-}
-
-/// One statement of [`append`]: `head` (a compare-and-set of the head returning the new
-/// sequence, and any further common table expressions) then, if it moved, snapshot `$3`
-/// takes its place after predecessor `$2` in context `$1`.
-fn placed(head: &str) -> String {
-    format!(
-        "WITH head AS ({head})
-         UPDATE project_snapshots s SET work_context_id = $1, sequence = head.sequence, predecessor_id = $2
-           FROM head WHERE s.id = $3
-         RETURNING head.sequence"
-    )
 }
 
 /// A snapshot and its predecessors, newest first: the snapshots whose effects a tree at

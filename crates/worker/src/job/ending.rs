@@ -98,22 +98,22 @@ pub async fn complete_and_release(
     let result = complete_with(job, Some((subject, tree))).await;
     // After a lost connection, only the tree's row says whether this release landed
     // with the completion.
-    let uncertain = matches!(result, Ok(Completion::ReadBack(_)) | Err(_));
-    let how = match &result {
-        Ok(Completion::Done(_)) => None,
-        _ if uncertain && custody.is_destroyed(tree).await => None,
-        Ok(Completion::ReadBack(_)) | Err(JobError::Lease(_)) => Some(Release::Fenced),
-        Ok(Completion::Breached(breach)) => Some(release_at(breach)),
-        Err(_) => Some(Release::HandedOn),
+    let landed = match &result {
+        Ok(Completion::Done(_)) => true,
+        Ok(Completion::Breached(_)) => false,
+        Ok(Completion::ReadBack(_)) | Err(_) => custody.is_destroyed(tree).await,
     };
-    match how {
-        // The release committed with the completion: the tree's files go.
-        None => {
-            custody
-                .released(tree, Release::Ended { retire: false })
-                .await
-        }
-        Some(how) => custody.release(job.lease(), subject, tree, how).await,
+    if landed {
+        custody
+            .released(tree, Release::Ended { retire: false })
+            .await;
+    } else {
+        let how = match &result {
+            Ok(Completion::Breached(breach)) => release_at(breach),
+            Ok(_) | Err(JobError::Lease(_)) => Release::Fenced,
+            Err(_) => Release::HandedOn,
+        };
+        custody.release(job.lease(), subject, tree, how).await;
     }
     match result? {
         Completion::Done(outcome) | Completion::ReadBack(outcome) => Ok(outcome),
