@@ -80,6 +80,10 @@ enum Bench {
         /// Submit at this steady rate (runs per second) instead of in bursts.
         #[arg(long)]
         rate: Option<f64>,
+        /// With --rate: also give the latencies without the runs admitted in this many
+        /// first seconds (a line `steady …` after the table); 0 for none.
+        #[arg(long, default_value_t = 5.0)]
+        warmup: f64,
         /// Also run the peer queues (Celery, installed once from PyPI by
         /// `crates/bench/peers/celery/run`) with as many jobs, and print each scenario's
         /// ratio to it.
@@ -206,6 +210,7 @@ async fn main() -> anyhow::Result<()> {
             batch,
             steps,
             rate,
+            warmup,
             peers,
             postgres,
         } => {
@@ -216,6 +221,7 @@ async fn main() -> anyhow::Result<()> {
                 batch,
                 steps,
                 rate,
+                warmup,
                 peers,
                 postgres: &postgres.postgres,
             }

@@ -15,6 +15,9 @@ pub struct Pipeline<'a> {
     pub steps: Vec<usize>,
     /// Steady submission at this many runs per second; `None`: one burst.
     pub rate: Option<f64>,
+    /// With a rate: the latencies are also given without the runs admitted in this
+    /// many first seconds, while the stack's connections and caches are still cold.
+    pub warmup: f64,
     /// Also run the peers (Celery) on the same machine, after Cairn, with as many jobs.
     pub peers: bool,
     pub postgres: &'a str,
@@ -32,10 +35,19 @@ struct Figures {
     messages_per_run: f64,
     claim_ms: Percentiles,
     done_ms: Percentiles,
+    /// With a rate and a warm-up: the runs admitted after it, and their latencies.
+    steady: Option<Steady>,
     /// p50 and p99, in ms: admission → claim, claim → first intent, first intent → last
     /// receipt, last receipt → completion; and one step's intent → receipt. The p99s
     /// say which stage a slow run was slow in.
     breakdown: [(f64, f64); 5],
+}
+
+/// The latencies of the runs admitted after the warm-up.
+struct Steady {
+    runs: i64,
+    claim_ms: Percentiles,
+    done_ms: Percentiles,
 }
 
 /// Each stage's p50 and p99, in ms.
@@ -104,6 +116,19 @@ impl Pipeline<'_> {
             }
         }
         print_table(&all);
+        for figures in &all {
+            if let Some(steady) = &figures.steady {
+                println!(
+                    "steady {} x{}: the {} runs admitted after the first {} s: adm→claim ms p50/99/max {}, adm→done ms p50/99/max {}",
+                    figures.label,
+                    figures.workers,
+                    steady.runs,
+                    self.warmup,
+                    steady.claim_ms.cell(),
+                    steady.done_ms.cell()
+                );
+            }
+        }
         let peer = if self.peers {
             // Two prefork processes: one per core, as a Celery user would run here.
             let peer = crate::peers::celery(self.runs, 2, self.postgres)?;
@@ -147,7 +172,8 @@ impl Pipeline<'_> {
             .wait_ended(self.runs, Duration::from_secs(1800))
             .await?;
         let wall = started.elapsed();
-        let figures = measure(&stack, steps, workers, self.runs, wall).await?;
+        let warmup = self.rate.and(Some(self.warmup)).filter(|w| *w > 0.0);
+        let figures = measure(&stack, steps, workers, self.runs, wall, warmup).await?;
         stack.stop().await?;
         Ok(figures)
     }
@@ -198,22 +224,58 @@ async fn measure(
     workers: usize,
     runs: usize,
     wall: Duration,
+    warmup: Option<f64>,
 ) -> anyhow::Result<Figures> {
+    // Over the runs admitted at least `$1` seconds after the first.
     let percentiles = |from: &str, to: &str| {
         format!(
             "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) AS p50,
                     percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) AS p99,
                     max(ms) AS max
                FROM (SELECT EXTRACT(EPOCH FROM {to} - {from})::float8 * 1000 AS ms
-                       FROM execution_requests WHERE {to} IS NOT NULL) t"
+                       FROM execution_requests
+                      WHERE {to} IS NOT NULL
+                        AND admitted_at >= (SELECT min(admitted_at) FROM execution_requests)
+                                           + make_interval(secs => $1)) t"
         )
     };
-    let claim_ms: Percentiles = sqlx::query_as(&percentiles("admitted_at", "claimed_at"))
-        .fetch_one(&stack.pool)
-        .await?;
-    let done_ms: Percentiles = sqlx::query_as(&percentiles("admitted_at", "finished_at"))
-        .fetch_one(&stack.pool)
-        .await?;
+    let latencies = |after: f64| {
+        let (claim, done) = (
+            percentiles("admitted_at", "claimed_at"),
+            percentiles("admitted_at", "finished_at"),
+        );
+        async move {
+            let claim_ms: Percentiles = sqlx::query_as(&claim)
+                .bind(after)
+                .fetch_one(&stack.pool)
+                .await?;
+            let done_ms: Percentiles = sqlx::query_as(&done)
+                .bind(after)
+                .fetch_one(&stack.pool)
+                .await?;
+            anyhow::Ok((claim_ms, done_ms))
+        }
+    };
+    let (claim_ms, done_ms) = latencies(0.0).await?;
+    let steady = match warmup {
+        Some(after) => {
+            let runs: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM execution_requests
+                  WHERE admitted_at >= (SELECT min(admitted_at) FROM execution_requests)
+                                       + make_interval(secs => $1)",
+            )
+            .bind(after)
+            .fetch_one(&stack.pool)
+            .await?;
+            let (claim_ms, done_ms) = latencies(after).await?;
+            Some(Steady {
+                runs,
+                claim_ms,
+                done_ms,
+            })
+        }
+        None => None,
+    };
     let not_completed: i64 =
         sqlx::query_scalar("SELECT count(*) FROM execution_requests WHERE state <> 'completed'")
             .fetch_one(&stack.pool)
@@ -264,6 +326,7 @@ async fn measure(
         messages_per_run: messages_per_run.unwrap_or(f64::NAN),
         claim_ms,
         done_ms,
+        steady,
         breakdown: [
             pair((row.queue_p50, row.queue_p99)),
             pair((row.acquire_p50, row.acquire_p99)),
