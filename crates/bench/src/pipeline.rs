@@ -41,26 +41,29 @@ struct Figures {
     /// receipt, last receipt → completion; and one step's intent → receipt. The p99s
     /// say which stage a slow run was slow in.
     breakdown: [(f64, f64); 5],
+    /// The first step's way from admission to its receipt, p50 and p99 in ms, in the
+    /// gaps [`FIRST_STEP`] names.
+    first_step: [(f64, f64); 6],
 }
+
+/// The gaps of [`Figures::first_step`], each named by the timestamp it ends at.
+const FIRST_STEP: [&str; 6] = [
+    "publish",
+    "claim",
+    "workspace",
+    "intent",
+    "capture",
+    "receipt",
+];
+
+/// What each gap of [`FIRST_STEP`] holds.
+const FIRST_STEP_LEGEND: &str = "(first step: the gaps between the timestamps a run's first step leaves, each a transaction's start, so each gap holds the commit before it: publish = admission → publish confirmed (outbox commit, NOTIFY, relay); claim = → claim (delivery, liveness, fenced claim); workspace = → workspace row (claim commit, lineage reads, directory); intent = → first intent (workspace, hold, restore record, standings); capture = → capture start (intent commit, sandbox, command, exit); receipt = → receipt (snapshot row, walk, manifest, fsyncs))";
 
 /// The latencies of the runs admitted after the warm-up.
 struct Steady {
     runs: i64,
     claim_ms: Percentiles,
     done_ms: Percentiles,
-}
-
-/// Each stage's p50 and p99, in ms.
-#[derive(sqlx::FromRow)]
-struct StageRow {
-    queue_p50: Option<f64>,
-    queue_p99: Option<f64>,
-    acquire_p50: Option<f64>,
-    acquire_p99: Option<f64>,
-    steps_p50: Option<f64>,
-    steps_p99: Option<f64>,
-    finish_p50: Option<f64>,
-    finish_p99: Option<f64>,
 }
 
 #[derive(sqlx::FromRow, Default)]
@@ -116,6 +119,20 @@ impl Pipeline<'_> {
             }
         }
         print_table(&all);
+        for figures in &all {
+            let gaps: Vec<String> = FIRST_STEP
+                .iter()
+                .zip(figures.first_step)
+                .map(|(what, (p50, p99))| format!("{what} {p50:.1}/{p99:.1}"))
+                .collect();
+            println!(
+                "first step {} x{}, p50/p99 ms: {}",
+                figures.label,
+                figures.workers,
+                gaps.join(", ")
+            );
+        }
+        println!("{FIRST_STEP_LEGEND}");
         for figures in &all {
             if let Some(steady) = &figures.steady {
                 println!(
@@ -285,35 +302,58 @@ async fn measure(
     )
     .fetch_one(&stack.pool)
     .await?;
-    // The p50 and p99 of an interval, in ms, as the columns `{name}_p50` and `{name}_p99`.
-    let both = |name: &str, interval: &str| {
-        format!(
-            "percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM {interval})::float8 * 1000) AS {name}_p50,
-             percentile_cont(0.99) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM {interval})::float8 * 1000) AS {name}_p99"
-        )
-    };
-    type Pair = (Option<f64>, Option<f64>);
-    let row: StageRow = sqlx::query_as(&format!(
+    let [queue, acquire, all_steps, finish] = gaps(
+        &stack.pool,
         "WITH r AS (
            SELECT e.admitted_at, e.claimed_at, e.finished_at,
                   (SELECT min(i.started_at) FROM journal_intents i WHERE i.request_id = e.id) AS first_intent,
                   (SELECT max(x.finished_at) FROM journal_receipts x WHERE x.request_id = e.id) AS last_receipt
-             FROM execution_requests e)
-         SELECT {}, {}, {}, {} FROM r",
-        both("queue", "claimed_at - admitted_at"),
-        both("acquire", "first_intent - claimed_at"),
-        both("steps", "last_receipt - first_intent"),
-        both("finish", "finished_at - COALESCE(last_receipt, claimed_at)"),
-    ))
-    .fetch_one(&stack.pool)
+             FROM execution_requests e)",
+        [
+            "claimed_at - admitted_at",
+            "first_intent - claimed_at",
+            "last_receipt - first_intent",
+            "finished_at - COALESCE(last_receipt, claimed_at)",
+        ],
+    )
     .await?;
-    let per_step: Pair = sqlx::query_as(&format!(
-        "SELECT {} FROM journal_intents i JOIN journal_receipts x USING (request_id, step_key)",
-        both("step", "x.finished_at - i.started_at")
-    ))
-    .fetch_one(&stack.pool)
+    let [per_step] = gaps(
+        &stack.pool,
+        "WITH r AS (
+           SELECT i.started_at, x.finished_at
+             FROM journal_intents i JOIN journal_receipts x USING (request_id, step_key))",
+        ["finished_at - started_at"],
+    )
     .await?;
-    let pair = |(p50, p99): Pair| (p50.unwrap_or(f64::NAN), p99.unwrap_or(f64::NAN));
+    let first_step = gaps(
+        &stack.pool,
+        "WITH published AS (
+           SELECT (payload->>'request_id')::uuid AS id, min(published_at) AS at
+             FROM outbox GROUP BY 1),
+         workspace AS (SELECT run_id, min(created_at) AS at FROM workspaces GROUP BY 1),
+         r AS (
+           SELECT e.admitted_at, p.at AS published, e.claimed_at, w.at AS workspace,
+                  f.started_at AS intent, f.captured, f.receipt
+             FROM execution_requests e
+             LEFT JOIN published p ON p.id = e.id
+             LEFT JOIN workspace w ON w.run_id = e.run_id
+             LEFT JOIN LATERAL (
+                  SELECT i.started_at, s.created_at AS captured, x.finished_at AS receipt
+                    FROM journal_intents i
+                    JOIN journal_receipts x USING (request_id, step_key)
+                    LEFT JOIN project_snapshots s ON s.id = x.snapshot_id
+                   WHERE i.request_id = e.id
+                   ORDER BY i.started_at LIMIT 1) f ON TRUE)",
+        [
+            "published - admitted_at",
+            "claimed_at - published",
+            "workspace - claimed_at",
+            "intent - workspace",
+            "captured - intent",
+            "receipt - captured",
+        ],
+    )
+    .await?;
     Ok(Figures {
         label: match steps {
             1 => "1-step".into(),
@@ -327,14 +367,38 @@ async fn measure(
         claim_ms,
         done_ms,
         steady,
-        breakdown: [
-            pair((row.queue_p50, row.queue_p99)),
-            pair((row.acquire_p50, row.acquire_p99)),
-            pair((row.steps_p50, row.steps_p99)),
-            pair((row.finish_p50, row.finish_p99)),
-            pair(per_step),
-        ],
+        breakdown: [queue, acquire, all_steps, finish, per_step],
+        first_step,
     })
+}
+
+/// The p50 and p99, in ms (NaN when there is none), of each interval over the rows of
+/// `r`, which `with` defines.
+async fn gaps<const N: usize>(
+    pool: &sqlx::PgPool,
+    with: &str,
+    intervals: [&str; N],
+) -> anyhow::Result<[(f64, f64); N]> {
+    use sqlx::Row;
+    let columns: Vec<String> = intervals
+        .iter()
+        .map(|interval| {
+            let ms = format!("EXTRACT(EPOCH FROM {interval})::float8 * 1000");
+            format!(
+                "percentile_cont(0.5) WITHIN GROUP (ORDER BY {ms}), percentile_cont(0.99) WITHIN GROUP (ORDER BY {ms})"
+            )
+        })
+        .collect();
+    let row = sqlx::query(&format!("{with} SELECT {} FROM r", columns.join(", ")))
+        .fetch_one(pool)
+        .await?;
+    let mut figures = [(f64::NAN, f64::NAN); N];
+    for (i, figure) in figures.iter_mut().enumerate() {
+        let p50: Option<f64> = row.try_get(2 * i)?;
+        let p99: Option<f64> = row.try_get(2 * i + 1)?;
+        *figure = (p50.unwrap_or(f64::NAN), p99.unwrap_or(f64::NAN));
+    }
+    Ok(figures)
 }
 
 fn print_table(all: &[Figures]) {
