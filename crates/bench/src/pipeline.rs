@@ -16,7 +16,7 @@ pub struct Pipeline<'a> {
     /// Steady submission at this many runs per second; `None`: one burst.
     pub rate: Option<f64>,
     /// With a rate: the latencies are also given without the runs admitted in this
-    /// many first seconds, while the stack's connections and caches are still cold.
+    /// many first seconds, while the stack is still cold.
     pub warmup: f64,
     /// Also run the peers (Celery) on the same machine, after Cairn, with as many jobs.
     pub peers: bool,
@@ -97,6 +97,12 @@ impl Pipeline<'_> {
             .fetch_one(&admin)
             .await?;
         admin.close().await;
+        if !(self.warmup.is_finite() && self.warmup >= 0.0) {
+            anyhow::bail!(
+                "--warmup {}: give the seconds to leave out, 0 or more",
+                self.warmup
+            );
+        }
         if self.steps.contains(&0) {
             anyhow::bail!("--steps 0: a run needs at least one step (the API refuses `steps: []`)");
         }
@@ -189,7 +195,7 @@ impl Pipeline<'_> {
             .wait_ended(self.runs, Duration::from_secs(1800))
             .await?;
         let wall = started.elapsed();
-        let warmup = self.rate.and(Some(self.warmup)).filter(|w| *w > 0.0);
+        let warmup = self.rate.map(|_| self.warmup).filter(|w| *w > 0.0);
         let figures = measure(&stack, steps, workers, self.runs, wall, warmup).await?;
         stack.stop().await?;
         Ok(figures)
