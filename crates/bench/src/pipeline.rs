@@ -129,7 +129,7 @@ impl Pipeline<'_> {
             let gaps: Vec<String> = FIRST_STEP
                 .iter()
                 .zip(figures.first_step)
-                .map(|(what, (p50, p99))| format!("{what} {p50:.1}/{p99:.1}"))
+                .map(|(what, gap)| format!("{what} {}", ms(gap)))
                 .collect();
             println!(
                 "first step {} x{}, p50/p99 ms: {}",
@@ -407,6 +407,15 @@ async fn gaps<const N: usize>(
     Ok(figures)
 }
 
+/// A p50/p99 pair in ms, or `-` when there was nothing to measure.
+fn ms((p50, p99): (f64, f64)) -> String {
+    if p50.is_nan() {
+        "-".to_string()
+    } else {
+        format!("{p50:.1}/{p99:.0}")
+    }
+}
+
 fn print_table(all: &[Figures]) {
     println!();
     println!(
@@ -427,13 +436,6 @@ fn print_table(all: &[Figures]) {
         "per step"
     );
     for f in all {
-        let ms = |(p50, p99): (f64, f64)| {
-            if p50.is_nan() {
-                "-".to_string()
-            } else {
-                format!("{p50:.1}/{p99:.0}")
-            }
-        };
         println!(
             "{:<10} {:>7} {:>6} {:>8.2} {:>8.0} {:>22} {:>22} {:>6} {:>7.2} | {:>12} {:>12} {:>12} {:>12} {:>12}",
             f.label,
