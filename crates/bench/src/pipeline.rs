@@ -61,13 +61,14 @@ const FIRST_STEP_LEGEND: &str = "(first step: the gaps between the timestamps a 
 
 /// The latencies of the runs admitted after the warm-up.
 struct Steady {
-    runs: i64,
     claim_ms: Percentiles,
     done_ms: Percentiles,
 }
 
 #[derive(sqlx::FromRow, Default)]
 struct Percentiles {
+    /// The runs measured.
+    runs: i64,
     p50: Option<f64>,
     p99: Option<f64>,
     max: Option<f64>,
@@ -82,6 +83,12 @@ impl Percentiles {
 
 impl Pipeline<'_> {
     pub async fn run(&self) -> anyhow::Result<()> {
+        if !(self.warmup.is_finite() && self.warmup >= 0.0) {
+            anyhow::bail!(
+                "--warmup {}: give the seconds to leave out, 0 or more",
+                self.warmup
+            );
+        }
         let mode = match self.rate {
             Some(rate) => format!("a steady {rate} runs/s"),
             None => format!("bursts of {} per request", self.batch),
@@ -97,12 +104,6 @@ impl Pipeline<'_> {
             .fetch_one(&admin)
             .await?;
         admin.close().await;
-        if !(self.warmup.is_finite() && self.warmup >= 0.0) {
-            anyhow::bail!(
-                "--warmup {}: give the seconds to leave out, 0 or more",
-                self.warmup
-            );
-        }
         if self.steps.contains(&0) {
             anyhow::bail!("--steps 0: a run needs at least one step (the API refuses `steps: []`)");
         }
@@ -145,7 +146,7 @@ impl Pipeline<'_> {
                     "steady {} x{}: the {} runs admitted after the first {} s: adm→claim ms p50/99/max {}, adm→done ms p50/99/max {}",
                     figures.label,
                     figures.workers,
-                    steady.runs,
+                    steady.done_ms.runs,
                     self.warmup,
                     steady.claim_ms.cell(),
                     steady.done_ms.cell()
@@ -249,53 +250,11 @@ async fn measure(
     wall: Duration,
     warmup: Option<f64>,
 ) -> anyhow::Result<Figures> {
-    // Over the runs admitted at least `$1` seconds after the first.
-    let percentiles = |from: &str, to: &str| {
-        format!(
-            "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) AS p50,
-                    percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) AS p99,
-                    max(ms) AS max
-               FROM (SELECT EXTRACT(EPOCH FROM {to} - {from})::float8 * 1000 AS ms
-                       FROM execution_requests
-                      WHERE {to} IS NOT NULL
-                        AND admitted_at >= (SELECT min(admitted_at) FROM execution_requests)
-                                           + make_interval(secs => $1)) t"
-        )
-    };
-    let latencies = |after: f64| {
-        let (claim, done) = (
-            percentiles("admitted_at", "claimed_at"),
-            percentiles("admitted_at", "finished_at"),
-        );
-        async move {
-            let claim_ms: Percentiles = sqlx::query_as(&claim)
-                .bind(after)
-                .fetch_one(&stack.pool)
-                .await?;
-            let done_ms: Percentiles = sqlx::query_as(&done)
-                .bind(after)
-                .fetch_one(&stack.pool)
-                .await?;
-            anyhow::Ok((claim_ms, done_ms))
-        }
-    };
-    let (claim_ms, done_ms) = latencies(0.0).await?;
+    let (claim_ms, done_ms) = latencies(&stack.pool, 0.0).await?;
     let steady = match warmup {
         Some(after) => {
-            let runs: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM execution_requests
-                  WHERE admitted_at >= (SELECT min(admitted_at) FROM execution_requests)
-                                       + make_interval(secs => $1)",
-            )
-            .bind(after)
-            .fetch_one(&stack.pool)
-            .await?;
-            let (claim_ms, done_ms) = latencies(after).await?;
-            Some(Steady {
-                runs,
-                claim_ms,
-                done_ms,
-            })
+            let (claim_ms, done_ms) = latencies(&stack.pool, after).await?;
+            Some(Steady { claim_ms, done_ms })
         }
         None => None,
     };
@@ -376,6 +335,33 @@ async fn measure(
         breakdown: [queue, acquire, all_steps, finish, per_step],
         first_step,
     })
+}
+
+/// Admission → claim and admission → completion over the runs admitted at least `after`
+/// seconds after the first.
+async fn latencies(pool: &sqlx::PgPool, after: f64) -> anyhow::Result<(Percentiles, Percentiles)> {
+    let percentiles = |to: &str| {
+        format!(
+            "SELECT count(*) AS runs,
+                    percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) AS p50,
+                    percentile_cont(0.99) WITHIN GROUP (ORDER BY ms) AS p99,
+                    max(ms) AS max
+               FROM (SELECT EXTRACT(EPOCH FROM {to} - admitted_at)::float8 * 1000 AS ms
+                       FROM execution_requests
+                      WHERE {to} IS NOT NULL
+                        AND admitted_at >= (SELECT min(admitted_at) FROM execution_requests)
+                                           + make_interval(secs => $1)) t"
+        )
+    };
+    let claim = sqlx::query_as(&percentiles("claimed_at"))
+        .bind(after)
+        .fetch_one(pool)
+        .await?;
+    let done = sqlx::query_as(&percentiles("finished_at"))
+        .bind(after)
+        .fetch_one(pool)
+        .await?;
+    Ok((claim, done))
 }
 
 /// The p50 and p99, in ms (NaN when there is none), of each interval over the rows of
