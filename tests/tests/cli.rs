@@ -523,7 +523,9 @@ fn an_unreachable_scheduler_and_a_typo_get_exit_codes_that_tell_the_truth() {
 #[tokio::test]
 async fn watch_and_logs_show_a_run_step_by_step() {
     let _services = ServiceLock::shared().await;
-    let cluster = Cluster::start("cli-watch", 1, Settings::default()).await;
+    // No worker until the watch has printed the run as queued: otherwise a fast claim
+    // can take the first step past `pending` before the watch's first look.
+    let mut cluster = Cluster::start("cli-watch", 0, Settings::default()).await;
     let spec = json!({
         "agent": "e2e",
         "steps": [
@@ -533,10 +535,45 @@ async fn watch_and_logs_show_a_run_step_by_step() {
         ]
     });
     let (run_id, _) = cluster.submit(&spec);
+    let mut watch = cluster
+        .cairnctl()
+        .args(["runs", "watch", &run_id, "--interval-seconds", "0.2"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("cairnctl");
+    let stdout = watch.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(stdout)).map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut text = String::new();
+    let mut worker_started = false;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                text.push_str(&line);
+                text.push('\n');
+                if !worker_started && line.contains("step greet: pending") {
+                    cluster.add_worker();
+                    worker_started = true;
+                }
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                let _ = watch.kill();
+                panic!("the watch did not end within 60 s:\n{text}");
+            }
+        }
+    }
+    let status = watch.wait().expect("cairnctl exits");
+    assert_eq!(status.code(), Some(8), "{text}");
     let ctl = |args: &[&str]| cluster.cairnctl().args(args).output().expect("cairnctl");
-    let watched = ctl(&["runs", "watch", &run_id, "--interval-seconds", "0.2"]);
-    let text = String::from_utf8_lossy(&watched.stdout);
-    assert_eq!(watched.status.code(), Some(8), "{text}");
     for expected in [
         "step greet: pending",
         "step greet: running at epoch 1",
