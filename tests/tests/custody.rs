@@ -572,7 +572,8 @@ async fn an_adopted_tree_stays_held_until_its_first_capture() {
             step(
                 "s2",
                 &format!(
-                    "echo s2-partial-$CAIRN_ATTEMPT >> log.txt; {}",
+                    "echo s2-partial-$CAIRN_ATTEMPT >> log.txt; touch {}; {}",
+                    cluster.path("s2-wrote"),
                     wait_for_file(&cluster, "go", 60)
                 ),
                 true,
@@ -583,7 +584,10 @@ async fn an_adopted_tree_stays_held_until_its_first_capture() {
     );
     cluster.add_worker_named("w1");
     let (run_id, request_id) = submit_until_started(&cluster, &spec, "s2").await;
-    std::thread::sleep(Duration::from_millis(300));
+    // The work the test means to keep must be in the tree before the drain stops s2.
+    cluster.wait_until("s2 to write its partial work", LONG, || {
+        std::path::Path::new(&cluster.path("s2-wrote")).exists()
+    });
     cluster.workers[0].process.signal(Signal::SIGTERM);
     cluster.workers[0].process.wait_exit(LONG).expect("drained");
     // Restarted, it adopts its held tree and dies before capturing anything.
