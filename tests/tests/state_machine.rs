@@ -195,9 +195,11 @@ async fn the_wall_time_of_an_interrupted_step_is_charged() {
     let mut cluster = Cluster::start("wall-budget", 1, Settings::default()).await;
     let file = cluster.path("effects");
     let step = json!({"key": "s1", "idempotent": true, "timeout_seconds": 120,
-                      "argv": ["sh", "-c", format!("echo start >> {file}; sleep 3; echo end >> {file}")]});
+                      "argv": ["sh", "-c", format!("echo start >> {file}; sleep 6; echo end >> {file}")]});
+    // One attempt fits in 7 s, but not one after the killed attempt's charge (at least
+    // the 2 s before the kill); the 6 s step gives the kill 4 s of slack to land.
     let spec = json!({"agent": "e2e", "steps": [step], "max_attempts": 3,
-                      "budgets": {"max_commands": 50, "max_wall_seconds": 4}});
+                      "budgets": {"max_commands": 50, "max_wall_seconds": 7}});
     let (run_id, _) = cluster.submit(&spec);
     cluster.wait_until("the step to start", LONG, || {
         cluster.lines("effects").contains(&"start".to_string())
@@ -206,7 +208,7 @@ async fn the_wall_time_of_an_interrupted_step_is_charged() {
     cluster.workers[0].process.signal(Signal::SIGKILL);
     cluster.add_worker();
     let run = cluster.wait_for_state(&run_id, ENDED, LONG);
-    assert_eq!(run["state"], "failed", "4 s cannot hold 2 s + 3 s: {run}");
+    assert_eq!(run["state"], "failed", "7 s cannot hold 2 s + 6 s: {run}");
     assert!(
         run["usage"]["wall_ms"].as_i64().unwrap_or(0) >= 2000,
         "the killed step was charged: {run}"
