@@ -131,7 +131,7 @@ async fn a_run_appears_and_completes_live() {
     // Submitted behind the page's back: the list shows it without a reload.
     let spec = run_spec(
         vec![
-            json!({"key": "build", "argv": ["sh", "-c", "sleep 3; printf 'built \\000 ok\\n'"], "timeout_seconds": 60}),
+            json!({"key": "build", "argv": ["sh", "-c", "sleep 6; printf 'built \\000 ok\\n'"], "timeout_seconds": 60}),
         ],
         1,
     );
