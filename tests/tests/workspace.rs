@@ -265,15 +265,16 @@ async fn a_failed_capture_keeps_the_hold_and_the_tree_for_the_same_task() {
     );
 
     // The worker dies; restarted under the same name on the same directory, it adopts
-    // the held tree of the same task rather than restoring the older checkpoint.
+    // the held tree of the same task rather than restoring the older checkpoint. The
+    // store is repaired only after the kill, so no capture retry can succeed first.
+    kill_holder(&cluster, &request_id).await;
+    cluster.workers[0].process.wait_exit(Duration::from_secs(5));
     std::fs::rename(
         artifacts.join("manifests"),
         artifacts.join("manifests.broken"),
     )
     .expect("repair store");
     std::fs::create_dir_all(artifacts.join("manifests")).expect("repair store");
-    kill_holder(&cluster, &request_id).await;
-    cluster.workers[0].process.wait_exit(Duration::from_secs(5));
     cluster.add_worker_named("w1");
     cluster.wait_for_state(&run_id, &["completed"], LONG);
     let tiers = restores(&cluster, &request_id).await;
