@@ -585,9 +585,11 @@ async fn an_adopted_tree_stays_held_until_its_first_capture() {
     cluster.add_worker_named("w1");
     let (run_id, request_id) = submit_until_started(&cluster, &spec, "s2").await;
     // The work the test means to keep must be in the tree before the drain stops s2.
-    cluster.wait_until("s2 to write its partial work", LONG, || {
-        std::path::Path::new(&cluster.path("s2-wrote")).exists()
-    });
+    let wrote = cluster.path("s2-wrote");
+    until(&cluster, "s2 to write its partial work", || async {
+        std::path::Path::new(&wrote).exists()
+    })
+    .await;
     cluster.workers[0].process.signal(Signal::SIGTERM);
     cluster.workers[0].process.wait_exit(LONG).expect("drained");
     // Restarted, it adopts its held tree and dies before capturing anything.
