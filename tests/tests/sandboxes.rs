@@ -238,7 +238,8 @@ async fn pause_freezes_processes_in_place_and_its_limit_behaves_like_a_stop() {
     let mut cluster = Cluster::start("sandbox-pause", 0, Settings::default()).await;
     cluster
         .worker_env
-        .push(("CAIRN_PAUSE_LIMIT_SECONDS".into(), "3".into()));
+        // Well above the first pause's 1.3 s of checks, so only the last pause expires.
+        .push(("CAIRN_PAUSE_LIMIT_SECONDS".into(), "8".into()));
     cluster.add_worker();
     let id = create(&cluster, json!({"agent": "coder"}));
     wait_state(&cluster, &id, "running");
@@ -281,7 +282,7 @@ async fn pause_freezes_processes_in_place_and_its_limit_behaves_like_a_stop() {
     std::thread::sleep(Duration::from_millis(800));
     assert!(count() > frozen, "resume continues them in place");
 
-    // Paused past the limit (3 s here): a stop, with its snapshot; processes gone.
+    // Paused past the limit (8 s here): a stop, with its snapshot; processes gone.
     let (status, _) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/pause"), None);
     assert_eq!(status, 200);
     let stopped = wait_state(&cluster, &id, "stopped");
