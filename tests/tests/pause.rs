@@ -11,12 +11,14 @@ use std::time::Duration;
 
 const LONG: Duration = Duration::from_secs(90);
 
-/// A step that counts to `to`, a tenth of a second apart, in the tree (`ticks`) and in
-/// a file outside it (the last count).
+/// A step that counts to `to`, a tenth of a second apart, in a file outside the tree
+/// (the last count) and in the tree (`ticks`). The count is renamed into place first,
+/// so a freeze at any instruction leaves it whole and never behind `ticks`.
 fn counting_step(cluster: &Cluster, to: u32) -> Value {
     let count = cluster.path("count");
-    let script =
-        format!("for i in $(seq 1 {to}); do echo $i >> ticks; echo $i > {count}; sleep 0.1; done");
+    let script = format!(
+        "for i in $(seq 1 {to}); do echo $i > {count}.tmp; mv {count}.tmp {count}; echo $i >> ticks; sleep 0.1; done"
+    );
     json!({"key": "count", "argv": ["sh", "-c", script], "idempotent": true, "timeout_seconds": 300})
 }
 
@@ -46,7 +48,8 @@ async fn a_pause_captures_before_its_reply_and_resume_continues_the_step() {
     let (run_id, request_id) = cluster.submit(&spec(&cluster, 60));
     let pause = format!("/api/v1/runs/{run_id}/pause");
     let resume = format!("/api/v1/runs/{run_id}/resume");
-    cluster.wait_until("the counting step to start", LONG, || count(&cluster) >= 3);
+    // `ticks` trails the count by at most one, so it has at least 3 lines from here on.
+    cluster.wait_until("the counting step to start", LONG, || count(&cluster) >= 4);
 
     // Bad input changes nothing.
     let (status, body) = cluster.call("POST", &format!("{pause}?wait_seconds=99"), None);
