@@ -169,23 +169,22 @@ async fn a_stale_run_message_after_a_window_ended_runs_nothing() {
         .expect("enqueue");
     drop(conn);
     claimed_after(&cluster, request, epoch).await;
+    // The stop is written after the claim, in the worker's next transaction.
+    let run = cluster.wait_for_state(&run_id, &["stopped_at_checkpoint"], LONG);
+    assert_eq!(
+        run["stop_reason"].as_str(),
+        Some("continuation_window_ended"),
+        "{run}"
+    );
+    let deadline = std::time::Instant::now() + LONG;
+    while action_status(&cluster, &action.to_string()).await != "expired" {
+        assert!(std::time::Instant::now() < deadline, "{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     assert_eq!(
         cluster.lines("effects"),
         Vec::<String>::new(),
         "nothing ran"
-    );
-    let run = cluster.run(&run_id);
-    assert_eq!(
-        (run["state"].as_str(), run["stop_reason"].as_str()),
-        (
-            Some("stopped_at_checkpoint"),
-            Some("continuation_window_ended")
-        ),
-        "{run}"
-    );
-    assert_eq!(
-        action_status(&cluster, &action.to_string()).await,
-        "expired"
     );
 }
 
