@@ -34,6 +34,12 @@ async fn one_reaper_leads_and_a_standby_takes_over_when_it_dies() {
         .await
         .expect("db");
     let since = chrono::Utc::now();
+    // Wait for a first sweep, then give a second leader two intervals to show itself.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while leaders_since(&pool, since).await.is_empty() {
+        assert!(Instant::now() < deadline, "no reaper ever swept");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     tokio::time::sleep(Duration::from_secs(2)).await;
     let leaders = leaders_since(&pool, since).await;
     assert_eq!(leaders.len(), 1, "exactly one leader sweeps: {leaders:?}");
@@ -128,6 +134,17 @@ async fn a_sweep_killed_half_way_is_finished_by_the_next_one() {
             "the next sweep did not finish the backlog:\n{}",
             next.log()
         );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A sweep's row is written after its work, so the backlog can be gone before it.
+    let swept = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM sweeps WHERE component = 'reaper'")
+            .fetch_one(&pool)
+            .await
+            .expect("sweeps")
+    };
+    while swept().await == 0 {
+        assert!(Instant::now() < deadline, "no sweep was recorded");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let status = std::process::Command::new(binary("cairnctl"))
