@@ -3,7 +3,7 @@
 //! nothing, and a worker's pool fits its concurrency.
 
 use cairn_e2e::cluster::{append_step, run_spec, Cluster, Settings};
-use cairn_e2e::{Process, ServiceLock};
+use cairn_e2e::{testing, Process, ServiceLock};
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
 use std::time::Duration;
@@ -176,11 +176,11 @@ async fn a_stale_run_message_after_a_window_ended_runs_nothing() {
         Some("continuation_window_ended"),
         "{run}"
     );
-    let deadline = std::time::Instant::now() + LONG;
-    while action_status(&cluster, &action.to_string()).await != "expired" {
-        assert!(std::time::Instant::now() < deadline, "{}", cluster.logs());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let expired = testing::eventually(LONG, || async {
+        (action_status(&cluster, &action.to_string()).await == "expired").then_some(())
+    })
+    .await;
+    assert!(expired.is_some(), "{}", cluster.logs());
     assert_eq!(
         cluster.lines("effects"),
         Vec::<String>::new(),
