@@ -1,7 +1,7 @@
 //! The reaper as processes: one leader at a time with failover, and a sweep killed
 //! half-way that the next leader finishes.
 
-use cairn_e2e::{binary, free_addr, wait_for_status, Isolation, Process, ServiceLock};
+use cairn_e2e::{binary, free_addr, testing, wait_for_status, Isolation, Process, ServiceLock};
 use nix::sys::signal::Signal;
 use std::time::{Duration, Instant};
 
@@ -34,12 +34,12 @@ async fn one_reaper_leads_and_a_standby_takes_over_when_it_dies() {
         .await
         .expect("db");
     let since = chrono::Utc::now();
-    // Wait for a first sweep, then give a second leader two intervals to show itself.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while leaders_since(&pool, since).await.is_empty() {
-        assert!(Instant::now() < deadline, "no reaper ever swept");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // Wait for a first sweep, then give a second leader ten intervals to show itself.
+    let swept = testing::eventually(Duration::from_secs(30), || async {
+        (!leaders_since(&pool, since).await.is_empty()).then_some(())
+    })
+    .await;
+    assert!(swept.is_some(), "no reaper ever swept:\n{}", first.log());
     tokio::time::sleep(Duration::from_secs(2)).await;
     let leaders = leaders_since(&pool, since).await;
     assert_eq!(leaders.len(), 1, "exactly one leader sweeps: {leaders:?}");
@@ -137,16 +137,16 @@ async fn a_sweep_killed_half_way_is_finished_by_the_next_one() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // A sweep's row is written after its work, so the backlog can be gone before it.
-    let swept = || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM sweeps WHERE component = 'reaper'")
-            .fetch_one(&pool)
-            .await
-            .expect("sweeps")
-    };
-    while swept().await == 0 {
-        assert!(Instant::now() < deadline, "no sweep was recorded");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let recorded = testing::eventually(Duration::from_secs(30), || async {
+        let sweeps: i64 =
+            sqlx::query_scalar("SELECT count(*) FROM sweeps WHERE component = 'reaper'")
+                .fetch_one(&pool)
+                .await
+                .ok()?;
+        (sweeps > 0).then_some(())
+    })
+    .await;
+    assert!(recorded.is_some(), "no sweep was recorded:\n{}", next.log());
     let status = std::process::Command::new(binary("cairnctl"))
         .args(["reaper", "status"])
         .env("CAIRN_DATABASE_URL", &isolation.database_url)
