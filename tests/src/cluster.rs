@@ -218,19 +218,33 @@ impl Cluster {
         action
     }
 
+    fn read_run(&self, run_id: &str) -> (u16, Value) {
+        self.call("GET", &format!("/api/v1/runs/{run_id}"), None)
+    }
+
     pub fn run(&self, run_id: &str) -> Value {
-        let (status, run) = self.call("GET", &format!("/api/v1/runs/{run_id}"), None);
-        assert_eq!(status, 200, "{run}");
+        let (status, run) = self.read_run(run_id);
+        assert_eq!(status, 200, "{run}\n{}", self.scheduler.log());
         run
     }
 
-    /// Waits until the run reaches one of `states`, or panics with the logs.
+    /// Waits until the run reaches one of `states`, or panics with the logs. A read the
+    /// API answers `503 unavailable` ("try again") is polled again, as a client would,
+    /// and the scheduler's logged cause goes to the test's output; any other failed read
+    /// ends the wait.
     pub fn wait_for_state(&self, run_id: &str, states: &[&str], timeout: Duration) -> Value {
         let deadline = Instant::now() + timeout;
         loop {
-            let run = self.run(run_id);
-            if states.iter().any(|s| run["state"] == *s) {
-                return run;
+            let (status, run) = self.read_run(run_id);
+            if status == 503 && run["error"]["code"] == "unavailable" {
+                let log = self.scheduler.log();
+                let cause = log.lines().rev().find(|l| l.contains("database error"));
+                eprintln!("run {run_id}: a read was unavailable, polled again: {cause:?}");
+            } else {
+                assert_eq!(status, 200, "{run}\n{}", self.scheduler.log());
+                if states.iter().any(|s| run["state"] == *s) {
+                    return run;
+                }
             }
             if Instant::now() > deadline {
                 panic!(
