@@ -491,3 +491,40 @@ async fn a_pause_that_outlives_its_worker_resumes_from_the_disk() {
         processes_with(&marker).is_empty()
     });
 }
+
+/// An upload never follows a link the agent left in its home: an exec links the name
+/// the content used to be staged under (and a few others) to a root-owned host file,
+/// and the next upload lands in the tree while the host file keeps its bytes and mode.
+#[tokio::test]
+async fn an_upload_never_writes_through_a_link_the_agent_planted() {
+    use std::os::unix::fs::PermissionsExt;
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("sandbox-upload-link", 0, Settings::default()).await;
+    cluster.add_worker();
+    let victim = std::env::temp_dir().join(format!("cairn-victim-{}", uuid::Uuid::new_v4()));
+    std::fs::write(&victim, "the host's own").expect("victim");
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).expect("mode");
+    let id = create(&cluster, json!({"agent": "coder"}));
+    wait_state(&cluster, &id, "running");
+    let plant = format!(
+        "for n in .cairn-upload .cairn-upload-0 upload; do ln -sf {} \"$HOME/$n\"; done",
+        victim.display()
+    );
+    let (status, seen) = exec(&cluster, &id, &plant);
+    assert_eq!(status, 200, "{seen}");
+    let (status, body) = raw(
+        &cluster,
+        "PUT",
+        &format!("/api/v1/sandboxes/{id}/files/content?path=landed.txt"),
+        b"uploaded bytes",
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    assert_eq!(file(&cluster, &id, "landed.txt").1, b"uploaded bytes");
+    assert_eq!(std::fs::read(&victim).expect("victim"), b"the host's own");
+    let mode = std::fs::metadata(&victim)
+        .expect("meta")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the host file's mode is unchanged");
+    let _ = std::fs::remove_file(victim);
+}

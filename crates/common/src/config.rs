@@ -10,6 +10,7 @@ pub struct DatabaseArgs {
     #[arg(
         long,
         env = "CAIRN_DATABASE_URL",
+        hide_env_values = true,
         default_value = "postgres://postgres@127.0.0.1:5432/cairn"
     )]
     pub database_url: String,
@@ -34,6 +35,7 @@ pub struct RedisArgs {
     #[arg(
         long,
         env = "CAIRN_REDIS_URL",
+        hide_env_values = true,
         default_value = "redis://127.0.0.1:6379"
     )]
     pub redis_url: String,
@@ -49,6 +51,7 @@ pub struct AmqpArgs {
     #[arg(
         long,
         env = "CAIRN_AMQP_URL",
+        hide_env_values = true,
         default_value = "amqp://guest:guest@127.0.0.1:5672/%2f"
     )]
     pub amqp_url: String,
@@ -67,6 +70,7 @@ pub struct ArtifactsArgs {
     #[arg(
         long,
         env = "CAIRN_ARTIFACTS_URL",
+        hide_env_values = true,
         default_value = "./.cairn/artifacts"
     )]
     pub artifacts_url: String,
@@ -224,4 +228,34 @@ pub fn exit_invalid(reason: impl std::fmt::Display) -> ! {
 
 fn first_line(text: &str) -> String {
     text.lines().next().unwrap_or("").trim().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{Args, Command};
+
+    /// A URL may carry a password: `--help` and usage errors never print its value
+    /// from the environment.
+    #[test]
+    fn no_connection_url_is_shown_from_the_environment() {
+        let command = [
+            super::DatabaseArgs::augment_args,
+            super::RedisArgs::augment_args,
+            super::AmqpArgs::augment_args,
+            super::ArtifactsArgs::augment_args,
+        ]
+        .iter()
+        .fold(Command::new("cairn"), |command, add| add(command));
+        let urls: Vec<_> = command
+            .get_arguments()
+            .filter(|a| {
+                a.get_env()
+                    .is_some_and(|e| e.to_string_lossy().ends_with("_URL"))
+            })
+            .collect();
+        assert_eq!(urls.len(), 4);
+        for arg in urls {
+            assert!(arg.is_hide_env_values_set(), "{:?}", arg.get_env());
+        }
+    }
 }

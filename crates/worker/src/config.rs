@@ -69,7 +69,12 @@ pub struct Config {
     /// the usual `AWS_*`, `GOOGLE_*`, `AZURE_*` variables). Empty: the artifacts
     /// directory. Workers that may continue each other's work, and the reaper, must all
     /// reach it.
-    #[arg(long, env = "CAIRN_SNAPSHOT_STORE_URL", default_value = "")]
+    #[arg(
+        long,
+        env = "CAIRN_SNAPSHOT_STORE_URL",
+        default_value = "",
+        hide_env_values = true
+    )]
     pub snapshot_store_url: String,
     /// Whether every other worker can restore this worker's snapshots (default: when the
     /// snapshot store is an object store; set it for a directory they all mount). A

@@ -12,6 +12,7 @@
 pub mod fork;
 pub mod lifecycle;
 pub mod operation;
+mod staged;
 pub mod tree;
 
 use crate::context::Worker;

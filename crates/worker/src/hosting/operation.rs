@@ -6,6 +6,7 @@
 //! home), so a path resolves in the step sandbox's view: a link out of the tree leads
 //! nowhere the step could not reach itself.
 
+use super::staged::Staged;
 use super::tree::{self, SandboxTree, Seal};
 use super::{HostError, SandboxRow};
 use crate::context::Worker;
@@ -47,8 +48,6 @@ impl Owner<'_> {
 
 /// How many times the commit of an operation's effects is tried.
 const COMMIT_TRIES: usize = 3;
-/// The name, in the sandbox's home, a write's content is staged under.
-const UPLOAD: &str = ".cairn-upload";
 const FILE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Carries out one operation and writes its receipt.
@@ -260,16 +259,14 @@ async fn run(
                 Ok(bytes) => bytes,
                 Err(e) => return json!({"error": format!("content is not base64: {e}")}),
             };
-            let staged = tree.workspace.home.join(UPLOAD);
-            if let Err(e) = stage(&staged, &bytes).await {
-                return json!({"error": format!("staging the content: {e}")});
-            }
-            let script = format!(
-                "mkdir -p -- \"$(dirname -- \"$1\")\" && cat -- \"$HOME/{UPLOAD}\" > \"$1\""
-            );
-            let argv = ["sh", "-c", &script, "sh", path];
+            let staged = match Staged::write(&tree.workspace.home, &bytes).await {
+                Ok(staged) => staged,
+                Err(e) => return json!({"error": format!("staging the content: {e}")}),
+            };
+            let script = "mkdir -p -- \"$(dirname -- \"$1\")\" && cat -- \"$HOME/$2\" > \"$1\"";
+            let argv = ["sh", "-c", script, "sh", path, staged.name()];
             let written = file_command(host, tree, id, &argv, stop).await;
-            let _ = tokio::fs::remove_file(&staged).await;
+            staged.remove().await;
             match written {
                 Ok((outcome, _)) if outcome.succeeded() => {
                     json!({"path": path, "size": bytes.len()})
@@ -299,14 +296,6 @@ async fn run(
             }
         }
     }
-}
-
-/// Writes a write's content where the sandboxed copy reads it (its home, which only
-/// this sandbox sees), readable by the sandbox's user.
-async fn stage(path: &std::path::Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    tokio::fs::write(path, bytes).await?;
-    tokio::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).await
 }
 
 /// Why a file command failed, from its stderr.
