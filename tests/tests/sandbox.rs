@@ -198,28 +198,243 @@ async fn a_setsid_orphan_is_gone_within_the_kill_grace_after_timeout_and_cancel(
     );
 }
 
-/// `network: false` cannot reach a listener on the host's loopback; a step that does not
-/// say (the worker's default, `true`) reaches it.
+/// Two hosts of the test's own, each in a network namespace behind a veth pair: a
+/// "public" server on a documentation address and a "private" one on a 10.x address,
+/// each answering its name on two ports. Removed (servers and namespaces) on drop.
+struct Topology {
+    names: Vec<String>,
+    servers: Vec<std::process::Child>,
+}
+
+const PUBLIC: &str = "203.0.113.10";
+const PRIVATE: &str = "10.213.0.10";
+
+impl Topology {
+    fn start() -> Topology {
+        let tag = std::process::id() % 100_000;
+        let mut topology = Topology {
+            names: Vec::new(),
+            servers: Vec::new(),
+        };
+        for (n, (name, net)) in [("public", "203.0.113"), ("private", "10.213.0")]
+            .into_iter()
+            .enumerate()
+        {
+            let ns = format!("cairn-{name}-{tag}");
+            let (host, peer) = (format!("cvh{n}{tag}"), format!("cvp{n}{tag}"));
+            let _ = run("ip", &["netns", "del", &ns]);
+            let _ = run("ip", &["link", "del", &host]);
+            topology.names.push(ns.clone());
+            for args in [
+                vec!["netns", "add", &ns],
+                vec!["link", "add", &host, "type", "veth", "peer", "name", &peer],
+                vec!["link", "set", &peer, "netns", &ns],
+            ] {
+                run("ip", &args).expect("topology");
+            }
+            let (host_addr, peer_addr) = (format!("{net}.1/24"), format!("{net}.10/24"));
+            run("ip", &["addr", "add", &host_addr, "dev", &host]).expect("addr");
+            run("ip", &["link", "set", &host, "up"]).expect("up");
+            for args in [
+                vec!["addr", "add", &peer_addr, "dev", &peer],
+                vec!["link", "set", &peer, "up"],
+                vec!["link", "set", "lo", "up"],
+            ] {
+                let mut full = vec!["netns", "exec", &ns, "ip"];
+                full.extend(args);
+                run("ip", &full).expect("peer");
+            }
+            let server = format!(
+                "import socket, threading\n\
+                 def serve(port):\n\
+                 \x20   s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+                 \x20   s.bind(('{net}.10', port)); s.listen(16)\n\
+                 \x20   while True:\n\
+                 \x20       c, _ = s.accept(); c.sendall(b'{name}-%d' % port); c.close()\n\
+                 threading.Thread(target=serve, args=(8081,), daemon=True).start()\n\
+                 serve(8080)\n"
+            );
+            let child = std::process::Command::new("ip")
+                .args(["netns", "exec", &ns, "python3", "-c", &server])
+                .spawn()
+                .expect("server");
+            topology.servers.push(child);
+        }
+        // Both answer from the host before any step tries them.
+        for addr in [PUBLIC, PRIVATE] {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while std::net::TcpStream::connect((addr, 8080)).is_err() {
+                assert!(Instant::now() < deadline, "{addr} does not answer");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        topology
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        for server in &mut self.servers {
+            let _ = server.kill();
+            let _ = server.wait();
+        }
+        for ns in &self.names {
+            let _ = run("ip", &["netns", "del", ns]);
+        }
+    }
+}
+
+fn run(program: &str, args: &[&str]) -> Result<(), String> {
+    let out = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{program} {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ))
+    }
+}
+
+/// A step with the network (the default) is in a network namespace of its own and
+/// reaches the public internet (a documentation address in the test's topology) and
+/// what the operator allows by name, and nothing that belongs to the platform: not
+/// PostgreSQL, Redis, RabbitMQ, the API or the worker on the host's loopback, not the
+/// worker's own addresses, not a private server, not the metadata address. A step
+/// without the network reaches nothing at all.
 #[tokio::test]
-async fn network_false_blocks_the_host_loopback_and_network_true_reaches_it() {
+async fn a_step_reaches_the_public_and_what_is_allowed_and_nothing_of_the_platform() {
     let _services = ServiceLock::shared().await;
-    let cluster = Cluster::start("sandbox-network", 1, Settings::default()).await;
-    let listener = TcpListener::bind("127.0.0.1:0").expect("listener");
+    let topology = Topology::start();
+    let mut cluster = Cluster::start("sandbox-egress", 0, Settings::default()).await;
+    cluster
+        .worker_env
+        .push(("CAIRN_STEP_EGRESS_ALLOW".into(), format!("{PRIVATE}:8080")));
+    cluster.add_worker();
+    // A listener on every host address: the worker's own addresses are refused too.
+    let listener = TcpListener::bind("0.0.0.0:0").expect("listener");
     let port = listener.local_addr().expect("addr").port();
-    let connect = format!(
-        "python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=3); print('reached')\""
+    let api = cluster.api.port();
+    let worker = cluster.workers[0].addr.port();
+    let targets = [
+        ("postgres", "127.0.0.1".to_string(), 5432),
+        ("redis", "127.0.0.1".into(), 6379),
+        ("rabbitmq", "127.0.0.1".into(), 5672),
+        ("api", "127.0.0.1".into(), api),
+        ("worker", "127.0.0.1".into(), worker),
+        ("own-address", "203.0.113.1".into(), port),
+        ("own-private-address", "10.213.0.1".into(), port),
+        ("metadata", "169.254.169.254".into(), 80),
+        ("private-other-port", PRIVATE.into(), 8081),
+        ("private-allowed", PRIVATE.into(), 8080),
+        ("public", PUBLIC.into(), 8080),
+        ("public-other-port", PUBLIC.into(), 8081),
+    ];
+    let probe = targets
+        .iter()
+        .map(|(name, host, port)| format!("('{name}', '{host}', {port})"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let script = format!(
+        "import os, socket\n\
+         for name, host, port in [{probe}]:\n\
+         \x20   try:\n\
+         \x20       s = socket.create_connection((host, port), timeout=3)\n\
+         \x20       s.settimeout(3)\n\
+         \x20       try: said = s.recv(64).decode()\n\
+         \x20       except Exception: said = ''\n\
+         \x20       print(name, 'reached', said or '-')\n\
+         \x20   except Exception as e:\n\
+         \x20       print(name, 'refused', type(e).__name__)\n\
+         print('netns', os.readlink('/proc/self/ns/net'))\n"
     );
-    let mut closed = sh("closed", &format!("{connect} || echo blocked"));
-    closed["network"] = json!(false);
-    let (run_id, _) = cluster.submit(&run_spec(vec![sh("open", &connect), closed], 1));
+    let argv =
+        |key: &str| json!({"key": key, "argv": ["python3", "-c", script], "timeout_seconds": 120});
+    let mut offline = argv("offline");
+    offline["network"] = json!(false);
+    let (run_id, _) = cluster.submit(&run_spec(vec![argv("online"), offline], 1));
     cluster.wait_for_state(&run_id, &["completed"], LONG);
-    let open = step_of(&cluster, &run_id, "open");
-    assert_eq!(open["stdout_tail"], "reached\n", "{open}");
-    assert_eq!(open["sandbox"]["network"], true);
-    let closed = step_of(&cluster, &run_id, "closed");
-    assert_eq!(closed["stdout_tail"], "blocked\n", "{closed}");
-    assert_eq!(closed["sandbox"]["network"], false);
+    let host_ns = std::fs::read_link("/proc/self/ns/net").expect("netns");
+    let seen = |key: &str| {
+        let step = step_of(&cluster, &run_id, key);
+        let out = step["stdout_tail"].as_str().unwrap_or_default().to_string();
+        (step, out)
+    };
+    let (online, out) = seen("online");
+    assert_eq!(online["sandbox"]["network"], true, "{online}");
+    assert!(
+        online["sandbox"]["namespaces"]
+            .as_array()
+            .is_some_and(|n| n.contains(&json!("network"))),
+        "{online}"
+    );
+    let line = |out: &str, name: &str| {
+        out.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no {name}: {out}"))
+            .to_string()
+    };
+    for (name, _, _) in &targets {
+        let got = line(&out, name);
+        match *name {
+            "private-allowed" => assert_eq!(got, "private-allowed reached private-8080", "{out}"),
+            "public" => assert_eq!(got, "public reached public-8080", "{out}"),
+            "public-other-port" => {
+                assert_eq!(got, "public-other-port reached public-8081", "{out}")
+            }
+            _ => assert!(got.contains(" refused "), "{name} must be refused: {out}"),
+        }
+    }
+    let netns = line(&out, "netns");
+    assert_ne!(netns, format!("netns {}", host_ns.display()), "{out}");
+    let (_, out) = seen("offline");
+    for (name, _, _) in &targets {
+        assert!(
+            line(&out, name).contains(" refused "),
+            "offline {name}: {out}"
+        );
+    }
     drop(listener);
+    drop(topology);
+}
+
+/// A worker that cannot give a step a NAT of its own fails the step that asks for the
+/// network, saying why; it never runs it on the host's network.
+#[tokio::test]
+async fn without_its_nat_a_step_with_the_network_fails_clearly() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("sandbox-no-nat", 0, Settings::default()).await;
+    // A PATH with bubblewrap and nsenter, but no slirp4netns or nft.
+    let bin = std::env::temp_dir().join(format!("cairn-no-nat-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&bin).expect("bin");
+    for tool in ["bwrap", "nsenter", "sleep", "unshare"] {
+        let found = ["/usr/bin", "/bin", "/usr/sbin"]
+            .iter()
+            .map(|d| std::path::Path::new(d).join(tool))
+            .find(|p| p.exists())
+            .expect(tool);
+        std::os::unix::fs::symlink(found, bin.join(tool)).expect("link");
+    }
+    cluster
+        .worker_env
+        .push(("PATH".into(), bin.to_string_lossy().into_owned()));
+    cluster.add_worker();
+    let mut offline = sh("offline", "echo fine");
+    offline["network"] = json!(false);
+    let (run_id, _) = cluster.submit(&run_spec(vec![offline, sh("online", "echo never")], 1));
+    cluster.wait_for_state(&run_id, &["failed"], LONG);
+    let fine = step_of(&cluster, &run_id, "offline");
+    assert_eq!(fine["stdout_tail"], "fine\n", "{fine}");
+    let view = cluster.run(&run_id);
+    let reason = view["stop_reason"].as_str().unwrap_or_default().to_string();
+    assert!(
+        reason.contains("never runs on the host's network") && reason.contains("slirp4netns"),
+        "{view}"
+    );
+    let _ = std::fs::remove_dir_all(bin);
 }
 
 /// A fork loop ends at the step's `pids` limit, with `pids_limit` in its receipt.

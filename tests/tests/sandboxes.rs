@@ -376,7 +376,7 @@ async fn an_exec_in_a_sandbox_has_no_authority_beyond_its_tree() {
         1,
         "network:false has its own loopback only: {without}"
     );
-    assert!(interfaces(&with) > 1, "network:true has the host's: {with}");
+    assert!(interfaces(&with) > 1, "network:true has its NAT: {with}");
     let (status, refused) = cluster.call(
         "POST",
         &format!("/api/v1/sandboxes/{id}/exec"),

@@ -31,6 +31,7 @@ pub async fn run(runs: usize) -> anyhow::Result<()> {
         read_only: Vec::new(),
         read_write: Vec::new(),
         cgroups: true,
+        egress_allow: Vec::new(),
         etc_dir: dir.join(format!("etc-{mode:?}")),
     };
     let baseline = Sandbox::start(settings(Mode::Off)).map_err(anyhow::Error::msg)?;

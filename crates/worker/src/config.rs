@@ -140,6 +140,13 @@ pub struct Config {
     /// Whether a step that does not say (`network`) reaches the network.
     #[arg(long, env = "CAIRN_STEP_NETWORK", default_value_t = true, action = clap::ArgAction::Set)]
     pub step_network: bool,
+    /// Destinations beyond the public internet that steps with the network may reach,
+    /// comma-separated: `HOST:PORT`, `CIDR`, `CIDR:PORT` or `[IPV6/PREFIX]:PORT` (a host
+    /// name is resolved at start). Loopback, link-local, private and CGNAT ranges and
+    /// the worker's own addresses are refused unless named here.
+    #[arg(long, env = "CAIRN_STEP_EGRESS_ALLOW", value_delimiter = ',',
+          value_parser = parse_allowed)]
+    pub step_egress_allow: Vec<Vec<crate::sandbox::network::Allowed>>,
     /// Memory of a step that sets no `limits.memory_mb`, in MiB.
     #[arg(long, env = "CAIRN_STEP_MEMORY_MB", default_value_t = 8192,
           value_parser = clap::value_parser!(u64).range(16..=1_048_576))]
@@ -195,6 +202,7 @@ impl Config {
             read_only: non_empty(&self.sandbox_read_only),
             read_write: non_empty(&self.sandbox_read_write),
             cgroups: self.sandbox_cgroups,
+            egress_allow: self.step_egress_allow.iter().flatten().cloned().collect(),
             etc_dir: workspaces_dir.join(".cairn-sandbox-etc"),
         }
     }
@@ -295,6 +303,13 @@ impl Settings for Config {
     fn log_format(&self) -> LogFormat {
         self.log.log_format
     }
+}
+
+fn parse_allowed(text: &str) -> Result<Vec<crate::sandbox::network::Allowed>, String> {
+    if text.trim().is_empty() {
+        return Ok(Vec::new());
+    }
+    crate::sandbox::network::Allowed::parse(text.trim())
 }
 
 fn non_empty(paths: &[PathBuf]) -> Vec<PathBuf> {

@@ -8,7 +8,7 @@
 //! its output is read for at most the kill grace.
 
 use crate::live_output::{LiveOutput, Uploader};
-use crate::sandbox::{self, Limit, Live, Running, Sandbox};
+use crate::sandbox::{self, Limit, Live, Running, Sandbox, Started};
 use crate::step_output::{capture, stream_path, Bounds};
 use nix::sys::signal::Signal;
 use nix::sys::wait::{waitid, Id as WaitId, WaitPidFlag};
@@ -123,6 +123,8 @@ pub enum StepError {
     },
     #[error("cannot start: {0}")]
     Cwd(#[from] sandbox::CwdRefused),
+    #[error("cannot start: {0}")]
+    Network(String),
     #[error("step I/O failed: {0}")]
     Io(#[from] std::io::Error),
 }
@@ -132,6 +134,7 @@ impl From<sandbox::CommandError> for StepError {
         match e {
             sandbox::CommandError::Cwd(e) => StepError::Cwd(e),
             sandbox::CommandError::Variables(e) => StepError::Io(e),
+            e @ sandbox::CommandError::Network(_) => StepError::Network(e.to_string()),
         }
     }
 }
@@ -168,6 +171,69 @@ pub async fn run_in(
     run_spawned(command, sandbox, stop, &Live::default(), Some(session)).await
 }
 
+/// How many times a sandbox whose network could not be attached is started again:
+/// its command had not begun (bubblewrap held it), so nothing of it ran twice.
+const ATTACH_TRIES: usize = 3;
+
+/// Starts the command: in the session, or in a sandbox of its own with its network
+/// attached before it begins.
+async fn start(
+    command: &StepCommand,
+    env: &BTreeMap<String, String>,
+    sandbox: &Sandbox,
+    session: Option<&sandbox::Session>,
+    program: String,
+) -> Result<
+    (
+        Started,
+        Option<sandbox::cgroup::Group>,
+        Option<sandbox::network::Link>,
+    ),
+    StepError,
+> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let (cmd, group, hold) = match session {
+            Some(session) => (
+                sandbox.enter(session, &command.argv, env, &command.place)?,
+                None,
+                None,
+            ),
+            None => sandbox.command(&command.argv, env, &command.place)?,
+        };
+        let child = match cmd.spawn() {
+            Ok(child) => child,
+            Err(source) => {
+                if let Some(group) = group {
+                    group.remove().await;
+                }
+                return Err(StepError::Spawn { program, source });
+            }
+        };
+        let Some(hold) = hold else {
+            return Ok((child, group, None));
+        };
+        // The NAT and egress filter, attached while bubblewrap holds the command;
+        // kept up until the step's end.
+        match sandbox.connect(hold).await {
+            Ok(link) => return Ok((child, group, Some(link))),
+            Err(why) => {
+                drop(child);
+                if let Some(group) = group {
+                    group.remove().await;
+                }
+                if tries >= ATTACH_TRIES {
+                    return Err(StepError::Network(format!(
+                        "the step's network could not be attached: {why}"
+                    )));
+                }
+                tracing::warn!(error = %why, tries, "the step's network could not be attached; starting its sandbox again");
+            }
+        }
+    }
+}
+
 async fn run_spawned(
     command: &StepCommand,
     sandbox: &Sandbox,
@@ -187,23 +253,8 @@ async fn run_spawned(
     let mut env = command.env.clone();
     env.entry("PATH".into())
         .or_insert_with(|| sandbox::DEFAULT_PATH.into());
-    let (cmd, group) = match session {
-        Some(session) => (
-            sandbox.enter(session, &command.argv, &env, &command.place)?,
-            None,
-        ),
-        None => sandbox.command(&command.argv, &env, &command.place)?,
-    };
     let started = Instant::now();
-    let mut child = match cmd.spawn() {
-        Ok(child) => child,
-        Err(source) => {
-            if let Some(group) = group {
-                group.remove().await;
-            }
-            return Err(StepError::Spawn { program, source });
-        }
-    };
+    let (mut child, group, _link) = start(command, &env, sandbox, session, program).await?;
     // Registered with the runtime once the process is ours to drop: on a failure it is
     // killed and reaped as `child` goes.
     let receiver = |fd: Option<std::os::fd::OwnedFd>| {
@@ -451,6 +502,7 @@ mod tests {
             read_only: Vec::new(),
             read_write: Vec::new(),
             cgroups: true,
+            egress_allow: Vec::new(),
             etc_dir: std::env::temp_dir()
                 .join(format!("cairn-step-etc-{}", uuid::Uuid::new_v4().simple())),
         })

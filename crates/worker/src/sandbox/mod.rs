@@ -3,7 +3,8 @@
 //!
 //! Where the host allows it, the process runs under bubblewrap (`bwrap`, the sandbox
 //! Flatpak uses) in its own user, PID, mount and IPC namespaces, and its own network
-//! namespace unless the step asks for the network (no UTS or cgroup namespace: a step
+//! namespace, with a NAT and an egress filter when the step asks for the network
+//! ([`network`]) (no UTS or cgroup namespace: a step
 //! can change neither the host name nor a cgroup, and each would cost a start time):
 //! - as an unprivileged uid/gid of its user namespace, with no capabilities and
 //!   `no_new_privs`;
@@ -19,6 +20,7 @@
 //! keeps one [`Session`] of namespaces that its commands enter.
 
 pub mod cgroup;
+pub mod network;
 pub mod probe;
 mod running;
 mod session;
@@ -77,6 +79,9 @@ pub struct Settings {
     pub read_write: Vec<PathBuf>,
     /// Whether steps get a cgroup where the host delegates one.
     pub cgroups: bool,
+    /// Destinations the operator allows steps with the network to reach beyond the
+    /// public internet (`CAIRN_STEP_EGRESS_ALLOW`).
+    pub egress_allow: Vec<network::Allowed>,
     /// Where the `/etc` steps see is kept: a directory of this worker's own (it is
     /// replaced at start).
     pub etc_dir: PathBuf,
@@ -103,6 +108,8 @@ pub struct Sandbox {
     /// `nsenter`, found the same way (sandbox resources enter their held namespaces).
     nsenter: PathBuf,
     report: Report,
+    /// The NAT and filter of steps with the network, or why there is none.
+    egress: Result<network::Egress, String>,
     cgroups: Option<cgroup::Hierarchy>,
     view: view::View,
     started: AtomicU64,
@@ -119,6 +126,7 @@ impl Sandbox {
         }
         let nsenter =
             spawn::find("nsenter".as_ref(), &path).unwrap_or_else(|| "/usr/bin/nsenter".into());
+        let egress = network::Egress::find(&path, nsenter.clone(), &settings.egress_allow);
         let cgroups = settings
             .cgroups
             .then(cgroup::Hierarchy::delegated)
@@ -128,7 +136,15 @@ impl Sandbox {
             etc: view::EtcView::copy(&settings.etc_dir, settings.uid, settings.gid)
                 .map_err(|e| format!("cannot copy /etc for steps: {e}"))?,
         };
-        let report = probe::probe(&settings, &view, cgroups.as_ref());
+        let mut report = probe::probe(&settings, &view, cgroups.as_ref());
+        if let Err(why) = &egress {
+            if report.isolated {
+                report.missing.push(format!(
+                    "steps that ask for the network fail: no NAT for their namespace: {why}"
+                ));
+            }
+        }
+        report.egress = report.isolated && egress.is_ok();
         if settings.mode == Mode::Required && !report.isolated {
             return Err(format!(
                 "CAIRN_SANDBOX=required, but this host cannot give steps their sandbox: {}",
@@ -146,6 +162,7 @@ impl Sandbox {
             settings,
             nsenter,
             report,
+            egress,
             cgroups,
             view,
             started: AtomicU64::new(0),
@@ -191,10 +208,7 @@ impl Sandbox {
             "enforced_by": self.report.limits_by(),
         });
         if self.isolates() {
-            let mut namespaces = vec!["user", "pid", "mount", "ipc"];
-            if !spec.network {
-                namespaces.push("network");
-            }
+            let namespaces = ["user", "pid", "mount", "ipc", "network"];
             json!({
                 "mechanism": self.report.mechanism,
                 "isolated": true,
@@ -202,6 +216,18 @@ impl Sandbox {
                 "gid": self.settings.gid,
                 "namespaces": namespaces,
                 "network": spec.network,
+                "egress": if spec.network {
+                    json!({
+                        "nat": "slirp4netns",
+                        "refused": "loopback, link-local, private (RFC 1918, RFC 4193), CGNAT and the worker's own addresses",
+                        "allowed": self.settings.egress_allow.iter().map(|a| match a.port {
+                            Some(port) => format!("{}:{port}", a.net),
+                            None => a.net.clone(),
+                        }).collect::<Vec<_>>(),
+                    })
+                } else {
+                    json!("none")
+                },
                 "limits": limits,
             })
         } else {
@@ -222,13 +248,18 @@ impl Sandbox {
         argv: &[String],
         env: &BTreeMap<String, String>,
         spec: &Spec,
-    ) -> Result<(Launch, Option<cgroup::Group>), CommandError> {
+    ) -> Result<(Launch, Option<cgroup::Group>, Option<network::Hold>), CommandError> {
         let cwd = resolve_cwd(&spec.workspace, spec.cwd.as_deref())?;
-        let mut cmd = if self.isolates() {
+        let (mut cmd, hold) = if self.isolates() {
+            if spec.network {
+                if let Err(why) = &self.egress {
+                    return Err(CommandError::Network(why.clone()));
+                }
+            }
             view::bwrap(&self.settings, &self.view, argv, env, spec, &cwd)
                 .map_err(CommandError::Variables)?
         } else {
-            view::direct(argv, env, &spec.workspace.join(&cwd))
+            (view::direct(argv, env, &spec.workspace.join(&cwd)), None)
         };
         let group = self.cgroups.as_ref().and_then(|h| {
             let n = self.started.fetch_add(1, Ordering::Relaxed);
@@ -242,7 +273,15 @@ impl Sandbox {
         });
         cmd.rlimits = view::rlimits(&spec.limits, group.is_some());
         cmd.cgroup_procs = group.as_ref().map(|g| g.procs_files()).unwrap_or_default();
-        Ok((cmd, group))
+        Ok((cmd, group, hold))
+    }
+
+    /// Attaches the NAT and egress filter to a started sandbox that holds for them.
+    pub async fn connect(&self, hold: network::Hold) -> Result<network::Link, String> {
+        match &self.egress {
+            Ok(egress) => egress.connect(hold).await,
+            Err(why) => Err(why.clone()),
+        }
     }
 }
 
@@ -253,4 +292,6 @@ pub enum CommandError {
     Cwd(#[from] CwdRefused),
     #[error("cannot hand the command its variables: {0}")]
     Variables(std::io::Error),
+    #[error("the step asks for the network, and this worker cannot give a sandbox one of its own ({0}); it never runs on the host's network")]
+    Network(String),
 }

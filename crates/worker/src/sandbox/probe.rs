@@ -26,6 +26,8 @@ pub struct Report {
     pub cgroup_controllers: Vec<&'static str>,
     /// Whether processes run in the namespace sandbox.
     pub isolated: bool,
+    /// Whether steps that ask for the network get a NAT and egress filter.
+    pub egress: bool,
     /// What keeps the sandbox from being whole, in words.
     pub missing: Vec<String>,
 }
@@ -66,6 +68,7 @@ pub fn probe(settings: &Settings, view: &View, cgroups: Option<&Hierarchy>) -> R
         cgroup: cgroups.map_or("none", Hierarchy::version),
         cgroup_controllers: cgroups.map(Hierarchy::controllers).unwrap_or_default(),
         isolated: false,
+        egress: false,
         missing: Vec::new(),
     };
     if !settings.cgroups {
@@ -170,7 +173,7 @@ fn whole(settings: &Settings, view: &View) -> Result<(), String> {
         // the namespaces allow.
         let argv = ["true".to_string()];
         let env = BTreeMap::from([("PATH".to_string(), super::DEFAULT_PATH.to_string())]);
-        let launch = view::bwrap(settings, view, &argv, &env, &spec, Path::new(""))
+        let (launch, _) = view::bwrap(settings, view, &argv, &env, &spec, Path::new(""))
             .map_err(|e| e.to_string())?;
         let mut started = launch.spawn().map_err(|e| e.to_string())?;
         drop(started.stdout.take());

@@ -11,8 +11,8 @@
 use super::cgroup::Group;
 use super::running::Running;
 use super::spawn::{Launch, Started};
-use super::view::{self, CwdRefused};
-use super::{Sandbox, Spec, WORKSPACE};
+use super::view;
+use super::{network, CommandError, Sandbox, Spec, WORKSPACE};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -28,6 +28,11 @@ pub struct Session {
     running: Arc<Running>,
     /// The namespace's init, as the host sees it: what `nsenter` targets.
     init: i32,
+    /// The NAT of the held network namespace, where this worker gives one.
+    link: Option<network::Link>,
+    /// A network namespace of the sandbox's with only a loopback, for commands that do
+    /// not ask for the network while the held one has the NAT, and its pid.
+    offline: Option<(Started, i32)>,
 }
 
 impl Session {
@@ -45,6 +50,8 @@ impl Session {
         self.running.kill_all();
         self.running.freeze(false);
         let _ = self.holder.wait().await;
+        drop(self.link.take());
+        drop(self.offline.take());
         if let Some(group) = self.running.group.clone() {
             group.remove().await;
         }
@@ -58,14 +65,16 @@ impl Sandbox {
         if !self.isolates() {
             return Ok(None);
         }
+        // The held namespace has the NAT where this worker gives one; a command that
+        // asks for no network enters a second namespace with only a loopback.
         let holder_spec = Spec {
-            network: false,
+            network: self.report.egress,
             cwd: None,
             ..spec.clone()
         };
         let argv = ["sleep".to_string(), "infinity".to_string()];
         let env = BTreeMap::from([("PATH".to_string(), super::DEFAULT_PATH.to_string())]);
-        let (mut cmd, group) = self
+        let (mut cmd, group, hold) = self
             .command(&argv, &env, &holder_spec)
             .map_err(|e| e.to_string())?;
         // `sleep` prints nothing, and what else of the sandbox writes there is lost.
@@ -87,15 +96,26 @@ impl Sandbox {
             cpu_limit_ms: None,
             keeps_leftovers: false,
         });
-        let deadline = tokio::time::Instant::now() + START;
-        let first_child = |pid: i32| -> Option<i32> {
-            std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-                .ok()?
-                .split_whitespace()
-                .next()?
-                .parse()
-                .ok()
+        let link = match hold {
+            Some(hold) => match self.connect(hold).await {
+                Ok(link) => Some(link),
+                Err(why) => {
+                    let session = Session {
+                        holder,
+                        running,
+                        init: 0,
+                        link: None,
+                        offline: None,
+                    };
+                    session.end().await;
+                    return Err(format!(
+                        "the sandbox's network could not be attached: {why}"
+                    ));
+                }
+            },
+            None => None,
         };
+        let deadline = tokio::time::Instant::now() + START;
         // Ready once the namespace's init has started `sleep`: it does so only after it
         // made the view and moved into it. Entered any sooner, `nsenter` would take the
         // root the init had before (a command then finds no `/usr/bin/env`).
@@ -108,17 +128,60 @@ impl Sandbox {
                     holder,
                     running,
                     init: 0,
+                    link,
+                    offline: None,
                 };
                 session.end().await;
                 return Err("the sandbox's namespaces did not start".into());
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
-        Ok(Some(Session {
+        let mut session = Session {
             holder,
             running,
             init,
-        }))
+            link,
+            offline: None,
+        };
+        if session.link.is_some() {
+            match self.start_offline().await {
+                Ok(offline) => session.offline = Some(offline),
+                Err(why) => {
+                    session.end().await;
+                    return Err(why);
+                }
+            }
+        }
+        Ok(Some(session))
+    }
+
+    /// A process in a network namespace of its own with only a loopback (bubblewrap
+    /// brings it up), for commands without the network to enter, and its pid there.
+    /// Nothing runs in it but `sleep`; a command entering it has no capability over it.
+    async fn start_offline(&self) -> Result<(Started, i32), String> {
+        let mut cmd = Launch::new(&self.settings.bwrap);
+        cmd.args(["--die-with-parent", "--unshare-net", "--ro-bind", "/", "/"])
+            .args(["--", "sleep", "infinity"]);
+        cmd.env = vec![("PATH".into(), super::DEFAULT_PATH.into())];
+        cmd.quiet = true;
+        let offline = cmd
+            .spawn()
+            .map_err(|e| format!("cannot start the sandbox's offline namespace: {e}"))?;
+        let deadline = tokio::time::Instant::now() + START;
+        // Ready once bubblewrap's child, in the new namespace, runs `sleep`.
+        loop {
+            let child = first_child(offline.pid);
+            let comm = child.and_then(|c| std::fs::read_to_string(format!("/proc/{c}/comm")).ok());
+            if let (Some(child), Some(comm)) = (child, comm) {
+                if comm.trim() == "sleep" {
+                    return Ok((offline, child));
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err("the sandbox's offline namespace did not start".into());
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// The command that runs `argv` with exactly `env` inside the session's namespaces,
@@ -130,14 +193,27 @@ impl Sandbox {
         argv: &[String],
         env: &BTreeMap<String, String>,
         spec: &Spec,
-    ) -> Result<Launch, CwdRefused> {
+    ) -> Result<Launch, CommandError> {
         let cwd = view::resolve_cwd(&spec.workspace, spec.cwd.as_deref())?;
         // Found once at start on the worker's own PATH, never on the command's.
         let mut cmd = Launch::new(&self.nsenter);
         cmd.arg(format!("--target={}", session.init))
             .args(["--user", "--mount", "--pid", "--ipc"]);
-        if !spec.network {
-            cmd.arg("--net");
+        // Always a namespace of the sandbox's: the held one (with the NAT, if any), or
+        // the offline one; never the host's.
+        match (&session.offline, spec.network) {
+            (Some((_, offline)), false) => {
+                cmd.arg(format!("--net=/proc/{offline}/ns/net"));
+            }
+            (None, true) => {
+                return Err(CommandError::Network(match &self.egress {
+                    Err(why) => why.clone(),
+                    Ok(_) => "the sandbox's namespace has no NAT".into(),
+                }))
+            }
+            _ => {
+                cmd.arg("--net");
+            }
         }
         // The root and working directory of the holder (its view, at the workspace):
         // nsenter resolves a directory it is given in the worker's view, not the
@@ -195,4 +271,14 @@ fn acted_on_by_libc(name: &str) -> bool {
         .iter()
         .any(|prefix| name.starts_with(prefix))
         || NAMES.contains(&name)
+}
+
+/// The first child of `pid`, if it has one.
+fn first_child(pid: i32) -> Option<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }

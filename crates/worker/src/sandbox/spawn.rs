@@ -33,6 +33,10 @@ use std::sync::Arc;
 /// `--args`).
 pub const FILE_FD: RawFd = 3;
 
+/// The highest descriptor [`Launch::extra_files`] may be placed at: what the child's
+/// sources are kept above.
+const PLACED_MAX: RawFd = FILE_FD + 4;
+
 /// The child's stack: it makes a few dozen system calls and execs.
 const STACK: usize = 64 * 1024;
 
@@ -47,6 +51,9 @@ pub struct Launch {
     pub cwd: PathBuf,
     /// A file it finds at [`FILE_FD`].
     pub file: Option<OwnedFd>,
+    /// More descriptors it finds after [`FILE_FD`], in order (at most
+    /// `PLACED_MAX - FILE_FD`).
+    pub extra_files: Vec<OwnedFd>,
     /// `cgroup.procs` files it writes itself into.
     pub cgroup_procs: Vec<CString>,
     /// Soft and hard limits it sets.
@@ -65,6 +72,7 @@ impl Launch {
             env: Vec::new(),
             cwd: PathBuf::from("/"),
             file: None,
+            extra_files: Vec::new(),
             cgroup_procs: Vec::new(),
             rlimits: Vec::new(),
             no_new_privs: false,
@@ -182,6 +190,7 @@ struct Plan {
     cwd: CString,
     stdio: [RawFd; 3],
     file: Option<RawFd>,
+    extra: Vec<RawFd>,
     /// Past [`FILE_FD`], the highest descriptor open before the clone: what the child
     /// closes where `close_range` is not allowed.
     highest_fd: RawFd,
@@ -213,6 +222,17 @@ impl Launch {
                 .map_or(null.as_raw_fd(), |(_, write)| write.as_raw_fd())
         };
         let file = self.file.map(above_targets).transpose()?;
+        if self.extra_files.len() > (PLACED_MAX - FILE_FD) as usize {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "too many descriptors",
+            ));
+        }
+        let extra = self
+            .extra_files
+            .into_iter()
+            .map(above_targets)
+            .collect::<io::Result<Vec<_>>>()?;
         let mut plan = Plan {
             program: strings.program.clone(),
             argv: pointers(&strings.argv),
@@ -220,6 +240,7 @@ impl Launch {
             cwd: c_string(self.cwd.as_os_str())?,
             stdio: [null.as_raw_fd(), write_end(&out), write_end(&err)],
             file: file.as_ref().map(AsRawFd::as_raw_fd),
+            extra: extra.iter().map(AsRawFd::as_raw_fd).collect(),
             highest_fd: highest_open_fd(),
             procs: self.cgroup_procs,
             rlimits: self.rlimits,
@@ -335,16 +356,16 @@ fn open_null() -> io::Result<OwnedFd> {
     Ok(OwnedFd::from(file))
 }
 
-/// `fd`, moved above [`FILE_FD`] if it is at or below it (only when the worker was
-/// started with a standard descriptor closed).
+/// `fd`, moved above the descriptors the child places if it is at or below them (only
+/// when the worker was started with few descriptors open).
 fn above_targets(fd: OwnedFd) -> io::Result<OwnedFd> {
-    if fd.as_raw_fd() > FILE_FD {
+    if fd.as_raw_fd() > PLACED_MAX {
         return Ok(fd);
     }
     // SAFETY: fcntl(2) duplicates a descriptor we own; the copy is owned at once.
     #[allow(unsafe_code)]
     unsafe {
-        let moved = libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, FILE_FD + 1);
+        let moved = libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, PLACED_MAX + 1);
         if moved < 0 {
             return Err(io::Error::last_os_error());
         }
@@ -489,12 +510,24 @@ unsafe fn prepare(plan: &Plan) -> Result<(), i32> {
     for (target, &source) in plan.stdio.iter().enumerate() {
         place(source, target as RawFd)?;
     }
-    if let Some(file) = plan.file {
-        place(file, FILE_FD)?;
+    match plan.file {
+        Some(file) => place(file, FILE_FD)?,
+        // `/dev/null` holds the place: nothing of the worker's may stand there.
+        None if !plan.extra.is_empty() => place(plan.stdio[0], FILE_FD)?,
+        None => {}
+    }
+    for (n, &fd) in plan.extra.iter().enumerate() {
+        place(fd, FILE_FD + 1 + n as RawFd)?;
     }
     // Nothing else of the worker's: not even a descriptor it inherited without
     // close-on-exec from whatever started it, which bubblewrap would hand on.
-    let first = if plan.file.is_some() { FILE_FD + 1 } else { 3 };
+    let first = if !plan.extra.is_empty() {
+        FILE_FD + 1 + plan.extra.len() as RawFd
+    } else if plan.file.is_some() {
+        FILE_FD + 1
+    } else {
+        3
+    };
     let closed = libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0);
     if closed < 0 {
         // Older kernels and seccomp profiles: one by one, as far as any was open.

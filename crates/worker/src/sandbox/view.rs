@@ -2,6 +2,7 @@
 //! view and namespaces, the step's variables), its working directory, resolved beneath
 //! the workspace, and its rlimits.
 
+use super::network;
 use super::spawn::{Launch, FILE_FD};
 use super::{Settings, Spec, HOME, WORKSPACE};
 use cairn_common::run::StepLimits;
@@ -92,7 +93,7 @@ pub(super) fn bwrap(
     env: &BTreeMap<String, String>,
     spec: &Spec,
     cwd: &Path,
-) -> io::Result<Launch> {
+) -> io::Result<(Launch, Option<network::Hold>)> {
     let mut cmd = Launch::new(&settings.bwrap);
     if !env.is_empty() {
         cmd.file = Some(setenv_args(env)?);
@@ -102,10 +103,21 @@ pub(super) fn bwrap(
     cmd.args(["--die-with-parent", "--new-session", "--unshare-user"])
         .args(["--uid", &uid, "--gid", &gid])
         .args(["--unshare-pid", "--unshare-ipc"])
-        .args(["--cap-drop", "ALL"]);
-    if !spec.network {
-        cmd.arg("--unshare-net");
-    }
+        .args(["--cap-drop", "ALL"])
+        // Always: the host's network namespace is never a step's (see `network`).
+        .arg("--unshare-net");
+    let hold = if spec.network {
+        let (hold, fds) = network::hold()?;
+        cmd.args(network::hold_args());
+        if cmd.file.is_none() {
+            // The hold's descriptors follow the argument file's place.
+            cmd.file = Some(setenv_args(&BTreeMap::new())?);
+        }
+        cmd.extra_files = fds;
+        Some(hold)
+    } else {
+        None
+    };
     cmd.args(&view.system);
     // One mount for all of /etc: a bind per entry costs a step a few milliseconds.
     cmd.arg("--ro-bind").arg(&view.etc.path).arg("/etc");
@@ -148,7 +160,7 @@ pub(super) fn bwrap(
         .args(argv);
     // bwrap's own working directory (`Launch::new`'s `/`): anything it could be started
     // from.
-    Ok(cmd)
+    Ok((cmd, hold))
 }
 
 /// `--setenv NAME VALUE` for each variable, NUL-separated, in a memory file read from
@@ -356,6 +368,7 @@ impl EtcView {
             &format!("cairn:x:{uid}:{gid}:Cairn step:{HOME}:/bin/sh"),
         )?;
         name_if_unknown(&view.path.join("group"), gid, &format!("cairn:x:{gid}:"))?;
+        resolve_through_nat(&view.path.join("resolv.conf"))?;
         Ok(view)
     }
 }
@@ -385,6 +398,21 @@ fn copy_entry(from: &Path, to: &Path) -> io::Result<()> {
     } else {
         Ok(())
     }
+}
+
+/// The host's resolver settings with one nameserver: the NAT's forwarder, the only
+/// resolver the egress filter lets a step reach (the host's own may be on a private
+/// or loopback address).
+fn resolve_through_nat(file: &Path) -> io::Result<()> {
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    let mut kept: String = text
+        .lines()
+        .filter(|l| !l.trim_start().starts_with("nameserver"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    kept.push_str(&format!("nameserver {}\n", network::DNS));
+    let _ = std::fs::remove_file(file);
+    std::fs::write(file, kept)
 }
 
 /// Appends `line` to a `passwd`/`group` file that has no entry with id `id`.
