@@ -19,7 +19,7 @@
 use super::spawn::{Launch, Started};
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, ToSocketAddrs};
-use std::os::fd::{FromRawFd, OwnedFd};
+use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -206,8 +206,8 @@ impl Egress {
                 Err(_) => return Err("the sandbox ended before its network was attached".into()),
             }
         }
-        let (ready_read, ready_write) = pipe().map_err(|e| e.to_string())?;
-        let (exit_read, exit_write) = pipe().map_err(|e| e.to_string())?;
+        let (ready_read, ready_write) = super::spawn::pipe_pair().map_err(|e| e.to_string())?;
+        let (exit_read, exit_write) = super::spawn::pipe_pair().map_err(|e| e.to_string())?;
         let mut slirp = Launch::new(&self.slirp);
         slirp
             .args(["--configure", "--mtu=65520", "--disable-host-loopback"])
@@ -241,7 +241,7 @@ impl Egress {
             .args(["--net", "--"])
             .arg(&self.nft)
             .args(["-f", &format!("/dev/fd/{}", super::spawn::FILE_FD)]);
-        filter.file = Some(memory_file(self.rules.as_bytes()).map_err(|e| e.to_string())?);
+        filter.file = Some(rules_file(&self.rules).map_err(|e| e.to_string())?);
         let mut nft = filter
             .spawn()
             .map_err(|e| format!("cannot start nft: {e}"))?;
@@ -287,8 +287,8 @@ pub struct Link {
 /// A hold, and bubblewrap's ends of it: where it writes its report and the descriptor
 /// it blocks on, placed after its argument file.
 pub fn hold() -> io::Result<(Hold, Vec<OwnedFd>)> {
-    let (info_read, info_write) = pipe()?;
-    let (block_read, block_write) = pipe()?;
+    let (info_read, info_write) = super::spawn::pipe_pair()?;
+    let (block_read, block_write) = super::spawn::pipe_pair()?;
     Ok((
         Hold {
             info: info_read,
@@ -307,6 +307,14 @@ pub fn hold_args() -> [String; 4] {
         "--block-fd".into(),
         (fd + 2).to_string(),
     ]
+}
+
+/// The rules in a memory file, read from its start.
+fn rules_file(rules: &str) -> io::Result<OwnedFd> {
+    let mut file = std::fs::File::from(super::view::memory_file()?);
+    file.write_all(rules.as_bytes())?;
+    std::io::Seek::rewind(&mut file)?;
+    Ok(OwnedFd::from(file))
 }
 
 fn read_child_pid(info: OwnedFd) -> Result<i32, String> {
@@ -386,34 +394,6 @@ fn own_addresses() -> Vec<IpAddr> {
         }
     }
     own
-}
-
-fn pipe() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0; 2];
-    // SAFETY: pipe2(2) fills the two integers; both are owned at once.
-    #[allow(unsafe_code)]
-    unsafe {
-        if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])))
-    }
-}
-
-fn memory_file(bytes: &[u8]) -> io::Result<OwnedFd> {
-    // SAFETY: memfd_create(2) with a NUL-terminated name; the descriptor is owned at once.
-    #[allow(unsafe_code)]
-    let fd = unsafe {
-        let fd = libc::memfd_create(c"cairn-egress".as_ptr(), libc::MFD_CLOEXEC);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        OwnedFd::from_raw_fd(fd)
-    };
-    let mut file = std::fs::File::from(fd);
-    file.write_all(bytes)?;
-    std::io::Seek::rewind(&mut file)?;
-    Ok(OwnedFd::from(file))
 }
 
 #[cfg(test)]

@@ -375,7 +375,7 @@ fn above_targets(fd: OwnedFd) -> io::Result<OwnedFd> {
 
 /// A pipe: the read end, then the write end, both above [`FILE_FD`] and closed on exec
 /// (the child's copies on 1 and 2 are not).
-fn pipe_pair() -> io::Result<(OwnedFd, OwnedFd)> {
+pub(super) fn pipe_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: pipe2(2) fills the two integers; both are owned at once.
     #[allow(unsafe_code)]

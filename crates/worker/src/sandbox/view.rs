@@ -188,7 +188,7 @@ fn setenv_args(env: &BTreeMap<String, String>) -> io::Result<OwnedFd> {
 }
 
 /// An anonymous memory file, closed on exec unless placed for the child.
-fn memory_file() -> io::Result<OwnedFd> {
+pub(super) fn memory_file() -> io::Result<OwnedFd> {
     // SAFETY: memfd_create(2) with a NUL-terminated name; the descriptor is owned at once.
     #[allow(unsafe_code)]
     unsafe {
