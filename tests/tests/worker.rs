@@ -648,3 +648,54 @@ async fn a_continuation_window_that_ends_unclaimed_admits_nothing() {
     );
     assert_eq!(count(&cluster.lines("effects"), "s1"), 1);
 }
+
+/// An announcement naming another tenant than its run's carries no work into a
+/// workspace: the worker drops it unclaimed, counts it, and the run waits queued for
+/// its own announcement.
+#[tokio::test]
+async fn an_announcement_naming_another_tenant_is_dropped_unclaimed() {
+    use cairn_common::outbox;
+    use cairn_common::queue::JobQueue;
+    use cairn_common::run::{JobKind, JobMessage};
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("tenant-announce", 1, Settings::default()).await;
+    let (run_id, request_id) = cairn_common::testing::insert_request(&cluster.pool).await;
+    let message = JobMessage {
+        kind: JobKind::Run,
+        tenant: Some("beta".into()),
+        run_id,
+        request_id,
+        action_id: None,
+        attempt: Some(1),
+    };
+    let forged = serde_json::to_value(&message).expect("encode");
+    let mut tx = cluster.pool.begin().await.expect("begin");
+    outbox::enqueue(&mut tx, JobQueue::of(JobKind::Run).routing_key(), &forged)
+        .await
+        .expect("forged");
+    tx.commit().await.expect("commit");
+    cluster.wait_until("the forged announcement is dropped", LONG, || {
+        cluster.metric(0, "cairn_worker_tenant_mismatches_total") >= 1.0
+    });
+    let state = || async {
+        sqlx::query_scalar::<_, String>("SELECT state FROM execution_requests WHERE id = $1")
+            .bind(request_id)
+            .fetch_one(&cluster.pool)
+            .await
+            .expect("state")
+    };
+    assert_eq!(state().await, "queued");
+    // Its own announcement, stamped from the row, is claimed.
+    let mut tx = cluster.pool.begin().await.expect("begin");
+    outbox::announce(&mut tx, &message).await.expect("announce");
+    tx.commit().await.expect("commit");
+    let deadline = std::time::Instant::now() + LONG;
+    while state().await == "queued" {
+        assert!(std::time::Instant::now() < deadline, "never claimed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        cluster.metric(0, "cairn_worker_tenant_mismatches_total"),
+        1.0
+    );
+}

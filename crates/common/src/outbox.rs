@@ -53,13 +53,17 @@ pub async fn enqueue(
 }
 
 /// Announces work, in the caller's transaction: the message goes to the queue its kind
-/// is for. A message that cannot be encoded is an error (nothing is announced).
+/// is for, stamped with the tenant of its run or sandbox as the database has it. A
+/// message that cannot be encoded, or whose run or sandbox is not there, is an error
+/// (nothing is announced).
 pub async fn announce(conn: &mut PgConnection, message: &JobMessage) -> Result<Uuid, sqlx::Error> {
-    let payload = serde_json::to_value(message).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
-    enqueue(conn, JobQueue::of(message.kind).routing_key(), &payload).await
+    announce_many(conn, message.kind, std::slice::from_ref(message))
+        .await
+        .map(|ids| ids[0])
 }
 
-/// Announces many messages of one kind at once (a batch admission).
+/// Announces many messages of one kind at once (a batch admission), each stamped with
+/// its tenant.
 pub async fn announce_many(
     conn: &mut PgConnection,
     kind: JobKind,
@@ -74,13 +78,42 @@ pub async fn announce_many(
                     m.kind
                 )));
             }
-            serde_json::to_value(m).map_err(|e| sqlx::Error::Encode(Box::new(e)))
+            let unstamped = JobMessage {
+                tenant: None,
+                ..m.clone()
+            };
+            serde_json::to_value(unstamped).map_err(|e| sqlx::Error::Encode(Box::new(e)))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    enqueue_many(conn, JobQueue::of(kind).routing_key(), &payloads).await
+    let owners: Vec<Uuid> = messages.iter().map(|m| m.run_id).collect();
+    let ids: Vec<Uuid> = messages.iter().map(|_| Uuid::new_v4()).collect();
+    // A sandbox placement names the sandbox as its run.
+    let table = if kind == JobKind::Sandbox {
+        "sandboxes"
+    } else {
+        "runs"
+    };
+    let written = sqlx::query(&format!(
+        "INSERT INTO outbox (message_id, routing_key, payload)
+         SELECT t.id, $2, t.payload || jsonb_build_object('tenant', o.tenant_id)
+           FROM UNNEST($1::uuid[], $3::jsonb[], $4::uuid[]) WITH ORDINALITY AS t(id, payload, owner, n)
+           JOIN {table} o ON o.id = t.owner
+          ORDER BY t.n"
+    ))
+    .bind(&ids)
+    .bind(JobQueue::of(kind).routing_key())
+    .bind(&payloads)
+    .bind(&owners)
+    .execute(conn)
+    .await?;
+    if written.rows_affected() != messages.len() as u64 {
+        return Err(sqlx::Error::Protocol(format!(
+            "an announcement whose {table} row is not there"
+        )));
+    }
+    Ok(ids)
 }
 
-/// Number of messages not yet confirmed by the broker.
 pub async fn pending(pool: &PgPool) -> Result<i64, sqlx::Error> {
     let (count,): (i64,) = sqlx::query_as("SELECT count(*) FROM outbox WHERE published_at IS NULL")
         .fetch_one(pool)
@@ -329,24 +362,4 @@ async fn sleep_or_cancel(wait: Duration, shutdown: &CancellationToken) {
         _ = tokio::time::sleep(wait) => {}
         _ = shutdown.cancelled() => {}
     }
-}
-
-/// Writes many messages with one routing key in one statement, inside the caller's
-/// transaction (bulk admission). Returns their ids in order.
-pub async fn enqueue_many(
-    conn: &mut PgConnection,
-    routing_key: &str,
-    payloads: &[serde_json::Value],
-) -> Result<Vec<Uuid>, sqlx::Error> {
-    let ids: Vec<Uuid> = payloads.iter().map(|_| Uuid::new_v4()).collect();
-    sqlx::query(
-        "INSERT INTO outbox (message_id, routing_key, payload)
-         SELECT id, $2, payload FROM UNNEST($1::uuid[], $3::jsonb[]) AS t(id, payload)",
-    )
-    .bind(&ids)
-    .bind(routing_key)
-    .bind(payloads)
-    .execute(conn)
-    .await?;
-    Ok(ids)
 }

@@ -68,24 +68,47 @@ impl Policy {
 const SELECT: &str =
     "SELECT enabled, allow_checkpoint_continuation, allow_final_outcome_continuation,
                 maximum_window_seconds, revision, updated_at
-           FROM recovery_policy WHERE id = 1";
+           FROM recovery_policy";
 
-/// The policy as it stands, for reading.
-pub async fn load(pool: &PgPool) -> Result<Policy, sqlx::Error> {
-    sqlx::query_as(SELECT).fetch_one(pool).await
+/// The tenant of a run, for an admission on it; an unknown run reads the default
+/// tenant's policy and is then refused as unknown.
+const OF_RUN: &str =
+    "WHERE tenant_id = COALESCE((SELECT tenant_id FROM runs WHERE id = $1), 'default')";
+
+/// A tenant's policy as it stands, for reading.
+pub async fn load(pool: &PgPool, tenant: &str) -> Result<Policy, sqlx::Error> {
+    sqlx::query_as(&format!("{SELECT} WHERE tenant_id = $1"))
+        .bind(tenant)
+        .fetch_one(pool)
+        .await
 }
 
-/// The policy an admission decides on, read under a share lock held until the
-/// admission commits: a change saved meanwhile waits for it, and a change saved before
-/// it is what it reads. So once a `PUT` returns, no admission decides on the old policy.
-pub async fn load_locked(conn: &mut PgConnection) -> Result<Policy, sqlx::Error> {
-    sqlx::query_as(&format!("{SELECT} FOR SHARE"))
+/// The policy of the run's tenant, for reading.
+pub async fn load_of_run(pool: &PgPool, run_id: Uuid) -> Result<Policy, sqlx::Error> {
+    sqlx::query_as(&format!("{SELECT} {OF_RUN}"))
+        .bind(run_id)
+        .fetch_one(pool)
+        .await
+}
+
+/// The policy an admission on the run decides on (its tenant's), read under a share
+/// lock held until the admission commits: a change saved meanwhile waits for it, and a
+/// change saved before it is what it reads. So once a `PUT` returns, no admission decides
+/// on the old policy.
+pub async fn load_locked(conn: &mut PgConnection, run_id: Uuid) -> Result<Policy, sqlx::Error> {
+    sqlx::query_as(&format!("{SELECT} {OF_RUN} FOR SHARE"))
+        .bind(run_id)
         .fetch_one(conn)
         .await
 }
 
 /// Saves the named settings and preserves the others.
-pub async fn update(pool: &PgPool, change: &PolicyUpdate, by: Uuid) -> Result<Policy, sqlx::Error> {
+pub async fn update(
+    pool: &PgPool,
+    tenant: &str,
+    change: &PolicyUpdate,
+    by: Uuid,
+) -> Result<Policy, sqlx::Error> {
     sqlx::query_as(
         "UPDATE recovery_policy
             SET enabled = COALESCE($1, enabled),
@@ -95,7 +118,7 @@ pub async fn update(pool: &PgPool, change: &PolicyUpdate, by: Uuid) -> Result<Po
                 revision = revision + 1,
                 updated_at = now(),
                 updated_by = $5
-          WHERE id = 1
+          WHERE tenant_id = $6
       RETURNING enabled, allow_checkpoint_continuation, allow_final_outcome_continuation,
                 maximum_window_seconds, revision, updated_at",
     )
@@ -104,6 +127,7 @@ pub async fn update(pool: &PgPool, change: &PolicyUpdate, by: Uuid) -> Result<Po
     .bind(change.allow_final_outcome_continuation)
     .bind(change.maximum_window_seconds)
     .bind(by)
+    .bind(tenant)
     .fetch_one(pool)
     .await
 }

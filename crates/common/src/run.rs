@@ -377,12 +377,25 @@ impl RunSpec {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JobMessage {
     pub kind: JobKind,
+    /// The tenant of the run or sandbox, stamped by the outbox from the row itself (what
+    /// a constructor puts here is replaced). A worker claims only what is this tenant's
+    /// in the database, so an announcement never carries work across tenants. One
+    /// published before tenants existed has none, and was the default tenant's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     pub run_id: uuid::Uuid,
     pub request_id: uuid::Uuid,
     #[serde(default)]
     pub action_id: Option<uuid::Uuid>,
     #[serde(default)]
     pub attempt: Option<i32>,
+}
+
+impl JobMessage {
+    /// The tenant the announcement names.
+    pub fn tenant(&self) -> &str {
+        self.tenant.as_deref().unwrap_or("default")
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -32,6 +32,7 @@ pub fn queued_message(
         (None, None) => (JobKind::Run, None),
     };
     JobMessage {
+        tenant: None,
         kind,
         run_id,
         request_id,

@@ -320,7 +320,7 @@ async fn process(
     };
     if message.kind == JobKind::Sandbox {
         // A running sandbox holds this slot (the permit) until it leaves the worker.
-        return place(worker, delivery, message.request_id, shutdown, drain).await;
+        return place(worker, delivery, message, shutdown, drain).await;
     }
     match job::claim(&worker, &message).await {
         Ok(Claim::Done(outcome)) => {
@@ -352,11 +352,12 @@ async fn process(
 async fn place(
     worker: Arc<Worker>,
     delivery: Delivery,
-    sandbox_id: uuid::Uuid,
+    message: JobMessage,
     shutdown: CancellationToken,
     drain: CancellationToken,
 ) {
-    match hosting::claim(&worker, sandbox_id).await {
+    let sandbox_id = message.request_id;
+    match hosting::claim(&worker, sandbox_id, message.tenant()).await {
         Ok(Placement::Dropped(why)) => {
             tracing::debug!(sandbox_id = %sandbox_id.simple(), why, "placement dropped");
             worker.metrics.deliveries_dropped.inc();

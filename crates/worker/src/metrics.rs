@@ -14,6 +14,7 @@ pub struct WorkerMetrics {
     pub jobs_failed: Counter,
     pub jobs_handed_back: Counter,
     pub deliveries_dropped: Counter,
+    pub tenant_mismatches: Counter,
     pub steps_run: Counter,
     pub pauses: Counter,
     pub steps_reused: Counter,
@@ -56,6 +57,7 @@ impl Default for WorkerMetrics {
             jobs_failed: Counter::default(),
             jobs_handed_back: Counter::default(),
             deliveries_dropped: Counter::default(),
+            tenant_mismatches: Counter::default(),
             steps_run: Counter::default(),
             pauses: Counter::default(),
             steps_reused: Counter::default(),
@@ -85,6 +87,7 @@ impl WorkerMetrics {
             "worker_jobs_failed", "Jobs that ended failed, cancelled or needing reconciliation" => m.jobs_failed;
             "worker_jobs_handed_back", "Jobs handed back to the queue on drain" => m.jobs_handed_back;
             "worker_deliveries_dropped", "Duplicate or stale deliveries acked and dropped" => m.deliveries_dropped;
+            "worker_tenant_mismatches", "Announcements naming another tenant than their run's or sandbox's, dropped unclaimed" => m.tenant_mismatches;
             "worker_steps_run", "Steps executed" => m.steps_run;
             "worker_pauses", "Pauses recorded (after their checkpoint capture)" => m.pauses;
             "worker_steps_reused", "Steps skipped because their receipt stands on a snapshot the tree holds" => m.steps_reused;

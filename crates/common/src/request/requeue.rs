@@ -52,6 +52,7 @@ pub async fn requeue(
     .fetch_one(&mut *conn)
     .await?;
     let message = JobMessage {
+        tenant: None,
         kind: JobKind::Run,
         run_id,
         request_id,
@@ -96,6 +97,7 @@ pub async fn requeue_verification(
         .await?;
     handoff::adoption_transition(&mut *conn, adoption_id, AdoptionEvent::Requeue, None).await?;
     let message = JobMessage {
+        tenant: None,
         kind: JobKind::Verification,
         run_id,
         request_id,

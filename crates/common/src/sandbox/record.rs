@@ -23,6 +23,8 @@ pub struct NewSandbox<'a> {
     pub forked_from: Option<Uuid>,
     pub idempotency_key: Option<&'a str>,
     pub request_digest: &'a str,
+    /// The tenant it belongs to (a fork: its source's).
+    pub tenant: &'a str,
 }
 
 /// Records a new sandbox in `creating` and announces its placement, in the caller's
@@ -32,8 +34,8 @@ pub async fn create(conn: &mut PgConnection, s: &NewSandbox<'_>) -> Result<Uuid,
     sqlx::query(
         "INSERT INTO sandboxes (id, agent, state, persistent, always_on, timeout_sec, idle_timeout_sec,
                                 disk_mb, repository, git_ref, source_snapshot_id, forked_from,
-                                idempotency_key, request_digest)
-         VALUES ($1, $2, 'creating', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+                                idempotency_key, request_digest, tenant_id)
+         VALUES ($1, $2, 'creating', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
     )
     .bind(id)
     .bind(s.agent)
@@ -48,6 +50,7 @@ pub async fn create(conn: &mut PgConnection, s: &NewSandbox<'_>) -> Result<Uuid,
     .bind(s.forked_from)
     .bind(s.idempotency_key)
     .bind(s.request_digest)
+    .bind(s.tenant)
     .execute(&mut *conn)
     .await?;
     announce_placement(conn, id).await?;
@@ -68,6 +71,7 @@ pub async fn announce_placement(conn: &mut PgConnection, id: Uuid) -> Result<(),
     outbox::announce(
         conn,
         &JobMessage {
+            tenant: None,
             kind: JobKind::Sandbox,
             run_id: id,
             request_id: id,

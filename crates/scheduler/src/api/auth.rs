@@ -1,4 +1,5 @@
-//! Bearer tokens with roles. Only a SHA-256 of each token is stored.
+//! Bearer tokens with roles, each in one tenant or a platform token. Only a SHA-256 of
+//! each token is stored.
 
 use super::error::ApiError;
 use super::AppState;
@@ -8,6 +9,7 @@ use axum::http::request::Parts;
 use cairn_common::digest::sha256_hex;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
+use subtle::ConstantTimeEq;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -41,14 +43,45 @@ impl Role {
     }
 }
 
+/// The tenant that what a platform token creates belongs to.
+pub const DEFAULT_TENANT: &str = "default";
+
 /// The authenticated caller of a request.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Caller {
     pub token_id: Uuid,
     pub role: Role,
+    /// The tenant the token belongs to; `None` for a platform token, which reaches every
+    /// tenant.
+    pub tenant: Option<String>,
 }
 
 impl Caller {
+    /// Whether the caller reaches what belongs to `tenant`.
+    pub fn reaches(&self, tenant: &str) -> bool {
+        self.tenant.as_deref().is_none_or(|own| own == tenant)
+    }
+
+    /// The tenant what the caller creates belongs to.
+    pub fn home(&self) -> &str {
+        self.tenant.as_deref().unwrap_or(DEFAULT_TENANT)
+    }
+
+    /// The tenant a list is narrowed to; `None` lists every tenant's.
+    pub fn scope(&self) -> Option<&str> {
+        self.tenant.as_deref()
+    }
+
+    /// Fails with 403 unless this is a platform token.
+    pub fn require_platform(&self) -> Result<(), ApiError> {
+        match self.tenant {
+            None => Ok(()),
+            Some(_) => Err(ApiError::forbidden(
+                "this needs a platform token; the token belongs to a tenant",
+            )),
+        }
+    }
+
     /// Fails with 403 unless the caller has at least `role`.
     pub fn require(&self, role: Role) -> Result<(), ApiError> {
         if self.role >= role {
@@ -70,24 +103,46 @@ impl FromRequestParts<AppState> for Caller {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Self, Self::Rejection> {
-        let token = parts
-            .headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .ok_or_else(ApiError::unauthorized)?;
-        let row: Option<(Uuid, String)> = sqlx::query_as(
-            "SELECT id, role FROM api_tokens WHERE token_hash = $1 AND revoked_at IS NULL",
-        )
-        .bind(hash(token))
-        .fetch_optional(&state.pool)
-        .await?;
-        let (token_id, role) = row.ok_or_else(ApiError::unauthorized)?;
-        let role = Role::parse(&role).ok_or_else(ApiError::unauthorized)?;
-        Ok(Caller { token_id, role })
+        // The tenancy guard authenticated the request already on routes with ids.
+        if let Some(caller) = parts.extensions.get::<Caller>() {
+            return Ok(caller.clone());
+        }
+        let caller = authenticate(parts, &state.pool).await?;
+        parts.extensions.insert(caller.clone());
+        Ok(caller)
     }
+}
+
+/// The caller a request's bearer token names, or 401.
+pub async fn authenticate(parts: &Parts, pool: &PgPool) -> Result<Caller, ApiError> {
+    let token = parts
+        .headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(ApiError::unauthorized)?;
+    let presented = hash(token);
+    let row: Option<(Uuid, String, Option<String>, Vec<u8>)> = sqlx::query_as(
+        "SELECT id, role, tenant_id, token_hash FROM api_tokens
+          WHERE token_hash = $1 AND revoked_at IS NULL",
+    )
+    .bind(&presented)
+    .fetch_optional(pool)
+    .await?;
+    let (token_id, role, tenant, stored) = row.ok_or_else(ApiError::unauthorized)?;
+    // The lookup is by the secret's SHA-256, so its timing tells nothing of the secret;
+    // the comparison that decides is constant-time all the same.
+    if !bool::from(stored.ct_eq(&presented)) {
+        return Err(ApiError::unauthorized());
+    }
+    let role = Role::parse(&role).ok_or_else(ApiError::unauthorized)?;
+    Ok(Caller {
+        token_id,
+        role,
+        tenant,
+    })
 }
 
 pub fn hash(token: &str) -> Vec<u8> {
@@ -102,21 +157,26 @@ pub fn generate() -> String {
     format!("cairn_{}", hex::encode(bytes))
 }
 
-/// Stores a token (its hash) with a role; returns its id.
+/// Stores a token (its hash) with a role, in `tenant` (`None`: a platform token);
+/// returns its id.
 pub async fn insert(
     pool: &PgPool,
     name: &str,
     role: Role,
+    tenant: Option<&str>,
     token: &str,
 ) -> Result<Uuid, sqlx::Error> {
     let id = Uuid::new_v4();
-    sqlx::query("INSERT INTO api_tokens (id, name, role, token_hash) VALUES ($1, $2, $3, $4)")
-        .bind(id)
-        .bind(name)
-        .bind(role.as_str())
-        .bind(hash(token))
-        .execute(pool)
-        .await?;
+    sqlx::query(
+        "INSERT INTO api_tokens (id, name, role, tenant_id, token_hash) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(id)
+    .bind(name)
+    .bind(role.as_str())
+    .bind(tenant)
+    .bind(hash(token))
+    .execute(pool)
+    .await?;
     Ok(id)
 }
 

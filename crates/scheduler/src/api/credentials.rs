@@ -20,7 +20,7 @@ pub struct Rotation {
     pub snapshots_retired: i64,
 }
 
-/// Rotate an agent's credential generation (admin).
+/// Rotate an agent's credential generation (a platform admin).
 #[utoipa::path(post, path = "/api/v1/agents/{agent}/credentials/rotate", tag = "credentials",
     params(("agent" = String, Path)),
     responses((status = 200, body = Rotation), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
@@ -31,6 +31,8 @@ pub async fn rotate(
     Path(agent): Path<String>,
 ) -> Result<Json<Rotation>, ApiError> {
     caller.require(Role::Admin)?;
+    // An agent's credential generation retires its snapshots in every tenant.
+    caller.require_platform()?;
     let valid = !agent.is_empty()
         && agent.len() <= 128
         && agent

@@ -4,9 +4,10 @@
 //! - [`json`]: the strict JSON extractor.
 //! - [`idempotency`]: the `Idempotency-Key` header.
 //! - [`query`]: the query string extractor with the API's error body.
-//! - [`auth`]: tokens and roles.
+//! - [`auth`]: tokens, roles and tenants.
+//! - [`tenancy`]: the guard that answers another tenant's ids as unknown ones.
 //! - [`runs`], [`pause`], [`policy`], [`continuation`], [`verification`], [`tokens`],
-//!   [`credentials`]: the routes. Continuations and verification handoffs each have a
+//!   [`credentials`], [`tenants`]: the routes. Continuations and verification handoffs each have a
 //!   pure `candidate` module: their rules as a function of facts and policy.
 //! - [`sandboxes`]: sandboxes (the lifecycle seed).
 //! - [`session`], [`workers`], [`reaper`]: who is calling; workers and their leases; the
@@ -29,6 +30,8 @@ pub mod runs;
 pub mod sandboxes;
 pub mod session;
 pub mod state;
+pub mod tenancy;
+pub mod tenants;
 pub mod tokens;
 pub mod verification;
 pub mod workers;
@@ -69,11 +72,7 @@ async fn method_not_allowed() -> ApiError {
 pub fn router(state: AppState) -> Router {
     let checkpoint = "/api/v1/runs/{run_id}/checkpoint-continuations/requests/{request_id}";
     let final_outcome = "/api/v1/runs/{run_id}/final-outcome-continuations/requests/{request_id}";
-    Router::new()
-        .route(
-            "/api/v1/openapi.json",
-            get(|| async { ([("content-type", "application/json")], openapi::json()) }),
-        )
+    let guarded = Router::new()
         .route(
             "/api/v1/runs",
             post(runs::admission::submit).get(runs::view::list),
@@ -202,6 +201,18 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/api/v1/tokens", post(tokens::create).get(tokens::list))
         .route("/api/v1/tokens/{token_id}/revoke", post(tokens::revoke))
+        .route("/api/v1/tenants", post(tenants::create).get(tenants::list))
+        // Every route with a bearer token passes the guard before its handler.
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            tenancy::guard,
+        ));
+    Router::new()
+        .route(
+            "/api/v1/openapi.json",
+            get(|| async { ([("content-type", "application/json")], openapi::json()) }),
+        )
+        .merge(guarded)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(8 * 1024 * 1024))

@@ -8,7 +8,8 @@ use axum::extract::State;
 use axum::Json;
 use cairn_common::policy::{self, Policy, PolicyUpdate, MAX_WINDOW_SECONDS};
 
-/// Read the recovery policy.
+/// Read the recovery policy of the caller's tenant (a platform token: the default
+/// tenant's).
 #[utoipa::path(get, path = "/api/v1/invalid-read-continuity/policy", tag = "policy",
     responses((status = 200, body = Policy), (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
@@ -17,10 +18,11 @@ pub async fn get_policy(
     caller: Caller,
 ) -> Result<Json<Policy>, ApiError> {
     caller.require(Role::Viewer)?;
-    Ok(Json(policy::load(&state.pool).await?))
+    Ok(Json(policy::load(&state.pool, caller.home()).await?))
 }
 
-/// Save the named settings (admin); every setting not named keeps its value.
+/// Save the named settings of the caller's tenant's policy (admin); every setting not
+/// named keeps its value.
 #[utoipa::path(put, path = "/api/v1/invalid-read-continuity/policy", tag = "policy",
     request_body = PolicyUpdate,
     responses((status = 200, body = Policy), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
@@ -41,6 +43,6 @@ pub async fn put_policy(
         }
     }
     Ok(Json(
-        policy::update(&state.pool, &change, caller.token_id).await?,
+        policy::update(&state.pool, caller.home(), &change, caller.token_id).await?,
     ))
 }

@@ -44,7 +44,7 @@ pub struct ReaperView {
     pub pending_repairs: Vec<RepairView>,
 }
 
-/// The reaper's last sweeps and its pending operator repairs.
+/// The reaper's last sweeps and its pending operator repairs (a platform token).
 #[utoipa::path(get, path = "/api/v1/reaper", tag = "workers", operation_id = "show_reaper",
     responses((status = 200, body = ReaperView), (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
@@ -53,6 +53,8 @@ pub async fn show(
     caller: Caller,
 ) -> Result<Json<ReaperView>, ApiError> {
     caller.require(Role::Viewer)?;
+    // Sweeps and repairs span every tenant's snapshots.
+    caller.require_platform()?;
     let sweeps = reaper_status::recent_sweeps(&state.pool, RECENT_SWEEPS)
         .await?
         .into_iter()

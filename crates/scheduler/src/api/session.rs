@@ -17,9 +17,12 @@ pub struct SessionView {
     /// The token's label.
     pub name: String,
     pub role: super::auth::Role,
+    /// The tenant the token belongs to; absent for a platform token, which reaches every
+    /// tenant.
+    pub tenant: Option<String>,
 }
 
-/// The calling token: its id, label and role.
+/// The calling token: its id, label, role and tenant.
 #[utoipa::path(get, path = "/api/v1/session", tag = "tokens", operation_id = "show_session",
     responses((status = 200, body = SessionView), (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
@@ -35,5 +38,6 @@ pub async fn show(
         token_id: caller.token_id.into(),
         name,
         role: caller.role,
+        tenant: caller.tenant,
     }))
 }

@@ -1,4 +1,5 @@
-//! API tokens: created and revoked by admins; the secret is shown once.
+//! API tokens: created and revoked by admins, each in one tenant (a platform admin may
+//! also make platform tokens); the secret is shown once.
 
 use super::auth::{self, Caller, Role};
 use super::error::{ApiError, ErrorBody};
@@ -20,6 +21,10 @@ pub struct TokenRequest {
     #[schema(min_length = 1, max_length = 128)]
     pub name: String,
     pub role: Role,
+    /// The tenant the token belongs to. A tenant's admin makes tokens of its own tenant
+    /// (the default); a platform admin names one, or omits it for a platform token.
+    #[serde(default)]
+    pub tenant: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -28,6 +33,8 @@ pub struct CreatedToken {
     pub token_id: Id,
     pub name: String,
     pub role: Role,
+    /// Absent for a platform token.
+    pub tenant: Option<String>,
     /// The bearer secret. It is not stored and cannot be shown again.
     pub token: String,
 }
@@ -47,14 +54,31 @@ pub async fn create(
     if name.is_empty() || name.len() > 128 {
         return Err(ApiError::unprocessable("name", "1 to 128 characters"));
     }
+    let tenant = match (caller.scope(), request.tenant) {
+        (None, None) => None,
+        (Some(own), None) => Some(own.to_string()),
+        (_, Some(named)) => {
+            // Another tenant is as unknown to a tenant's admin as a tenant that is not.
+            let exists: bool =
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tenants WHERE id = $1)")
+                    .bind(&named)
+                    .fetch_one(&state.pool)
+                    .await?;
+            if !exists || !caller.reaches(&named) {
+                return Err(ApiError::not_found("tenant").with_field("tenant"));
+            }
+            Some(named)
+        }
+    };
     let token = auth::generate();
-    let id = auth::insert(&state.pool, name, request.role, &token).await?;
+    let id = auth::insert(&state.pool, name, request.role, tenant.as_deref(), &token).await?;
     Ok((
         StatusCode::CREATED,
         Json(CreatedToken {
             token_id: id.into(),
             name: name.to_string(),
             role: request.role,
+            tenant,
             token,
         }),
     ))
@@ -66,6 +90,8 @@ pub struct TokenView {
     pub token_id: Id,
     pub name: String,
     pub role: Role,
+    /// Absent for a platform token.
+    pub tenant: Option<String>,
     pub created_at: DateTime<Utc>,
     /// When it was revoked; absent while it is usable.
     pub revoked_at: Option<DateTime<Utc>>,
@@ -76,6 +102,7 @@ struct TokenRow {
     id: uuid::Uuid,
     name: String,
     role: String,
+    tenant_id: Option<String>,
     created_at: DateTime<Utc>,
     revoked_at: Option<DateTime<Utc>>,
 }
@@ -85,7 +112,8 @@ pub struct TokenList {
     pub tokens: Vec<TokenView>,
 }
 
-/// List tokens (admin), newest first. Secrets are never shown again.
+/// List tokens (admin) of the caller's tenant (every token for a platform admin), newest
+/// first. Secrets are never shown again.
 #[utoipa::path(get, path = "/api/v1/tokens", tag = "tokens", operation_id = "list_tokens",
     responses((status = 200, body = TokenList), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
     security(("bearer" = [])))]
@@ -95,9 +123,11 @@ pub async fn list(
 ) -> Result<Json<TokenList>, ApiError> {
     caller.require(Role::Admin)?;
     let rows: Vec<TokenRow> = sqlx::query_as(
-        "SELECT id, name, role, created_at, revoked_at FROM api_tokens
+        "SELECT id, name, role, tenant_id, created_at, revoked_at FROM api_tokens
+          WHERE ($1::text IS NULL OR tenant_id = $1)
           ORDER BY created_at DESC, id",
     )
+    .bind(caller.scope())
     .fetch_all(&state.pool)
     .await?;
     let tokens = rows
@@ -107,6 +137,7 @@ pub async fn list(
                 token_id: row.id.into(),
                 name: row.name,
                 role: Role::parse(&row.role)?,
+                tenant: row.tenant_id,
                 created_at: row.created_at,
                 revoked_at: row.revoked_at,
             })

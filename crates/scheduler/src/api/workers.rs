@@ -67,7 +67,8 @@ pub struct WorkerList {
     pub workers: Vec<WorkerView>,
 }
 
-/// Workers that beat in the last hour, alive ones first, with the leases they hold.
+/// Workers that beat in the last hour, alive ones first, with the leases they hold (of
+/// the caller's tenant's runs only, unless a platform token asks).
 #[utoipa::path(get, path = "/api/v1/workers", tag = "workers", operation_id = "list_workers",
     responses((status = 200, body = WorkerList), (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
@@ -87,11 +88,13 @@ pub async fn list(
     .fetch_all(&state.pool)
     .await?;
     let leases: Vec<LeaseRow> = sqlx::query_as(
-        "SELECT lease_owner AS owner, id AS request_id, run_id, lease_epoch, lease_deadline
-           FROM execution_requests
-          WHERE lease_owner IS NOT NULL AND state = 'executing'
-          ORDER BY lease_deadline",
+        "SELECT e.lease_owner AS owner, e.id AS request_id, e.run_id, e.lease_epoch, e.lease_deadline
+           FROM execution_requests e JOIN runs r ON r.id = e.run_id
+          WHERE e.lease_owner IS NOT NULL AND e.state = 'executing'
+            AND ($1::text IS NULL OR r.tenant_id = $1)
+          ORDER BY e.lease_deadline",
     )
+    .bind(caller.scope())
     .fetch_all(&state.pool)
     .await?;
     let mut held: HashMap<String, Vec<LeaseView>> = HashMap::new();

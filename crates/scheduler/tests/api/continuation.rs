@@ -328,9 +328,15 @@ async fn each_hold_reason_keeps_a_checkpoint_candidate_held() {
     for (reason, change) in cases {
         // Each run has a submitter of its own, so revoking one token holds only its run.
         let submitter = auth::generate();
-        auth::insert(api.pool(), reason, Role::Operator, &submitter)
-            .await
-            .expect("token");
+        auth::insert(
+            api.pool(),
+            reason,
+            Role::Operator,
+            Some("default"),
+            &submitter,
+        )
+        .await
+        .expect("token");
         let stopped = stop_at_checkpoint(&api, &submitter).await;
         let (_, ready) = stopped.candidate(&api, &api.viewer).await;
         assert_eq!(ready["admission"], "READY", "{reason}: {ready}");
@@ -402,9 +408,15 @@ async fn only_the_original_operator_as_admin_accepts_a_retained_report() {
 
     // Another admin: held for access, and a POST is refused.
     let other_admin = auth::generate();
-    auth::insert(api.pool(), "other-admin", Role::Admin, &other_admin)
-        .await
-        .expect("token");
+    auth::insert(
+        api.pool(),
+        "other-admin",
+        Role::Admin,
+        Some("default"),
+        &other_admin,
+    )
+    .await
+    .expect("token");
     let (_, theirs) = reported.candidate(&api, &other_admin).await;
     assert!(
         hold_reasons(&theirs).contains(&"revoked_access".to_string()),

@@ -32,15 +32,21 @@ impl Api {
             metrics: Default::default(),
         });
         let admin = auth::generate();
-        auth::insert(&db.pool, "admin", Role::Admin, &admin)
+        auth::insert(&db.pool, "admin", Role::Admin, None, &admin)
             .await
             .expect("admin");
         let operator = auth::generate();
-        auth::insert(&db.pool, "operator", Role::Operator, &operator)
-            .await
-            .expect("operator");
+        auth::insert(
+            &db.pool,
+            "operator",
+            Role::Operator,
+            Some("default"),
+            &operator,
+        )
+        .await
+        .expect("operator");
         let viewer = auth::generate();
-        auth::insert(&db.pool, "viewer", Role::Viewer, &viewer)
+        auth::insert(&db.pool, "viewer", Role::Viewer, Some("default"), &viewer)
             .await
             .expect("viewer");
         Api {
@@ -149,14 +155,24 @@ impl Api {
             "continuation_actions",
             "api_tokens",
             "verification_adoptions",
+            "sandboxes",
+            "sandbox_operations",
         ] {
             counts.push(self.count(table).await);
         }
-        let revision: i64 = sqlx::query_scalar("SELECT revision FROM recovery_policy")
-            .fetch_one(self.pool())
-            .await
-            .expect("policy");
-        counts.push(revision);
+        for moved in [
+            "SELECT sum(revision)::bigint FROM recovery_policy",
+            "SELECT count(*) FROM api_tokens WHERE revoked_at IS NOT NULL",
+            "SELECT count(*) FROM sandboxes WHERE desired <> 'running'",
+            "SELECT count(*) FROM runs WHERE cancel_requested_at IS NOT NULL",
+            "SELECT count(*) FROM project_snapshots WHERE retention <> 'current'",
+        ] {
+            let value: i64 = sqlx::query_scalar(moved)
+                .fetch_one(self.pool())
+                .await
+                .expect("footprint");
+            counts.push(value);
+        }
         counts
     }
 }

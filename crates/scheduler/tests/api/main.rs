@@ -12,4 +12,5 @@ mod operations;
 mod policy;
 mod runs;
 mod sandboxes;
+mod tenants;
 mod verification;

@@ -89,9 +89,12 @@ async fn workers_show_the_leases_they_hold() {
 }
 
 #[tokio::test]
-async fn the_reaper_view_lists_its_sweeps() {
+async fn the_reaper_view_lists_its_sweeps_to_platform_tokens() {
     let api = Api::new().await;
-    let (_, empty) = api.get("/api/v1/reaper", &api.viewer).await;
+    // Its sweeps and repairs span every tenant's snapshots.
+    let (status, refused) = api.get("/api/v1/reaper", &api.viewer).await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{refused}");
+    let (_, empty) = api.get("/api/v1/reaper", &api.admin).await;
     assert_eq!(empty, json!({"sweeps": [], "pending_repairs": []}));
     sqlx::query(
         "INSERT INTO sweeps (component, started_at, finished_at, dry_run, summary)
@@ -100,7 +103,7 @@ async fn the_reaper_view_lists_its_sweeps() {
     .execute(api.pool())
     .await
     .expect("sweep");
-    let (status, view) = api.get("/api/v1/reaper", &api.viewer).await;
+    let (status, view) = api.get("/api/v1/reaper", &api.admin).await;
     assert_eq!(status, StatusCode::OK, "{view}");
     assert_eq!(view["sweeps"][0]["summary"]["retired"], 2, "{view}");
 }

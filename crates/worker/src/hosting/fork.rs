@@ -42,21 +42,28 @@ pub fn scrub(root: &Path) -> std::io::Result<u64> {
 }
 
 /// Records `spec.count` new sandboxes from the fork's capture, each announced for
-/// placement, in the caller's fenced transaction: the source's agent, persistence and
-/// timeouts unless the fork sets them.
+/// placement, in the caller's fenced transaction: the source's tenant, agent,
+/// persistence and timeouts unless the fork sets them.
 pub async fn provision(
     conn: &mut PgConnection,
     source: Uuid,
     snapshot_id: Uuid,
     spec: &ForkSpec,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    let (agent, persistent, timeout_sec, idle_timeout_sec, disk_mb): (String, bool, i32, i32, i32) =
-        sqlx::query_as(
-            "SELECT agent, persistent, timeout_sec, idle_timeout_sec, disk_mb FROM sandboxes WHERE id = $1",
-        )
-        .bind(source)
-        .fetch_one(&mut *conn)
-        .await?;
+    let (agent, persistent, timeout_sec, idle_timeout_sec, disk_mb, tenant): (
+        String,
+        bool,
+        i32,
+        i32,
+        i32,
+        String,
+    ) = sqlx::query_as(
+        "SELECT agent, persistent, timeout_sec, idle_timeout_sec, disk_mb, tenant_id
+               FROM sandboxes WHERE id = $1",
+    )
+    .bind(source)
+    .fetch_one(&mut *conn)
+    .await?;
     let timeout_sec = spec
         .timeout_sec
         .map_or(timeout_sec, |t| i32::try_from(t).unwrap_or(i32::MAX));
@@ -81,6 +88,7 @@ pub async fn provision(
                 forked_from: Some(source),
                 idempotency_key: None,
                 request_digest: &digest,
+                tenant: &tenant,
             },
         )
         .await?;

@@ -63,6 +63,7 @@ impl From<LeaseError> for HostError {
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct SandboxRow {
     pub id: Uuid,
+    pub tenant_id: String,
     pub agent: String,
     pub state: SandboxState,
     pub desired: String,
@@ -87,7 +88,8 @@ impl SandboxRow {
 
 async fn read(pool: &sqlx::PgPool, id: Uuid) -> Result<Option<SandboxRow>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT id, agent, state, desired, persistent, repository, git_ref, source_snapshot_id, workspace_id
+        "SELECT id, tenant_id, agent, state, desired, persistent, repository, git_ref,
+                source_snapshot_id, workspace_id
            FROM sandboxes WHERE id = $1",
     )
     .bind(id)
@@ -103,12 +105,16 @@ pub enum Placement {
     Dropped(&'static str),
 }
 
-/// Claims a placement: only a sandbox that wants placing, and only if no live owner
-/// holds it.
-pub async fn claim(worker: &Worker, id: Uuid) -> Result<Placement, HostError> {
+/// Claims a placement: only a sandbox of the announced tenant that wants placing, and
+/// only if no live owner holds it.
+pub async fn claim(worker: &Worker, id: Uuid, tenant: &str) -> Result<Placement, HostError> {
     let Some(row) = read(&worker.pool, id).await? else {
         return Ok(Placement::Dropped("no such sandbox"));
     };
+    if row.tenant_id != tenant {
+        worker.metrics.tenant_mismatches.inc();
+        return Ok(Placement::Dropped("the announcement names another tenant"));
+    }
     if !row.wants_placing() {
         return Ok(Placement::Dropped("the sandbox needs no placement"));
     }

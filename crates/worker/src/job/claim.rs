@@ -26,6 +26,7 @@ pub enum Claim {
 
 #[derive(sqlx::FromRow)]
 struct RequestRow {
+    tenant_id: String,
     state: RequestState,
     kind: String,
     run_id: Uuid,
@@ -118,7 +119,7 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
     // Whatever admitted the ticket, its window open or ended, is read with the request:
     // a plain run message is stale as long as a continuation or an adoption owns it.
     let row: RequestRow = sqlx::query_as(
-        "SELECT e.state, e.kind, e.run_id, e.attempt, r.steps, r.repository, r.git_ref, e.max_commands,
+        "SELECT r.tenant_id, e.state, e.kind, e.run_id, e.attempt, r.steps, r.repository, r.git_ref, e.max_commands,
                 e.max_wall_seconds, e.used_commands, e.used_wall_ms,
                 EXTRACT(EPOCH FROM clock_timestamp() - e.queued_at)::float8 AS queued_for_seconds,
                 r.agent, r.work_context_id, r.deadline,
@@ -136,7 +137,13 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
     .bind(lease.request_id)
     .fetch_one(&mut *tx)
     .await?;
-    let queued = row.state == RequestState::Queued && row.kind == "run";
+    // An announcement naming another tenant than the run's carries no work: it is
+    // dropped unclaimed, and the request, still queued, is announced again from its row.
+    let tenant_matches = row.tenant_id == message.tenant();
+    if !tenant_matches {
+        worker.metrics.tenant_mismatches.inc();
+    }
+    let queued = row.state == RequestState::Queued && row.kind == "run" && tenant_matches;
     let admission = row.admission();
     let work = match (message.kind, &admission) {
         (JobKind::Run, None) => queued,

@@ -359,6 +359,7 @@ async fn hand_back_once(job: &Job) -> Result<(), JobError> {
                 request::fence_out(&mut tx, job.request_id()).await?;
                 action::transition(&mut tx, action_id, ActionEvent::HandBack).await?;
                 let message = JobMessage {
+                    tenant: None,
                     kind: JobKind::CheckpointContinuation,
                     run_id: job.claimed.run_id,
                     request_id: job.request_id(),

@@ -128,7 +128,7 @@ async fn read_candidate(
     caller.require(Role::Viewer)?;
     let run_id = path_id(run_id, "run_id")?;
     let request_id = path_id(request_id, "request_id")?;
-    let policy = policy::load(&state.pool).await?;
+    let policy = policy::load_of_run(&state.pool, run_id).await?;
     let mut conn = state.pool.acquire().await?;
     candidate(
         &mut conn,
@@ -157,7 +157,7 @@ async fn save_action(
     let mut tx = state.pool.begin().await?;
     // The policy is read under a lock held to the commit, then every admission of this
     // request serializes on its row.
-    let policy = policy::load_locked(&mut tx).await?;
+    let policy = policy::load_locked(&mut tx, run_id).await?;
     let current = candidate(&mut tx, kind, &policy, (run_id, request_id), caller, true).await?;
 
     if let Some(row) = saved::find(&mut tx, action_id).await? {
@@ -263,6 +263,7 @@ async fn save_action(
     .await?;
     // The same ticket is queued again: no new attempt, no budget reset.
     let message = JobMessage {
+        tenant: None,
         kind: kind.job_kind(),
         run_id,
         request_id,

@@ -22,13 +22,15 @@ use uuid::Uuid;
 use super::view::{load_run, RunView};
 
 /// Admits runs in the caller's transaction: each run, its execution request and its
-/// outbox message, in bulk statements. Returns the new run ids in order.
+/// outbox message, in bulk statements, all in the caller's tenant. Returns the new run
+/// ids in order.
 async fn admit(
     conn: &mut PgConnection,
     specs: &[RunSpec],
-    operator: Uuid,
+    caller: &Caller,
     idempotency_key: Option<&str>,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
+    let operator = caller.token_id;
     let run_ids: Vec<Uuid> = specs.iter().map(|_| Uuid::new_v4()).collect();
     let request_ids: Vec<Uuid> = specs.iter().map(|_| Uuid::new_v4()).collect();
     let agents: Vec<&str> = specs.iter().map(|s| s.agent.as_str()).collect();
@@ -56,9 +58,9 @@ async fn admit(
     sqlx::query(
         "INSERT INTO runs (id, root_run_id, work_context_id, agent, operator_id, repository, git_ref, steps,
                            max_commands, max_wall_seconds, max_attempts, deadline, state,
-                           idempotency_key, request_digest)
+                           idempotency_key, request_digest, tenant_id)
          SELECT id, id, id, agent, $12, repository, git_ref, steps, max_commands, max_wall_seconds,
-                max_attempts, deadline, 'queued', idempotency_key, request_digest
+                max_attempts, deadline, 'queued', idempotency_key, request_digest, $13
            FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::int[],
                        $7::int[], $8::int[], $9::timestamptz[], $10::text[], $11::text[])
              AS t(id, agent, repository, git_ref, steps, max_commands, max_wall_seconds,
@@ -76,6 +78,7 @@ async fn admit(
     .bind(&keys)
     .bind(&digests)
     .bind(operator)
+    .bind(caller.home())
     .execute(&mut *conn)
     .await?;
     sqlx::query(
@@ -95,6 +98,7 @@ async fn admit(
         .iter()
         .zip(&request_ids)
         .map(|(run_id, request_id)| JobMessage {
+            tenant: None,
             kind: JobKind::Run,
             run_id: *run_id,
             request_id: *request_id,
@@ -152,7 +156,7 @@ pub async fn submit(
     let run_ids = match admit(
         &mut tx,
         std::slice::from_ref(&spec),
-        caller.token_id,
+        &caller,
         key.as_deref(),
     )
     .await
@@ -269,7 +273,7 @@ pub async fn submit_batch(
         spec.validate(&format!("runs[{i}]."), now)?;
     }
     let mut tx = state.pool.begin().await?;
-    let ids = admit(&mut tx, &batch.runs, caller.token_id, None).await?;
+    let ids = admit(&mut tx, &batch.runs, &caller, None).await?;
     if let Some(key) = &key {
         let saved = sqlx::query(
             "INSERT INTO batch_admissions (idempotency_key, request_digest, run_ids) VALUES ($1, $2, $3)",

@@ -31,6 +31,8 @@ pub struct RunView {
     /// The run's execution request (its ticket).
     #[schema(value_type = String)]
     pub request_id: Id,
+    /// The tenant the run belongs to.
+    pub tenant: String,
     pub agent: String,
     pub repository: Option<String>,
     #[serde(rename = "ref")]
@@ -56,6 +58,7 @@ pub struct RunView {
 struct RunRow {
     id: Uuid,
     request_id: Uuid,
+    tenant_id: String,
     agent: String,
     repository: Option<String>,
     git_ref: Option<String>,
@@ -78,7 +81,7 @@ struct RunRow {
 }
 
 const RUN_SELECT: &str =
-    "SELECT r.id, e.id AS request_id, r.agent, r.repository, r.git_ref, r.state,
+    "SELECT r.id, e.id AS request_id, r.tenant_id, r.agent, r.repository, r.git_ref, r.state,
         r.steps, r.max_commands, r.max_wall_seconds, r.max_attempts, r.deadline, e.attempt,
         e.used_commands, e.used_wall_ms, e.used_cpu_ms, e.stop_reason, e.reconciliation_step,
         r.cancel_requested_at, r.created_at, r.updated_at, r.finished_at
@@ -89,6 +92,7 @@ impl From<RunRow> for RunView {
         RunView {
             run_id: row.id.into(),
             request_id: row.request_id.into(),
+            tenant: row.tenant_id,
             agent: row.agent,
             repository: row.repository,
             git_ref: row.git_ref,
@@ -198,6 +202,7 @@ pub async fn list(
         "{RUN_SELECT}
           WHERE ($1::text IS NULL OR r.state = $1)
             AND ($5::text IS NULL OR r.agent = $5)
+            AND ($6::text IS NULL OR r.tenant_id = $6)
             AND ($2::timestamptz IS NULL OR (r.created_at, r.id) < ($2, $3))
           ORDER BY r.created_at DESC, r.id DESC
           LIMIT $4"
@@ -207,6 +212,7 @@ pub async fn list(
     .bind(cursor.map(|c| c.1).unwrap_or_default())
     .bind(limit + 1)
     .bind(&query.agent)
+    .bind(caller.scope())
     .fetch_all(&state.pool)
     .await?;
     let mut runs: Vec<RunView> = rows.into_iter().map(RunView::from).collect();
@@ -260,9 +266,12 @@ pub async fn counts(
     let Query(query) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
     check_agent_filter(query.agent.as_deref())?;
     let rows: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT state, count(*) FROM runs WHERE ($1::text IS NULL OR agent = $1) GROUP BY state",
+        "SELECT state, count(*) FROM runs
+          WHERE ($1::text IS NULL OR agent = $1) AND ($2::text IS NULL OR tenant_id = $2)
+          GROUP BY state",
     )
     .bind(&query.agent)
+    .bind(caller.scope())
     .fetch_all(&state.pool)
     .await?;
     let mut counts: std::collections::BTreeMap<String, i64> = RequestState::ALL

@@ -38,13 +38,14 @@ pub async fn create(
     caller.require(Role::Operator)?;
     let key = crate::api::idempotency::key(&headers)?
         .map(|k| format!("{}:create:{k}", caller.token_id.simple()));
-    admit(&state, key, spec).await
+    admit(&state, caller.home(), key, spec).await
 }
 
-/// Records a sandbox (or replays the one `key` created), announced for placement: `201`
-/// with it, `200` for a replay.
+/// Records a sandbox of `tenant` (or replays the one `key` created), announced for
+/// placement: `201` with it, `200` for a replay.
 pub async fn admit(
     state: &AppState,
+    tenant: &str,
     key: Option<String>,
     spec: CreateSpec,
 ) -> Result<Response, ApiError> {
@@ -58,11 +59,12 @@ pub async fn admit(
     }
     let mut tx = state.pool.begin().await?;
     if let Some(snapshot) = spec.source_snapshot()? {
-        restorable(&mut tx, snapshot).await?;
+        restorable(&mut tx, snapshot, tenant).await?;
     }
     let created = record::create(
         &mut tx,
         &NewSandbox {
+            tenant,
             agent: &spec.agent,
             persistent: spec.persistent.unwrap_or(true),
             always_on: spec.always_on.unwrap_or(false),
@@ -104,14 +106,21 @@ fn to_i32(value: Option<u32>) -> i32 {
     i32::try_from(value.unwrap_or_default()).unwrap_or(i32::MAX)
 }
 
-/// A snapshot a new sandbox may start from: a sandbox's, and `ready`. A quarantined one
-/// is never restored.
-pub async fn restorable(conn: &mut PgConnection, snapshot: Uuid) -> Result<(), ApiError> {
+/// A snapshot a new sandbox of `tenant` may start from: a sandbox's of the same tenant
+/// (another tenant's is as unknown as no snapshot: nothing scrubs a snapshot for
+/// sharing yet), and `ready`. A quarantined one is never restored.
+pub async fn restorable(
+    conn: &mut PgConnection,
+    snapshot: Uuid,
+    tenant: &str,
+) -> Result<(), ApiError> {
     let status: Option<String> = sqlx::query_scalar(
-        "SELECT CASE WHEN retention <> 'current' THEN 'deleted' ELSE status END
-           FROM project_snapshots WHERE id = $1 AND sandbox_id IS NOT NULL",
+        "SELECT CASE WHEN p.retention <> 'current' THEN 'deleted' ELSE p.status END
+           FROM project_snapshots p JOIN sandboxes s ON s.id = p.sandbox_id
+          WHERE p.id = $1 AND s.tenant_id = $2",
     )
     .bind(snapshot)
+    .bind(tenant)
     .fetch_optional(conn)
     .await?;
     match status.as_deref() {

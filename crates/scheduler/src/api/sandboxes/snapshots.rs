@@ -263,10 +263,13 @@ pub async fn list(
     }
     let rows: Vec<SnapshotRow> = sqlx::query_as(&format!(
         "{SELECT} WHERE {KINDS} AND ($1::uuid IS NULL OR p.sandbox_id = $1)
+            AND ($3::text IS NULL
+                 OR p.sandbox_id IN (SELECT id FROM sandboxes WHERE tenant_id = $3))
           ORDER BY p.created_at DESC, p.id LIMIT $2"
     ))
     .bind(sandbox)
     .bind(limit)
+    .bind(caller.scope())
     .fetch_all(&state.pool)
     .await?;
     Ok(Json(SnapshotList {
@@ -367,14 +370,16 @@ pub async fn restore(
     let id = path_id(&snapshot_id, "snapshot_id")?;
     let spec: RestoreSpec = optional_body(&body)?;
     let mut conn = state.pool.acquire().await?;
-    let agent: Option<String> = sqlx::query_scalar(&format!(
-        "SELECT p.agent FROM project_snapshots p WHERE p.id = $1 AND {KINDS}"
+    // The new sandbox is the snapshot's tenant's, whose caller the guard let through.
+    let found: Option<(String, String)> = sqlx::query_as(&format!(
+        "SELECT p.agent, s.tenant_id FROM project_snapshots p JOIN sandboxes s ON s.id = p.sandbox_id
+          WHERE p.id = $1 AND {KINDS}"
     ))
     .bind(id)
     .fetch_optional(&mut *conn)
     .await?;
-    let agent = agent.ok_or_else(|| ApiError::not_found("snapshot"))?;
-    restorable(&mut conn, id).await?;
+    let (agent, tenant) = found.ok_or_else(|| ApiError::not_found("snapshot"))?;
+    restorable(&mut conn, id, &tenant).await?;
     drop(conn);
     let key = crate::api::idempotency::key(&headers)?
         .map(|k| format!("{}:restore:{k}", caller.token_id.simple()));
@@ -389,5 +394,5 @@ pub async fn restore(
         persistent: spec.persistent,
         disk_mb: spec.disk_mb,
     };
-    admit(&state, key, create).await
+    admit(&state, &tenant, key, create).await
 }

@@ -20,6 +20,8 @@ use uuid::Uuid;
 pub struct SandboxView {
     #[schema(value_type = String)]
     pub sandbox_id: Id,
+    /// The tenant it belongs to.
+    pub tenant: String,
     pub agent: String,
     pub state: SandboxState,
     /// What was asked of it and is not done yet (`stopped` while a stop captures), or
@@ -57,6 +59,7 @@ pub struct SandboxView {
 #[derive(sqlx::FromRow)]
 struct Row {
     id: Uuid,
+    tenant_id: String,
     agent: String,
     state: SandboxState,
     desired: String,
@@ -79,7 +82,7 @@ struct Row {
     destroyed_at: Option<DateTime<Utc>>,
 }
 
-const SELECT: &str = "SELECT s.id, s.agent, s.state, s.desired, s.persistent, s.always_on, s.timeout_sec,
+const SELECT: &str = "SELECT s.id, s.tenant_id, s.agent, s.state, s.desired, s.persistent, s.always_on, s.timeout_sec,
         s.idle_timeout_sec, s.disk_mb, s.repository, s.git_ref, s.source_snapshot_id, s.stop_reason,
         s.error_reason, s.stop_snapshot_id, s.last_activity_at, s.created_at, s.updated_at, s.stopped_at,
         s.destroyed_at,
@@ -109,6 +112,7 @@ impl From<Row> for SandboxView {
             .then_some(r.desired);
         SandboxView {
             sandbox_id: r.id.into(),
+            tenant: r.tenant_id,
             agent: r.agent,
             state: r.state,
             pending,
@@ -224,11 +228,13 @@ pub async fn list(
     }
     let rows: Vec<Row> = sqlx::query_as(&format!(
         "{SELECT} WHERE ($1::text IS NULL OR s.state = $1) AND ($2::text IS NULL OR s.agent = $2)
+            AND ($4::text IS NULL OR s.tenant_id = $4)
           ORDER BY s.created_at DESC, s.id LIMIT $3"
     ))
     .bind(&query.state)
     .bind(&query.agent)
     .bind(limit)
+    .bind(caller.scope())
     .fetch_all(&state.pool)
     .await?;
     Ok(Json(SandboxList {

@@ -108,7 +108,7 @@ pub async fn candidates(
     caller.require(Role::Viewer)?;
     let run_id = path_id(&run_id, "run_id")?;
     let Query(query) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
-    let policy = policy::load(&state.pool).await?;
+    let policy = policy::load_of_run(&state.pool, run_id).await?;
     let mut conn = state.pool.acquire().await?;
     let facts = facts(&mut conn, run_id, false).await?;
     let agent = check_agent(query.agent.as_deref(), &facts.agent)?;
@@ -139,7 +139,7 @@ pub async fn adopt(
     let mut tx = state.pool.begin().await?;
     // The policy is read under a lock held to the commit; every admission of this run
     // serializes on its request row.
-    let policy = policy::load_locked(&mut tx).await?;
+    let policy = policy::load_locked(&mut tx, run_id).await?;
     let facts = facts(&mut tx, run_id, true).await?;
     let saved: Option<(Uuid, String)> =
         sqlx::query_as("SELECT run_id, input_digest FROM verification_adoptions WHERE id = $1")
@@ -269,6 +269,7 @@ pub async fn adopt(
     .await?;
     // The same ticket is queued again: same attempt, budgets and charged usage.
     let message = JobMessage {
+        tenant: None,
         kind: JobKind::Verification,
         run_id,
         request_id: facts.request_id,
