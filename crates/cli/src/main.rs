@@ -22,7 +22,7 @@ use commands::reaper::{reaper, ReaperCommand};
 use commands::runs::{runs, RunsCommand};
 use commands::sandbox::{sandbox, SandboxCommand};
 use commands::snapshot::{snapshot, SnapshotCommand};
-use commands::tokens::{tokens, TokenCommand};
+use commands::tokens::{tenants, tokens, TenantCommand, TokenCommand};
 use commands::verification;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -96,6 +96,10 @@ enum Command {
     /// Manage API tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Manage tenants (projects): each token reaches only its tenant's runs, sandboxes
+    /// and snapshots.
+    #[command(subcommand)]
+    Tenant(TenantCommand),
     /// Rotate an agent's credentials: its snapshots are retired from reuse.
     #[command(subcommand)]
     Credentials(CredentialsCommand),
@@ -181,6 +185,7 @@ async fn run(cli: Cli) -> Result<u8, CallError> {
         Command::Verification(command) => verification::command(&client()?, command, json).await,
         Command::Policy(command) => policy(&client()?, command, json).await,
         Command::Token(command) => tokens(&client()?, command, json).await,
+        Command::Tenant(command) => tenants(&client()?, command, json).await,
         Command::Credentials(command) => credentials(&client()?, command, json).await,
     }
 }
