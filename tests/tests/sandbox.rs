@@ -304,7 +304,8 @@ fn run(program: &str, args: &[&str]) -> Result<(), String> {
 /// what the operator allows by name, and nothing that belongs to the platform: not
 /// PostgreSQL, Redis, RabbitMQ, the API or the worker on the host's loopback, not the
 /// worker's own addresses, not a private server, not the metadata address. A step
-/// without the network reaches nothing at all.
+/// without the network reaches nothing at all; one with its own list, only what it
+/// names of what the worker allows.
 #[tokio::test]
 async fn a_step_reaches_the_public_and_what_is_allowed_and_nothing_of_the_platform() {
     let _services = ServiceLock::shared().await;
@@ -355,7 +356,16 @@ async fn a_step_reaches_the_public_and_what_is_allowed_and_nothing_of_the_platfo
         |key: &str| json!({"key": key, "argv": ["python3", "-c", script], "timeout_seconds": 120});
     let mut offline = argv("offline");
     offline["network"] = json!(false);
-    let (run_id, _) = cluster.submit(&run_spec(vec![argv("online"), offline], 1));
+    // A step's own list narrows the worker's policy and never widens it: of what it
+    // names, it reaches only what the worker allows too.
+    let mut narrowed = argv("narrowed");
+    narrowed["network"] = json!({"allow": [
+        format!("{PUBLIC}:8080"),
+        format!("{PRIVATE}:8080"),
+        format!("{PRIVATE}:8081"),
+        "127.0.0.1:5432",
+    ]});
+    let (run_id, _) = cluster.submit(&run_spec(vec![argv("online"), offline, narrowed], 1));
     cluster.wait_for_state(&run_id, &["completed"], LONG);
     let host_ns = std::fs::read_link("/proc/self/ns/net").expect("netns");
     let seen = |key: &str| {
@@ -396,6 +406,25 @@ async fn a_step_reaches_the_public_and_what_is_allowed_and_nothing_of_the_platfo
             line(&out, name).contains(" refused "),
             "offline {name}: {out}"
         );
+    }
+    let (narrowed, out) = seen("narrowed");
+    assert_eq!(
+        narrowed["sandbox"]["egress"]["narrowed_to"]
+            .as_array()
+            .map(Vec::len),
+        Some(4),
+        "{narrowed}"
+    );
+    for (name, _, _) in &targets {
+        let got = line(&out, name);
+        match *name {
+            "private-allowed" => assert_eq!(got, "private-allowed reached private-8080", "{out}"),
+            "public" => assert_eq!(got, "public reached public-8080", "{out}"),
+            _ => assert!(
+                got.contains(" refused "),
+                "narrowed {name} must be refused: {out}"
+            ),
+        }
     }
     drop(listener);
     drop(topology);

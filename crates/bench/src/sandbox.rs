@@ -57,6 +57,7 @@ pub async fn run(runs: usize) -> anyhow::Result<()> {
                     cwd: None,
                     home: home.clone(),
                     network: *network,
+                    allow: None,
                     limits: sandbox.limits(None),
                 },
                 timeout: Duration::from_secs(30),

@@ -5,6 +5,7 @@
 //! - [`telemetry`]: tracing setup, pretty or JSON.
 //! - [`db`]: PostgreSQL connection (creating the database if missing) and migrations.
 //! - [`digest`]: SHA-256 digests over canonical JSON.
+//! - [`egress`]: what a step asks of the network, and its destinations' syntax.
 //! - [`run`]: run specifications and job messages.
 //! - [`request`]: the execution request (ticket): its states and every write that changes
 //!   it (requeue, stop, cancel, pause, continuation actions).
@@ -37,6 +38,7 @@ pub mod component;
 pub mod config;
 pub mod db;
 pub mod digest;
+pub mod egress;
 pub mod handoff;
 pub mod health;
 pub mod heartbeat;

@@ -73,10 +73,12 @@ pub struct StepSpec {
     /// Whether running it again after an unknown outcome is safe.
     #[serde(default)]
     pub idempotent: bool,
-    /// Whether the step reaches the network (the host's); without it the step has its
-    /// own loopback only. Absent: the worker's default (`CAIRN_STEP_NETWORK`).
+    /// The step's network, always a namespace of its own: `false`, its loopback only;
+    /// `true`, a NAT under the worker's egress policy; `{"allow": [...]}`, that policy
+    /// narrowed to the named destinations (never widened). Absent: the worker's default
+    /// (`CAIRN_STEP_NETWORK`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network: Option<bool>,
+    pub network: Option<crate::egress::NetworkSpec>,
     /// Resource limits of the step's sandbox; an absent one is the worker's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<StepLimits>,
@@ -329,6 +331,9 @@ impl RunSpec {
                 step.timeout_seconds,
                 at,
             )?;
+            if let Some(problem) = step.network.as_ref().and_then(|n| n.problem()) {
+                return Err(FieldError::new(at("network.allow"), problem));
+            }
             if let Some((name, bounds)) = step.limits.and_then(|l| l.out_of_bounds()) {
                 return Err(FieldError::new(at(&format!("limits.{name}")), bounds));
             }

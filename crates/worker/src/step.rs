@@ -134,7 +134,9 @@ impl From<sandbox::CommandError> for StepError {
         match e {
             sandbox::CommandError::Cwd(e) => StepError::Cwd(e),
             sandbox::CommandError::Variables(e) => StepError::Io(e),
-            e @ sandbox::CommandError::Network(_) => StepError::Network(e.to_string()),
+            e @ (sandbox::CommandError::Network(_) | sandbox::CommandError::Allow(_)) => {
+                StepError::Network(e.to_string())
+            }
         }
     }
 }
@@ -478,6 +480,7 @@ mod tests {
                 cwd: None,
                 home: dir.to_path_buf(),
                 network: true,
+                allow: None,
                 limits: Default::default(),
             },
             timeout,

@@ -63,6 +63,7 @@ impl Scratch {
                 cwd: None,
                 home: self.dir.join("home"),
                 network: false,
+                allow: None,
                 limits: StepLimits::default(),
             },
             timeout: Duration::from_secs(30),

@@ -382,3 +382,41 @@ async fn runs_list_by_state_with_cursor_pagination() {
         (StatusCode::CONFLICT, "run_finished")
     );
 }
+
+/// A step's network is `false`, `true` or `{"allow": [...]}`: a list a worker cannot
+/// apply is a 422 naming it, and the accepted form is stored as sent.
+#[tokio::test]
+async fn a_steps_network_allow_list_is_checked_at_admission() {
+    let api = Api::new().await;
+    let with = |network: Value| {
+        let mut spec = run_spec("coder");
+        spec["steps"][0]["network"] = network;
+        spec
+    };
+    let before = api.footprint().await;
+    for bad in [
+        json!({"allow": []}),
+        json!({"allow": ["pypi.org:70000"]}),
+        json!({"allow": ["two words:80"]}),
+        json!({"allow": (0..65).map(|i| format!("10.0.0.{i}:80")).collect::<Vec<_>>()}),
+    ] {
+        let (status, body) = api
+            .post("/api/v1/runs", &api.operator, Some(with(bad.clone())))
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{bad}: {body}");
+        assert_eq!(error_field(&body), "steps[0].network.allow", "{body}");
+    }
+    for bad in [json!({"allow": ["a:1"], "deny": []}), json!("yes")] {
+        let (status, body) = api
+            .post("/api/v1/runs", &api.operator, Some(with(bad.clone())))
+            .await;
+        assert!(status.is_client_error(), "{bad}: {body}");
+    }
+    assert_eq!(api.footprint().await, before);
+    let allow = json!({"allow": ["pypi.org:443", "10.2.0.0/16:5432", "[2001:db8::/32]:443"]});
+    let (status, run) = api
+        .post("/api/v1/runs", &api.operator, Some(with(allow.clone())))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{run}");
+    assert_eq!(run["steps"][0]["network"], allow, "{run}");
+}

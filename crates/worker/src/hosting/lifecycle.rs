@@ -79,6 +79,7 @@ impl Host {
             cwd: None,
             home: tree.workspace.home.clone(),
             network: false,
+            allow: None,
             limits: self.worker.sandbox.limits(None),
         };
         self.session = match self.worker.sandbox.start_session(&spec).await {

@@ -361,6 +361,7 @@ fn command(
                 .and_then(|s| s.network)
                 .unwrap_or(runner.network_default())
                 && spec.is_some(),
+            allow: None,
             limits: runner.limits(None),
         },
         timeout: spec.map_or(FILE_TIMEOUT, |s| {

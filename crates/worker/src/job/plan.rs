@@ -429,7 +429,15 @@ fn command(
             workspace: workspace.root.clone(),
             cwd: step.cwd.clone(),
             home: workspace.home.clone(),
-            network: step.network.unwrap_or(runner.network_default()),
+            network: step
+                .network
+                .as_ref()
+                .map_or(runner.network_default(), |n| n.enabled()),
+            allow: step
+                .network
+                .as_ref()
+                .and_then(|n| n.narrowed_to())
+                .map(<[String]>::to_vec),
             limits: runner.limits(step.limits),
         },
         timeout: step_timeout.min(wall_left),

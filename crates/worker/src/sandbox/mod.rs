@@ -97,6 +97,9 @@ pub struct Spec {
     /// The private home on the host; the process sees it at [`HOME`].
     pub home: PathBuf,
     pub network: bool,
+    /// With the network, the destinations the step narrowed the worker's policy to
+    /// (resolved when it starts); `None`, the policy itself.
+    pub allow: Option<Vec<String>>,
     pub limits: StepLimits,
 }
 
@@ -224,6 +227,7 @@ impl Sandbox {
                             Some(port) => format!("{}:{port}", a.net),
                             None => a.net.clone(),
                         }).collect::<Vec<_>>(),
+                        "narrowed_to": spec.allow,
                     })
                 } else {
                     json!("none")
@@ -251,13 +255,22 @@ impl Sandbox {
     ) -> Result<(Launch, Option<cgroup::Group>, Option<network::Hold>), CommandError> {
         let cwd = resolve_cwd(&spec.workspace, spec.cwd.as_deref())?;
         let (mut cmd, hold) = if self.isolates() {
+            let mut narrowed = None;
             if spec.network {
-                if let Err(why) = &self.egress {
-                    return Err(CommandError::Network(why.clone()));
+                let egress = self
+                    .egress
+                    .as_ref()
+                    .map_err(|why| CommandError::Network(why.clone()))?;
+                if let Some(list) = &spec.allow {
+                    narrowed = Some(egress.narrowed_rules(&resolve(list)?));
                 }
             }
-            view::bwrap(&self.settings, &self.view, argv, env, spec, &cwd)
-                .map_err(CommandError::Variables)?
+            let (cmd, hold) = view::bwrap(&self.settings, &self.view, argv, env, spec, &cwd)
+                .map_err(CommandError::Variables)?;
+            match narrowed {
+                Some(rules) => (cmd, hold.map(|h| h.with_rules(rules))),
+                None => (cmd, hold),
+            }
         } else {
             (view::direct(argv, env, &spec.workspace.join(&cwd)), None)
         };
@@ -294,4 +307,16 @@ pub enum CommandError {
     Variables(std::io::Error),
     #[error("the step asks for the network, and this worker cannot give a sandbox one of its own ({0}); it never runs on the host's network")]
     Network(String),
+    #[error("the step's network allow list cannot be applied: {0}")]
+    Allow(String),
+}
+
+/// A step's own destinations, each host name resolved now; one that does not resolve
+/// fails the step before it starts.
+fn resolve(list: &[String]) -> Result<Vec<network::Allowed>, CommandError> {
+    let mut all = Vec::new();
+    for entry in list {
+        all.extend(network::Allowed::parse(entry).map_err(CommandError::Allow)?);
+    }
+    Ok(all)
 }

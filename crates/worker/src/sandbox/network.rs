@@ -62,7 +62,7 @@ impl Allowed {
     /// once, now, to each of its addresses.
     pub fn parse(text: &str) -> Result<Vec<Allowed>, String> {
         let bad = |why: &str| format!("egress allow entry {text:?}: {why}");
-        let (host, port) = split_port(text).ok_or_else(|| bad("bad port"))?;
+        let (host, port) = cairn_common::egress::split_port(text).ok_or_else(|| bad("bad port"))?;
         if host.is_empty() {
             return Err(bad("no destination"));
         }
@@ -116,31 +116,15 @@ impl Allowed {
     }
 }
 
-/// `(host, port)` of `HOST`, `HOST:PORT` or `[V6]:PORT`; `None` for a bad port.
-fn split_port(text: &str) -> Option<(&str, Option<u16>)> {
-    if let Some(rest) = text.strip_prefix('[') {
-        let (host, after) = rest.split_once(']')?;
-        return match after.strip_prefix(':') {
-            Some(port) => Some((host, Some(port.parse().ok()?))),
-            None if after.is_empty() => Some((host, None)),
-            None => None,
-        };
-    }
-    if text.matches(':').count() > 1 {
-        return Some((text, None));
-    }
-    match text.rsplit_once(':') {
-        Some((host, port)) => Some((host, Some(port.parse().ok()?))),
-        None => Some((text, None)),
-    }
-}
-
 /// The egress of this worker's steps: its helpers and its filter.
 #[derive(Debug)]
 pub struct Egress {
     slirp: PathBuf,
     nft: PathBuf,
     nsenter: PathBuf,
+    allowed: Vec<Allowed>,
+    own: Vec<IpAddr>,
+    /// The filter of a step that does not narrow it.
     rules: String,
 }
 
@@ -159,12 +143,17 @@ impl Egress {
         let slirp = find("slirp4netns", "slirp4netns");
         let nft = find("nft", "nftables");
         match (slirp, nft) {
-            (Ok(slirp), Ok(nft)) => Ok(Egress {
-                slirp,
-                nft,
-                nsenter,
-                rules: rules(allowed, &own_addresses()),
-            }),
+            (Ok(slirp), Ok(nft)) => {
+                let own = own_addresses();
+                Ok(Egress {
+                    slirp,
+                    nft,
+                    nsenter,
+                    rules: rules(allowed, &own, None),
+                    allowed: allowed.to_vec(),
+                    own,
+                })
+            }
             (slirp, nft) => Err([slirp.err(), nft.err()]
                 .into_iter()
                 .flatten()
@@ -178,6 +167,11 @@ impl Egress {
         &self.rules
     }
 
+    /// The filter of a step narrowed to `narrow` (within this worker's policy).
+    pub fn narrowed_rules(&self, narrow: &[Allowed]) -> String {
+        rules(&self.allowed, &self.own, Some(narrow))
+    }
+
     /// Attaches the NAT and the filter to the sandbox bubblewrap reports on `hold`, then
     /// lets its command start. The returned link keeps the NAT up while it lives.
     pub async fn connect(&self, hold: Hold) -> Result<Link, String> {
@@ -185,7 +179,8 @@ impl Egress {
         let pid = tokio::task::spawn_blocking(move || read_child_pid(info))
             .await
             .map_err(|e| e.to_string())??;
-        let link = tokio::time::timeout(ATTACH, self.attach(pid))
+        let rules = hold.rules.as_deref().unwrap_or(&self.rules);
+        let link = tokio::time::timeout(ATTACH, self.attach(pid, rules))
             .await
             .map_err(|_| "the step's network did not come up in time".to_string())??;
         let mut release = std::fs::File::from(hold.release);
@@ -195,7 +190,7 @@ impl Egress {
         Ok(link)
     }
 
-    async fn attach(&self, pid: i32) -> Result<Link, String> {
+    async fn attach(&self, pid: i32, rules: &str) -> Result<Link, String> {
         // bubblewrap brings the namespace's loopback up after it reports the child;
         // the NAT configured meanwhile makes that fail ("loopback: Failed
         // RTM_NEWADDR"). The loopback's local route shows once it is up.
@@ -241,7 +236,7 @@ impl Egress {
             .args(["--net", "--"])
             .arg(&self.nft)
             .args(["-f", &format!("/dev/fd/{}", super::spawn::FILE_FD)]);
-        filter.file = Some(rules_file(&self.rules).map_err(|e| e.to_string())?);
+        filter.file = Some(rules_file(rules).map_err(|e| e.to_string())?);
         let mut nft = filter
             .spawn()
             .map_err(|e| format!("cannot start nft: {e}"))?;
@@ -270,11 +265,23 @@ impl Egress {
     }
 }
 
-/// The worker's ends of bubblewrap's report and hold.
+/// The worker's ends of bubblewrap's report and hold, and the filter to install (the
+/// worker's own unless the step narrowed it).
 #[derive(Debug)]
 pub struct Hold {
     info: OwnedFd,
     release: OwnedFd,
+    rules: Option<String>,
+}
+
+impl Hold {
+    /// The same hold, installing `rules` instead of the worker's filter.
+    pub fn with_rules(self, rules: String) -> Hold {
+        Hold {
+            rules: Some(rules),
+            ..self
+        }
+    }
 }
 
 /// A sandbox's NAT: it ends when this is dropped.
@@ -293,6 +300,7 @@ pub fn hold() -> io::Result<(Hold, Vec<OwnedFd>)> {
         Hold {
             info: info_read,
             release: block_write,
+            rules: None,
         },
         vec![info_write, block_read],
     ))
@@ -330,32 +338,33 @@ fn read_child_pid(info: OwnedFd) -> Result<i32, String> {
         .ok_or_else(|| "bubblewrap reported no child".to_string())
 }
 
-/// The nft ruleset of a step's namespace.
-fn rules(allowed: &[Allowed], own: &[IpAddr]) -> String {
-    let mut out = String::from(
-        "table inet cairn {\n  chain egress {\n    type filter hook output priority 0; policy accept;\n    oifname \"lo\" accept\n",
-    );
-    for proto in ["udp", "tcp"] {
-        out.push_str(&format!("    ip daddr {DNS} {proto} dport 53 accept\n"));
-    }
-    for allow in allowed {
-        match allow.port {
-            Some(port) => {
-                for proto in ["tcp", "udp"] {
-                    out.push_str(&format!(
-                        "    {} daddr {} {proto} dport {port} accept\n",
-                        allow.family(),
-                        allow.net
-                    ));
+/// The nft ruleset of a step's namespace. The `platform` chain is the worker's policy:
+/// what the operator allows returns from it, then the platform's ranges and the worker's
+/// own addresses are refused. A step's own list (`narrow`) is applied only after it, and
+/// then everything else is refused: a step narrows the policy, never widens it.
+fn rules(allowed: &[Allowed], own: &[IpAddr], narrow: Option<&[Allowed]>) -> String {
+    let accept = |out: &mut String, list: &[Allowed], verdict: &str| {
+        for allow in list {
+            match allow.port {
+                Some(port) => {
+                    for proto in ["tcp", "udp"] {
+                        out.push_str(&format!(
+                            "    {} daddr {} {proto} dport {port} {verdict}\n",
+                            allow.family(),
+                            allow.net
+                        ));
+                    }
                 }
+                None => out.push_str(&format!(
+                    "    {} daddr {} {verdict}\n",
+                    allow.family(),
+                    allow.net
+                )),
             }
-            None => out.push_str(&format!(
-                "    {} daddr {} accept\n",
-                allow.family(),
-                allow.net
-            )),
         }
-    }
+    };
+    let mut out = String::from("table inet cairn {\n  chain platform {\n");
+    accept(&mut out, allowed, "return");
     let mut v4: Vec<String> = DENIED_V4.iter().map(|s| s.to_string()).collect();
     let mut v6: Vec<String> = DENIED_V6.iter().map(|s| s.to_string()).collect();
     for ip in own {
@@ -365,10 +374,22 @@ fn rules(allowed: &[Allowed], own: &[IpAddr]) -> String {
         }
     }
     out.push_str(&format!(
-        "    ip daddr {{ {} }} counter reject\n    ip6 daddr {{ {} }} counter reject\n  }}\n}}\n",
+        "    ip daddr {{ {} }} counter reject\n    ip6 daddr {{ {} }} counter reject\n  }}\n",
         v4.join(", "),
         v6.join(", ")
     ));
+    out.push_str(
+        "  chain egress {\n    type filter hook output priority 0; policy accept;\n    oifname \"lo\" accept\n",
+    );
+    for proto in ["udp", "tcp"] {
+        out.push_str(&format!("    ip daddr {DNS} {proto} dport 53 accept\n"));
+    }
+    out.push_str("    jump platform\n");
+    if let Some(narrow) = narrow {
+        accept(&mut out, narrow, "accept");
+        out.push_str("    counter reject\n");
+    }
+    out.push_str("  }\n}\n");
     out
 }
 
@@ -442,8 +463,9 @@ mod tests {
     #[test]
     fn the_rules_refuse_the_platform_and_allow_only_what_is_named() {
         let allowed = Allowed::parse("10.9.0.5:8080").expect("allow");
-        let text = rules(&allowed, &["192.0.2.2".parse().expect("ip")]);
-        let accept = text.find("10.9.0.5/32 tcp dport 8080 accept").expect(&text);
+        let text = rules(&allowed, &["192.0.2.2".parse().expect("ip")], None);
+        assert!(!text.contains("    counter reject\n  }\n}"), "{text}");
+        let accept = text.find("10.9.0.5/32 tcp dport 8080 return").expect(&text);
         let reject = text.find("counter reject").expect(&text);
         assert!(accept < reject, "{text}");
         for denied in [
@@ -459,5 +481,19 @@ mod tests {
                 .any(|l| l.contains("counter reject") && l.contains(denied));
             assert!(refused, "{denied}: {text}");
         }
+    }
+
+    /// A step's list comes after the platform chain, and then everything else is
+    /// refused: it can only narrow.
+    #[test]
+    fn a_step_list_narrows_after_the_platform_is_refused() {
+        let narrow = Allowed::parse("203.0.113.10:8080").expect("narrow");
+        let text = rules(&[], &[], Some(&narrow));
+        let jump = text.find("jump platform").expect(&text);
+        let accept = text
+            .find("203.0.113.10/32 tcp dport 8080 accept")
+            .expect(&text);
+        let last = text.rfind("    counter reject\n").expect(&text);
+        assert!(jump < accept && accept < last, "{text}");
     }
 }

@@ -166,6 +166,7 @@ fn whole(settings: &Settings, view: &View) -> Result<(), String> {
             cwd: None,
             home,
             network: false,
+            allow: None,
             limits: Default::default(),
         };
         // Started as a step is (its variables through bubblewrap's `--args`, the

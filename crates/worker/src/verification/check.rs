@@ -87,6 +87,7 @@ pub(super) async fn run(
             cwd: plan.check.cwd.clone(),
             home: plan.scratch.clone(),
             network: false,
+            allow: None,
             limits: sandbox.limits(None),
         },
         timeout: Duration::from_secs(u64::from(plan.check.timeout_seconds)).min(
