@@ -694,7 +694,7 @@ Checks of combinations the schema cannot express. Rendered from validate.yaml.
 {{- fail (printf "reaper.drainSeconds (%d) must be less than reaper.terminationGracePeriodSeconds (%d), or Kubernetes kills the reaper before the sweep in flight has finished." (int $v.reaper.drainSeconds) (int $v.reaper.terminationGracePeriodSeconds)) -}}
 {{- end -}}
 {{- $np := $v.worker.networkPolicy -}}
-{{- if and $np.enabled (not (or $np.egress $np.stepEgress)) -}}
+{{- if and $np.enabled (not $np.egress) -}}
 {{- fail "worker.networkPolicy.enabled with no worker.networkPolicy.egress rules: the workers could reach DNS and nothing else, not PostgreSQL, Redis, RabbitMQ or the object store, and would never start. Add the rules (see the example in values.yaml)." -}}
 {{- end -}}
 {{- if and $v.scheduler.autoscaling.enabled (gt (int $v.scheduler.autoscaling.minReplicas) (int $v.scheduler.autoscaling.maxReplicas)) -}}

@@ -293,8 +293,31 @@ def test_worker_host_users():
         assert "hostUsers" not in pod_template(docs, comp)["spec"], comp
 
 
+STEP_DENIED_V4 = ["0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
+                  "172.16.0.0/12", "192.168.0.0/16", "224.0.0.0/4", "240.0.0.0/4"]
+STEP_DENIED_V6 = ["::1/128", "::ffff:0:0/96", "fc00::/7", "fe80::/10", "ff00::/8"]
+
+
+def test_worker_network_policy_is_on_by_default_and_matches_the_step_filter():
+    (np,) = of_kind(render(), "NetworkPolicy")
+    dns, platform, steps = np["spec"]["egress"]
+    assert dns["ports"][0]["port"] == 53
+    assert sorted(p["port"] for p in platform["ports"]) == [443, 5432, 5672, 6379]
+    assert "to" not in platform
+    v4, v6 = (peer["ipBlock"] for peer in steps["to"])
+    assert (v4["cidr"], v6["cidr"]) == ("0.0.0.0/0", "::/0")
+    # The same ranges the worker's nftables filter refuses to steps (sandbox::network).
+    assert v4["except"] == STEP_DENIED_V4
+    assert v6["except"] == STEP_DENIED_V6
+    source = open(os.path.join(os.path.dirname(__file__), "..", "..", "..",
+                               "crates", "worker", "src", "sandbox", "network.rs")).read()
+    for cidr in STEP_DENIED_V4 + STEP_DENIED_V6:
+        assert f'"{cidr}"' in source, cidr
+    assert "ports" not in steps, "steps reach the public internet on any port"
+    assert not of_kind(render(["--set", "worker.networkPolicy.enabled=false"]), "NetworkPolicy")
+
+
 def test_worker_network_policy():
-    assert not of_kind(render(), "NetworkPolicy")
     docs = render(PRODUCTION)
     values = effective_values(PRODUCTION)["worker"]["networkPolicy"]
     (np,) = of_kind(docs, "NetworkPolicy")
@@ -308,7 +331,8 @@ def test_worker_network_policy():
     # Steps share the pod's network namespace: their rules are in the same policy.
     assert rules == values["egress"] + values["stepEgress"]
     # Defaults: metrics and DNS from and to anywhere.
-    rule = ["--set", "worker.networkPolicy.egress[0].ports[0].port=5432"]
+    rule = ["--set-json", "worker.networkPolicy.egress=[{\"ports\": [{\"port\": 5432}]}]",
+            "--set-json", "worker.networkPolicy.stepEgress=[]"]
     docs = render(["--set", "worker.networkPolicy.enabled=true"] + rule)
     (np,) = of_kind(docs, "NetworkPolicy")
     assert np["spec"]["ingress"] == [{"ports": [{"port": 9090, "protocol": "TCP"}]}]
@@ -316,7 +340,7 @@ def test_worker_network_policy():
     docs = render(["--set", "worker.networkPolicy.enabled=true", "--set", "worker.networkPolicy.dns.enabled=false"]
                   + rule)
     assert of_kind(docs, "NetworkPolicy")[0]["spec"]["egress"] == [{"ports": [{"port": 5432}]}]
-    err = render_fails(["--set", "worker.networkPolicy.enabled=true"])
+    err = render_fails(["--set-json", "worker.networkPolicy.egress=[]"])
     assert "worker.networkPolicy.enabled with no worker.networkPolicy.egress rules" in err, err
 
 
