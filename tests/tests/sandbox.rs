@@ -426,6 +426,10 @@ async fn a_step_reaches_the_public_and_what_is_allowed_and_nothing_of_the_platfo
             ),
         }
     }
+    // What the filters refused is counted.
+    cluster.wait_until("the refusals are counted", LONG, || {
+        cluster.metric(0, "cairn_worker_step_egress_refused_packets_total") >= 1.0
+    });
     drop(listener);
     drop(topology);
 }

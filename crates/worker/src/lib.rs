@@ -96,7 +96,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     tracing::info!(sandbox = %serde_json::to_string(sandbox.report()).unwrap_or_default(), "step sandbox");
     let mut registry = cairn_common::metrics::registry();
     let metrics = metrics::WorkerMetrics::register(&mut registry);
-    metrics::register_sandbox(&mut registry, sandbox.report());
+    metrics::register_sandbox(&mut registry, &sandbox);
     let dependency_gauge = health::DependencyGauge::register(&mut registry);
     let sandbox_report = serde_json::to_value(sandbox.report()).unwrap_or_default();
     let registry = Arc::new(registry);

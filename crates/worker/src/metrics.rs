@@ -110,8 +110,15 @@ impl WorkerMetrics {
 }
 
 /// `cairn_worker_sandbox_capability{capability}`: 1 where the host allows that part of
-/// the step sandbox (and `isolated`: whether steps run in it), as probed at start.
-pub fn register_sandbox(registry: &mut Registry, report: &crate::sandbox::Report) {
+/// the step sandbox (and `isolated`: whether steps run in it), as probed at start; and
+/// the packets the steps' egress filters refused.
+pub fn register_sandbox(registry: &mut Registry, sandbox: &crate::sandbox::Sandbox) {
+    registry.register(
+        "worker_step_egress_refused_packets",
+        "Packets the steps' egress filters refused (a connection attempt is one or more)",
+        sandbox.refused(),
+    );
+    let report = sandbox.report();
     use prometheus_client::metrics::family::Family;
     use prometheus_client::metrics::gauge::Gauge;
     let family = Family::<Vec<(String, String)>, Gauge>::default();

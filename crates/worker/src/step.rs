@@ -236,6 +236,20 @@ async fn start(
     }
 }
 
+/// A step's NAT, ended (after its filter's counters are read) when dropped.
+struct Network<'a> {
+    sandbox: &'a Sandbox,
+    link: Option<sandbox::network::Link>,
+}
+
+impl Drop for Network<'_> {
+    fn drop(&mut self) {
+        if let Some(link) = self.link.take() {
+            self.sandbox.disconnect(link);
+        }
+    }
+}
+
 async fn run_spawned(
     command: &StepCommand,
     sandbox: &Sandbox,
@@ -256,7 +270,9 @@ async fn run_spawned(
     env.entry("PATH".into())
         .or_insert_with(|| sandbox::DEFAULT_PATH.into());
     let started = Instant::now();
-    let (mut child, group, _link) = start(command, &env, sandbox, session, program).await?;
+    let (mut child, group, link) = start(command, &env, sandbox, session, program).await?;
+    // However the step ends, its network goes once its refusals are counted.
+    let _network = Network { sandbox, link };
     // Registered with the runtime once the process is ours to drop: on a failure it is
     // killed and reaped as `child` goes.
     let receiver = |fd: Option<std::os::fd::OwnedFd>| {

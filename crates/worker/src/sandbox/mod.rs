@@ -116,6 +116,8 @@ pub struct Sandbox {
     cgroups: Option<cgroup::Hierarchy>,
     view: view::View,
     started: AtomicU64,
+    /// Packets the steps' egress filters refused.
+    refused: prometheus_client::metrics::counter::Counter,
 }
 
 impl Sandbox {
@@ -169,6 +171,7 @@ impl Sandbox {
             cgroups,
             view,
             started: AtomicU64::new(0),
+            refused: Default::default(),
         })
     }
 
@@ -295,6 +298,18 @@ impl Sandbox {
             Ok(egress) => egress.connect(hold).await,
             Err(why) => Err(why.clone()),
         }
+    }
+
+    /// Ends a step's network once its filter's refusals are counted.
+    pub fn disconnect(&self, link: network::Link) {
+        if let Ok(egress) = &self.egress {
+            egress.tally(link, self.refused.clone());
+        }
+    }
+
+    /// Packets the steps' egress filters refused, for `/metrics`.
+    pub fn refused(&self) -> prometheus_client::metrics::counter::Counter {
+        self.refused.clone()
     }
 }
 

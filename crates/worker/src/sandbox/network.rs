@@ -17,10 +17,11 @@
 //! closes the hold and the step, killed with it, never ran connected to anything.
 
 use super::spawn::{Launch, Started};
+use prometheus_client::metrics::counter::Counter;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, ToSocketAddrs};
 use std::os::fd::OwnedFd;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Where slirp4netns answers DNS inside the namespace (it forwards to the host's
@@ -190,6 +191,21 @@ impl Egress {
         Ok(link)
     }
 
+    /// Adds to `refused` the packets the filter of `link`'s namespace refused (its
+    /// `counter reject` rules), read after the step in a task of its own so that the
+    /// step's end waits for nothing; the NAT goes with `link` once they are read.
+    pub fn tally(&self, link: Link, refused: Counter) {
+        let (nsenter, nft) = (self.nsenter.clone(), self.nft.clone());
+        tokio::spawn(async move {
+            match read_refused(&nsenter, &nft, &link).await {
+                Some(packets) => {
+                    refused.inc_by(packets);
+                }
+                None => tracing::debug!("the step's egress counters could not be read"),
+            }
+        });
+    }
+
     async fn attach(&self, pid: i32, rules: &str) -> Result<Link, String> {
         // bubblewrap brings the namespace's loopback up after it reports the child;
         // the NAT configured meanwhile makes that fail ("loopback: Failed
@@ -215,9 +231,14 @@ impl Egress {
         let slirp = slirp
             .spawn()
             .map_err(|e| format!("cannot start slirp4netns: {e}"))?;
+        // Held so that the namespace, and its filter's counters, outlive the step's
+        // processes until the worker has read them.
+        let netns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
+            .map_err(|e| format!("cannot hold the step's network namespace: {e}"))?;
         let link = Link {
             _slirp: slirp,
             _exit: exit_write,
+            netns: OwnedFd::from(netns),
         };
         let ready = tokio::task::spawn_blocking(move || {
             let mut byte = [0u8; 1];
@@ -289,6 +310,7 @@ impl Hold {
 pub struct Link {
     _slirp: Started,
     _exit: OwnedFd,
+    netns: OwnedFd,
 }
 
 /// A hold, and bubblewrap's ends of it: where it writes its report and the descriptor
@@ -393,6 +415,49 @@ fn rules(allowed: &[Allowed], own: &[IpAddr], narrow: Option<&[Allowed]>) -> Str
     out
 }
 
+/// The packets the filter in `link`'s namespace refused, as `nft` lists them.
+async fn read_refused(nsenter: &Path, nft: &Path, link: &Link) -> Option<u64> {
+    let netns = link.netns.try_clone().ok()?;
+    let mut list = Launch::new(nsenter);
+    list.arg(format!("--net=/proc/self/fd/{}", super::spawn::FILE_FD))
+        .arg("--")
+        .arg(nft)
+        .args(["list", "table", "inet", "cairn"]);
+    list.file = Some(netns);
+    let mut child = list.spawn().ok()?;
+    drop(child.stderr.take());
+    let out = child.stdout.take()?;
+    let text = tokio::task::spawn_blocking(move || {
+        let mut text = String::new();
+        std::fs::File::from(out)
+            .take(1 << 20)
+            .read_to_string(&mut text)
+            .map(|_| text)
+    })
+    .await
+    .ok()?
+    .ok()?;
+    child
+        .wait()
+        .await
+        .ok()?
+        .success()
+        .then(|| refused_packets(&text))
+}
+
+/// The packets of every `counter ... reject` rule in `nft list` output.
+fn refused_packets(listing: &str) -> u64 {
+    listing
+        .lines()
+        .filter(|l| l.trim_end().ends_with("reject"))
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            words.find(|w| *w == "packets")?;
+            words.next()?.parse::<u64>().ok()
+        })
+        .sum()
+}
+
 /// Every address of the worker's interfaces.
 fn own_addresses() -> Vec<IpAddr> {
     let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
@@ -495,5 +560,12 @@ mod tests {
             .expect(&text);
         let last = text.rfind("    counter reject\n").expect(&text);
         assert!(jump < accept && accept < last, "{text}");
+    }
+
+    #[test]
+    fn refused_packets_sum_the_reject_counters() {
+        let listing = "table inet cairn {\n\tchain platform {\n\t\tip daddr { 10.0.0.0/8 } counter packets 3 bytes 180 reject\n\t\tip6 daddr { fc00::/7 } counter packets 0 bytes 0 reject\n\t}\n\tchain egress {\n\t\tip daddr 10.0.2.3 udp dport 53 accept\n\t\tcounter packets 2 bytes 120 reject\n\t}\n}\n";
+        assert_eq!(refused_packets(listing), 5);
+        assert_eq!(refused_packets(""), 0);
     }
 }
