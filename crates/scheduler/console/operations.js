@@ -31,14 +31,19 @@ export function operationsPage() {
   let failing = false;
   async function refresh() {
     try {
-      const [w, r, s] = await Promise.all([api("GET", "/api/v1/workers"), api("GET", "/api/v1/reaper"), api("GET", "/api/v1/sandboxes?limit=100")]);
+      const [w, r, s] = await Promise.all([api("GET", "/api/v1/workers"), api("GET", "/api/v1/reaper").catch((e) => {
+        // A tenant's token does not see the reaper, whose sweeps span every tenant.
+        if (e.status === 403) return null;
+        throw e;
+      }), api("GET", "/api/v1/sandboxes?limit=100")]);
       rerender(workersBody, w, () => table("Workers that beat in the last hour", ["Worker", "Alive", "Beating since", "Waiting for work since", "Leases held"],
         w.workers.map((x) => [x.worker_id, x.alive ? "alive" : `silent since ${when(x.beat_at)}`, when(x.beating_since),
           x.starved_since ? when(x.starved_since) : "—",
           x.leases.length ? h("ul", { class: "plain" }, x.leases.map((l) => h("li", {},
             h("a", { href: `#/runs/${l.run_id}`, class: "mono" }, l.run_id), ` epoch ${l.lease_epoch}, until ${when(l.lease_deadline)}`))) : "none"]),
         "No worker has beaten in the last hour: start cairn-worker."));
-      rerender(reaperBody, r, () => [
+      if (!r) rerender(reaperBody, {}, () => [h("p", {}, "The reaper's sweeps span every tenant: a platform token shows them.")]);
+      else rerender(reaperBody, r, () => [
         table("Last sweeps, newest first", ["Started", "Finished", "Dry run", "What it did"],
           r.sweeps.map((x) => [when(x.started_at), when(x.finished_at), x.dry_run ? "yes" : "no", h("code", {}, JSON.stringify(x.summary))]),
           "The reaper has not swept yet."),
