@@ -42,7 +42,9 @@ pub struct CreatedToken {
 /// Create a token (admin).
 #[utoipa::path(post, path = "/api/v1/tokens", tag = "tokens", request_body = TokenRequest,
     responses((status = 201, body = CreatedToken), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
-        (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
+        (status = 403, body = ErrorBody),
+        (status = 404, description = "The named tenant does not exist or is not the caller's", body = ErrorBody),
+        (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn create(
     State(state): State<AppState>,
@@ -58,6 +60,12 @@ pub async fn create(
         (None, None) => None,
         (Some(own), None) => Some(own.to_string()),
         (_, Some(named)) => {
+            if !crate::api::tenants::valid_id(&named) {
+                return Err(ApiError::unprocessable(
+                    "tenant",
+                    "a tenant id: 1 to 63 lowercase letters, digits and '-'",
+                ));
+            }
             // Another tenant is as unknown to a tenant's admin as a tenant that is not.
             let exists: bool =
                 sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM tenants WHERE id = $1)")

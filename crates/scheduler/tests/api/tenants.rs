@@ -267,6 +267,16 @@ async fn tenant_admins_manage_only_their_tenant() {
             .await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{tenant}: {body}");
     }
+    // A malformed tenant id is a field error, not an unknown tenant.
+    let (status, body) = api
+        .post(
+            "/api/v1/tokens",
+            &api.admin,
+            Some(json!({"name": "x", "role": "viewer", "tenant": ""})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["error"]["field"], "tenant", "{body}");
     let (status, made) = api
         .post(
             "/api/v1/tokens",
