@@ -537,3 +537,60 @@ async fn the_worker_reports_what_the_host_allows() {
     );
     assert_eq!(isolated, if installed && userns { 1.0 } else { 0.0 });
 }
+
+/// A step that writes past its run's disk quota fails with "disk quota exceeded", in its
+/// own output and in its receipt, and the host's disk holds no more of it than the quota.
+#[tokio::test]
+async fn a_step_writing_past_its_disk_quota_fails_and_the_host_keeps_its_disk() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("sandbox-disk", 0, Settings::default()).await;
+    cluster.worker_env.extend([
+        ("CAIRN_DISK_QUOTA".into(), "required".into()),
+        ("CAIRN_RUN_DISK_MB".into(), "64".into()),
+    ]);
+    cluster.add_worker();
+    let ready = cairn_e2e::http(cluster.workers[0].addr, "GET", "/readyz").expect("readyz");
+    let body: Value = serde_json::from_str(&ready.body).expect("json");
+    assert_eq!(body["details"]["disk"]["quota"], true, "{body}");
+    assert_eq!(body["details"]["disk"]["run_disk_mb"], 64, "{body}");
+    let image = cluster.workspaces("w1").join(".cairn-disk.img");
+    let allocated = || {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(&image)
+            .expect("the worker's volume")
+            .blocks()
+            * 512
+    };
+    let before = allocated();
+    // 200 MiB into the tree, then into the home: each stops at 64.
+    let fill = sh(
+        "fill",
+        "dd if=/dev/zero of=big bs=1M count=200 conv=fsync; echo tree=$?; \
+         dd if=/dev/zero of=$HOME/big bs=1M count=200 conv=fsync; echo home=$?; exit 1",
+    );
+    let (run_id, request_id) = cluster.submit(&run_spec(vec![fill], 1));
+    cluster.wait_for_state(&run_id, &["failed"], LONG);
+    let step = step_of(&cluster, &run_id, "fill");
+    assert_eq!(step["limit"], "disk_quota", "{step}");
+    let said = format!("{}{}", step["stdout_tail"], step["stderr_tail"]);
+    assert!(said.contains("Disk quota exceeded"), "{said}");
+    assert!(said.contains("tree=1") && said.contains("home=1"), "{said}");
+    let (reason, _) = cluster.stop_reason(&request_id).await;
+    assert!(
+        reason.unwrap_or_default().contains("disk quota exceeded"),
+        "the stop reason names the quota"
+    );
+    // Two quotas of 64 MiB and the volume's own bookkeeping, not 400 MiB.
+    let grown = allocated().saturating_sub(before);
+    assert!(grown < 200 << 20, "the host's disk took {grown} bytes");
+
+    // A step within its quota is untouched by it.
+    let (run_id, _) = cluster.submit(&run_spec(
+        vec![sh(
+            "small",
+            "dd if=/dev/zero of=small bs=1M count=16 && test -s small",
+        )],
+        1,
+    ));
+    cluster.wait_for_state(&run_id, &["completed"], LONG);
+}

@@ -5,7 +5,7 @@ use cairn_e2e::cluster::{run_spec, Cluster, Settings};
 use cairn_e2e::ServiceLock;
 use nix::sys::signal::Signal;
 use serde_json::{json, Value};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
@@ -254,7 +254,14 @@ async fn a_failed_capture_keeps_the_hold_and_the_tree_for_the_same_task() {
     .await
     .expect("receipts");
     assert_eq!(receipts, 0, "no receipt without a tree holding its effects");
-    let tree = cluster.workspaces("w1").join(request_id.replace('-', ""));
+    // The worker's trees are on its own volume, mounted in its own mount namespace.
+    let tree = PathBuf::from(format!("/proc/{}/root", cluster.workers[0].process.pid())).join(
+        cluster
+            .workspaces("w1")
+            .join(request_id.replace('-', ""))
+            .strip_prefix("/")
+            .expect("absolute"),
+    );
     assert_eq!(
         std::fs::read_to_string(tree.join("work.txt")).expect("live tree"),
         "one\ntwo\n"

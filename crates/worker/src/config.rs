@@ -147,6 +147,19 @@ pub struct Config {
     #[arg(long, env = "CAIRN_STEP_EGRESS_ALLOW", value_delimiter = ',',
           value_parser = parse_allowed)]
     pub step_egress_allow: Vec<Vec<crate::sandbox::network::Allowed>>,
+    /// Disk quotas of trees: `auto` where the worker can make its volume (root, loop
+    /// devices and btrfs, or a workspaces directory on btrfs), `required` (no start
+    /// without them) or `off`.
+    #[arg(long, env = "CAIRN_DISK_QUOTA", value_enum, default_value_t = crate::disk::Mode::Auto)]
+    pub disk_quota: crate::disk::Mode,
+    /// Size of the volume the worker makes for its trees, in MiB; 0: four fifths of
+    /// what the host has free when it is made. Read once: the image keeps its size.
+    #[arg(long, env = "CAIRN_WORKSPACES_DISK_MB", default_value_t = 0)]
+    pub workspaces_disk_mb: u64,
+    /// Room of each run's tree, and of its home, in MiB.
+    #[arg(long, env = "CAIRN_RUN_DISK_MB", default_value_t = 10_240,
+          value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    pub run_disk_mb: u64,
     /// Memory of a step that sets no `limits.memory_mb`, in MiB.
     #[arg(long, env = "CAIRN_STEP_MEMORY_MB", default_value_t = 8192,
           value_parser = clap::value_parser!(u64).range(16..=1_048_576))]

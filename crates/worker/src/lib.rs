@@ -30,6 +30,7 @@ pub mod consumer;
 pub mod context;
 pub mod custody;
 pub mod directory;
+pub mod disk;
 pub mod error;
 pub mod fault;
 pub mod hosting;
@@ -82,6 +83,23 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     // One live worker per directory: a second one is refused here, before it claims.
     let directory = directory::Directory::claim(&config.workspaces_dir)?;
     let workspaces_dir = directory.path.clone();
+    // Before anything is made in it: the volume is mounted over the directory.
+    let disk = disk::Disk::open(
+        &workspaces_dir,
+        config.disk_quota,
+        config.workspaces_disk_mb,
+    )?;
+    let disk_report = serde_json::json!({
+        "quota": disk.enforced(),
+        "run_disk_mb": disk.enforced().then_some(config.run_disk_mb),
+        "unbounded_because": disk.unbounded_because,
+    });
+    match &disk.unbounded_because {
+        None => tracing::info!(run_disk_mb = config.run_disk_mb, "trees have disk quotas"),
+        Some(why) => {
+            tracing::warn!(reason = %why, "trees have no disk quota: a step can fill the host's disk")
+        }
+    }
     tokio::fs::create_dir_all(&artifacts_dir)
         .await
         .with_context(|| format!("creating {}", artifacts_dir.display()))?;
@@ -132,6 +150,8 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         pool: pool.clone(),
         settings,
         directory,
+        disk,
+        run_disk_mb: config.run_disk_mb,
     };
     let worker = Arc::new(context::Worker {
         pool: pool.clone(),
@@ -222,7 +242,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         // within its leases. Were it unready on their outage, one blip would mark the
         // whole fleet unready at once (stalling rollouts and PodDisruptionBudgets).
         needs: health::Needs::default(),
-        details: serde_json::Map::from_iter([("sandbox".to_string(), sandbox_report)]),
+        details: serde_json::Map::from_iter([
+            ("sandbox".to_string(), sandbox_report),
+            ("disk".to_string(), disk_report),
+        ]),
         gauge: dependency_gauge,
     };
     let probes = tokio::spawn(health::serve(

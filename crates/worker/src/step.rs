@@ -98,6 +98,9 @@ impl StepOutcome {
     }
 
     pub fn describe(&self) -> String {
+        if self.limit == Some(Limit::Disk) {
+            return format!("disk quota exceeded ({})", Limit::Disk.as_str());
+        }
         if let Some(limit) = self.limit {
             return format!("passed its limit ({})", limit.as_str());
         }
@@ -377,6 +380,20 @@ async fn run_spawned(
     live.set(None);
     let status = child.wait().await?;
     let wall_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+    // A step that failed at its quota is told so: its own message may be anything.
+    let limit = match limit {
+        None if !status.success() && interrupted.is_none() => {
+            let place = &command.place;
+            let (tree, home) = (place.workspace.clone(), place.home.clone());
+            let full = tokio::task::spawn_blocking(move || {
+                crate::disk::exhausted(&tree) || crate::disk::exhausted(&home)
+            })
+            .await
+            .unwrap_or(false);
+            full.then_some(Limit::Disk)
+        }
+        other => other,
+    };
     // Whatever the step left running ends with it.
     running.end_leftovers();
     // Its cgroup goes once the kernel has moved the last process out: not on the

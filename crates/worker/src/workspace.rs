@@ -2,6 +2,7 @@
 //! normalizing a restored baseline to the requested ref, and the clean-tree check a
 //! baseline must pass before it is published.
 
+use crate::disk::Disk;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::process::Command;
@@ -19,7 +20,7 @@ pub enum WorkspaceError {
     Dirty(String),
 }
 
-/// Paths of one request on this worker.
+/// Paths of one request on this worker, and the room its tree and home each have.
 #[derive(Debug, Clone)]
 pub struct Workspace {
     /// The tree steps run in.
@@ -29,27 +30,52 @@ pub struct Workspace {
     /// Where the last step may write its final report: in its home, the one private
     /// place beside the tree a sandboxed step can write.
     pub report_file: PathBuf,
+    disk: Disk,
+    quota_mb: u64,
 }
 
 /// The final report's name in the home.
 pub const REPORT_FILE: &str = ".cairn-report.json";
 
 impl Workspace {
-    pub fn for_request(base: &Path, request_id: Uuid) -> Workspace {
+    /// The tree and home of `request_id` on `disk`, each with room for `quota_mb` MiB.
+    pub fn for_request(disk: &Disk, request_id: Uuid, quota_mb: u64) -> Workspace {
+        let base = disk.root();
         let name = request_id.simple().to_string();
         let home = base.join(format!("{name}.home"));
         Workspace {
             root: base.join(&name),
             report_file: home.join(REPORT_FILE),
             home,
+            disk: disk.clone(),
+            quota_mb,
         }
     }
 
     /// Makes the private paths and an empty tree, removing leftovers of earlier claims.
     pub async fn reset(&self) -> Result<(), WorkspaceError> {
         remove(self).await;
-        tokio::fs::create_dir_all(&self.home).await?;
+        crate::disk::make(&self.disk, &self.home, self.quota_mb).await?;
+        self.empty_tree().await
+    }
+
+    /// Makes the tree empty, with its room (what was there is removed).
+    pub async fn empty_tree(&self) -> Result<(), WorkspaceError> {
+        crate::disk::make(&self.disk, &self.root, self.quota_mb).await?;
         Ok(())
+    }
+
+    /// Gives a tree kept from an earlier claim this claim's room.
+    pub async fn resize_tree(&self) -> std::io::Result<()> {
+        let (disk, root, mb) = (self.disk.clone(), self.root.clone(), self.quota_mb);
+        tokio::task::spawn_blocking(move || disk.resize(&root, mb))
+            .await
+            .map_err(std::io::Error::other)?
+    }
+
+    /// The room of the tree and of the home, in MiB.
+    pub fn quota_mb(&self) -> u64 {
+        self.quota_mb
     }
 }
 
@@ -92,13 +118,10 @@ pub async fn cold(
     repository: Option<&str>,
     git_ref: Option<&str>,
 ) -> Result<(), WorkspaceError> {
-    let _ = tokio::fs::remove_dir_all(&workspace.root).await;
+    workspace.empty_tree().await?;
     match repository {
-        None => tokio::fs::create_dir_all(&workspace.root).await?,
+        None => {}
         Some(repository) => {
-            if let Some(parent) = workspace.root.parent() {
-                tokio::fs::create_dir_all(parent).await?;
-            }
             let root = workspace.root.to_string_lossy().into_owned();
             git(
                 "clone",

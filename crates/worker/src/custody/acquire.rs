@@ -40,7 +40,7 @@ fn canonical_ref(subject: &Subject) -> String {
 impl Custody {
     /// Acquires the workspace of a claimed request, in the fixed order.
     pub async fn acquire(&self, lease: &Lease, subject: &Subject) -> Result<Tree, CustodyError> {
-        let workspace = Workspace::for_request(&self.directory.path, subject.request_id);
+        let workspace = Workspace::for_request(&self.disk, subject.request_id, self.run_disk_mb);
         let mut conn = self.pool.acquire().await?;
         let survey = lineage::survey(&mut conn, subject.work_context, &subject.agent).await?;
         let generation = survey.generation;
@@ -182,9 +182,16 @@ impl Custody {
                 .await
                 .map_err(workspace::WorkspaceError::Io)?;
         }
-        tokio::fs::create_dir_all(&workspace.home)
+        // The tree keeps what it holds and gets this claim's room.
+        workspace
+            .resize_tree()
             .await
             .map_err(workspace::WorkspaceError::Io)?;
+        if !workspace.home.exists() {
+            crate::disk::make(&self.disk, &workspace.home, workspace.quota_mb())
+                .await
+                .map_err(workspace::WorkspaceError::Io)?;
+        }
         Ok(Some(Acquired {
             tier: Tier::Adopt,
             position,
@@ -361,7 +368,9 @@ impl Custody {
             .with_max_times(RESTORE_TRIES - 1)
             .build();
         loop {
-            let _ = tokio::fs::remove_dir_all(&workspace.root).await;
+            if let Err(e) = workspace.empty_tree().await {
+                return Err(Restore::Unavailable(format!("preparing the tree: {e}")));
+            }
             let result = async {
                 // Cleanup and restore use the store the snapshot names, not the current
                 // one; a local store that is not there (an unmounted volume) is not

@@ -63,6 +63,10 @@ pub struct Custody {
     pub pool: PgPool,
     pub settings: CustodySettings,
     pub directory: Directory,
+    /// The volume trees are made on.
+    pub disk: crate::disk::Disk,
+    /// The room of each run's tree and of its home, in MiB.
+    pub run_disk_mb: u64,
 }
 
 /// What the job knows about its run for custody.

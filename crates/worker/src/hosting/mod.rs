@@ -72,6 +72,8 @@ pub struct SandboxRow {
     pub git_ref: Option<String>,
     pub source_snapshot_id: Option<Uuid>,
     pub workspace_id: Option<Uuid>,
+    /// The room of its tree and of its home, in MiB.
+    pub disk_mb: i32,
 }
 
 impl SandboxRow {
@@ -89,7 +91,7 @@ impl SandboxRow {
 async fn read(pool: &sqlx::PgPool, id: Uuid) -> Result<Option<SandboxRow>, sqlx::Error> {
     sqlx::query_as(
         "SELECT id, tenant_id, agent, state, desired, persistent, repository, git_ref,
-                source_snapshot_id, workspace_id
+                source_snapshot_id, workspace_id, disk_mb
            FROM sandboxes WHERE id = $1",
     )
     .bind(id)

@@ -60,7 +60,8 @@ impl From<sqlx::Error> for Unacquired {
 
 /// Acquires the sandbox's tree in this worker's directory.
 pub async fn acquire(worker: &Worker, row: &SandboxRow) -> Result<SandboxTree, Unacquired> {
-    let workspace = Workspace::for_request(&worker.settings.workspaces_dir, row.id);
+    let quota_mb = u64::try_from(row.disk_mb).unwrap_or(1).max(1);
+    let workspace = Workspace::for_request(&worker.custody.disk, row.id, quota_mb);
     workspace
         .reset()
         .await

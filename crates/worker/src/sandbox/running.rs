@@ -12,6 +12,8 @@ pub enum Limit {
     Memory,
     Pids,
     Cpu,
+    /// Its tree or home is at its quota (found after it failed).
+    Disk,
 }
 
 impl Limit {
@@ -21,6 +23,7 @@ impl Limit {
             Limit::Memory => "memory_limit",
             Limit::Pids => "pids_limit",
             Limit::Cpu => "cpu_limit",
+            Limit::Disk => "disk_quota",
         }
     }
 }

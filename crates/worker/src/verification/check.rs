@@ -111,7 +111,9 @@ pub(super) async fn run(
     }
     let started_at = Utc::now();
     tracing::info!(check = plan.index, confined, "verification check started");
-    let outcome = match tokio::fs::create_dir_all(&plan.scratch).await {
+    let custody = &job.worker.custody;
+    let made = crate::disk::make(&custody.disk, &plan.scratch, custody.run_disk_mb).await;
+    let outcome = match made {
         Err(e) => spawn_failure(&format!("check {}: no scratch directory: {e}", plan.index)),
         Ok(()) => match step::run(&command, sandbox, &job.stop).await {
             Ok(outcome) => outcome,
