@@ -23,7 +23,7 @@ FROM debian:bookworm-slim
 # slirp4netns and nftables: the NAT and egress filter of a step with the network;
 # nsenter, which enters a sandbox resource's held namespaces, is util-linux's, in the base.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends bubblewrap slirp4netns nftables ca-certificates git tini \
+ && apt-get install -y --no-install-recommends bubblewrap slirp4netns nftables btrfs-progs ca-certificates git tini \
  && rm -rf /var/lib/apt/lists/*
 # A fixed non-root user; the chart runs every container as uid/gid 10001.
 RUN groupadd --system --gid 10001 cairn \

@@ -33,7 +33,7 @@ pub struct Outcome {
     /// The sandbox the step ran in: its mechanism, namespaces, network and limits.
     pub sandbox: serde_json::Value,
     /// The sandbox limit the step passed, which ended it (`memory_limit`, `pids_limit`,
-    /// `cpu_limit`).
+    /// `cpu_limit`; `disk_quota`: it failed with its tree or home full).
     pub limit: Option<String>,
     /// The step was stopped because its run was cancelled: this receipt keeps what it
     /// printed and used, and never counts as the step done.

@@ -196,7 +196,7 @@ pub fn exhausted(dir: &Path) -> bool {
 }
 
 fn is_btrfs(path: &Path) -> bool {
-    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type().0 as i64 == BTRFS_SUPER_MAGIC)
+    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type().0 == BTRFS_SUPER_MAGIC)
 }
 
 fn mount_volume(dir: &Path, size_mb: u64) -> Result<(), DiskError> {

@@ -280,6 +280,8 @@ CAIRN_STEP_MEMORY_MB: {{ int $w.sandbox.memoryMb | quote }}
 CAIRN_STEP_PIDS: {{ int $w.sandbox.pids | quote }}
 CAIRN_STEP_CPU_SECONDS: {{ int $w.sandbox.cpuSeconds | quote }}
 CAIRN_STEP_OPEN_FILES: {{ int $w.sandbox.openFiles | quote }}
+CAIRN_DISK_QUOTA: {{ $w.disk.quota | quote }}
+CAIRN_RUN_DISK_MB: {{ int $w.disk.runMb | quote }}
 CAIRN_PAUSE_LIMIT_SECONDS: {{ int $w.pauseLimitSeconds | quote }}
 {{- /* Not a secret: the store's credentials come from worker.snapshotStore.existingSecret. */}}
 {{- with $w.snapshotStore.url }}
@@ -340,6 +342,8 @@ be shadowed by them).
   "CAIRN_STEP_PIDS" "worker.sandbox.pids"
   "CAIRN_STEP_CPU_SECONDS" "worker.sandbox.cpuSeconds"
   "CAIRN_STEP_OPEN_FILES" "worker.sandbox.openFiles"
+  "CAIRN_DISK_QUOTA" "worker.disk.quota"
+  "CAIRN_RUN_DISK_MB" "worker.disk.runMb"
   "CAIRN_PAUSE_LIMIT_SECONDS" "worker.pauseLimitSeconds"
   "CAIRN_REAPER_INTERVAL_SECONDS" "reaper.intervalSeconds"
   "CAIRN_REAPER_BATCH" "reaper.batch"
