@@ -528,3 +528,53 @@ async fn an_upload_never_writes_through_a_link_the_agent_planted() {
     assert_eq!(mode & 0o777, 0o600, "the host file's mode is unchanged");
     let _ = std::fs::remove_file(victim);
 }
+
+/// A sandbox's `disk_mb` is its tree's quota: an exec writing past it fails with
+/// `disk_quota`; resumed with a larger `disk_mb`, the tree keeps its files and has the
+/// larger room.
+#[tokio::test]
+async fn a_sandboxs_disk_mb_is_its_quota_and_grows_on_resume() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("sandbox-disk", 0, Settings::default()).await;
+    cluster
+        .worker_env
+        .push(("CAIRN_DISK_QUOTA".into(), "required".into()));
+    cluster.add_worker();
+    let id = create(&cluster, json!({"agent": "coder", "disk_mb": 64}));
+    wait_state(&cluster, &id, "running");
+    let exec = |script: &str| {
+        let (status, seen) = cluster.call(
+            "POST",
+            &format!("/api/v1/sandboxes/{id}/exec"),
+            Some(&json!({"argv": ["sh", "-c", script], "timeout_sec": 60})),
+        );
+        assert_eq!(status, 200, "{seen}");
+        seen["result"].clone()
+    };
+    let full = exec("echo kept > kept.txt; dd if=/dev/zero of=big bs=1M count=100 conv=fsync");
+    assert_eq!(full["limit"], "disk_quota", "{full}");
+    assert!(
+        full["stderr"]
+            .as_str()
+            .unwrap_or("")
+            .contains("Disk quota exceeded"),
+        "{full}"
+    );
+    let freed = exec("rm -f big");
+    assert_eq!(freed["exit_code"], 0, "{freed}");
+    let (status, stopped) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/stop"), None);
+    assert_eq!(status, 200, "{stopped}");
+    let (status, resumed) = cluster.call(
+        "POST",
+        &format!("/api/v1/sandboxes/{id}/resume"),
+        Some(&json!({"disk_mb": 256})),
+    );
+    assert_eq!(status, 200, "{resumed}");
+    wait_state(&cluster, &id, "running");
+    let grown = exec("cat kept.txt && dd if=/dev/zero of=big bs=1M count=100 conv=fsync");
+    assert_eq!(grown["exit_code"], 0, "{grown}");
+    assert!(
+        grown["stdout"].as_str().unwrap_or("").contains("kept"),
+        "{grown}"
+    );
+}
