@@ -326,8 +326,8 @@ fn capture_blocking(
             };
             // Replaced since the walk (by a link or a FIFO, say): the tree moved under
             // the capture, which fails rather than block or follow it.
-            let Some(mut file) = crate::regular::open_regular(&path).map_err(|e| io(&path, e))?
-            else {
+            let opened = crate::regular::open_regular_beneath(root, Path::new(&entry.path));
+            let Some(mut file) = opened.map_err(|e| io(&path, e))? else {
                 let moved = std::io::Error::other("no longer a regular file");
                 return Err(io(&path, moved));
             };

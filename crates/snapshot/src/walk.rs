@@ -4,7 +4,6 @@ use super::manifest::{Entry, EntryKind};
 use super::{io, CaptureRules, Exclusion, Skipped, SnapshotError};
 use rayon::prelude::*;
 use std::collections::HashMap;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// Every capturable entry under `root`, depth-first in file-name order (the manifest's
@@ -53,37 +52,58 @@ pub(super) fn walk(
 }
 
 /// The capturable children of `dir` in file-name order, each with whether to descend.
+/// `dir` is opened beneath `root` and its children are read through that handle, never
+/// through a link: a step that swaps a directory for a link mid-capture makes the
+/// capture fail, not list or read what the link points at.
 fn read_children(
     root: &Path,
     dir: &Path,
     rules: &CaptureRules,
     skipped: &mut Skipped,
 ) -> Result<Vec<(Entry, bool)>, SnapshotError> {
-    let mut children = std::fs::read_dir(dir)
-        .and_then(|read| read.collect::<Result<Vec<_>, _>>())
+    use nix::fcntl::{readlinkat, AtFlags, OFlag};
+    use nix::sys::stat::{fstatat, SFlag};
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let inside = dir.strip_prefix(root).unwrap_or(Path::new(""));
+    let fd = crate::regular::open_beneath(root, inside, OFlag::O_DIRECTORY | OFlag::O_RDONLY)
         .map_err(|e| io(dir, e))?;
-    children.sort_by_key(|child| child.file_name());
-    let mut entries = Vec::with_capacity(children.len());
-    for child in children {
-        let path = child.path();
-        let name = child.file_name();
-        let file_type = child.file_type().map_err(|e| io(&path, e))?;
-        let is_dir = file_type.is_dir();
+    let mut handle = nix::dir::Dir::from_fd(fd).map_err(|e| io(dir, e.into()))?;
+    let mut names: Vec<std::ffi::OsString> = Vec::new();
+    for child in handle.iter() {
+        let child = child.map_err(|e| io(dir, e.into()))?;
+        let name = OsStr::from_bytes(child.file_name().to_bytes());
+        if name != "." && name != ".." {
+            names.push(name.to_os_string());
+        }
+    }
+    names.sort();
+    let mut entries = Vec::with_capacity(names.len());
+    for name in names {
+        let path = dir.join(&name);
         let shown = || relative_lossy(root, &path);
+        // The entry itself, not what a link names.
+        let meta = fstatat(&handle, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+            .map_err(|e| io(&path, e.into()))?;
+        let format = SFlag::from_bits_truncate(meta.st_mode & SFlag::S_IFMT.bits());
+        let is_dir = format == SFlag::S_IFDIR;
         if let Some(exclusion) = rules.exclusion(&name.to_string_lossy()) {
             skipped.add(exclusion, shown());
             continue;
         }
         // A nested repository is someone else's tree; the root's own .git is kept.
-        if is_dir && path.join(".git").exists() {
-            skipped.add(Exclusion::NestedRepository, shown());
-            continue;
+        if is_dir {
+            let git = Path::new(&name).join(".git");
+            if fstatat(&handle, git.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW).is_ok() {
+                skipped.add(Exclusion::NestedRepository, shown());
+                continue;
+            }
         }
-        let kind = if file_type.is_symlink() {
+        let kind = if format == SFlag::S_IFLNK {
             EntryKind::Symlink
         } else if is_dir {
             EntryKind::Dir
-        } else if file_type.is_file() {
+        } else if format == SFlag::S_IFREG {
             EntryKind::File
         } else {
             // Sockets, fifos, devices are not workspace content.
@@ -94,11 +114,9 @@ fn read_children(
             skipped.add(Exclusion::NameNotUtf8, shown());
             continue;
         };
-        // Not through a symlink: the entry itself.
-        let meta = child.metadata().map_err(|e| io(&path, e))?;
         let target = if kind == EntryKind::Symlink {
-            let target = std::fs::read_link(&path).map_err(|e| io(&path, e))?;
-            match target.into_os_string().into_string() {
+            let target = readlinkat(&handle, name.as_os_str()).map_err(|e| io(&path, e.into()))?;
+            match target.into_string() {
                 Ok(target) => Some(target),
                 Err(_) => {
                     skipped.add(Exclusion::NameNotUtf8, shown());
@@ -108,25 +126,24 @@ fn read_children(
         } else {
             None
         };
+        let nanos = |seconds: i64, nanoseconds: i64| {
+            seconds
+                .saturating_mul(1_000_000_000)
+                .saturating_add(nanoseconds)
+        };
         entries.push((
             Entry {
                 path: relative,
                 kind,
-                mode: meta.permissions().mode() & 0o7777,
+                mode: meta.st_mode & 0o7777,
                 size: if kind == EntryKind::File {
-                    meta.size()
+                    u64::try_from(meta.st_size).unwrap_or(0)
                 } else {
                     0
                 },
-                mtime_ns: meta
-                    .mtime()
-                    .saturating_mul(1_000_000_000)
-                    .saturating_add(meta.mtime_nsec()),
-                ctime_ns: meta
-                    .ctime()
-                    .saturating_mul(1_000_000_000)
-                    .saturating_add(meta.ctime_nsec()),
-                inode: meta.ino(),
+                mtime_ns: nanos(meta.st_mtime, meta.st_mtime_nsec),
+                ctime_ns: nanos(meta.st_ctime, meta.st_ctime_nsec),
+                inode: meta.st_ino,
                 chunks: Vec::new(),
                 target,
             },
@@ -150,4 +167,39 @@ fn relative_lossy(root: &Path, path: &Path) -> String {
         .unwrap_or(path)
         .to_string_lossy()
         .into_owned()
+}
+
+#[cfg(test)]
+mod swap_tests {
+    use super::*;
+
+    /// A directory the walk listed, swapped for a link to the host before the walk reads
+    /// it: the walk fails rather than list the host's directory.
+    #[test]
+    fn a_directory_swapped_for_a_link_is_never_listed() {
+        let base = std::env::temp_dir().join(format!("cairn-walk-{}", uuid::Uuid::new_v4()));
+        let (root, outside) = (base.join("tree"), base.join("host"));
+        std::fs::create_dir_all(&root).expect("tree");
+        std::fs::create_dir_all(&outside).expect("host");
+        std::fs::write(outside.join("host-secret"), "x").expect("secret");
+        std::os::unix::fs::symlink(&outside, root.join("dir")).expect("link");
+        let mut skipped = Skipped::default();
+        let read = read_children(
+            &root,
+            &root.join("dir"),
+            &CaptureRules::default(),
+            &mut skipped,
+        );
+        assert!(read.is_err(), "{read:?}");
+        let top =
+            read_children(&root, &root, &CaptureRules::default(), &mut skipped).expect("root");
+        assert_eq!(top.len(), 1);
+        assert_eq!(
+            top[0].0.kind,
+            EntryKind::Symlink,
+            "the link is kept as a link"
+        );
+        assert!(!top[0].1, "and never descended into");
+        let _ = std::fs::remove_dir_all(base);
+    }
 }
