@@ -578,3 +578,103 @@ async fn a_sandboxs_disk_mb_is_its_quota_and_grows_on_resume() {
         "{grown}"
     );
 }
+
+/// While a process the agent left running swaps a directory of the tree for a link to
+/// a host directory and back, uploads into it and the captures of every operation
+/// never reach the host directory: nothing is written there, and no snapshot holds
+/// what it holds.
+#[tokio::test]
+async fn a_directory_swapped_for_a_link_mid_operation_never_leads_out_of_the_tree() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("sandbox-swap", 0, Settings::default()).await;
+    cluster.add_worker();
+    let host = std::env::temp_dir().join(format!("cairn-host-dir-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&host).expect("host dir");
+    std::fs::write(host.join("host-secret"), "the host's own").expect("secret");
+    let id = create(&cluster, json!({"agent": "coder"}));
+    wait_state(&cluster, &id, "running");
+    // In the step's view the link dangles; on the host it would lead to `host`.
+    let swapper = format!(
+        "mkdir -p d && echo own > d/own && \
+         (end=$(($(date +%s) + 6)); while [ $(date +%s) -lt $end ]; do \
+            mv d d.real && ln -s {host} d && rm d && mv d.real d; done) >/dev/null 2>&1 &",
+        host = host.display()
+    );
+    let (status, seen) = exec(&cluster, &id, &swapper);
+    assert_eq!(status, 200, "{seen}");
+    let started = std::time::Instant::now();
+    let mut rounds = 0;
+    while started.elapsed() < Duration::from_secs(5) {
+        rounds += 1;
+        let (status, body) = raw(
+            &cluster,
+            "PUT",
+            &format!("/api/v1/sandboxes/{id}/files/content?path=d/up-{rounds}.txt"),
+            b"uploaded",
+        );
+        // Landed, or refused with a reason (the directory was a link at that moment).
+        assert!(
+            status == 200 || (400..500).contains(&status),
+            "{status}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        let _ = exec(&cluster, &id, "true");
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let left: Vec<String> = std::fs::read_dir(&host)
+        .expect("host dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        left,
+        vec!["host-secret".to_string()],
+        "written into the host dir"
+    );
+    // No capture of any operation holds the host's file: every manifest in the store.
+    let manifests = cluster.dir.join("artifacts/manifests");
+    let mut read = 0;
+    for file in std::fs::read_dir(&manifests).expect("manifests") {
+        let path = file.expect("entry").path();
+        let Ok(manifest) = cairn_snapshot::manifest::decode(&std::fs::read(&path).expect("read"))
+        else {
+            continue;
+        };
+        read += 1;
+        for entry in &manifest.entries {
+            assert!(
+                !entry.path.ends_with("host-secret"),
+                "{} holds {}",
+                path.display(),
+                entry.path
+            );
+        }
+    }
+    assert!(read > 0, "no manifest read");
+    // What the captures kept comes back on a resume: the tree's own files only.
+    let (status, stopped) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/stop"), None);
+    assert_eq!(status, 200, "{stopped}");
+    let (status, resumed) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/resume"), None);
+    assert_eq!(status, 200, "{resumed}");
+    wait_state(&cluster, &id, "running");
+    let (status, listed) = exec(
+        &cluster,
+        &id,
+        "find . -name host-secret | wc -l; find . -name own | wc -l",
+    );
+    assert_eq!(status, 200, "{listed}");
+    let out = listed["result"]["stdout"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        out.starts_with("0\n"),
+        "a snapshot holds the host's file: {out}"
+    );
+    // The swapper and the uploads race each other (a `mv` into a directory that an
+    // upload just made), so the tree's own file may have moved; it is still there.
+    assert!(
+        !out.ends_with("\n0\n"),
+        "the tree's own file is gone: {out}"
+    );
+    let _ = std::fs::remove_dir_all(host);
+}

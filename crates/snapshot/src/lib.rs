@@ -172,6 +172,9 @@ pub enum Exclusion {
     NameNotUtf8,
     /// A file whose content holds a secret ([`secrets`]).
     SecretContent,
+    /// A symlink whose target leads out of the tree (an absolute target, or `..` above
+    /// the root): a restore refuses such a link, so the capture leaves it out.
+    LinkOutside,
 }
 
 /// At most this many skipped paths are listed; the counts cover all of them.
@@ -187,6 +190,8 @@ pub struct Skipped {
     pub names_not_utf8: u64,
     #[serde(default)]
     pub secret_contents: u64,
+    #[serde(default)]
+    pub links_outside: u64,
     /// Relative paths (lossy UTF-8), at most [`SKIPPED_PATHS_LISTED`].
     pub paths: Vec<String>,
 }
@@ -200,6 +205,7 @@ impl Skipped {
             Exclusion::SpecialFile => &mut self.special_files,
             Exclusion::NameNotUtf8 => &mut self.names_not_utf8,
             Exclusion::SecretContent => &mut self.secret_contents,
+            Exclusion::LinkOutside => &mut self.links_outside,
         } += 1;
         if self.paths.len() < SKIPPED_PATHS_LISTED {
             self.paths.push(path);
@@ -213,6 +219,7 @@ impl Skipped {
         self.special_files += other.special_files;
         self.names_not_utf8 += other.names_not_utf8;
         self.secret_contents += other.secret_contents;
+        self.links_outside += other.links_outside;
         let room = SKIPPED_PATHS_LISTED.saturating_sub(self.paths.len());
         self.paths.extend(other.paths.into_iter().take(room));
     }

@@ -47,8 +47,37 @@ pub(super) fn walk(
         }
         entries.push(entry);
     }
+    let entries = without_links_outside(entries, &mut skipped);
     skipped.paths.sort();
     Ok((entries, skipped))
+}
+
+/// `entries` without the links a restore would refuse: those whose target, resolved
+/// through the tree's own links, leaves it. Repeated until none is left, since a chain
+/// resolves differently once one of its links is gone.
+fn without_links_outside(mut entries: Vec<Entry>, skipped: &mut Skipped) -> Vec<Entry> {
+    loop {
+        let links: HashMap<&str, &str> = entries
+            .iter()
+            .filter_map(|e| Some((e.path.as_str(), e.target.as_deref()?)))
+            .collect();
+        let outside: std::collections::HashSet<String> = entries
+            .iter()
+            .filter(|e| e.kind == EntryKind::Symlink)
+            .filter(|e| {
+                let target = Path::new(e.target.as_deref().unwrap_or(""));
+                !super::manifest::resolves_inside(Path::new(&e.path), target, &links)
+            })
+            .map(|e| e.path.clone())
+            .collect();
+        if outside.is_empty() {
+            return entries;
+        }
+        for path in &outside {
+            skipped.add(Exclusion::LinkOutside, path.clone());
+        }
+        entries.retain(|e| !outside.contains(&e.path));
+    }
 }
 
 /// The capturable children of `dir` in file-name order, each with whether to descend.
@@ -201,5 +230,26 @@ mod swap_tests {
         );
         assert!(!top[0].1, "and never descended into");
         let _ = std::fs::remove_dir_all(base);
+    }
+
+    /// A link out of the tree is left out (a restore would refuse the whole snapshot
+    /// for it), and named as skipped; links inside are kept.
+    #[test]
+    fn links_that_leave_the_tree_are_left_out() {
+        let root = std::env::temp_dir().join(format!("cairn-links-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(root.join("sub")).expect("tree");
+        for (link, target) in [
+            ("abs", "/usr/bin/python3"),
+            ("up", "../.."),
+            ("ok", "sub"),
+            ("chain", "ok/../up"),
+        ] {
+            std::os::unix::fs::symlink(target, root.join(link)).expect("link");
+        }
+        let (entries, skipped) = walk(&root, &CaptureRules::default()).expect("walk");
+        let kept: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(kept, vec!["ok", "sub"], "{skipped:?}");
+        assert_eq!(skipped.links_outside, 3, "{skipped:?}");
+        let _ = std::fs::remove_dir_all(root);
     }
 }

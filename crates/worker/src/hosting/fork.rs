@@ -22,18 +22,47 @@ fn is_identity(name: &str) -> bool {
         || (name.starts_with("ssh_host_") && (name.ends_with("_key") || name.ends_with("_key.pub")))
 }
 
-/// Removes the identity files under `root` (never following a link); how many.
+/// Removes the identity files under `root` (never following a link); how many. Each
+/// directory is opened beneath `root` and its files removed through that handle.
 pub fn scrub(root: &Path) -> std::io::Result<u64> {
+    use nix::dir::{Dir, Type};
+    use nix::fcntl::OFlag;
+    use nix::unistd::{unlinkat, UnlinkatFlags};
+    use std::os::unix::ffi::OsStrExt;
     let mut removed = 0;
-    let mut pending = vec![root.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        for entry in std::fs::read_dir(&dir)? {
+    let mut pending = vec![std::path::PathBuf::new()];
+    while let Some(relative) = pending.pop() {
+        let flags = OFlag::O_DIRECTORY | OFlag::O_RDONLY;
+        let fd = cairn_snapshot::regular::open_beneath(root, &relative, flags)?;
+        let mut dir = Dir::from_fd(fd)?;
+        let mut children = Vec::new();
+        for entry in dir.iter() {
             let entry = entry?;
-            let kind = entry.file_type()?;
-            if kind.is_dir() {
-                pending.push(entry.path());
-            } else if entry.file_name().to_str().is_some_and(is_identity) {
-                std::fs::remove_file(entry.path())?;
+            let name = std::ffi::OsStr::from_bytes(entry.file_name().to_bytes()).to_os_string();
+            if name != "." && name != ".." {
+                children.push((name, entry.file_type()));
+            }
+        }
+        for (name, kind) in children {
+            let kind = match kind {
+                Some(kind) => kind,
+                None => {
+                    let stat = nix::sys::stat::fstatat(
+                        &dir,
+                        name.as_os_str(),
+                        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                    )?;
+                    if stat.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                        Type::Directory
+                    } else {
+                        Type::File
+                    }
+                }
+            };
+            if kind == Type::Directory {
+                pending.push(relative.join(&name));
+            } else if name.to_str().is_some_and(is_identity) {
+                unlinkat(&dir, name.as_os_str(), UnlinkatFlags::NoRemoveDir)?;
                 removed += 1;
             }
         }
@@ -114,7 +143,14 @@ mod tests {
         ] {
             std::fs::write(root.join(path), b"x").expect("write");
         }
+        // A link to a host directory holding an identity file: never followed.
+        let host = root.with_extension("host");
+        std::fs::create_dir_all(&host).expect("host");
+        std::fs::write(host.join("machine-id"), b"host's").expect("host id");
+        std::os::unix::fs::symlink(&host, root.join("etc/linked")).expect("link");
         assert_eq!(scrub(&root).expect("scrub"), 3);
+        assert!(host.join("machine-id").exists(), "the host's file stays");
+        std::fs::remove_dir_all(&host).expect("cleanup");
         assert!(root.join("etc/ssh/sshd_config").exists());
         assert!(root.join("notes.txt").exists());
         assert!(!root.join("etc/machine-id").exists());
