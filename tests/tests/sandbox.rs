@@ -594,3 +594,58 @@ async fn a_step_writing_past_its_disk_quota_fails_and_the_host_keeps_its_disk() 
     ));
     cluster.wait_for_state(&run_id, &["completed"], LONG);
 }
+
+/// A sandbox created with `network: {"allow": [...]}` holds one namespace whose filter is
+/// narrowed to that list: its execs reach exactly what both the list and the worker
+/// allow, the view shows the policy, and what the filter refused is counted when the
+/// sandbox stops.
+#[tokio::test]
+async fn a_sandboxs_allow_list_narrows_every_exec() {
+    use cairn_e2e::sandboxes::{create, exec, wait_state};
+    let _services = ServiceLock::shared().await;
+    let topology = Topology::start();
+    let mut cluster = Cluster::start("sandbox-allow", 0, Settings::default()).await;
+    cluster.add_worker();
+    let allow = json!([format!("{PUBLIC}:8080"), format!("{PRIVATE}:8080")]);
+    let (status, refused) = cluster.call(
+        "POST",
+        "/api/v1/sandboxes",
+        Some(&json!({"agent": "coder", "network": {"allow": []}})),
+    );
+    assert_eq!(status, 422, "{refused}");
+    assert_eq!(refused["error"]["field"], "network.allow", "{refused}");
+    let id = create(
+        &cluster,
+        json!({"agent": "coder", "network": {"allow": allow}}),
+    );
+    let view = wait_state(&cluster, &id, "running");
+    assert_eq!(view["network"]["allow"], allow, "{view}");
+    let probe = format!(
+        "python3 -c \"import socket\nfor name, host, port in [('public', '{PUBLIC}', 8080), \
+         ('public-other-port', '{PUBLIC}', 8081), ('private', '{PRIVATE}', 8080), ('postgres', '127.0.0.1', 5432)]:\n\
+         \x20 try:\n\
+         \x20   s = socket.create_connection((host, port), timeout=3); print(name, 'reached')\n\
+         \x20 except Exception as e:\n\
+         \x20   print(name, 'refused')\""
+    );
+    let (status, seen) = exec(&cluster, &id, &probe);
+    assert_eq!(status, 200, "{seen}");
+    let out = seen["result"]["stdout"].as_str().unwrap_or("").to_string();
+    for (name, reached) in [
+        ("public", true),
+        ("public-other-port", false),
+        // Named by the sandbox, refused by the worker: a list only narrows.
+        ("private", false),
+        ("postgres", false),
+    ] {
+        let expected = format!("{name} {}", if reached { "reached" } else { "refused" });
+        assert!(out.lines().any(|l| l == expected), "{expected}: {out}");
+    }
+    let before = cluster.metric(0, "cairn_worker_step_egress_refused_packets_total");
+    let (status, stopped) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/stop"), None);
+    assert_eq!(status, 200, "{stopped}");
+    cluster.wait_until("the sandbox's refusals are counted", LONG, || {
+        cluster.metric(0, "cairn_worker_step_egress_refused_packets_total") > before
+    });
+    drop(topology);
+}

@@ -196,7 +196,7 @@ async fn a_steps_variables_reach_it_and_never_the_host_side_launcher() {
     let entered_directly = step::run_in(&direct, &session, &sandbox, &stop)
         .await
         .expect("the command starts");
-    session.end().await;
+    session.end(&sandbox).await;
     let entered = entered.expect("the command starts");
     let plain_directly = run(&sandbox, &with_variables(&["/usr/bin/env"])).await;
     let cases = [
@@ -280,7 +280,7 @@ async fn a_steps_path_never_chooses_the_launcher() {
     let entered = step::run_in(&command, &session, &sandbox, &CancellationToken::new())
         .await
         .expect("the command starts");
-    session.end().await;
+    session.end(&sandbox).await;
     assert!(
         !marker.exists(),
         "a program of the step's PATH ran on the host"

@@ -51,6 +51,11 @@ pub struct CreateSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(minimum = 1, maximum = 1048576)]
     pub disk_mb: Option<u32>,
+    /// The network of its commands: `false` (none), `true` (the worker's egress policy),
+    /// or `{"allow": ["HOST:PORT", "CIDR:PORT", …]}`, which narrows that policy to those
+    /// destinations. Absent: the worker's default. An exec may still ask for none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::egress::NetworkSpec>,
 }
 
 impl CreateSpec {
@@ -76,6 +81,9 @@ impl CreateSpec {
         )?;
         if let Some(disk) = self.disk_mb {
             check_disk(disk)?;
+        }
+        if let Some(problem) = self.network.as_ref().and_then(|n| n.problem()) {
+            return Err(FieldError::new("network.allow", &problem));
         }
         Ok(())
     }

@@ -79,20 +79,23 @@ pub async fn provision(
     snapshot_id: Uuid,
     spec: &ForkSpec,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
-    let (agent, persistent, timeout_sec, idle_timeout_sec, disk_mb, tenant): (
+    type Source = (
         String,
         bool,
         i32,
         i32,
         i32,
         String,
-    ) = sqlx::query_as(
-        "SELECT agent, persistent, timeout_sec, idle_timeout_sec, disk_mb, tenant_id
+        Option<serde_json::Value>,
+    );
+    let (agent, persistent, timeout_sec, idle_timeout_sec, disk_mb, tenant, network): Source =
+        sqlx::query_as(
+            "SELECT agent, persistent, timeout_sec, idle_timeout_sec, disk_mb, tenant_id, network
                FROM sandboxes WHERE id = $1",
-    )
-    .bind(source)
-    .fetch_one(&mut *conn)
-    .await?;
+        )
+        .bind(source)
+        .fetch_one(&mut *conn)
+        .await?;
     let timeout_sec = spec
         .timeout_sec
         .map_or(timeout_sec, |t| i32::try_from(t).unwrap_or(i32::MAX));
@@ -118,6 +121,7 @@ pub async fn provision(
                 idempotency_key: None,
                 request_digest: &digest,
                 tenant: &tenant,
+                network: network.clone(),
             },
         )
         .await?;

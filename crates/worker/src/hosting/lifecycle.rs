@@ -32,6 +32,15 @@ pub struct Host {
 }
 
 impl Host {
+    /// Whether the sandbox's commands may have the network: its own policy, else the
+    /// worker's default.
+    fn network(&self) -> bool {
+        self.row
+            .network
+            .as_ref()
+            .map_or(self.worker.sandbox.network_default(), |n| n.enabled())
+    }
+
     /// Acquires the tree, marks the sandbox running, then serves it until it leaves.
     pub async fn run(
         mut self,
@@ -78,8 +87,13 @@ impl Host {
             workspace: tree.workspace.root.clone(),
             cwd: None,
             home: tree.workspace.home.clone(),
-            network: false,
-            allow: None,
+            network: self.network(),
+            allow: self
+                .row
+                .network
+                .as_ref()
+                .and_then(|n| n.narrowed_to())
+                .map(<[String]>::to_vec),
             limits: self.worker.sandbox.limits(None),
         };
         self.session = match self.worker.sandbox.start_session(&spec).await {
@@ -98,7 +112,7 @@ impl Host {
         let left = self.serve(&mut tree, shutdown, drain).await;
         // Whatever happened, no process of the sandbox outlives its hosting here.
         if let Some(session) = self.session.take() {
-            session.end().await;
+            session.end(&self.worker.sandbox).await;
         }
         left
     }
@@ -373,7 +387,7 @@ impl Host {
     /// go after the reaper's grace.
     async fn destroy(&mut self, tree: &SandboxTree) -> Result<(), HostError> {
         if let Some(session) = self.session.take() {
-            session.end().await;
+            session.end(&self.worker.sandbox).await;
         }
         let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
         record::transition(&mut tx, self.row.id, SandboxEvent::Destroy).await?;

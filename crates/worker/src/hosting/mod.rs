@@ -74,6 +74,8 @@ pub struct SandboxRow {
     pub workspace_id: Option<Uuid>,
     /// The room of its tree and of its home, in MiB.
     pub disk_mb: i32,
+    /// Its network policy; `None`: the worker's default.
+    pub network: Option<sqlx::types::Json<cairn_common::egress::NetworkSpec>>,
 }
 
 impl SandboxRow {
@@ -91,7 +93,7 @@ impl SandboxRow {
 async fn read(pool: &sqlx::PgPool, id: Uuid) -> Result<Option<SandboxRow>, sqlx::Error> {
     sqlx::query_as(
         "SELECT id, tenant_id, agent, state, desired, persistent, repository, git_ref,
-                source_snapshot_id, workspace_id, disk_mb
+                source_snapshot_id, workspace_id, disk_mb, network
            FROM sandboxes WHERE id = $1",
     )
     .bind(id)

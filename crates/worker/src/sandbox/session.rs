@@ -45,12 +45,15 @@ impl Session {
         self.running.group.as_deref()
     }
 
-    /// Ends every process of the sandbox (frozen ones too) and removes its cgroup.
-    pub async fn end(mut self) {
+    /// Ends every process of the sandbox (frozen ones too) and removes its cgroup; what
+    /// its egress filter refused is counted.
+    pub async fn end(mut self, sandbox: &Sandbox) {
         self.running.kill_all();
         self.running.freeze(false);
         let _ = self.holder.wait().await;
-        drop(self.link.take());
+        if let Some(link) = self.link.take() {
+            sandbox.disconnect(link);
+        }
         drop(self.offline.take());
         if let Some(group) = self.running.group.clone() {
             group.remove().await;
@@ -65,10 +68,11 @@ impl Sandbox {
         if !self.isolates() {
             return Ok(None);
         }
-        // The held namespace has the NAT where this worker gives one; a command that
-        // asks for no network enters a second namespace with only a loopback.
+        // The held namespace has the NAT where this worker gives one and the sandbox
+        // asks for the network (its filter narrowed by the sandbox's allow list); a
+        // command that asks for no network enters a second namespace with only a loopback.
         let holder_spec = Spec {
-            network: self.report.egress,
+            network: self.report.egress && spec.network,
             cwd: None,
             ..spec.clone()
         };
@@ -107,7 +111,7 @@ impl Sandbox {
                         link: None,
                         offline: None,
                     };
-                    session.end().await;
+                    session.end(self).await;
                     return Err(format!(
                         "the sandbox's network could not be attached: {why}"
                     ));
@@ -131,7 +135,7 @@ impl Sandbox {
                     link,
                     offline: None,
                 };
-                session.end().await;
+                session.end(self).await;
                 return Err("the sandbox's namespaces did not start".into());
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -147,7 +151,7 @@ impl Sandbox {
             match self.start_offline().await {
                 Ok(offline) => session.offline = Some(offline),
                 Err(why) => {
-                    session.end().await;
+                    session.end(self).await;
                     return Err(why);
                 }
             }
@@ -208,7 +212,7 @@ impl Sandbox {
             (None, true) => {
                 return Err(CommandError::Network(match &self.egress {
                     Err(why) => why.clone(),
-                    Ok(_) => "the sandbox's namespace has no NAT".into(),
+                    Ok(_) => "the sandbox was created with `network: false`".into(),
                 }))
             }
             _ => {

@@ -77,6 +77,10 @@ pub async fn admit(
             forked_from: None,
             idempotency_key: key.as_deref(),
             request_digest: &digest,
+            network: spec
+                .network
+                .as_ref()
+                .and_then(|n| serde_json::to_value(n).ok()),
         },
     )
     .await;

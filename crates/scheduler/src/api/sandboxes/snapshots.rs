@@ -371,14 +371,20 @@ pub async fn restore(
     let spec: RestoreSpec = optional_body(&body)?;
     let mut conn = state.pool.acquire().await?;
     // The new sandbox is the snapshot's tenant's, whose caller the guard let through.
-    let found: Option<(String, String)> = sqlx::query_as(&format!(
-        "SELECT p.agent, s.tenant_id FROM project_snapshots p JOIN sandboxes s ON s.id = p.sandbox_id
+    type Found = (
+        String,
+        String,
+        Option<sqlx::types::Json<cairn_common::egress::NetworkSpec>>,
+    );
+    let found: Option<Found> = sqlx::query_as(&format!(
+        "SELECT p.agent, s.tenant_id, s.network FROM project_snapshots p JOIN sandboxes s ON s.id = p.sandbox_id
           WHERE p.id = $1 AND {KINDS}"
     ))
     .bind(id)
     .fetch_optional(&mut *conn)
     .await?;
-    let (agent, tenant) = found.ok_or_else(|| ApiError::not_found("snapshot"))?;
+    // The new sandbox keeps its source's network policy: a restore never widens it.
+    let (agent, tenant, network) = found.ok_or_else(|| ApiError::not_found("snapshot"))?;
     restorable(&mut conn, id, &tenant).await?;
     drop(conn);
     let key = crate::api::idempotency::key(&headers)?
@@ -393,6 +399,7 @@ pub async fn restore(
         always_on: spec.always_on,
         persistent: spec.persistent,
         disk_mb: spec.disk_mb,
+        network: network.map(|n| n.0),
     };
     admit(&state, &tenant, key, create).await
 }

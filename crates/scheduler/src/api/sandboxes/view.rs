@@ -33,6 +33,10 @@ pub struct SandboxView {
     pub timeout_sec: i32,
     pub idle_timeout_sec: i32,
     pub disk_mb: i32,
+    /// Its commands' network as created: `true`, `false` or `{"allow": [...]}` (narrowing
+    /// the worker's egress policy); absent: the worker's default.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<cairn_common::egress::NetworkSpec>,
     pub repository: Option<String>,
     #[serde(rename = "ref")]
     pub git_ref: Option<String>,
@@ -68,6 +72,7 @@ struct Row {
     timeout_sec: i32,
     idle_timeout_sec: i32,
     disk_mb: i32,
+    network: Option<sqlx::types::Json<cairn_common::egress::NetworkSpec>>,
     repository: Option<String>,
     git_ref: Option<String>,
     source_snapshot_id: Option<Uuid>,
@@ -83,7 +88,7 @@ struct Row {
 }
 
 const SELECT: &str = "SELECT s.id, s.tenant_id, s.agent, s.state, s.desired, s.persistent, s.always_on, s.timeout_sec,
-        s.idle_timeout_sec, s.disk_mb, s.repository, s.git_ref, s.source_snapshot_id, s.stop_reason,
+        s.idle_timeout_sec, s.disk_mb, s.network, s.repository, s.git_ref, s.source_snapshot_id, s.stop_reason,
         s.error_reason, s.stop_snapshot_id, s.last_activity_at, s.created_at, s.updated_at, s.stopped_at,
         s.destroyed_at,
         (SELECT p.store_url FROM project_snapshots p WHERE p.sandbox_id = s.id AND p.status = 'ready'
@@ -121,6 +126,7 @@ impl From<Row> for SandboxView {
             timeout_sec: r.timeout_sec,
             idle_timeout_sec: r.idle_timeout_sec,
             disk_mb: r.disk_mb,
+            network: r.network.map(|n| n.0),
             repository: r.repository,
             git_ref: r.git_ref,
             source: r
