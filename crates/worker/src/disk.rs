@@ -123,6 +123,10 @@ impl Disk {
     /// Makes `path`, a tree or home in the workspaces directory, empty, with
     /// room for `quota_mb` MiB. What was there is removed first.
     pub fn make(&self, path: &Path, quota_mb: u64) -> std::io::Result<()> {
+        // Made empty a moment ago (a reset, then a cold start): kept, with this room.
+        if self.is_empty_tree(path) {
+            return self.resize(path, quota_mb);
+        }
         match std::fs::remove_dir_all(path) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
             _ => {}
@@ -149,6 +153,18 @@ impl Disk {
 }
 
 impl Disk {
+    /// Whether `path` is an empty tree as [`Disk::make`] makes them (a subvolume where
+    /// trees have quotas), not a link.
+    fn is_empty_tree(&self, path: &Path) -> bool {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(meta) = std::fs::symlink_metadata(path) else {
+            return false;
+        };
+        meta.is_dir()
+            && (!self.enforced || meta.ino() == SUBVOLUME_ROOT_INODE)
+            && std::fs::read_dir(path).is_ok_and(|mut d| d.next().is_none())
+    }
+
     /// Sets the room of `path`, a tree [`Disk::make`] made; a plain directory (made
     /// before the volume had quotas) is left as it is.
     pub fn resize(&self, path: &Path, quota_mb: u64) -> std::io::Result<()> {
