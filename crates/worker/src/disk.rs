@@ -224,12 +224,13 @@ fn mount_volume(dir: &Path, size_mb: u64) -> Result<(), DiskError> {
             ));
         }
         let image = dir.join(IMAGE);
-        if !image.exists() {
+        let made_before = image.exists();
+        if !made_before {
             make_image(dir, &image, size_mb)?;
         }
         let options = "loop,nosuid,nodev";
         // A worker killed a moment ago may still hold the volume: its namespace goes
-        // with it.
+        // with it. A volume just made has no such holder: its failure is final.
         let mut tries = 0;
         loop {
             match tool(
@@ -240,7 +241,7 @@ fn mount_volume(dir: &Path, size_mb: u64) -> Result<(), DiskError> {
                     .arg(dir),
             ) {
                 Ok(()) => break,
-                Err(_) if tries < 20 => {
+                Err(_) if made_before && tries < 20 => {
                     tries += 1;
                     std::thread::sleep(std::time::Duration::from_millis(250));
                 }
@@ -269,12 +270,16 @@ fn make_image(dir: &Path, image: &Path, size_mb: u64) -> Result<(), DiskError> {
     file.set_len(size)
         .map_err(|e| DiskError::Io(partial.display().to_string(), e))?;
     drop(file);
-    tool(
+    let made = tool(
         "mkfs.btrfs",
         Command::new("mkfs.btrfs")
             .args(["-q", "-K", "-f"])
             .arg(&partial),
-    )?;
+    );
+    if let Err(e) = made {
+        let _ = std::fs::remove_file(&partial);
+        return Err(e);
+    }
     std::fs::rename(&partial, image).map_err(|e| DiskError::Io(image.display().to_string(), e))
 }
 
