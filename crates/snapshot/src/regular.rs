@@ -18,24 +18,7 @@ pub fn open_regular(path: &Path) -> io::Result<Option<File>> {
         .read(true)
         .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY)
         .open(path);
-    let file = match opened {
-        Ok(file) => file,
-        // A link (ELOOP), a socket (ENXIO), or gone meanwhile.
-        Err(e)
-            if matches!(
-                e.raw_os_error(),
-                Some(nix::libc::ELOOP | nix::libc::ENXIO | nix::libc::ENOENT)
-            ) =>
-        {
-            return Ok(None)
-        }
-        Err(e) => return Err(e),
-    };
-    if file.metadata()?.is_file() {
-        Ok(Some(file))
-    } else {
-        Ok(None)
-    }
+    regular_or_none(opened)
 }
 
 /// Opens `relative` beneath `root` with `flags`, as the kernel resolves it: never through
@@ -63,8 +46,15 @@ pub fn open_beneath(root: &Path, relative: &Path, flags: OFlag) -> io::Result<Ow
 /// for anything but a regular file now, a link on the way to it included.
 pub fn open_regular_beneath(root: &Path, relative: &Path) -> io::Result<Option<File>> {
     let flags = OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK;
-    let file = match open_beneath(root, relative, flags) {
-        Ok(fd) => File::from(fd),
+    regular_or_none(open_beneath(root, relative, flags).map(File::from))
+}
+
+/// The file if it opened and is a regular file now; `None` for a link (`ELOOP`), a
+/// socket (`ENXIO`), a path that left the root (`EXDEV`), one gone meanwhile, or
+/// anything but a regular file.
+fn regular_or_none(opened: io::Result<File>) -> io::Result<Option<File>> {
+    let file = match opened {
+        Ok(file) => file,
         Err(e)
             if matches!(
                 e.raw_os_error(),
@@ -75,11 +65,7 @@ pub fn open_regular_beneath(root: &Path, relative: &Path) -> io::Result<Option<F
         }
         Err(e) => return Err(e),
     };
-    if file.metadata()?.is_file() {
-        Ok(Some(file))
-    } else {
-        Ok(None)
-    }
+    Ok(file.metadata()?.is_file().then_some(file))
 }
 
 #[cfg(test)]

@@ -17,18 +17,10 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Whether trees get a disk quota.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Quotas where the worker can make its volume (root, loop devices, btrfs);
-    /// otherwise trees are unbounded and the worker says so at start.
-    Auto,
-    /// The worker does not start without quotas.
-    Required,
-    /// Trees are plain directories.
-    Off,
-}
+/// Whether trees get a disk quota: the sandbox's modes, for the volume. `Auto`: quotas
+/// where the worker can make its volume (root, loop devices, btrfs), else unbounded
+/// trees and a warning; `Required`: no start without them; `Off`: plain directories.
+pub use crate::sandbox::Mode;
 
 const IMAGE: &str = ".cairn-disk.img";
 const BTRFS_SUPER_MAGIC: i64 = 0x9123_683e;
@@ -118,6 +110,21 @@ impl Disk {
 
     pub fn enforced(&self) -> bool {
         self.enforced
+    }
+
+    /// Says at start whether trees are bounded, and gives `/readyz` its `disk` details.
+    pub fn report(&self, run_disk_mb: u64) -> serde_json::Value {
+        match &self.unbounded_because {
+            None => tracing::info!(run_disk_mb, "trees have disk quotas"),
+            Some(why) => {
+                tracing::warn!(reason = %why, "trees have no disk quota: a step can fill the host's disk")
+            }
+        }
+        serde_json::json!({
+            "quota": self.enforced,
+            "run_disk_mb": self.enforced.then_some(run_disk_mb),
+            "unbounded_because": self.unbounded_because,
+        })
     }
 
     /// Makes `path`, a tree or home in the workspaces directory, empty, with

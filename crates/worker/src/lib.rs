@@ -89,17 +89,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         config.disk_quota,
         config.workspaces_disk_mb,
     )?;
-    let disk_report = serde_json::json!({
-        "quota": disk.enforced(),
-        "run_disk_mb": disk.enforced().then_some(config.run_disk_mb),
-        "unbounded_because": disk.unbounded_because,
-    });
-    match &disk.unbounded_because {
-        None => tracing::info!(run_disk_mb = config.run_disk_mb, "trees have disk quotas"),
-        Some(why) => {
-            tracing::warn!(reason = %why, "trees have no disk quota: a step can fill the host's disk")
-        }
-    }
+    let disk_report = disk.report(config.run_disk_mb);
     tokio::fs::create_dir_all(&artifacts_dir)
         .await
         .with_context(|| format!("creating {}", artifacts_dir.display()))?;
