@@ -284,6 +284,37 @@ impl Drop for Topology {
     }
 }
 
+/// A Python program that connects to each `(name, host, port)` and prints `NAME reached
+/// WHAT-IT-SAID` or `NAME refused ERROR`, then its network namespace.
+fn probe_script(targets: &[(&str, String, u16)]) -> String {
+    let probe = targets
+        .iter()
+        .map(|(name, host, port)| format!("('{name}', '{host}', {port})"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "import os, socket\n\
+         for name, host, port in [{probe}]:\n\
+         \x20   try:\n\
+         \x20       s = socket.create_connection((host, port), timeout=3)\n\
+         \x20       s.settimeout(3)\n\
+         \x20       try: said = s.recv(64).decode()\n\
+         \x20       except Exception: said = ''\n\
+         \x20       print(name, 'reached', said or '-')\n\
+         \x20   except Exception as e:\n\
+         \x20       print(name, 'refused', type(e).__name__)\n\
+         print('netns', os.readlink('/proc/self/ns/net'))\n"
+    )
+}
+
+/// The line of `name` in a probe's output.
+fn probe_line(out: &str, name: &str) -> String {
+    out.lines()
+        .find(|l| l.split_whitespace().next() == Some(name))
+        .unwrap_or_else(|| panic!("no {name}: {out}"))
+        .to_string()
+}
+
 fn run(program: &str, args: &[&str]) -> Result<(), String> {
     let out = std::process::Command::new(program)
         .args(args)
@@ -334,24 +365,7 @@ async fn a_step_reaches_the_public_and_what_is_allowed_and_nothing_of_the_platfo
         ("public", PUBLIC.into(), 8080),
         ("public-other-port", PUBLIC.into(), 8081),
     ];
-    let probe = targets
-        .iter()
-        .map(|(name, host, port)| format!("('{name}', '{host}', {port})"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let script = format!(
-        "import os, socket\n\
-         for name, host, port in [{probe}]:\n\
-         \x20   try:\n\
-         \x20       s = socket.create_connection((host, port), timeout=3)\n\
-         \x20       s.settimeout(3)\n\
-         \x20       try: said = s.recv(64).decode()\n\
-         \x20       except Exception: said = ''\n\
-         \x20       print(name, 'reached', said or '-')\n\
-         \x20   except Exception as e:\n\
-         \x20       print(name, 'refused', type(e).__name__)\n\
-         print('netns', os.readlink('/proc/self/ns/net'))\n"
-    );
+    let script = probe_script(&targets);
     let argv =
         |key: &str| json!({"key": key, "argv": ["python3", "-c", script], "timeout_seconds": 120});
     let mut offline = argv("offline");
@@ -381,12 +395,7 @@ async fn a_step_reaches_the_public_and_what_is_allowed_and_nothing_of_the_platfo
             .is_some_and(|n| n.contains(&json!("network"))),
         "{online}"
     );
-    let line = |out: &str, name: &str| {
-        out.lines()
-            .find(|l| l.split_whitespace().next() == Some(name))
-            .unwrap_or_else(|| panic!("no {name}: {out}"))
-            .to_string()
-    };
+    let line = probe_line;
     for (name, _, _) in &targets {
         let got = line(&out, name);
         match *name {
@@ -408,10 +417,11 @@ async fn a_step_reaches_the_public_and_what_is_allowed_and_nothing_of_the_platfo
         );
     }
     let (narrowed, out) = seen("narrowed");
+    let layers = &narrowed["sandbox"]["egress"]["narrowed_by"];
+    assert_eq!(layers.as_array().map(Vec::len), Some(1), "{narrowed}");
+    assert_eq!(layers[0]["by"], "run", "{narrowed}");
     assert_eq!(
-        narrowed["sandbox"]["egress"]["narrowed_to"]
-            .as_array()
-            .map(Vec::len),
+        layers[0]["allow"].as_array().map(Vec::len),
         Some(4),
         "{narrowed}"
     );
@@ -647,5 +657,147 @@ async fn a_sandboxs_allow_list_narrows_every_exec() {
     cluster.wait_until("the sandbox's refusals are counted", LONG, || {
         cluster.metric(0, "cairn_worker_step_egress_refused_packets_total") > before
     });
+    drop(topology);
+}
+
+/// Sets the default tenant's network policy with `cairnctl tenant network default ARGS`.
+fn tenant_network(cluster: &Cluster, args: &[&str]) -> Value {
+    let out = cluster
+        .cairnctl()
+        .args(["--json", "tenant", "network", "default"])
+        .args(args)
+        .output()
+        .expect("cairnctl");
+    assert!(out.status.success(), "{out:?}");
+    serde_json::from_slice(&out.stdout).expect("json")
+}
+
+/// The tenant's layer of the egress policy narrows what the operator allows, and a run's
+/// or sandbox's own list narrows it further: a step reaches only what every layer lets
+/// through. A tenant with `false` leaves its steps and sandboxes no network, and their
+/// receipts and errors say who took it away.
+#[tokio::test]
+async fn a_tenants_network_policy_narrows_its_runs_and_sandboxes() {
+    use cairn_e2e::sandboxes::{create, exec, wait_state};
+    let _services = ServiceLock::shared().await;
+    let topology = Topology::start();
+    let mut cluster = Cluster::start("sandbox-tenant-egress", 0, Settings::default()).await;
+    cluster
+        .worker_env
+        .push(("CAIRN_STEP_EGRESS_ALLOW".into(), PRIVATE.to_string()));
+    cluster.add_worker();
+    let targets = [
+        ("public", PUBLIC.to_string(), 8080),
+        ("public-other-port", PUBLIC.into(), 8081),
+        ("private", PRIVATE.into(), 8080),
+        ("private-other-port", PRIVATE.into(), 8081),
+        ("postgres", "127.0.0.1".into(), 5432),
+    ];
+    let script = probe_script(&targets);
+    let step = |key: &str, network: Value| {
+        json!({"key": key, "argv": ["python3", "-c", script], "timeout_seconds": 120,
+               "network": network})
+    };
+    let saved = tenant_network(
+        &cluster,
+        &[
+            "--allow",
+            &format!("{PUBLIC}:8080"),
+            "--allow",
+            &format!("{PRIVATE}:8080"),
+        ],
+    );
+    assert_eq!(
+        saved["network"]["allow"].as_array().map(Vec::len),
+        Some(2),
+        "{saved}"
+    );
+    // The tenant's list names the private server on one port (the operator allows both):
+    // the other port is refused. The step's own list names the public server's other
+    // port (the tenant refuses it) and its first.
+    let own = json!({"allow": [format!("{PUBLIC}:8081"), format!("{PUBLIC}:8080")]});
+    let (run_id, _) = cluster.submit(&run_spec(
+        vec![step("tenant", json!(true)), step("own", own)],
+        1,
+    ));
+    cluster.wait_for_state(&run_id, &["completed"], LONG);
+    let view = cluster.run(&run_id);
+    assert_eq!(view["tenant_network"], saved["network"], "{view}");
+    for (key, reached) in [
+        ("tenant", &["public", "private"][..]),
+        ("own", &["public"][..]),
+    ] {
+        let receipt = step_of(&cluster, &run_id, key);
+        let out = receipt["stdout_tail"].as_str().unwrap_or_default();
+        for (name, _, _) in &targets {
+            let got = probe_line(out, name);
+            let verdict = if reached.contains(name) {
+                " reached "
+            } else {
+                " refused "
+            };
+            assert!(
+                got.contains(verdict),
+                "{key}: {name} must be{verdict}: {out}"
+            );
+        }
+        let layers = &receipt["sandbox"]["egress"]["narrowed_by"];
+        assert_eq!(layers[0]["by"], "tenant", "{receipt}");
+    }
+    let own = step_of(&cluster, &run_id, "own");
+    assert_eq!(
+        own["sandbox"]["egress"]["narrowed_by"][1]["by"], "run",
+        "{own}"
+    );
+
+    // A sandbox's held namespace is narrowed the same way.
+    let id = create(&cluster, json!({"agent": "coder"}));
+    wait_state(&cluster, &id, "running");
+    let (status, seen) = exec(&cluster, &id, &format!("python3 -c \"{script}\""));
+    assert_eq!(status, 200, "{seen}");
+    let out = seen["result"]["stdout"].as_str().unwrap_or("").to_string();
+    for (name, _, _) in &targets {
+        let reached = ["public", "private"].contains(name);
+        let verdict = if reached { " reached " } else { " refused " };
+        assert!(
+            probe_line(&out, name).contains(verdict),
+            "sandbox {name}: {out}"
+        );
+    }
+    let (status, _) = cluster.call("DELETE", &format!("/api/v1/sandboxes/{id}"), None);
+    assert_eq!(status, 200);
+
+    // `false` takes the network away from every later step and sandbox of the tenant.
+    let off = tenant_network(&cluster, &["--off"]);
+    assert_eq!(off["network"], false, "{off}");
+    let (run_id, _) = cluster.submit(&run_spec(vec![step("closed", json!(true))], 1));
+    cluster.wait_for_state(&run_id, &["completed"], LONG);
+    let closed = step_of(&cluster, &run_id, "closed");
+    let out = closed["stdout_tail"].as_str().unwrap_or_default();
+    for (name, _, _) in &targets {
+        assert!(
+            probe_line(out, name).contains(" refused "),
+            "closed {name}: {out}"
+        );
+    }
+    assert_eq!(closed["sandbox"]["network"], false, "{closed}");
+    assert_eq!(
+        closed["sandbox"]["egress"]["disabled_by"], "tenant",
+        "{closed}"
+    );
+    let id = create(&cluster, json!({"agent": "coder", "network": true}));
+    wait_state(&cluster, &id, "running");
+    let (status, refused) = cluster.call(
+        "POST",
+        &format!("/api/v1/sandboxes/{id}/exec"),
+        Some(&json!({"argv": ["true"], "timeout_sec": 60, "network": true})),
+    );
+    assert!(
+        refused
+            .to_string()
+            .contains("the tenant's network policy allows no network"),
+        "{status} {refused}"
+    );
+    tenant_network(&cluster, &["--on"]);
     drop(topology);
 }

@@ -1,6 +1,8 @@
 //! What a step asks of the network: none, the worker's egress policy, or that policy
-//! narrowed to named destinations. A lower layer only narrows: a destination the
-//! operator's policy refuses stays refused whatever a step names.
+//! narrowed to named destinations. The policy is layered: the operator's (the worker's
+//! settings), then the tenant's ([`crate::network_policy`]), then the run's or the
+//! sandbox's. A lower layer only narrows: a destination a layer above refuses stays
+//! refused whatever a lower one names, and a layer that says `false` leaves no network.
 
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -69,6 +71,86 @@ impl NetworkSpec {
     }
 }
 
+/// A layer that narrows the operator's policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Layer {
+    /// The tenant's network policy.
+    Tenant,
+    /// The run's step.
+    Run,
+    /// The sandbox's own.
+    Sandbox,
+}
+
+/// One narrowing: the destinations a layer lets through.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Narrowing {
+    pub by: Layer,
+    pub allow: Vec<String>,
+}
+
+/// What the layers below the operator leave a process: whether it has a NAT at all,
+/// and, in order, the lists each of its packets must pass after the operator's policy.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Effective {
+    pub enabled: bool,
+    /// Who turned the network off, when a layer did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disabled_by: Option<Layer>,
+    pub narrowed_by: Vec<Narrowing>,
+}
+
+impl Effective {
+    /// The network or none, with no layer narrowing it (a check, the worker's probe).
+    pub fn flag(enabled: bool) -> Effective {
+        Effective {
+            enabled,
+            disabled_by: None,
+            narrowed_by: Vec::new(),
+        }
+    }
+
+    /// The tenant's layer (`None`: it narrows nothing) and then the process's own
+    /// (`None`: `default`, the worker's setting), each only narrowing.
+    pub fn of(
+        tenant: Option<&NetworkSpec>,
+        own: Option<&NetworkSpec>,
+        own_layer: Layer,
+        default: bool,
+    ) -> Effective {
+        let asked = own.map_or(default, NetworkSpec::enabled);
+        let disabled_by = if !asked {
+            Some(own_layer)
+        } else if tenant.is_some_and(|t| !t.enabled()) {
+            Some(Layer::Tenant)
+        } else {
+            None
+        };
+        if disabled_by.is_some() {
+            return Effective {
+                enabled: false,
+                disabled_by,
+                narrowed_by: Vec::new(),
+            };
+        }
+        let narrowed_by = [(Layer::Tenant, tenant), (own_layer, own)]
+            .into_iter()
+            .filter_map(|(by, spec)| {
+                Some(Narrowing {
+                    by,
+                    allow: spec?.narrowed_to()?.to_vec(),
+                })
+            })
+            .collect();
+        Effective {
+            enabled: true,
+            disabled_by: None,
+            narrowed_by,
+        }
+    }
+}
+
 /// `(host, port)` of `HOST`, `HOST:PORT` or `[V6]:PORT`; `None` for a bad port.
 pub fn split_port(text: &str) -> Option<(&str, Option<u16>)> {
     if let Some(rest) = text.strip_prefix('[') {
@@ -116,5 +198,43 @@ mod tests {
         ] {
             assert!(spec(bad.clone()).problem().is_some(), "{bad}");
         }
+    }
+
+    /// The tenant's layer narrows before the process's own, and either one's `false`
+    /// leaves no network, whatever the other says.
+    #[test]
+    fn layers_only_narrow() {
+        let list = |entries: &[&str]| spec(json!({"allow": entries}));
+        let tenant = list(&["203.0.113.10:8080"]);
+        let own = list(&["203.0.113.10:8081"]);
+        let both = Effective::of(Some(&tenant), Some(&own), Layer::Run, true);
+        assert!(both.enabled);
+        assert_eq!(
+            both.narrowed_by,
+            [
+                Narrowing {
+                    by: Layer::Tenant,
+                    allow: vec!["203.0.113.10:8080".into()]
+                },
+                Narrowing {
+                    by: Layer::Run,
+                    allow: vec!["203.0.113.10:8081".into()]
+                },
+            ]
+        );
+        let off = spec(json!(false));
+        let on = spec(json!(true));
+        let closed = Effective::of(Some(&off), Some(&own), Layer::Sandbox, true);
+        assert_eq!(
+            (closed.enabled, closed.disabled_by),
+            (false, Some(Layer::Tenant))
+        );
+        assert!(closed.narrowed_by.is_empty());
+        let own_off = Effective::of(Some(&tenant), Some(&off), Layer::Run, true);
+        assert_eq!(own_off.disabled_by, Some(Layer::Run));
+        // The worker's default decides a process that does not say.
+        assert!(!Effective::of(Some(&on), None, Layer::Run, false).enabled);
+        let open = Effective::of(None, None, Layer::Run, true);
+        assert!(open.enabled && open.narrowed_by.is_empty());
     }
 }

@@ -1,10 +1,22 @@
 //! Run, request and action ids: exactly 32 lowercase hexadecimal characters on the wire,
-//! UUIDs in the database.
+//! UUIDs in the database. Tenant ids are names ([`valid_tenant_id`]).
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use std::fmt;
 use std::str::FromStr;
 use uuid::Uuid;
+
+/// Whether `id` is a tenant id the database accepts: 1 to 63 lowercase letters, digits
+/// and `-`, not starting with `-`.
+pub fn valid_tenant_id(id: &str) -> bool {
+    let bytes = id.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes[0] != b'-'
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+}
 
 /// A 32-lowercase-hex identifier.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

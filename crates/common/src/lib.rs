@@ -6,6 +6,7 @@
 //! - [`db`]: PostgreSQL connection (creating the database if missing) and migrations.
 //! - [`digest`]: SHA-256 digests over canonical JSON.
 //! - [`egress`]: what a step asks of the network, and its destinations' syntax.
+//! - [`network_policy`]: a tenant's layer of the step egress policy.
 //! - [`run`]: run specifications and job messages.
 //! - [`request`]: the execution request (ticket): its states and every write that changes
 //!   it (requeue, stop, cancel, pause, continuation actions).
@@ -49,6 +50,7 @@ pub mod leader;
 pub mod lease;
 pub mod lineage;
 pub mod metrics;
+pub mod network_policy;
 pub mod outbox;
 pub mod output;
 pub mod policy;

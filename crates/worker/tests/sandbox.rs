@@ -62,8 +62,7 @@ impl Scratch {
                 workspace: self.workspace(),
                 cwd: None,
                 home: self.dir.join("home"),
-                network: false,
-                allow: None,
+                network: cairn_common::egress::Effective::flag(false),
                 limits: StepLimits::default(),
             },
             timeout: Duration::from_secs(30),
@@ -419,7 +418,7 @@ async fn no_step_reaches_the_host_loopback_and_network_true_has_its_own_nat() {
     );
     let mut command = scratch.command(&["bash", "-c", &script]);
     for network in [true, false] {
-        command.place.network = network;
+        command.place.network = cairn_common::egress::Effective::flag(network);
         let out = run(&sandbox, &command).await;
         assert!(
             !out.succeeded(),

@@ -1,8 +1,9 @@
 //! `cairnctl token`: create and revoke API tokens; `cairnctl tenant`: create and list
-//! tenants.
+//! tenants, and show or set a tenant's network policy.
 
 use crate::client::{exit, CallError, Client};
 use crate::{id, output, usage};
+use cairn_common::egress::{AllowList, NetworkSpec};
 use clap::Subcommand;
 use reqwest::Method;
 use serde_json::json;
@@ -82,6 +83,39 @@ pub enum TenantCommand {
     },
     /// List tenants: all of them for a platform token, the token's own otherwise.
     List,
+    /// Show a tenant's network policy, or set it (a platform admin) with one of
+    /// --allow, --off or --on. A run's or sandbox's own `network` narrows it further.
+    Network {
+        tenant_id: String,
+        /// Narrow the operator's egress policy to these destinations (repeat):
+        /// `HOST:PORT`, `IP[/PREFIX][:PORT]` or `[IPV6[/PREFIX]]:PORT`.
+        #[arg(long, conflicts_with_all = ["off", "on"])]
+        allow: Vec<String>,
+        /// No network for any step or sandbox of the tenant.
+        #[arg(long, conflicts_with = "on")]
+        off: bool,
+        /// The operator's policy as it is (undoes --allow or --off).
+        #[arg(long)]
+        on: bool,
+    },
+}
+
+/// The policy `tenant network` sets, checked before anything is sent; `None`: show it.
+fn network_change(
+    allow: Vec<String>,
+    off: bool,
+    on: bool,
+) -> Result<Option<NetworkSpec>, CallError> {
+    let spec = match (allow.is_empty(), off, on) {
+        (false, _, _) => NetworkSpec::Allow(AllowList { allow }),
+        (true, true, _) => NetworkSpec::On(false),
+        (true, false, true) => NetworkSpec::On(true),
+        (true, false, false) => return Ok(None),
+    };
+    match spec.problem() {
+        Some(problem) => Err(CallError::new(exit::USAGE, format!("--allow: {problem}"))),
+        None => Ok(Some(spec)),
+    }
 }
 
 pub async fn tenants(client: &Client, command: TenantCommand, json: bool) -> Result<u8, CallError> {
@@ -102,6 +136,35 @@ pub async fn tenants(client: &Client, command: TenantCommand, json: bool) -> Res
                 .call(Method::GET, "/api/v1/tenants", None, &[])
                 .await?
                 .body
+        }
+        TenantCommand::Network {
+            tenant_id,
+            allow,
+            off,
+            on,
+        } => {
+            if !cairn_common::ids::valid_tenant_id(&tenant_id) {
+                return Err(CallError::new(
+                    exit::USAGE,
+                    "a tenant id is 1 to 63 lowercase letters, digits and '-', not starting with '-'",
+                ));
+            }
+            let path = format!("/api/v1/tenants/{tenant_id}/network-policy");
+            let answer = match network_change(allow, off, on)? {
+                Some(network) => {
+                    let body = json!({ "network": network });
+                    client.call(Method::PUT, &path, Some(&body), &[]).await?
+                }
+                None => client.call(Method::GET, &path, None, &[]).await?,
+            };
+            let body = answer.body;
+            if !json {
+                println!("tenant    {}", output::text(&body["tenant_id"]));
+                println!("network   {}", body["network"]);
+                println!("revision  {}", output::text(&body["revision"]));
+                return Ok(exit::OK);
+            }
+            body
         }
     };
     if json {

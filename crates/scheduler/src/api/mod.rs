@@ -7,7 +7,7 @@
 //! - [`auth`]: tokens, roles and tenants.
 //! - [`tenancy`]: the guard that answers another tenant's ids as unknown ones.
 //! - [`runs`], [`pause`], [`policy`], [`continuation`], [`verification`], [`tokens`],
-//!   [`credentials`], [`tenants`]: the routes. Continuations and verification handoffs each have a
+//!   [`credentials`], [`tenants`], [`network_policy`]: the routes. Continuations and verification handoffs each have a
 //!   pure `candidate` module: their rules as a function of facts and policy.
 //! - [`sandboxes`]: sandboxes (the lifecycle seed).
 //! - [`session`], [`workers`], [`reaper`]: who is calling; workers and their leases; the
@@ -21,6 +21,7 @@ pub mod credentials;
 pub mod error;
 pub mod idempotency;
 pub mod json;
+pub mod network_policy;
 pub mod openapi;
 pub mod pause;
 pub mod policy;
@@ -202,6 +203,10 @@ pub fn router(state: AppState) -> Router {
         .route("/api/v1/tokens", post(tokens::create).get(tokens::list))
         .route("/api/v1/tokens/{token_id}/revoke", post(tokens::revoke))
         .route("/api/v1/tenants", post(tenants::create).get(tenants::list))
+        .route(
+            "/api/v1/tenants/{tenant_id}/network-policy",
+            get(network_policy::show).put(network_policy::set),
+        )
         // Every route with a bearer token passes the guard before its handler.
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -1,8 +1,8 @@
 //! The OpenAPI 3 document, generated from the handlers' annotations and types.
 
 use super::{
-    continuation, credentials, error, pause, policy, reaper, runs, sandboxes, session, tenants,
-    tokens, verification, workers,
+    continuation, credentials, error, network_policy, pause, policy, reaper, runs, sandboxes,
+    session, tenants, tokens, verification, workers,
 };
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -17,7 +17,8 @@ use utoipa::{Modify, OpenApi};
         continuation::checkpoint_candidate, continuation::checkpoint_action, continuation::checkpoint_status,
         continuation::final_candidate, continuation::final_action, continuation::final_status,
         verification::candidates, verification::adopt, verification::adoptions, verification::adoption,
-        tokens::create, tokens::list, tokens::revoke, tenants::create, tenants::list, session::show, credentials::rotate, workers::list, reaper::show,
+        tokens::create, tokens::list, tokens::revoke, tenants::create, tenants::list,
+        network_policy::show, network_policy::set, session::show, credentials::rotate, workers::list, reaper::show,
         sandboxes::create::create, sandboxes::view::list, sandboxes::view::show, sandboxes::view::operations,
         sandboxes::lifecycle::stop, sandboxes::lifecycle::pause, sandboxes::lifecycle::resume, sandboxes::lifecycle::destroy, sandboxes::lifecycle::extend,
         sandboxes::operations::exec, sandboxes::operations::list, sandboxes::operations::read, sandboxes::operations::write,

@@ -80,6 +80,10 @@ pub async fn guard(
             .await
             .map_err(|_| ApiError::not_found("route"))?;
         for (name, value) in params.iter() {
+            // A tenant is named by its id: only the caller's own is known to it.
+            if name == "tenant_id" && value != own {
+                return Err(ApiError::not_found("tenant"));
+            }
             let Some(owned) = Owned::of(name) else {
                 continue;
             };

@@ -32,17 +32,6 @@ pub struct TenantList {
     pub tenants: Vec<TenantView>,
 }
 
-/// Whether `id` is a tenant id the database accepts; checked here to answer 422 by field.
-pub fn valid_id(id: &str) -> bool {
-    let bytes = id.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes[0] != b'-'
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-}
-
 /// Create a tenant (platform admin). Its recovery policy starts from the defaults.
 #[utoipa::path(post, path = "/api/v1/tenants", tag = "tokens", operation_id = "create_tenant",
     request_body = TenantRequest,
@@ -57,7 +46,7 @@ pub async fn create(
 ) -> Result<(StatusCode, Json<TenantView>), ApiError> {
     caller.require(Role::Admin)?;
     caller.require_platform()?;
-    if !valid_id(&request.tenant_id) {
+    if !cairn_common::ids::valid_tenant_id(&request.tenant_id) {
         return Err(ApiError::unprocessable(
             "tenant_id",
             "1 to 63 characters: lowercase letters, digits and '-', not starting with '-'",

@@ -60,7 +60,7 @@ pub async fn create(
         (None, None) => None,
         (Some(own), None) => Some(own.to_string()),
         (_, Some(named)) => {
-            if !crate::api::tenants::valid_id(&named) {
+            if !cairn_common::ids::valid_tenant_id(&named) {
                 return Err(ApiError::unprocessable(
                     "tenant",
                     "a tenant id: 1 to 63 lowercase letters, digits and '-'",

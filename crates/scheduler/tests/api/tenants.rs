@@ -68,6 +68,10 @@ impl Owned {
             .replace("{sandbox_id}", &id(&self.sandbox_id))
             .replace("{snapshot_id}", &id(&self.snapshot_id))
             .replace("{token_id}", &id(&self.token_id))
+            .replace(
+                "{tenant_id}",
+                if fresh { "no-such-tenant" } else { "default" },
+            )
             .replace("{action_id}", &Uuid::new_v4().simple().to_string())
             .replace("{step_key}", "build")
             .replace("{agent}", "coder")
@@ -101,9 +105,15 @@ async fn owned_routes(api: &Api) -> Vec<(String, String)> {
     let (_, doc) = api.call("GET", "/api/v1/openapi.json", None, None).await;
     let mut routes = Vec::new();
     for (path, item) in doc["paths"].as_object().expect("paths") {
-        let owned = ["{run_id}", "{sandbox_id}", "{snapshot_id}", "{token_id}"]
-            .iter()
-            .any(|p| path.contains(p));
+        let owned = [
+            "{run_id}",
+            "{sandbox_id}",
+            "{snapshot_id}",
+            "{token_id}",
+            "{tenant_id}",
+        ]
+        .iter()
+        .any(|p| path.contains(p));
         if !owned {
             continue;
         }
@@ -314,4 +324,94 @@ async fn tenant_admins_manage_only_their_tenant() {
         )
         .await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
+}
+
+/// A tenant's network policy: its tokens read it, only a platform admin sets it (a
+/// tenant cannot widen what the platform gave it), a bad list is a field error that
+/// changes nothing, and the runs' and sandboxes' views show it.
+#[tokio::test]
+async fn a_platform_admin_sets_a_tenants_network_policy() {
+    let api = Api::new().await;
+    let beta = beta_admin(&api).await;
+    let path = "/api/v1/tenants/beta/network-policy";
+    let (status, fresh) = api.get(path, &beta).await;
+    assert_eq!(status, StatusCode::OK, "{fresh}");
+    assert_eq!(
+        (&fresh["network"], &fresh["revision"]),
+        (&json!(true), &json!(0)),
+        "{fresh}"
+    );
+    let narrowed = json!({"network": {"allow": ["203.0.113.10:8080", "pypi.org:443"]}});
+    let (status, body) = api
+        .call("PUT", path, Some(&beta), Some(narrowed.clone()))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    for (bad, code) in [
+        (
+            json!({"network": {"allow": []}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            json!({"network": {"allow": ["a b:1"]}}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (json!({"network": null}), StatusCode::BAD_REQUEST),
+        (json!({"network": true, "x": 1}), StatusCode::BAD_REQUEST),
+    ] {
+        let (status, body) = api
+            .call("PUT", path, Some(&api.admin), Some(bad.clone()))
+            .await;
+        assert_eq!(status, code, "{bad}: {body}");
+    }
+    let (_, unchanged) = api.get(path, &beta).await;
+    assert_eq!(unchanged, fresh, "a refused change changed it");
+    let (status, saved) = api
+        .call("PUT", path, Some(&api.admin), Some(narrowed.clone()))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{saved}");
+    assert_eq!(saved["network"], narrowed["network"], "{saved}");
+    assert_eq!(saved["revision"], 1, "{saved}");
+    let (status, unknown) = api
+        .call(
+            "PUT",
+            "/api/v1/tenants/no-such-tenant/network-policy",
+            Some(&api.admin),
+            Some(json!({"network": false})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{unknown}");
+    // The tenant's runs and sandboxes show the layer; the default tenant's do not.
+    let run = api.submit(&beta).await;
+    let (_, view) = api.get(&format!("/api/v1/runs/{run}"), &beta).await;
+    assert_eq!(view["tenant_network"], narrowed["network"], "{view}");
+    let (status, sandbox) = api
+        .post("/api/v1/sandboxes", &beta, Some(json!({"agent": "coder"})))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{sandbox}");
+    let (_, view) = api
+        .get(
+            &format!(
+                "/api/v1/sandboxes/{}",
+                sandbox["sandbox_id"].as_str().expect("id")
+            ),
+            &beta,
+        )
+        .await;
+    assert_eq!(view["tenant_network"], narrowed["network"], "{view}");
+    let own = api.submit(&api.operator).await;
+    let (_, view) = api.get(&format!("/api/v1/runs/{own}"), &api.viewer).await;
+    assert!(view.get("tenant_network").is_none(), "{view}");
+    let (status, off) = api
+        .call(
+            "PUT",
+            path,
+            Some(&api.admin),
+            Some(json!({"network": false})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{off}");
+    assert_eq!(
+        (&off["network"], &off["revision"]),
+        (&json!(false), &json!(2))
+    );
 }

@@ -32,15 +32,6 @@ pub struct Host {
 }
 
 impl Host {
-    /// Whether the sandbox's commands may have the network: its own policy, else the
-    /// worker's default.
-    fn network(&self) -> bool {
-        self.row
-            .network
-            .as_ref()
-            .map_or(self.worker.sandbox.network_default(), |n| n.enabled())
-    }
-
     /// Acquires the tree, marks the sandbox running, then serves it until it leaves.
     pub async fn run(
         mut self,
@@ -87,13 +78,9 @@ impl Host {
             workspace: tree.workspace.root.clone(),
             cwd: None,
             home: tree.workspace.home.clone(),
-            network: self.network(),
-            allow: self
+            network: self
                 .row
-                .network
-                .as_ref()
-                .and_then(|n| n.narrowed_to())
-                .map(<[String]>::to_vec),
+                .effective_network(self.worker.sandbox.network_default()),
             limits: self.worker.sandbox.limits(None),
         };
         self.session = match self.worker.sandbox.start_session(&spec).await {

@@ -16,6 +16,7 @@ mod staged;
 pub mod tree;
 
 use crate::context::Worker;
+use cairn_common::egress::{Effective, Layer, NetworkSpec};
 use cairn_common::lease::{Lease, LeaseError, Leases};
 use cairn_common::sandbox::SandboxState;
 use std::sync::Arc;
@@ -75,7 +76,23 @@ pub struct SandboxRow {
     /// The room of its tree and of its home, in MiB.
     pub disk_mb: i32,
     /// Its network policy; `None`: the worker's default.
-    pub network: Option<sqlx::types::Json<cairn_common::egress::NetworkSpec>>,
+    pub network: Option<sqlx::types::Json<NetworkSpec>>,
+    /// Its tenant's layer of the egress policy as it stood when the row was read
+    /// (`None`: it narrows nothing).
+    pub tenant_network: Option<sqlx::types::Json<NetworkSpec>>,
+}
+
+impl SandboxRow {
+    /// The network its commands may have: the tenant's layer, then its own policy (else
+    /// the worker's `default`), each only narrowing.
+    pub fn effective_network(&self, default: bool) -> Effective {
+        Effective::of(
+            self.tenant_network.as_deref(),
+            self.network.as_deref(),
+            Layer::Sandbox,
+            default,
+        )
+    }
 }
 
 impl SandboxRow {
@@ -91,11 +108,12 @@ impl SandboxRow {
 }
 
 async fn read(pool: &sqlx::PgPool, id: Uuid) -> Result<Option<SandboxRow>, sqlx::Error> {
-    sqlx::query_as(
+    sqlx::query_as(&format!(
         "SELECT id, tenant_id, agent, state, desired, persistent, repository, git_ref,
-                source_snapshot_id, workspace_id, disk_mb, network
+                source_snapshot_id, workspace_id, disk_mb, network, {} AS tenant_network
            FROM sandboxes WHERE id = $1",
-    )
+        cairn_common::network_policy::of_tenant("tenant_id")
+    ))
     .bind(id)
     .fetch_optional(pool)
     .await

@@ -357,11 +357,15 @@ fn command(
             workspace: tree.workspace.root.clone(),
             cwd: spec.and_then(|s| s.cwd.clone()),
             home: tree.workspace.home.clone(),
-            network: spec
-                .and_then(|s| s.network)
-                .unwrap_or(runner.network_default())
-                && spec.is_some(),
-            allow: None,
+            // Whether the command asks for the network; the sandbox's layers are those of
+            // its held namespace, which the command enters.
+            network: cairn_common::egress::Effective {
+                enabled: spec
+                    .and_then(|s| s.network)
+                    .unwrap_or(runner.network_default())
+                    && spec.is_some(),
+                ..host.row.effective_network(runner.network_default())
+            },
             limits: runner.limits(None),
         },
         timeout: spec.map_or(FILE_TIMEOUT, |s| {

@@ -5,6 +5,7 @@
 use super::handle::{Claimed, JobOutcome};
 use crate::context::Worker;
 use crate::error::JobError;
+use cairn_common::egress::NetworkSpec;
 use cairn_common::handoff;
 use cairn_common::journal;
 use cairn_common::lease::LeaseError;
@@ -45,6 +46,7 @@ struct RequestRow {
     admission_id: Option<Uuid>,
     admission_kind: Option<String>,
     window_ends_at: Option<chrono::DateTime<chrono::Utc>>,
+    tenant_network: Option<sqlx::types::Json<NetworkSpec>>,
 }
 
 impl RequestRow {
@@ -118,12 +120,13 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
     journal::charge_interrupted(&mut tx, lease.request_id, previous_deadline).await?;
     // Whatever admitted the ticket, its window open or ended, is read with the request:
     // a plain run message is stale as long as a continuation or an adoption owns it.
-    let row: RequestRow = sqlx::query_as(
+    let row: RequestRow = sqlx::query_as(&format!(
         "SELECT r.tenant_id, e.state, e.kind, e.run_id, e.attempt, r.steps, r.repository, r.git_ref, e.max_commands,
                 e.max_wall_seconds, e.used_commands, e.used_wall_ms,
                 EXTRACT(EPOCH FROM clock_timestamp() - e.queued_at)::float8 AS queued_for_seconds,
                 r.agent, r.work_context_id, r.deadline,
-                a.id AS admission_id, a.kind AS admission_kind, a.window_ends_at
+                a.id AS admission_id, a.kind AS admission_kind, a.window_ends_at,
+                {} AS tenant_network
            FROM execution_requests e JOIN runs r ON r.id = e.run_id
            LEFT JOIN LATERAL (
                 (SELECT id, kind, window_ends_at, created_at FROM continuation_actions
@@ -133,7 +136,8 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
                   WHERE execution_request_id = e.id AND status = 'queued')
                 ORDER BY created_at DESC LIMIT 1) a ON TRUE
           WHERE e.id = $1",
-    )
+        cairn_common::network_policy::of_tenant("r.tenant_id")
+    ))
     .bind(lease.request_id)
     .fetch_one(&mut *tx)
     .await?;
@@ -234,6 +238,7 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
         agent: row.agent,
         work_context: row.work_context_id,
         deadline: row.deadline,
+        tenant_network: row.tenant_network.map(|n| n.0),
     })))
 }
 

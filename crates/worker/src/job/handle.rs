@@ -58,6 +58,9 @@ pub struct Claimed {
     pub agent: String,
     pub work_context: Uuid,
     pub deadline: Option<chrono::DateTime<chrono::Utc>>,
+    /// The tenant's layer of the egress policy as it stood at the claim (`None`: it
+    /// narrows nothing).
+    pub tenant_network: Option<cairn_common::egress::NetworkSpec>,
 }
 
 impl Claimed {

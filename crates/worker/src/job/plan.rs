@@ -13,6 +13,7 @@ use crate::report::RetainedReport;
 use crate::sandbox::{self, Live};
 use crate::step::{self, Interruption, StepCommand};
 use crate::workspace::Workspace;
+use cairn_common::egress::{Effective, Layer};
 use cairn_common::journal::{self, Receipt, Record, Standing};
 use cairn_common::request::limits::{self, Breach, Moment};
 use cairn_common::request::{self, RequestEvent};
@@ -429,15 +430,12 @@ fn command(
             workspace: workspace.root.clone(),
             cwd: step.cwd.clone(),
             home: workspace.home.clone(),
-            network: step
-                .network
-                .as_ref()
-                .map_or(runner.network_default(), |n| n.enabled()),
-            allow: step
-                .network
-                .as_ref()
-                .and_then(|n| n.narrowed_to())
-                .map(<[String]>::to_vec),
+            network: Effective::of(
+                job.claimed.tenant_network.as_ref(),
+                step.network.as_ref(),
+                Layer::Run,
+                runner.network_default(),
+            ),
             limits: runner.limits(step.limits),
         },
         timeout: step_timeout.min(wall_left),

@@ -33,6 +33,7 @@ pub use session::Session;
 pub use spawn::{Launch, Started};
 pub use view::{resolve_cwd, CwdRefused};
 
+use cairn_common::egress::Effective;
 use cairn_common::run::StepLimits;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -96,10 +97,9 @@ pub struct Spec {
     pub cwd: Option<String>,
     /// The private home on the host; the process sees it at [`HOME`].
     pub home: PathBuf,
-    pub network: bool,
-    /// With the network, the destinations the step narrowed the worker's policy to
-    /// (resolved when it starts); `None`, the policy itself.
-    pub allow: Option<Vec<String>>,
+    /// Whether it has the network, and the tenant's and its own lists that narrow the
+    /// worker's policy (host names resolved when it starts).
+    pub network: Effective,
     pub limits: StepLimits,
 }
 
@@ -221,8 +221,8 @@ impl Sandbox {
                 "uid": self.settings.uid,
                 "gid": self.settings.gid,
                 "namespaces": namespaces,
-                "network": spec.network,
-                "egress": if spec.network {
+                "network": spec.network.enabled,
+                "egress": if spec.network.enabled {
                     json!({
                         "nat": "slirp4netns",
                         "refused": "loopback, link-local, private (RFC 1918, RFC 4193), CGNAT and the worker's own addresses",
@@ -230,10 +230,13 @@ impl Sandbox {
                             Some(port) => format!("{}:{port}", a.net),
                             None => a.net.clone(),
                         }).collect::<Vec<_>>(),
-                        "narrowed_to": spec.allow,
+                        "narrowed_by": spec.network.narrowed_by,
                     })
                 } else {
-                    json!("none")
+                    match spec.network.disabled_by {
+                        Some(by) => json!({"none": true, "disabled_by": by}),
+                        None => json!("none"),
+                    }
                 },
                 "limits": limits,
             })
@@ -259,13 +262,19 @@ impl Sandbox {
         let cwd = resolve_cwd(&spec.workspace, spec.cwd.as_deref())?;
         let (mut cmd, hold) = if self.isolates() {
             let mut narrowed = None;
-            if spec.network {
+            if spec.network.enabled {
                 let egress = self
                     .egress
                     .as_ref()
                     .map_err(|why| CommandError::Network(why.clone()))?;
-                if let Some(list) = &spec.allow {
-                    narrowed = Some(egress.narrowed_rules(&resolve(list)?));
+                if !spec.network.narrowed_by.is_empty() {
+                    let layers = spec
+                        .network
+                        .narrowed_by
+                        .iter()
+                        .map(|n| Ok((n.by, resolve(&n.allow)?)))
+                        .collect::<Result<Vec<_>, CommandError>>()?;
+                    narrowed = Some(egress.narrowed_rules(&layers));
                 }
             }
             let (cmd, hold) = view::bwrap(&self.settings, &self.view, argv, env, spec, &cwd)
@@ -326,8 +335,8 @@ pub enum CommandError {
     Allow(String),
 }
 
-/// A step's own destinations, each host name resolved now; one that does not resolve
-/// fails the step before it starts.
+/// A layer's destinations, each host name resolved now; one that does not resolve fails
+/// the step before it starts.
 fn resolve(list: &[String]) -> Result<Vec<network::Allowed>, CommandError> {
     let mut all = Vec::new();
     for entry in list {

@@ -17,6 +17,7 @@
 //! closes the hold and the step, killed with it, never ran connected to anything.
 
 use super::spawn::{Launch, Started};
+use cairn_common::egress::Layer;
 use prometheus_client::metrics::counter::Counter;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, ToSocketAddrs};
@@ -150,7 +151,7 @@ impl Egress {
                     slirp,
                     nft,
                     nsenter,
-                    rules: rules(allowed, &own, None),
+                    rules: rules(allowed, &own, &[]),
                     allowed: allowed.to_vec(),
                     own,
                 })
@@ -168,9 +169,9 @@ impl Egress {
         &self.rules
     }
 
-    /// The filter of a step narrowed to `narrow` (within this worker's policy).
-    pub fn narrowed_rules(&self, narrow: &[Allowed]) -> String {
-        rules(&self.allowed, &self.own, Some(narrow))
+    /// The filter of a step whose layers narrow this worker's policy, in order.
+    pub fn narrowed_rules(&self, layers: &[(Layer, Vec<Allowed>)]) -> String {
+        rules(&self.allowed, &self.own, layers)
     }
 
     /// Attaches the NAT and the filter to the sandbox bubblewrap reports on `hold`, then
@@ -362,9 +363,11 @@ fn read_child_pid(info: OwnedFd) -> Result<i32, String> {
 
 /// The nft ruleset of a step's namespace. The `platform` chain is the worker's policy:
 /// what the operator allows returns from it, then the platform's ranges and the worker's
-/// own addresses are refused. A step's own list (`narrow`) is applied only after it, and
-/// then everything else is refused: a step narrows the policy, never widens it.
-fn rules(allowed: &[Allowed], own: &[IpAddr], narrow: Option<&[Allowed]>) -> String {
+/// own addresses are refused. Each narrowing layer (the tenant's, then the run's or
+/// sandbox's) is a chain of its own, jumped to after it in that order: what it names
+/// returns, everything else is refused. So a packet leaves only if every layer lets it
+/// through: a lower layer narrows the policy, never widens it.
+fn rules(allowed: &[Allowed], own: &[IpAddr], layers: &[(Layer, Vec<Allowed>)]) -> String {
     let accept = |out: &mut String, list: &[Allowed], verdict: &str| {
         for allow in list {
             match allow.port {
@@ -400,6 +403,11 @@ fn rules(allowed: &[Allowed], own: &[IpAddr], narrow: Option<&[Allowed]>) -> Str
         v4.join(", "),
         v6.join(", ")
     ));
+    for (layer, list) in layers {
+        out.push_str(&format!("  chain {} {{\n", chain(*layer)));
+        accept(&mut out, list, "return");
+        out.push_str("    counter reject\n  }\n");
+    }
     out.push_str(
         "  chain egress {\n    type filter hook output priority 0; policy accept;\n    oifname \"lo\" accept\n",
     );
@@ -407,12 +415,20 @@ fn rules(allowed: &[Allowed], own: &[IpAddr], narrow: Option<&[Allowed]>) -> Str
         out.push_str(&format!("    ip daddr {DNS} {proto} dport 53 accept\n"));
     }
     out.push_str("    jump platform\n");
-    if let Some(narrow) = narrow {
-        accept(&mut out, narrow, "accept");
-        out.push_str("    counter reject\n");
+    for (layer, _) in layers {
+        out.push_str(&format!("    jump {}\n", chain(*layer)));
     }
     out.push_str("  }\n}\n");
     out
+}
+
+/// The filter chain of a narrowing layer.
+fn chain(layer: Layer) -> &'static str {
+    match layer {
+        Layer::Tenant => "tenant",
+        Layer::Run => "run",
+        Layer::Sandbox => "sandbox",
+    }
 }
 
 /// The packets the filter in `link`'s namespace refused, as `nft` lists them.
@@ -528,7 +544,7 @@ mod tests {
     #[test]
     fn the_rules_refuse_the_platform_and_allow_only_what_is_named() {
         let allowed = Allowed::parse("10.9.0.5:8080").expect("allow");
-        let text = rules(&allowed, &["192.0.2.2".parse().expect("ip")], None);
+        let text = rules(&allowed, &["192.0.2.2".parse().expect("ip")], &[]);
         assert!(!text.contains("    counter reject\n  }\n}"), "{text}");
         let accept = text.find("10.9.0.5/32 tcp dport 8080 return").expect(&text);
         let reject = text.find("counter reject").expect(&text);
@@ -548,18 +564,36 @@ mod tests {
         }
     }
 
-    /// A step's list comes after the platform chain, and then everything else is
-    /// refused: it can only narrow.
+    /// Each layer is a chain that returns only what it names and refuses the rest, and
+    /// the egress chain jumps to the platform's, then the tenant's, then the step's: a
+    /// packet leaves only if every one lets it through.
     #[test]
-    fn a_step_list_narrows_after_the_platform_is_refused() {
-        let narrow = Allowed::parse("203.0.113.10:8080").expect("narrow");
-        let text = rules(&[], &[], Some(&narrow));
-        let jump = text.find("jump platform").expect(&text);
-        let accept = text
-            .find("203.0.113.10/32 tcp dport 8080 accept")
-            .expect(&text);
-        let last = text.rfind("    counter reject\n").expect(&text);
-        assert!(jump < accept && accept < last, "{text}");
+    fn each_layer_narrows_after_the_platform_is_refused() {
+        let tenant = Allowed::parse("203.0.113.0/24").expect("tenant");
+        let step = Allowed::parse("203.0.113.10:8080").expect("step");
+        let text = rules(&[], &[], &[(Layer::Tenant, tenant), (Layer::Run, step)]);
+        let chain_of = |name: &str| {
+            let start = text.find(&format!("  chain {name} {{")).expect(&text);
+            let end = start + text[start..].find("  }\n").expect(&text);
+            text[start..end].to_string()
+        };
+        let tenant = chain_of("tenant");
+        let run = chain_of("run");
+        assert!(tenant.contains("ip daddr 203.0.113.0/24 return"), "{text}");
+        assert!(
+            run.contains("ip daddr 203.0.113.10/32 tcp dport 8080 return"),
+            "{text}"
+        );
+        for chain in [&tenant, &run] {
+            assert!(chain.trim_end().ends_with("counter reject"), "{text}");
+            assert!(!chain.contains("accept"), "a layer never accepts: {text}");
+        }
+        let egress = chain_of("egress");
+        let order: Vec<usize> = ["jump platform", "jump tenant", "jump run"]
+            .iter()
+            .map(|j| egress.find(j).expect(&text))
+            .collect();
+        assert!(order.windows(2).all(|w| w[0] < w[1]), "{text}");
     }
 
     #[test]

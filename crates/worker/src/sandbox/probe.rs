@@ -165,8 +165,7 @@ fn whole(settings: &Settings, view: &View) -> Result<(), String> {
             workspace: workspace.clone(),
             cwd: None,
             home,
-            network: false,
-            allow: None,
+            network: cairn_common::egress::Effective::flag(false),
             limits: Default::default(),
         };
         // Started as a step is (its variables through bubblewrap's `--args`, the

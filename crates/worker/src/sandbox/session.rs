@@ -13,6 +13,7 @@ use super::running::Running;
 use super::spawn::{Launch, Started};
 use super::view;
 use super::{network, CommandError, Sandbox, Spec, WORKSPACE};
+use cairn_common::egress::Layer;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -72,7 +73,10 @@ impl Sandbox {
         // asks for the network (its filter narrowed by the sandbox's allow list); a
         // command that asks for no network enters a second namespace with only a loopback.
         let holder_spec = Spec {
-            network: self.report.egress && spec.network,
+            network: cairn_common::egress::Effective {
+                enabled: self.report.egress && spec.network.enabled,
+                ..spec.network.clone()
+            },
             cwd: None,
             ..spec.clone()
         };
@@ -205,15 +209,20 @@ impl Sandbox {
             .args(["--user", "--mount", "--pid", "--ipc"]);
         // Always a namespace of the sandbox's: the held one (with the NAT, if any), or
         // the offline one; never the host's.
-        match (&session.offline, spec.network) {
+        match (&session.offline, spec.network.enabled) {
             (Some((_, offline)), false) => {
                 cmd.arg(format!("--net=/proc/{offline}/ns/net"));
             }
             (None, true) => {
-                return Err(CommandError::Network(match &self.egress {
-                    Err(why) => why.clone(),
-                    Ok(_) => "the sandbox was created with `network: false`".into(),
-                }))
+                return Err(CommandError::Network(
+                    match (&self.egress, spec.network.disabled_by) {
+                        (Err(why), _) => why.clone(),
+                        (Ok(_), Some(Layer::Tenant)) => {
+                            "the tenant's network policy allows no network".into()
+                        }
+                        (Ok(_), _) => "the sandbox was created with `network: false`".into(),
+                    },
+                ))
             }
             _ => {
                 cmd.arg("--net");

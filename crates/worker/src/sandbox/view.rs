@@ -106,7 +106,7 @@ pub(super) fn bwrap(
         .args(["--cap-drop", "ALL"])
         // Always: the host's network namespace is never a step's (see `network`).
         .arg("--unshare-net");
-    let hold = if spec.network {
+    let hold = if spec.network.enabled {
         let (hold, fds) = network::hold()?;
         cmd.args(network::hold_args());
         if cmd.file.is_none() {

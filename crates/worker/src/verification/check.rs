@@ -86,8 +86,7 @@ pub(super) async fn run(
             workspace: root.to_path_buf(),
             cwd: plan.check.cwd.clone(),
             home: plan.scratch.clone(),
-            network: false,
-            allow: None,
+            network: cairn_common::egress::Effective::flag(false),
             limits: sandbox.limits(None),
         },
         timeout: Duration::from_secs(u64::from(plan.check.timeout_seconds)).min(

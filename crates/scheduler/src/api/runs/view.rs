@@ -6,6 +6,7 @@ use crate::api::path_id;
 use crate::api::AppState;
 use axum::extract::{Path, Query, State};
 use axum::Json;
+use cairn_common::egress::NetworkSpec;
 use cairn_common::ids::Id;
 use cairn_common::request::RequestState;
 use cairn_common::run::{Budgets, StepSpec};
@@ -41,6 +42,11 @@ pub struct RunView {
     /// `needs_reconciliation`, `completed`, `failed` or `cancelled`.
     pub state: String,
     pub steps: Vec<StepSpec>,
+    /// The tenant's layer of the egress policy as it stands (absent: it narrows
+    /// nothing). A step's network is the operator's policy, narrowed by this, then by the
+    /// step's own `network`; each receipt's `sandbox.egress` says what the step had.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant_network: Option<NetworkSpec>,
     pub budgets: Budgets,
     pub usage: Usage,
     pub attempt: i32,
@@ -64,6 +70,7 @@ struct RunRow {
     git_ref: Option<String>,
     state: String,
     steps: serde_json::Value,
+    tenant_network: Option<sqlx::types::Json<NetworkSpec>>,
     max_commands: i32,
     max_wall_seconds: i32,
     max_attempts: i32,
@@ -84,8 +91,10 @@ const RUN_SELECT: &str =
     "SELECT r.id, e.id AS request_id, r.tenant_id, r.agent, r.repository, r.git_ref, r.state,
         r.steps, r.max_commands, r.max_wall_seconds, r.max_attempts, r.deadline, e.attempt,
         e.used_commands, e.used_wall_ms, e.used_cpu_ms, e.stop_reason, e.reconciliation_step,
-        r.cancel_requested_at, r.created_at, r.updated_at, r.finished_at
-   FROM runs r JOIN execution_requests e ON e.run_id = r.id AND e.kind = 'run'";
+        r.cancel_requested_at, r.created_at, r.updated_at, r.finished_at,
+        np.network AS tenant_network
+   FROM runs r JOIN execution_requests e ON e.run_id = r.id AND e.kind = 'run'
+   LEFT JOIN network_policy np ON np.tenant_id = r.tenant_id";
 
 impl From<RunRow> for RunView {
     fn from(row: RunRow) -> Self {
@@ -98,6 +107,7 @@ impl From<RunRow> for RunView {
             git_ref: row.git_ref,
             state: row.state,
             steps: serde_json::from_value(row.steps).unwrap_or_default(),
+            tenant_network: row.tenant_network.map(|n| n.0),
             budgets: Budgets {
                 max_commands: u32::try_from(row.max_commands).unwrap_or(0),
                 max_wall_seconds: u32::try_from(row.max_wall_seconds).unwrap_or(0),

@@ -37,6 +37,12 @@ pub struct SandboxView {
     /// the worker's egress policy); absent: the worker's default.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<cairn_common::egress::NetworkSpec>,
+    /// The tenant's layer of the egress policy as it stands (absent: it narrows
+    /// nothing). The sandbox's network is the operator's policy narrowed by this, then
+    /// by `network`, fixed when it starts or resumes; each exec receipt's
+    /// `sandbox.egress` says what the exec had.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant_network: Option<cairn_common::egress::NetworkSpec>,
     pub repository: Option<String>,
     #[serde(rename = "ref")]
     pub git_ref: Option<String>,
@@ -73,6 +79,7 @@ struct Row {
     idle_timeout_sec: i32,
     disk_mb: i32,
     network: Option<sqlx::types::Json<cairn_common::egress::NetworkSpec>>,
+    tenant_network: Option<sqlx::types::Json<cairn_common::egress::NetworkSpec>>,
     repository: Option<String>,
     git_ref: Option<String>,
     source_snapshot_id: Option<Uuid>,
@@ -92,8 +99,9 @@ const SELECT: &str = "SELECT s.id, s.tenant_id, s.agent, s.state, s.desired, s.p
         s.error_reason, s.stop_snapshot_id, s.last_activity_at, s.created_at, s.updated_at, s.stopped_at,
         s.destroyed_at,
         (SELECT p.store_url FROM project_snapshots p WHERE p.sandbox_id = s.id AND p.status = 'ready'
-          ORDER BY p.created_at DESC LIMIT 1) AS store_url
-   FROM sandboxes s";
+          ORDER BY p.created_at DESC LIMIT 1) AS store_url,
+        np.network AS tenant_network
+   FROM sandboxes s LEFT JOIN network_policy np ON np.tenant_id = s.tenant_id";
 
 /// Whether a store keeps its objects off the host that wrote them.
 pub fn durability(store_url: Option<&str>) -> &'static str {
@@ -127,6 +135,7 @@ impl From<Row> for SandboxView {
             idle_timeout_sec: r.idle_timeout_sec,
             disk_mb: r.disk_mb,
             network: r.network.map(|n| n.0),
+            tenant_network: r.tenant_network.map(|n| n.0),
             repository: r.repository,
             git_ref: r.git_ref,
             source: r
