@@ -86,6 +86,7 @@ pub enum TenantCommand {
     /// Show a tenant's network policy, or set it (a platform admin) with one of
     /// --allow, --off or --on. A run's or sandbox's own `network` narrows it further.
     Network {
+        /// The tenant's id.
         tenant_id: String,
         /// Narrow the operator's egress policy to these destinations (repeat):
         /// `HOST:PORT`, `IP[/PREFIX][:PORT]` or `[IPV6[/PREFIX]]:PORT`.
