@@ -20,11 +20,11 @@
 //! on an empty tree and on the 1 GiB tree with 1 % changed per step.
 
 mod fence;
+mod isolation;
 mod lifecycle;
 mod peers;
 mod pipeline;
 mod reaper;
-mod sandbox;
 mod scratch;
 mod snapshot;
 mod stack;
@@ -112,7 +112,7 @@ enum Bench {
         #[command(flatten)]
         postgres: Postgres,
     },
-    /// What the step sandbox costs a step: `/bin/true` started in the sandbox (with and
+    /// What the step's isolation costs a step: `/bin/true` started in it (with and
     /// without the network) and, as the baseline, in a plain process group.
     Sandbox {
         /// Commands per mode.
@@ -189,7 +189,7 @@ async fn main() -> anyhow::Result<()> {
             size_mib,
             postgres,
         } => {
-            sandbox::run(runs).await?;
+            isolation::run(runs).await?;
             if lifecycle {
                 println!();
                 lifecycle::Lifecycle {

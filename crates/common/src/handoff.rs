@@ -2,8 +2,8 @@
 //! admit them, and every check's result. The one writer of `verification_handoffs`,
 //! `verification_adoptions` and `verification_results`.
 
+pub use crate::request::states::{AdoptionStatus, HandoffState};
 use crate::request::table::{self, AdoptionEvent, Error, HandoffEvent};
-pub use crate::request::verification_state::{AdoptionStatus, HandoffState};
 use crate::verification::{self as checks, VerificationRequest};
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;

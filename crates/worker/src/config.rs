@@ -112,8 +112,8 @@ pub struct Config {
     /// The step sandbox: `auto` (the full sandbox where the host allows it; otherwise
     /// process groups and rlimits, and every receipt says so), `required` (the worker
     /// does not start without the full sandbox) or `off`.
-    #[arg(long, env = "CAIRN_SANDBOX", value_enum, default_value_t = crate::sandbox::Mode::Auto)]
-    pub sandbox: crate::sandbox::Mode,
+    #[arg(long, env = "CAIRN_SANDBOX", value_enum, default_value_t = crate::isolation::Mode::Auto)]
+    pub sandbox: crate::isolation::Mode,
     /// The bubblewrap program the sandbox runs steps with.
     #[arg(long, env = "CAIRN_SANDBOX_BWRAP", default_value = "bwrap")]
     pub sandbox_bwrap: PathBuf,
@@ -146,7 +146,7 @@ pub struct Config {
     /// the worker's own addresses are refused unless named here.
     #[arg(long, env = "CAIRN_STEP_EGRESS_ALLOW", value_delimiter = ',',
           value_parser = parse_allowed)]
-    pub step_egress_allow: Vec<Vec<crate::sandbox::network::Allowed>>,
+    pub step_egress_allow: Vec<Vec<crate::isolation::network::Allowed>>,
     /// Disk quotas of trees: `auto` where the worker can make its volume (root, loop
     /// devices and btrfs, or a workspaces directory on btrfs), `required` (no start
     /// without them) or `off`.
@@ -199,8 +199,8 @@ pub struct Config {
 impl Config {
     /// The sandbox's settings; it keeps its files in the worker's (claimed) workspaces
     /// directory.
-    pub fn sandbox(&self, workspaces_dir: &std::path::Path) -> crate::sandbox::Settings {
-        crate::sandbox::Settings {
+    pub fn isolation(&self, workspaces_dir: &std::path::Path) -> crate::isolation::Settings {
+        crate::isolation::Settings {
             mode: self.sandbox,
             bwrap: self.sandbox_bwrap.clone(),
             uid: self.sandbox_uid,
@@ -318,11 +318,11 @@ impl Settings for Config {
     }
 }
 
-fn parse_allowed(text: &str) -> Result<Vec<crate::sandbox::network::Allowed>, String> {
+fn parse_allowed(text: &str) -> Result<Vec<crate::isolation::network::Allowed>, String> {
     if text.trim().is_empty() {
         return Ok(Vec::new());
     }
-    crate::sandbox::network::Allowed::parse(text.trim())
+    crate::isolation::network::Allowed::parse(text.trim())
 }
 
 fn non_empty(paths: &[PathBuf]) -> Vec<PathBuf> {

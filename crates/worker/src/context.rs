@@ -36,7 +36,7 @@ pub struct Worker {
     pub custody: Custody,
     pub metrics: WorkerMetrics,
     /// The step sandbox every process of a run starts in.
-    pub sandbox: crate::sandbox::Sandbox,
+    pub isolation: crate::isolation::Isolation,
     /// Requests this process runs jobs for; the janitor never touches their trees.
     pub active: Arc<ActiveRequests>,
     /// Cancelled on SIGTERM: with shared snapshots, each run goes back to the queue at

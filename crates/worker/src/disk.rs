@@ -9,7 +9,7 @@
 //! mounted again, with its trees, by the next worker on the directory. Project quotas
 //! on ext4 or XFS would need the kernel's quota support; a size-limited mount per tree
 //! costs a mount and a filesystem per run; a subvolume and its quota are two ioctls
-//! (README, "Disk").
+//! (docs/SECURITY.md, "Disk").
 
 use std::fs::File;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -20,7 +20,7 @@ use std::process::Command;
 /// Whether trees get a disk quota: the sandbox's modes, for the volume. `Auto`: quotas
 /// where the worker can make its volume (root, loop devices, btrfs), else unbounded
 /// trees and a warning; `Required`: no start without them; `Off`: plain directories.
-pub use crate::sandbox::Mode;
+pub use crate::isolation::Mode;
 
 const IMAGE: &str = ".cairn-disk.img";
 const BTRFS_SUPER_MAGIC: i64 = 0x9123_683e;

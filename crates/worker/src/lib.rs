@@ -17,8 +17,9 @@
 //!   passes pause requests on.
 //! - [`pause`]: pausing a job where it is, after a checkpoint.
 //! - [`step`]: running one command: environment, timeout, limits, output, usage.
-//! - [`sandbox`]: the step sandbox (namespaces, mount view, cgroup, rlimits) every
-//!   process of a run starts in, and what this host allows of it.
+//! - [`isolation`]: the step's isolation (namespaces, mount view, network, cgroup,
+//!   rlimits) every process of a run or sandbox starts in, and what this host allows
+//!   of it. ("Sandbox" means only the sandbox resource, [`hosting`].)
 //! - [`verification`]: verification handoffs: frozen checks, confined runs, reuse.
 //! - [`scope`]: the digests a check's reuse is bound to (source, lock files, env, runner).
 //! - [`workspace`]: the working directory of a request.
@@ -34,6 +35,7 @@ pub mod disk;
 pub mod error;
 pub mod fault;
 pub mod hosting;
+pub mod isolation;
 pub mod janitor;
 pub mod job;
 pub mod keeper;
@@ -41,7 +43,6 @@ pub mod live_output;
 pub mod metrics;
 pub mod pause;
 pub mod report;
-pub mod sandbox;
 pub mod scope;
 pub mod signals;
 pub mod step;
@@ -99,14 +100,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .await
         .with_context(|| format!("binding {}", config.metrics_listen))?;
 
-    let sandbox =
-        sandbox::Sandbox::start(config.sandbox(&workspaces_dir)).map_err(anyhow::Error::msg)?;
-    tracing::info!(sandbox = %serde_json::to_string(sandbox.report()).unwrap_or_default(), "step sandbox");
+    let isolation = isolation::Isolation::start(config.isolation(&workspaces_dir))
+        .map_err(anyhow::Error::msg)?;
+    tracing::info!(isolation = %serde_json::to_string(isolation.report()).unwrap_or_default(), "step isolation");
     let mut registry = cairn_common::metrics::registry();
     let metrics = metrics::WorkerMetrics::register(&mut registry);
-    metrics::register_sandbox(&mut registry, &sandbox);
+    metrics::register_isolation(&mut registry, &isolation);
     let dependency_gauge = health::DependencyGauge::register(&mut registry);
-    let sandbox_report = serde_json::to_value(sandbox.report()).unwrap_or_default();
+    let isolation_report = serde_json::to_value(isolation.report()).unwrap_or_default();
     let registry = Arc::new(registry);
     let worker_id = config.worker_id();
     let ttl = Duration::from_secs(config.lease_ttl_seconds);
@@ -159,7 +160,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         },
         custody,
         metrics,
-        sandbox,
+        isolation,
         active: Arc::new(janitor::ActiveRequests::default()),
         draining: shutdown.clone(),
         signals: Arc::new(signals::Signals::default()),
@@ -233,7 +234,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         // whole fleet unready at once (stalling rollouts and PodDisruptionBudgets).
         needs: health::Needs::default(),
         details: serde_json::Map::from_iter([
-            ("sandbox".to_string(), sandbox_report),
+            ("sandbox".to_string(), isolation_report),
             ("disk".to_string(), disk_report),
         ]),
         gauge: dependency_gauge,

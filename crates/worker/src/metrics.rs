@@ -112,13 +112,13 @@ impl WorkerMetrics {
 /// `cairn_worker_sandbox_capability{capability}`: 1 where the host allows that part of
 /// the step sandbox (and `isolated`: whether steps run in it), as probed at start; and
 /// the packets the steps' egress filters refused.
-pub fn register_sandbox(registry: &mut Registry, sandbox: &crate::sandbox::Sandbox) {
+pub fn register_isolation(registry: &mut Registry, isolation: &crate::isolation::Isolation) {
     registry.register(
         "worker_step_egress_refused_packets",
         "Packets the steps' egress filters refused (a connection attempt is one or more)",
-        sandbox.refused(),
+        isolation.refused(),
     );
-    let report = sandbox.report();
+    let report = isolation.report();
     use prometheus_client::metrics::family::Family;
     use prometheus_client::metrics::gauge::Gauge;
     let family = Family::<Vec<(String, String)>, Gauge>::default();

@@ -10,9 +10,9 @@
 
 use crate::custody::{self, Checkpoint, CustodyError, Subject, Tree};
 use crate::error::JobError;
+use crate::isolation::Live;
 use crate::job::handle::Job;
 use crate::keeper::Reason;
-use crate::sandbox::Live;
 use cairn_common::request;
 use serde_json::json;
 use tokio::sync::watch;

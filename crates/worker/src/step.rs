@@ -1,4 +1,4 @@
-//! Running one step in its sandbox ([`crate::sandbox`]): a cleared environment plus
+//! Running one step in its sandbox ([`crate::isolation`]): a cleared environment plus
 //! the step's own, a timeout, its limits, bounded captured output, and the CPU time it
 //! used.
 //!
@@ -7,8 +7,8 @@
 //! The worker never waits on a pipe a leftover process could hold: after the step ends,
 //! its output is read for at most the kill grace.
 
+use crate::isolation::{self, Isolation, Limit, Live, Running, Started};
 use crate::live_output::{LiveOutput, Uploader};
-use crate::sandbox::{self, Limit, Live, Running, Sandbox, Started};
 use crate::step_output::{capture, stream_path, Bounds};
 use nix::sys::signal::Signal;
 use nix::sys::wait::{waitid, Id as WaitId, WaitPidFlag};
@@ -26,7 +26,7 @@ pub struct StepCommand {
     pub argv: Vec<String>,
     pub env: BTreeMap<String, String>,
     /// Its workspace, working directory, home, network and limits.
-    pub place: sandbox::Spec,
+    pub place: isolation::Spec,
     pub timeout: Duration,
     /// Full output goes here (`.stdout` / `.stderr` appended), bounded by `max_output`;
     /// a stream that printed nothing has no file.
@@ -125,19 +125,19 @@ pub enum StepError {
         source: std::io::Error,
     },
     #[error("cannot start: {0}")]
-    Cwd(#[from] sandbox::CwdRefused),
+    Cwd(#[from] isolation::CwdRefused),
     #[error("cannot start: {0}")]
     Network(String),
     #[error("step I/O failed: {0}")]
     Io(#[from] std::io::Error),
 }
 
-impl From<sandbox::CommandError> for StepError {
-    fn from(e: sandbox::CommandError) -> StepError {
+impl From<isolation::CommandError> for StepError {
+    fn from(e: isolation::CommandError) -> StepError {
         match e {
-            sandbox::CommandError::Cwd(e) => StepError::Cwd(e),
-            sandbox::CommandError::Variables(e) => StepError::Io(e),
-            e @ (sandbox::CommandError::Network(_) | sandbox::CommandError::Allow(_)) => {
+            isolation::CommandError::Cwd(e) => StepError::Cwd(e),
+            isolation::CommandError::Variables(e) => StepError::Io(e),
+            e @ (isolation::CommandError::Network(_) | isolation::CommandError::Allow(_)) => {
                 StepError::Network(e.to_string())
             }
         }
@@ -147,7 +147,7 @@ impl From<sandbox::CommandError> for StepError {
 /// Runs a step to its end, its timeout, a limit, or `stop`.
 pub async fn run(
     command: &StepCommand,
-    sandbox: &Sandbox,
+    sandbox: &Isolation,
     stop: &CancellationToken,
 ) -> Result<StepOutcome, StepError> {
     run_published(command, sandbox, stop, &Live::default()).await
@@ -157,7 +157,7 @@ pub async fn run(
 /// freeze and thaw it.
 pub async fn run_published(
     command: &StepCommand,
-    sandbox: &Sandbox,
+    sandbox: &Isolation,
     stop: &CancellationToken,
     live: &Live,
 ) -> Result<StepOutcome, StepError> {
@@ -169,8 +169,8 @@ pub async fn run_published(
 /// command's own process group.
 pub async fn run_in(
     command: &StepCommand,
-    session: &sandbox::Session,
-    sandbox: &Sandbox,
+    session: &isolation::Session,
+    sandbox: &Isolation,
     stop: &CancellationToken,
 ) -> Result<StepOutcome, StepError> {
     run_spawned(command, sandbox, stop, &Live::default(), Some(session)).await
@@ -185,14 +185,14 @@ const ATTACH_TRIES: usize = 3;
 async fn start(
     command: &StepCommand,
     env: &BTreeMap<String, String>,
-    sandbox: &Sandbox,
-    session: Option<&sandbox::Session>,
+    sandbox: &Isolation,
+    session: Option<&isolation::Session>,
     program: String,
 ) -> Result<
     (
         Started,
-        Option<sandbox::cgroup::Group>,
-        Option<sandbox::network::Link>,
+        Option<isolation::cgroup::Group>,
+        Option<isolation::network::Link>,
     ),
     StepError,
 > {
@@ -241,8 +241,8 @@ async fn start(
 
 /// A step's NAT, ended (after its filter's counters are read) when dropped.
 struct Network<'a> {
-    sandbox: &'a Sandbox,
-    link: Option<sandbox::network::Link>,
+    sandbox: &'a Isolation,
+    link: Option<isolation::network::Link>,
 }
 
 impl Drop for Network<'_> {
@@ -255,10 +255,10 @@ impl Drop for Network<'_> {
 
 async fn run_spawned(
     command: &StepCommand,
-    sandbox: &Sandbox,
+    sandbox: &Isolation,
     stop: &CancellationToken,
     live: &Live,
-    session: Option<&sandbox::Session>,
+    session: Option<&isolation::Session>,
 ) -> Result<StepOutcome, StepError> {
     let program = match command.argv.first() {
         Some(program) if !program.is_empty() => program.clone(),
@@ -271,7 +271,7 @@ async fn run_spawned(
     };
     let mut env = command.env.clone();
     env.entry("PATH".into())
-        .or_insert_with(|| sandbox::DEFAULT_PATH.into());
+        .or_insert_with(|| isolation::DEFAULT_PATH.into());
     let started = Instant::now();
     let (mut child, group, link) = start(command, &env, sandbox, session, program).await?;
     // However the step ends, its network goes once its refusals are counted.
@@ -508,7 +508,7 @@ mod tests {
         StepCommand {
             argv: argv.iter().map(|s| s.to_string()).collect(),
             env: BTreeMap::from([("GREETING".to_string(), "hello".to_string())]),
-            place: sandbox::Spec {
+            place: isolation::Spec {
                 workspace: dir.to_path_buf(),
                 cwd: None,
                 home: dir.to_path_buf(),
@@ -526,9 +526,9 @@ mod tests {
     }
 
     /// Process groups only: these tests are about the step runner, not the namespaces.
-    fn unsandboxed() -> Sandbox {
-        Sandbox::start(sandbox::Settings {
-            mode: sandbox::Mode::Off,
+    fn unsandboxed() -> Isolation {
+        Isolation::start(isolation::Settings {
+            mode: isolation::Mode::Off,
             bwrap: "bwrap".into(),
             uid: 1000,
             gid: 1000,

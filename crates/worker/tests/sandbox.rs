@@ -1,9 +1,9 @@
 //! The step sandbox on this host (invariant 10), through the step runner the worker
 //! uses: what a step can see, reach and use, and that nothing it starts outlives it.
-//! The end-to-end tests (`tests/tests/sandbox.rs`) drive the same through the API.
+//! The end-to-end tests (`tests/tests/e2e/sandbox.rs`) drive the same through the API.
 
 use cairn_common::run::{StepLimits, MAX_VARIABLES};
-use cairn_worker::sandbox::{self, Limit, Mode, Sandbox};
+use cairn_worker::isolation::{self, Isolation, Limit, Mode};
 use cairn_worker::step::{self, Interruption, StepCommand, StepError, StepOutcome};
 use std::collections::BTreeMap;
 use std::net::TcpListener;
@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
-fn settings() -> sandbox::Settings {
-    sandbox::Settings {
+fn settings() -> isolation::Settings {
+    isolation::Settings {
         mode: Mode::Required,
         bwrap: "bwrap".into(),
         uid: 1000,
@@ -32,8 +32,8 @@ fn settings() -> sandbox::Settings {
 
 /// The full sandbox: this machine allows it (the setup installs bubblewrap), and a test
 /// that silently ran without it would prove nothing.
-fn sandbox() -> Sandbox {
-    Sandbox::start(settings()).expect("this machine gives steps the full sandbox")
+fn sandbox() -> Isolation {
+    Isolation::start(settings()).expect("this machine gives steps the full sandbox")
 }
 
 struct Scratch {
@@ -57,8 +57,8 @@ impl Scratch {
     fn command(&self, argv: &[&str]) -> StepCommand {
         StepCommand {
             argv: argv.iter().map(|s| s.to_string()).collect(),
-            env: BTreeMap::from([("HOME".to_string(), sandbox::HOME.to_string())]),
-            place: sandbox::Spec {
+            env: BTreeMap::from([("HOME".to_string(), isolation::HOME.to_string())]),
+            place: isolation::Spec {
                 workspace: self.workspace(),
                 cwd: None,
                 home: self.dir.join("home"),
@@ -85,18 +85,18 @@ impl Drop for Scratch {
     }
 }
 
-async fn run(sandbox: &Sandbox, command: &StepCommand) -> StepOutcome {
+async fn run(sandbox: &Isolation, command: &StepCommand) -> StepOutcome {
     step::run(command, sandbox, &CancellationToken::new())
         .await
         .expect("the step starts")
 }
 
-async fn sh(sandbox: &Sandbox, scratch: &Scratch, script: &str) -> StepOutcome {
+async fn sh(sandbox: &Isolation, scratch: &Scratch, script: &str) -> StepOutcome {
     run(sandbox, &scratch.command(&["sh", "-c", script])).await
 }
 
 /// The held namespaces of a sandbox resource, at `command`'s place.
-async fn session(sandbox: &Sandbox, command: &StepCommand) -> sandbox::Session {
+async fn session(sandbox: &Isolation, command: &StepCommand) -> isolation::Session {
     sandbox
         .start_session(&command.place)
         .await
@@ -272,7 +272,7 @@ async fn a_steps_path_never_chooses_the_launcher() {
     let mut command = scratch.command(&["true"]);
     command.env.insert(
         "PATH".to_string(),
-        format!("{}:{}", fake.display(), sandbox::DEFAULT_PATH),
+        format!("{}:{}", fake.display(), isolation::DEFAULT_PATH),
     );
     let plain = run(&sandbox, &command).await;
     let session = session(&sandbox, &command).await;
@@ -357,7 +357,7 @@ async fn a_step_sees_only_its_workspace_home_tmp_and_a_read_only_system() {
         other = other.display(),
         store = scratch.dir.display(),
         outside = outside.display(),
-        ws = sandbox::WORKSPACE,
+        ws = isolation::WORKSPACE,
     );
     let out = sh(&sandbox, &scratch, &script).await;
     assert!(!out.stdout_tail.contains("other run's file"), "{out:?}");
@@ -438,7 +438,7 @@ async fn no_step_reaches_the_host_loopback_and_network_true_has_its_own_nat() {
 async fn a_setsid_orphan_ends_with_its_step_on_timeout_and_on_stop() {
     // Each mechanism alone ends it: the PID namespace (no cgroup), and the cgroup.
     for cgroups in [false, true] {
-        let sandbox = Sandbox::start(sandbox::Settings {
+        let sandbox = Isolation::start(isolation::Settings {
             cgroups,
             ..settings()
         })
@@ -447,7 +447,7 @@ async fn a_setsid_orphan_ends_with_its_step_on_timeout_and_on_stop() {
     }
 }
 
-async fn orphans_end_with_their_step(sandbox: &Sandbox) {
+async fn orphans_end_with_their_step(sandbox: &Isolation) {
     let scratch = Scratch::new();
     // Unique per run: an orphan of another run is not this one's.
     let unique = || format!("1001.{}", uuid::Uuid::new_v4().as_u128() % 1_000_000_000);
@@ -581,13 +581,13 @@ async fn the_detection_report_matches_the_host() {
     assert_eq!(report.cgroup, expected, "{report:?}");
     assert!(report.isolated, "{report:?}");
     // And a worker that may not use it says so.
-    let off = Sandbox::start(sandbox::Settings {
+    let off = Isolation::start(isolation::Settings {
         mode: Mode::Off,
         ..settings()
     })
     .expect("off starts");
     assert!(!off.isolates());
-    let missing = Sandbox::start(sandbox::Settings {
+    let missing = Isolation::start(isolation::Settings {
         bwrap: "/nonexistent/bwrap".into(),
         ..settings()
     })
@@ -602,7 +602,7 @@ async fn configured_host_paths_are_seen_read_only_or_read_write_even_under_tmp()
     std::fs::create_dir_all(&tools).expect("tools");
     std::fs::create_dir_all(&cache).expect("cache");
     std::fs::write(tools.join("tool"), "a tool").expect("tool");
-    let sandbox = Sandbox::start(sandbox::Settings {
+    let sandbox = Isolation::start(isolation::Settings {
         read_only: vec![tools.clone()],
         read_write: vec![cache.clone()],
         ..settings()
@@ -624,7 +624,7 @@ async fn configured_host_paths_are_seen_read_only_or_read_write_even_under_tmp()
 
 #[tokio::test]
 async fn the_step_user_is_configurable_and_has_a_name() {
-    let sandbox = Sandbox::start(sandbox::Settings {
+    let sandbox = Isolation::start(isolation::Settings {
         uid: 4242,
         gid: 4343,
         ..settings()

@@ -1,40 +1,11 @@
 //! Reviewed continuation actions: one saved decision per caller-owned id and per
 //! retained checkpoint, which admits the existing ticket for a finite window.
 
+pub use super::states::{ActionKind, ActionStatus};
 use super::table::{self, ActionEvent, Error};
 use chrono::{DateTime, Utc};
-use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
-use utoipa::ToSchema;
 use uuid::Uuid;
-
-crate::text_enum! {
-    /// The kind of a reviewed continuation.
-    #[derive(Serialize, Deserialize, ToSchema)]
-    #[serde(rename_all = "snake_case")]
-    pub enum ActionKind {
-        /// Continue a request stopped at its retained checkpoint, on the same ticket.
-        CheckpointContinuation => "checkpoint_continuation",
-        /// Accept a retained final report without running anything.
-        FinalOutcomeContinuation => "final_outcome_continuation",
-    }
-}
-
-crate::text_enum! {
-    /// Where a saved action stands.
-    #[derive(Serialize, Deserialize, ToSchema)]
-    #[serde(rename_all = "snake_case")]
-    pub enum ActionStatus {
-        Queued => "queued",
-        Executing => "executing",
-        Completed => "completed",
-        Failed => "failed",
-        NeedsReconciliation => "needs_reconciliation",
-        /// Its window ended before a worker claimed it: it admitted nothing, and frees
-        /// its checkpoint (or report) for another review.
-        Expired => "expired",
-    }
-}
 
 /// A saved action.
 #[derive(Debug, Clone, sqlx::FromRow)]

@@ -1,7 +1,7 @@
 //! Cancellation: asked of a live worker, or done at once when nobody holds the request.
 
 use super::action;
-use super::requeue::fence_out;
+use super::fence::fence_out;
 use super::state::{transition, RequestState};
 use super::table::{ActionEvent, AdoptionEvent, Error, HandoffEvent, RequestEvent};
 use crate::handoff;

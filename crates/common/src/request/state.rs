@@ -1,50 +1,9 @@
 //! Request states, and recording a move between them through the transition table.
 
+pub use super::states::RequestState;
 use super::table::{guard, refusal, Error, RequestEvent};
-use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
-use utoipa::ToSchema;
 use uuid::Uuid;
-
-crate::text_enum! {
-    /// States of an execution request (and of its run, which mirrors it).
-    #[derive(Serialize, Deserialize, ToSchema)]
-    #[serde(rename_all = "snake_case")]
-    pub enum RequestState {
-        /// Admitted and announced; waiting for a worker.
-        Queued => "queued",
-        /// A worker holds the lease and runs steps.
-        Executing => "executing",
-        /// The final report asked for verification; the request waits on its handoff.
-        AwaitingVerification => "awaiting_verification",
-        /// The lease lapsed with attempts spent (or a continuation's window ended): only a
-        /// reviewed checkpoint continuation takes it further.
-        StoppedAtCheckpoint => "stopped_at_checkpoint",
-        /// A step's outcome is unknown, or a retained report awaits acceptance.
-        NeedsReconciliation => "needs_reconciliation",
-        Completed => "completed",
-        Failed => "failed",
-        Cancelled => "cancelled",
-    }
-}
-
-impl RequestState {
-    /// No worker will touch the request again.
-    pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            RequestState::Completed | RequestState::Failed | RequestState::Cancelled
-        )
-    }
-
-    /// The run's state for a request state (`executing` shows as `running`).
-    pub fn run_state(self) -> &'static str {
-        match self {
-            RequestState::Executing => "running",
-            other => other.as_str(),
-        }
-    }
-}
 
 /// A request's state and stop reason, as committed (`None` when it does not exist).
 pub async fn state_of(

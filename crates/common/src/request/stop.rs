@@ -1,6 +1,6 @@
 //! Stopping a request at its last checkpoint.
 
-use super::requeue::fence_out;
+use super::fence::fence_out;
 use super::state::transition;
 use super::table::{Error, RequestEvent};
 use crate::journal;

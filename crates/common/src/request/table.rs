@@ -6,9 +6,7 @@
 //! does not allow changes nothing and comes back as [`Refused`]. Terminal states are
 //! the ones no event leaves, so they accept no event.
 
-use super::action::ActionStatus;
-use super::state::RequestState;
-use super::verification_state::{AdoptionStatus, HandoffState};
+use super::states::{ActionStatus, AdoptionStatus, HandoffState, RequestState};
 use sqlx::PgConnection;
 use std::fmt::Debug;
 use uuid::Uuid;

@@ -6,7 +6,7 @@ use super::operation::{self, Owner};
 use super::tree::{self, SandboxTree, Seal, Unacquired};
 use super::{HostError, SandboxRow, POLL};
 use crate::context::Worker;
-use crate::sandbox;
+use crate::isolation;
 use crate::workspace;
 use backon::{BackoffBuilder, ExponentialBuilder};
 use cairn_common::lease::{Lease, LeaseError};
@@ -28,7 +28,7 @@ pub struct Host {
     /// Cancelled once the lease cannot be kept.
     pub lost: CancellationToken,
     /// The held namespaces its commands enter, where processes run in namespaces.
-    pub session: Option<sandbox::Session>,
+    pub session: Option<isolation::Session>,
 }
 
 impl Host {
@@ -74,16 +74,16 @@ impl Host {
                 return Err(e);
             }
         }
-        let spec = sandbox::Spec {
+        let spec = isolation::Spec {
             workspace: tree.workspace.root.clone(),
             cwd: None,
             home: tree.workspace.home.clone(),
             network: self
                 .row
-                .effective_network(self.worker.sandbox.network_default()),
-            limits: self.worker.sandbox.limits(None),
+                .effective_network(self.worker.isolation.network_default()),
+            limits: self.worker.isolation.limits(None),
         };
-        self.session = match self.worker.sandbox.start_session(&spec).await {
+        self.session = match self.worker.isolation.start_session(&spec).await {
             Ok(session) => session,
             Err(reason) => {
                 self.failed(&reason).await?;
@@ -99,7 +99,7 @@ impl Host {
         let left = self.serve(&mut tree, shutdown, drain).await;
         // Whatever happened, no process of the sandbox outlives its hosting here.
         if let Some(session) = self.session.take() {
-            session.end(&self.worker.sandbox).await;
+            session.end(&self.worker.isolation).await;
         }
         left
     }
@@ -374,7 +374,7 @@ impl Host {
     /// go after the reaper's grace.
     async fn destroy(&mut self, tree: &SandboxTree) -> Result<(), HostError> {
         if let Some(session) = self.session.take() {
-            session.end(&self.worker.sandbox).await;
+            session.end(&self.worker.isolation).await;
         }
         let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
         record::transition(&mut tx, self.row.id, SandboxEvent::Destroy).await?;

@@ -6,11 +6,11 @@ use super::handle::{Job, JobOutcome};
 use super::{durable, ending};
 use crate::custody::{Commit, CustodyError, Release, Subject, Tree};
 use crate::error::JobError;
+use crate::isolation::{self, Live};
 use crate::keeper::Reason;
 use crate::live_output::LiveOutput;
 use crate::pause;
 use crate::report::RetainedReport;
-use crate::sandbox::{self, Live};
 use crate::step::{self, Interruption, StepCommand};
 use crate::workspace::Workspace;
 use cairn_common::egress::{Effective, Layer};
@@ -240,7 +240,7 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
         tree.uncaptured = true;
         tracing::info!(step = %step.key, "step started");
         let live = Live::default();
-        let running = step::run_published(&command, &worker.sandbox, &job.stop, &live);
+        let running = step::run_published(&command, &worker.isolation, &job.stop, &live);
         tokio::pin!(running);
         let result = loop {
             tokio::select! {
@@ -398,7 +398,7 @@ fn command(
     index: usize,
     remaining_wall_ms: i64,
 ) -> StepCommand {
-    let runner = &job.worker.sandbox;
+    let runner = &job.worker.isolation;
     let home = runner.home_path(&workspace.home);
     let mut env: BTreeMap<String, String> = BTreeMap::from([
         ("HOME".into(), home.to_string_lossy().into_owned()),
@@ -426,7 +426,7 @@ fn command(
     StepCommand {
         argv: step.argv.clone(),
         env,
-        place: sandbox::Spec {
+        place: isolation::Spec {
             workspace: workspace.root.clone(),
             cwd: step.cwd.clone(),
             home: workspace.home.clone(),

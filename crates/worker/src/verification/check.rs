@@ -11,11 +11,10 @@ use crate::step::{self, Interruption, StepCommand};
 use cairn_common::handoff::{self, NewResult};
 use cairn_common::journal::{self, Receipt};
 use cairn_common::request::limits::{self, Breach, Moment};
-use cairn_common::verification::{self as checks, CheckCommand};
+use cairn_common::verification as checks;
 use chrono::Utc;
 use serde_json::json;
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 /// How one check went.
@@ -78,11 +77,11 @@ pub(super) async fn run(
     .await?;
     tx.commit().await?;
 
-    let sandbox = &job.worker.sandbox;
+    let sandbox = &job.worker.isolation;
     let command = StepCommand {
         argv: plan.check.argv.clone(),
         env: plan.env.clone(),
-        place: crate::sandbox::Spec {
+        place: crate::isolation::Spec {
             workspace: root.to_path_buf(),
             cwd: plan.check.cwd.clone(),
             home: plan.scratch.clone(),
@@ -189,27 +188,4 @@ pub(super) async fn run(
     } else {
         Checked::Ran
     })
-}
-
-/// Where a request's checks get their private scratch directories (outside the tree).
-pub(super) fn scratch_root(workspaces_dir: &Path, job: &Job) -> PathBuf {
-    // Per epoch: a fenced-out owner on the same host never shares or removes it.
-    workspaces_dir.join(format!(
-        "{}.scratch-{}",
-        job.request_id().simple(),
-        job.lease().epoch
-    ))
-}
-
-/// A check's whole environment: the runner's variables, then the check's own.
-pub(super) fn check_env(check: &CheckCommand, scratch: &Path) -> BTreeMap<String, String> {
-    let scratch = scratch.to_string_lossy().into_owned();
-    let mut env = BTreeMap::from([
-        ("HOME".to_string(), scratch.clone()),
-        ("TMPDIR".to_string(), scratch),
-        ("PATH".to_string(), crate::sandbox::DEFAULT_PATH.to_string()),
-        ("LANG".to_string(), "C.UTF-8".to_string()),
-    ]);
-    env.extend(check.env.clone());
-    env
 }

@@ -12,11 +12,13 @@
 //!
 //! - [`reuse`]: for each check, whether an earlier result can stand for it.
 //! - [`check`]: running one check fresh, confined.
+//! - [`scratch`]: a check's scratch directory and environment.
 //! - [`complete`]: the completion transaction, and the hand-back on a drain.
 
 mod check;
 mod complete;
 mod reuse;
+mod scratch;
 
 use crate::custody::Release;
 use crate::error::JobError;
@@ -121,7 +123,7 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
         .custody
         .release(job.lease(), &subject, &tree, how)
         .await;
-    let _ = tokio::fs::remove_dir_all(check::scratch_root(
+    let _ = tokio::fs::remove_dir_all(scratch::scratch_root(
         &job.worker.settings.workspaces_dir,
         job,
     ))
@@ -185,7 +187,7 @@ async fn verify(job: &Job, adoption: &Adoption, root: &Path) -> Result<Ending, J
     }
     // Checks are confined when they run in the namespace sandbox, always without the
     // network; only confined results are ever reusable.
-    let confined = job.worker.sandbox.isolates();
+    let confined = job.worker.isolation.isolates();
     // Results an earlier attempt of this adoption already recorded stand as they are.
     let recorded: Vec<i32> =
         sqlx::query_scalar("SELECT command_index FROM verification_results WHERE adoption_id = $1")

@@ -1,7 +1,7 @@
 //! Reuse: for each frozen check, whether an earlier passed, confined result of the same
 //! command stands for it (every digest of its scope unchanged), and if not, why not.
 
-use super::{check, Adoption};
+use super::{scratch, Adoption};
 use crate::error::JobError;
 use crate::job::handle::Job;
 use crate::scope::{self, Scope, SourceScope};
@@ -96,9 +96,9 @@ pub(super) async fn plan<'a>(
     for (i, check) in adoption.commands.iter().enumerate() {
         let index = i + 1;
         let scratch =
-            check::scratch_root(&job.worker.settings.workspaces_dir, job).join(index.to_string());
-        let home = job.worker.sandbox.home_path(&scratch);
-        let env = check::check_env(check, &home);
+            scratch::scratch_root(&job.worker.settings.workspaces_dir, job).join(index.to_string());
+        let home = job.worker.isolation.home_path(&scratch);
+        let env = scratch::check_env(check, &home);
         let scope = Scope {
             source_digest: source.source_digest.clone(),
             dependency_digest: source.dependency_digest.clone(),

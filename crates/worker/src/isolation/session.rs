@@ -12,7 +12,7 @@ use super::cgroup::Group;
 use super::running::Running;
 use super::spawn::{Launch, Started};
 use super::view;
-use super::{network, CommandError, Sandbox, Spec, WORKSPACE};
+use super::{network, CommandError, Isolation, Spec, WORKSPACE};
 use cairn_common::egress::Layer;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -48,7 +48,7 @@ impl Session {
 
     /// Ends every process of the sandbox (frozen ones too) and removes its cgroup; what
     /// its egress filter refused is counted.
-    pub async fn end(mut self, sandbox: &Sandbox) {
+    pub async fn end(mut self, sandbox: &Isolation) {
         self.running.kill_all();
         self.running.freeze(false);
         let _ = self.holder.wait().await;
@@ -62,7 +62,7 @@ impl Session {
     }
 }
 
-impl Sandbox {
+impl Isolation {
     /// Starts the held namespaces of a sandbox resource, or `None` where processes do
     /// not run in namespaces here (each command then runs on its own).
     pub async fn start_session(&self, spec: &Spec) -> Result<Option<Session>, String> {

@@ -105,7 +105,7 @@ pub struct Spec {
 
 /// The sandbox of this worker process: its settings and what the host allows.
 #[derive(Debug)]
-pub struct Sandbox {
+pub struct Isolation {
     /// With `bwrap` found on the worker's PATH, never on a step's.
     settings: Settings,
     /// `nsenter`, found the same way (sandbox resources enter their held namespaces).
@@ -120,10 +120,10 @@ pub struct Sandbox {
     refused: prometheus_client::metrics::counter::Counter,
 }
 
-impl Sandbox {
+impl Isolation {
     /// Probes the host. With [`Mode::Required`] a host that cannot give the full
     /// sandbox is an error that names what is missing.
-    pub fn start(mut settings: Settings) -> Result<Sandbox, String> {
+    pub fn start(mut settings: Settings) -> Result<Isolation, String> {
         // The host's programs are found once, on the worker's own PATH.
         let path = std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into());
         if let Some(bwrap) = spawn::find(settings.bwrap.as_os_str(), &path) {
@@ -163,7 +163,7 @@ impl Sandbox {
                  and every receipt says so; verification results are never reusable"
             );
         }
-        Ok(Sandbox {
+        Ok(Isolation {
             settings,
             nsenter,
             report,

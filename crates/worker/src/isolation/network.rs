@@ -258,7 +258,7 @@ impl Egress {
             .args(["--net", "--"])
             .arg(&self.nft)
             .args(["-f", &format!("/dev/fd/{}", super::spawn::FILE_FD)]);
-        filter.file = Some(rules_file(rules).map_err(|e| e.to_string())?);
+        filter.file = Some(super::spawn::memory_file(rules.as_bytes()).map_err(|e| e.to_string())?);
         let mut nft = filter
             .spawn()
             .map_err(|e| format!("cannot start nft: {e}"))?;
@@ -338,14 +338,6 @@ pub fn hold_args() -> [String; 4] {
         "--block-fd".into(),
         (fd + 2).to_string(),
     ]
-}
-
-/// The rules in a memory file, read from its start.
-fn rules_file(rules: &str) -> io::Result<OwnedFd> {
-    let mut file = std::fs::File::from(super::view::memory_file()?);
-    file.write_all(rules.as_bytes())?;
-    std::io::Seek::rewind(&mut file)?;
-    Ok(OwnedFd::from(file))
 }
 
 fn read_child_pid(info: OwnedFd) -> Result<i32, String> {

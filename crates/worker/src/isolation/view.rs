@@ -3,7 +3,7 @@
 //! the workspace, and its rlimits.
 
 use super::network;
-use super::spawn::{Launch, FILE_FD};
+use super::spawn::{memory_file, Launch, FILE_FD};
 use super::{Settings, Spec, HOME, WORKSPACE};
 use cairn_common::run::StepLimits;
 use std::collections::BTreeMap;
@@ -180,24 +180,7 @@ fn setenv_args(env: &BTreeMap<String, String>) -> io::Result<OwnedFd> {
             data.push(0);
         }
     }
-    let file = memory_file()?;
-    let mut file = std::fs::File::from(file);
-    std::io::Write::write_all(&mut file, &data)?;
-    std::io::Seek::rewind(&mut file)?;
-    Ok(OwnedFd::from(file))
-}
-
-/// An anonymous memory file, closed on exec unless placed for the child.
-pub(super) fn memory_file() -> io::Result<OwnedFd> {
-    // SAFETY: memfd_create(2) with a NUL-terminated name; the descriptor is owned at once.
-    #[allow(unsafe_code)]
-    unsafe {
-        let fd = libc::memfd_create(c"cairn-step-env".as_ptr(), libc::MFD_CLOEXEC);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(OwnedFd::from_raw_fd(fd))
-    }
+    memory_file(&data)
 }
 
 /// The command without namespaces, with exactly `env`, in the workspace. No boundary

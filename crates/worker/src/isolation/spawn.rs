@@ -375,6 +375,24 @@ fn above_targets(fd: OwnedFd) -> io::Result<OwnedFd> {
 
 /// A pipe: the read end, then the write end, both above [`FILE_FD`] and closed on exec
 /// (the child's copies on 1 and 2 are not).
+/// An anonymous memory file holding `data`, read from its start, closed on exec unless
+/// placed for the child (a step's variables, a filter's rules).
+pub(super) fn memory_file(data: &[u8]) -> io::Result<OwnedFd> {
+    // SAFETY: memfd_create(2) with a NUL-terminated name; the descriptor is owned at once.
+    #[allow(unsafe_code)]
+    let fd = unsafe {
+        let fd = libc::memfd_create(c"cairn-step-env".as_ptr(), libc::MFD_CLOEXEC);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        OwnedFd::from_raw_fd(fd)
+    };
+    let mut file = std::fs::File::from(fd);
+    std::io::Write::write_all(&mut file, data)?;
+    std::io::Seek::rewind(&mut file)?;
+    Ok(OwnedFd::from(file))
+}
+
 pub(super) fn pipe_pair() -> io::Result<(OwnedFd, OwnedFd)> {
     let mut fds = [0; 2];
     // SAFETY: pipe2(2) fills the two integers; both are owned at once.

@@ -4,7 +4,7 @@
 //! network, each with the worker's default limits (a cgroup where the host has one).
 
 use cairn_common::run::StepLimits;
-use cairn_worker::sandbox::{self, Mode, Sandbox};
+use cairn_worker::isolation::{self, Isolation, Mode};
 use cairn_worker::step::{self, StepCommand};
 use std::time::{Duration, Instant};
 
@@ -16,7 +16,7 @@ pub async fn run(runs: usize) -> anyhow::Result<()> {
     let (workspace, home) = (dir.join("workspace"), dir.join("home"));
     std::fs::create_dir_all(&workspace)?;
     std::fs::create_dir_all(&home)?;
-    let settings = |mode| sandbox::Settings {
+    let settings = |mode| isolation::Settings {
         mode,
         bwrap: "bwrap".into(),
         uid: 1000,
@@ -34,13 +34,13 @@ pub async fn run(runs: usize) -> anyhow::Result<()> {
         egress_allow: Vec::new(),
         etc_dir: dir.join(format!("etc-{mode:?}")),
     };
-    let baseline = Sandbox::start(settings(Mode::Off)).map_err(anyhow::Error::msg)?;
-    let full = Sandbox::start(settings(Mode::Required)).map_err(anyhow::Error::msg)?;
+    let baseline = Isolation::start(settings(Mode::Off)).map_err(anyhow::Error::msg)?;
+    let full = Isolation::start(settings(Mode::Required)).map_err(anyhow::Error::msg)?;
     println!(
         "sandbox: {runs} starts of /bin/true per mode, each waited for; limits by {}",
         full.report().limits_by()
     );
-    let modes: [(&str, &Sandbox, bool); 3] = [
+    let modes: [(&str, &Isolation, bool); 3] = [
         ("baseline: process group, no namespaces", &baseline, true),
         ("sandbox, network: true", &full, true),
         ("sandbox, network: false (checks)", &full, false),
@@ -52,7 +52,7 @@ pub async fn run(runs: usize) -> anyhow::Result<()> {
             let command = StepCommand {
                 argv: vec!["/bin/true".into()],
                 env: std::collections::BTreeMap::new(),
-                place: sandbox::Spec {
+                place: isolation::Spec {
                     workspace: workspace.clone(),
                     cwd: None,
                     home: home.clone(),
