@@ -15,6 +15,8 @@
 //! - [`handoff`]: verification handoffs, adoptions and check results.
 //! - [`text_enum`]: states stored as text, typed in Rust.
 //! - [`policy`]: the saved-work recovery policy.
+//! - [`tenant`]: tenants (projects).
+//! - [`token`]: API tokens (their hashes).
 //! - [`ids`]: the 32-lowercase-hex identifiers of runs, requests and actions.
 //! - [`leader`]: single-leader roles through an advisory lock on a dedicated connection.
 //! - [`lease`]: finite ownership leases: Postgres epoch (the fence) + Redis liveness key.
@@ -64,6 +66,8 @@ pub mod sandbox;
 pub mod secret_files;
 pub mod shutdown;
 pub mod telemetry;
+pub mod tenant;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod token;
 pub mod verification;

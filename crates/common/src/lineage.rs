@@ -410,6 +410,34 @@ pub async fn retire(
     Ok(())
 }
 
+/// Retires the idle heads the reaper picked (their contexts, and the snapshots they
+/// point at, still unused since `cutoff`); the snapshots retired.
+pub async fn retire_idle_heads(
+    conn: &mut PgConnection,
+    contexts: &[Uuid],
+    heads: &[Uuid],
+    now: DateTime<Utc>,
+    cutoff: DateTime<Utc>,
+) -> Result<u64, sqlx::Error> {
+    sqlx::query(
+        "UPDATE lineage_heads SET retired_at = $2 WHERE work_context_id = ANY($1) AND retired_at IS NULL",
+    )
+    .bind(contexts)
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    let done = sqlx::query(
+        "UPDATE project_snapshots SET retention = 'retired', retired_at = $2, retire_reason = 'idle'
+          WHERE id = ANY($1) AND retention = 'current' AND last_used_at <= $3",
+    )
+    .bind(heads)
+    .bind(now)
+    .bind(cutoff)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
 /// A ready snapshot that may be restored: its row, if usable.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Restorable {

@@ -102,6 +102,15 @@ pub async fn load_locked(conn: &mut PgConnection, run_id: Uuid) -> Result<Policy
         .await
 }
 
+/// Gives a new tenant its policy, every setting at its default.
+pub async fn create_for(conn: &mut PgConnection, tenant: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO recovery_policy (tenant_id) VALUES ($1)")
+        .bind(tenant)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// Saves the named settings and preserves the others.
 pub async fn update(
     pool: &PgPool,

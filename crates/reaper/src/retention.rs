@@ -234,21 +234,10 @@ impl Sweep<'_> {
             return Ok(0);
         }
         let (contexts, heads): (Vec<Uuid>, Vec<Uuid>) = due.into_iter().unzip();
-        sqlx::query("UPDATE lineage_heads SET retired_at = $2 WHERE work_context_id = ANY($1) AND retired_at IS NULL")
-            .bind(&contexts)
-            .bind(self.now)
-            .execute(&mut *conn)
-            .await?;
-        let done = sqlx::query(
-            "UPDATE project_snapshots SET retention = 'retired', retired_at = $2, retire_reason = 'idle'
-              WHERE id = ANY($1) AND retention = 'current' AND last_used_at <= $3",
-        )
-        .bind(&heads)
-        .bind(self.now)
-        .bind(cutoff)
-        .execute(&mut *conn)
-        .await?;
-        Ok(done.rows_affected().max(contexts.len() as u64))
+        let done =
+            cairn_common::lineage::retire_idle_heads(conn, &contexts, &heads, self.now, cutoff)
+                .await?;
+        Ok(done.max(contexts.len() as u64))
     }
 
     /// Rule 5: sandbox retention. The latest stop snapshot of a live workspace stays;

@@ -4,7 +4,7 @@
 //! worker) and a non-persistent one destroyed. `always_on` disables both until an
 //! explicit lifecycle action.
 
-use cairn_common::sandbox::record;
+use cairn_common::sandbox::{ask, record};
 use cairn_common::sandbox::{SandboxEvent, SandboxState};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -41,21 +41,10 @@ pub async fn expire(pool: &PgPool, batch: i64) -> Result<Expired, sqlx::Error> {
     for (id, state, persistent, owned, reason) in due {
         if persistent {
             // Its worker stops it (a lost one: the lease sweeper does).
-            sqlx::query(
-                "UPDATE sandboxes SET desired = 'stopped', stop_reason = $2, updated_at = now() WHERE id = $1",
-            )
-            .bind(id)
-            .bind(&reason)
-            .execute(&mut *tx)
-            .await?;
+            ask::stop(&mut tx, id, &reason).await?;
             report.stopping += 1;
         } else if owned {
-            sqlx::query(
-                "UPDATE sandboxes SET desired = 'destroyed', updated_at = now() WHERE id = $1",
-            )
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
+            ask::desire(&mut tx, id, "destroyed").await?;
             report.destroying += 1;
         } else if state == SandboxState::Stopped {
             record::destroy_unowned(&mut tx, id, SandboxEvent::Destroy)

@@ -8,7 +8,7 @@
 //!
 //! Every change moves the lease epoch on, so a stalled former owner writes nothing.
 
-use cairn_common::sandbox::record;
+use cairn_common::sandbox::{ask, record};
 use cairn_common::sandbox::{SandboxEvent, SandboxState};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -44,13 +44,7 @@ pub async fn sweep(pool: &PgPool, batch: i64) -> Result<SandboxSweep, sqlx::Erro
                 record::transition(&mut savepoint, id, SandboxEvent::Stop)
                     .await
                     .map_err(into_db)?;
-                sqlx::query(
-                    "UPDATE sandboxes SET desired = 'stopped', stop_reason = 'worker_lost',
-                            stopped_at = now(), paused_at = NULL WHERE id = $1",
-                )
-                .bind(id)
-                .execute(&mut *savepoint)
-                .await?;
+                ask::lost_worker(&mut savepoint, id, true).await?;
                 record::interrupt_operations(&mut savepoint, id, "its worker was lost first")
                     .await?;
                 record::tree_released(&mut savepoint, id, "worker_lost").await?;
@@ -58,38 +52,22 @@ pub async fn sweep(pool: &PgPool, batch: i64) -> Result<SandboxSweep, sqlx::Erro
                 report.stopped += 1;
             }
             SandboxState::Creating | SandboxState::Stopped if attempt < PLACEMENTS => {
-                sqlx::query(
-                    "UPDATE sandboxes SET placement_attempt = placement_attempt + 1 WHERE id = $1",
-                )
-                .bind(id)
-                .execute(&mut *savepoint)
-                .await?;
-                record::announce_placement(&mut savepoint, id).await?;
+                ask::place_again(&mut savepoint, id, false).await?;
                 report.placed_again += 1;
             }
             SandboxState::Creating => {
                 record::transition(&mut savepoint, id, SandboxEvent::BootFailure)
                     .await
                     .map_err(into_db)?;
-                sqlx::query(
-                    "UPDATE sandboxes SET error_reason = $2 WHERE id = $1",
-                )
-                .bind(id)
-                .bind(format!("placement failed {PLACEMENTS} times: each worker was lost while it prepared the sandbox"))
-                .execute(&mut *savepoint)
-                .await?;
+                let why = format!("placement failed {PLACEMENTS} times: each worker was lost while it prepared the sandbox");
+                ask::failed(&mut savepoint, id, &why).await?;
                 record::interrupt_operations(&mut savepoint, id, "the sandbox failed to start")
                     .await?;
                 report.failed += 1;
             }
             // A resume whose placements were all lost: it stays stopped, and says why.
             SandboxState::Stopped => {
-                sqlx::query(
-                    "UPDATE sandboxes SET desired = 'stopped', stop_reason = 'worker_lost' WHERE id = $1",
-                )
-                .bind(id)
-                .execute(&mut *savepoint)
-                .await?;
+                ask::lost_worker(&mut savepoint, id, false).await?;
                 record::interrupt_operations(&mut savepoint, id, "its worker was lost first")
                     .await?;
                 report.stopped += 1;

@@ -6,14 +6,17 @@
 //! transaction, on a row the caller has fenced ([`crate::lease::Lease::fence`]) or
 //! locked.
 //!
+//! - [`admit`]: admission of new runs and their tickets.
 //! - [`table`]: the transition table of requests, actions, adoptions and handoffs: for
 //!   each typed event, the states it may leave and the one it enters.
-//! - [`verification_state`]: the states of handoffs and adoptions the table moves.
+//! - [`states`]: the states the table moves (requests', actions', handoffs',
+//!   adoptions'), apart from their writers.
 //! - [`state`]: the request states and [`transition`], the one function that moves a
 //!   request (guarded by the table).
 //! - [`requeue`]: queuing a request again (a new attempt, a hand-back, a readmission by
 //!   a reviewed continuation or an adopted verification) and ending an attempt that has
 //!   no result.
+//! - [`fence`]: fencing a request's holder out (the epoch moves on).
 //! - [`stop`]: stopping at the last checkpoint.
 //! - [`limits`]: the cancel, window, deadline and budgets, checked at claim, at every
 //!   intent and at completion, and how a request ends when one is reached.
@@ -23,17 +26,20 @@
 //! - [`resume`]: the resume context a worker records of the tree it acquired.
 
 pub mod action;
+pub mod admit;
 pub mod cancel;
+pub mod fence;
 pub mod limits;
 pub mod pause;
 pub mod requeue;
 pub mod resume;
 pub mod state;
+pub mod states;
 pub mod stop;
 pub mod table;
-pub mod verification_state;
 
-pub use requeue::{end_attempt, fence_out, readmit, requeue, AttemptEnd, Continuation};
+pub use fence::fence_out;
+pub use requeue::{end_attempt, readmit, requeue, AttemptEnd, Continuation};
 pub use state::{state_of, transition, RequestState};
 pub use stop::stop_at_checkpoint;
 pub use table::{ActionEvent, AdoptionEvent, Error, HandoffEvent, RequestEvent};

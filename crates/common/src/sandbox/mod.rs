@@ -5,7 +5,12 @@
 //!   table (the seed's diagram).
 //! - [`spec`]: create, exec and file bodies, and the defaults and bounds of each.
 //! - [`record`]: state moves, placements and fencing, for every component.
+//! - [`ask`]: what the API and sweepers ask of the owner (`desired`, stop reasons, disk,
+//!   timeout, placing again).
+//! - [`operations`]: operations recorded for the owner, and idempotency keys.
 
+pub mod ask;
+pub mod operations;
 pub mod record;
 pub mod spec;
 pub mod state;

@@ -6,7 +6,6 @@ use super::AppState;
 use axum::extract::FromRequestParts;
 use axum::http::header;
 use axum::http::request::Parts;
-use cairn_common::digest::sha256_hex;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 use subtle::ConstantTimeEq;
@@ -145,9 +144,7 @@ pub async fn authenticate(parts: &Parts, pool: &PgPool) -> Result<Caller, ApiErr
     })
 }
 
-pub fn hash(token: &str) -> Vec<u8> {
-    hex::decode(sha256_hex(token.as_bytes())).unwrap_or_default()
-}
+pub use cairn_common::token::{bootstrap_admin, hash};
 
 /// A new random token: `cairn_` and 64 hex characters.
 pub fn generate() -> String {
@@ -166,29 +163,5 @@ pub async fn insert(
     tenant: Option<&str>,
     token: &str,
 ) -> Result<Uuid, sqlx::Error> {
-    let id = Uuid::new_v4();
-    sqlx::query(
-        "INSERT INTO api_tokens (id, name, role, tenant_id, token_hash) VALUES ($1, $2, $3, $4, $5)",
-    )
-    .bind(id)
-    .bind(name)
-    .bind(role.as_str())
-    .bind(tenant)
-    .bind(hash(token))
-    .execute(pool)
-    .await?;
-    Ok(id)
-}
-
-/// Makes the bootstrap admin token usable; a no-op when it already exists.
-pub async fn bootstrap_admin(pool: &PgPool, token: &str) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO api_tokens (id, name, role, token_hash) VALUES ($1, 'bootstrap-admin', 'admin', $2)
-         ON CONFLICT (token_hash) DO NOTHING",
-    )
-    .bind(Uuid::new_v4())
-    .bind(hash(token))
-    .execute(pool)
-    .await?;
-    Ok(())
+    cairn_common::token::insert(pool, name, role.as_str(), tenant, token).await
 }

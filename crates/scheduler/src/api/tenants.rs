@@ -8,6 +8,7 @@ use super::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
+use cairn_common::{policy, tenant};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -53,23 +54,16 @@ pub async fn create(
         ));
     }
     let mut tx = state.pool.begin().await?;
-    let created: Option<TenantView> = sqlx::query_as(
-        "INSERT INTO tenants (id, created_by) VALUES ($1, $2)
-         ON CONFLICT (id) DO NOTHING RETURNING id, created_at",
-    )
-    .bind(&request.tenant_id)
-    .bind(caller.token_id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some(created) = created else {
+    if !tenant::create(&mut tx, &request.tenant_id, caller.token_id).await? {
         return Err(ApiError::conflict(
             "tenant_exists",
             "a tenant with this id exists already",
         ));
-    };
-    sqlx::query("INSERT INTO recovery_policy (tenant_id) VALUES ($1)")
-        .bind(&created.tenant_id)
-        .execute(&mut *tx)
+    }
+    policy::create_for(&mut tx, &request.tenant_id).await?;
+    let created: TenantView = sqlx::query_as("SELECT id, created_at FROM tenants WHERE id = $1")
+        .bind(&request.tenant_id)
+        .fetch_one(&mut *tx)
         .await?;
     tx.commit().await?;
     Ok((StatusCode::CREATED, Json(created)))

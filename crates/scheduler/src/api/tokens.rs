@@ -174,12 +174,7 @@ pub async fn revoke(
 ) -> Result<Json<RevokedToken>, ApiError> {
     caller.require(Role::Admin)?;
     let token_id = path_id(&token_id, "token_id")?;
-    let updated =
-        sqlx::query("UPDATE api_tokens SET revoked_at = COALESCE(revoked_at, now()) WHERE id = $1")
-            .bind(token_id)
-            .execute(&state.pool)
-            .await?;
-    if updated.rows_affected() == 0 {
+    if !cairn_common::token::revoke(&state.pool, token_id).await? {
         return Err(ApiError::not_found("token"));
     }
     Ok(Json(RevokedToken {

@@ -10,12 +10,12 @@ use super::staged::Staged;
 use super::tree::{self, SandboxTree, Seal};
 use super::{HostError, SandboxRow};
 use crate::context::Worker;
-use crate::sandbox;
+use crate::isolation;
 use crate::step::{self, StepCommand, StepOutcome};
 use base64::Engine;
 use cairn_common::lease::Lease;
 use cairn_common::sandbox::spec::MAX_FILE_BYTES;
-use cairn_common::sandbox::{ExecSpec, Operation};
+use cairn_common::sandbox::{operations, ExecSpec, Operation};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -29,7 +29,7 @@ pub struct Owner<'a> {
     pub lease: &'a Lease,
     pub row: &'a SandboxRow,
     pub lost: &'a CancellationToken,
-    pub session: Option<&'a sandbox::Session>,
+    pub session: Option<&'a isolation::Session>,
 }
 
 impl Owner<'_> {
@@ -40,8 +40,8 @@ impl Owner<'_> {
         stop: &CancellationToken,
     ) -> Result<StepOutcome, step::StepError> {
         match self.session {
-            Some(session) => step::run_in(command, session, &self.worker.sandbox, stop).await,
-            None => step::run(command, &self.worker.sandbox, stop).await,
+            Some(session) => step::run_in(command, session, &self.worker.isolation, stop).await,
+            None => step::run(command, &self.worker.isolation, stop).await,
         }
     }
 }
@@ -60,20 +60,9 @@ pub async fn perform(
 ) -> Result<(), HostError> {
     let pool = &host.worker.pool;
     let mut tx = host.lease.begin_fenced(pool).await?;
-    let started = sqlx::query(
-        "UPDATE sandbox_operations SET state = 'running', lease_epoch = $2, started_at = now()
-          WHERE id = $1 AND state = 'pending'",
-    )
-    .bind(id)
-    .bind(host.lease.epoch)
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query("UPDATE sandboxes SET last_activity_at = now() WHERE id = $1")
-        .bind(host.row.id)
-        .execute(&mut *tx)
-        .await?;
+    let started = operations::start(&mut tx, id, host.lease.epoch, host.row.id).await?;
     tx.commit().await?;
-    if started.rows_affected() == 0 {
+    if !started {
         return Ok(());
     }
     let operation: Result<Operation, _> = serde_json::from_value(body);
@@ -113,15 +102,11 @@ pub async fn perform(
     }
     if !changes {
         let mut tx = host.lease.begin_fenced(pool).await?;
-        sqlx::query(
-            "UPDATE sandbox_operations SET state = 'done', result = $3, finished_at = now()
-              WHERE id = $1 AND state = 'running' AND lease_epoch = $2",
-        )
-        .bind(id)
-        .bind(host.lease.epoch)
-        .bind(&result)
-        .execute(&mut *tx)
-        .await?;
+        let ended = operations::Ended::Done {
+            result: &result,
+            snapshot_id: None,
+        };
+        operations::finish(&mut tx, id, host.lease.epoch, ended).await?;
         tx.commit().await?;
         return Ok(());
     }
@@ -143,17 +128,12 @@ pub async fn perform(
     }
     // No receipt without a durable tree: the operation ends without one, and says so.
     let mut tx = host.lease.begin_fenced(pool).await?;
-    sqlx::query(
-        "UPDATE sandbox_operations SET state = 'interrupted', finished_at = now(),
-                result = jsonb_build_object('error', $3::text, 'ran', $4::jsonb)
-          WHERE id = $1 AND state = 'running' AND lease_epoch = $2",
-    )
-    .bind(id)
-    .bind(host.lease.epoch)
-    .bind(format!("its effects could not be captured: {last}"))
-    .bind(&result)
-    .execute(&mut *tx)
-    .await?;
+    let error = format!("its effects could not be captured: {last}");
+    let ended = operations::Ended::Interrupted {
+        error: &error,
+        ran: &result,
+    };
+    operations::finish(&mut tx, id, host.lease.epoch, ended).await?;
     tx.commit().await?;
     Ok(())
 }
@@ -194,16 +174,9 @@ async fn capture(
         Err(e) => {
             tracing::warn!(error = %e, "snapshot capture failed");
             let mut tx = host.lease.begin_fenced(&host.worker.pool).await?;
-            sqlx::query(
-                "UPDATE sandbox_operations SET state = 'done', finished_at = now(),
-                        result = jsonb_build_object('error', $3::text)
-                  WHERE id = $1 AND state = 'running' AND lease_epoch = $2",
-            )
-            .bind(id)
-            .bind(host.lease.epoch)
-            .bind(format!("the capture failed: {e}"))
-            .execute(&mut *tx)
-            .await?;
+            let error = format!("the capture failed: {e}");
+            let ended = operations::Ended::Failed { error: &error };
+            operations::finish(&mut tx, id, host.lease.epoch, ended).await?;
             tx.commit().await?;
             Ok(())
         }
@@ -340,7 +313,7 @@ fn command(
     spec: Option<&ExecSpec>,
 ) -> StepCommand {
     let worker = &host.worker;
-    let runner = &worker.sandbox;
+    let runner = &worker.isolation;
     let home = runner.home_path(&tree.workspace.home);
     let mut all = BTreeMap::from([
         ("HOME".to_string(), home.to_string_lossy().into_owned()),
@@ -353,7 +326,7 @@ fn command(
     StepCommand {
         argv,
         env: all,
-        place: sandbox::Spec {
+        place: isolation::Spec {
             workspace: tree.workspace.root.clone(),
             cwd: spec.and_then(|s| s.cwd.clone()),
             home: tree.workspace.home.clone(),

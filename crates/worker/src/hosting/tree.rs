@@ -14,7 +14,7 @@ use crate::workspace::{self, Workspace};
 use cairn_common::hold::{self, HoldTarget};
 use cairn_common::lease::Lease;
 use cairn_common::lineage::{self, LineageError, NewSnapshot, SnapshotStatus};
-use cairn_common::sandbox::{record, ForkSpec, SandboxEvent};
+use cairn_common::sandbox::{operations, record, ForkSpec, SandboxEvent};
 use cairn_snapshot::{self as snapshot, Manifest};
 use serde_json::Value;
 use sqlx::PgConnection;
@@ -421,17 +421,11 @@ pub async fn finish_operation(
     result: &Value,
     snapshot_id: Uuid,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE sandbox_operations SET state = 'done', result = $3, snapshot_id = $4, finished_at = now()
-          WHERE id = $1 AND state = 'running' AND lease_epoch = $2",
-    )
-    .bind(id)
-    .bind(epoch)
-    .bind(result)
-    .bind(snapshot_id)
-    .execute(conn)
-    .await?;
-    Ok(())
+    let ended = operations::Ended::Done {
+        result,
+        snapshot_id: Some(snapshot_id),
+    };
+    operations::finish(conn, id, epoch, ended).await
 }
 
 /// The stop, sealed with its snapshot in the caller's fenced transaction: the sandbox

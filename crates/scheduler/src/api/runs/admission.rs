@@ -11,118 +11,19 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cairn_common::digest;
 use cairn_common::ids::Id;
-use cairn_common::outbox;
-use cairn_common::run::{JobKind, JobMessage, RunSpec, MAX_BATCH};
-use chrono::{DateTime, Utc};
+use cairn_common::request::admit;
+use cairn_common::run::{RunSpec, MAX_BATCH};
+use chrono::Utc;
 use serde::{Deserialize, Serialize};
-use sqlx::PgConnection;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::view::{load_run, RunView};
 
-/// Admits runs in the caller's transaction: each run, its execution request and its
-/// outbox message, in bulk statements, all in the caller's tenant. Returns the new run
-/// ids in order.
-async fn admit(
-    conn: &mut PgConnection,
-    specs: &[RunSpec],
-    caller: &Caller,
-    idempotency_key: Option<&str>,
-) -> Result<Vec<Uuid>, sqlx::Error> {
-    let operator = caller.token_id;
-    let run_ids: Vec<Uuid> = specs.iter().map(|_| Uuid::new_v4()).collect();
-    let request_ids: Vec<Uuid> = specs.iter().map(|_| Uuid::new_v4()).collect();
-    let agents: Vec<&str> = specs.iter().map(|s| s.agent.as_str()).collect();
-    let repositories: Vec<Option<&str>> = specs.iter().map(|s| s.repository.as_deref()).collect();
-    let refs: Vec<Option<&str>> = specs.iter().map(|s| s.git_ref.as_deref()).collect();
-    let steps: Vec<serde_json::Value> = specs
-        .iter()
-        .map(|s| serde_json::to_value(&s.steps).unwrap_or_default())
-        .collect();
-    let max_commands: Vec<i32> = specs
-        .iter()
-        .map(|s| clamp_i32(s.budgets.max_commands))
-        .collect();
-    let max_wall: Vec<i32> = specs
-        .iter()
-        .map(|s| clamp_i32(s.budgets.max_wall_seconds))
-        .collect();
-    let max_attempts: Vec<i32> = specs.iter().map(|s| clamp_i32(s.max_attempts())).collect();
-    let deadlines: Vec<Option<DateTime<Utc>>> = specs.iter().map(|s| s.deadline).collect();
-    let digests: Vec<String> = specs.iter().map(input_digest).collect();
-    let keys: Vec<Option<String>> = specs
-        .iter()
-        .map(|_| idempotency_key.map(|k| format!("{}:{k}", operator.simple())))
-        .collect();
-    sqlx::query(
-        "INSERT INTO runs (id, root_run_id, work_context_id, agent, operator_id, repository, git_ref, steps,
-                           max_commands, max_wall_seconds, max_attempts, deadline, state,
-                           idempotency_key, request_digest, tenant_id)
-         SELECT id, id, id, agent, $12, repository, git_ref, steps, max_commands, max_wall_seconds,
-                max_attempts, deadline, 'queued', idempotency_key, request_digest, $13
-           FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::int[],
-                       $7::int[], $8::int[], $9::timestamptz[], $10::text[], $11::text[])
-             AS t(id, agent, repository, git_ref, steps, max_commands, max_wall_seconds,
-                  max_attempts, deadline, idempotency_key, request_digest)",
-    )
-    .bind(&run_ids)
-    .bind(&agents)
-    .bind(&repositories)
-    .bind(&refs)
-    .bind(&steps)
-    .bind(&max_commands)
-    .bind(&max_wall)
-    .bind(&max_attempts)
-    .bind(&deadlines)
-    .bind(&keys)
-    .bind(&digests)
-    .bind(operator)
-    .bind(caller.home())
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query(
-        "INSERT INTO execution_requests (id, run_id, kind, state, max_attempts, max_commands, max_wall_seconds)
-         SELECT id, run_id, 'run', 'queued', max_attempts, max_commands, max_wall_seconds
-           FROM UNNEST($1::uuid[], $2::uuid[], $3::int[], $4::int[], $5::int[])
-             AS t(id, run_id, max_attempts, max_commands, max_wall_seconds)",
-    )
-    .bind(&request_ids)
-    .bind(&run_ids)
-    .bind(&max_attempts)
-    .bind(&max_commands)
-    .bind(&max_wall)
-    .execute(&mut *conn)
-    .await?;
-    let messages: Vec<JobMessage> = run_ids
-        .iter()
-        .zip(&request_ids)
-        .map(|(run_id, request_id)| JobMessage {
-            tenant: None,
-            kind: JobKind::Run,
-            run_id: *run_id,
-            request_id: *request_id,
-            action_id: None,
-            attempt: Some(1),
-        })
-        .collect();
-    outbox::announce_many(conn, JobKind::Run, &messages).await?;
-    Ok(run_ids)
-}
-
-/// What an idempotency key binds: the input with its defaults filled in.
-fn input_digest(spec: &RunSpec) -> String {
-    digest::of(&spec.normalized())
-}
-
 /// Whether a stored digest is of this input: normalized, or (for runs admitted before
 /// inputs were normalized) exactly as sent.
 fn same_input(stored: &str, spec: &RunSpec) -> bool {
-    stored == input_digest(spec) || stored == digest::of(spec)
-}
-
-fn clamp_i32(value: u32) -> i32 {
-    i32::try_from(value).unwrap_or(i32::MAX)
+    stored == admit::input_digest(spec) || stored == digest::of(spec)
 }
 
 /// Submit one run.
@@ -153,10 +54,11 @@ pub async fn submit(
     }
     spec.validate("", Utc::now())?;
     let mut tx = state.pool.begin().await?;
-    let run_ids = match admit(
+    let run_ids = match admit::admit(
         &mut tx,
         std::slice::from_ref(&spec),
-        &caller,
+        caller.token_id,
+        caller.home(),
         key.as_deref(),
     )
     .await
@@ -273,16 +175,9 @@ pub async fn submit_batch(
         spec.validate(&format!("runs[{i}]."), now)?;
     }
     let mut tx = state.pool.begin().await?;
-    let ids = admit(&mut tx, &batch.runs, &caller, None).await?;
+    let ids = admit::admit(&mut tx, &batch.runs, caller.token_id, caller.home(), None).await?;
     if let Some(key) = &key {
-        let saved = sqlx::query(
-            "INSERT INTO batch_admissions (idempotency_key, request_digest, run_ids) VALUES ($1, $2, $3)",
-        )
-        .bind(key)
-        .bind(&batch_digest)
-        .bind(&ids)
-        .execute(&mut *tx)
-        .await;
+        let saved = admit::save_batch(&mut tx, key, &batch_digest, &ids).await;
         match saved {
             Ok(_) => {}
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {

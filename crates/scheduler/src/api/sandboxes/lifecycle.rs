@@ -122,12 +122,7 @@ pub async fn reply_when(
 /// Asks the owner for `desired`, or (`stopped` with nobody to ask) leaves it to the
 /// sweeper, which stops it at its last durable tree.
 async fn ask(conn: &mut PgConnection, id: Uuid, desired: &str) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE sandboxes SET desired = $2, updated_at = now() WHERE id = $1")
-        .bind(id)
-        .bind(desired)
-        .execute(conn)
-        .await?;
-    Ok(())
+    cairn_common::sandbox::ask::desire(conn, id, desired).await
 }
 
 /// Stop a running (or paused) sandbox: its processes end, its tree is captured as the
@@ -152,13 +147,7 @@ pub async fn stop(
     let row = lock(&mut tx, id).await?;
     allowed(row.state, SandboxEvent::Stop)?;
     if row.desired != "destroyed" {
-        sqlx::query(
-            "UPDATE sandboxes SET desired = 'stopped', stop_reason = 'requested', updated_at = now()
-              WHERE id = $1",
-        )
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
+        cairn_common::sandbox::ask::stop(&mut tx, id, "requested").await?;
     }
     tx.commit().await?;
     reply_when(&state.pool, id, wait, |v| {
@@ -248,11 +237,7 @@ pub async fn grow_disk(
         )
         .with_field("disk_mb"));
     }
-    sqlx::query("UPDATE sandboxes SET disk_mb = $2 WHERE id = $1")
-        .bind(id)
-        .bind(wanted)
-        .execute(conn)
-        .await?;
+    cairn_common::sandbox::ask::grow_disk(conn, id, wanted).await?;
     Ok(())
 }
 
@@ -266,11 +251,7 @@ pub async fn resume_in(conn: &mut PgConnection, id: Uuid, row: &Locked) -> Resul
     }
     ask(conn, id, "running").await?;
     if row.state == SandboxState::Stopped || !row.owned {
-        sqlx::query("UPDATE sandboxes SET placement_attempt = 1 WHERE id = $1")
-            .bind(id)
-            .execute(&mut *conn)
-            .await?;
-        record::announce_placement(conn, id).await?;
+        cairn_common::sandbox::ask::place_again(conn, id, true).await?;
     }
     Ok(true)
 }
@@ -360,16 +341,7 @@ pub async fn remember(
     id: Uuid,
     operation: Option<Uuid>,
 ) -> Result<(), ApiError> {
-    sqlx::query(
-        "INSERT INTO sandbox_idempotency (idempotency_key, request_digest, sandbox_id, operation_id)
-         VALUES ($1, $2, $3, $4)",
-    )
-    .bind(key)
-    .bind(digest)
-    .bind(id)
-    .bind(operation)
-    .execute(conn)
-    .await?;
+    cairn_common::sandbox::operations::remember_key(conn, key, digest, id, operation).await?;
     Ok(())
 }
 
@@ -450,17 +422,10 @@ pub async fn extend(
         )
         .with_field("state"));
     }
-    sqlx::query(
-        "UPDATE sandboxes SET timeout_sec = COALESCE($2, timeout_sec), last_activity_at = now(),
-                updated_at = now() WHERE id = $1",
-    )
-    .bind(id)
-    .bind(
-        spec.timeout_sec
-            .map(|t| i32::try_from(t).unwrap_or(i32::MAX)),
-    )
-    .execute(&mut *tx)
-    .await?;
+    let timeout = spec
+        .timeout_sec
+        .map(|t| i32::try_from(t).unwrap_or(i32::MAX));
+    cairn_common::sandbox::ask::extend(&mut tx, id, timeout).await?;
     let view = view::require(&mut tx, id).await?;
     tx.commit().await?;
     Ok(Json(view))

@@ -85,23 +85,9 @@ pub async fn record(
     id: Uuid,
     operation: &Operation,
 ) -> Result<Uuid, ApiError> {
-    let operation_id = Uuid::new_v4();
     let body = serde_json::to_value(operation)
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()))?;
-    sqlx::query(
-        "INSERT INTO sandbox_operations (id, sandbox_id, kind, body) VALUES ($1, $2, $3, $4)",
-    )
-    .bind(operation_id)
-    .bind(id)
-    .bind(operation.kind())
-    .bind(&body)
-    .execute(&mut *conn)
-    .await?;
-    sqlx::query("UPDATE sandboxes SET last_activity_at = now() WHERE id = $1")
-        .bind(id)
-        .execute(&mut *conn)
-        .await?;
-    Ok(operation_id)
+    Ok(cairn_common::sandbox::operations::record(conn, id, operation.kind(), &body).await?)
 }
 
 /// Waits for an operation's receipt up to `wait`: `200` with it (or `interrupted`),

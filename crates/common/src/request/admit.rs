@@ -1,0 +1,138 @@
+//! Admission: new runs, each with its execution request (the ticket) and its outbox
+//! announcement, in the caller's transaction; and the record of an idempotent batch.
+
+use crate::digest;
+use crate::outbox;
+use crate::run::{JobKind, JobMessage, RunSpec};
+use chrono::{DateTime, Utc};
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+/// Admits runs in the caller's transaction: each run, its execution request and its
+/// outbox message, in bulk statements, all in `tenant`, by the token `operator` (an
+/// idempotency key is kept per operator). Returns the new run ids in order.
+pub async fn admit(
+    conn: &mut PgConnection,
+    specs: &[RunSpec],
+    operator: Uuid,
+    tenant: &str,
+    idempotency_key: Option<&str>,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    let run_ids: Vec<Uuid> = specs.iter().map(|_| Uuid::new_v4()).collect();
+    let agents: Vec<&str> = specs.iter().map(|s| s.agent.as_str()).collect();
+    let repositories: Vec<Option<&str>> = specs.iter().map(|s| s.repository.as_deref()).collect();
+    let refs: Vec<Option<&str>> = specs.iter().map(|s| s.git_ref.as_deref()).collect();
+    let steps: Vec<serde_json::Value> = specs
+        .iter()
+        .map(|s| serde_json::to_value(&s.steps).unwrap_or_default())
+        .collect();
+    let max_commands: Vec<i32> = specs
+        .iter()
+        .map(|s| clamp_i32(s.budgets.max_commands))
+        .collect();
+    let max_wall: Vec<i32> = specs
+        .iter()
+        .map(|s| clamp_i32(s.budgets.max_wall_seconds))
+        .collect();
+    let max_attempts: Vec<i32> = specs.iter().map(|s| clamp_i32(s.max_attempts())).collect();
+    let deadlines: Vec<Option<DateTime<Utc>>> = specs.iter().map(|s| s.deadline).collect();
+    let digests: Vec<String> = specs.iter().map(input_digest).collect();
+    let keys: Vec<Option<String>> = specs
+        .iter()
+        .map(|_| idempotency_key.map(|k| format!("{}:{k}", operator.simple())))
+        .collect();
+    sqlx::query(
+        "INSERT INTO runs (id, root_run_id, work_context_id, agent, operator_id, repository, git_ref, steps,
+                           max_commands, max_wall_seconds, max_attempts, deadline, state,
+                           idempotency_key, request_digest, tenant_id)
+         SELECT id, id, id, agent, $12, repository, git_ref, steps, max_commands, max_wall_seconds,
+                max_attempts, deadline, 'queued', idempotency_key, request_digest, $13
+           FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::int[],
+                       $7::int[], $8::int[], $9::timestamptz[], $10::text[], $11::text[])
+             AS t(id, agent, repository, git_ref, steps, max_commands, max_wall_seconds,
+                  max_attempts, deadline, idempotency_key, request_digest)",
+    )
+    .bind(&run_ids)
+    .bind(&agents)
+    .bind(&repositories)
+    .bind(&refs)
+    .bind(&steps)
+    .bind(&max_commands)
+    .bind(&max_wall)
+    .bind(&max_attempts)
+    .bind(&deadlines)
+    .bind(&keys)
+    .bind(&digests)
+    .bind(operator)
+    .bind(tenant)
+    .execute(&mut *conn)
+    .await?;
+    tickets(conn, &run_ids, &max_attempts, &max_commands, &max_wall).await?;
+    Ok(run_ids)
+}
+
+/// The runs' execution requests, queued, and their announcements.
+async fn tickets(
+    conn: &mut PgConnection,
+    run_ids: &[Uuid],
+    max_attempts: &[i32],
+    max_commands: &[i32],
+    max_wall: &[i32],
+) -> Result<(), sqlx::Error> {
+    let request_ids: Vec<Uuid> = run_ids.iter().map(|_| Uuid::new_v4()).collect();
+    sqlx::query(
+        "INSERT INTO execution_requests (id, run_id, kind, state, max_attempts, max_commands, max_wall_seconds)
+         SELECT id, run_id, 'run', 'queued', max_attempts, max_commands, max_wall_seconds
+           FROM UNNEST($1::uuid[], $2::uuid[], $3::int[], $4::int[], $5::int[])
+             AS t(id, run_id, max_attempts, max_commands, max_wall_seconds)",
+    )
+    .bind(&request_ids)
+    .bind(run_ids)
+    .bind(max_attempts)
+    .bind(max_commands)
+    .bind(max_wall)
+    .execute(&mut *conn)
+    .await?;
+    let messages: Vec<JobMessage> = run_ids
+        .iter()
+        .zip(&request_ids)
+        .map(|(run_id, request_id)| JobMessage {
+            tenant: None,
+            kind: JobKind::Run,
+            run_id: *run_id,
+            request_id: *request_id,
+            action_id: None,
+            attempt: Some(1),
+        })
+        .collect();
+    outbox::announce_many(conn, JobKind::Run, &messages).await?;
+    Ok(())
+}
+
+/// What an idempotency key binds: the input with its defaults filled in.
+pub fn input_digest(spec: &RunSpec) -> String {
+    digest::of(&spec.normalized())
+}
+
+fn clamp_i32(value: u32) -> i32 {
+    i32::try_from(value).unwrap_or(i32::MAX)
+}
+
+/// Records the runs an idempotent batch admitted, in its transaction; a unique violation
+/// means a concurrent batch with the same key won.
+pub async fn save_batch(
+    conn: &mut PgConnection,
+    key: &str,
+    digest: &str,
+    run_ids: &[Uuid],
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO batch_admissions (idempotency_key, request_digest, run_ids) VALUES ($1, $2, $3)",
+    )
+    .bind(key)
+    .bind(digest)
+    .bind(run_ids)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
