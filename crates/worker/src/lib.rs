@@ -54,7 +54,7 @@ use anyhow::Context;
 use cairn_common::health::{self, AmqpStatus, Readiness};
 use cairn_common::lease::Leases;
 use cairn_common::queue::Topology;
-use cairn_common::redis_conn;
+use cairn_common::{component, redis_conn};
 pub use config::Config;
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,35 +67,10 @@ use tokio_util::task::TaskTracker;
 /// requests handed back.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
     let artifacts_dir = config.artifacts_dir().map_err(anyhow::Error::msg)?;
-    // A worker awaits nothing but PostgreSQL inside a transaction: one idle in it for the
-    // heartbeat lapse is stalled, and must not keep its request's row locked (that
-    // would block the takeover); a worker that was merely slow retries the write.
-    let idle_in_transaction = Some(cairn_common::heartbeat::LAPSE);
-    let pool = cairn_common::component::database(
-        &config.database,
-        config.pool_size(),
-        idle_in_transaction,
-        config.migrate,
-    )
-    .await?;
-    let redis = redis_conn::connect(&config.redis.redis_url)
-        .await
-        .context("connecting to Redis")?;
-    // One live worker per directory: a second one is refused here, before it claims.
-    let directory = directory::Directory::claim(&config.workspaces_dir)?;
+    let (pool, redis) = connect(&config).await?;
+    let (directory, disk, artifacts_dir) = local_state(&config, &artifacts_dir).await?;
     let workspaces_dir = directory.path.clone();
-    // Before anything is made in it: the volume is mounted over the directory.
-    let disk = disk::Disk::open(
-        &workspaces_dir,
-        config.disk_quota,
-        config.workspaces_disk_mb,
-    )?;
     let disk_report = disk.report(config.run_disk_mb);
-    tokio::fs::create_dir_all(&artifacts_dir)
-        .await
-        .with_context(|| format!("creating {}", artifacts_dir.display()))?;
-    let artifacts_dir =
-        std::fs::canonicalize(&artifacts_dir).context("resolving the artifacts directory")?;
     let listener = tokio::net::TcpListener::bind(config.metrics_listen)
         .await
         .with_context(|| format!("binding {}", config.metrics_listen))?;
@@ -107,18 +82,195 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let metrics = metrics::WorkerMetrics::register(&mut registry);
     metrics::register_isolation(&mut registry, &isolation);
     let dependency_gauge = health::DependencyGauge::register(&mut registry);
-    let isolation_report = serde_json::to_value(isolation.report()).unwrap_or_default();
+    let details = serde_json::Map::from_iter([
+        (
+            "sandbox".to_string(),
+            serde_json::to_value(isolation.report()).unwrap_or_default(),
+        ),
+        ("disk".to_string(), disk_report),
+    ]);
     let registry = Arc::new(registry);
     let worker_id = config.worker_id();
     let ttl = Duration::from_secs(config.lease_ttl_seconds);
-    let snapshot_store = config.snapshot_store(&artifacts_dir);
+    let directory_id = directory.id;
+    let worker = Arc::new(context::Worker {
+        pool: pool.clone(),
+        leases: Leases::new(pool.clone(), redis.clone(), &config.redis.redis_prefix, ttl),
+        custody: custody::Custody {
+            pool: pool.clone(),
+            settings: custody_settings(&config, &artifacts_dir, &worker_id).await?,
+            directory,
+            disk,
+            run_disk_mb: config.run_disk_mb,
+        },
+        settings: job_settings(&config, &worker_id, workspaces_dir, artifacts_dir),
+        metrics,
+        isolation,
+        active: Arc::new(janitor::ActiveRequests::default()),
+        draining: shutdown.clone(),
+        signals: Arc::new(signals::Signals::default()),
+    });
+    lapse_previous(&worker.leases, &worker_id).await?;
+    cairn_common::heartbeat::beat(&pool, &worker_id, true, None).await?;
+    let starving = consumer::Starving::default();
+    let amqp_status = AmqpStatus::default();
+    let jobs = TaskTracker::new();
+    let drain = CancellationToken::new();
+    let leases = worker.leases.clone();
+    let readiness = readiness(&pool, redis, &amqp_status, details, dependency_gauge);
+    let probes = health::router(readiness, registry);
+    let background = Background::start(&worker, &config, listener, probes, directory_id, &starving);
+    let consumer = consumer_of(worker, &config, amqp_status, jobs.clone(), starving);
+    tracing::info!(worker_id = %worker_id, listen = %config.metrics_listen, "worker started");
+
+    consumer.run(shutdown.clone(), drain.clone()).await;
+
+    let grace = Duration::from_secs(config.kill_grace_seconds);
+    drain_jobs(
+        &jobs,
+        &drain,
+        Duration::from_secs(config.drain_seconds),
+        grace,
+    )
+    .await;
+    // Liveness keys still being deleted (each bounded, so this is short).
+    leases.settle().await;
+    background.stop().await;
+    pool.close().await;
+    tracing::info!("worker stopped");
+    Ok(())
+}
+
+/// What `/readyz` reports. A worker serves no traffic: it is ready once started, and
+/// retries its services within its leases. Were it unready on their outage, one blip
+/// would mark the whole fleet unready at once (stalling rollouts and
+/// PodDisruptionBudgets).
+fn readiness(
+    pool: &sqlx::PgPool,
+    redis: redis::aio::ConnectionManager,
+    amqp: &AmqpStatus,
+    details: serde_json::Map<String, serde_json::Value>,
+    gauge: health::DependencyGauge,
+) -> Readiness {
+    Readiness {
+        postgres: Some(pool.clone()),
+        redis: Some(redis),
+        amqp: Some(amqp.clone()),
+        needs: health::Needs::default(),
+        details,
+        gauge,
+    }
+}
+
+/// PostgreSQL (migrated if asked) and Redis.
+async fn connect(config: &Config) -> anyhow::Result<(sqlx::PgPool, redis::aio::ConnectionManager)> {
+    // A worker awaits nothing but PostgreSQL inside a transaction: one idle in it for the
+    // heartbeat lapse is stalled, and must not keep its request's row locked (that
+    // would block the takeover); a worker that was merely slow retries the write.
+    let idle_in_transaction = Some(cairn_common::heartbeat::LAPSE);
+    let pool = component::database(
+        &config.database,
+        config.pool_size(),
+        idle_in_transaction,
+        config.migrate,
+    )
+    .await?;
+    let redis = redis_conn::connect(&config.redis.redis_url)
+        .await
+        .context("connecting to Redis")?;
+    Ok((pool, redis))
+}
+
+/// The consumer of this worker's queues, with its bounded concurrency.
+fn consumer_of(
+    worker: Arc<context::Worker>,
+    config: &Config,
+    status: AmqpStatus,
+    jobs: TaskTracker,
+    starving: consumer::Starving,
+) -> consumer::Consumer {
+    consumer::Consumer {
+        worker,
+        amqp_url: config.amqp.amqp_url.clone(),
+        topology: Topology::new(&config.amqp.queue_prefix, config.amqp.delivery_limit),
+        concurrency: usize::try_from(config.concurrency).unwrap_or(1),
+        prefetch: config.prefetch(),
+        heartbeat_seconds: config.amqp_heartbeat_seconds,
+        status,
+        jobs,
+        starving,
+    }
+}
+
+/// What every job of this worker shares of its settings.
+fn job_settings(
+    config: &Config,
+    worker_id: &str,
+    workspaces_dir: std::path::PathBuf,
+    artifacts_dir: std::path::PathBuf,
+) -> context::JobSettings {
+    context::JobSettings {
+        worker_id: worker_id.to_string(),
+        workspaces_dir,
+        artifacts_dir,
+        output_max_bytes: config.output_max_bytes,
+        output_tail_bytes: config.output_tail_bytes,
+        redact_output: config.redact_output,
+        kill_grace: Duration::from_secs(config.kill_grace_seconds),
+        pause_limit: Duration::from_secs(config.pause_limit_seconds),
+        hand_back_at_step_boundary: config.snapshots_shared(),
+    }
+}
+
+/// A process that just started holds no lease yet: any its id still holds belonged to
+/// a process that died (a restarted pod keeps its name). Those lapse now.
+async fn lapse_previous(leases: &Leases, worker_id: &str) -> anyhow::Result<()> {
+    let lapsed = leases.lapse_held_by(worker_id).await?
+        + leases.for_sandboxes().lapse_held_by(worker_id).await?;
+    if lapsed > 0 {
+        tracing::info!(
+            lapsed,
+            "leases of a previous process with this worker id lapse now"
+        );
+    }
+    Ok(())
+}
+
+/// This worker's directory (claimed: one live worker per directory), its disk volume
+/// (mounted over it before anything is made in it) and its artifacts directory.
+async fn local_state(
+    config: &Config,
+    artifacts_dir: &std::path::Path,
+) -> anyhow::Result<(directory::Directory, disk::Disk, std::path::PathBuf)> {
+    let directory = directory::Directory::claim(&config.workspaces_dir)?;
+    let disk = disk::Disk::open(
+        &directory.path,
+        config.disk_quota,
+        config.workspaces_disk_mb,
+    )?;
+    tokio::fs::create_dir_all(artifacts_dir)
+        .await
+        .with_context(|| format!("creating {}", artifacts_dir.display()))?;
+    let artifacts_dir =
+        std::fs::canonicalize(artifacts_dir).context("resolving the artifacts directory")?;
+    Ok((directory, disk, artifacts_dir))
+}
+
+/// Where and how custody keeps trees: the snapshot store (opened, its identity read)
+/// and the capture settings.
+async fn custody_settings(
+    config: &Config,
+    artifacts_dir: &std::path::Path,
+    worker_id: &str,
+) -> anyhow::Result<custody::CustodySettings> {
+    let snapshot_store = config.snapshot_store(artifacts_dir);
     let store = cairn_snapshot::Repository::open(&snapshot_store)
         .with_context(|| format!("opening the snapshot store {snapshot_store}"))?;
     let store_id = store
         .identity()
         .await
         .with_context(|| format!("reading the identity of the snapshot store {snapshot_store}"))?;
-    let settings = custody::CustodySettings {
+    Ok(custody::CustodySettings {
         store,
         store_id,
         backend: config.workspace_backend.clone(),
@@ -134,124 +286,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         },
         hold_limits: cairn_common::hold::HoldLimits::default(),
         capture_retry: Duration::from_secs(config.capture_retry_seconds),
-        worker_id: worker_id.clone(),
-    };
-    let directory_id = directory.id;
-    let custody = custody::Custody {
-        pool: pool.clone(),
-        settings,
-        directory,
-        disk,
-        run_disk_mb: config.run_disk_mb,
-    };
-    let worker = Arc::new(context::Worker {
-        pool: pool.clone(),
-        leases: Leases::new(pool.clone(), redis.clone(), &config.redis.redis_prefix, ttl),
-        settings: context::JobSettings {
-            worker_id: worker_id.clone(),
-            workspaces_dir,
-            artifacts_dir,
-            output_max_bytes: config.output_max_bytes,
-            output_tail_bytes: config.output_tail_bytes,
-            redact_output: config.redact_output,
-            kill_grace: Duration::from_secs(config.kill_grace_seconds),
-            pause_limit: Duration::from_secs(config.pause_limit_seconds),
-            hand_back_at_step_boundary: config.snapshots_shared(),
-        },
-        custody,
-        metrics,
-        isolation,
-        active: Arc::new(janitor::ActiveRequests::default()),
-        draining: shutdown.clone(),
-        signals: Arc::new(signals::Signals::default()),
-    });
-    // A process that just started holds no lease yet: any its id still holds belonged
-    // to a process that died (a restarted pod keeps its name).
-    let lapsed = worker.leases.lapse_held_by(&worker_id).await?
-        + worker
-            .leases
-            .for_sandboxes()
-            .lapse_held_by(&worker_id)
-            .await?;
-    if lapsed > 0 {
-        tracing::info!(
-            lapsed,
-            "leases of a previous process with this worker id lapse now"
-        );
-    }
-    cairn_common::heartbeat::beat(&pool, &worker_id, true, None).await?;
-    let heartbeat_stop = CancellationToken::new();
-    let starving = consumer::Starving::default();
-    let heartbeat = tokio::spawn(beat(
-        pool.clone(),
-        worker_id.clone(),
-        starving.clone(),
-        heartbeat_stop.clone(),
-    ));
-    let signals_stop = CancellationToken::new();
-    let signals = tokio::spawn(
-        worker
-            .signals
-            .clone()
-            .listen(pool.clone(), signals_stop.clone()),
-    );
-    let janitor_stop = CancellationToken::new();
-    let janitor = tokio::spawn(
-        janitor::Janitor {
-            directory_id,
-            workspaces_dir: worker.settings.workspaces_dir.clone(),
-            grace: Duration::from_secs(config.janitor_grace_seconds),
-        }
-        .run(
-            pool.clone(),
-            worker.active.clone(),
-            Duration::from_secs(config.janitor_interval_seconds),
-            janitor_stop.clone(),
-        ),
-    );
-    let amqp_status = AmqpStatus::default();
-    let jobs = TaskTracker::new();
-    let drain = CancellationToken::new();
-    let leases = worker.leases.clone();
-    let consumer = consumer::Consumer {
-        worker,
-        amqp_url: config.amqp.amqp_url.clone(),
-        topology: Topology::new(&config.amqp.queue_prefix, config.amqp.delivery_limit),
-        concurrency: usize::try_from(config.concurrency).unwrap_or(1),
-        prefetch: config.prefetch(),
-        heartbeat_seconds: config.amqp_heartbeat_seconds,
-        status: amqp_status.clone(),
-        jobs: jobs.clone(),
-        starving,
-    };
-    let probes_stop = CancellationToken::new();
-    let readiness = Readiness {
-        postgres: Some(pool.clone()),
-        redis: Some(redis),
-        amqp: Some(amqp_status),
-        // A worker serves no traffic: it is ready once started, and retries its services
-        // within its leases. Were it unready on their outage, one blip would mark the
-        // whole fleet unready at once (stalling rollouts and PodDisruptionBudgets).
-        needs: health::Needs::default(),
-        details: serde_json::Map::from_iter([
-            ("sandbox".to_string(), isolation_report),
-            ("disk".to_string(), disk_report),
-        ]),
-        gauge: dependency_gauge,
-    };
-    let probes = tokio::spawn(health::serve(
-        listener,
-        health::router(readiness, registry),
-        probes_stop.clone(),
-    ));
-    tracing::info!(worker_id = %worker_id, listen = %config.metrics_listen, "worker started");
+        worker_id: worker_id.to_string(),
+    })
+}
 
-    consumer.run(shutdown.clone(), drain.clone()).await;
-
-    // Drain: running steps get the drain time, minus what stopping them takes.
+/// Drain: running steps get the drain time, minus what stopping them takes; then they
+/// are stopped (`drain`) and their requests handed back.
+async fn drain_jobs(
+    jobs: &TaskTracker,
+    drain: &CancellationToken,
+    drain_time: Duration,
+    grace: Duration,
+) {
     jobs.close();
-    let grace = Duration::from_secs(config.kill_grace_seconds);
-    let drain_time = Duration::from_secs(config.drain_seconds);
     let let_finish = drain_time.saturating_sub(grace + Duration::from_secs(1));
     if !jobs.is_empty() {
         tracing::info!(
@@ -260,35 +307,78 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
             "draining: letting running steps finish"
         );
     }
-    if tokio::time::timeout(let_finish, jobs.wait()).await.is_err() {
-        tracing::info!(
+    if tokio::time::timeout(let_finish, jobs.wait()).await.is_ok() {
+        return;
+    }
+    tracing::info!(
+        running = jobs.len(),
+        "drain time is up: stopping steps and handing their requests back"
+    );
+    drain.cancel();
+    if tokio::time::timeout(grace + Duration::from_secs(1), jobs.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
             running = jobs.len(),
-            "drain time is up: stopping steps and handing their requests back"
+            "jobs did not stop within the drain time"
         );
-        drain.cancel();
-        if tokio::time::timeout(grace + Duration::from_secs(1), jobs.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!(
-                running = jobs.len(),
-                "jobs did not stop within the drain time"
-            );
+    }
+}
+
+/// The worker's tasks beside its jobs (heartbeat, signals, janitor, probes), each with
+/// its own stop; stopped in the reverse order of their start.
+#[derive(Default)]
+struct Background {
+    tasks: Vec<(CancellationToken, tokio::task::JoinHandle<()>)>,
+}
+
+impl Background {
+    /// The probes first (stopped last), then the heartbeat, the signals and the janitor.
+    fn start(
+        worker: &context::Worker,
+        config: &Config,
+        listener: tokio::net::TcpListener,
+        probes: axum::Router,
+        directory_id: uuid::Uuid,
+        starving: &consumer::Starving,
+    ) -> Background {
+        let mut background = Background::default();
+        background.spawn(|stop| async move {
+            let _ = health::serve(listener, probes, stop).await;
+        });
+        let (pool, id) = (worker.pool.clone(), worker.settings.worker_id.clone());
+        let starving = starving.clone();
+        background.spawn(|stop| beat(pool, id, starving, stop));
+        let (signals, pool) = (worker.signals.clone(), worker.pool.clone());
+        background.spawn(|stop| signals.listen(pool, stop));
+        let janitor = janitor::Janitor {
+            directory_id,
+            workspaces_dir: worker.settings.workspaces_dir.clone(),
+            grace: Duration::from_secs(config.janitor_grace_seconds),
+        };
+        let (active, pool) = (worker.active.clone(), worker.pool.clone());
+        let every = Duration::from_secs(config.janitor_interval_seconds);
+        background.spawn(move |stop| janitor.run(pool, active, every, stop));
+        background
+    }
+
+    fn spawn<F, Fut>(&mut self, task: F)
+    where
+        F: FnOnce(CancellationToken) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let stop = CancellationToken::new();
+        let handle = tokio::spawn(task(stop.clone()));
+        self.tasks.push((stop, handle));
+    }
+
+    async fn stop(mut self) {
+        while let Some((stop, handle)) = self.tasks.pop() {
+            stop.cancel();
+            let _ = handle.await;
         }
     }
-    // Liveness keys still being deleted (each bounded, so this is short).
-    leases.settle().await;
-    janitor_stop.cancel();
-    let _ = janitor.await;
-    signals_stop.cancel();
-    let _ = signals.await;
-    heartbeat_stop.cancel();
-    let _ = heartbeat.await;
-    probes_stop.cancel();
-    let _ = probes.await;
-    pool.close().await;
-    tracing::info!("worker stopped");
-    Ok(())
 }
 
 /// Beats every [`cairn_common::heartbeat::INTERVAL`] until stopped; a beat that fails (a

@@ -716,7 +716,6 @@ const MAX_FUNCTION_LINES: usize = 80;
 const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("crates/chaos/src/audit.rs", "audit"),
     ("crates/cli/src/commands/runs.rs", "runs"),
-    ("crates/worker/src/lib.rs", "run"),
     ("crates/cli/src/commands/sandbox.rs", "sandbox"),
     ("crates/worker/src/step.rs", "run_spawned"),
     (
@@ -731,7 +730,6 @@ const LONG_FUNCTIONS: &[(&str, &str)] = &[
     ("crates/cli/src/commands/verification.rs", "command"),
     ("crates/worker/src/verification/check.rs", "run"),
     ("crates/bench/src/snapshot.rs", "run"),
-    ("crates/scheduler/src/api/mod.rs", "router"),
     ("crates/worker/src/job/claim.rs", "claim"),
     ("crates/worker/src/custody/checkpoint.rs", "checkpoint"),
     ("crates/chaos/src/main.rs", "chaos"),

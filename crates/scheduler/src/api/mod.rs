@@ -14,6 +14,7 @@
 //!   reaper's last sweeps (the console's Operations page reads these).
 //! - [`state`]: what every handler shares (the pool, the counters).
 //! - [`openapi`]: the generated OpenAPI document.
+//! - [`router`]: every route, in groups; [`path`]: path ids.
 
 pub mod auth;
 pub mod continuation;
@@ -23,10 +24,12 @@ pub mod idempotency;
 pub mod json;
 pub mod network_policy;
 pub mod openapi;
+pub mod path;
 pub mod pause;
 pub mod policy;
 pub mod query;
 pub mod reaper;
+pub mod router;
 pub mod runs;
 pub mod sandboxes;
 pub mod session;
@@ -37,189 +40,6 @@ pub mod tokens;
 pub mod verification;
 pub mod workers;
 
+pub use path::path_id;
+pub use router::router;
 pub use state::{ApiMetrics, AppState};
-
-use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
-use axum::Router;
-use cairn_common::ids::Id;
-use error::ApiError;
-use uuid::Uuid;
-
-/// Parses a path id, or a 400 naming it.
-pub fn path_id(text: &str, field: &str) -> Result<Uuid, ApiError> {
-    text.parse::<Id>()
-        .map(Id::uuid)
-        .map_err(|_| ApiError::invalid_id(field))
-}
-
-async fn not_found() -> ApiError {
-    ApiError::new(
-        axum::http::StatusCode::NOT_FOUND,
-        "no_such_route",
-        "no such route",
-    )
-}
-
-async fn method_not_allowed() -> ApiError {
-    ApiError::new(
-        axum::http::StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        "this route does not take that method",
-    )
-}
-
-/// Every route of the API.
-pub fn router(state: AppState) -> Router {
-    let checkpoint = "/api/v1/runs/{run_id}/checkpoint-continuations/requests/{request_id}";
-    let final_outcome = "/api/v1/runs/{run_id}/final-outcome-continuations/requests/{request_id}";
-    let guarded = Router::new()
-        .route(
-            "/api/v1/runs",
-            post(runs::admission::submit).get(runs::view::list),
-        )
-        .route("/api/v1/runs/batch", post(runs::admission::submit_batch))
-        .route("/api/v1/runs/counts", get(runs::view::counts))
-        .route("/api/v1/runs/{run_id}", get(runs::view::show))
-        .route("/api/v1/runs/{run_id}/cancel", post(runs::cancel))
-        .route(
-            "/api/v1/runs/{run_id}/pause",
-            post(pause::pause).get(pause::show),
-        )
-        .route("/api/v1/runs/{run_id}/resume", post(pause::resume))
-        .route(
-            "/api/v1/runs/{run_id}/execution-requests",
-            get(runs::view::execution_requests),
-        )
-        .route("/api/v1/runs/{run_id}/journal", get(runs::journal::journal))
-        .route(
-            "/api/v1/runs/{run_id}/steps/{step_key}/output",
-            get(runs::output::output),
-        )
-        .route("/api/v1/workers", get(workers::list))
-        .route("/api/v1/reaper", get(reaper::show))
-        .route("/api/v1/session", get(session::show))
-        .route(
-            "/api/v1/invalid-read-continuity/policy",
-            get(policy::get_policy).put(policy::put_policy),
-        )
-        .route(
-            &format!("{checkpoint}/candidate"),
-            get(continuation::checkpoint_candidate),
-        )
-        .route(
-            &format!("{checkpoint}/actions/{{action_id}}"),
-            post(continuation::checkpoint_action),
-        )
-        .route(
-            &format!("{checkpoint}/status"),
-            get(continuation::checkpoint_status),
-        )
-        .route(
-            &format!("{final_outcome}/candidate"),
-            get(continuation::final_candidate),
-        )
-        .route(
-            &format!("{final_outcome}/actions/{{action_id}}"),
-            post(continuation::final_action),
-        )
-        .route(
-            &format!("{final_outcome}/status"),
-            get(continuation::final_status),
-        )
-        .route(
-            "/api/v1/runs/{run_id}/verification-handoffs/candidates",
-            get(verification::candidates),
-        )
-        .route(
-            "/api/v1/runs/{run_id}/verification-handoffs/adoptions",
-            post(verification::adopt).get(verification::adoptions),
-        )
-        .route(
-            "/api/v1/runs/{run_id}/verification-handoffs/adoptions/{request_id}",
-            get(verification::adoption),
-        )
-        .route(
-            "/api/v1/agents/{agent}/credentials/rotate",
-            post(credentials::rotate),
-        )
-        .route(
-            "/api/v1/sandboxes",
-            post(sandboxes::create::create).get(sandboxes::view::list),
-        )
-        .route(
-            "/api/v1/sandboxes/{sandbox_id}",
-            get(sandboxes::view::show).delete(sandboxes::lifecycle::destroy),
-        )
-        .route(
-            "/api/v1/sandboxes/{sandbox_id}/stop",
-            post(sandboxes::lifecycle::stop),
-        )
-        .route(
-            "/api/v1/sandboxes/{sandbox_id}/resume",
-            post(sandboxes::lifecycle::resume),
-        )
-        .route(
-            "/api/v1/sandboxes/{sandbox_id}/pause",
-            post(sandboxes::lifecycle::pause),
-        )
-        .route(
-            "/api/v1/sandboxes/{sandbox_id}/extend",
-            post(sandboxes::lifecycle::extend),
-        )
-        .route(
-            "/api/v1/sandboxes/{sandbox_id}/exec",
-            post(sandboxes::operations::exec),
-        )
-        .route(
-            "/api/v1/sandboxes/{sandbox_id}/files",
-            get(sandboxes::operations::list),
-        )
-        .route(
-            "/api/v1/sandboxes/{sandbox_id}/files/content",
-            get(sandboxes::operations::read).put(sandboxes::operations::write),
-        )
-        .route(
-            "/api/v1/sandboxes/{sandbox_id}/operations",
-            get(sandboxes::view::operations),
-        )
-        .route(
-            "/api/v1/sandboxes/{sandbox_id}/fork",
-            post(sandboxes::fork::fork),
-        )
-        .route(
-            "/api/v1/sandboxes/{sandbox_id}/snapshots",
-            post(sandboxes::snapshots::create),
-        )
-        .route("/api/v1/snapshots", get(sandboxes::snapshots::list))
-        .route(
-            "/api/v1/snapshots/{snapshot_id}",
-            get(sandboxes::snapshots::show).delete(sandboxes::snapshots::delete),
-        )
-        .route(
-            "/api/v1/snapshots/{snapshot_id}/restore",
-            post(sandboxes::snapshots::restore),
-        )
-        .route("/api/v1/tokens", post(tokens::create).get(tokens::list))
-        .route("/api/v1/tokens/{token_id}/revoke", post(tokens::revoke))
-        .route("/api/v1/tenants", post(tenants::create).get(tenants::list))
-        .route(
-            "/api/v1/tenants/{tenant_id}/network-policy",
-            get(network_policy::show).put(network_policy::set),
-        )
-        // Every route with a bearer token passes the guard before its handler.
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            tenancy::guard,
-        ));
-    Router::new()
-        .route(
-            "/api/v1/openapi.json",
-            get(|| async { ([("content-type", "application/json")], openapi::json()) }),
-        )
-        .merge(guarded)
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(8 * 1024 * 1024))
-        .with_state(state)
-}
