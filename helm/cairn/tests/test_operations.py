@@ -306,11 +306,11 @@ def test_worker_network_policy_is_on_by_default_and_matches_the_step_filter():
     assert "to" not in platform
     v4, v6 = (peer["ipBlock"] for peer in steps["to"])
     assert (v4["cidr"], v6["cidr"]) == ("0.0.0.0/0", "::/0")
-    # The same ranges the worker's nftables filter refuses to steps (sandbox::network).
+    # The same ranges the worker's nftables filter refuses to steps (isolation::network).
     assert v4["except"] == STEP_DENIED_V4
     assert v6["except"] == STEP_DENIED_V6
     source = open(os.path.join(os.path.dirname(__file__), "..", "..", "..",
-                               "crates", "worker", "src", "sandbox", "network.rs")).read()
+                               "crates", "worker", "src", "isolation", "network.rs")).read()
     for cidr in STEP_DENIED_V4 + STEP_DENIED_V6:
         assert f'"{cidr}"' in source, cidr
     assert "ports" not in steps, "steps reach the public internet on any port"
