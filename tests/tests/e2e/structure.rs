@@ -1,10 +1,11 @@
-//! The code's structure, checked: no import cycles between source files.
+//! The code's structure, checked: no import cycles between source files, each table
+//! written by its owner only, and short functions.
 //!
-//! Every path a file names (in `use` items and inline, `crate::`, `super::`, `self::`
-//! or a child module's name) is an arrow to the file of the deepest module it reaches.
-//! Arrows from a file to a module it is nested in are left out: a child may use what
-//! its parent defines, and the parent names its children with `mod`. Any other circle
-//! of arrows fails the test, with the names that tie it.
+//! Cycles: every path a file names (in `use` items and inline, `crate::`, `super::`,
+//! `self::` or a child module's name) is an arrow to the file of the deepest module it
+//! reaches. Arrows from a file to a module it is nested in are left out: a child may use
+//! what its parent defines, and the parent names its children with `mod`. Any other
+//! circle of arrows fails the test, with the names that tie it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -462,53 +463,24 @@ fn strings_of(text: &str) -> String {
     let mut out = String::new();
     let mut i = 0;
     while i < chars.len() {
-        let c = chars[i];
-        let next = chars.get(i + 1).copied();
-        if c == '/' && next == Some('/') {
-            while i < chars.len() && chars[i] != '\n' {
-                i += 1;
-            }
-        } else if c == 'r' && matches!(next, Some('"') | Some('#')) && !ident_before(&chars, i) {
-            let mut j = i + 1;
-            let mut hashes = 0;
-            while chars.get(j) == Some(&'#') {
-                hashes += 1;
-                j += 1;
-            }
-            if chars.get(j) != Some(&'"') {
-                i += 1;
-                continue;
-            }
-            j += 1;
-            while j < chars.len()
-                && !(chars[j] == '"' && (1..=hashes).all(|k| chars.get(j + k) == Some(&'#')))
-            {
-                out.push(chars[j]);
-                j += 1;
-            }
-            out.push('\n');
-            i = j + 1 + hashes;
-        } else if c == '"' {
-            i += 1;
-            while i < chars.len() && chars[i] != '"' {
-                if chars[i] == '\\' {
-                    i += 1;
+        match skipped(&chars, i) {
+            Some((end, stands_for)) => {
+                if stands_for == "\"\"" {
+                    // Without its delimiters: `"` or `r#"` before, `"#` after.
+                    let literal = &chars[i..end.min(chars.len())];
+                    let hashes = literal.iter().skip(1).take_while(|c| **c == '#').count();
+                    let (open, close) = match literal[0] {
+                        'r' => (2 + hashes, 1 + hashes),
+                        _ => (1, 1),
+                    };
+                    if literal.len() >= open + close {
+                        out.extend(&literal[open..literal.len() - close]);
+                    }
+                    out.push('\n');
                 }
-                if let Some(&ch) = chars.get(i) {
-                    out.push(ch);
-                }
-                i += 1;
+                i = end;
             }
-            out.push('\n');
-            i += 1;
-        } else if c == '\'' && (next == Some('\\') || chars.get(i + 2) == Some(&'\'')) {
-            i += 1;
-            while i < chars.len() && chars[i] != '\'' {
-                i += if chars[i] == '\\' { 2 } else { 1 };
-            }
-            i += 1;
-        } else {
-            i += 1;
+            None => i += 1,
         }
     }
     out
