@@ -1,6 +1,6 @@
 //! What a step asks of the network: none, the worker's egress policy, or that policy
 //! narrowed to named destinations. The policy is layered: the operator's (the worker's
-//! settings), then the tenant's ([`crate::network_policy`]), then the run's or the
+//! settings), then the tenant's (the `network_policy` module), then the run's or the
 //! sandbox's. A lower layer only narrows: a destination a layer above refuses stays
 //! refused whatever a lower one names, and a layer that says `false` leaves no network.
 

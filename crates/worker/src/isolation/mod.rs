@@ -20,6 +20,7 @@
 //! keeps one [`Session`] of namespaces that its commands enter.
 
 pub mod cgroup;
+mod descriptors;
 pub mod network;
 pub mod probe;
 mod running;

@@ -218,8 +218,9 @@ impl Egress {
                 Err(_) => return Err("the sandbox ended before its network was attached".into()),
             }
         }
-        let (ready_read, ready_write) = super::spawn::pipe_pair().map_err(|e| e.to_string())?;
-        let (exit_read, exit_write) = super::spawn::pipe_pair().map_err(|e| e.to_string())?;
+        let (ready_read, ready_write) =
+            super::descriptors::pipe_pair().map_err(|e| e.to_string())?;
+        let (exit_read, exit_write) = super::descriptors::pipe_pair().map_err(|e| e.to_string())?;
         let mut slirp = Launch::new(&self.slirp);
         slirp
             .args(["--configure", "--mtu=65520", "--disable-host-loopback"])
@@ -258,7 +259,8 @@ impl Egress {
             .args(["--net", "--"])
             .arg(&self.nft)
             .args(["-f", &format!("/dev/fd/{}", super::spawn::FILE_FD)]);
-        filter.file = Some(super::spawn::memory_file(rules.as_bytes()).map_err(|e| e.to_string())?);
+        filter.file =
+            Some(super::descriptors::memory_file(rules.as_bytes()).map_err(|e| e.to_string())?);
         let mut nft = filter
             .spawn()
             .map_err(|e| format!("cannot start nft: {e}"))?;
@@ -317,8 +319,8 @@ pub struct Link {
 /// A hold, and bubblewrap's ends of it: where it writes its report and the descriptor
 /// it blocks on, placed after its argument file.
 pub fn hold() -> io::Result<(Hold, Vec<OwnedFd>)> {
-    let (info_read, info_write) = super::spawn::pipe_pair()?;
-    let (block_read, block_write) = super::spawn::pipe_pair()?;
+    let (info_read, info_write) = super::descriptors::pipe_pair()?;
+    let (block_read, block_write) = super::descriptors::pipe_pair()?;
     Ok((
         Hold {
             info: info_read,

@@ -2,8 +2,9 @@
 //! view and namespaces, the step's variables), its working directory, resolved beneath
 //! the workspace, and its rlimits.
 
+use super::descriptors::memory_file;
 use super::network;
-use super::spawn::{memory_file, Launch, FILE_FD};
+use super::spawn::{Launch, FILE_FD};
 use super::{Settings, Spec, HOME, WORKSPACE};
 use cairn_common::run::StepLimits;
 use std::collections::BTreeMap;
