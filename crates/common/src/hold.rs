@@ -160,6 +160,61 @@ pub async fn end_for_workspace(
     Ok(())
 }
 
+/// The holds of `workspaces` no longer say "capturing" once no capture of theirs is
+/// in progress (the reaper failed the ones interrupted).
+pub async fn captures_settled(
+    conn: &mut PgConnection,
+    workspaces: &[Uuid],
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE holds h SET capture_in_progress = FALSE
+          WHERE h.workspace_id = ANY($1) AND h.capture_in_progress AND h.ended_at IS NULL
+            AND NOT EXISTS (SELECT 1 FROM project_snapshots p WHERE p.workspace_id = h.workspace_id
+                              AND p.status IN ('creating', 'uploading'))",
+    )
+    .bind(workspaces)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Ends holds the reaper found due at `now`: `expired` past their expiry, else
+/// `task_ended`; never one whose capture is in progress.
+pub async fn end_due(
+    conn: &mut PgConnection,
+    ids: &[Uuid],
+    now: DateTime<Utc>,
+) -> Result<u64, sqlx::Error> {
+    let done = sqlx::query(
+        "UPDATE holds SET ended_at = $2,
+                end_reason = CASE WHEN expires_at <= $2 THEN 'expired' ELSE 'task_ended' END
+          WHERE id = ANY($1) AND ended_at IS NULL AND NOT capture_in_progress",
+    )
+    .bind(ids)
+    .bind(now)
+    .execute(conn)
+    .await?;
+    Ok(done.rows_affected())
+}
+
+/// Ends the holds on a sandbox's tree (its one workspace row).
+pub async fn end_for_sandbox(
+    conn: &mut PgConnection,
+    sandbox_id: Uuid,
+    reason: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE holds SET ended_at = now(), end_reason = $2
+          WHERE ended_at IS NULL
+            AND workspace_id = (SELECT workspace_id FROM sandboxes WHERE id = $1)",
+    )
+    .bind(sandbox_id)
+    .bind(reason)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// The active hold on a workspace, if any.
 pub async fn active(
     conn: &mut PgConnection,

@@ -145,6 +145,21 @@ impl Leases {
         Ok(lapsed.rows_affected())
     }
 
+    /// Lets this holder's lease lapse now, so the sweeper hands the job on at once
+    /// rather than after the TTL. Best effort: the lease lapses anyway.
+    pub async fn lapse(&self, lease: &Lease) {
+        let _ = sqlx::query(&format!(
+            "UPDATE {} SET lease_deadline = clock_timestamp()
+              WHERE id = $1 AND lease_epoch = $2 AND lease_owner = $3",
+            lease.of.table()
+        ))
+        .bind(lease.request_id)
+        .bind(lease.epoch)
+        .bind(&lease.owner)
+        .execute(&self.pool)
+        .await;
+    }
+
     /// Waits for the liveness deletions still in flight (each bounded): at shutdown, or
     /// where a test reads the key next.
     pub async fn settle(&self) {
@@ -435,6 +450,20 @@ impl Lease {
             .await
             .map(|_| ())
             .map_err(|e| self.fence_refusal(e))
+    }
+
+    /// Whether this lease was let go by its own holder: the same epoch and no owner (a
+    /// takeover or a fence moves the epoch).
+    pub async fn released_by_holder(&self, pool: &PgPool) -> bool {
+        let released: Result<Option<bool>, _> = sqlx::query_scalar(&format!(
+            "SELECT lease_epoch = $2 AND lease_owner IS NULL FROM {} WHERE id = $1",
+            self.of.table()
+        ))
+        .bind(self.request_id)
+        .bind(self.epoch)
+        .fetch_optional(pool)
+        .await;
+        matches!(released, Ok(Some(true)))
     }
 
     /// Whether this lease is still the request's (its epoch and owner), read outside any

@@ -5,6 +5,25 @@ use chrono::{DateTime, Utc};
 use sqlx::PgPool;
 use uuid::Uuid;
 
+/// Records a reaper sweep: when it started, whether it was a dry run, and its summary.
+pub async fn record_sweep(
+    pool: &PgPool,
+    started: DateTime<Utc>,
+    dry_run: bool,
+    summary: &serde_json::Value,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO sweeps (component, started_at, finished_at, dry_run, summary)
+         VALUES ('reaper', $1, now(), $2, $3)",
+    )
+    .bind(started)
+    .bind(dry_run)
+    .bind(summary)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// One recorded sweep.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct SweepRecord {

@@ -65,6 +65,8 @@ pub fn new_checkpoint(agent: &str, context: Uuid) -> crate::lineage::NewSnapshot
         store_id: Uuid::from_u128(1),
         credential_generation: 0,
         owner: None,
+        predecessor: None,
+        name: None,
     }
 }
 

@@ -62,13 +62,7 @@ impl Sweep<'_> {
             if let Some(error) = first_error {
                 tracing::warn!(failed = failed.len(), first = %error, "step output not reclaimed; retried at the next sweep");
             }
-            sqlx::query(
-                "UPDATE execution_requests SET output_reclaimed_at = $2 WHERE id = ANY($1)",
-            )
-            .bind(&reclaimed)
-            .bind(self.now)
-            .execute(&mut *tx)
-            .await?;
+            cairn_common::request::marks::outputs_reclaimed(&mut tx, &reclaimed, self.now).await?;
             tx.commit().await?;
             report.outputs_reclaimed += reclaimed.len() as u64;
             report.outputs_failed = failed.len() as u64;

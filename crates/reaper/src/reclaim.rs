@@ -11,6 +11,7 @@
 //! in progress. What cannot be deleted waits for repair, retried with backoff.
 
 use crate::retention::{Batches, Sweep, SweepReport};
+use cairn_common::lineage::retention;
 use cairn_snapshot as snapshot;
 use cairn_snapshot::store::ArtifactStore;
 use chrono::{DateTime, Duration, Utc};
@@ -160,21 +161,7 @@ impl Sweep<'_> {
         };
         match deleted {
             Ok(bytes) => {
-                for table in ["snapshot_packs", "snapshot_chunks"] {
-                    sqlx::query(&format!("DELETE FROM {table} WHERE snapshot_id = ANY($1)"))
-                        .bind(&ids)
-                        .execute(&mut *conn)
-                        .await?;
-                }
-                let done = sqlx::query(
-                    "UPDATE project_snapshots SET status = 'deleted', retention = 'reclaimed', repair_reason = NULL,
-                            next_repair_at = NULL
-                      WHERE id = ANY($1) AND status <> 'deleted'",
-                )
-                .bind(&ids)
-                .execute(&mut *conn)
-                .await?;
-                report.snapshots_reclaimed += done.rows_affected();
+                report.snapshots_reclaimed += retention::reclaimed(&mut *conn, &ids).await?;
                 report.bytes_reclaimed += bytes;
             }
             Err(reason) => {
@@ -182,16 +169,7 @@ impl Sweep<'_> {
                 for (id, _, attempts) in &due {
                     let minutes = 1i64 << (*attempts).clamp(0, 20);
                     let wait = Duration::minutes(minutes).min(self.durations.repair_backoff_max);
-                    sqlx::query(
-                        "UPDATE project_snapshots SET retention = 'pending_operator_repair', repair_reason = $2,
-                                repair_attempts = repair_attempts + 1, next_repair_at = $3
-                          WHERE id = $1 AND status <> 'deleted'",
-                    )
-                    .bind(id)
-                    .bind(&reason)
-                    .bind(self.now + wait)
-                    .execute(&mut *conn)
-                    .await?;
+                    retention::pending_repair(&mut *conn, *id, &reason, self.now + wait).await?;
                 }
                 report.reclaim_failed += ids.len() as u64;
             }

@@ -5,6 +5,8 @@
 //! next sweep redoes it. Time is the `now` passed in: the database's clock in the
 //! binary (one clock for every rule, the workers' too), moved by tests.
 
+use cairn_common::hold;
+use cairn_common::lineage::retention;
 use chrono::{DateTime, Duration, Utc};
 use serde::Serialize;
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
@@ -160,54 +162,43 @@ impl Sweep<'_> {
     /// can no longer commit it (the request's lease epoch moved on, or its lease lapsed:
     /// a fenced write would be refused), or it is older than the stale limit.
     async fn stale_captures(&self, conn: &mut PgConnection) -> Result<u64, sqlx::Error> {
-        let stale: Vec<(Uuid, Option<Uuid>)> = sqlx::query_as(
-            "UPDATE project_snapshots SET status = 'failed', retire_reason = 'capture_interrupted'
-              WHERE id IN (SELECT p.id FROM project_snapshots p
-                             LEFT JOIN execution_requests e ON e.id = p.request_id
-                            WHERE p.status IN ('creating', 'uploading')
-                              AND (p.created_at <= $1
-                                   OR p.created_at <= $3 AND p.request_id IS NOT NULL
-                                      AND (e.lease_epoch IS DISTINCT FROM p.lease_epoch
-                                           OR e.lease_owner IS NULL
-                                           OR e.lease_deadline < clock_timestamp()))
-                            LIMIT $2 FOR UPDATE OF p SKIP LOCKED)
-                AND status IN ('creating', 'uploading')
-          RETURNING id, workspace_id",
+        let picked: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT p.id FROM project_snapshots p
+               LEFT JOIN execution_requests e ON e.id = p.request_id
+              WHERE p.status IN ('creating', 'uploading')
+                AND (p.created_at <= $1
+                     OR p.created_at <= $3 AND p.request_id IS NOT NULL
+                        AND (e.lease_epoch IS DISTINCT FROM p.lease_epoch
+                             OR e.lease_owner IS NULL
+                             OR e.lease_deadline < clock_timestamp()))
+              LIMIT $2 FOR UPDATE OF p SKIP LOCKED",
         )
         .bind(self.now - self.durations.stale_capture)
         .bind(self.batch)
         .bind(self.now - self.durations.abandoned_capture)
         .fetch_all(&mut *conn)
         .await?;
+        if picked.is_empty() {
+            return Ok(0);
+        }
+        let stale = retention::fail_interrupted(&mut *conn, &picked).await?;
         let workspaces: Vec<Uuid> = stale.iter().filter_map(|s| s.1).collect();
-        sqlx::query(
-            "UPDATE holds h SET capture_in_progress = FALSE
-              WHERE h.workspace_id = ANY($1) AND h.capture_in_progress AND h.ended_at IS NULL
-                AND NOT EXISTS (SELECT 1 FROM project_snapshots p WHERE p.workspace_id = h.workspace_id
-                                  AND p.status IN ('creating', 'uploading'))",
-        )
-        .bind(&workspaces)
-        .execute(conn)
-        .await?;
+        hold::captures_settled(conn, &workspaces).await?;
         Ok(stale.len() as u64)
     }
 
     /// Rule 4: snapshots taken under a rotated credential generation leave reuse.
     async fn credentials(&self, conn: &mut PgConnection) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(
-            "UPDATE project_snapshots s SET retention = 'retired', retired_at = $1, retire_reason = 'credentials_rotated'
-              WHERE s.id IN (
-                    SELECT p.id FROM project_snapshots p JOIN credential_generations g ON g.agent = p.agent
-                     WHERE p.retention = 'current' AND p.credential_generation < g.generation
-                       AND p.status NOT IN ('creating', 'uploading', 'restoring')
-                     LIMIT $2 FOR UPDATE OF p SKIP LOCKED)
-                AND s.retention = 'current'",
+        self.retire_picked(
+            conn,
+            ("retired", "credentials_rotated"),
+            "SELECT p.id FROM project_snapshots p JOIN credential_generations g ON g.agent = p.agent
+              WHERE p.retention = 'current' AND p.credential_generation < g.generation
+                AND p.status NOT IN ('creating', 'uploading', 'restoring')
+                AND p.created_at <= $1",
+            self.now,
         )
-        .bind(self.now)
-        .bind(self.batch)
-        .execute(conn)
-        .await?;
-        Ok(done.rows_affected())
+        .await
     }
 
     /// Rule 1: checkpoint heads neither captured nor restored for the idle period. A head
@@ -251,7 +242,7 @@ impl Sweep<'_> {
                 ("superseded", "newer_stop_snapshot"),
                 "SELECT p.id FROM project_snapshots p
                   WHERE p.kind = 'stop' AND p.retention = 'current' AND p.status = 'ready'
-                    AND p.created_at <= $3
+                    AND p.created_at <= $1
                     AND EXISTS (SELECT 1 FROM project_snapshots n WHERE n.workspace_id = p.workspace_id
                                   AND n.kind = 'stop' AND n.status = 'ready' AND n.created_at > p.created_at)",
                 self.now,
@@ -265,7 +256,7 @@ impl Sweep<'_> {
                   WHERE (p.kind IN ('stop', 'memory', 'fork')
                          OR (p.kind = 'checkpoint' AND p.sandbox_id IS NOT NULL))
                     AND p.retention = 'current'
-                    AND w.state = 'destroyed' AND w.destroyed_at <= $3
+                    AND w.state = 'destroyed' AND w.destroyed_at <= $1
                     AND p.status NOT IN ('creating', 'uploading', 'restoring')",
                 self.now - self.durations.destroyed_grace,
             )
@@ -275,14 +266,14 @@ impl Sweep<'_> {
                 conn,
                 ("retired", "memory_expired"),
                 "SELECT p.id FROM project_snapshots p JOIN workspaces w ON w.id = p.workspace_id
-                  WHERE p.kind = 'memory' AND p.retention = 'current' AND w.paused_at <= $3",
+                  WHERE p.kind = 'memory' AND p.retention = 'current' AND w.paused_at <= $1",
                 self.now - self.durations.memory_checkpoint,
             )
             .await?;
         Ok(superseded + destroyed + memory)
     }
 
-    /// Moves a batch of the current snapshots `pick` selects (`p.id`, with `$3` the
+    /// Moves a batch of the current snapshots `pick` selects (`p.id`, with `$1` the
     /// cutoff) to `retention` for `reason`, skipping rows another sweep has locked.
     async fn retire_picked(
         &self,
@@ -291,39 +282,35 @@ impl Sweep<'_> {
         pick: &str,
         cutoff: DateTime<Utc>,
     ) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(&format!(
-            "UPDATE project_snapshots s SET retention = $4, retired_at = $1, retire_reason = $5
-              WHERE s.id IN ({pick} LIMIT $2 FOR UPDATE OF p SKIP LOCKED)
-                AND s.retention = 'current'"
-        ))
-        .bind(self.now)
-        .bind(self.batch)
-        .bind(cutoff)
-        .bind(retention)
-        .bind(reason)
-        .execute(&mut *conn)
-        .await?;
-        Ok(done.rows_affected())
+        let picked: Vec<Uuid> =
+            sqlx::query_scalar(&format!("{pick} LIMIT $2 FOR UPDATE OF p SKIP LOCKED"))
+                .bind(cutoff)
+                .bind(self.batch)
+                .fetch_all(&mut *conn)
+                .await?;
+        if picked.is_empty() {
+            return Ok(0);
+        }
+        retention::retire(conn, &picked, (retention, reason), self.now).await
     }
 
     /// Rule 3: holds past their expiry, or of cancelled and terminal tasks; never a hold
     /// whose capture is in progress.
     async fn holds(&self, conn: &mut PgConnection) -> Result<u64, sqlx::Error> {
-        let done = sqlx::query(
-            "UPDATE holds h SET ended_at = $1,
-                    end_reason = CASE WHEN h.expires_at <= $1 THEN 'expired' ELSE 'task_ended' END
-              WHERE h.id IN (
-                    SELECT x.id FROM holds x LEFT JOIN runs r ON r.id = x.run_id
-                     WHERE x.ended_at IS NULL AND NOT x.capture_in_progress
-                       AND (x.expires_at <= $1 OR r.state IN ('completed', 'failed', 'cancelled'))
-                     LIMIT $2 FOR UPDATE OF x SKIP LOCKED)
-                AND h.ended_at IS NULL AND NOT h.capture_in_progress",
+        let due: Vec<Uuid> = sqlx::query_scalar(
+            "SELECT x.id FROM holds x LEFT JOIN runs r ON r.id = x.run_id
+              WHERE x.ended_at IS NULL AND NOT x.capture_in_progress
+                AND (x.expires_at <= $1 OR r.state IN ('completed', 'failed', 'cancelled'))
+              LIMIT $2 FOR UPDATE OF x SKIP LOCKED",
         )
         .bind(self.now)
         .bind(self.batch)
-        .execute(conn)
+        .fetch_all(&mut *conn)
         .await?;
-        Ok(done.rows_affected())
+        if due.is_empty() {
+            return Ok(0);
+        }
+        hold::end_due(conn, &due, self.now).await
     }
 }
 
@@ -336,11 +323,5 @@ pub async fn record_sweep(
 ) -> Result<(), sqlx::Error> {
     let mut summary = serde_json::to_value(report).unwrap_or_default();
     summary["leader"] = serde_json::Value::from(leader);
-    sqlx::query("INSERT INTO sweeps (component, started_at, finished_at, dry_run, summary) VALUES ('reaper', $1, now(), $2, $3)")
-        .bind(started)
-        .bind(report.dry_run)
-        .bind(summary)
-        .execute(pool)
-        .await?;
-    Ok(())
+    cairn_common::reaper_status::record_sweep(pool, started, report.dry_run, &summary).await
 }

@@ -1,7 +1,7 @@
 //! The reaper's rules, one time-travel test each, against the real PostgreSQL and a real
 //! local artifact store.
 
-use cairn_common::lineage::{self, NewSnapshot, SnapshotStatus};
+use cairn_common::lineage::{self, CapturedBy, NewSnapshot, SnapshotStatus};
 use cairn_common::testing::TestDb;
 use cairn_reaper::retention::{Durations, Sweep, SweepReport};
 use cairn_snapshot::Repository;
@@ -76,7 +76,9 @@ fn new_snapshot<'a>(
         store_url,
         store_id: identity_of(store_url),
         credential_generation: 0,
-        owner,
+        owner: owner.map(|(request, epoch)| (CapturedBy::Request(request), epoch)),
+        predecessor: None,
+        name: None,
     }
 }
 

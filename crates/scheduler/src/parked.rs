@@ -78,10 +78,7 @@ pub async fn announce_again(pool: &PgPool, batch: i64) -> Result<u64, sqlx::Erro
         let message = queued_message(*run_id, *request_id, *attempt, action, *verification);
         outbox::announce(&mut tx, &message).await?;
         // The announcement's time: the next one waits for fresh evidence.
-        sqlx::query("UPDATE execution_requests SET updated_at = clock_timestamp() WHERE id = $1")
-            .bind(request_id)
-            .execute(&mut *tx)
-            .await?;
+        cairn_common::request::marks::announced_again(&mut tx, *request_id).await?;
         tracing::info!(request_id = %request_id.simple(), "the request's delivery is parked on a worker that does not take it; announced again");
     }
     tx.commit().await?;

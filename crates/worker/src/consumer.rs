@@ -6,9 +6,9 @@
 use crate::context::Worker;
 use crate::hosting::{self, Placement};
 use crate::job::{self, Claim, JobOutcome};
-use backon::{BackoffBuilder, ExponentialBuilder};
 use cairn_common::health::AmqpStatus;
 use cairn_common::queue::{self, JobQueue, Topology};
+use cairn_common::retry::Delays;
 use cairn_common::run::{JobKind, JobMessage};
 use futures::StreamExt;
 use lapin::message::Delivery;
@@ -62,22 +62,14 @@ impl Consumer {
     /// Takes deliveries until `stop_consuming`; running jobs stop early on `drain`.
     pub async fn run(self, stop_consuming: CancellationToken, drain: CancellationToken) {
         let permits = Arc::new(Semaphore::new(self.concurrency));
-        let mut backoff = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(200))
-            .with_max_delay(Duration::from_secs(5))
-            .without_max_times()
-            .build();
+        let mut backoff = Delays::forever(Duration::from_millis(200), Duration::from_secs(5));
         while !stop_consuming.is_cancelled() {
             match self.session(&permits, &stop_consuming, &drain).await {
                 Ok(()) => return,
                 Err(e) => {
                     self.status.set(false);
-                    let wait = backoff.next().unwrap_or(Duration::from_secs(5));
-                    tracing::warn!(error = %e, ?wait, "RabbitMQ consumer stopped; reconnecting");
-                    tokio::select! {
-                        _ = tokio::time::sleep(wait) => {}
-                        _ = stop_consuming.cancelled() => {}
-                    }
+                    tracing::warn!(error = %e, "RabbitMQ consumer stopped; reconnecting");
+                    backoff.wait(&stop_consuming).await;
                 }
             }
         }

@@ -6,6 +6,7 @@
 //! what keep a tree; the reaper ends expired holds, and this removes what they kept. A
 //! request a job of this process is running is never touched.
 
+use cairn_common::workspace;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -33,20 +34,6 @@ impl ActiveRequests {
         }
     }
 }
-
-/// What makes a workspace row's tree unguarded: no live hold on it, nothing changed
-/// within the grace, and no other row for the same path (a later run of the request on
-/// this host) that is guarded or recent. Used to pick rows and again to take one.
-const UNGUARDED: &str = "w.updated_at < now() - make_interval(secs => $2)
-    AND NOT EXISTS (SELECT 1 FROM holds h
-                     WHERE h.workspace_id = w.id AND h.ended_at IS NULL
-                       AND (h.capture_in_progress OR h.expires_at > now() - make_interval(secs => $2)))
-    AND NOT EXISTS (SELECT 1 FROM workspaces o
-                     WHERE o.directory_id = w.directory_id AND o.path = w.path AND o.id <> w.id AND o.state <> 'destroyed'
-                       AND (o.updated_at >= now() - make_interval(secs => $2)
-                            OR EXISTS (SELECT 1 FROM holds g
-                                        WHERE g.workspace_id = o.id AND g.ended_at IS NULL
-                                          AND (g.capture_in_progress OR g.expires_at > now() - make_interval(secs => $2)))))";
 
 /// Marks a tree (or its home) moved aside for removal.
 const TRASH: &str = "removed-";
@@ -84,9 +71,10 @@ impl Janitor {
         let rows: Vec<(Uuid, Option<String>)> = sqlx::query_as(&format!(
             "SELECT w.id, w.path FROM workspaces w
               WHERE w.directory_id = $1 AND w.state IN ('stopped', 'running', 'paused')
-                AND starts_with(w.path, $3) AND {UNGUARDED}
+                AND starts_with(w.path, $3) AND {}
               ORDER BY w.updated_at
-              LIMIT 500"
+              LIMIT 500",
+            workspace::UNGUARDED
         ))
         .bind(self.directory_id)
         .bind(grace)
@@ -110,16 +98,7 @@ impl Janitor {
                 }
                 let mut tx = pool.begin().await?;
                 // Taken only if it is still unguarded now, not just when it was listed.
-                let taken = sqlx::query(&format!(
-                    "UPDATE workspaces w SET state = 'destroyed', destroyed_at = now(), updated_at = now()
-                      WHERE w.id = $1 AND w.state IN ('stopped', 'running', 'paused') AND {UNGUARDED}"
-                ))
-                .bind(workspace_id)
-                .bind(grace)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-                if taken == 0 {
+                if !workspace::take_unguarded(&mut tx, workspace_id, grace).await? {
                     continue;
                 }
                 cairn_common::hold::end_for_workspace(&mut tx, workspace_id, "tree_removed")

@@ -1,12 +1,12 @@
 //! The lease keeper: renews a job's lease on its own task, every third of the TTL, so
-//! job work never starves it. It stops the job when the lease is lost (self-fencing:
+//! job work never starves it ([`Renewal`], the one renewal of every job's lease). It stops the job when the lease is lost (self-fencing:
 //! the step's process group is stopped and nothing more is written), when the run's
 //! cancellation was requested and when the admitting continuation's window ends; it
 //! also passes on pause and resume requests.
 
 use crate::context::Worker;
 use crate::signals::Subscription;
-use cairn_common::lease::{Lease, LeaseError};
+use cairn_common::lease::{Lease, LeaseError, Leases};
 use chrono::{DateTime, Utc};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
@@ -87,7 +87,91 @@ pub fn spawn(worker: Arc<Worker>, lease: Lease, watch: Watch) -> Keeper {
     Keeper { done, task }
 }
 
-async fn keep(worker: Arc<Worker>, mut lease: Lease, watch: Watch, done: CancellationToken) {
+/// Why a lease is no longer kept.
+pub enum Unkept {
+    /// Its job let it go (it committed its outcome).
+    Released,
+    /// Lost: the job fences itself.
+    Lost(String),
+}
+
+/// A lease kept alive, for any job (a run's, a sandbox's): renewed a full third of the
+/// TTL after the last try, failed ones included; a database fault is tried again at the
+/// next turn, and once the TTL has passed since the last renewal the holder fences
+/// itself before asking anyone.
+pub struct Renewal {
+    worker: Arc<Worker>,
+    leases: Leases,
+    pub lease: Lease,
+    interval: Duration,
+    renewed_at: Instant,
+    due: Instant,
+}
+
+impl Renewal {
+    pub fn new(worker: Arc<Worker>, leases: Leases, lease: Lease) -> Renewal {
+        let interval = (leases.ttl() / 3).max(Duration::from_millis(100));
+        let now = Instant::now();
+        Renewal {
+            worker,
+            leases,
+            lease,
+            interval,
+            renewed_at: now,
+            due: now + interval,
+        }
+    }
+
+    /// When the next renewal is due.
+    pub fn due(&self) -> Instant {
+        self.due
+    }
+
+    /// Renews now, or says why the lease is no longer kept.
+    pub async fn renew(&mut self) -> Result<(), Unkept> {
+        self.due = Instant::now() + self.interval;
+        if self.renewed_at.elapsed() >= self.leases.ttl() {
+            return Err(Unkept::Lost(
+                "the lease deadline passed without a renewal".into(),
+            ));
+        }
+        match self.leases.renew(&mut self.lease).await {
+            Ok(()) => {
+                self.renewed_at = Instant::now();
+                self.worker.metrics.leases_renewed.inc();
+                Ok(())
+            }
+            Err(LeaseError::Db(e)) => {
+                tracing::warn!(error = %e, id = %self.lease.request_id.simple(), "lease renewal failed; retrying until the deadline");
+                Ok(())
+            }
+            // The job committed its outcome and let the lease go between this renewal's
+            // start and the keeper's stop: that is not a loss.
+            Err(_) if self.lease.released_by_holder(&self.worker.pool).await => {
+                Err(Unkept::Released)
+            }
+            Err(e) => Err(Unkept::Lost(e.to_string())),
+        }
+    }
+}
+
+/// Keeps a lease with nothing else to watch (a sandbox's: its host reads what is
+/// asked of it): `lost` is cancelled once the lease cannot be kept.
+pub async fn keep_lease(mut renewal: Renewal, lost: CancellationToken) {
+    loop {
+        tokio::time::sleep_until(renewal.due().into()).await;
+        if let Err(unkept) = renewal.renew().await {
+            if let Unkept::Lost(why) = unkept {
+                tracing::warn!(why, "lease lost; self-fencing");
+                renewal.worker.metrics.leases_lost.inc();
+            }
+            lost.cancel();
+            return;
+        }
+    }
+}
+
+async fn keep(worker: Arc<Worker>, lease: Lease, watch: Watch, done: CancellationToken) {
     let Watch {
         stop,
         reason,
@@ -95,17 +179,14 @@ async fn keep(worker: Arc<Worker>, mut lease: Lease, watch: Watch, done: Cancell
         window_ends_at,
         signals,
     } = watch;
-    let ttl = worker.leases.ttl();
-    let interval = (ttl / 3).max(Duration::from_millis(100));
-    let mut renewed_at = Instant::now();
-    // The next renewal, a full interval after the last try, failed ones included.
-    let mut renew_at = renewed_at + interval;
+    let mut renewal = Renewal::new(worker.clone(), worker.leases.clone(), lease);
+    let interval = renewal.interval;
     loop {
         // Wake at the window's end too, so the step stops there, not a renewal later.
         let until_window = window_ends_at
             .and_then(|end| (end - Utc::now()).to_std().ok())
             .map(|left| left.max(Duration::from_millis(50)));
-        let until_renewal = renew_at.saturating_duration_since(Instant::now());
+        let until_renewal = renewal.due().saturating_duration_since(Instant::now());
         let nap = until_window.map_or(until_renewal, |left| left.min(until_renewal));
         // A signal (a cancel or pause asked now) is read at once; the lease is renewed
         // on its own schedule.
@@ -114,43 +195,21 @@ async fn keep(worker: Arc<Worker>, mut lease: Lease, watch: Watch, done: Cancell
             _ = signals.wake.notified() => true,
             _ = done.cancelled() => return,
         };
-        if !signalled || Instant::now() >= renew_at {
-            renew_at = Instant::now() + interval;
-            // Past the deadline without a renewal: fence ourselves before asking anyone.
-            if renewed_at.elapsed() >= ttl {
-                lost(
-                    &worker,
-                    &stop,
-                    &reason,
-                    "the lease deadline passed without a renewal",
-                );
+        if !signalled || Instant::now() >= renewal.due() {
+            if let Err(unkept) = renewal.renew().await {
+                if let Unkept::Lost(why) = unkept {
+                    lost(&worker, &stop, &reason, &why);
+                }
                 return;
             }
-            match worker.leases.renew(&mut lease).await {
-                Ok(()) => {
-                    renewed_at = Instant::now();
-                    worker.metrics.leases_renewed.inc();
-                }
-                Err(LeaseError::Db(e)) => {
-                    tracing::warn!(error = %e, request_id = %lease.request_id.simple(), "lease renewal failed; retrying until the deadline");
-                    continue;
-                }
-                Err(e) => {
-                    // The job committed its outcome and let the lease go between this
-                    // renewal's start and the keeper's stop: that is not a loss.
-                    if !released_by_its_job(&worker, &lease).await {
-                        lost(&worker, &stop, &reason, &e.to_string());
-                    }
-                    return;
-                }
-            }
         }
+        let request_id = renewal.lease.request_id;
         let asked = sqlx::query_as::<_, (bool, bool, bool)>(
             "SELECT cancel_requested_at IS NOT NULL, pause_requested_at IS NOT NULL,
                     COALESCE($2 <= now(), FALSE)
                FROM execution_requests WHERE id = $1",
         )
-        .bind(lease.request_id)
+        .bind(request_id)
         .bind(window_ends_at)
         .fetch_one(&worker.pool);
         // Never past the next renewal: the deadline check must not wait on this read.
@@ -160,28 +219,15 @@ async fn keep(worker: Arc<Worker>, mut lease: Lease, watch: Watch, done: Cancell
         };
         pause.send_if_modified(|p| std::mem::replace(p, paused) != paused);
         if cancelled {
-            tracing::info!(request_id = %lease.request_id.simple(), "cancellation requested; stopping the step");
+            tracing::info!(request_id = %request_id.simple(), "cancellation requested; stopping the step");
             reason.set(Reason::Cancelled);
             stop.cancel();
         } else if window_ended {
-            tracing::info!(request_id = %lease.request_id.simple(), "the continuation's window ended; stopping the step");
+            tracing::info!(request_id = %request_id.simple(), "the continuation's window ended; stopping the step");
             reason.set(Reason::WindowEnded);
             stop.cancel();
         }
     }
-}
-
-/// Whether the request's lease was let go by its own holder: same epoch, no owner
-/// (a takeover or a fence moves the epoch).
-async fn released_by_its_job(worker: &Worker, lease: &Lease) -> bool {
-    let released: Result<Option<bool>, _> = sqlx::query_scalar(
-        "SELECT lease_epoch = $2 AND lease_owner IS NULL FROM execution_requests WHERE id = $1",
-    )
-    .bind(lease.request_id)
-    .bind(lease.epoch)
-    .fetch_optional(&worker.pool)
-    .await;
-    matches!(released, Ok(Some(true)))
 }
 
 fn lost(worker: &Worker, stop: &CancellationToken, reason: &StopReason, why: &str) {

@@ -24,12 +24,14 @@
 //! - [`pause`]: pause and resume requests and what the worker records of them.
 //! - [`action`]: reviewed continuation actions.
 //! - [`resume`]: the resume context a worker records of the tree it acquired.
+//! - [`marks`]: what is recorded beside the state (output reclaimed, announced again).
 
 pub mod action;
 pub mod admit;
 pub mod cancel;
 pub mod fence;
 pub mod limits;
+pub mod marks;
 pub mod pause;
 pub mod requeue;
 pub mod resume;

@@ -7,10 +7,13 @@
 //! - [`record`]: state moves, placements and fencing, for every component.
 //! - [`ask`]: what the API and sweepers ask of the owner (`desired`, stop reasons, disk,
 //!   timeout, placing again).
+//! - [`owner`]: the moves of the worker holding its lease (running, paused, failed,
+//!   destroyed, stopped).
 //! - [`operations`]: operations recorded for the owner, and idempotency keys.
 
 pub mod ask;
 pub mod operations;
+pub mod owner;
 pub mod record;
 pub mod spec;
 pub mod state;

@@ -123,16 +123,7 @@ pub async fn interrupt_operations(
 
 /// Ends the holds on the sandbox's tree (its worker keeps it no longer).
 pub async fn end_holds(conn: &mut PgConnection, id: Uuid, reason: &str) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE holds SET ended_at = now(), end_reason = $2
-          WHERE ended_at IS NULL
-            AND workspace_id = (SELECT workspace_id FROM sandboxes WHERE id = $1)",
-    )
-    .bind(id)
-    .bind(reason)
-    .execute(conn)
-    .await?;
-    Ok(())
+    crate::hold::end_for_sandbox(conn, id, reason).await
 }
 
 /// The sandbox's tree is on no worker any more (it stopped, or its worker was lost):
@@ -145,15 +136,7 @@ pub async fn tree_released(
     reason: &str,
 ) -> Result<(), sqlx::Error> {
     end_holds(conn, id, reason).await?;
-    sqlx::query(
-        "UPDATE workspaces SET state = 'stopped', host = NULL, path = NULL, directory_id = NULL,
-                updated_at = now()
-          WHERE id = (SELECT workspace_id FROM sandboxes WHERE id = $1) AND state <> 'destroyed'",
-    )
-    .bind(id)
-    .execute(conn)
-    .await?;
-    Ok(())
+    crate::workspace::leave_worker_of_sandbox(conn, id).await
 }
 
 /// Destroys a sandbox no worker holds: released, its pending operations ended, its
@@ -174,12 +157,6 @@ pub async fn destroy_unowned(
     .await?;
     interrupt_operations(conn, id, "the sandbox was destroyed first").await?;
     end_holds(conn, id, "sandbox_destroyed").await?;
-    sqlx::query(
-        "UPDATE workspaces SET state = 'destroyed', destroyed_at = now(), updated_at = now()
-          WHERE id = (SELECT workspace_id FROM sandboxes WHERE id = $1) AND state <> 'destroyed'",
-    )
-    .bind(id)
-    .execute(conn)
-    .await?;
+    crate::workspace::destroy_of_sandbox(conn, id).await?;
     Ok(())
 }

@@ -14,7 +14,8 @@
 //!   reaper's last sweeps (the console's Operations page reads these).
 //! - [`state`]: what every handler shares (the pool, the counters).
 //! - [`openapi`]: the generated OpenAPI document.
-//! - [`router`]: every route, in groups; [`path`]: path ids.
+//! - [`router`]: every route, in groups; [`path`]: path ids; [`poll`]: the long poll of a
+//!   route that waits for a worker.
 
 pub mod auth;
 pub mod continuation;
@@ -27,6 +28,7 @@ pub mod openapi;
 pub mod path;
 pub mod pause;
 pub mod policy;
+pub mod poll;
 pub mod query;
 pub mod reaper;
 pub mod router;

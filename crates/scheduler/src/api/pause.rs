@@ -118,14 +118,9 @@ async fn settle(
     wait: Duration,
     done: impl Fn(&PauseView) -> bool,
 ) -> Result<PauseView, ApiError> {
-    let until = tokio::time::Instant::now() + wait;
-    loop {
-        let current = view(run_id, load(pool, run_id).await?);
-        if done(&current) || tokio::time::Instant::now() >= until {
-            return Ok(current);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let read = || async { Ok(view(run_id, load(pool, run_id).await?)) };
+    let every = Duration::from_millis(100);
+    Ok(super::poll::until(wait, every, read, done).await?.0)
 }
 
 /// Pause a running run: its step's processes stop and a checkpoint is captured before

@@ -3,11 +3,12 @@
 use super::{Custody, CustodyError, Subject, Tier, Tree};
 use crate::fault;
 use crate::workspace::{self, Workspace};
-use backon::{BackoffBuilder, ExponentialBuilder};
 use cairn_common::hold;
 use cairn_common::lease::Lease;
-use cairn_common::lineage::{self, NewSnapshot, RestoreOutcome, SnapshotStatus};
+use cairn_common::lineage::{self, CapturedBy, NewSnapshot, RestoreOutcome, SnapshotStatus};
 use cairn_common::request;
+use cairn_common::retry::Delays;
+use cairn_common::workspace as workspace_row;
 use cairn_snapshot::store::ArtifactStore;
 use cairn_snapshot::{self as snapshot, Manifest, SnapshotError};
 use serde_json::{json, Value};
@@ -157,7 +158,7 @@ impl Custody {
             // Its hold guards nothing a successor may use: end it, and remove the tree.
             let mut tx = lease.begin_fenced(&self.pool).await?;
             hold::end(&mut tx, hold_id, "not_adoptable").await?;
-            destroy_row(&mut tx, old_workspace).await?;
+            workspace_row::destroy(&mut tx, old_workspace).await?;
             lineage::record_restore(
                 &mut tx,
                 Some(subject.request_id),
@@ -362,11 +363,8 @@ impl Custody {
             // Used now: the idle rule never retires what is being restored.
             let _ = lineage::touch(&mut conn, snapshot_id).await;
         }
-        let mut delays = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(200))
-            .with_max_delay(Duration::from_secs(2))
-            .with_max_times(RESTORE_TRIES - 1)
-            .build();
+        let (min, max) = (Duration::from_millis(200), Duration::from_secs(2));
+        let mut delays = Delays::tries(min, max, RESTORE_TRIES);
         loop {
             if let Err(e) = workspace.empty_tree().await {
                 return Err(Restore::Unavailable(format!("preparing the tree: {e}")));
@@ -447,45 +445,32 @@ impl Custody {
         });
         let path = workspace.root.to_string_lossy().into_owned();
         let mut tx = lease.begin_fenced(&self.pool).await?;
-        sqlx::query(
-            "INSERT INTO workspaces (id, run_id, work_context_id, agent, backend, persistent, state, host, path,
-                                     credential_generation, request_id, directory_id, snapshot_id)
-             VALUES ($1, $2, $3, $4, $5, $6, 'running', $7, $8, $9, $10, $11, $12)",
-        )
-        .bind(workspace_id)
-        .bind(subject.run_id)
-        .bind(subject.work_context)
-        .bind(&subject.agent)
-        .bind(&self.settings.backend)
-        .bind(self.settings.persistent)
-        .bind(&self.settings.worker_id)
-        .bind(&path)
-        .bind(generation)
-        .bind(subject.request_id)
-        .bind(self.directory.id)
-        .bind(acquired.position)
-        .execute(&mut *tx)
-        .await?;
+        let in_use = workspace_row::InUse {
+            id: workspace_id,
+            agent: &subject.agent,
+            backend: &self.settings.backend,
+            persistent: self.settings.persistent,
+            host: &self.settings.worker_id,
+            directory_id: self.directory.id,
+            path: &path,
+            snapshot_id: acquired.position,
+            work_context_id: subject.work_context,
+            run: Some((subject.run_id, subject.request_id, generation)),
+        };
+        workspace_row::in_use(&mut tx, &in_use).await?;
         if let Some((hold_id, old_workspace)) = acquired.adopted {
             // The hold moves with the tree: no gap in which the tree is unguarded.
             hold::move_to(&mut tx, hold_id, workspace_id).await?;
-            destroy_row(&mut tx, old_workspace).await?;
+            workspace_row::destroy(&mut tx, old_workspace).await?;
         }
         // The tree at this path is now this one: older rows of the path (runs of the
         // request that were fenced or died here) describe nothing any more.
-        sqlx::query(
-            "WITH stale AS (
-                 UPDATE workspaces SET state = 'destroyed', destroyed_at = now(), updated_at = now()
-                  WHERE directory_id = $1 AND path = $2 AND id <> $3 AND state <> 'destroyed'
-              RETURNING id)
-             UPDATE holds SET ended_at = now(), end_reason = 'tree_replaced'
-              WHERE ended_at IS NULL AND workspace_id IN (SELECT id FROM stale)",
-        )
-        .bind(self.directory.id)
-        .bind(&path)
-        .bind(workspace_id)
-        .execute(&mut *tx)
-        .await?;
+        let stale =
+            workspace_row::destroy_others_at(&mut tx, self.directory.id, &path, workspace_id)
+                .await?;
+        for old in stale {
+            hold::end_for_workspace(&mut tx, old, "tree_replaced").await?;
+        }
         request::resume::record(&mut tx, subject.request_id, &resume_context).await?;
         lineage::record_restore(
             &mut tx,
@@ -571,7 +556,9 @@ impl Custody {
                 store_url: store.url(),
                 store_id: self.settings.store_id,
                 credential_generation: generation,
-                owner: Some((lease.request_id, lease.epoch)),
+                owner: Some((CapturedBy::Request(lease.request_id), lease.epoch)),
+                predecessor: None,
+                name: None,
             },
         )
         .await
@@ -619,18 +606,4 @@ pub(crate) enum Restore {
     Unusable(String),
     /// It could not be read now: its store did not answer.
     Unavailable(String),
-}
-
-/// Marks a workspace row destroyed (its tree is gone, or no longer this row's).
-pub(super) async fn destroy_row(
-    conn: &mut sqlx::PgConnection,
-    workspace_id: Uuid,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE workspaces SET state = 'destroyed', destroyed_at = now(), updated_at = now() WHERE id = $1",
-    )
-    .bind(workspace_id)
-    .execute(conn)
-    .await?;
-    Ok(())
 }

@@ -8,8 +8,9 @@
 //! restored from or adopted at, or none (baseline, cold). The journal reuses a receipt
 //! only on a tree that holds its snapshot ([`cairn_common::journal::standings`]).
 //!
-//! **One durable fact per step** ([`checkpoint`]): the tree is captured under a durable
-//! hold, then the receipt, the snapshot's `ready` and its lineage append commit in one
+//! **One durable fact per job** ([`commit`]): a run's step, a sandbox's operation, stop,
+//! snapshot or fork commits its seal with the capture of its tree. A step's tree is
+//! captured under a durable hold ([`checkpoint`]), then the receipt, the snapshot's `ready` and its lineage append commit in one
 //! fenced transaction. A worker killed before that commit leaves an intent without a
 //! receipt. A step that changed nothing commits its receipt on the snapshot the tree is
 //! already at, writing no pack. A capture that keeps failing is retried within the
@@ -20,10 +21,12 @@
 
 mod acquire;
 mod checkpoint;
+mod commit;
 mod release;
 
 pub(crate) use acquire::Restore;
 pub use checkpoint::{Checkpoint, Commit};
+pub use commit::{Capture, Seal, TreeAt};
 pub use release::Release;
 
 use crate::directory::Directory;
@@ -142,14 +145,5 @@ pub async fn set_paused(
     tree: &Tree,
     paused: bool,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE workspaces SET state = CASE WHEN $2 THEN 'paused' ELSE 'running' END,
-                paused_at = CASE WHEN $2 THEN now() END, updated_at = now()
-          WHERE id = $1 AND state IN ('running', 'paused')",
-    )
-    .bind(tree.workspace_id)
-    .bind(paused)
-    .execute(conn)
-    .await?;
-    Ok(())
+    cairn_common::workspace::set_paused(conn, tree.workspace_id, paused).await
 }

@@ -5,6 +5,7 @@ use crate::workspace;
 use cairn_common::hold::{self, HoldTarget};
 use cairn_common::lease::Lease;
 use cairn_common::lineage;
+use cairn_common::workspace as workspace_row;
 
 /// How a job lets go of its tree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,15 +70,10 @@ impl Custody {
                 agent: &subject.agent,
             };
             hold::hold(&mut *conn, &target, "uncaptured tree", expires).await?;
-            sqlx::query(
-                "UPDATE workspaces SET state = 'stopped', updated_at = now() WHERE id = $1",
-            )
-            .bind(tree.workspace_id)
-            .execute(&mut *conn)
-            .await?;
+            workspace_row::stop(&mut *conn, tree.workspace_id).await?;
             return Ok(());
         }
-        super::acquire::destroy_row(&mut *conn, tree.workspace_id).await?;
+        workspace_row::destroy(&mut *conn, tree.workspace_id).await?;
         if let Release::Ended { retire } = how {
             // Any hold of a terminal task ends with it, in the same transaction.
             hold::end_for_workspace(&mut *conn, tree.workspace_id, "task_ended").await?;

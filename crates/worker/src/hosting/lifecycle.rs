@@ -8,10 +8,10 @@ use super::{HostError, SandboxRow, POLL};
 use crate::context::Worker;
 use crate::isolation;
 use crate::workspace;
-use backon::{BackoffBuilder, ExponentialBuilder};
 use cairn_common::lease::{Lease, LeaseError};
-use cairn_common::sandbox::record;
-use cairn_common::sandbox::{SandboxEvent, SandboxState};
+use cairn_common::retry::Delays;
+use cairn_common::sandbox::owner;
+use cairn_common::workspace as workspace_row;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -157,12 +157,12 @@ impl Host {
                     return Ok("pause_expired");
                 }
                 ("paused", None) => {
-                    self.pause(true).await?;
+                    self.pause(tree, true).await?;
                     paused = Some(tokio::time::Instant::now());
                     continue;
                 }
                 ("running", Some(_)) => {
-                    self.pause(false).await?;
+                    self.pause(tree, false).await?;
                     paused = None;
                 }
                 (_, Some(_)) => continue,
@@ -176,30 +176,13 @@ impl Host {
 
     /// Freezes every process of the sandbox in place and records it paused, or thaws
     /// them and records it running.
-    async fn pause(&self, frozen: bool) -> Result<(), HostError> {
+    async fn pause(&self, tree: &SandboxTree, frozen: bool) -> Result<(), HostError> {
         if let Some(session) = &self.session {
             session.freeze(frozen);
         }
         let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
-        let event = if frozen {
-            SandboxEvent::Pause
-        } else {
-            SandboxEvent::Resume
-        };
-        record::transition(&mut tx, self.row.id, event).await?;
-        sqlx::query(
-            "UPDATE sandboxes SET paused_at = CASE WHEN $2 THEN now() END, last_activity_at = now()
-              WHERE id = $1",
-        )
-        .bind(self.row.id)
-        .bind(frozen)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query("UPDATE workspaces SET state = CASE WHEN $2 THEN 'paused' ELSE 'running' END WHERE id = (SELECT workspace_id FROM sandboxes WHERE id = $1)")
-            .bind(self.row.id)
-            .bind(frozen)
-            .execute(&mut *tx)
-            .await?;
+        owner::paused(&mut tx, self.row.id, frozen).await?;
+        workspace_row::set_paused(&mut tx, tree.workspace_id, frozen).await?;
         tx.commit().await?;
         tracing::info!(frozen, "sandbox paused or thawed in place");
         Ok(())
@@ -224,15 +207,7 @@ impl Host {
 
     /// Lets the lease lapse now, so the sweeper places the sandbox again at once.
     async fn lapse(&self) {
-        let _ = sqlx::query(
-            "UPDATE sandboxes SET lease_deadline = clock_timestamp()
-              WHERE id = $1 AND lease_epoch = $2 AND lease_owner = $3",
-        )
-        .bind(self.row.id)
-        .bind(self.lease.epoch)
-        .bind(&self.lease.owner)
-        .execute(&self.worker.pool)
-        .await;
+        self.worker.leases.for_sandboxes().lapse(&self.lease).await;
     }
 
     /// Ends this owner's lease in its fenced transaction, commits it, then drops the
@@ -252,21 +227,15 @@ impl Host {
     /// Marks the sandbox running on this worker, its tree recorded and held.
     async fn running(&self, tree: &SandboxTree) -> Result<(), HostError> {
         let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
-        let event = match self.row.state {
-            SandboxState::Creating => SandboxEvent::Ready,
-            _ => SandboxEvent::Resume,
-        };
         tree::record_in_use(&mut tx, &self.worker, &self.row, tree).await?;
-        record::transition(&mut tx, self.row.id, event).await?;
-        sqlx::query(
-            "UPDATE sandboxes SET worker_id = $2, workspace_id = $3, stop_reason = NULL, error_reason = NULL,
-                    paused_at = NULL, last_activity_at = now(), placement_attempt = 1
-              WHERE id = $1",
+        let worker_id = &self.worker.settings.worker_id;
+        owner::running_on(
+            &mut tx,
+            self.row.id,
+            self.row.state,
+            worker_id,
+            tree.workspace_id,
         )
-        .bind(self.row.id)
-        .bind(&self.worker.settings.worker_id)
-        .bind(tree.workspace_id)
-        .execute(&mut *tx)
         .await?;
         tx.commit().await?;
         Ok(())
@@ -276,30 +245,7 @@ impl Host {
     /// reason; one being resumed is (or stays) stopped and says why.
     async fn failed(&self, reason: &str) -> Result<(), HostError> {
         let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
-        if self.row.state == SandboxState::Creating {
-            record::transition(&mut tx, self.row.id, SandboxEvent::BootFailure).await?;
-            sqlx::query("UPDATE sandboxes SET error_reason = $2 WHERE id = $1")
-                .bind(self.row.id)
-                .bind(reason)
-                .execute(&mut *tx)
-                .await?;
-        } else {
-            // A paused one whose worker was lost and whose disk cannot be restored now
-            // is stopped, as its pause would have been.
-            if self.row.state == SandboxState::Paused {
-                record::transition(&mut tx, self.row.id, SandboxEvent::Stop).await?;
-            }
-            sqlx::query(
-                "UPDATE sandboxes SET desired = 'stopped', stop_reason = 'restore_failed', error_reason = $2,
-                        paused_at = NULL
-                  WHERE id = $1",
-            )
-            .bind(self.row.id)
-            .bind(reason)
-            .execute(&mut *tx)
-            .await?;
-        }
-        record::interrupt_operations(&mut tx, self.row.id, reason).await?;
+        owner::unplaceable(&mut tx, self.row.id, self.row.state, reason).await?;
         self.release_and_commit(tx).await?;
         tracing::warn!(reason, "sandbox could not be prepared");
         Ok(())
@@ -313,11 +259,8 @@ impl Host {
         tree: &mut SandboxTree,
         reason: Option<&str>,
     ) -> Result<(), HostError> {
-        let mut delays = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_millis(200))
-            .with_max_delay(Duration::from_secs(2))
-            .with_max_times(STOP_TRIES - 1)
-            .build();
+        let (min, max) = (Duration::from_millis(200), Duration::from_secs(2));
+        let mut delays = Delays::tries(min, max, STOP_TRIES);
         loop {
             let error = match tree::commit(
                 &self.worker,
@@ -340,18 +283,11 @@ impl Host {
                 Err(e @ (HostError::Capture(_) | HostError::Db(_) | HostError::Transient(_))) => e,
                 Err(e) => return Err(e),
             };
-            match delays.next() {
-                Some(delay) if !self.lost.is_cancelled() => {
-                    tracing::warn!(error = %error, ?delay, "stop capture failed; retrying");
-                    tokio::time::sleep(delay).await;
-                }
-                _ => {
-                    self.runtime_failure(&format!(
-                        "its stop snapshot could not be captured: {error}"
-                    ))
-                    .await?;
-                    return Ok(());
-                }
+            tracing::warn!(error = %error, "stop capture failed; retrying");
+            if delays.wait(&self.lost).await.is_none() {
+                let reason = format!("its stop snapshot could not be captured: {error}");
+                self.runtime_failure(&reason).await?;
+                return Ok(());
             }
         }
     }
@@ -359,13 +295,7 @@ impl Host {
     /// Recovery failed at run time: the sandbox is in `error`; its hold keeps the tree.
     async fn runtime_failure(&self, reason: &str) -> Result<(), HostError> {
         let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
-        record::transition(&mut tx, self.row.id, SandboxEvent::RuntimeFailure).await?;
-        sqlx::query("UPDATE sandboxes SET error_reason = $2 WHERE id = $1")
-            .bind(self.row.id)
-            .bind(reason)
-            .execute(&mut *tx)
-            .await?;
-        record::interrupt_operations(&mut tx, self.row.id, reason).await?;
+        owner::runtime_failed(&mut tx, self.row.id, reason).await?;
         self.release_and_commit(tx).await?;
         Ok(())
     }
@@ -377,20 +307,7 @@ impl Host {
             session.end(&self.worker.isolation).await;
         }
         let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
-        record::transition(&mut tx, self.row.id, SandboxEvent::Destroy).await?;
-        sqlx::query("UPDATE sandboxes SET destroyed_at = now(), paused_at = NULL WHERE id = $1")
-            .bind(self.row.id)
-            .execute(&mut *tx)
-            .await?;
-        record::interrupt_operations(&mut tx, self.row.id, "the sandbox was destroyed first")
-            .await?;
-        record::end_holds(&mut tx, self.row.id, "sandbox_destroyed").await?;
-        sqlx::query(
-            "UPDATE workspaces SET state = 'destroyed', destroyed_at = now(), updated_at = now() WHERE id = $1",
-        )
-        .bind(tree.workspace_id)
-        .execute(&mut *tx)
-        .await?;
+        owner::destroyed(&mut tx, self.row.id).await?;
         self.release_and_commit(tx).await?;
         workspace::remove(&tree.workspace).await;
         Ok(())

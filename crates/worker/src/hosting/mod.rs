@@ -17,7 +17,7 @@ pub mod tree;
 
 use crate::context::Worker;
 use cairn_common::egress::{Effective, Layer, NetworkSpec};
-use cairn_common::lease::{Lease, LeaseError, Leases};
+use cairn_common::lease::{Lease, LeaseError};
 use cairn_common::sandbox::SandboxState;
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,6 +47,19 @@ impl From<cairn_common::request::Error> for HostError {
         match e {
             cairn_common::request::Error::Db(e) => HostError::Db(e),
             refused => HostError::Capture(format!("the sandbox moved under its owner: {refused}")),
+        }
+    }
+}
+
+impl From<crate::custody::CustodyError> for HostError {
+    fn from(e: crate::custody::CustodyError) -> Self {
+        use crate::custody::CustodyError;
+        match e {
+            CustodyError::Lease(e) => e.into(),
+            CustodyError::Db(e) => HostError::Db(e),
+            CustodyError::CheckpointUnavailable(reason) => HostError::Transient(reason),
+            CustodyError::CaptureFailed(reason) => HostError::Capture(reason),
+            CustodyError::Workspace(e) => HostError::Capture(e.to_string()),
         }
     }
 }
@@ -170,7 +183,8 @@ pub async fn host(
     worker.active.enter(id).await;
     let leases = worker.leases.for_sandboxes();
     let lost = CancellationToken::new();
-    let keeper = tokio::spawn(keep(leases.clone(), lease.clone(), lost.clone()));
+    let renewal = crate::keeper::Renewal::new(worker.clone(), leases, lease.clone());
+    let keeper = tokio::spawn(crate::keeper::keep_lease(renewal, lost.clone()));
     let host = lifecycle::Host {
         worker: worker.clone(),
         lease,
@@ -206,26 +220,6 @@ pub async fn host(
         }
     }
     worker.active.leave(id).await;
-}
-
-/// Renews the lease every third of its TTL; a database fault is retried until the
-/// deadline; once the lease cannot be kept, `lost` is cancelled.
-async fn keep(leases: Leases, mut lease: Lease, lost: CancellationToken) {
-    let every = leases.ttl() / 3;
-    loop {
-        tokio::time::sleep(every).await;
-        match leases.renew(&mut lease).await {
-            Ok(()) => {}
-            Err(LeaseError::Db(e)) if chrono::Utc::now() < lease.deadline => {
-                tracing::warn!(error = %e, "sandbox lease not renewed; trying again");
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "sandbox lease lost");
-                lost.cancel();
-                return;
-            }
-        }
-    }
 }
 
 /// How often an idle sandbox looks for its next operation and what is asked of it.

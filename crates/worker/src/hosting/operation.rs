@@ -14,6 +14,7 @@ use crate::isolation;
 use crate::step::{self, StepCommand, StepOutcome};
 use base64::Engine;
 use cairn_common::lease::Lease;
+use cairn_common::retry::Delays;
 use cairn_common::sandbox::spec::MAX_FILE_BYTES;
 use cairn_common::sandbox::{operations, ExecSpec, Operation};
 use serde_json::{json, Value};
@@ -110,28 +111,37 @@ pub async fn perform(
         tx.commit().await?;
         return Ok(());
     }
-    let mut last = String::new();
-    for attempt in 0..COMMIT_TRIES {
-        let seal = Seal::Operation {
-            id,
-            result: &result,
-        };
-        match tree::commit(host.worker, host.lease, host.row, tree, seal).await {
+    commit_effects(host, tree, id, &result).await
+}
+
+/// Commits an operation's receipt with the checkpoint of its effects, tried again while
+/// the capture or the database fails; then the operation ends without a receipt (no
+/// receipt without a durable tree) and says so.
+async fn commit_effects(
+    host: &Owner<'_>,
+    tree: &mut SandboxTree,
+    id: Uuid,
+    result: &Value,
+) -> Result<(), HostError> {
+    let (min, max) = (Duration::from_millis(300), Duration::from_secs(3));
+    let mut delays = Delays::tries(min, max, COMMIT_TRIES);
+    let last = loop {
+        let seal = Seal::Operation { id, result };
+        let error = match tree::commit(host.worker, host.lease, host.row, tree, seal).await {
             Ok(_) => return Ok(()),
-            Err(e @ (HostError::Capture(_) | HostError::Db(_) | HostError::Transient(_))) => {
-                tracing::warn!(error = %e, attempt, "committing an operation's effects failed");
-                last = e.to_string();
-                tokio::time::sleep(Duration::from_millis(300 << attempt)).await;
-            }
+            Err(e @ (HostError::Capture(_) | HostError::Db(_) | HostError::Transient(_))) => e,
             Err(e) => return Err(e),
+        };
+        tracing::warn!(error = %error, "committing an operation's effects failed");
+        if delays.wait(host.lost).await.is_none() {
+            break error.to_string();
         }
-    }
-    // No receipt without a durable tree: the operation ends without one, and says so.
-    let mut tx = host.lease.begin_fenced(pool).await?;
+    };
+    let mut tx = host.lease.begin_fenced(&host.worker.pool).await?;
     let error = format!("its effects could not be captured: {last}");
     let ended = operations::Ended::Interrupted {
         error: &error,
-        ran: &result,
+        ran: result,
     };
     operations::finish(&mut tx, id, host.lease.epoch, ended).await?;
     tx.commit().await?;

@@ -9,13 +9,14 @@
 
 use super::{HostError, SandboxRow};
 use crate::context::Worker;
-use crate::custody::Restore;
+use crate::custody::{self, Capture, Checkpoint, Restore, TreeAt};
 use crate::workspace::{self, Workspace};
 use cairn_common::hold::{self, HoldTarget};
 use cairn_common::lease::Lease;
-use cairn_common::lineage::{self, LineageError, NewSnapshot, SnapshotStatus};
-use cairn_common::sandbox::{operations, record, ForkSpec, SandboxEvent};
-use cairn_snapshot::{self as snapshot, Manifest};
+use cairn_common::lineage::CapturedBy;
+use cairn_common::sandbox::{operations, owner, ForkSpec};
+use cairn_common::workspace as workspace_row;
+use cairn_snapshot::Manifest;
 use serde_json::Value;
 use sqlx::PgConnection;
 use std::sync::Arc;
@@ -66,33 +67,7 @@ pub async fn acquire(worker: &Worker, row: &SandboxRow) -> Result<SandboxTree, U
         .reset()
         .await
         .map_err(|e| Unacquired::Failed(format!("preparing the tree: {e}")))?;
-    let mut conn = worker.pool.acquire().await?;
-    let head: Option<(Uuid, String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
-        "SELECT s.id, s.store_url, s.created_at FROM lineage_heads h JOIN project_snapshots s ON s.id = h.head_id
-          WHERE h.work_context_id = $1 AND h.retired_at IS NULL AND s.status = 'ready'
-            AND s.retention = 'current'",
-    )
-    .bind(row.id)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let stop: Option<(Uuid, String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
-        "SELECT s.id, s.store_url, s.created_at FROM sandboxes b JOIN project_snapshots s ON s.id = b.stop_snapshot_id
-          WHERE b.id = $1 AND s.status = 'ready' AND s.retention = 'current'",
-    )
-    .bind(row.id)
-    .fetch_optional(&mut *conn)
-    .await?;
-    let source: Option<(Uuid, String, String)> = match row.source_snapshot_id {
-        Some(id) => sqlx::query_as(
-            "SELECT id, store_url, CASE WHEN retention <> 'current' THEN 'deleted' ELSE status END
-                   FROM project_snapshots WHERE id = $1",
-        )
-        .bind(id)
-        .fetch_optional(&mut *conn)
-        .await?,
-        None => None,
-    };
-    drop(conn);
+    let (head, stop, source) = durable_trees(worker, row).await?;
     let position = head.as_ref().map(|h| h.0);
     // The newer of the two is the last durable tree: a stop snapshot holds everything
     // its lineage head did (every operation commits before the stop).
@@ -148,6 +123,51 @@ pub async fn acquire(worker: &Worker, row: &SandboxRow) -> Result<SandboxTree, U
     })
 }
 
+/// A snapshot a sandbox's tree may come from: its id, store and time.
+type Durable = (Uuid, String, chrono::DateTime<chrono::Utc>);
+
+/// The sandbox's lineage head and stop snapshot (ready and current), and its source
+/// snapshot with its status.
+async fn durable_trees(
+    worker: &Worker,
+    row: &SandboxRow,
+) -> Result<
+    (
+        Option<Durable>,
+        Option<Durable>,
+        Option<(Uuid, String, String)>,
+    ),
+    sqlx::Error,
+> {
+    let mut conn = worker.pool.acquire().await?;
+    let head: Option<Durable> = sqlx::query_as(
+        "SELECT s.id, s.store_url, s.created_at FROM lineage_heads h JOIN project_snapshots s ON s.id = h.head_id
+          WHERE h.work_context_id = $1 AND h.retired_at IS NULL AND s.status = 'ready'
+            AND s.retention = 'current'",
+    )
+    .bind(row.id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let stop: Option<Durable> = sqlx::query_as(
+        "SELECT s.id, s.store_url, s.created_at FROM sandboxes b JOIN project_snapshots s ON s.id = b.stop_snapshot_id
+          WHERE b.id = $1 AND s.status = 'ready' AND s.retention = 'current'",
+    )
+    .bind(row.id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let source: Option<(Uuid, String, String)> = match row.source_snapshot_id {
+        Some(id) => sqlx::query_as(
+            "SELECT id, store_url, CASE WHEN retention <> 'current' THEN 'deleted' ELSE status END
+                   FROM project_snapshots WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&mut *conn)
+        .await?,
+        None => None,
+    };
+    Ok((head, stop, source))
+}
+
 async fn restore(
     worker: &Worker,
     id: Uuid,
@@ -185,23 +205,19 @@ pub async fn record_in_use(
     tree: &SandboxTree,
 ) -> Result<(), sqlx::Error> {
     let path = tree.workspace.root.to_string_lossy().into_owned();
-    sqlx::query(
-        "INSERT INTO workspaces (id, agent, backend, persistent, state, host, path, directory_id, snapshot_id, work_context_id)
-         VALUES ($1, $2, $3, $4, 'running', $5, $6, $7, $8, $9)
-         ON CONFLICT (id) DO UPDATE SET state = 'running', host = $5, path = $6, directory_id = $7,
-                snapshot_id = $8, updated_at = now()",
-    )
-    .bind(tree.workspace_id)
-    .bind(&row.agent)
-    .bind(&worker.custody.settings.backend)
-    .bind(row.persistent)
-    .bind(&worker.settings.worker_id)
-    .bind(&path)
-    .bind(worker.custody.directory.id)
-    .bind(tree.position)
-    .bind(row.id)
-    .execute(&mut *conn)
-    .await?;
+    let in_use = workspace_row::InUse {
+        id: tree.workspace_id,
+        agent: &row.agent,
+        backend: &worker.custody.settings.backend,
+        persistent: row.persistent,
+        host: &worker.settings.worker_id,
+        directory_id: worker.custody.directory.id,
+        path: &path,
+        snapshot_id: tree.position,
+        work_context_id: row.id,
+        run: None,
+    };
+    workspace_row::in_use(&mut *conn, &in_use).await?;
     let target = HoldTarget {
         workspace_id: tree.workspace_id,
         run_id: None,
@@ -232,155 +248,37 @@ pub enum Seal<'a> {
     Stop { reason: Option<&'a str> },
 }
 
-/// A capture that will not be sealed fails (so it defers no reclamation).
-async fn abandon(worker: &Worker, snapshot_id: Uuid) {
-    if let Ok(mut conn) = worker.pool.acquire().await {
-        let _ = lineage::set_status(
-            &mut conn,
-            snapshot_id,
-            &[SnapshotStatus::Creating, SnapshotStatus::Uploading],
-            SnapshotStatus::Failed,
-        )
-        .await;
-    }
+/// A seal, as the sandbox's commit writes it.
+struct SandboxSeal<'a> {
+    seal: Seal<'a>,
+    lease: &'a Lease,
+    row: &'a SandboxRow,
 }
 
-/// Commits the tree with `seal`: an operation's receipt stands on the checkpoint holding
-/// its effects (a new one appended to the sandbox's lineage, or the head the tree is at
-/// when nothing changed); a stop captures the stop snapshot. One fenced transaction
-/// makes the snapshot ready and writes the seal; a failure writes nothing.
-pub async fn commit(
-    worker: &Worker,
-    lease: &Lease,
-    row: &SandboxRow,
-    tree: &mut SandboxTree,
-    seal: Seal<'_>,
-) -> Result<Uuid, HostError> {
-    let settings = &worker.custody.settings;
-    let scanned = snapshot::scan(&tree.workspace.root, &settings.rules)
-        .await
-        .map_err(|e| HostError::Capture(format!("reading the tree: {e}")))?;
-    let kind = match seal {
-        Seal::Start | Seal::Operation { .. } => "checkpoint",
-        Seal::Stop { .. } => "stop",
-        Seal::Resource { fork: None, .. } => "named",
-        Seal::Resource { fork: Some(_), .. } => "fork",
-    };
-    let appends = matches!(seal, Seal::Start | Seal::Operation { .. });
-    if let (Seal::Operation { id, result }, Some(position), Some(index), false) =
-        (&seal, tree.position, tree.index.as_deref(), tree.uncaptured)
-    {
-        if scanned.unchanged_from(index) {
-            let mut tx = lease.begin_fenced(&worker.pool).await?;
-            finish_operation(&mut tx, *id, lease.epoch, result, position).await?;
-            tx.commit().await.map_err(HostError::Db)?;
-            return Ok(position);
-        }
-    }
-    let mut tx = lease.begin_fenced(&worker.pool).await?;
-    let generation = lineage::lock_generation(&mut tx, &row.agent).await?;
-    if !lineage::lock_store_for_capture(&mut tx, settings.store_id).await? {
-        return Err(HostError::Capture(
-            "the snapshot store is being reclaimed".into(),
-        ));
-    }
-    let snapshot_id = lineage::create(
-        &mut tx,
-        &NewSnapshot {
-            kind,
-            agent: &row.agent,
-            repository: row.repository.as_deref(),
-            backend: &settings.backend,
-            base_image: settings.base_image.as_deref(),
-            canonical_ref: row.git_ref.as_deref(),
-            work_context_id: Some(row.id),
-            workspace_id: Some(tree.workspace_id),
-            store_url: settings.store.url(),
-            store_id: settings.store_id,
-            credential_generation: generation,
-            owner: None,
-        },
-    )
-    .await?;
-    sqlx::query(
-        "UPDATE project_snapshots SET sandbox_id = $2, lease_epoch = $3, predecessor_id = $4,
-                status = 'uploading' WHERE id = $1",
-    )
-    .bind(snapshot_id)
-    .bind(row.id)
-    .bind(lease.epoch)
-    .bind(tree.position)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await.map_err(HostError::Db)?;
+impl custody::Seal for SandboxSeal<'_> {
+    type Error = HostError;
 
-    let captured = snapshot::capture_scanned(
-        &settings.store,
-        &tree.workspace.root,
-        scanned,
-        tree.index.clone(),
-        snapshot_id,
-    )
-    .await;
-    let manifest = match captured {
-        Ok((manifest, _)) => manifest,
-        Err(e) => {
-            abandon(worker, snapshot_id).await;
-            return Err(HostError::Capture(e.to_string()));
-        }
-    };
-    let sealed = async {
-        let mut tx = lease.begin_fenced(&worker.pool).await?;
-        let size = i64::try_from(manifest.total_bytes()).unwrap_or(i64::MAX);
-        if !lineage::mark_ready(
-            &mut tx,
-            snapshot_id,
-            &snapshot::manifest_key(snapshot_id),
-            size,
-            &manifest.packs,
-        )
-        .await?
-        {
-            return Err(HostError::Capture(
-                "the snapshot was failed while it was captured".into(),
-            ));
-        }
-        if appends {
-            match lineage::append(&mut tx, row.id, &row.agent, tree.position, snapshot_id).await {
-                Ok(_) => {}
-                Err(LineageError::Conflict { actual, .. }) => {
-                    return Err(HostError::Capture(format!(
-                        "the sandbox's lineage moved to {actual:?}"
-                    )))
-                }
-                Err(LineageError::Db(e)) => return Err(HostError::Db(e)),
-            }
-            sqlx::query("UPDATE workspaces SET snapshot_id = $2, updated_at = now() WHERE id = $1")
-                .bind(tree.workspace_id)
-                .bind(snapshot_id)
-                .execute(&mut *tx)
-                .await?;
-        }
-        match &seal {
+    fn stands_on_unchanged(&self) -> bool {
+        matches!(self.seal, Seal::Operation { .. })
+    }
+
+    async fn seal(
+        &self,
+        tx: &mut PgConnection,
+        _lease: &Lease,
+        snapshot_id: Uuid,
+    ) -> Result<(), HostError> {
+        let (lease, row) = (self.lease, self.row);
+        match &self.seal {
             Seal::Start => {}
             Seal::Operation { id, result } => {
-                finish_operation(&mut tx, *id, lease.epoch, result, snapshot_id).await?;
+                finish_operation(tx, *id, lease.epoch, result, snapshot_id).await?;
             }
             Seal::Resource {
-                id,
-                name,
-                fork,
-                started,
+                id, fork, started, ..
             } => {
-                sqlx::query("UPDATE project_snapshots SET name = $2 WHERE id = $1")
-                    .bind(snapshot_id)
-                    .bind(name)
-                    .execute(&mut *tx)
-                    .await?;
                 let forks = match fork {
-                    Some(spec) => {
-                        super::fork::provision(&mut tx, row.id, snapshot_id, spec).await?
-                    }
+                    Some(spec) => super::fork::provision(tx, row.id, snapshot_id, spec).await?,
                     None => Vec::new(),
                 };
                 let frozen_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
@@ -389,28 +287,63 @@ pub async fn commit(
                     "sandbox_ids": forks.iter().map(|f| f.simple().to_string()).collect::<Vec<_>>(),
                     "frozen_ms": frozen_ms,
                 });
-                finish_operation(&mut tx, *id, lease.epoch, &result, snapshot_id).await?;
+                finish_operation(tx, *id, lease.epoch, &result, snapshot_id).await?;
             }
             Seal::Stop { reason } => {
-                stopped(&mut tx, lease, row, snapshot_id, *reason).await?;
+                owner::stopped(tx, row.id, lease.epoch, snapshot_id, *reason).await?;
             }
         }
-        tx.commit().await.map_err(HostError::Db)?;
         Ok(())
     }
-    .await;
-    if let Err(e) = sealed {
-        abandon(worker, snapshot_id).await;
-        return Err(e);
+}
+
+/// Commits the tree with `seal` ([`custody::Custody::commit`]): an operation's receipt
+/// stands on the checkpoint holding its effects (a new one appended to the sandbox's
+/// lineage, or the head the tree is at when nothing changed); a stop captures the stop
+/// snapshot, a snapshot or fork its resource. The sandbox's running hold keeps the
+/// tree meanwhile; a failure writes nothing.
+pub async fn commit(
+    worker: &Worker,
+    lease: &Lease,
+    row: &SandboxRow,
+    tree: &mut SandboxTree,
+    seal: Seal<'_>,
+) -> Result<Uuid, HostError> {
+    let (kind, name) = match &seal {
+        Seal::Start | Seal::Operation { .. } => ("checkpoint", None),
+        Seal::Stop { .. } => ("stop", None),
+        Seal::Resource {
+            fork: None, name, ..
+        } => ("named", *name),
+        Seal::Resource { fork: Some(_), .. } => ("fork", None),
+    };
+    let capture = Capture {
+        kind,
+        agent: &row.agent,
+        repository: row.repository.as_deref(),
+        git_ref: row.git_ref.as_deref(),
+        work_context: row.id,
+        by: CapturedBy::Sandbox(row.id),
+        name,
+        hold: None,
+        appends: matches!(seal, Seal::Start | Seal::Operation { .. }),
+    };
+    let index_is_position = !tree.uncaptured;
+    let at = TreeAt {
+        root: &tree.workspace.root,
+        workspace_id: tree.workspace_id,
+        position: &mut tree.position,
+        index: &mut tree.index,
+        uncaptured: &mut tree.uncaptured,
+        // A tree restored from a stop snapshot or a source is not at its position's
+        // index until its first checkpoint.
+        index_is_position,
+    };
+    let seal = SandboxSeal { seal, lease, row };
+    match worker.custody.commit(lease, &capture, at, &seal).await? {
+        Checkpoint::Stands(snapshot) => Ok(snapshot),
+        Checkpoint::Failed(reason) => Err(HostError::Capture(reason)),
     }
-    // Only a lineage append moves the tree's position; its index must stay the
-    // position's, for the shortcut above.
-    if appends {
-        tree.position = Some(snapshot_id);
-        tree.index = Some(Arc::new(manifest));
-        tree.uncaptured = false;
-    }
-    Ok(snapshot_id)
 }
 
 /// An operation's receipt, on the snapshot holding its effects.
@@ -426,32 +359,4 @@ pub async fn finish_operation(
         snapshot_id: Some(snapshot_id),
     };
     operations::finish(conn, id, epoch, ended).await
-}
-
-/// The stop, sealed with its snapshot in the caller's fenced transaction: the sandbox
-/// `stopped` (for `reason`, or the one the API recorded), its pending operations ended,
-/// its slot and lease released, its tree no longer held here.
-async fn stopped(
-    conn: &mut PgConnection,
-    lease: &Lease,
-    row: &SandboxRow,
-    snapshot_id: Uuid,
-    reason: Option<&str>,
-) -> Result<(), HostError> {
-    record::transition(conn, row.id, SandboxEvent::Stop).await?;
-    sqlx::query(
-        "UPDATE sandboxes SET stop_snapshot_id = $2, stopped_at = now(), desired = 'stopped',
-                stop_reason = COALESCE($3, stop_reason, 'requested'), paused_at = NULL,
-                lease_owner = NULL, lease_deadline = NULL
-          WHERE id = $1 AND lease_epoch = $4",
-    )
-    .bind(row.id)
-    .bind(snapshot_id)
-    .bind(reason)
-    .bind(lease.epoch)
-    .execute(&mut *conn)
-    .await?;
-    record::interrupt_operations(conn, row.id, "the sandbox stopped before it ran").await?;
-    record::tree_released(conn, row.id, "sandbox_stopped").await?;
-    Ok(())
 }

@@ -6,8 +6,8 @@
 use super::handle::{Job, JobOutcome};
 use crate::error::JobError;
 use crate::keeper::Reason;
-use backon::{BackoffBuilder, ExponentialBuilder};
 use cairn_common::request::{self, RequestState};
+use cairn_common::retry::Delays;
 use std::future::Future;
 use std::time::Duration;
 
@@ -80,11 +80,7 @@ pub async fn ended(job: &Job) -> Result<Option<JobOutcome>, JobError> {
 }
 
 /// The delays between retries of a durable write: growing, for up to one lease TTL.
-pub fn within_the_lease(job: &Job) -> impl Iterator<Item = Duration> {
-    ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_delay(Duration::from_secs(2))
-        .with_total_delay(Some(job.worker.leases.ttl()))
-        .without_max_times()
-        .build()
+pub fn within_the_lease(job: &Job) -> Delays {
+    let (min, max) = (Duration::from_millis(100), Duration::from_secs(2));
+    Delays::within(min, max, job.worker.leases.ttl())
 }

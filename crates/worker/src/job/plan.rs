@@ -104,29 +104,22 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
 /// intent is read back first, since its commit may have landed before the connection
 /// broke.
 async fn intend(job: &Job, step: &StepSpec, index: usize) -> Result<Result<i64, Breach>, JobError> {
-    let mut delays = durable::within_the_lease(job);
-    loop {
-        let error = match intend_once(job, step, index).await {
-            Err(JobError::Db(e)) => e,
-            other => return other,
-        };
-        let written =
-            journal::written(&job.worker.pool, job.lease(), Record::Intent, &step.key).await;
-        if let Ok(true) = written {
-            let mut conn = job.worker.pool.acquire().await?;
-            let current =
-                limits::read(&mut conn, job.request_id(), job.claimed.continuation).await?;
-            return Ok(Ok(current.wall_left_ms()));
+    let landed = || async {
+        let pool = &job.worker.pool;
+        if !journal::written(pool, job.lease(), Record::Intent, &step.key).await? {
+            return Ok(None);
         }
-        let Some(delay) = delays.next() else {
-            return Err(JobError::Db(error));
-        };
-        tracing::warn!(error = %error, ?delay, step = %step.key, "the step's intent could not be written; retrying within the lease");
-        if job.stopped() {
-            return Err(JobError::Db(error));
-        }
-        tokio::time::sleep(delay).await;
-    }
+        let mut conn = pool.acquire().await?;
+        let current = limits::read(&mut conn, job.request_id(), job.claimed.continuation).await?;
+        Ok(Some(Ok(current.wall_left_ms())))
+    };
+    durable::until_landed(
+        job,
+        "the step's intent",
+        || intend_once(job, step, index),
+        landed,
+    )
+    .await
 }
 
 async fn intend_once(

@@ -104,19 +104,18 @@ pub async fn reply_when(
     wait: Duration,
     done: impl Fn(&SandboxView) -> bool,
 ) -> Result<Response, ApiError> {
-    let deadline = tokio::time::Instant::now() + wait;
-    loop {
+    let read = || async {
         let mut conn = pool.acquire().await?;
-        let view = view::require(&mut conn, id).await?;
-        drop(conn);
-        if done(&view) {
-            return Ok((StatusCode::OK, Json(view)).into_response());
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Ok((StatusCode::ACCEPTED, Json(view)).into_response());
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        view::require(&mut conn, id).await
+    };
+    let every = Duration::from_millis(50);
+    let (view, done) = crate::api::poll::until(wait, every, read, done).await?;
+    let status = if done {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((status, Json(view)).into_response())
 }
 
 /// Asks the owner for `desired`, or (`stopped` with nobody to ask) leaves it to the

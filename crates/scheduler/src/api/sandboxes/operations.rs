@@ -97,21 +97,21 @@ pub async fn await_receipt(
     operation_id: Uuid,
     wait: Duration,
 ) -> Result<(StatusCode, OperationView), ApiError> {
-    let deadline = tokio::time::Instant::now() + wait;
-    loop {
+    let read = || async {
         let mut conn = state.pool.acquire().await?;
-        let view = view::operation(&mut conn, operation_id)
+        view::operation(&mut conn, operation_id)
             .await?
-            .ok_or_else(|| ApiError::not_found("operation"))?;
-        drop(conn);
-        if view.state == "done" || view.state == "interrupted" {
-            return Ok((StatusCode::OK, view));
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Ok((StatusCode::ACCEPTED, view));
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+            .ok_or_else(|| ApiError::not_found("operation"))
+    };
+    let ended = |view: &OperationView| view.state == "done" || view.state == "interrupted";
+    let every = Duration::from_millis(20);
+    let (view, ended) = crate::api::poll::until(wait, every, read, ended).await?;
+    let status = if ended {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((status, view))
 }
 
 /// Run a command in the sandbox. The reply is its receipt: exit code, signal, timeout,

@@ -324,13 +324,8 @@ pub async fn delete(
         )
         .with_field("status"));
     }
-    sqlx::query(
-        "UPDATE project_snapshots SET retention = 'retired', retired_at = now(), retire_reason = 'deleted'
-          WHERE id = $1 AND retention = 'current'",
-    )
-    .bind(id)
-    .execute(&mut *tx)
-    .await?;
+    let now = chrono::Utc::now();
+    cairn_common::lineage::retention::retire(&mut tx, &[id], ("retired", "deleted"), now).await?;
     let view = load(&mut tx, id).await?;
     tx.commit().await?;
     Ok(Json(view))

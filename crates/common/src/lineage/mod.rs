@@ -13,6 +13,8 @@
 //! restored (its lineage retired, or the snapshot itself retired, failed or
 //! quarantined): then the lineage starts again from it.
 
+pub mod retention;
+
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -92,9 +94,36 @@ pub struct NewSnapshot<'a> {
     /// The identity of the store (see [`store_key`]).
     pub store_id: Uuid,
     pub credential_generation: i64,
-    /// The request and lease epoch capturing it: once that lease can no longer commit,
+    /// Who captures it, under which lease epoch: once that lease can no longer commit,
     /// the capture is abandoned (the reaper fails it).
-    pub owner: Option<(Uuid, i64)>,
+    pub owner: Option<(CapturedBy, i64)>,
+    /// The snapshot the captured tree derives from.
+    pub predecessor: Option<Uuid>,
+    /// A snapshot resource's name.
+    pub name: Option<&'a str>,
+}
+
+/// The job capturing a snapshot: a request's, or a sandbox's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CapturedBy {
+    Request(Uuid),
+    Sandbox(Uuid),
+}
+
+impl CapturedBy {
+    fn request(self) -> Option<Uuid> {
+        match self {
+            CapturedBy::Request(id) => Some(id),
+            CapturedBy::Sandbox(_) => None,
+        }
+    }
+
+    fn sandbox(self) -> Option<Uuid> {
+        match self {
+            CapturedBy::Sandbox(id) => Some(id),
+            CapturedBy::Request(_) => None,
+        }
+    }
 }
 
 /// Inserts a snapshot in `creating`.
@@ -120,8 +149,8 @@ async fn insert(
     sqlx::query(
         "INSERT INTO project_snapshots (id, kind, status, agent, repository, backend, base_image, canonical_ref,
                                         work_context_id, workspace_id, store_url, credential_generation,
-                                        request_id, lease_epoch, store_id)
-         VALUES ($1, $2, $15, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                                        request_id, lease_epoch, store_id, sandbox_id, predecessor_id, name)
+         VALUES ($1, $2, $15, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $16, $17, $18)",
     )
     .bind(id)
     .bind(s.kind)
@@ -134,10 +163,13 @@ async fn insert(
     .bind(s.workspace_id)
     .bind(s.store_url)
     .bind(s.credential_generation)
-    .bind(s.owner.map(|o| o.0))
+    .bind(s.owner.and_then(|o| o.0.request()))
     .bind(s.owner.map(|o| o.1))
     .bind(s.store_id)
     .bind(status)
+    .bind(s.owner.and_then(|o| o.0.sandbox()))
+    .bind(s.predecessor)
+    .bind(s.name)
     .execute(conn)
     .await?;
     Ok(id)

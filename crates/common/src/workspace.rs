@@ -1,0 +1,203 @@
+//! Workspace rows, the one writer of `workspaces`: where a live tree is (worker,
+//! directory, path), whose it is (a run's request, or a sandbox's work context), the
+//! snapshot it is at, and its state. A run's tree gets a row each time it is acquired;
+//! a sandbox keeps one row for its life, moved to whichever worker runs it.
+
+use sqlx::PgConnection;
+use uuid::Uuid;
+
+crate::text_enum! {
+    /// Where a tree stands.
+    pub enum WorkspaceState {
+        Creating => "creating",
+        Running => "running",
+        Stopped => "stopped",
+        Paused => "paused",
+        Error => "error",
+        Destroyed => "destroyed",
+    }
+}
+
+/// A tree in use on a worker.
+#[derive(Debug, Clone)]
+pub struct InUse<'a> {
+    pub id: Uuid,
+    pub agent: &'a str,
+    pub backend: &'a str,
+    pub persistent: bool,
+    /// The worker holding it, its directory and the tree's path there.
+    pub host: &'a str,
+    pub directory_id: Uuid,
+    pub path: &'a str,
+    /// The snapshot the tree is at.
+    pub snapshot_id: Option<Uuid>,
+    pub work_context_id: Uuid,
+    /// A run's tree: its run and request, and the agent's credential generation.
+    pub run: Option<(Uuid, Uuid, i64)>,
+}
+
+/// Records the tree `running` where it is now: a new row, or the sandbox's one row
+/// moved here.
+pub async fn in_use(conn: &mut PgConnection, tree: &InUse<'_>) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO workspaces (id, run_id, work_context_id, agent, backend, persistent, state, host, path,
+                                 credential_generation, request_id, directory_id, snapshot_id)
+         VALUES ($1, $2, $3, $4, $5, $6, $13, $7, $8, COALESCE($9, 0), $10, $11, $12)
+         ON CONFLICT (id) DO UPDATE SET state = $13, host = $7, path = $8, directory_id = $11,
+                snapshot_id = $12, updated_at = now()",
+    )
+    .bind(tree.id)
+    .bind(tree.run.map(|r| r.0))
+    .bind(tree.work_context_id)
+    .bind(tree.agent)
+    .bind(tree.backend)
+    .bind(tree.persistent)
+    .bind(tree.host)
+    .bind(tree.path)
+    .bind(tree.run.map(|r| r.2))
+    .bind(tree.run.map(|r| r.1))
+    .bind(tree.directory_id)
+    .bind(tree.snapshot_id)
+    .bind(WorkspaceState::Running)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// Destroys the other live rows of a directory's path (trees that were fenced or died
+/// there): the tree at the path is now `keep`. Returns the rows destroyed.
+pub async fn destroy_others_at(
+    conn: &mut PgConnection,
+    directory_id: Uuid,
+    path: &str,
+    keep: Uuid,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    sqlx::query_scalar(
+        "UPDATE workspaces SET state = 'destroyed', destroyed_at = now(), updated_at = now()
+          WHERE directory_id = $1 AND path = $2 AND id <> $3 AND state <> 'destroyed'
+         RETURNING id",
+    )
+    .bind(directory_id)
+    .bind(path)
+    .bind(keep)
+    .fetch_all(conn)
+    .await
+}
+
+/// The tree is gone (released, removed or replaced).
+pub async fn destroy(conn: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE workspaces SET state = 'destroyed', destroyed_at = now(), updated_at = now()
+          WHERE id = $1 AND state <> 'destroyed'",
+    )
+    .bind(id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The tree stays where it is, no job running on it (held for a successor).
+pub async fn stop(conn: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE workspaces SET state = 'stopped', updated_at = now() WHERE id = $1")
+        .bind(id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// The tree is now at `snapshot` (its latest commit).
+pub async fn moved_to(
+    conn: &mut PgConnection,
+    id: Uuid,
+    snapshot: Uuid,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE workspaces SET snapshot_id = $2, updated_at = now() WHERE id = $1")
+        .bind(id)
+        .bind(snapshot)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Marks a live tree paused (its processes frozen or stopped) or running again.
+pub async fn set_paused(
+    conn: &mut PgConnection,
+    id: Uuid,
+    paused: bool,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE workspaces SET state = CASE WHEN $2 THEN 'paused' ELSE 'running' END,
+                paused_at = CASE WHEN $2 THEN now() END, updated_at = now()
+          WHERE id = $1 AND state IN ('running', 'paused')",
+    )
+    .bind(id)
+    .bind(paused)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// A sandbox's tree left its worker (stopped): its row stays, on no worker.
+pub async fn leave_worker_of_sandbox(
+    conn: &mut PgConnection,
+    sandbox_id: Uuid,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE workspaces SET state = 'stopped', host = NULL, path = NULL, directory_id = NULL,
+                updated_at = now()
+          WHERE id = (SELECT workspace_id FROM sandboxes WHERE id = $1) AND state <> 'destroyed'",
+    )
+    .bind(sandbox_id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// A sandbox's tree is destroyed with it (its snapshots go after the reaper's grace).
+pub async fn destroy_of_sandbox(
+    conn: &mut PgConnection,
+    sandbox_id: Uuid,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE workspaces SET state = 'destroyed', destroyed_at = now(), updated_at = now()
+          WHERE id = (SELECT workspace_id FROM sandboxes WHERE id = $1) AND state <> 'destroyed'",
+    )
+    .bind(sandbox_id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// When a tree on a worker's disk guards nothing (`w` its row, `$2` the grace in
+/// seconds): untouched for the grace, no live hold (a capture, or one that has not
+/// expired for the grace) on it, and no other live row of its path that is recent or
+/// held.
+pub const UNGUARDED: &str = "w.updated_at < now() - make_interval(secs => $2)
+    AND NOT EXISTS (SELECT 1 FROM holds h
+                     WHERE h.workspace_id = w.id AND h.ended_at IS NULL
+                       AND (h.capture_in_progress OR h.expires_at > now() - make_interval(secs => $2)))
+    AND NOT EXISTS (SELECT 1 FROM workspaces o
+                     WHERE o.directory_id = w.directory_id AND o.path = w.path AND o.id <> w.id AND o.state <> 'destroyed'
+                       AND (o.updated_at >= now() - make_interval(secs => $2)
+                            OR EXISTS (SELECT 1 FROM holds g
+                                        WHERE g.workspace_id = o.id AND g.ended_at IS NULL
+                                          AND (g.capture_in_progress OR g.expires_at > now() - make_interval(secs => $2)))))";
+
+/// Destroys a live tree's row if it still guards nothing ([`UNGUARDED`], with
+/// `grace_secs`); whether it did.
+pub async fn take_unguarded(
+    conn: &mut PgConnection,
+    id: Uuid,
+    grace_secs: f64,
+) -> Result<bool, sqlx::Error> {
+    let taken = sqlx::query(&format!(
+        "UPDATE workspaces w SET state = 'destroyed', destroyed_at = now(), updated_at = now()
+          WHERE w.id = $1 AND w.state IN ('stopped', 'running', 'paused') AND {UNGUARDED}"
+    ))
+    .bind(id)
+    .bind(grace_secs)
+    .execute(conn)
+    .await?
+    .rows_affected();
+    Ok(taken > 0)
+}
