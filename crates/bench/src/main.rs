@@ -189,18 +189,12 @@ async fn main() -> anyhow::Result<()> {
             size_mib,
             postgres,
         } => {
-            isolation::run(runs).await?;
-            if lifecycle {
-                println!();
-                lifecycle::Lifecycle {
-                    files,
-                    size_mib,
-                    postgres: &postgres.postgres,
-                }
-                .run()
-                .await?;
-            }
-            Ok(())
+            sandbox(
+                runs,
+                lifecycle.then_some((files, size_mib)),
+                &postgres.postgres,
+            )
+            .await
         }
         Bench::Pipeline {
             runs,
@@ -245,4 +239,23 @@ async fn main() -> anyhow::Result<()> {
         }
         Bench::ChangeOnePercent { dir } => snapshot::change_one_percent(&dir).map(|_| ()),
     }
+}
+
+/// The step sandbox's cost, then (given its tree's files and MiB) a sandbox's lifecycle.
+async fn sandbox(
+    runs: usize,
+    lifecycle: Option<(usize, u64)>,
+    postgres: &str,
+) -> anyhow::Result<()> {
+    isolation::run(runs).await?;
+    if let Some((files, size_mib)) = lifecycle {
+        println!();
+        let lifecycle = lifecycle::Lifecycle {
+            files,
+            size_mib,
+            postgres,
+        };
+        lifecycle.run().await?;
+    }
+    Ok(())
 }

@@ -191,49 +191,60 @@ impl Client {
         if status.is_success() {
             return Ok(response);
         }
-        let bytes = response.bytes().await.map_err(|e| {
-            CallError::new(unknown, format!("the answer was cut off: {}", cause(&e))).transient()
-        })?;
-        let text = String::from_utf8_lossy(&bytes).into_owned();
-        let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
-        let (code, message, field) = match &body["error"] {
-            Value::Object(e) => (
-                e.get("code")
-                    .and_then(Value::as_str)
-                    .unwrap_or("error")
-                    .to_string(),
-                e.get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_string(),
-                e.get("field").and_then(Value::as_str).map(String::from),
-            ),
-            _ => ("error".into(), body.to_string(), None),
-        };
-        let exit_code = match status {
-            StatusCode::NOT_FOUND => exit::NOT_FOUND,
-            StatusCode::CONFLICT => exit::CONFLICT,
-            StatusCode::BAD_REQUEST
-            | StatusCode::UNPROCESSABLE_ENTITY
-            | StatusCode::UNSUPPORTED_MEDIA_TYPE => exit::REJECTED,
-            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => exit::DENIED,
-            s if s.is_server_error() => unknown,
-            _ => exit::ERROR,
-        };
-        let field = field.map(|f| format!(" (field {f})")).unwrap_or_default();
-        let error = CallError::new(
-            exit_code,
-            format!("{} {code}: {message}{field}", status.as_u16()),
-        );
-        Err(if status.is_server_error() {
-            error.transient()
-        } else {
-            error
-        })
+        Err(refusal(response, unknown).await)
     }
 
     pub async fn get(&self, path: &str) -> Result<Value, CallError> {
         Ok(self.call(Method::GET, path, None, &[]).await?.body)
+    }
+}
+
+/// The error a non-success answer stands for: its documented body's code, message
+/// and field, and the exit code of its status (`unknown` where the outcome is).
+async fn refusal(response: reqwest::Response, unknown: u8) -> CallError {
+    let status = response.status();
+    let bytes = match response.bytes().await {
+        Ok(bytes) => bytes,
+        Err(e) => {
+            let cut = format!("the answer was cut off: {}", cause(&e));
+            return CallError::new(unknown, cut).transient();
+        }
+    };
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let body: Value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    let (code, message, field) = match &body["error"] {
+        Value::Object(e) => (
+            e.get("code")
+                .and_then(Value::as_str)
+                .unwrap_or("error")
+                .to_string(),
+            e.get("message")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+            e.get("field").and_then(Value::as_str).map(String::from),
+        ),
+        _ => ("error".into(), body.to_string(), None),
+    };
+    let exit_code = match status {
+        StatusCode::NOT_FOUND => exit::NOT_FOUND,
+        StatusCode::CONFLICT => exit::CONFLICT,
+        StatusCode::BAD_REQUEST
+        | StatusCode::UNPROCESSABLE_ENTITY
+        | StatusCode::UNSUPPORTED_MEDIA_TYPE => exit::REJECTED,
+        StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN => exit::DENIED,
+        s if s.is_server_error() => unknown,
+        _ => exit::ERROR,
+    };
+    let field = field.map(|f| format!(" (field {f})")).unwrap_or_default();
+    let error = CallError::new(
+        exit_code,
+        format!("{} {code}: {message}{field}", status.as_u16()),
+    );
+    if status.is_server_error() {
+        error.transient()
+    } else {
+        error
     }
 }
 

@@ -279,21 +279,26 @@ pub async fn watch(
             }
         }
         if ended {
-            if !json {
-                match view["stop_reason"].as_str() {
-                    Some(reason) if state != "completed" => println!("run {state}: {reason}"),
-                    _ => println!("run {state}"),
-                }
-            }
-            return Ok(if state == "completed" {
-                exit::OK
-            } else {
-                exit::NOT_COMPLETED
-            });
+            return Ok(say_ended(&view, &state, json));
         }
         tokio::time::sleep(interval).await;
     }
     Ok(exit::OK)
+}
+
+/// Says how the run ended (unless the output is JSON); its exit code.
+fn say_ended(view: &Value, state: &str, json: bool) -> u8 {
+    if !json {
+        match view["stop_reason"].as_str() {
+            Some(reason) if state != "completed" => println!("run {state}: {reason}"),
+            _ => println!("run {state}"),
+        }
+    }
+    if state == "completed" {
+        exit::OK
+    } else {
+        exit::NOT_COMPLETED
+    }
 }
 
 /// Replaces the `drawn` lines printed last with `lines`, each cut to the terminal's

@@ -470,34 +470,7 @@ unsafe fn prepare(plan: &Plan) -> Result<(), i32> {
     // Its own process group: a signal to the worker's (a terminal's ^C) is not its.
     check(libc::setpgid(0, 0))?;
     check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0))?;
-    for (target, &source) in plan.stdio.iter().enumerate() {
-        place(source, target as RawFd)?;
-    }
-    match plan.file {
-        Some(file) => place(file, FILE_FD)?,
-        // `/dev/null` holds the place: nothing of the worker's may stand there.
-        None if !plan.extra.is_empty() => place(plan.stdio[0], FILE_FD)?,
-        None => {}
-    }
-    for (n, &fd) in plan.extra.iter().enumerate() {
-        place(fd, FILE_FD + 1 + n as RawFd)?;
-    }
-    // Nothing else of the worker's: not even a descriptor it inherited without
-    // close-on-exec from whatever started it, which bubblewrap would hand on.
-    let first = if !plan.extra.is_empty() {
-        FILE_FD + 1 + plan.extra.len() as RawFd
-    } else if plan.file.is_some() {
-        FILE_FD + 1
-    } else {
-        3
-    };
-    let closed = libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0);
-    if closed < 0 {
-        // Older kernels and seccomp profiles: one by one, as far as any was open.
-        for fd in first..=plan.highest_fd {
-            libc::close(fd);
-        }
-    }
+    place_descriptors(plan)?;
     check(libc::chdir(plan.cwd.as_ptr()))?;
     for file in &plan.procs {
         let fd = libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
@@ -529,6 +502,41 @@ unsafe fn prepare(plan: &Plan) -> Result<(), i32> {
         std::ptr::null_mut::<u64>(),
         8usize,
     );
+    Ok(())
+}
+
+/// The child's descriptors: its stdio, the file and the extra ones at their places,
+/// and nothing else of the worker's. In the child before exec, as [`prepare`].
+#[allow(unsafe_code)]
+unsafe fn place_descriptors(plan: &Plan) -> Result<(), i32> {
+    for (target, &source) in plan.stdio.iter().enumerate() {
+        place(source, target as RawFd)?;
+    }
+    match plan.file {
+        Some(file) => place(file, FILE_FD)?,
+        // `/dev/null` holds the place: nothing of the worker's may stand there.
+        None if !plan.extra.is_empty() => place(plan.stdio[0], FILE_FD)?,
+        None => {}
+    }
+    for (n, &fd) in plan.extra.iter().enumerate() {
+        place(fd, FILE_FD + 1 + n as RawFd)?;
+    }
+    // Nothing else of the worker's: not even a descriptor it inherited without
+    // close-on-exec from whatever started it, which bubblewrap would hand on.
+    let first = if !plan.extra.is_empty() {
+        FILE_FD + 1 + plan.extra.len() as RawFd
+    } else if plan.file.is_some() {
+        FILE_FD + 1
+    } else {
+        3
+    };
+    let closed = libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0);
+    if closed < 0 {
+        // Older kernels and seccomp profiles: one by one, as far as any was open.
+        for fd in first..=plan.highest_fd {
+            libc::close(fd);
+        }
+    }
     Ok(())
 }
 

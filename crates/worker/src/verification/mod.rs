@@ -105,20 +105,7 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
     // Checks add nothing to capture (a changed source fails the verification); a tree
     // adopted with uncaptured work keeps that state, so a drain keeps it held.
     let ending = verify(job, &adoption, &tree.workspace.root).await;
-    let fenced = match &ending {
-        Err(JobError::Lease(_)) => true,
-        Ok(Ending::Interrupted) => matches!(job.cause(), Some(Reason::Fenced) | None),
-        _ => false,
-    };
-    let drained = matches!(&ending, Ok(Ending::Interrupted)) && job.cause() == Some(Reason::Drain);
-    let passed = matches!(&ending, Ok(Ending::Completed { passed: true, .. }));
-    let how = if fenced {
-        Release::Fenced
-    } else if drained {
-        Release::HandedOn
-    } else {
-        Release::Ended { retire: passed }
-    };
+    let how = release_for(job, &ending);
     job.worker
         .custody
         .release(job.lease(), &subject, &tree, how)
@@ -171,6 +158,24 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
                 Ok(JobOutcome::Fenced)
             }
         },
+    }
+}
+
+/// How the tree is released after the checks ended so.
+fn release_for(job: &Job, ending: &Result<Ending, JobError>) -> Release {
+    let fenced = match ending {
+        Err(JobError::Lease(_)) => true,
+        Ok(Ending::Interrupted) => matches!(job.cause(), Some(Reason::Fenced) | None),
+        _ => false,
+    };
+    let drained = matches!(ending, Ok(Ending::Interrupted)) && job.cause() == Some(Reason::Drain);
+    let passed = matches!(ending, Ok(Ending::Completed { passed: true, .. }));
+    if fenced {
+        Release::Fenced
+    } else if drained {
+        Release::HandedOn
+    } else {
+        Release::Ended { retire: passed }
     }
 }
 
