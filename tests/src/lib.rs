@@ -52,7 +52,16 @@ pub struct Isolation {
 }
 
 impl Isolation {
+    /// A test's own database, already migrated (a copy of the migrated template), its
+    /// queue prefix and key prefix.
     pub fn new(label: &str) -> Isolation {
+        let isolation = Isolation::unmade(label);
+        testing::create_migrated_blocking(&isolation.database_name);
+        isolation
+    }
+
+    /// The same, with a database that does not exist yet: the first binary makes it.
+    pub fn unmade(label: &str) -> Isolation {
         let prefix = testing::unique_prefix(label);
         let database_name = testing::database_name();
         Isolation {

@@ -16,26 +16,8 @@ pub async fn run(runs: usize) -> anyhow::Result<()> {
     let (workspace, home) = (dir.join("workspace"), dir.join("home"));
     std::fs::create_dir_all(&workspace)?;
     std::fs::create_dir_all(&home)?;
-    let settings = |mode| isolation::Settings {
-        mode,
-        bwrap: "bwrap".into(),
-        uid: 1000,
-        gid: 1000,
-        network_default: true,
-        defaults: StepLimits {
-            memory_mb: Some(8192),
-            pids: Some(4096),
-            cpu_seconds: None,
-            open_files: Some(65_536),
-        },
-        read_only: Vec::new(),
-        read_write: Vec::new(),
-        cgroups: true,
-        egress_allow: Vec::new(),
-        etc_dir: dir.join(format!("etc-{mode:?}")),
-    };
-    let baseline = Isolation::start(settings(Mode::Off)).map_err(anyhow::Error::msg)?;
-    let full = Isolation::start(settings(Mode::Required)).map_err(anyhow::Error::msg)?;
+    let baseline = Isolation::start(settings(Mode::Off, &dir)).map_err(anyhow::Error::msg)?;
+    let full = Isolation::start(settings(Mode::Required, &dir)).map_err(anyhow::Error::msg)?;
     println!(
         "sandbox: {runs} starts of /bin/true per mode, each waited for; limits by {}",
         full.report().limits_by()
@@ -49,24 +31,8 @@ pub async fn run(runs: usize) -> anyhow::Result<()> {
     let mut times: Vec<Vec<Duration>> = vec![Vec::with_capacity(runs); modes.len()];
     for i in 0..runs {
         for (m, (_, sandbox, network)) in modes.iter().enumerate() {
-            let command = StepCommand {
-                argv: vec!["/bin/true".into()],
-                env: std::collections::BTreeMap::new(),
-                place: isolation::Spec {
-                    workspace: workspace.clone(),
-                    cwd: None,
-                    home: home.clone(),
-                    network: cairn_common::egress::Effective::flag(*network),
-                    limits: sandbox.limits(None),
-                },
-                timeout: Duration::from_secs(30),
-                output_base: dir.join(format!("out-{m}-{i}")),
-                live: None,
-                max_output: 1024,
-                tail_bytes: 128,
-                redact: true,
-                kill_grace: Duration::from_millis(100),
-            };
+            let (out, network) = (dir.join(format!("out-{m}-{i}")), *network);
+            let command = true_command(sandbox, &workspace, &home, network, out);
             let started = Instant::now();
             let outcome = step::run(
                 &command,
@@ -96,4 +62,54 @@ pub async fn run(runs: usize) -> anyhow::Result<()> {
     );
     let _ = std::fs::remove_dir_all(&dir);
     Ok(())
+}
+
+/// The isolation settings of a mode, with everything a step could need allowed.
+fn settings(mode: Mode, dir: &std::path::Path) -> isolation::Settings {
+    isolation::Settings {
+        mode,
+        bwrap: "bwrap".into(),
+        uid: 1000,
+        gid: 1000,
+        network_default: true,
+        defaults: StepLimits {
+            memory_mb: Some(8192),
+            pids: Some(4096),
+            cpu_seconds: None,
+            open_files: Some(65_536),
+        },
+        read_only: Vec::new(),
+        read_write: Vec::new(),
+        cgroups: true,
+        egress_allow: Vec::new(),
+        etc_dir: dir.join(format!("etc-{mode:?}")),
+    }
+}
+
+/// `/bin/true` in the workspace, with or without the network.
+fn true_command(
+    sandbox: &Isolation,
+    workspace: &std::path::Path,
+    home: &std::path::Path,
+    network: bool,
+    output_base: std::path::PathBuf,
+) -> StepCommand {
+    StepCommand {
+        argv: vec!["/bin/true".into()],
+        env: std::collections::BTreeMap::new(),
+        place: isolation::Spec {
+            workspace: workspace.to_path_buf(),
+            cwd: None,
+            home: home.to_path_buf(),
+            network: cairn_common::egress::Effective::flag(network),
+            limits: sandbox.limits(None),
+        },
+        timeout: Duration::from_secs(30),
+        output_base,
+        live: None,
+        max_output: 1024,
+        tail_bytes: 128,
+        redact: true,
+        kill_grace: Duration::from_millis(100),
+    }
 }

@@ -78,14 +78,7 @@ impl Lifecycle<'_> {
             .to_string();
         api.exec(&source, &change).await?;
         let started = Instant::now();
-        let forked = api
-            .post(&format!("/api/v1/sandboxes/{source}/fork"), json!({}))
-            .await?;
-        let frozen_ms = forked["source_frozen_ms"].as_i64().unwrap_or_default();
-        let fork = forked["sandboxes"][0]["sandbox_id"]
-            .as_str()
-            .context("fork")?
-            .to_string();
+        let (frozen_ms, fork) = api.fork(&source).await?;
         api.wait(&fork, "running").await?;
         let fork_to_running = started.elapsed();
         let started = Instant::now();
@@ -106,11 +99,7 @@ impl Lifecycle<'_> {
             .await?;
         api.wait(&source, "stopped").await?;
         let stop = started.elapsed();
-        let first: String =
-            sqlx::query_scalar("SELECT worker_id FROM sandboxes WHERE id = $1::uuid")
-                .bind(&source)
-                .fetch_one(&stack.pool)
-                .await?;
+        let first = worker_of(&stack.pool, &source).await?;
         // Every sandbox of the first worker is stopped so that only the other can take it.
         for other in [&fork, &restored] {
             api.post(&format!("/api/v1/sandboxes/{other}/stop"), json!({}))
@@ -122,35 +111,14 @@ impl Lifecycle<'_> {
             .await?;
         api.wait(&source, "running").await?;
         let resume = started.elapsed();
-        let second: String =
-            sqlx::query_scalar("SELECT worker_id FROM sandboxes WHERE id = $1::uuid")
-                .bind(&source)
-                .fetch_one(&stack.pool)
-                .await?;
+        let second = worker_of(&stack.pool, &source).await?;
         if second == first {
             bail!("the sandbox resumed on the worker that was stopped");
         }
 
-        let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1000.0);
-        println!("| measure | figure | goal |");
-        println!("|---|---|---|");
-        println!("| source frozen during a fork (its capture of 1% changed) | {frozen_ms} ms | ≤ 300 ms |");
-        println!(
-            "| fork → running | {} | no slower than a restore |",
-            ms(fork_to_running)
-        );
-        println!(
-            "| restore of a named snapshot → running (the baseline) | {} | |",
-            ms(restore_to_running)
-        );
-        println!(
-            "| stop (processes ended, stop snapshot of 1% changed) | {} | |",
-            ms(stop)
-        );
-        println!("| resume on another worker → running | {} | |", ms(resume));
-        println!(
-            "fork vs restore: {:.2}x the restore's time",
-            fork_to_running.as_secs_f64() / restore_to_running.as_secs_f64().max(1e-9)
+        print_table(
+            frozen_ms,
+            [fork_to_running, restore_to_running, stop, resume],
         );
         Ok(())
     }
@@ -178,6 +146,19 @@ impl Api {
             bail!("POST {path}: {status}: {body}");
         }
         Ok(body)
+    }
+
+    /// Forks `source`: how long its source was frozen, and the fork's id.
+    async fn fork(&self, source: &str) -> anyhow::Result<(i64, String)> {
+        let forked = self
+            .post(&format!("/api/v1/sandboxes/{source}/fork"), json!({}))
+            .await?;
+        let frozen_ms = forked["source_frozen_ms"].as_i64().unwrap_or_default();
+        let fork = forked["sandboxes"][0]["sandbox_id"]
+            .as_str()
+            .context("fork")?
+            .to_string();
+        Ok((frozen_ms, fork))
     }
 
     async fn create(&self) -> anyhow::Result<String> {
@@ -225,4 +206,41 @@ impl Api {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
+}
+
+/// The worker a sandbox runs on.
+async fn worker_of(pool: &sqlx::PgPool, sandbox: &str) -> anyhow::Result<String> {
+    let worker = sqlx::query_scalar("SELECT worker_id FROM sandboxes WHERE id = $1::uuid")
+        .bind(sandbox)
+        .fetch_one(pool)
+        .await?;
+    Ok(worker)
+}
+
+/// The figures beside their goals: how long the fork froze its source, then fork,
+/// restore, stop and resume, each until its end state.
+fn print_table(frozen_ms: i64, [fork_to_running, restore_to_running, stop, resume]: [Duration; 4]) {
+    let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1000.0);
+    println!("| measure | figure | goal |");
+    println!("|---|---|---|");
+    println!(
+        "| source frozen during a fork (its capture of 1% changed) | {frozen_ms} ms | ≤ 300 ms |"
+    );
+    println!(
+        "| fork → running | {} | no slower than a restore |",
+        ms(fork_to_running)
+    );
+    println!(
+        "| restore of a named snapshot → running (the baseline) | {} | |",
+        ms(restore_to_running)
+    );
+    println!(
+        "| stop (processes ended, stop snapshot of 1% changed) | {} | |",
+        ms(stop)
+    );
+    println!("| resume on another worker → running | {} | |", ms(resume));
+    println!(
+        "fork vs restore: {:.2}x the restore's time",
+        fork_to_running.as_secs_f64() / restore_to_running.as_secs_f64().max(1e-9)
+    );
 }

@@ -126,33 +126,7 @@ impl Pipeline<'_> {
             }
         }
         print_table(&all);
-        for figures in &all {
-            let gaps: Vec<String> = FIRST_STEP
-                .iter()
-                .zip(figures.first_step)
-                .map(|(what, gap)| format!("{what} {}", ms(gap)))
-                .collect();
-            println!(
-                "first step {} x{}, p50/p99 ms: {}",
-                figures.label,
-                figures.workers,
-                gaps.join(", ")
-            );
-        }
-        println!("{FIRST_STEP_LEGEND}");
-        for figures in &all {
-            if let Some(steady) = &figures.steady {
-                println!(
-                    "steady {} x{}: the {} runs admitted after the first {} s: adm→claim ms p50/99/max {}, adm→done ms p50/99/max {}",
-                    figures.label,
-                    figures.workers,
-                    steady.done_ms.runs,
-                    self.warmup,
-                    steady.claim_ms.cell(),
-                    steady.done_ms.cell()
-                );
-            }
-        }
+        print_latencies(&all, self.warmup);
         let peer = if self.peers {
             // Two prefork processes: one per core, as a Celery user would run here.
             let peer = crate::peers::celery(self.runs, 2, self.postgres)?;
@@ -242,6 +216,37 @@ fn out_of_connections(error: &anyhow::Error) -> bool {
     .any(|sign| text.contains(sign))
 }
 
+/// Each scenario's first-step gaps and, past the warmup, its steady latencies.
+fn print_latencies(all: &[Figures], warmup: f64) {
+    for figures in all {
+        let gaps: Vec<String> = FIRST_STEP
+            .iter()
+            .zip(figures.first_step)
+            .map(|(what, gap)| format!("{what} {}", ms(gap)))
+            .collect();
+        println!(
+            "first step {} x{}, p50/p99 ms: {}",
+            figures.label,
+            figures.workers,
+            gaps.join(", ")
+        );
+    }
+    println!("{FIRST_STEP_LEGEND}");
+    for figures in all {
+        if let Some(steady) = &figures.steady {
+            println!(
+                "steady {} x{}: the {} runs admitted after the first {} s: adm→claim ms p50/99/max {}, adm→done ms p50/99/max {}",
+                figures.label,
+                figures.workers,
+                steady.done_ms.runs,
+                warmup,
+                steady.claim_ms.cell(),
+                steady.done_ms.cell()
+            );
+        }
+    }
+}
+
 async fn measure(
     stack: &Stack,
     steps: usize,
@@ -290,8 +295,30 @@ async fn measure(
         ["finished_at - started_at"],
     )
     .await?;
-    let first_step = gaps(
-        &stack.pool,
+    let first_step = first_step_gaps(&stack.pool).await?;
+    Ok(Figures {
+        label: match steps {
+            1 => "1-step".into(),
+            n => format!("{n}-steps"),
+        },
+        workers,
+        runs,
+        wall,
+        not_completed,
+        messages_per_run: messages_per_run.unwrap_or(f64::NAN),
+        claim_ms,
+        done_ms,
+        steady,
+        breakdown: [queue, acquire, all_steps, finish, per_step],
+        first_step,
+    })
+}
+
+/// The first step's way, gap by gap: admission → published → claimed → workspace →
+/// intent → captured → receipt.
+async fn first_step_gaps(pool: &sqlx::PgPool) -> anyhow::Result<[(f64, f64); 6]> {
+    gaps(
+        pool,
         "WITH published AS (
            SELECT (payload->>'request_id')::uuid AS id, min(published_at) AS at
              FROM outbox GROUP BY 1),
@@ -318,23 +345,7 @@ async fn measure(
             "receipt - captured",
         ],
     )
-    .await?;
-    Ok(Figures {
-        label: match steps {
-            1 => "1-step".into(),
-            n => format!("{n}-steps"),
-        },
-        workers,
-        runs,
-        wall,
-        not_completed,
-        messages_per_run: messages_per_run.unwrap_or(f64::NAN),
-        claim_ms,
-        done_ms,
-        steady,
-        breakdown: [queue, acquire, all_steps, finish, per_step],
-        first_step,
-    })
+    .await
 }
 
 /// Admission → claim and admission → completion over the runs admitted at least `after`

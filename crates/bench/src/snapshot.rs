@@ -99,9 +99,34 @@ fn line(label: &str, took: Duration, bytes: u64) {
     );
 }
 
-pub async fn run(tree: Option<PathBuf>, files: usize, size_mib: u64) -> anyhow::Result<()> {
-    use cairn_snapshot::Repository;
-    use cairn_snapshot::{self as snapshot, CaptureRules};
+/// `tar | zstd -1` of the tree, made durable: the baseline of a full capture.
+fn tar_zstd(src: &std::path::Path, work: &std::path::Path, bytes: u64) -> anyhow::Result<()> {
+    let (s, w) = (src.display(), work.display());
+    run_shell("sync", &[])?;
+    let tar = run_shell(
+        &format!("tar -C '{s}' -cf - . | zstd -q -1 -T0 -o '{w}/tree.tar.zst' && sync"),
+        &[],
+    )?;
+    line("tar | zstd -1 -T0 (+ sync)", tar, bytes);
+    Ok(())
+}
+
+/// Whether restic is there to compare with.
+fn restic_installed() -> bool {
+    Command::new("restic")
+        .arg("version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+/// The tree to measure (a copy of `tree`, else a generated one) in a scratch
+/// directory, and its size in bytes.
+fn prepare(
+    tree: Option<PathBuf>,
+    files: usize,
+    size_mib: u64,
+) -> anyhow::Result<(PathBuf, PathBuf, u64)> {
     let work = std::env::temp_dir().join(format!(
         "cairn-bench-snap-{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
@@ -130,16 +155,73 @@ pub async fn run(tree: Option<PathBuf>, files: usize, size_mib: u64) -> anyhow::
             .map(|n| n.get())
             .unwrap_or(1)
     );
+    Ok((work, src, bytes))
+}
+
+/// Restores of the full capture beside `zstd -d | tar -x` and, when installed, restic's.
+async fn restores(
+    store: &cairn_snapshot::Repository,
+    full: &cairn_snapshot::Manifest,
+    work: &std::path::Path,
+    bytes: u64,
+    restic_env: Option<&[(&str, &str); 2]>,
+) -> anyhow::Result<()> {
+    let w = work.display();
+    // Restores are shown with and without the final sync: the sync (the disk writing a
+    // 1 GiB tree back) varies several-fold from run to run on a shared disk.
+    run_shell("sync", &[])?;
+    let started = Instant::now();
+    cairn_snapshot::restore(store, full, &work.join("restored")).await?;
+    let restored = started.elapsed();
+    let synced = run_shell("sync", &[])?;
+    line("cairn restore (verified, + sync)", restored + synced, bytes);
+    println!(
+        "{:>42}  {:.2} s restoring, {:.2} s sync",
+        "",
+        restored.as_secs_f64(),
+        synced.as_secs_f64()
+    );
+    std::fs::create_dir_all(work.join("untarred"))?;
+    run_shell("sync", &[])?;
+    let untarred = run_shell(
+        &format!("zstd -q -d -c '{w}/tree.tar.zst' | tar -C '{w}/untarred' -xf -"),
+        &[],
+    )?;
+    let synced = run_shell("sync", &[])?;
+    line("zstd -d | tar -x (+ sync)", untarred + synced, bytes);
+    println!(
+        "{:>42}  {:.2} s extracting, {:.2} s sync",
+        "",
+        untarred.as_secs_f64(),
+        synced.as_secs_f64()
+    );
+    if let Some(restic_env) = restic_env {
+        line(
+            "restic restore (+ sync)",
+            run_shell(
+                &format!("restic restore -q latest --target '{w}/restic-out' && sync"),
+                restic_env,
+            )?,
+            bytes,
+        );
+    } else {
+        println!(
+            "{:>42}  restic is not installed; its figures are skipped",
+            ""
+        );
+    }
+    Ok(())
+}
+
+pub async fn run(tree: Option<PathBuf>, files: usize, size_mib: u64) -> anyhow::Result<()> {
+    use cairn_snapshot::Repository;
+    use cairn_snapshot::{self as snapshot, CaptureRules};
+    let (work, src, bytes) = prepare(tree, files, size_mib)?;
     let s = src.display();
     let w = work.display();
 
     // Every figure includes making its output durable (sync), as a snapshot must be.
-    run_shell("sync", &[])?;
-    let tar = run_shell(
-        &format!("tar -C '{s}' -cf - . | zstd -q -1 -T0 -o '{w}/tree.tar.zst' && sync"),
-        &[],
-    )?;
-    line("tar | zstd -1 -T0 (+ sync)", tar, bytes);
+    tar_zstd(&src, &work, bytes)?;
     let store = Repository::open(&work.join("store").to_string_lossy())?;
     let rules = CaptureRules::default();
     run_shell("sync", &[])?;
@@ -152,19 +234,14 @@ pub async fn run(tree: Option<PathBuf>, files: usize, size_mib: u64) -> anyhow::
         started.elapsed(),
         bytes,
     );
+    let stored = stats.bytes_uploaded as f64 / 1048576.0;
+    let (chunks, packs) = (stats.chunks_new, stats.packs_new);
     println!(
-        "{:>42}  {} chunks in {} packs, {:.0} MiB stored",
-        "",
-        stats.chunks_new,
-        stats.packs_new,
-        stats.bytes_uploaded as f64 / 1048576.0
+        "{:>42}  {chunks} chunks in {packs} packs, {stored:.0} MiB stored",
+        ""
     );
 
-    let restic = Command::new("restic")
-        .arg("version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
+    let restic = restic_installed();
     let repo = format!("{w}/restic");
     let restic_env = [
         ("RESTIC_PASSWORD", "bench"),
@@ -210,49 +287,7 @@ pub async fn run(tree: Option<PathBuf>, files: usize, size_mib: u64) -> anyhow::
         );
     }
 
-    // Restores are shown with and without the final sync: the sync (the disk writing a
-    // 1 GiB tree back) varies several-fold from run to run on a shared disk.
-    run_shell("sync", &[])?;
-    let started = Instant::now();
-    snapshot::restore(&store, &full, &work.join("restored")).await?;
-    let restored = started.elapsed();
-    let synced = run_shell("sync", &[])?;
-    line("cairn restore (verified, + sync)", restored + synced, bytes);
-    println!(
-        "{:>42}  {:.2} s restoring, {:.2} s sync",
-        "",
-        restored.as_secs_f64(),
-        synced.as_secs_f64()
-    );
-    std::fs::create_dir_all(work.join("untarred"))?;
-    run_shell("sync", &[])?;
-    let untarred = run_shell(
-        &format!("zstd -q -d -c '{w}/tree.tar.zst' | tar -C '{w}/untarred' -xf -"),
-        &[],
-    )?;
-    let synced = run_shell("sync", &[])?;
-    line("zstd -d | tar -x (+ sync)", untarred + synced, bytes);
-    println!(
-        "{:>42}  {:.2} s extracting, {:.2} s sync",
-        "",
-        untarred.as_secs_f64(),
-        synced.as_secs_f64()
-    );
-    if restic {
-        line(
-            "restic restore (+ sync)",
-            run_shell(
-                &format!("restic restore -q latest --target '{w}/restic-out' && sync"),
-                &restic_env,
-            )?,
-            bytes,
-        );
-    } else {
-        println!(
-            "{:>42}  restic is not installed; its figures are skipped",
-            ""
-        );
-    }
+    restores(&store, &full, &work, bytes, restic.then_some(&restic_env)).await?;
     let _ = std::fs::remove_dir_all(&work);
     Ok(())
 }

@@ -105,9 +105,18 @@ pub async fn audit(
         &missing,
     );
 
+    end_states(&mut f, &requests, record);
+    effects_and_receipts(&mut f, pool, &requests, effects).await?;
+    stale_writes(&mut f, pool).await?;
+    faults_and_takeovers(&mut f, record, takeover_bound);
+    Ok(f)
+}
+
+/// How each request ended, and which went to a person without a fault of its worker.
+fn end_states(f: &mut Findings, requests: &[Request], record: &Record) {
     // End states.
     let mut states: BTreeMap<String, usize> = BTreeMap::new();
-    for r in &requests {
+    for r in requests {
         *states.entry(r.state.clone()).or_default() += 1;
     }
     for (state, count) in &states {
@@ -164,7 +173,17 @@ pub async fn audit(
         unexplained.len(),
         &unexplained,
     );
+}
 
+/// The steps' effects against their receipts: no replay of a non-idempotent step, no
+/// receipt without its effect nor such an effect without its receipt, and every tree
+/// agreeing with the journal.
+async fn effects_and_receipts(
+    f: &mut Findings,
+    pool: &PgPool,
+    requests: &[Request],
+    effects: &Path,
+) -> anyhow::Result<()> {
     // The steps' own side: lines "<key> <step>" in the effects log.
     let text = std::fs::read_to_string(effects).unwrap_or_default();
     let mut ran: BTreeMap<(String, String), usize> = BTreeMap::new();
@@ -227,21 +246,13 @@ pub async fn audit(
         &unreceipted,
     );
 
-    // Invariant 9: the last step prints the tree's trace; it must hold each step once,
-    // in order, so every reused receipt stood on a tree with its effects.
-    let expected = STEPS.join("\n");
-    let behind: Vec<String> = receipts
-        .iter()
-        .filter(|(_, step, exit, _, _)| step == "s3" && *exit == Some(0))
-        .filter(|(_, _, _, _, tail)| tail.trim_end() != expected)
-        .map(|(request, _, _, _, tail)| format!("{request}: {:?}", tail.trim_end()))
-        .collect();
-    f.zero(
-        "trees disagreeing with the journal (invariant 9)",
-        behind.len(),
-        &behind,
-    );
+    trees_agree(f, &receipts);
+    Ok(())
+}
 
+/// Stale writes: a receipt committed after a newer epoch had already started a step of
+/// the same request.
+async fn stale_writes(f: &mut Findings, pool: &PgPool) -> anyhow::Result<()> {
     // Stale writes: a receipt committed after a newer epoch had already started a step
     // of the same request.
     let stale: Vec<(Uuid, String)> = sqlx::query_as(
@@ -257,7 +268,11 @@ pub async fn audit(
     .await?;
     let stale: Vec<String> = stale.iter().map(|(r, s)| format!("{r} {s}")).collect();
     f.zero("stale writes accepted", stale.len(), &stale);
+    Ok(())
+}
 
+/// The faults injected, and how fast their requests were taken over.
+fn faults_and_takeovers(f: &mut Findings, record: &Record, takeover_bound: f64) {
     // Faults and takeovers.
     let mut injected: BTreeMap<&str, usize> = BTreeMap::new();
     for fault in &record.injected {
@@ -301,5 +316,21 @@ pub async fn audit(
         untaken,
         &[],
     );
-    Ok(f)
+}
+
+/// Invariant 9: the last step prints the tree's trace; it must hold each step once, in
+/// order, so every reused receipt stood on a tree with its effects.
+fn trees_agree(f: &mut Findings, receipts: &[(Uuid, String, Option<i32>, i64, String)]) {
+    let expected = STEPS.join("\n");
+    let behind: Vec<String> = receipts
+        .iter()
+        .filter(|(_, step, exit, _, _)| step == "s3" && *exit == Some(0))
+        .filter(|(_, _, _, _, tail)| tail.trim_end() != expected)
+        .map(|(request, _, _, _, tail)| format!("{request}: {:?}", tail.trim_end()))
+        .collect();
+    f.zero(
+        "trees disagreeing with the journal (invariant 9)",
+        behind.len(),
+        &behind,
+    );
 }

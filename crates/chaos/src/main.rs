@@ -107,18 +107,7 @@ fn chaos(
     runtime: &tokio::runtime::Runtime,
 ) -> anyhow::Result<bool> {
     let started = Instant::now();
-    let mut services = faults::Services {
-        postgres: services::Postgres::start(dir).context("PostgreSQL of its own")?,
-        redis: services::Redis::start().context("Redis of its own")?,
-        rabbit: services::Rabbit::start(dir).context("RabbitMQ node of its own")?,
-    };
-    println!(
-        "services: PostgreSQL :{}, Redis :{}, RabbitMQ :{} (started in {:.1} s)",
-        services.postgres.port,
-        services.redis.port,
-        services.rabbit.port,
-        started.elapsed().as_secs_f64()
-    );
+    let mut services = start_services(dir)?;
     let env = fleet::Env {
         database: services.postgres.url(),
         redis: services.redis.url(),
@@ -148,42 +137,12 @@ fn chaos(
     std::fs::create_dir_all(dir.join(fleet::SHARED))?;
     let effects = dir.join(fleet::SHARED).join("effects");
     let admissions = Arc::new(Mutex::new(load::Admissions::default()));
-    let load = {
-        let admissions = admissions.clone();
-        let base = fleet.base.clone();
-        let effects = effects.clone();
-        let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
-        runtime.spawn(async move {
-            let http = reqwest::Client::new();
-            let mut submissions = tokio::task::JoinSet::new();
-            for n in 0..runs {
-                let key = format!("chaos-{seed}-{n}");
-                let spec = load::spec(&key, &effects, &mut rng);
-                // One run in ten is sent again later, as a client retrying would.
-                let again = rng.random_bool(0.1);
-                let (http, base, admissions) = (http.clone(), base.clone(), admissions.clone());
-                submissions.spawn(async move {
-                    let limit = Duration::from_secs(120);
-                    for _ in 0..if again { 2 } else { 1 } {
-                        let answer = load::submit(&http, &base, &key, &spec, limit).await;
-                        {
-                            let mut admissions =
-                                admissions.lock().unwrap_or_else(PoisonError::into_inner);
-                            match answer {
-                                Some(id) => {
-                                    admissions.answers.entry(key.clone()).or_default().push(id)
-                                }
-                                None => admissions.unanswered.push(key.clone()),
-                            }
-                        }
-                        tokio::time::sleep(Duration::from_secs(3)).await;
-                    }
-                });
-                tokio::time::sleep(interval).await;
-            }
-            while submissions.join_next().await.is_some() {}
-        })
-    };
+    let load = runtime.spawn(submit_load(
+        fleet.base.clone(),
+        effects.clone(),
+        (runs, seed, interval),
+        admissions.clone(),
+    ));
 
     let record = faults::inject(
         &schedule,
@@ -209,6 +168,18 @@ fn chaos(
         &record,
         args.takeover_bound_seconds,
     ))?;
+    Ok(report(&findings, &record, dir, seed, started))
+}
+
+/// Prints what each victim held and how it was taken over, then the findings;
+/// whether there was no violation.
+fn report(
+    findings: &audit::Findings,
+    record: &faults::Record,
+    dir: &std::path::Path,
+    seed: u64,
+    started: Instant,
+) -> bool {
     for victim in &record.victims {
         let slowest = victim.takeovers.iter().copied().fold(0.0, f64::max);
         println!(
@@ -228,14 +199,68 @@ fn chaos(
     println!("| wall time | {:.0} s |", started.elapsed().as_secs_f64());
     if findings.violations.is_empty() {
         println!("\nno violation (seed {seed})");
-        Ok(true)
+        true
     } else {
         println!("\nVIOLATIONS (seed {seed}):");
         for v in &findings.violations {
             println!("- {v}");
         }
-        Ok(false)
+        false
     }
+}
+
+/// PostgreSQL, Redis and RabbitMQ of the run's own, on other ports than the machine's.
+fn start_services(dir: &std::path::Path) -> anyhow::Result<faults::Services> {
+    let started = Instant::now();
+    let services = faults::Services {
+        postgres: services::Postgres::start(dir).context("PostgreSQL of its own")?,
+        redis: services::Redis::start().context("Redis of its own")?,
+        rabbit: services::Rabbit::start(dir).context("RabbitMQ node of its own")?,
+    };
+    println!(
+        "services: PostgreSQL :{}, Redis :{}, RabbitMQ :{} (started in {:.1} s)",
+        services.postgres.port,
+        services.redis.port,
+        services.rabbit.port,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(services)
+}
+
+/// Submits `runs` runs, one every `interval` (one in ten again later, as a client
+/// retrying would), recording each answer.
+async fn submit_load(
+    base: String,
+    effects: std::path::PathBuf,
+    (runs, seed, interval): (usize, u64, Duration),
+    admissions: Arc<Mutex<load::Admissions>>,
+) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
+    let http = reqwest::Client::new();
+    let mut submissions = tokio::task::JoinSet::new();
+    for n in 0..runs {
+        let key = format!("chaos-{seed}-{n}");
+        let spec = load::spec(&key, &effects, &mut rng);
+        // One run in ten is sent again later, as a client retrying would.
+        let again = rng.random_bool(0.1);
+        let (http, base, admissions) = (http.clone(), base.clone(), admissions.clone());
+        submissions.spawn(async move {
+            let limit = Duration::from_secs(120);
+            for _ in 0..if again { 2 } else { 1 } {
+                let answer = load::submit(&http, &base, &key, &spec, limit).await;
+                {
+                    let mut admissions = admissions.lock().unwrap_or_else(PoisonError::into_inner);
+                    match answer {
+                        Some(id) => admissions.answers.entry(key.clone()).or_default().push(id),
+                        None => admissions.unanswered.push(key.clone()),
+                    }
+                }
+                tokio::time::sleep(Duration::from_secs(3)).await;
+            }
+        });
+        tokio::time::sleep(interval).await;
+    }
+    while submissions.join_next().await.is_some() {}
 }
 
 /// Waits until every admitted run ended or waits for a person, up to `limit`.

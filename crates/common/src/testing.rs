@@ -225,10 +225,7 @@ impl TestDb {
             .await
             .expect("connect to the PostgreSQL server");
         drop_stale(&admin, now).await;
-        sqlx::query(&format!("CREATE DATABASE \"{name}\""))
-            .execute(&admin)
-            .await
-            .expect("create test database");
+        create_migrated(&admin, &name).await;
         admin.close().await;
         let url = format!("{}/{name}", postgres_server_url());
         let pool = sqlx::postgres::PgPoolOptions::new()
@@ -236,11 +233,77 @@ impl TestDb {
             .connect(&url)
             .await
             .expect("connect to test database");
-        crate::db::migrate(&pool)
-            .await
-            .expect("migrate test database");
         TestDb { pool, name, url }
     }
+}
+
+/// Creates `name` with every migration of this build: a copy of a template database
+/// migrated once per set of migrations (a copy costs a fraction of migrating).
+pub async fn create_migrated(admin: &sqlx::PgPool, name: &str) {
+    let template = migrated_template(admin).await;
+    sqlx::query(&format!(
+        "CREATE DATABASE \"{name}\" TEMPLATE \"{template}\""
+    ))
+    .execute(admin)
+    .await
+    .expect("create test database");
+}
+
+/// The template holding this build's migrations, made by the first test that needs
+/// it. Parallel test processes wait on a lock for it; it is built under another name
+/// and renamed, so a half-migrated template is never copied.
+async fn migrated_template(admin: &sqlx::PgPool) -> String {
+    let mut checksums = Vec::new();
+    for migration in crate::db::MIGRATOR.iter() {
+        checksums.extend_from_slice(&migration.version.to_be_bytes());
+        checksums.extend_from_slice(&migration.checksum);
+    }
+    let name = format!("cairn_tpl_{}", &crate::digest::sha256_hex(&checksums)[..16]);
+    let mut conn = admin.acquire().await.expect("connect to the server");
+    // A fixed key: "cairn template".
+    const LOCK: i64 = 0x6361_6972_6e74_706c;
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(LOCK)
+        .execute(&mut *conn)
+        .await
+        .expect("lock");
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
+            .bind(&name)
+            .fetch_one(&mut *conn)
+            .await
+            .expect("read the databases");
+    if !exists {
+        let building = format!("{name}_building");
+        let server = postgres_server_url();
+        for statement in [
+            format!("DROP DATABASE IF EXISTS \"{building}\" WITH (FORCE)"),
+            format!("CREATE DATABASE \"{building}\""),
+        ] {
+            sqlx::query(&statement)
+                .execute(&mut *conn)
+                .await
+                .expect("make the template");
+        }
+        let pool = sqlx::PgPool::connect(&format!("{server}/{building}"))
+            .await
+            .expect("connect to the template");
+        crate::db::migrate(&pool)
+            .await
+            .expect("migrate the template");
+        pool.close().await;
+        sqlx::query(&format!(
+            "ALTER DATABASE \"{building}\" RENAME TO \"{name}\""
+        ))
+        .execute(&mut *conn)
+        .await
+        .expect("name the template");
+    }
+    let _ = sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(LOCK)
+        .execute(&mut *conn)
+        .await;
+    name
 }
 
 async fn drop_stale(admin: &sqlx::PgPool, now: u64) {
@@ -283,6 +346,27 @@ where
         runtime.block_on(cleanup());
     })
     .join();
+}
+
+/// Creates a migrated test database from synchronous code ([`create_migrated`]).
+pub fn create_migrated_blocking(name: &str) {
+    let name = name.to_string();
+    let server = postgres_server_url();
+    let made = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime");
+        runtime.block_on(async {
+            let admin = sqlx::PgPool::connect(&format!("{server}/postgres"))
+                .await
+                .expect("connect to the PostgreSQL server");
+            create_migrated(&admin, &name).await;
+            admin.close().await;
+        })
+    })
+    .join();
+    made.expect("create the test database");
 }
 
 /// Drops a test database from synchronous code (a `Drop`); connections still open are

@@ -5,9 +5,10 @@ use super::pack::{self, ChunkId, Location, PackBuilder, Sealed, Written};
 use super::walk::walk;
 use super::{io, CaptureRules, CaptureStats, Skipped, SnapshotError, MAX_CHUNK, MIN_CHUNK};
 use crate::repository::Repository;
+use crate::ArtifactStore;
 use bytes::Bytes;
 use rayon::prelude::*;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::path::Path;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -223,11 +224,95 @@ struct Shared {
     written: Vec<Written>,
 }
 
+/// What a mutex holds, once no thread uses it (a poisoned one too: its data is whole).
+fn inner<T>(mutex: Mutex<T>) -> T {
+    mutex.into_inner().unwrap_or_else(PoisonError::into_inner)
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 type Captured = (Manifest, CaptureStats, Vec<Written>);
+
+/// The previous manifest's stat index and chunks, by path and by id, where its packs
+/// are still in this store (a reclaimed pack's index is gone; a manifest of another
+/// store names none of them). Both borrow the manifest: nothing copied.
+fn reusable_from<'m>(
+    previous: Option<&'m Manifest>,
+    packs_in_store: &HashSet<Uuid>,
+) -> (HashMap<&'m str, &'m Entry>, HashMap<ChunkId, ChunkRef>) {
+    let Some(previous) = previous else {
+        return (HashMap::new(), HashMap::new());
+    };
+    let reusable: Vec<bool> = (previous.packs.iter())
+        .map(|p| packs_in_store.contains(p))
+        .collect();
+    let in_store = |chunks: &[ChunkRef]| chunks.iter().all(|c| reusable[c.pack as usize]);
+    let entries: HashMap<&str, &Entry> = (previous.entries.iter())
+        .filter(|e| in_store(&e.chunks))
+        .map(|e| (e.path.as_str(), e))
+        .collect();
+    let chunks = (entries.values())
+        .flat_map(|e| e.chunks.iter().map(|c| (c.id, *c)))
+        .collect();
+    (entries, chunks)
+}
+
+/// A file's chunks, each stored by `store_chunk` (which may keep a known one); `None`
+/// when a chunk holds a secret: the file is then left out, and its chunks are checked
+/// before any is stored.
+fn chunks_of<S>(
+    mut file: std::fs::File,
+    size: u64,
+    path: &Path,
+    store_chunk: &mut S,
+) -> Result<Option<Vec<ChunkRef>>, SnapshotError>
+where
+    S: FnMut(&[u8]) -> Result<ChunkRef, SnapshotError>,
+{
+    if size > IN_MEMORY_LIMIT {
+        let chunker = fastcdc::v2020::StreamCDC::new(file, MIN_CHUNK, super::AVG_CHUNK, MAX_CHUNK);
+        let mut chunks = Vec::new();
+        for chunk in chunker {
+            let chunk = chunk.map_err(|e| io(path, std::io::Error::other(e)))?;
+            if crate::secrets::holds_secret(&chunk.data) {
+                return Ok(None);
+            }
+            chunks.push(store_chunk(&chunk.data)?);
+        }
+        return Ok(Some(chunks));
+    }
+    // Most files are small: read each into this thread's buffer and chunk it there,
+    // instead of a fresh stream buffer per file.
+    READ_BUFFER.with(|buffer| {
+        let mut buffer = buffer.borrow_mut();
+        buffer.clear();
+        // The walk saw the size: reserve it and read through `take`, which (unlike a
+        // plain `File`) does not stat the file again for a hint.
+        buffer.reserve(usize::try_from(size).unwrap_or(0) + 1);
+        (&mut file)
+            .take(u64::MAX)
+            .read_to_end(&mut buffer)
+            .map_err(|e| io(path, e))?;
+        if buffer.is_empty() {
+            return Ok(Some(Vec::new()));
+        }
+        if crate::secrets::holds_secret(&buffer) {
+            return Ok(None);
+        }
+        // A file that fits in one chunk is one chunk (as restic keeps files below its
+        // minimum whole): cut points only pay off in larger files, and scanning for
+        // them costs as much as compressing.
+        if buffer.len() <= MAX_CHUNK as usize {
+            return Ok(Some(vec![store_chunk(&buffer)?]));
+        }
+        fastcdc::v2020::FastCDC::new(&buffer, MIN_CHUNK, super::AVG_CHUNK, MAX_CHUNK)
+            .map(|c| store_chunk(&buffer[c.offset..c.offset + c.length]))
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some)
+    })
+}
 
 fn capture_blocking(
     handle: &Handle,
@@ -238,163 +323,160 @@ fn capture_blocking(
 ) -> Result<Captured, SnapshotError> {
     let store = repository.store();
     let known = lock(repository.catalog()).refresh(handle, store)?;
-    let stored = known.chunks;
-    // The previous manifest is reused only where its packs are still in this store (a
-    // reclaimed pack's index is gone; a manifest of another store names none of them).
-    let reusable: Vec<bool> = previous.map_or_else(Vec::new, |m| {
-        m.packs.iter().map(|p| known.packs.contains(p)).collect()
-    });
-    let in_store = |chunks: &[ChunkRef]| chunks.iter().all(|c| reusable[c.pack as usize]);
-    // The stat index and the known chunks borrow the previous manifest: nothing copied.
-    let previous_entries: HashMap<&str, &Entry> = previous
-        .map(|m| {
-            m.entries
-                .iter()
-                .filter(|e| in_store(&e.chunks))
-                .map(|e| (e.path.as_str(), e))
-                .collect()
+    let (previous_entries, previous_chunks) = reusable_from(previous, &known.packs);
+    let run = Run {
+        handle,
+        store,
+        root,
+        stored: known.chunks,
+        previous_entries,
+        previous_chunks,
+        shared: Mutex::new(Shared {
+            table: PackTable::starting_with(previous.map_or(&[][..], |m| &m.packs)),
+            builder: PackBuilder::default(),
+            written: Vec::new(),
+        }),
+        stats: Mutex::new(CaptureStats::default()),
+        secrets: Mutex::new(Vec::new()),
+    };
+    entries
+        .par_iter_mut()
+        .try_for_each(|entry| run.entry(entry))?;
+    let last = lock(&run.shared).builder.finish();
+    if let Some(sealed) = last {
+        run.write(sealed)?;
+    }
+    let (shared, stats, secrets) = (inner(run.shared), inner(run.stats), inner(run.secrets));
+    Ok(assemble(entries, shared, stats, secrets))
+}
+
+/// One capture's state, shared by the threads that read its files.
+struct Run<'a> {
+    handle: &'a Handle,
+    store: &'a ArtifactStore,
+    root: &'a Path,
+    /// Every chunk the store holds, where.
+    stored: Arc<HashMap<ChunkId, Location>>,
+    previous_entries: HashMap<&'a str, &'a Entry>,
+    previous_chunks: HashMap<ChunkId, ChunkRef>,
+    shared: Mutex<Shared>,
+    stats: Mutex<CaptureStats>,
+    /// Files left out for holding a secret.
+    secrets: Mutex<Vec<String>>,
+}
+
+impl Run<'_> {
+    /// Gives a file entry its chunks: the previous manifest's when its stat is the
+    /// same, else read and stored (none when it holds a secret).
+    fn entry(&self, entry: &mut Entry) -> Result<(), SnapshotError> {
+        if entry.kind != EntryKind::File {
+            return Ok(());
+        }
+        if let Some(p) =
+            (self.previous_entries.get(entry.path.as_str())).filter(|p| p.same_stat(entry))
+        {
+            entry.chunks = p.chunks.clone();
+            let mut s = lock(&self.stats);
+            s.files += 1;
+            s.files_unchanged += 1;
+            s.bytes += entry.size;
+            return Ok(());
+        }
+        let path = self.root.join(&entry.path);
+        let (mut new_chunks, mut uploaded) = (0u64, 0u64);
+        let mut store_chunk = |data: &[u8]| {
+            let (chunk, new) = self.store_chunk(data, &path)?;
+            if let Some(bytes) = new {
+                new_chunks += 1;
+                uploaded += bytes;
+            }
+            Ok(chunk)
+        };
+        // Replaced since the walk (by a link or a FIFO, say): the tree moved under the
+        // capture, which fails rather than block or follow it.
+        let opened = crate::regular::open_regular_beneath(self.root, Path::new(&entry.path));
+        let Some(file) = opened.map_err(|e| io(&path, e))? else {
+            let moved = std::io::Error::other("no longer a regular file");
+            return Err(io(&path, moved));
+        };
+        // A file holding a secret (a private key block, a known token) is left out: its
+        // chunks are checked before any is stored.
+        match chunks_of(file, entry.size, &path, &mut store_chunk)? {
+            Some(chunks) => entry.chunks = chunks,
+            None => {
+                lock(&self.secrets).push(entry.path.clone());
+                entry.chunks = Vec::new();
+            }
+        }
+        let mut s = lock(&self.stats);
+        s.files += 1;
+        s.bytes += entry.size;
+        s.chunks_new += new_chunks;
+        s.bytes_uploaded += uploaded;
+        Ok(())
+    }
+
+    /// Where a chunk of `path` is kept: the previous manifest's, the store's, or this
+    /// capture's packs, added (compressed) when new; with its compressed size then.
+    fn store_chunk(
+        &self,
+        data: &[u8],
+        path: &Path,
+    ) -> Result<(ChunkRef, Option<u64>), SnapshotError> {
+        let id = ChunkId::of(data);
+        if let Some(known) = self.previous_chunks.get(&id) {
+            return Ok((*known, None));
+        }
+        if let Some(location) = self.stored.get(&id) {
+            return Ok((lock(&self.shared).table.place(id, *location), None));
+        }
+        {
+            let mut shared = lock(&self.shared);
+            if let Some(location) = shared.builder.find(&id) {
+                return Ok((shared.table.place(id, location), None));
+            }
+        }
+        // Compressed outside the lock; a chunk two threads meet at once is compressed
+        // twice but added once.
+        let mut new = None;
+        let (chunk, sealed) = pack::with_compressed(data, |compressed| {
+            let mut shared = lock(&self.shared);
+            let before = shared.builder.find(&id);
+            let (location, sealed) = shared.builder.add(id, compressed);
+            if before.is_none() {
+                new = Some(compressed.len() as u64);
+            }
+            (shared.table.place(id, location), sealed)
         })
-        .unwrap_or_default();
-    let previous_chunks: HashMap<ChunkId, ChunkRef> = previous_entries
-        .values()
-        .flat_map(|e| e.chunks.iter().map(|c| (c.id, *c)))
-        .collect();
-    let shared = Mutex::new(Shared {
-        table: PackTable::starting_with(previous.map_or(&[][..], |m| &m.packs)),
-        builder: PackBuilder::default(),
-        written: Vec::new(),
-    });
-    let write = |sealed: Sealed| -> Result<(), SnapshotError> {
-        let (written, buffer) = sealed.write(handle, store)?;
-        let mut shared = lock(&shared);
+        .map_err(|e| io(path, e))?;
+        if let Some(sealed) = sealed {
+            self.write(sealed)?;
+        }
+        Ok((chunk, new))
+    }
+
+    /// Writes a sealed pack (then its index) and keeps its buffer for the next one.
+    fn write(&self, sealed: Sealed) -> Result<(), SnapshotError> {
+        let (written, buffer) = sealed.write(self.handle, self.store)?;
+        let mut shared = lock(&self.shared);
         shared.written.push(written);
         shared.builder.recycle(buffer);
         Ok(())
-    };
-    let stats = Mutex::new(CaptureStats::default());
-    let secrets: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    entries
-        .par_iter_mut()
-        .try_for_each(|entry| -> Result<(), SnapshotError> {
-            if entry.kind != EntryKind::File {
-                return Ok(());
-            }
-            if let Some(p) = previous_entries
-                .get(entry.path.as_str())
-                .filter(|p| p.same_stat(entry))
-            {
-                entry.chunks = p.chunks.clone();
-                let mut s = lock(&stats);
-                s.files += 1;
-                s.files_unchanged += 1;
-                s.bytes += entry.size;
-                return Ok(());
-            }
-            let path = root.join(&entry.path);
-            let (mut new_chunks, mut uploaded) = (0u64, 0u64);
-            let mut store_chunk = |data: &[u8]| -> Result<ChunkRef, SnapshotError> {
-                let id = ChunkId::of(data);
-                if let Some(known) = previous_chunks.get(&id) {
-                    return Ok(*known);
-                }
-                if let Some(location) = stored.get(&id) {
-                    return Ok(lock(&shared).table.place(id, *location));
-                }
-                {
-                    let mut shared = lock(&shared);
-                    if let Some(location) = shared.builder.find(&id) {
-                        return Ok(shared.table.place(id, location));
-                    }
-                }
-                // Compressed outside the lock; a chunk two workers meet at once is
-                // compressed twice but added once.
-                let (chunk, sealed) = pack::with_compressed(data, |compressed| {
-                    let mut shared = lock(&shared);
-                    let before = shared.builder.find(&id);
-                    let (location, sealed) = shared.builder.add(id, compressed);
-                    if before.is_none() {
-                        new_chunks += 1;
-                        uploaded += compressed.len() as u64;
-                    }
-                    (shared.table.place(id, location), sealed)
-                })
-                .map_err(|e| io(&path, e))?;
-                if let Some(sealed) = sealed {
-                    write(sealed)?;
-                }
-                Ok(chunk)
-            };
-            // Replaced since the walk (by a link or a FIFO, say): the tree moved under
-            // the capture, which fails rather than block or follow it.
-            let opened = crate::regular::open_regular_beneath(root, Path::new(&entry.path));
-            let Some(mut file) = opened.map_err(|e| io(&path, e))? else {
-                let moved = std::io::Error::other("no longer a regular file");
-                return Err(io(&path, moved));
-            };
-            // A file holding a secret (a private key block, a known token) is left out:
-            // its chunks are checked before any is stored.
-            let secret = || {
-                lock(&secrets).push(entry.path.clone());
-                Ok(Vec::new())
-            };
-            if entry.size <= IN_MEMORY_LIMIT {
-                // Most files are small: read each into this thread's buffer and chunk it
-                // there, instead of a fresh stream buffer per file.
-                entry.chunks = READ_BUFFER.with(|buffer| -> Result<_, SnapshotError> {
-                    let mut buffer = buffer.borrow_mut();
-                    buffer.clear();
-                    // The walk saw the size: reserve it and read through `take`, which
-                    // (unlike a plain `File`) does not stat the file again for a hint.
-                    buffer.reserve(usize::try_from(entry.size).unwrap_or(0) + 1);
-                    (&mut file)
-                        .take(u64::MAX)
-                        .read_to_end(&mut buffer)
-                        .map_err(|e| io(&path, e))?;
-                    if buffer.is_empty() {
-                        return Ok(Vec::new());
-                    }
-                    if crate::secrets::holds_secret(&buffer) {
-                        return secret();
-                    }
-                    // A file that fits in one chunk is one chunk (as restic keeps files
-                    // below its minimum whole): cut points only pay off in larger files,
-                    // and scanning for them costs as much as compressing.
-                    if buffer.len() <= MAX_CHUNK as usize {
-                        return Ok(vec![store_chunk(&buffer)?]);
-                    }
-                    fastcdc::v2020::FastCDC::new(&buffer, MIN_CHUNK, super::AVG_CHUNK, MAX_CHUNK)
-                        .map(|c| store_chunk(&buffer[c.offset..c.offset + c.length]))
-                        .collect()
-                })?;
-            } else {
-                let chunker =
-                    fastcdc::v2020::StreamCDC::new(file, MIN_CHUNK, super::AVG_CHUNK, MAX_CHUNK);
-                for chunk in chunker {
-                    let chunk = chunk.map_err(|e| io(&path, std::io::Error::other(e)))?;
-                    if crate::secrets::holds_secret(&chunk.data) {
-                        entry.chunks = secret()?;
-                        break;
-                    }
-                    entry.chunks.push(store_chunk(&chunk.data)?);
-                }
-            }
-            let mut s = lock(&stats);
-            s.files += 1;
-            s.bytes += entry.size;
-            s.chunks_new += new_chunks;
-            s.bytes_uploaded += uploaded;
-            Ok(())
-        })?;
-    let last = lock(&shared).builder.finish();
-    if let Some(sealed) = last {
-        write(sealed)?;
     }
-    let Shared { table, written, .. } = shared.into_inner().unwrap_or_else(PoisonError::into_inner);
-    let mut secrets = secrets.into_inner().unwrap_or_else(PoisonError::into_inner);
+}
+
+/// The manifest of the captured entries (those holding a secret left out, the packs
+/// compacted to the ones used), and what the capture did.
+fn assemble(
+    mut entries: Vec<Entry>,
+    shared: Shared,
+    mut stats: CaptureStats,
+    mut secrets: Vec<String>,
+) -> Captured {
+    let Shared { table, written, .. } = shared;
     secrets.sort();
     entries.retain(|e| secrets.binary_search(&e.path).is_err());
     let packs = table.compact(&mut entries);
-    let mut stats = stats.into_inner().unwrap_or_else(PoisonError::into_inner);
     stats.secrets = secrets;
     stats.packs_new = written.len() as u64;
     let manifest = Manifest {
@@ -402,5 +484,5 @@ fn capture_blocking(
         packs,
         entries,
     };
-    Ok((manifest, stats, written))
+    (manifest, stats, written)
 }

@@ -92,21 +92,11 @@ fn read_children(
 ) -> Result<Vec<(Entry, bool)>, SnapshotError> {
     use nix::fcntl::{readlinkat, AtFlags, OFlag};
     use nix::sys::stat::{fstatat, SFlag};
-    use std::ffi::OsStr;
-    use std::os::unix::ffi::OsStrExt;
     let inside = dir.strip_prefix(root).unwrap_or(Path::new(""));
     let fd = crate::regular::open_beneath(root, inside, OFlag::O_DIRECTORY | OFlag::O_RDONLY)
         .map_err(|e| io(dir, e))?;
     let mut handle = nix::dir::Dir::from_fd(fd).map_err(|e| io(dir, e.into()))?;
-    let mut names: Vec<std::ffi::OsString> = Vec::new();
-    for child in handle.iter() {
-        let child = child.map_err(|e| io(dir, e.into()))?;
-        let name = OsStr::from_bytes(child.file_name().to_bytes());
-        if name != "." && name != ".." {
-            names.push(name.to_os_string());
-        }
-    }
-    names.sort();
+    let names = sorted_names(&mut handle, dir)?;
     let mut entries = Vec::with_capacity(names.len());
     for name in names {
         let path = dir.join(&name);
@@ -155,31 +145,57 @@ fn read_children(
         } else {
             None
         };
-        let nanos = |seconds: i64, nanoseconds: i64| {
-            seconds
-                .saturating_mul(1_000_000_000)
-                .saturating_add(nanoseconds)
-        };
-        entries.push((
-            Entry {
-                path: relative,
-                kind,
-                mode: meta.st_mode & 0o7777,
-                size: if kind == EntryKind::File {
-                    u64::try_from(meta.st_size).unwrap_or(0)
-                } else {
-                    0
-                },
-                mtime_ns: nanos(meta.st_mtime, meta.st_mtime_nsec),
-                ctime_ns: nanos(meta.st_ctime, meta.st_ctime_nsec),
-                inode: meta.st_ino,
-                chunks: Vec::new(),
-                target,
-            },
-            is_dir,
-        ));
+        entries.push((entry_of(relative, kind, &meta, target), is_dir));
     }
     Ok(entries)
+}
+
+/// The names in a directory but `.` and `..`, sorted.
+fn sorted_names(
+    handle: &mut nix::dir::Dir,
+    dir: &Path,
+) -> Result<Vec<std::ffi::OsString>, SnapshotError> {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let mut names = Vec::new();
+    for child in handle.iter() {
+        let child = child.map_err(|e| io(dir, e.into()))?;
+        let name = OsStr::from_bytes(child.file_name().to_bytes());
+        if name != "." && name != ".." {
+            names.push(name.to_os_string());
+        }
+    }
+    names.sort();
+    Ok(names)
+}
+
+/// A manifest entry, with no chunks yet, from the entry's stat.
+fn entry_of(
+    path: String,
+    kind: EntryKind,
+    meta: &nix::sys::stat::FileStat,
+    target: Option<String>,
+) -> Entry {
+    let nanos = |seconds: i64, nanoseconds: i64| {
+        seconds
+            .saturating_mul(1_000_000_000)
+            .saturating_add(nanoseconds)
+    };
+    Entry {
+        path,
+        kind,
+        mode: meta.st_mode & 0o7777,
+        size: if kind == EntryKind::File {
+            u64::try_from(meta.st_size).unwrap_or(0)
+        } else {
+            0
+        },
+        mtime_ns: nanos(meta.st_mtime, meta.st_mtime_nsec),
+        ctime_ns: nanos(meta.st_ctime, meta.st_ctime_nsec),
+        inode: meta.st_ino,
+        chunks: Vec::new(),
+        target,
+    }
 }
 
 /// The path relative to the root; `None` when it is not UTF-8 (manifests hold text

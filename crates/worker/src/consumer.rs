@@ -82,17 +82,7 @@ impl Consumer {
         stop: &CancellationToken,
         drain: &CancellationToken,
     ) -> Result<(), String> {
-        let connection = queue::connect_with_heartbeat(&self.amqp_url, self.heartbeat_seconds)
-            .await
-            .map_err(|e| e.to_string())?;
-        let channel = connection
-            .create_channel()
-            .await
-            .map_err(|e| e.to_string())?;
-        self.topology
-            .declare(&channel)
-            .await
-            .map_err(|e| e.to_string())?;
+        let (connection, channel) = self.open().await?;
         self.status.set(true);
         tracing::info!(
             concurrency = self.concurrency,
@@ -135,9 +125,7 @@ impl Consumer {
                 None => None,
             };
             if let Some(delivery) = waiting {
-                let (worker, drain) = (self.worker.clone(), drain.clone());
-                self.jobs
-                    .spawn(process(worker, delivery, permit, stop.clone(), drain));
+                self.start(delivery, permit, stop, drain);
                 continue;
             }
             // Nothing waits: consumers, so that the next message arrives at once.
@@ -155,27 +143,62 @@ impl Consumer {
             };
             self.starving.set(false);
             match delivery {
-                Some(Ok(delivery)) => {
-                    let (worker, drain) = (self.worker.clone(), drain.clone());
-                    self.jobs
-                        .spawn(process(worker, delivery, permit, stop.clone(), drain));
-                }
+                Some(Ok(delivery)) => self.start(delivery, permit, stop, drain),
                 Some(Err(e)) => break Err(e.to_string()),
                 None => break Err("the broker closed the consumer".into()),
             }
         };
-        // Stop taking deliveries; prefetched, unstarted ones return to the queue when the
-        // channel closes. Running jobs acked right after their claim and need it no more
-        // (a job caught between claim and ack is redelivered and found claimed).
+        self.close(connection, channel, consuming, held).await;
+        result
+    }
+
+    /// Stops taking deliveries; prefetched, unstarted ones (and held ones) return to
+    /// their queues when the channel closes. Running jobs acked right after their claim
+    /// and need it no more (a job caught between claim and ack is redelivered and found
+    /// claimed).
+    async fn close(
+        &self,
+        connection: lapin::Connection,
+        channel: lapin::Channel,
+        consuming: Option<Consuming>,
+        held: VecDeque<Delivery>,
+    ) {
         if let Some(active) = consuming {
             active.cancel(&channel).await;
         }
-        // Held deliveries return to their queues with the channel.
         drop(held);
         self.starving.set(false);
         let _ = connection.close(200, "worker stopping".into()).await;
         self.status.set(false);
-        result
+    }
+
+    /// A connection and a channel with the topology declared.
+    async fn open(&self) -> Result<(lapin::Connection, lapin::Channel), String> {
+        let connection = queue::connect_with_heartbeat(&self.amqp_url, self.heartbeat_seconds)
+            .await
+            .map_err(|e| e.to_string())?;
+        let channel = connection
+            .create_channel()
+            .await
+            .map_err(|e| e.to_string())?;
+        self.topology
+            .declare(&channel)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((connection, channel))
+    }
+
+    /// Starts a delivery's job in the slot `permit` holds.
+    fn start(
+        &self,
+        delivery: Delivery,
+        permit: OwnedSemaphorePermit,
+        stop: &CancellationToken,
+        drain: &CancellationToken,
+    ) {
+        let (worker, drain) = (self.worker.clone(), drain.clone());
+        self.jobs
+            .spawn(process(worker, delivery, permit, stop.clone(), drain));
     }
 
     /// Takes one waiting message, trying the queues in turn from `next` (so none waits

@@ -8,12 +8,11 @@
 //! its output is read for at most the kill grace.
 
 use crate::isolation::{self, Isolation, Limit, Live, Running, Started};
-use crate::live_output::{LiveOutput, Uploader};
-use crate::step_output::{capture, stream_path, Bounds};
+use crate::live_output::LiveOutput;
+use crate::step_output::{Bounds, Output, Pipe};
 use nix::sys::signal::Signal;
 use nix::sys::wait::{waitid, Id as WaitId, WaitPidFlag};
 use nix::unistd::Pid;
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -260,15 +259,7 @@ async fn run_spawned(
     live: &Live,
     session: Option<&isolation::Session>,
 ) -> Result<StepOutcome, StepError> {
-    let program = match command.argv.first() {
-        Some(program) if !program.is_empty() => program.clone(),
-        _ => {
-            return Err(StepError::Spawn {
-                program: String::new(),
-                source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty argv"),
-            })
-        }
-    };
+    let program = program_of(command)?;
     let mut env = command.env.clone();
     env.entry("PATH".into())
         .or_insert_with(|| isolation::DEFAULT_PATH.into());
@@ -276,15 +267,7 @@ async fn run_spawned(
     let (mut child, group, link) = start(command, &env, sandbox, session, program).await?;
     // However the step ends, its network goes once its refusals are counted.
     let _network = Network { sandbox, link };
-    // Registered with the runtime once the process is ours to drop: on a failure it is
-    // killed and reaped as `child` goes.
-    let receiver = |fd: Option<std::os::fd::OwnedFd>| {
-        fd.map(tokio::net::unix::pipe::Receiver::from_owned_fd)
-            .transpose()
-    };
-    let pipes =
-        receiver(child.stdout.take()).and_then(|out| Ok((out, receiver(child.stderr.take())?)));
-    let (stdout, stderr) = match pipes {
+    let (stdout, stderr) = match pipes_of(&mut child) {
         Ok(pipes) => pipes,
         Err(e) => {
             drop(child);
@@ -302,39 +285,98 @@ async fn run_spawned(
         isolated: sandbox.isolates() && session.is_none(),
         keeps_leftovers: session.is_some(),
         group: group.map(Arc::new),
-        cpu_limit_ms: command
-            .place
-            .limits
-            .cpu_seconds
-            .map(|s| i64::from(s) * 1000),
+        cpu_limit_ms: (command.place.limits.cpu_seconds).map(|s| i64::from(s) * 1000),
     });
     live.set(Some(running.clone()));
-    let stdout_path = stream_path(&command.output_base, "stdout");
-    let stderr_path = stream_path(&command.output_base, "stderr");
+    let mut output = start_output(command, stdout, stderr);
+
+    let interrupted = wait_for_end(command, &running, stop).await;
+    let cpu_ms = running.cpu_ms().unwrap_or_else(|| cpu_ms_of_zombie(pid));
+    let limit = match interrupted {
+        Some(Interruption::Limit(limit)) => Some(limit),
+        _ => running.breach(),
+    };
+    live.set(None);
+    let status = child.wait().await?;
+    let wall_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+    let limit = match limit {
+        None => quota_reached(command, &status, interrupted).await,
+        breached => breached,
+    };
+    end_leftovers(&running);
+    let (output_digest, (stdout_tail, stderr_tail), truncated) =
+        output.finish(command.kill_grace, pid).await?;
+    use std::os::unix::process::ExitStatusExt;
+    Ok(StepOutcome {
+        exit_code: status.code(),
+        signal: status.signal(),
+        interrupted,
+        wall_ms,
+        cpu_ms,
+        output_digest,
+        stdout_tail,
+        stderr_tail,
+        stdout_path: output.stdout_path,
+        truncated,
+        sandbox: sandbox.describe(&command.place),
+        limit,
+    })
+}
+
+/// Reads the step's streams into its output files, within its bounds, and to its live
+/// followers.
+fn start_output(command: &StepCommand, stdout: Pipe, stderr: Pipe) -> Output {
     let bounds = Bounds {
         max: command.max_output,
         tail: command.tail_bytes,
         redact: command.redact,
     };
-    let drained = CancellationToken::new();
-    let uploader = |stream| command.live.as_ref().map(|l| Uploader::start(l, stream));
-    let out_task = tokio::spawn(capture(
-        stdout,
-        stdout_path.clone(),
-        bounds,
-        uploader("stdout"),
-        drained.clone(),
-    ));
-    let err_task = tokio::spawn(capture(
-        stderr,
-        stderr_path,
-        bounds,
-        uploader("stderr"),
-        drained.clone(),
-    ));
+    let live = command.live.as_ref();
+    Output::start(&command.output_base, bounds, live, stdout, stderr)
+}
 
-    // Wait for the exit without reaping it, so the CPU time can still be read from
-    // /proc while the process is a zombie.
+/// Whatever the step left running ends with it; its cgroup goes once the kernel has
+/// moved the last process out, not on the step's time.
+fn end_leftovers(running: &Running) {
+    running.end_leftovers();
+    if let Some(group) = running.group.clone() {
+        tokio::spawn(async move { group.remove().await });
+    }
+}
+
+/// The program a command starts; an empty argv starts nothing.
+fn program_of(command: &StepCommand) -> Result<String, StepError> {
+    match command.argv.first() {
+        Some(program) if !program.is_empty() => Ok(program.clone()),
+        _ => Err(StepError::Spawn {
+            program: String::new(),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty argv"),
+        }),
+    }
+}
+
+/// The child's output pipes, registered with the runtime once the process is ours to
+/// drop: on a failure it is killed and reaped as the child goes.
+fn pipes_of(child: &mut Started) -> std::io::Result<(Pipe, Pipe)> {
+    let receiver = |fd: Option<std::os::fd::OwnedFd>| {
+        fd.map(tokio::net::unix::pipe::Receiver::from_owned_fd)
+            .transpose()
+    };
+    Ok((
+        receiver(child.stdout.take())?,
+        receiver(child.stderr.take())?,
+    ))
+}
+
+/// Waits for the step to end: on its own, at a limit, at its timeout or when stopped
+/// (then its processes are ended: at a limit at once, else after the grace). The exit
+/// is not reaped, so its CPU time can still be read from /proc.
+async fn wait_for_end(
+    command: &StepCommand,
+    running: &Running,
+    stop: &CancellationToken,
+) -> Option<Interruption> {
+    let pid = running.pid;
     let exited = tokio::task::spawn_blocking(move || {
         waitid(
             WaitId::Pid(Pid::from_raw(pid)),
@@ -342,7 +384,7 @@ async fn run_spawned(
         )
     });
     tokio::pin!(exited);
-    let breached = watch_limits(&running);
+    let breached = watch_limits(running);
     tokio::pin!(breached);
     // Biased: a step that already ended is an ended step, even if a stop arrived at the
     // same moment; its receipt is then written (or refused by the fence).
@@ -366,78 +408,33 @@ async fn run_spawned(
             running.kill_all();
             let _ = exited.await;
         }
-        Some(_) => terminate(&running, command.kill_grace, &mut exited).await,
+        Some(_) => terminate(running, command.kill_grace, &mut exited).await,
         None if !exit_seen => {
             let _ = exited.await;
         }
         None => {}
     }
-    let cpu_ms = running.cpu_ms().unwrap_or_else(|| cpu_ms_of_zombie(pid));
-    let limit = match interrupted {
-        Some(Interruption::Limit(limit)) => Some(limit),
-        _ => running.breach(),
-    };
-    live.set(None);
-    let status = child.wait().await?;
-    let wall_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
-    // A step that failed at its quota is told so: its own message may be anything.
-    let limit = match limit {
-        None if !status.success() && interrupted.is_none() => {
-            let place = &command.place;
-            let (tree, home) = (place.workspace.clone(), place.home.clone());
-            let full = tokio::task::spawn_blocking(move || {
-                crate::disk::exhausted(&tree) || crate::disk::exhausted(&home)
-            })
-            .await
-            .unwrap_or(false);
-            full.then_some(Limit::Disk)
-        }
-        other => other,
-    };
-    // Whatever the step left running ends with it.
-    running.end_leftovers();
-    // Its cgroup goes once the kernel has moved the last process out: not on the
-    // step's time.
-    if let Some(group) = running.group.clone() {
-        tokio::spawn(async move { group.remove().await });
+    interrupted
+}
+
+/// A step that failed on its own at its disk quota is told so: its own message may be
+/// anything.
+async fn quota_reached(
+    command: &StepCommand,
+    status: &std::process::ExitStatus,
+    interrupted: Option<Interruption>,
+) -> Option<Limit> {
+    if status.success() || interrupted.is_some() {
+        return None;
     }
-    // The pipes close when the last process holding them ends; read what is left for at
-    // most the grace, so that no leftover can keep the step from ending.
-    let joined = |r: Result<_, tokio::task::JoinError>| {
-        r.map_err(|e| StepError::Io(std::io::Error::other(e)))
-    };
-    let drain_deadline = tokio::time::sleep(command.kill_grace);
-    tokio::pin!(drain_deadline);
-    let both = async { (out_task.await, err_task.await) };
-    tokio::pin!(both);
-    let (out, err) = tokio::select! {
-        joined = &mut both => joined,
-        _ = &mut drain_deadline => {
-            tracing::warn!(pid, "a process the step left holds its output open: output read so far is kept");
-            drained.cancel();
-            both.await
-        }
-    };
-    let (out_digest, stdout_tail, out_truncated) = joined(out)??;
-    let (err_digest, stderr_tail, err_truncated) = joined(err)??;
-    let mut digest = Sha256::new();
-    digest.update(out_digest);
-    digest.update(err_digest);
-    use std::os::unix::process::ExitStatusExt;
-    Ok(StepOutcome {
-        exit_code: status.code(),
-        signal: status.signal(),
-        interrupted,
-        wall_ms,
-        cpu_ms,
-        output_digest: hex::encode(digest.finalize()),
-        stdout_tail,
-        stderr_tail,
-        stdout_path,
-        truncated: out_truncated || err_truncated,
-        sandbox: sandbox.describe(&command.place),
-        limit,
+    let place = &command.place;
+    let (tree, home) = (place.workspace.clone(), place.home.clone());
+    let full = tokio::task::spawn_blocking(move || {
+        crate::disk::exhausted(&tree) || crate::disk::exhausted(&home)
     })
+    .await
+    .unwrap_or(false);
+    full.then_some(Limit::Disk)
 }
 
 /// Resolves with the first limit the sandbox passes; never, without a cgroup to count.
@@ -501,7 +498,7 @@ fn cpu_ms_of_zombie(pid: i32) -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::step_output::output_base;
+    use crate::step_output::{output_base, stream_path};
     use std::path::Path;
 
     fn command(argv: &[&str], timeout: Duration, dir: &Path) -> StepCommand {

@@ -165,3 +165,88 @@ pub fn output_base(
         .join(request_id.simple().to_string())
         .join(format!("{step_key}.epoch-{epoch}"))
 }
+
+/// The step's two streams, read into their files (and to live followers) as it prints.
+pub struct Output {
+    pub stdout_path: PathBuf,
+    out: tokio::task::JoinHandle<Result<Captured, std::io::Error>>,
+    err: tokio::task::JoinHandle<Result<Captured, std::io::Error>>,
+    /// Cancelled when leftovers keep a pipe open past the grace: what was read is kept.
+    drained: CancellationToken,
+}
+
+/// A stream's digest, tail and whether it was cut at the bound.
+type Captured = (Vec<u8>, String, bool);
+
+pub type Pipe = Option<tokio::net::unix::pipe::Receiver>;
+
+impl Output {
+    /// Starts reading both pipes into the files at `output_base`, within `bounds`, and
+    /// to `live` followers.
+    pub fn start(
+        output_base: &Path,
+        bounds: Bounds,
+        live: Option<&live_output::LiveOutput>,
+        stdout: Pipe,
+        stderr: Pipe,
+    ) -> Output {
+        let stdout_path = stream_path(output_base, "stdout");
+        let stderr_path = stream_path(output_base, "stderr");
+        let drained = CancellationToken::new();
+        let uploader = |stream| live.map(|l| Uploader::start(l, stream));
+        let out = tokio::spawn(capture(
+            stdout,
+            stdout_path.clone(),
+            bounds,
+            uploader("stdout"),
+            drained.clone(),
+        ));
+        let err = tokio::spawn(capture(
+            stderr,
+            stderr_path,
+            bounds,
+            uploader("stderr"),
+            drained.clone(),
+        ));
+        Output {
+            stdout_path,
+            out,
+            err,
+            drained,
+        }
+    }
+
+    /// Waits for both streams: they close when the last process holding them ends, so
+    /// what is left is read for at most `grace`. Returns the digest of both, their
+    /// tails and whether either was cut.
+    pub async fn finish(
+        &mut self,
+        grace: std::time::Duration,
+        pid: i32,
+    ) -> Result<(String, (String, String), bool), std::io::Error> {
+        let joined = |r: Result<_, tokio::task::JoinError>| r.map_err(std::io::Error::other);
+        let drain_deadline = tokio::time::sleep(grace);
+        tokio::pin!(drain_deadline);
+        let both = async { ((&mut self.out).await, (&mut self.err).await) };
+        tokio::pin!(both);
+        let (out, err) = tokio::select! {
+            joined = &mut both => joined,
+            _ = &mut drain_deadline => {
+                tracing::warn!(pid, "a process the step left holds its output open: output read so far is kept");
+                self.drained.cancel();
+                both.await
+            }
+        };
+        let (out_digest, stdout_tail, out_truncated) = joined(out)??;
+        let (err_digest, stderr_tail, err_truncated) = joined(err)??;
+        let mut digest = Sha256::new();
+        digest.update(out_digest);
+        digest.update(err_digest);
+        let digest = hex::encode(digest.finalize());
+        Ok((
+            digest,
+            (stdout_tail, stderr_tail),
+            out_truncated || err_truncated,
+        ))
+    }
+}

@@ -54,7 +54,7 @@ fn assert_drains_on_sigterm(mut process: Process) {
 #[tokio::test]
 async fn the_scheduler_creates_its_database_serves_probes_and_drains() {
     let _services = ServiceLock::shared().await;
-    let isolation = Isolation::new("sched");
+    let isolation = Isolation::unmade("sched");
     let (mut scheduler, addr) = started("cairn-scheduler", &isolation, "CAIRN_LISTEN");
 
     wait_for_status(&mut scheduler, addr, "/healthz", 200, START);

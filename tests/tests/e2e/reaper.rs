@@ -209,7 +209,7 @@ async fn a_long_reclaim_lock_never_fences_a_capturing_worker() {
 /// with a clear error and creates nothing.
 #[tokio::test]
 async fn a_dry_run_creates_no_database() {
-    let isolation = Isolation::new("reaper-dry");
+    let isolation = Isolation::unmade("reaper-dry");
     let output = std::process::Command::new(binary("cairn-reaper"))
         .arg("--dry-run")
         .envs(isolation.env())

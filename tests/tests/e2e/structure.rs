@@ -639,47 +639,6 @@ fn each_table_has_one_writer() {
 /// The longest a function may be, in lines, outside tests.
 const MAX_FUNCTION_LINES: usize = 80;
 
-/// Functions longer than that still, by file and name: the renovation (issue 43) splits
-/// them, and this list only shrinks.
-const LONG_FUNCTIONS: &[(&str, &str)] = &[
-    ("crates/chaos/src/audit.rs", "audit"),
-    ("crates/cli/src/commands/runs.rs", "runs"),
-    ("crates/cli/src/commands/sandbox.rs", "sandbox"),
-    ("crates/worker/src/step.rs", "run_spawned"),
-    (
-        "crates/scheduler/src/api/continuation/candidate.rs",
-        "evaluate",
-    ),
-    ("crates/worker/src/job/plan.rs", "run_steps"),
-    ("crates/snapshot/src/capture.rs", "capture_blocking"),
-    ("crates/worker/src/verification/complete.rs", "complete"),
-    ("crates/scheduler/src/api/verification/mod.rs", "adopt"),
-    ("crates/cli/src/commands/verification.rs", "command"),
-    ("crates/worker/src/verification/check.rs", "run"),
-    ("crates/bench/src/snapshot.rs", "run"),
-    ("crates/worker/src/job/claim.rs", "claim"),
-    ("crates/chaos/src/main.rs", "chaos"),
-    (
-        "crates/scheduler/src/api/continuation/mod.rs",
-        "save_action",
-    ),
-    ("crates/cli/src/commands/continuation.rs", "continuation"),
-    ("crates/bench/src/lifecycle.rs", "measure"),
-    ("crates/worker/src/consumer.rs", "session"),
-    ("crates/worker/src/isolation/session.rs", "start_session"),
-    ("crates/worker/src/custody/acquire.rs", "publish_baseline"),
-    ("crates/snapshot/src/walk.rs", "read_children"),
-    ("crates/cli/src/commands/reaper.rs", "reaper"),
-    ("crates/worker/src/isolation/probe.rs", "probe"),
-    ("crates/bench/src/pipeline.rs", "measure"),
-    ("crates/bench/src/pipeline.rs", "run"),
-    ("crates/bench/src/isolation.rs", "run"),
-    (
-        "crates/scheduler/src/api/verification/adoption.rs",
-        "adoption_view",
-    ),
-];
-
 /// Each function of a file's code (before its unit tests) and its length in lines.
 fn functions_of(text: &str) -> Vec<(String, usize)> {
     let code = code_only(match text.find("#[cfg(test)]") {
@@ -746,7 +705,6 @@ fn fn_name(line: &str) -> Option<String> {
 fn functions_are_short() {
     let root = root();
     let mut problems = Vec::new();
-    let mut long = BTreeSet::new();
     for src in sources() {
         let mut files = Vec::new();
         rust_files(&src, &mut files);
@@ -758,26 +716,12 @@ fn functions_are_short() {
                 .into_owned();
             let text = std::fs::read_to_string(&file).expect("source");
             for (name, lines) in functions_of(&text) {
-                if lines <= MAX_FUNCTION_LINES {
-                    continue;
-                }
-                long.insert((relative.clone(), name.clone()));
-                let listed = LONG_FUNCTIONS
-                    .iter()
-                    .any(|(f, n)| *f == relative && *n == name);
-                if !listed {
+                if lines > MAX_FUNCTION_LINES {
                     problems.push(format!(
                         "{relative}: fn {name} is {lines} lines (at most {MAX_FUNCTION_LINES})"
                     ));
                 }
             }
-        }
-    }
-    for (file, name) in LONG_FUNCTIONS {
-        if !long.contains(&(file.to_string(), name.to_string())) {
-            problems.push(format!(
-                "{file}: fn {name} is short now: take it off LONG_FUNCTIONS"
-            ));
         }
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));

@@ -54,42 +54,7 @@ pub async fn continuation(
                 id(&run, "RUN")?,
                 id(&request, "REQUEST")?
             );
-            let candidate = client.get(&path).await?;
-            if json {
-                output::json(&candidate);
-            } else {
-                output::fields(
-                    &candidate,
-                    &[
-                        "kind",
-                        "admission",
-                        "candidate_digest",
-                        "request_state",
-                        "attempt",
-                        "max_attempts",
-                        "maximum_window_seconds",
-                        "admission_window_purpose",
-                        "policy_revision",
-                    ],
-                );
-                println!("usage       {}", candidate["charged_usage"]);
-                println!("limits      {}", candidate["limits"]);
-                if !candidate["retained_outcome"].is_null() {
-                    println!("outcome     {}", candidate["retained_outcome"]);
-                }
-                for hold in candidate["holds"].as_array().into_iter().flatten() {
-                    println!(
-                        "held: {} — {}",
-                        output::text(&hold["reason"]),
-                        output::text(&hold["message"])
-                    );
-                }
-            }
-            Ok(if candidate["admission"] == "READY" {
-                exit::OK
-            } else {
-                exit::CONFLICT
-            })
+            show_candidate(client, &path, json).await
         }
         ContinuationCommand::Request {
             run,
@@ -137,27 +102,72 @@ pub async fn continuation(
                 id(&run, "RUN")?,
                 id(&request, "REQUEST")?
             );
-            let status = client.get(&path).await?;
-            if json {
-                output::json(&status);
-            } else {
-                output::fields(
-                    &status,
-                    &[
-                        "kind",
-                        "status",
-                        "run_id",
-                        "request_id",
-                        "action_id",
-                        "witness_digest",
-                        "admission_seal",
-                    ],
-                );
-                if !status["lease"].is_null() {
-                    println!("lease           {}", status["lease"]);
-                }
-            }
-            Ok(exit::OK)
+            show_status(client, &path, json).await
         }
     }
+}
+
+/// Prints a candidate; exit 0 only when it is ready.
+async fn show_candidate(client: &Client, path: &str, json: bool) -> Result<u8, CallError> {
+    let candidate = client.get(path).await?;
+    if json {
+        output::json(&candidate);
+    } else {
+        output::fields(
+            &candidate,
+            &[
+                "kind",
+                "admission",
+                "candidate_digest",
+                "request_state",
+                "attempt",
+                "max_attempts",
+                "maximum_window_seconds",
+                "admission_window_purpose",
+                "policy_revision",
+            ],
+        );
+        println!("usage       {}", candidate["charged_usage"]);
+        println!("limits      {}", candidate["limits"]);
+        if !candidate["retained_outcome"].is_null() {
+            println!("outcome     {}", candidate["retained_outcome"]);
+        }
+        for hold in candidate["holds"].as_array().into_iter().flatten() {
+            println!(
+                "held: {} — {}",
+                output::text(&hold["reason"]),
+                output::text(&hold["message"])
+            );
+        }
+    }
+    Ok(if candidate["admission"] == "READY" {
+        exit::OK
+    } else {
+        exit::CONFLICT
+    })
+}
+
+/// Prints a saved action's status.
+async fn show_status(client: &Client, path: &str, json: bool) -> Result<u8, CallError> {
+    let status = client.get(path).await?;
+    if json {
+        output::json(&status);
+    } else {
+        output::fields(
+            &status,
+            &[
+                "kind",
+                "status",
+                "run_id",
+                "request_id",
+                "action_id",
+                "witness_digest",
+                "admission_seal",
+            ],
+        );
+        if !status["lease"].is_null() {
+            println!("lease           {}", status["lease"]);
+        }
+    }
+    Ok(exit::OK)
 }

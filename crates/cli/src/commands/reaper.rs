@@ -38,59 +38,13 @@ pub async fn connect_database(args: &DatabaseArgs) -> Result<sqlx::PgPool, CallE
         .map_err(|e| CallError::new(exit::ERROR, format!("cannot reach PostgreSQL: {e}")))
 }
 
+fn failed(e: sqlx::Error) -> CallError {
+    CallError::new(exit::ERROR, format!("query failed: {e}"))
+}
+
 pub async fn reaper(command: ReaperCommand, json: bool) -> Result<u8, CallError> {
-    let failed = |e: sqlx::Error| CallError::new(exit::ERROR, format!("query failed: {e}"));
     match command {
-        ReaperCommand::Status { database, limit } => {
-            let pool = connect_database(&database).await?;
-            let rows = status::recent_sweeps(&pool, limit).await.map_err(failed)?;
-            if json {
-                let list: Vec<Value> = rows
-                    .iter()
-                    .map(|r| json!({"started_at": r.started_at, "finished_at": r.finished_at, "dry_run": r.dry_run, "summary": r.summary}))
-                    .collect();
-                output::json(&Value::Array(list));
-            } else if rows.is_empty() {
-                println!("no sweep has run yet");
-            } else {
-                let table: Vec<Vec<String>> = rows
-                    .iter()
-                    .map(|r| {
-                        let s = &r.summary;
-                        vec![
-                            r.started_at.to_rfc3339(),
-                            r.finished_at
-                                .map(|f| format!("{} ms", (f - r.started_at).num_milliseconds()))
-                                .unwrap_or_default(),
-                            output::text(&s["leader"]),
-                            output::text(&s["idle_heads_retired"]),
-                            output::text(&s["snapshots_reclaimed"]),
-                            output::text(&s["bytes_reclaimed"]),
-                            output::text(&s["holds_ended"]),
-                            output::text(&s["credential_retired"]),
-                            output::text(&s["sandbox_retired"]),
-                            output::text(&s["reclaim_failed"]),
-                        ]
-                    })
-                    .collect();
-                output::table(
-                    &[
-                        "started",
-                        "took",
-                        "leader",
-                        "idle",
-                        "reclaimed",
-                        "bytes",
-                        "holds",
-                        "credentials",
-                        "sandbox",
-                        "failed",
-                    ],
-                    &table,
-                );
-            }
-            Ok(exit::OK)
-        }
+        ReaperCommand::Status { database, limit } => status_of(database, limit, json).await,
         ReaperCommand::Pending { database } => {
             let pool = connect_database(&database).await?;
             let rows = status::pending_repairs(&pool).await.map_err(failed)?;
@@ -132,4 +86,55 @@ pub async fn reaper(command: ReaperCommand, json: bool) -> Result<u8, CallError>
             Ok(exit::OK)
         }
     }
+}
+
+async fn status_of(database: DatabaseArgs, limit: i64, json: bool) -> Result<u8, CallError> {
+    let pool = connect_database(&database).await?;
+    let rows = status::recent_sweeps(&pool, limit).await.map_err(failed)?;
+    if json {
+        let list: Vec<Value> = rows
+            .iter()
+            .map(|r| json!({"started_at": r.started_at, "finished_at": r.finished_at, "dry_run": r.dry_run, "summary": r.summary}))
+            .collect();
+        output::json(&Value::Array(list));
+    } else if rows.is_empty() {
+        println!("no sweep has run yet");
+    } else {
+        let table: Vec<Vec<String>> = rows
+            .iter()
+            .map(|r| {
+                let s = &r.summary;
+                vec![
+                    r.started_at.to_rfc3339(),
+                    r.finished_at
+                        .map(|f| format!("{} ms", (f - r.started_at).num_milliseconds()))
+                        .unwrap_or_default(),
+                    output::text(&s["leader"]),
+                    output::text(&s["idle_heads_retired"]),
+                    output::text(&s["snapshots_reclaimed"]),
+                    output::text(&s["bytes_reclaimed"]),
+                    output::text(&s["holds_ended"]),
+                    output::text(&s["credential_retired"]),
+                    output::text(&s["sandbox_retired"]),
+                    output::text(&s["reclaim_failed"]),
+                ]
+            })
+            .collect();
+        output::table(
+            &[
+                "started",
+                "took",
+                "leader",
+                "idle",
+                "reclaimed",
+                "bytes",
+                "holds",
+                "credentials",
+                "sandbox",
+                "failed",
+            ],
+            &table,
+        );
+    }
+    Ok(exit::OK)
 }

@@ -177,68 +177,12 @@ pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u
         RunsCommand::Submit {
             file,
             idempotency_key,
-        } => {
-            let text = read_document(&file)?;
-            let spec: RunSpec = serde_norway::from_str(&text)
-                .map_err(|e| CallError::new(exit::REJECTED, format!("{}: {e}", file.display())))?;
-            // Validate before transport: a bad file never reaches the server.
-            spec.validate("", chrono::Utc::now()).map_err(|e| {
-                CallError::new(
-                    exit::REJECTED,
-                    format!("{}: {}: {}", file.display(), e.field, e.message),
-                )
-            })?;
-            let body = serde_json::to_value(&spec).map_err(|e| usage(e.to_string()))?;
-            let headers: Vec<(&str, &str)> = idempotency_key
-                .as_deref()
-                .map(|k| vec![("idempotency-key", k)])
-                .unwrap_or_default();
-            let answer = client
-                .call(Method::POST, "/api/v1/runs", Some(&body), &headers)
-                .await?;
-            if json {
-                output::json(&answer.body);
-            } else {
-                let replay = if answer.status.as_u16() == 200 {
-                    " (replayed: this key was used before)"
-                } else {
-                    ""
-                };
-                println!(
-                    "submitted run {}{replay}",
-                    output::text(&answer.body["run_id"])
-                );
-                show_run(&answer.body);
-            }
-            Ok(exit::OK)
-        }
+        } => submit(client, file, idempotency_key, json).await,
         RunsCommand::List {
             state,
             limit,
             cursor,
-        } => {
-            let mut query = format!("?limit={limit}");
-            if let Some(state) = state {
-                query.push_str(&format!("&state={state}"));
-            }
-            if let Some(cursor) = cursor {
-                query.push_str(&format!("&cursor={cursor}"));
-            }
-            let page = client.get(&format!("/api/v1/runs{query}")).await?;
-            if json {
-                output::json(&page);
-            } else {
-                let rows: Vec<Vec<String>> = page["runs"]
-                    .as_array()
-                    .map(|r| r.iter().map(run_row).collect())
-                    .unwrap_or_default();
-                output::table(&RUN_HEADER, &rows);
-                if let Some(next) = page["next_cursor"].as_str() {
-                    println!("more: --cursor {next}");
-                }
-            }
-            Ok(exit::OK)
-        }
+        } => list(client, state, limit, cursor, json).await,
         RunsCommand::Show { run } => {
             let run = of_run(client, &run, "").await?;
             if json {
@@ -253,150 +197,241 @@ pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u
             interval_seconds,
             unclaimed_seconds,
         } => watch::watch(client, &run, interval_seconds, unclaimed_seconds, json).await,
-        RunsCommand::Cancel { run } => {
-            let run = id(&run, "RUN")?;
-            let answer = client
-                .call(
-                    Method::POST,
-                    &format!("/api/v1/runs/{run}/cancel"),
-                    None,
-                    &[],
-                )
-                .await?;
-            if json {
-                output::json(&answer.body);
-            } else if answer.status.as_u16() == 202 {
-                println!("cancel requested: the worker holding run {run} stops it within one lease renewal");
-            } else {
-                println!("run {run} is {}", output::text(&answer.body["state"]));
-            }
-            Ok(exit::OK)
-        }
-        RunsCommand::Pause { run, wait_seconds } => {
-            let run = id(&run, "RUN")?;
-            let answer = asked(client, &run, "pause", wait_seconds).await?;
-            if json {
-                output::json(&answer.body);
-            } else if answer.status.as_u16() == 202 {
-                println!(
-                    "pausing: the worker has not recorded the pause yet; run this again to see it"
-                );
-            } else {
-                let checkpoint = &answer.body["checkpoint"];
-                println!(
-                    "run {run} paused at {}; checkpoint {}{}; it stops at its checkpoint at {} unless resumed",
-                    output::text(&answer.body["paused_at"]),
-                    output::text(&checkpoint["snapshot_id"]),
-                    if checkpoint["capture_failed"] == true {
-                        " (this capture failed: a hold keeps the live tree)"
-                    } else {
-                        ""
-                    },
-                    output::text(&checkpoint["expires_at"]),
-                );
-            }
-            Ok(exit::OK)
-        }
-        RunsCommand::Resume { run, wait_seconds } => {
-            let run = id(&run, "RUN")?;
-            let answer = asked(client, &run, "resume", wait_seconds).await?;
-            if json {
-                output::json(&answer.body);
-            } else if answer.status.as_u16() == 202 {
-                println!("resuming: the worker has not continued the step yet");
-            } else {
-                println!("run {run} is running again");
-            }
-            Ok(exit::OK)
-        }
+        RunsCommand::Cancel { run } => cancel(client, run, json).await,
+        RunsCommand::Pause { run, wait_seconds } => pause(client, run, wait_seconds, json).await,
+        RunsCommand::Resume { run, wait_seconds } => resume(client, run, wait_seconds, json).await,
         RunsCommand::Logs {
             run,
             step,
             follow,
             stream,
         } => logs::logs(client, &run, step, follow, stream).await,
-        RunsCommand::Journal { run } => {
-            let journal = of_run(client, &run, "/journal").await?;
-            if json {
-                output::json(&journal);
-            } else {
-                let rows = output::rows(&journal["steps"], |s| {
-                    let mut row = output::cells(
-                        s,
-                        &[
-                            "step_key",
-                            "status",
-                            "exit_code",
-                            "limit",
-                            "wall_ms",
-                            "intent_epoch",
-                        ],
-                    );
-                    row.extend(output::cells(s, &["receipt_epoch", "tree_tier"]));
-                    // The snapshot holding the step's effects.
-                    row.push(
-                        s["snapshot_id"]
-                            .as_str()
-                            .map(|id| id.chars().take(12).collect())
-                            .unwrap_or_else(|| "-".into()),
-                    );
-                    row.push(last_line(s));
-                    row
-                });
-                output::table(
-                    &[
-                        "step",
-                        "status",
-                        "exit",
-                        "limit",
-                        "wall_ms",
-                        "intent_epoch",
-                        "receipt_epoch",
-                        "tree",
-                        "snapshot",
-                        "output (last line)",
-                    ],
-                    &rows,
-                );
-                println!("(a step's whole output: cairnctl runs logs {run} STEP)");
-                for entry in journal["entries"].as_array().into_iter().flatten() {
-                    println!(
-                        "{}  {}  {}",
-                        output::text(&entry["created_at"]),
-                        output::text(&entry["entry_kind"]),
-                        entry["body"]
-                    );
-                }
-            }
-            Ok(exit::OK)
-        }
-        RunsCommand::Requests { run } => {
-            let list = client
-                .get(&format!(
-                    "/api/v1/runs/{}/execution-requests",
-                    id(&run, "RUN")?
-                ))
-                .await?;
-            if json {
-                output::json(&list);
-            } else {
-                let fields = [
-                    "request_id",
-                    "kind",
-                    "state",
-                    "attempt",
-                    "lease_epoch",
-                    "lease_owner",
-                ];
-                let rows = output::rows(&list["execution_requests"], |e| output::cells(e, &fields));
-                output::table(
-                    &["request", "kind", "state", "attempt", "epoch", "owner"],
-                    &rows,
-                );
-            }
-            Ok(exit::OK)
+        RunsCommand::Journal { run } => journal(client, run, json).await,
+        RunsCommand::Requests { run } => requests(client, run, json).await,
+    }
+}
+
+async fn submit(
+    client: &Client,
+    file: PathBuf,
+    idempotency_key: Option<String>,
+    json: bool,
+) -> Result<u8, CallError> {
+    let text = read_document(&file)?;
+    let spec: RunSpec = serde_norway::from_str(&text)
+        .map_err(|e| CallError::new(exit::REJECTED, format!("{}: {e}", file.display())))?;
+    // Validate before transport: a bad file never reaches the server.
+    spec.validate("", chrono::Utc::now()).map_err(|e| {
+        CallError::new(
+            exit::REJECTED,
+            format!("{}: {}: {}", file.display(), e.field, e.message),
+        )
+    })?;
+    let body = serde_json::to_value(&spec).map_err(|e| usage(e.to_string()))?;
+    let headers: Vec<(&str, &str)> = idempotency_key
+        .as_deref()
+        .map(|k| vec![("idempotency-key", k)])
+        .unwrap_or_default();
+    let answer = client
+        .call(Method::POST, "/api/v1/runs", Some(&body), &headers)
+        .await?;
+    if json {
+        output::json(&answer.body);
+    } else {
+        let replay = if answer.status.as_u16() == 200 {
+            " (replayed: this key was used before)"
+        } else {
+            ""
+        };
+        println!(
+            "submitted run {}{replay}",
+            output::text(&answer.body["run_id"])
+        );
+        show_run(&answer.body);
+    }
+    Ok(exit::OK)
+}
+
+async fn list(
+    client: &Client,
+    state: Option<String>,
+    limit: u32,
+    cursor: Option<String>,
+    json: bool,
+) -> Result<u8, CallError> {
+    let mut query = format!("?limit={limit}");
+    if let Some(state) = state {
+        query.push_str(&format!("&state={state}"));
+    }
+    if let Some(cursor) = cursor {
+        query.push_str(&format!("&cursor={cursor}"));
+    }
+    let page = client.get(&format!("/api/v1/runs{query}")).await?;
+    if json {
+        output::json(&page);
+    } else {
+        let rows: Vec<Vec<String>> = page["runs"]
+            .as_array()
+            .map(|r| r.iter().map(run_row).collect())
+            .unwrap_or_default();
+        output::table(&RUN_HEADER, &rows);
+        if let Some(next) = page["next_cursor"].as_str() {
+            println!("more: --cursor {next}");
         }
     }
+    Ok(exit::OK)
+}
+
+async fn cancel(client: &Client, run: String, json: bool) -> Result<u8, CallError> {
+    let run = id(&run, "RUN")?;
+    let answer = client
+        .call(
+            Method::POST,
+            &format!("/api/v1/runs/{run}/cancel"),
+            None,
+            &[],
+        )
+        .await?;
+    if json {
+        output::json(&answer.body);
+    } else if answer.status.as_u16() == 202 {
+        println!(
+            "cancel requested: the worker holding run {run} stops it within one lease renewal"
+        );
+    } else {
+        println!("run {run} is {}", output::text(&answer.body["state"]));
+    }
+    Ok(exit::OK)
+}
+
+async fn pause(
+    client: &Client,
+    run: String,
+    wait_seconds: u64,
+    json: bool,
+) -> Result<u8, CallError> {
+    let run = id(&run, "RUN")?;
+    let answer = asked(client, &run, "pause", wait_seconds).await?;
+    if json {
+        output::json(&answer.body);
+    } else if answer.status.as_u16() == 202 {
+        println!("pausing: the worker has not recorded the pause yet; run this again to see it");
+    } else {
+        let checkpoint = &answer.body["checkpoint"];
+        println!(
+            "run {run} paused at {}; checkpoint {}{}; it stops at its checkpoint at {} unless resumed",
+            output::text(&answer.body["paused_at"]),
+            output::text(&checkpoint["snapshot_id"]),
+            if checkpoint["capture_failed"] == true {
+                " (this capture failed: a hold keeps the live tree)"
+            } else {
+                ""
+            },
+            output::text(&checkpoint["expires_at"]),
+        );
+    }
+    Ok(exit::OK)
+}
+
+async fn resume(
+    client: &Client,
+    run: String,
+    wait_seconds: u64,
+    json: bool,
+) -> Result<u8, CallError> {
+    let run = id(&run, "RUN")?;
+    let answer = asked(client, &run, "resume", wait_seconds).await?;
+    if json {
+        output::json(&answer.body);
+    } else if answer.status.as_u16() == 202 {
+        println!("resuming: the worker has not continued the step yet");
+    } else {
+        println!("run {run} is running again");
+    }
+    Ok(exit::OK)
+}
+
+async fn journal(client: &Client, run: String, json: bool) -> Result<u8, CallError> {
+    let journal = of_run(client, &run, "/journal").await?;
+    if json {
+        output::json(&journal);
+    } else {
+        let rows = output::rows(&journal["steps"], |s| {
+            let mut row = output::cells(
+                s,
+                &[
+                    "step_key",
+                    "status",
+                    "exit_code",
+                    "limit",
+                    "wall_ms",
+                    "intent_epoch",
+                ],
+            );
+            row.extend(output::cells(s, &["receipt_epoch", "tree_tier"]));
+            // The snapshot holding the step's effects.
+            row.push(
+                s["snapshot_id"]
+                    .as_str()
+                    .map(|id| id.chars().take(12).collect())
+                    .unwrap_or_else(|| "-".into()),
+            );
+            row.push(last_line(s));
+            row
+        });
+        output::table(
+            &[
+                "step",
+                "status",
+                "exit",
+                "limit",
+                "wall_ms",
+                "intent_epoch",
+                "receipt_epoch",
+                "tree",
+                "snapshot",
+                "output (last line)",
+            ],
+            &rows,
+        );
+        println!("(a step's whole output: cairnctl runs logs {run} STEP)");
+        for entry in journal["entries"].as_array().into_iter().flatten() {
+            println!(
+                "{}  {}  {}",
+                output::text(&entry["created_at"]),
+                output::text(&entry["entry_kind"]),
+                entry["body"]
+            );
+        }
+    }
+    Ok(exit::OK)
+}
+
+async fn requests(client: &Client, run: String, json: bool) -> Result<u8, CallError> {
+    let list = client
+        .get(&format!(
+            "/api/v1/runs/{}/execution-requests",
+            id(&run, "RUN")?
+        ))
+        .await?;
+    if json {
+        output::json(&list);
+    } else {
+        let fields = [
+            "request_id",
+            "kind",
+            "state",
+            "attempt",
+            "lease_epoch",
+            "lease_owner",
+        ];
+        let rows = output::rows(&list["execution_requests"], |e| output::cells(e, &fields));
+        output::table(
+            &["request", "kind", "state", "attempt", "epoch", "owner"],
+            &rows,
+        );
+    }
+    Ok(exit::OK)
 }
 
 /// The last line a step printed (stdout, else stderr), from its receipt's tail, cut to

@@ -12,38 +12,7 @@ use std::path::PathBuf;
 #[derive(Debug, Subcommand)]
 pub enum SandboxCommand {
     /// Create a sandbox; it is `creating` until a worker has prepared its tree.
-    Create {
-        /// The agent the sandbox is for: 1 to 128 letters, digits, '.', '_' or '-'.
-        #[arg(long)]
-        agent: String,
-        /// Clone this repository into the tree.
-        #[arg(long, conflicts_with = "source")]
-        repository: Option<String>,
-        /// The git ref to check out (default the repository's HEAD); needs --repository.
-        #[arg(long = "ref", requires = "repository")]
-        git_ref: Option<String>,
-        /// Start from a snapshot: `snapshot:<id>`.
-        #[arg(long)]
-        source: Option<String>,
-        /// Idle-anchored timeout, 1 to 86400 seconds (default 3600).
-        #[arg(long)]
-        timeout_sec: Option<u32>,
-        /// Idle auto-stop in seconds; 0 disables it (default 1800).
-        #[arg(long)]
-        idle_timeout_sec: Option<u32>,
-        /// No timeout or idle stop until an explicit lifecycle action.
-        #[arg(long)]
-        always_on: bool,
-        /// Destroyed (not stopped) at its timeout, never resumed by an operation.
-        #[arg(long)]
-        not_persistent: bool,
-        /// The disk size in MiB, 1 to 1048576 (default 10240).
-        #[arg(long)]
-        disk_mb: Option<u32>,
-        /// Same key and body: the same sandbox; same key, other body: refused.
-        #[arg(long)]
-        idempotency_key: Option<String>,
-    },
+    Create(CreateArgs),
     /// List sandboxes, newest first.
     List {
         /// Only sandboxes in this state: creating, running, stopped, paused, error, destroyed.
@@ -63,25 +32,7 @@ pub enum SandboxCommand {
     },
     /// Run a command in the sandbox (resuming a stopped persistent one first); prints
     /// its output and exits with its status.
-    Exec {
-        /// The sandbox's id (32 lowercase hex characters).
-        sandbox: String,
-        /// Working directory, relative to the tree.
-        #[arg(long)]
-        cwd: Option<String>,
-        /// `NAME=VALUE`, repeatable.
-        #[arg(long = "env")]
-        env: Vec<String>,
-        /// Seconds the command may run before it is stopped, 1 to 86400.
-        #[arg(long, default_value_t = 60)]
-        timeout_sec: u32,
-        /// Reach the network (`true`) or not (`false`); default the worker's.
-        #[arg(long)]
-        network: Option<bool>,
-        /// The program and its arguments (after `--`).
-        #[arg(required = true, last = true)]
-        argv: Vec<String>,
-    },
+    Exec(ExecArgs),
     /// List, read or write the sandbox's files.
     #[command(subcommand)]
     Files(FilesCommand),
@@ -138,6 +89,61 @@ pub enum SandboxCommand {
         /// The sandbox's id (32 lowercase hex characters).
         sandbox: String,
     },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CreateArgs {
+    /// The agent the sandbox is for: 1 to 128 letters, digits, '.', '_' or '-'.
+    #[arg(long)]
+    pub agent: String,
+    /// Clone this repository into the tree.
+    #[arg(long, conflicts_with = "source")]
+    pub repository: Option<String>,
+    /// The git ref to check out (default the repository's HEAD); needs --repository.
+    #[arg(long = "ref", requires = "repository")]
+    pub git_ref: Option<String>,
+    /// Start from a snapshot: `snapshot:<id>`.
+    #[arg(long)]
+    pub source: Option<String>,
+    /// Idle-anchored timeout, 1 to 86400 seconds (default 3600).
+    #[arg(long)]
+    pub timeout_sec: Option<u32>,
+    /// Idle auto-stop in seconds; 0 disables it (default 1800).
+    #[arg(long)]
+    pub idle_timeout_sec: Option<u32>,
+    /// No timeout or idle stop until an explicit lifecycle action.
+    #[arg(long)]
+    pub always_on: bool,
+    /// Destroyed (not stopped) at its timeout, never resumed by an operation.
+    #[arg(long)]
+    pub not_persistent: bool,
+    /// The disk size in MiB, 1 to 1048576 (default 10240).
+    #[arg(long)]
+    pub disk_mb: Option<u32>,
+    /// Same key and body: the same sandbox; same key, other body: refused.
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct ExecArgs {
+    /// The sandbox's id (32 lowercase hex characters).
+    pub sandbox: String,
+    /// Working directory, relative to the tree.
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// `NAME=VALUE`, repeatable.
+    #[arg(long = "env")]
+    pub env: Vec<String>,
+    /// Seconds the command may run before it is stopped, 1 to 86400.
+    #[arg(long, default_value_t = 60)]
+    pub timeout_sec: u32,
+    /// Reach the network (`true`) or not (`false`); default the worker's.
+    #[arg(long)]
+    pub network: Option<bool>,
+    /// The program and its arguments (after `--`).
+    #[arg(required = true, last = true)]
+    pub argv: Vec<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -241,66 +247,12 @@ pub async fn sandbox(
     json: bool,
 ) -> Result<u8, CallError> {
     match command {
-        SandboxCommand::Create {
-            agent,
-            repository,
-            git_ref,
-            source,
-            timeout_sec,
-            idle_timeout_sec,
-            always_on,
-            not_persistent,
-            disk_mb,
-            idempotency_key,
-        } => {
-            let mut body =
-                json!({"agent": agent, "always_on": always_on, "persistent": !not_persistent});
-            for (name, value) in [
-                ("repository", repository.map(Value::from)),
-                ("ref", git_ref.map(Value::from)),
-                ("source", source.map(Value::from)),
-                ("timeout_sec", timeout_sec.map(Value::from)),
-                ("idle_timeout_sec", idle_timeout_sec.map(Value::from)),
-                ("disk_mb", disk_mb.map(Value::from)),
-            ] {
-                if let Some(value) = value {
-                    body[name] = value;
-                }
-            }
-            let answer = client
-                .call(
-                    Method::POST,
-                    "/api/v1/sandboxes",
-                    Some(&body),
-                    &keyed(&idempotency_key),
-                )
-                .await?;
-            if !json && answer.status.as_u16() == 200 {
-                println!("replayed: this key created the sandbox before");
-            }
-            show(&answer.body, json);
-            Ok(exit::OK)
-        }
+        SandboxCommand::Create(args) => create(client, args, json).await,
         SandboxCommand::List {
             state,
             agent,
             limit,
-        } => {
-            let mut query = format!("?limit={limit}");
-            if let Some(state) = state {
-                query.push_str(&format!("&state={state}"));
-            }
-            if let Some(agent) = agent {
-                query.push_str(&format!("&agent={agent}"));
-            }
-            let list = client.get(&format!("/api/v1/sandboxes{query}")).await?;
-            if json {
-                output::json(&list);
-            } else {
-                output::table(&HEADER, &output::rows(&list["sandboxes"], row));
-            }
-            Ok(exit::OK)
-        }
+        } => list(client, state, agent, limit, json).await,
         SandboxCommand::Show { sandbox } => {
             let sandbox = id(&sandbox, "the sandbox id")?;
             show(
@@ -309,39 +261,7 @@ pub async fn sandbox(
             );
             Ok(exit::OK)
         }
-        SandboxCommand::Exec {
-            sandbox,
-            cwd,
-            env,
-            timeout_sec,
-            network,
-            argv,
-        } => {
-            let sandbox = id(&sandbox, "the sandbox id")?;
-            let mut vars = serde_json::Map::new();
-            for pair in env {
-                let (name, value) = pair
-                    .split_once('=')
-                    .ok_or_else(|| usage(format!("--env {pair}: expected NAME=VALUE")))?;
-                vars.insert(name.to_string(), Value::from(value));
-            }
-            let mut body = json!({"argv": argv, "env": vars, "timeout_sec": timeout_sec});
-            if let Some(cwd) = cwd {
-                body["cwd"] = Value::from(cwd);
-            }
-            if let Some(network) = network {
-                body["network"] = Value::from(network);
-            }
-            let answer = client
-                .call(
-                    Method::POST,
-                    &format!("/api/v1/sandboxes/{sandbox}/exec"),
-                    Some(&body),
-                    &[],
-                )
-                .await?;
-            exec_result(&answer.body, answer.status.as_u16(), json)
-        }
+        SandboxCommand::Exec(args) => exec(client, args, json).await,
         SandboxCommand::Files(command) => files(client, command, json).await,
         SandboxCommand::Stop { sandbox } => {
             lifecycle(client, Method::POST, &sandbox, "/stop", None, &[], json).await
@@ -353,19 +273,7 @@ pub async fn sandbox(
             sandbox,
             disk_mb,
             idempotency_key,
-        } => {
-            let body = disk_mb.map(|d| json!({"disk_mb": d}));
-            lifecycle(
-                client,
-                Method::POST,
-                &sandbox,
-                "/resume",
-                body,
-                &keyed(&idempotency_key),
-                json,
-            )
-            .await
-        }
+        } => resume(client, sandbox, disk_mb, idempotency_key, json).await,
         SandboxCommand::Extend {
             sandbox,
             timeout_sec,
@@ -381,69 +289,199 @@ pub async fn sandbox(
             count,
             timeout_sec,
             idempotency_key,
-        } => {
-            let sandbox = id(&sandbox, "the sandbox id")?;
-            let mut body = json!({});
-            if let Some(count) = count {
-                body["count"] = Value::from(count);
-            }
-            if let Some(timeout) = timeout_sec {
-                body["timeout_sec"] = Value::from(timeout);
-            }
-            let answer = client
-                .call(
-                    Method::POST,
-                    &format!("/api/v1/sandboxes/{sandbox}/fork"),
-                    Some(&body),
-                    &keyed(&idempotency_key),
-                )
-                .await?;
-            if json {
-                output::json(&answer.body);
-            } else if answer.status.as_u16() == 202 {
-                println!("still capturing: see `cairnctl sandbox operations {sandbox}`");
-            } else {
-                println!(
-                    "one capture ({}), the source took no operation for {} ms",
-                    output::text(&answer.body["snapshot_id"]),
-                    output::text(&answer.body["source_frozen_ms"])
-                );
-                output::table(&HEADER, &output::rows(&answer.body["sandboxes"], row));
-            }
-            Ok(exit::OK)
-        }
-        SandboxCommand::Operations { sandbox } => {
-            let sandbox = id(&sandbox, "the sandbox id")?;
-            let list = client
-                .get(&format!("/api/v1/sandboxes/{sandbox}/operations"))
-                .await?;
-            if json {
-                output::json(&list);
-            } else {
-                let rows = output::rows(&list["operations"], |o| {
-                    let result = &o["result"];
-                    let outcome = match (&result["exit_code"], &result["error"]) {
-                        (_, Value::String(error)) => error.clone(),
-                        (Value::Number(code), _) => format!("exit {code}"),
-                        _ => String::new(),
-                    };
-                    vec![
-                        output::text(&o["seq"]),
-                        output::text(&o["kind"]),
-                        output::text(&o["state"]),
-                        output::text(&o["lease_epoch"]),
-                        outcome,
-                        output::text(&o["snapshot_id"]),
-                    ]
-                });
-                output::table(
-                    &["seq", "kind", "state", "epoch", "outcome", "snapshot"],
-                    &rows,
-                );
-            }
-            Ok(exit::OK)
+        } => fork(client, sandbox, count, timeout_sec, idempotency_key, json).await,
+        SandboxCommand::Operations { sandbox } => operations(client, sandbox, json).await,
+    }
+}
+
+async fn list(
+    client: &Client,
+    state: Option<String>,
+    agent: Option<String>,
+    limit: u32,
+    json: bool,
+) -> Result<u8, CallError> {
+    let mut query = format!("?limit={limit}");
+    if let Some(state) = state {
+        query.push_str(&format!("&state={state}"));
+    }
+    if let Some(agent) = agent {
+        query.push_str(&format!("&agent={agent}"));
+    }
+    let list = client.get(&format!("/api/v1/sandboxes{query}")).await?;
+    if json {
+        output::json(&list);
+    } else {
+        output::table(&HEADER, &output::rows(&list["sandboxes"], row));
+    }
+    Ok(exit::OK)
+}
+
+async fn resume(
+    client: &Client,
+    sandbox: String,
+    disk_mb: Option<u32>,
+    idempotency_key: Option<String>,
+    json: bool,
+) -> Result<u8, CallError> {
+    let body = disk_mb.map(|d| json!({"disk_mb": d}));
+    lifecycle(
+        client,
+        Method::POST,
+        &sandbox,
+        "/resume",
+        body,
+        &keyed(&idempotency_key),
+        json,
+    )
+    .await
+}
+
+async fn fork(
+    client: &Client,
+    sandbox: String,
+    count: Option<u32>,
+    timeout_sec: Option<u32>,
+    idempotency_key: Option<String>,
+    json: bool,
+) -> Result<u8, CallError> {
+    let sandbox = id(&sandbox, "the sandbox id")?;
+    let mut body = json!({});
+    if let Some(count) = count {
+        body["count"] = Value::from(count);
+    }
+    if let Some(timeout) = timeout_sec {
+        body["timeout_sec"] = Value::from(timeout);
+    }
+    let answer = client
+        .call(
+            Method::POST,
+            &format!("/api/v1/sandboxes/{sandbox}/fork"),
+            Some(&body),
+            &keyed(&idempotency_key),
+        )
+        .await?;
+    if json {
+        output::json(&answer.body);
+    } else if answer.status.as_u16() == 202 {
+        println!("still capturing: see `cairnctl sandbox operations {sandbox}`");
+    } else {
+        println!(
+            "one capture ({}), the source took no operation for {} ms",
+            output::text(&answer.body["snapshot_id"]),
+            output::text(&answer.body["source_frozen_ms"])
+        );
+        output::table(&HEADER, &output::rows(&answer.body["sandboxes"], row));
+    }
+    Ok(exit::OK)
+}
+
+async fn operations(client: &Client, sandbox: String, json: bool) -> Result<u8, CallError> {
+    let sandbox = id(&sandbox, "the sandbox id")?;
+    let list = client
+        .get(&format!("/api/v1/sandboxes/{sandbox}/operations"))
+        .await?;
+    if json {
+        output::json(&list);
+    } else {
+        let rows = output::rows(&list["operations"], |o| {
+            let result = &o["result"];
+            let outcome = match (&result["exit_code"], &result["error"]) {
+                (_, Value::String(error)) => error.clone(),
+                (Value::Number(code), _) => format!("exit {code}"),
+                _ => String::new(),
+            };
+            vec![
+                output::text(&o["seq"]),
+                output::text(&o["kind"]),
+                output::text(&o["state"]),
+                output::text(&o["lease_epoch"]),
+                outcome,
+                output::text(&o["snapshot_id"]),
+            ]
+        });
+        output::table(
+            &["seq", "kind", "state", "epoch", "outcome", "snapshot"],
+            &rows,
+        );
+    }
+    Ok(exit::OK)
+}
+
+async fn create(client: &Client, args: CreateArgs, json: bool) -> Result<u8, CallError> {
+    let CreateArgs {
+        agent,
+        repository,
+        git_ref,
+        source,
+        timeout_sec,
+        idle_timeout_sec,
+        always_on,
+        not_persistent,
+        disk_mb,
+        idempotency_key,
+    } = args;
+    let mut body = json!({"agent": agent, "always_on": always_on, "persistent": !not_persistent});
+    for (name, value) in [
+        ("repository", repository.map(Value::from)),
+        ("ref", git_ref.map(Value::from)),
+        ("source", source.map(Value::from)),
+        ("timeout_sec", timeout_sec.map(Value::from)),
+        ("idle_timeout_sec", idle_timeout_sec.map(Value::from)),
+        ("disk_mb", disk_mb.map(Value::from)),
+    ] {
+        if let Some(value) = value {
+            body[name] = value;
         }
     }
+    let answer = client
+        .call(
+            Method::POST,
+            "/api/v1/sandboxes",
+            Some(&body),
+            &keyed(&idempotency_key),
+        )
+        .await?;
+    if !json && answer.status.as_u16() == 200 {
+        println!("replayed: this key created the sandbox before");
+    }
+    show(&answer.body, json);
+    Ok(exit::OK)
+}
+
+async fn exec(client: &Client, args: ExecArgs, json: bool) -> Result<u8, CallError> {
+    let ExecArgs {
+        sandbox,
+        cwd,
+        env,
+        timeout_sec,
+        network,
+        argv,
+    } = args;
+    let sandbox = id(&sandbox, "the sandbox id")?;
+    let mut vars = serde_json::Map::new();
+    for pair in env {
+        let (name, value) = pair
+            .split_once('=')
+            .ok_or_else(|| usage(format!("--env {pair}: expected NAME=VALUE")))?;
+        vars.insert(name.to_string(), Value::from(value));
+    }
+    let mut body = json!({"argv": argv, "env": vars, "timeout_sec": timeout_sec});
+    if let Some(cwd) = cwd {
+        body["cwd"] = Value::from(cwd);
+    }
+    if let Some(network) = network {
+        body["network"] = Value::from(network);
+    }
+    let answer = client
+        .call(
+            Method::POST,
+            &format!("/api/v1/sandboxes/{sandbox}/exec"),
+            Some(&body),
+            &[],
+        )
+        .await?;
+    exec_result(&answer.body, answer.status.as_u16(), json)
 }
 
 /// A lifecycle call; `202` says the worker has not finished yet.

@@ -56,89 +56,7 @@ pub async fn command(
             agent,
             template,
             reuse,
-        } => {
-            let run = id(&run, "RUN")?;
-            let valid_agent = !agent.is_empty()
-                && agent
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-            if !valid_agent {
-                return Err(CallError::new(
-                    exit::USAGE,
-                    "AGENT is letters, digits, '.', '_' or '-'",
-                ));
-            }
-            let candidate = client
-                .get(&format!(
-                    "/api/v1/runs/{run}/verification-handoffs/candidates?agent={agent}"
-                ))
-                .await?;
-            if template {
-                output::json(&adoption_template(&candidate, &reuse)?);
-                return Ok(exit::OK);
-            }
-            if json {
-                output::json(&candidate);
-            } else {
-                output::fields(
-                    &candidate,
-                    &[
-                        "admission",
-                        "run_id",
-                        "request_id",
-                        "handoff_id",
-                        "agent",
-                        "pending_request_digest",
-                        "source_digest",
-                        "commands_digest",
-                        "policy_digest",
-                        "provider_digest",
-                    ],
-                );
-                println!("budget                  {}", candidate["budget"]);
-                let reusable: Vec<&Value> = candidate["reusable_build_candidates"]
-                    .as_array()
-                    .map(|a| a.iter().map(|c| &c["command_digest"]).collect())
-                    .unwrap_or_default();
-                let rows: Vec<Vec<String>> = candidate["commands"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|c| {
-                        vec![
-                            output::text(&c["index"]),
-                            output::text(&c["purpose"]),
-                            if reusable.contains(&&c["command_digest"]) {
-                                "yes"
-                            } else {
-                                "no"
-                            }
-                            .to_string(),
-                            output::text(&c["command_digest"]),
-                            output::text(&c["arguments"]),
-                        ]
-                    })
-                    .collect();
-                output::table(
-                    &[
-                        "check",
-                        "purpose",
-                        "reusable",
-                        "command_digest",
-                        "arguments",
-                    ],
-                    &rows,
-                );
-                for hold in candidate["holds"].as_array().into_iter().flatten() {
-                    println!("held: {}", output::text(hold));
-                }
-            }
-            Ok(if candidate["admission"] == "READY" {
-                exit::OK
-            } else {
-                exit::CONFLICT
-            })
-        }
+        } => candidates(client, run, agent, template, reuse, json).await,
         VerificationCommand::Adopt {
             run,
             document,
@@ -204,6 +122,102 @@ pub async fn command(
             Ok(exit::OK)
         }
     }
+}
+
+async fn candidates(
+    client: &Client,
+    run: String,
+    agent: String,
+    template: bool,
+    reuse: Vec<usize>,
+    json: bool,
+) -> Result<u8, CallError> {
+    let run = id(&run, "RUN")?;
+    let valid_agent = !agent.is_empty()
+        && agent
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if !valid_agent {
+        return Err(CallError::new(
+            exit::USAGE,
+            "AGENT is letters, digits, '.', '_' or '-'",
+        ));
+    }
+    let candidate = client
+        .get(&format!(
+            "/api/v1/runs/{run}/verification-handoffs/candidates?agent={agent}"
+        ))
+        .await?;
+    if template {
+        output::json(&adoption_template(&candidate, &reuse)?);
+        return Ok(exit::OK);
+    }
+    if json {
+        output::json(&candidate);
+    } else {
+        print_candidate(&candidate);
+        for hold in candidate["holds"].as_array().into_iter().flatten() {
+            println!("held: {}", output::text(hold));
+        }
+    }
+    Ok(if candidate["admission"] == "READY" {
+        exit::OK
+    } else {
+        exit::CONFLICT
+    })
+}
+
+/// A candidate's digests and its checks, each saying whether it may be reused.
+fn print_candidate(candidate: &Value) {
+    output::fields(
+        candidate,
+        &[
+            "admission",
+            "run_id",
+            "request_id",
+            "handoff_id",
+            "agent",
+            "pending_request_digest",
+            "source_digest",
+            "commands_digest",
+            "policy_digest",
+            "provider_digest",
+        ],
+    );
+    println!("budget                  {}", candidate["budget"]);
+    let reusable: Vec<&Value> = candidate["reusable_build_candidates"]
+        .as_array()
+        .map(|a| a.iter().map(|c| &c["command_digest"]).collect())
+        .unwrap_or_default();
+    let rows: Vec<Vec<String>> = candidate["commands"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            vec![
+                output::text(&c["index"]),
+                output::text(&c["purpose"]),
+                if reusable.contains(&&c["command_digest"]) {
+                    "yes"
+                } else {
+                    "no"
+                }
+                .to_string(),
+                output::text(&c["command_digest"]),
+                output::text(&c["arguments"]),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "check",
+            "purpose",
+            "reusable",
+            "command_digest",
+            "arguments",
+        ],
+        &rows,
+    );
 }
 
 /// An adoption document for the candidate as it is now, with a new request id.

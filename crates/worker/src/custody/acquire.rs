@@ -1,11 +1,12 @@
 //! Acquisition: the tiers in order, each yielding a tree at a known snapshot (or none).
 
-use super::{Custody, CustodyError, Subject, Tier, Tree};
+use super::commit::{Capture, NoSeal, TreeAt};
+use super::{Checkpoint, Custody, CustodyError, Subject, Tier, Tree};
 use crate::fault;
 use crate::workspace::{self, Workspace};
 use cairn_common::hold;
 use cairn_common::lease::Lease;
-use cairn_common::lineage::{self, CapturedBy, NewSnapshot, RestoreOutcome, SnapshotStatus};
+use cairn_common::lineage::{self, CapturedBy, RestoreOutcome, SnapshotStatus};
 use cairn_common::request;
 use cairn_common::retry::Delays;
 use cairn_common::workspace as workspace_row;
@@ -85,10 +86,7 @@ impl Custody {
         )
         .await?;
         if subject.repository.is_some() {
-            if let Err(e) = self
-                .publish_baseline(lease, subject, &workspace, generation)
-                .await
-            {
+            if let Err(e) = self.publish_baseline(lease, subject, &workspace).await {
                 tracing::warn!(error = %e, "baseline not published");
             }
             workspace::task_branch(&workspace.root, subject.work_context).await?;
@@ -504,7 +502,6 @@ impl Custody {
         lease: &Lease,
         subject: &Subject,
         workspace: &Workspace,
-        generation: i64,
     ) -> Result<(), String> {
         let repository = subject.repository.as_deref().unwrap_or_default();
         let reference = canonical_ref(subject);
@@ -526,77 +523,34 @@ impl Custody {
         workspace::validate_clean(&workspace.root)
             .await
             .map_err(|e| e.to_string())?;
-        // The snapshot row is written under the credential lock (see `checkpoint`).
-        let store = &self.settings.store;
-        let mut tx = lease
-            .begin_fenced(&self.pool)
-            .await
-            .map_err(|e| e.to_string())?;
-        let generation = lineage::lock_generation(&mut tx, &subject.agent)
-            .await
-            .map_err(|e| e.to_string())?
-            .max(generation);
-        let locked = lineage::lock_store_for_capture(&mut tx, self.settings.store_id)
-            .await
-            .map_err(|e| e.to_string())?;
-        if !locked {
-            return Err("the snapshot store is being reclaimed".into());
-        }
-        let id = lineage::create_uploading(
-            &mut tx,
-            &NewSnapshot {
-                kind: "baseline",
-                agent: &subject.agent,
-                repository: Some(repository),
-                backend: &self.settings.backend,
-                base_image: self.settings.base_image.as_deref(),
-                canonical_ref: Some(&reference),
-                work_context_id: None,
-                workspace_id: None,
-                store_url: store.url(),
-                store_id: self.settings.store_id,
-                credential_generation: generation,
-                owner: Some((CapturedBy::Request(lease.request_id), lease.epoch)),
-                predecessor: None,
-                name: None,
-            },
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-        tx.commit().await.map_err(|e| e.to_string())?;
-        let captured =
-            snapshot::capture(store, &workspace.root, &self.settings.rules, None, id).await;
-        let result = async {
-            let (manifest, _) = captured.map_err(|e| e.to_string())?;
-            let size = i64::try_from(manifest.total_bytes()).unwrap_or(i64::MAX);
-            let mut tx = lease
-                .begin_fenced(&self.pool)
-                .await
-                .map_err(|e| e.to_string())?;
-            let key = snapshot::manifest_key(id);
-            let ready = lineage::mark_ready(&mut tx, id, &key, size, &manifest.packs)
-                .await
-                .map_err(|e| e.to_string())?;
-            if !ready {
-                return Err("the baseline was failed while it was captured".to_string());
+        let capture = Capture {
+            kind: "baseline",
+            agent: &subject.agent,
+            repository: Some(repository),
+            git_ref: Some(&reference),
+            work_context: None,
+            by: CapturedBy::Request(lease.request_id),
+            name: None,
+            hold: None,
+            appends: false,
+        };
+        let (mut position, mut index, mut uncaptured) = (None, None, true);
+        let at = TreeAt {
+            root: &workspace.root,
+            workspace_id: None,
+            position: &mut position,
+            index: &mut index,
+            uncaptured: &mut uncaptured,
+            index_is_position: false,
+        };
+        match self.commit(lease, &capture, at, &NoSeal).await {
+            Ok(Checkpoint::Stands(id)) => {
+                tracing::info!(snapshot_id = %id.simple(), "published a clean baseline");
+                Ok(())
             }
-            tx.commit().await.map_err(|e| e.to_string())?;
-            tracing::info!(snapshot_id = %id.simple(), "published a clean baseline");
-            Ok(())
+            Ok(Checkpoint::Failed(reason)) => Err(reason),
+            Err(e) => Err(e.to_string()),
         }
-        .await;
-        if result.is_err() {
-            if let Ok(mut conn) = self.pool.acquire().await {
-                let _ = lineage::set_status(
-                    &mut conn,
-                    id,
-                    &[SnapshotStatus::Creating, SnapshotStatus::Uploading],
-                    SnapshotStatus::Failed,
-                )
-                .await;
-            }
-        }
-        result
     }
 }
 

@@ -137,7 +137,7 @@ impl Custody {
             agent: &subject.agent,
             repository: subject.repository.as_deref(),
             git_ref: subject.git_ref.as_deref(),
-            work_context: subject.work_context,
+            work_context: Some(subject.work_context),
             by: CapturedBy::Request(lease.request_id),
             name: None,
             hold: Some((
@@ -153,7 +153,7 @@ impl Custody {
         };
         let at = TreeAt {
             root: &tree.workspace.root,
-            workspace_id: tree.workspace_id,
+            workspace_id: Some(tree.workspace_id),
             position: &mut tree.position,
             index: &mut tree.index,
             uncaptured: &mut tree.uncaptured,

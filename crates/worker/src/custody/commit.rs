@@ -20,7 +20,8 @@ use uuid::Uuid;
 /// The parts of a live tree a commit reads and moves.
 pub struct TreeAt<'t> {
     pub root: &'t Path,
-    pub workspace_id: Uuid,
+    /// Its workspace row; none for a tree captured as a baseline.
+    pub workspace_id: Option<Uuid>,
     /// The lineage head the tree derives from (what the next append expects).
     pub position: &'t mut Option<Uuid>,
     /// The stat index of the tree as last captured or restored.
@@ -51,12 +52,13 @@ pub trait Seal {
 
 /// What is captured, and how.
 pub struct Capture<'a> {
-    /// `checkpoint`, `stop`, `named` or `fork`.
+    /// `checkpoint`, `baseline`, `stop`, `named` or `fork`.
     pub kind: &'a str,
     pub agent: &'a str,
     pub repository: Option<&'a str>,
     pub git_ref: Option<&'a str>,
-    pub work_context: Uuid,
+    /// The lineage it belongs to; none for a baseline.
+    pub work_context: Option<Uuid>,
     pub by: CapturedBy,
     pub name: Option<&'a str>,
     /// For a tree nothing else holds: a durable hold kept while it is captured, ended
@@ -65,6 +67,21 @@ pub struct Capture<'a> {
     /// Whether the snapshot is appended to the work context's lineage (and becomes the
     /// tree's position).
     pub appends: bool,
+}
+
+/// Nothing to write with the snapshot (a baseline).
+pub struct NoSeal;
+
+impl Seal for NoSeal {
+    type Error = CustodyError;
+
+    fn stands_on_unchanged(&self) -> bool {
+        false
+    }
+
+    async fn seal(&self, _: &mut PgConnection, _: &Lease, _: Uuid) -> Result<(), CustodyError> {
+        Ok(())
+    }
 }
 
 impl Custody {
@@ -195,8 +212,8 @@ impl Custody {
                 backend: &settings.backend,
                 base_image: settings.base_image.as_deref(),
                 canonical_ref: capture.git_ref,
-                work_context_id: Some(capture.work_context),
-                workspace_id: Some(tree.workspace_id),
+                work_context_id: capture.work_context,
+                workspace_id: tree.workspace_id,
                 store_url: settings.store.url(),
                 store_id: settings.store_id,
                 credential_generation: generation,
@@ -234,10 +251,10 @@ impl Custody {
         if skipped.total() > 0 {
             lineage::record_skipped(&mut tx, snapshot_id, skipped).await?;
         }
-        if capture.appends {
+        if let (true, Some(work_context)) = (capture.appends, capture.work_context) {
             let appended = lineage::append(
                 &mut tx,
-                capture.work_context,
+                work_context,
                 capture.agent,
                 *tree.position,
                 snapshot_id,
@@ -260,7 +277,9 @@ impl Custody {
                 }
                 Err(LineageError::Db(e)) => return Err(e.into()),
             }
-            workspace::moved_to(&mut tx, tree.workspace_id, snapshot_id).await?;
+            if let Some(workspace_id) = tree.workspace_id {
+                workspace::moved_to(&mut tx, workspace_id, snapshot_id).await?;
+            }
         }
         seal.seal(&mut tx, lease, snapshot_id).await?;
         if let Some(hold_id) = hold_id {

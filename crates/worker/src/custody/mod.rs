@@ -26,7 +26,7 @@ mod release;
 
 pub(crate) use acquire::Restore;
 pub use checkpoint::{Checkpoint, Commit};
-pub use commit::{Capture, Seal, TreeAt};
+pub use commit::{Capture, NoSeal, Seal, TreeAt};
 pub use release::Release;
 
 use crate::directory::Directory;

@@ -322,7 +322,7 @@ pub async fn commit(
         agent: &row.agent,
         repository: row.repository.as_deref(),
         git_ref: row.git_ref.as_deref(),
-        work_context: row.id,
+        work_context: Some(row.id),
         by: CapturedBy::Sandbox(row.id),
         name,
         hold: None,
@@ -331,7 +331,7 @@ pub async fn commit(
     let index_is_position = !tree.uncaptured;
     let at = TreeAt {
         root: &tree.workspace.root,
-        workspace_id: tree.workspace_id,
+        workspace_id: Some(tree.workspace_id),
         position: &mut tree.position,
         index: &mut tree.index,
         uncaptured: &mut tree.uncaptured,

@@ -85,25 +85,35 @@ pub fn probe(settings: &Settings, view: &View, cgroups: Option<&Hierarchy>) -> R
         report.missing.insert(0, "CAIRN_SANDBOX=off".into());
         return report;
     }
-    let version = std::process::Command::new(&settings.bwrap)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .output();
-    match version {
-        Ok(out) if out.status.success() => {
-            report.mechanism = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        }
-        _ => {
-            report.missing.insert(
-                0,
-                format!(
-                    "bubblewrap ({}) is not installed (Debian: apt-get install bubblewrap)",
-                    settings.bwrap.display()
-                ),
-            );
+    match bwrap_version(settings) {
+        Ok(version) => report.mechanism = version,
+        Err(missing) => {
+            report.missing.insert(0, missing);
             return report;
         }
     }
+    namespaces(settings, &mut report);
+    if report.mount_namespace
+        && report.user_namespace
+        && report.pid_namespace
+        && report.network_namespace
+    {
+        report.isolated = whole(settings, view).map_or_else(
+            |e| {
+                report
+                    .missing
+                    .insert(0, format!("the sandbox does not start: {e}"));
+                false
+            },
+            |()| true,
+        );
+    }
+    report
+}
+
+/// Which namespaces bubblewrap can make here, each tried alone; what it cannot make
+/// is said first in `missing`.
+fn namespaces(settings: &Settings, report: &mut Report) {
     let base = ["--ro-bind", "/", "/", "--dev", "/dev"];
     let tries = |extra: &[&str]| -> Result<(), String> {
         let out = std::process::Command::new(&settings.bwrap)
@@ -134,22 +144,23 @@ pub fn probe(settings: &Settings, view: &View, cgroups: Option<&Hierarchy>) -> R
         tries(&["--unshare-pid", "--proc", "/proc"]),
     );
     report.network_namespace = note("network namespace", tries(&["--unshare-net"]));
-    if report.mount_namespace
-        && report.user_namespace
-        && report.pid_namespace
-        && report.network_namespace
-    {
-        report.isolated = whole(settings, view).map_or_else(
-            |e| {
-                report
-                    .missing
-                    .insert(0, format!("the sandbox does not start: {e}"));
-                false
-            },
-            |()| true,
-        );
+}
+
+/// bubblewrap's version, or what to say when it is not there.
+fn bwrap_version(settings: &Settings) -> Result<String, String> {
+    let version = std::process::Command::new(&settings.bwrap)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output();
+    match version {
+        Ok(out) if out.status.success() => {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        }
+        _ => Err(format!(
+            "bubblewrap ({}) is not installed (Debian: apt-get install bubblewrap)",
+            settings.bwrap.display()
+        )),
     }
-    report
 }
 
 /// Starts `true` in the sandbox as a step starts, in a scratch workspace.

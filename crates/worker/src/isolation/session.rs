@@ -104,53 +104,30 @@ impl Isolation {
             cpu_limit_ms: None,
             keeps_leftovers: false,
         });
-        let link = match hold {
-            Some(hold) => match self.connect(hold).await {
-                Ok(link) => Some(link),
-                Err(why) => {
-                    let session = Session {
-                        holder,
-                        running,
-                        init: 0,
-                        link: None,
-                        offline: None,
-                    };
-                    session.end(self).await;
-                    return Err(format!(
-                        "the sandbox's network could not be attached: {why}"
-                    ));
-                }
-            },
-            None => None,
-        };
-        let deadline = tokio::time::Instant::now() + START;
-        // Ready once the namespace's init has started `sleep`: it does so only after it
-        // made the view and moved into it. Entered any sooner, `nsenter` would take the
-        // root the init had before (a command then finds no `/usr/bin/env`).
-        let init = loop {
-            if let Some(init) = first_child(pid).filter(|&init| first_child(init).is_some()) {
-                break init;
-            }
-            if tokio::time::Instant::now() >= deadline {
-                let session = Session {
-                    holder,
-                    running,
-                    init: 0,
-                    link,
-                    offline: None,
-                };
-                session.end(self).await;
-                return Err("the sandbox's namespaces did not start".into());
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        };
         let mut session = Session {
             holder,
             running,
-            init,
-            link,
+            init: 0,
+            link: None,
             offline: None,
         };
+        if let Some(hold) = hold {
+            match self.connect(hold).await {
+                Ok(link) => session.link = Some(link),
+                Err(why) => {
+                    session.end(self).await;
+                    let why = format!("the sandbox's network could not be attached: {why}");
+                    return Err(why);
+                }
+            }
+        }
+        match started_init(pid).await {
+            Some(init) => session.init = init,
+            None => {
+                session.end(self).await;
+                return Err("the sandbox's namespaces did not start".into());
+            }
+        }
         if session.link.is_some() {
             match self.start_offline().await {
                 Ok(offline) => session.offline = Some(offline),
@@ -294,4 +271,21 @@ fn first_child(pid: i32) -> Option<i32> {
         .next()?
         .parse()
         .ok()
+}
+
+/// The init of the namespaces under `holder`, once it has started `sleep`: it does so
+/// only after it made the view and moved into it. Entered any sooner, `nsenter` would
+/// take the root the init had before (a command then finds no `/usr/bin/env`). `None`
+/// when that takes longer than the start allows.
+async fn started_init(holder: i32) -> Option<i32> {
+    let deadline = tokio::time::Instant::now() + START;
+    loop {
+        if let Some(init) = first_child(holder).filter(|&init| first_child(init).is_some()) {
+            return Some(init);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }

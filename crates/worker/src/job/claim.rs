@@ -8,12 +8,14 @@ use crate::error::JobError;
 use cairn_common::egress::NetworkSpec;
 use cairn_common::handoff;
 use cairn_common::journal;
-use cairn_common::lease::LeaseError;
+use cairn_common::lease::{Lease, LeaseError};
 use cairn_common::report::{self, Acceptance};
 use cairn_common::request::action;
 use cairn_common::request::limits::{self, Ended, Moment};
 use cairn_common::request::{self, Continuation, RequestEvent, RequestState};
 use cairn_common::run::{JobKind, JobMessage, StepSpec};
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, Postgres, Transaction};
 use uuid::Uuid;
 
 /// The result of a claim attempt.
@@ -90,72 +92,24 @@ impl Admission {
 /// after this returns may the delivery be acked.
 #[tracing::instrument(skip_all, fields(request_id = %message.request_id.simple(), kind = ?message.kind))]
 pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobError> {
-    let claimed = worker
-        .leases
-        .claim_after(message.request_id, &worker.settings.worker_id)
-        .await;
-    let (lease, previous_deadline) = match claimed {
-        Ok(Some(taken)) => (taken.lease, taken.previous_deadline),
-        Ok(None) => {
-            let state: Option<RequestState> =
-                sqlx::query_scalar("SELECT state FROM execution_requests WHERE id = $1")
-                    .bind(message.request_id)
-                    .fetch_optional(&worker.pool)
-                    .await?;
-            return Ok(match state {
-                Some(RequestState::Queued) => Claim::Later,
-                Some(state) => Claim::Done(JobOutcome::Dropped(format!(
-                    "nothing to do: request is {state}"
-                ))),
-                None => Claim::Done(JobOutcome::Dropped("unknown request".into())),
-            });
-        }
-        Err(LeaseError::NotFound(_)) => {
-            return Ok(Claim::Done(JobOutcome::Dropped("unknown request".into())))
-        }
-        Err(e) => return Err(e.into()),
+    let (lease, previous_deadline) = match take(worker, message).await? {
+        Ok(taken) => taken,
+        Err(done) => return Ok(done),
     };
     let mut tx = lease.begin_fenced(&worker.pool).await?;
     // A step the last owner left running is charged up to that owner's deadline.
     journal::charge_interrupted(&mut tx, lease.request_id, previous_deadline).await?;
     // Whatever admitted the ticket, its window open or ended, is read with the request:
     // a plain run message is stale as long as a continuation or an adoption owns it.
-    let row: RequestRow = sqlx::query_as(&format!(
-        "SELECT r.tenant_id, e.state, e.kind, e.run_id, e.attempt, r.steps, r.repository, r.git_ref, e.max_commands,
-                e.max_wall_seconds, e.used_commands, e.used_wall_ms,
-                EXTRACT(EPOCH FROM clock_timestamp() - e.queued_at)::float8 AS queued_for_seconds,
-                r.agent, r.work_context_id, r.deadline,
-                a.id AS admission_id, a.kind AS admission_kind, a.window_ends_at,
-                {} AS tenant_network
-           FROM execution_requests e JOIN runs r ON r.id = e.run_id
-           LEFT JOIN LATERAL (
-                (SELECT id, kind, window_ends_at, created_at FROM continuation_actions
-                  WHERE request_id = e.id AND status = 'queued')
-                UNION ALL
-                (SELECT id, 'verification', NULL, created_at FROM verification_adoptions
-                  WHERE execution_request_id = e.id AND status = 'queued')
-                ORDER BY created_at DESC LIMIT 1) a ON TRUE
-          WHERE e.id = $1",
-        cairn_common::network_policy::of_tenant("r.tenant_id")
-    ))
-    .bind(lease.request_id)
-    .fetch_one(&mut *tx)
-    .await?;
+    let row = read_row(&mut tx, lease.request_id).await?;
     // An announcement naming another tenant than the run's carries no work: it is
     // dropped unclaimed, and the request, still queued, is announced again from its row.
     let tenant_matches = row.tenant_id == message.tenant();
     if !tenant_matches {
         worker.metrics.tenant_mismatches.inc();
     }
-    let queued = row.state == RequestState::Queued && row.kind == "run" && tenant_matches;
     let admission = row.admission();
-    let work = match (message.kind, &admission) {
-        (JobKind::Run, None) => queued,
-        (JobKind::Run, Some(_)) => false,
-        (kind, Some(a)) => queued && Some(a.id) == message.action_id && a.job_kind() == kind,
-        (_, None) => false,
-    };
-    if !work {
+    if !means_work(message, &row, admission.as_ref(), tenant_matches) {
         worker.leases.release_in(&mut tx, &lease).await?;
         tx.commit().await?;
         worker.leases.clear_liveness(&lease);
@@ -185,27 +139,7 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
         return Ok(Claim::Done(ended_outcome(ended)));
     }
     if message.kind == JobKind::FinalOutcomeContinuation {
-        let acceptance = report::accept(
-            &mut tx,
-            &lease,
-            message.action_id,
-            &worker.settings.worker_id,
-        )
-        .await?;
-        worker.leases.release_in(&mut tx, &lease).await?;
-        tx.commit().await?;
-        worker.leases.clear_liveness(&lease);
-        let outcome = match acceptance {
-            Acceptance::Accepted { .. } => {
-                worker.metrics.jobs_completed.inc();
-                JobOutcome::Accepted
-            }
-            Acceptance::Missing => {
-                worker.metrics.jobs_failed.inc();
-                JobOutcome::NeedsReconciliation("no retained report to accept".into())
-            }
-        };
-        return Ok(Claim::Done(outcome));
+        return accept_report(worker, tx, &lease, message.action_id).await;
     }
     request::transition(&mut tx, lease.request_id, RequestEvent::Claim, None, None).await?;
     match continuation {
@@ -219,13 +153,133 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
     }
     tx.commit().await?;
     worker.active.enter(lease.request_id).await;
+    let window_ends_at = admission.and_then(|a| a.window_ends_at);
+    Ok(Claim::Run(Box::new(claimed(
+        lease,
+        message,
+        continuation,
+        window_ends_at,
+        row,
+    ))))
+}
+
+/// The request's lease, and the deadline of the owner it was taken over from; or what
+/// the message came to when there is no lease to take.
+async fn take(
+    worker: &Worker,
+    message: &JobMessage,
+) -> Result<Result<(Lease, Option<DateTime<Utc>>), Claim>, JobError> {
+    let claimed = worker
+        .leases
+        .claim_after(message.request_id, &worker.settings.worker_id)
+        .await;
+    match claimed {
+        Ok(Some(taken)) => Ok(Ok((taken.lease, taken.previous_deadline))),
+        Ok(None) => {
+            let state: Option<RequestState> =
+                sqlx::query_scalar("SELECT state FROM execution_requests WHERE id = $1")
+                    .bind(message.request_id)
+                    .fetch_optional(&worker.pool)
+                    .await?;
+            Ok(Err(match state {
+                Some(RequestState::Queued) => Claim::Later,
+                Some(state) => Claim::Done(JobOutcome::Dropped(format!(
+                    "nothing to do: request is {state}"
+                ))),
+                None => Claim::Done(JobOutcome::Dropped("unknown request".into())),
+            }))
+        }
+        Err(LeaseError::NotFound(_)) => Ok(Err(Claim::Done(JobOutcome::Dropped(
+            "unknown request".into(),
+        )))),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The request as its claim decides on it, with whatever admitted its ticket.
+async fn read_row(conn: &mut PgConnection, request_id: Uuid) -> Result<RequestRow, sqlx::Error> {
+    sqlx::query_as(&format!(
+        "SELECT r.tenant_id, e.state, e.kind, e.run_id, e.attempt, r.steps, r.repository, r.git_ref, e.max_commands,
+                e.max_wall_seconds, e.used_commands, e.used_wall_ms,
+                EXTRACT(EPOCH FROM clock_timestamp() - e.queued_at)::float8 AS queued_for_seconds,
+                r.agent, r.work_context_id, r.deadline,
+                a.id AS admission_id, a.kind AS admission_kind, a.window_ends_at,
+                {} AS tenant_network
+           FROM execution_requests e JOIN runs r ON r.id = e.run_id
+           LEFT JOIN LATERAL (
+                (SELECT id, kind, window_ends_at, created_at FROM continuation_actions
+                  WHERE request_id = e.id AND status = 'queued')
+                UNION ALL
+                (SELECT id, 'verification', NULL, created_at FROM verification_adoptions
+                  WHERE execution_request_id = e.id AND status = 'queued')
+                ORDER BY created_at DESC LIMIT 1) a ON TRUE
+          WHERE e.id = $1",
+        cairn_common::network_policy::of_tenant("r.tenant_id")
+    ))
+    .bind(request_id)
+    .fetch_one(conn)
+    .await
+}
+
+/// Whether a message still means work: its request queued, of its tenant, and the
+/// message the one that admitted it (a plain run message is stale while a continuation
+/// or an adoption owns the ticket).
+fn means_work(
+    message: &JobMessage,
+    row: &RequestRow,
+    admission: Option<&Admission>,
+    tenant_matches: bool,
+) -> bool {
+    let queued = row.state == RequestState::Queued && row.kind == "run" && tenant_matches;
+    match (message.kind, admission) {
+        (JobKind::Run, None) => queued,
+        (JobKind::Run, Some(_)) => false,
+        (kind, Some(a)) => queued && Some(a.id) == message.action_id && a.job_kind() == kind,
+        (_, None) => false,
+    }
+}
+
+/// A final-outcome continuation's claim: the retained report accepted (or found
+/// missing) and the lease released, in the claim's transaction.
+async fn accept_report(
+    worker: &Worker,
+    mut tx: Transaction<'static, Postgres>,
+    lease: &Lease,
+    action_id: Option<Uuid>,
+) -> Result<Claim, JobError> {
+    let worker_id = &worker.settings.worker_id;
+    let acceptance = report::accept(&mut tx, lease, action_id, worker_id).await?;
+    worker.leases.release_in(&mut tx, lease).await?;
+    tx.commit().await?;
+    worker.leases.clear_liveness(lease);
+    let outcome = match acceptance {
+        Acceptance::Accepted { .. } => {
+            worker.metrics.jobs_completed.inc();
+            JobOutcome::Accepted
+        }
+        Acceptance::Missing => {
+            worker.metrics.jobs_failed.inc();
+            JobOutcome::NeedsReconciliation("no retained report to accept".into())
+        }
+    };
+    Ok(Claim::Done(outcome))
+}
+
+/// What the job knows of its claimed request.
+fn claimed(
+    lease: Lease,
+    message: &JobMessage,
+    continuation: Continuation,
+    window_ends_at: Option<DateTime<Utc>>,
+    row: RequestRow,
+) -> Claimed {
     let steps: Vec<StepSpec> = serde_json::from_value(row.steps).unwrap_or_default();
-    Ok(Claim::Run(Box::new(Claimed {
+    Claimed {
         lease,
         kind: message.kind,
         action_id: message.action_id,
         continuation,
-        window_ends_at: admission.and_then(|a| a.window_ends_at),
+        window_ends_at,
         run_id: row.run_id,
         attempt: row.attempt,
         steps,
@@ -239,7 +293,7 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
         work_context: row.work_context_id,
         deadline: row.deadline,
         tenant_network: row.tenant_network.map(|n| n.0),
-    })))
+    }
 }
 
 /// The outcome of a request ended for a limit.

@@ -153,8 +153,6 @@ async fn intend_once(
 async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Ending, JobError> {
     let worker = &job.worker;
     let claimed = &job.claimed;
-    let workspace = tree.workspace.clone();
-    let workspace = &workspace;
     let request_id = job.request_id();
     let mut conn = worker.pool.acquire().await?;
     let standings = journal::standings(&mut conn, request_id, tree.position).await?;
@@ -162,48 +160,29 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
     if !standings.is_empty() {
         record_standings(job, tree, &standings).await?;
     }
-    let last = claimed.steps.len().saturating_sub(1);
     // Once a step runs, no later receipt is taken as done: its tree moved on.
     let mut ran = false;
-
     let mut pause_requests = job.pause_requests();
     for (index, step) in claimed.steps.iter().enumerate() {
-        match standings.get(&step.key) {
-            Some(Standing::Done { snapshot }) if !ran => {
-                // Its receipt stands on a snapshot this tree holds: reuse it.
+        match decide(step, standings.get(&step.key), ran, tree) {
+            Decision::Reuse(snapshot) => {
                 worker.metrics.steps_reused.inc();
                 tracing::info!(step = %step.key, snapshot = %snapshot.simple(), "step reused from its receipt");
                 continue;
             }
-            None => {}
-            Some(standing) if !step.idempotent => {
-                let reason = match standing {
-                    Standing::Unknown => "unknown_outcome",
-                    _ => {
-                        worker.metrics.trees_behind_journal.inc();
-                        "tree_behind_journal"
+            Decision::Reconcile(ending) => {
+                if matches!(
+                    &ending,
+                    Ending::Reconcile {
+                        reason: "tree_behind_journal",
+                        ..
                     }
-                };
-                let message = match reason {
-                    "unknown_outcome" => format!(
-                        "step {} started and has no receipt: its outcome is unknown",
-                        step.key
-                    ),
-                    _ => format!(
-                        "step {} has a receipt on a snapshot this tree (from tier {}) does not hold: its effects are not here",
-                        step.key,
-                        tree.tier.as_str()
-                    ),
-                };
-                return Ok(Ending::Reconcile {
-                    message,
-                    step: step.key.clone(),
-                    reason,
-                });
+                ) {
+                    worker.metrics.trees_behind_journal.inc();
+                }
+                return Ok(ending);
             }
-            Some(standing) => {
-                tracing::info!(step = %step.key, standing = standing.as_str(), "idempotent step runs again")
-            }
+            Decision::Run => {}
         }
         if pause::requested(job) && !job.stopped() {
             pause::pause_here(job, subject, tree, None, &Live::default()).await?;
@@ -224,112 +203,202 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
             }
         };
         ran = true;
-
-        let command = command(job, workspace, step, index, remaining_wall_ms);
-        if index == last {
-            let _ = tokio::fs::remove_file(&workspace.report_file).await;
-        }
-        worker.metrics.steps_run.inc();
-        tree.uncaptured = true;
-        tracing::info!(step = %step.key, "step started");
-        let live = Live::default();
-        let running = step::run_published(&command, &worker.isolation, &job.stop, &live);
-        tokio::pin!(running);
-        let result = loop {
-            tokio::select! {
-                biased;
-                result = &mut running => break result,
-                // Once stopped (a pause past its limit included), never pause again.
-                _ = pause::until_requested(&mut pause_requests), if !job.stopped() => {
-                    if let Err(e) = pause::pause_here(job, subject, tree, Some(&step.key), &live).await {
-                        // Fenced (or the database failed) while pausing: end the step
-                        // the usual way, its whole group with it, then give up.
-                        job.stop_for(Reason::Fenced);
-                        let _ = (&mut running).await;
-                        return Err(e);
-                    }
-                }
-            }
+        let at = At {
+            step,
+            index,
+            remaining_wall_ms,
         };
-        let tier = tree.tier;
-        let receipt = |outcome| Receipt {
-            step_key: &step.key,
-            attempt: claimed.attempt,
-            outcome,
-            tier: Some(tier),
-        };
-        let outcome = match result {
-            Ok(outcome) => outcome,
-            Err(e) => {
-                // The program could not start: a receipt records it as a failed step.
-                let message = format!("step {}: {e}", step.key);
-                let failure = ending::spawn_failure(&message).journal();
-                ending::write_receipt(job, &receipt(&failure)).await?;
-                return Ok(Ending::Fail(message));
-            }
-        };
-        let journaled = outcome.journal();
-        if outcome.interrupted == Some(Interruption::Stopped) {
-            if job.cause() == Some(Reason::Cancelled) {
-                // The run ends cancelled here: the receipt keeps the output so far and
-                // the time used; it stands on no snapshot, so it is never reused.
-                let cancelled = journal::Outcome {
-                    cancelled: true,
-                    ..journaled
-                };
-                // The cancel must land even when its record cannot: without this receipt
-                // the step reads as an unknown outcome, charged from its intent.
-                match ending::write_receipt(job, &receipt(&cancelled)).await {
-                    Ok(()) => {
-                        tracing::info!(step = %step.key, wall_ms = outcome.wall_ms, "step stopped: the run was cancelled")
-                    }
-                    Err(e) => {
-                        tracing::warn!(step = %step.key, error = %e, "the cancelled step's receipt was not written")
-                    }
-                }
-            }
-            return Ok(Ending::Interrupted);
-        }
-        tracing::info!(step = %step.key, result = %outcome.describe(), wall_ms = outcome.wall_ms, "step ended");
-        if !outcome.succeeded() {
-            // The request fails here: nothing continues from this tree.
-            ending::write_receipt(job, &receipt(&journaled)).await?;
-            let message = format!("step {} {}", step.key, outcome.describe());
-            return Ok(Ending::Fail(message));
-        }
-        let final_report = if index == last {
-            match read_report(job, workspace).await {
-                Ok(report) => report,
-                Err(message) => {
-                    ending::write_receipt(job, &receipt(&journaled)).await?;
-                    return Ok(Ending::Fail(message));
-                }
-            }
-        } else {
-            None
-        };
-        // One durable fact: the receipt commits with the checkpoint holding its
-        // effects, so a successor reuses it only on a tree that has them.
-        let commit = Commit {
-            receipt: receipt(&journaled),
-            report: final_report.as_ref().map(RetainedReport::retained),
-        };
-        match worker
-            .custody
-            .commit_step(job.lease(), subject, tree, &commit, &job.stop)
-            .await
-        {
-            Ok(_) => {}
-            Err(CustodyError::CaptureFailed(_)) if job.stopped() => return Ok(Ending::Interrupted),
-            Err(e @ CustodyError::CaptureFailed(_)) => {
-                tracing::warn!(step = %step.key, error = %e, "no receipt: the attempt ends and the tree stays tree");
-                worker.metrics.captures_failed.inc();
-                return Ok(Ending::EndAttempt(e));
-            }
-            Err(e) => return Err(e.into()),
+        if let Some(ending) = run_step(job, subject, tree, &at, &mut pause_requests).await? {
+            return Ok(ending);
         }
     }
     Ok(Ending::Complete)
+}
+
+/// What to do with a step, given where its journal stands on this tree.
+enum Decision {
+    /// Its receipt stands on a snapshot this tree holds.
+    Reuse(uuid::Uuid),
+    Run,
+    /// A non-idempotent step started and has no receipt this tree can use.
+    Reconcile(Ending),
+}
+
+/// Decides a step from its standing (`None`: never started), whether an earlier step
+/// of this attempt ran (then no later receipt is taken as done) and the tree's tier.
+fn decide(step: &StepSpec, standing: Option<&Standing>, ran: bool, tree: &Tree) -> Decision {
+    match standing {
+        Some(Standing::Done { snapshot }) if !ran => Decision::Reuse(*snapshot),
+        None => Decision::Run,
+        Some(Standing::Unknown) if !step.idempotent => Decision::Reconcile(Ending::Reconcile {
+            message: format!(
+                "step {} started and has no receipt: its outcome is unknown",
+                step.key
+            ),
+            step: step.key.clone(),
+            reason: "unknown_outcome",
+        }),
+        Some(_) if !step.idempotent => Decision::Reconcile(Ending::Reconcile {
+            message: format!(
+                "step {} has a receipt on a snapshot this tree (from tier {}) does not hold: its effects are not here",
+                step.key,
+                tree.tier.as_str()
+            ),
+            step: step.key.clone(),
+            reason: "tree_behind_journal",
+        }),
+        Some(standing) => {
+            tracing::info!(step = %step.key, standing = standing.as_str(), "idempotent step runs again");
+            Decision::Run
+        }
+    }
+}
+
+/// The step about to run: its place in the plan and the wall time the contract leaves.
+struct At<'a> {
+    step: &'a StepSpec,
+    index: usize,
+    remaining_wall_ms: i64,
+}
+
+/// Runs one step whose intent is durable, pausing when asked, then writes its receipt
+/// (committed with the checkpoint of its effects when it succeeded); `Some` when the
+/// plan ends here.
+async fn run_step(
+    job: &Job,
+    subject: &Subject,
+    tree: &mut Tree,
+    at: &At<'_>,
+    pause_requests: &mut tokio::sync::watch::Receiver<bool>,
+) -> Result<Option<Ending>, JobError> {
+    let (worker, step) = (&job.worker, at.step);
+    let workspace = tree.workspace.clone();
+    let last = at.index + 1 == job.claimed.steps.len();
+    let command = command(job, &workspace, step, at.index, at.remaining_wall_ms);
+    if last {
+        let _ = tokio::fs::remove_file(&workspace.report_file).await;
+    }
+    worker.metrics.steps_run.inc();
+    tree.uncaptured = true;
+    tracing::info!(step = %step.key, "step started");
+    let live = Live::default();
+    let running = step::run_published(&command, &worker.isolation, &job.stop, &live);
+    tokio::pin!(running);
+    let result = loop {
+        tokio::select! {
+            biased;
+            result = &mut running => break result,
+            // Once stopped (a pause past its limit included), never pause again.
+            _ = pause::until_requested(pause_requests), if !job.stopped() => {
+                if let Err(e) = pause::pause_here(job, subject, tree, Some(&step.key), &live).await {
+                    // Fenced (or the database failed) while pausing: end the step
+                    // the usual way, its whole group with it, then give up.
+                    job.stop_for(Reason::Fenced);
+                    let _ = (&mut running).await;
+                    return Err(e);
+                }
+            }
+        }
+    };
+    let outcome = match result {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            // The program could not start: a receipt records it as a failed step.
+            let message = format!("step {}: {e}", step.key);
+            let failure = ending::spawn_failure(&message).journal();
+            ending::write_receipt(job, &receipt(job, tree, step, &failure)).await?;
+            return Ok(Some(Ending::Fail(message)));
+        }
+    };
+    record_outcome(job, subject, tree, at, &outcome, &workspace).await
+}
+
+/// A step's receipt on this attempt and tree.
+fn receipt<'a>(
+    job: &Job,
+    tree: &Tree,
+    step: &'a StepSpec,
+    outcome: &'a journal::Outcome,
+) -> Receipt<'a> {
+    Receipt {
+        step_key: &step.key,
+        attempt: job.claimed.attempt,
+        outcome,
+        tier: Some(tree.tier),
+    }
+}
+
+/// Journals how a step that ran ended: stopped (cancelled: its receipt keeps the output
+/// so far), failed, or succeeded (its receipt, and the final report after the last
+/// step, committed with the checkpoint of its effects).
+async fn record_outcome(
+    job: &Job,
+    subject: &Subject,
+    tree: &mut Tree,
+    at: &At<'_>,
+    outcome: &step::StepOutcome,
+    workspace: &Workspace,
+) -> Result<Option<Ending>, JobError> {
+    let step = at.step;
+    let journaled = outcome.journal();
+    if outcome.interrupted == Some(Interruption::Stopped) {
+        if job.cause() == Some(Reason::Cancelled) {
+            // The run ends cancelled here: the receipt keeps the output so far and the
+            // time used; it stands on no snapshot, so it is never reused.
+            let cancelled = journal::Outcome {
+                cancelled: true,
+                ..journaled
+            };
+            // The cancel must land even when its record cannot: without this receipt
+            // the step reads as an unknown outcome, charged from its intent.
+            match ending::write_receipt(job, &receipt(job, tree, step, &cancelled)).await {
+                Ok(()) => {
+                    tracing::info!(step = %step.key, wall_ms = outcome.wall_ms, "step stopped: the run was cancelled")
+                }
+                Err(e) => {
+                    tracing::warn!(step = %step.key, error = %e, "the cancelled step's receipt was not written")
+                }
+            }
+        }
+        return Ok(Some(Ending::Interrupted));
+    }
+    tracing::info!(step = %step.key, result = %outcome.describe(), wall_ms = outcome.wall_ms, "step ended");
+    if !outcome.succeeded() {
+        // The request fails here: nothing continues from this tree.
+        ending::write_receipt(job, &receipt(job, tree, step, &journaled)).await?;
+        let message = format!("step {} {}", step.key, outcome.describe());
+        return Ok(Some(Ending::Fail(message)));
+    }
+    let final_report = if at.index + 1 == job.claimed.steps.len() {
+        match read_report(job, workspace).await {
+            Ok(report) => report,
+            Err(message) => {
+                ending::write_receipt(job, &receipt(job, tree, step, &journaled)).await?;
+                return Ok(Some(Ending::Fail(message)));
+            }
+        }
+    } else {
+        None
+    };
+    // One durable fact: the receipt commits with the checkpoint holding its effects,
+    // so a successor reuses it only on a tree that has them.
+    let commit = Commit {
+        receipt: receipt(job, tree, step, &journaled),
+        report: final_report.as_ref().map(RetainedReport::retained),
+    };
+    let committed = (job.worker.custody)
+        .commit_step(job.lease(), subject, tree, &commit, &job.stop)
+        .await;
+    match committed {
+        Ok(_) => Ok(None),
+        Err(CustodyError::CaptureFailed(_)) if job.stopped() => Ok(Some(Ending::Interrupted)),
+        Err(e @ CustodyError::CaptureFailed(_)) => {
+            tracing::warn!(step = %step.key, error = %e, "no receipt: the attempt ends and the tree stays held");
+            job.worker.metrics.captures_failed.inc();
+            Ok(Some(Ending::EndAttempt(e)))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// Shows in the resume context where each journaled step stands on this tree.

@@ -7,12 +7,12 @@ use crate::error::JobError;
 use crate::job::ending::spawn_failure;
 use crate::job::handle::Job;
 use crate::scope;
-use crate::step::{self, Interruption, StepCommand};
+use crate::step::{self, Interruption, StepCommand, StepOutcome};
 use cairn_common::handoff::{self, NewResult};
 use cairn_common::journal::{self, Receipt};
 use cairn_common::request::limits::{self, Breach, Moment};
 use cairn_common::verification as checks;
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 use serde_json::json;
 use std::path::Path;
 use std::time::Duration;
@@ -39,70 +39,12 @@ pub(super) async fn run(
     confined: bool,
 ) -> Result<Checked, JobError> {
     let step_key = checks::step_key(adoption.id, plan.index);
-    let mut tx = job.begin().await?;
-    let current = limits::read(&mut tx, job.request_id(), job.claimed.continuation).await?;
-    if let Some(breach) = current.breach(Moment::Intent) {
-        return Ok(Checked::Breach(breach));
-    }
-    let wall_left_ms = current.wall_left_ms();
-    journal::entry(
-        &mut tx,
-        job.lease(),
-        "verification_build_scope",
-        &json!({
-            "adoption_id": adoption.id.simple().to_string(),
-            "index": plan.index,
-            "command_digest": plan.command_digest,
-            "purpose": plan.check.purpose,
-            "confined": confined,
-            "source_digest": plan.scope.source_digest,
-            "dependency_digest": plan.scope.dependency_digest,
-            "environment_digest": plan.scope.environment_digest,
-            "runner_digest": plan.scope.runner_digest,
-            "scope_digest": plan.scope.digest(),
-        }),
-    )
-    .await?;
-    // Source checks may run again after an unknown outcome; checks of changing
-    // services or generated output may not.
-    journal::write_intent(
-        &mut tx,
-        job.lease(),
-        job.claimed.attempt,
-        &step_key,
-        plan.index,
-        plan.check.purpose.reuse_eligible(),
-        None,
-    )
-    .await?;
-    tx.commit().await?;
-
-    let sandbox = &job.worker.isolation;
-    let command = StepCommand {
-        argv: plan.check.argv.clone(),
-        env: plan.env.clone(),
-        place: crate::isolation::Spec {
-            workspace: root.to_path_buf(),
-            cwd: plan.check.cwd.clone(),
-            home: plan.scratch.clone(),
-            network: cairn_common::egress::Effective::flag(false),
-            limits: sandbox.limits(None),
-        },
-        timeout: Duration::from_secs(u64::from(plan.check.timeout_seconds)).min(
-            Duration::from_millis(u64::try_from(wall_left_ms).unwrap_or(0)),
-        ),
-        output_base: crate::step_output::output_base(
-            &job.worker.settings.artifacts_dir,
-            job.request_id(),
-            &step_key,
-            job.lease().epoch,
-        ),
-        live: None,
-        max_output: job.worker.settings.output_max_bytes,
-        tail_bytes: job.worker.settings.output_tail_bytes,
-        redact: job.worker.settings.redact_output,
-        kill_grace: job.worker.settings.kill_grace,
+    let wall_left_ms = match intend(job, adoption, plan, confined, &step_key).await? {
+        Ok(wall_left_ms) => wall_left_ms,
+        Err(breach) => return Ok(Checked::Breach(breach)),
     };
+    let sandbox = &job.worker.isolation;
+    let command = command(job, plan, root, wall_left_ms, &step_key);
     job.worker.metrics.checks_run.inc();
     if !confined {
         job.worker.metrics.checks_unconfined.inc();
@@ -133,10 +75,133 @@ pub(super) async fn run(
             || after.dependency_digest != plan.scope.dependency_digest
     });
 
+    let ran = Ran {
+        step_key: &step_key,
+        outcome: &outcome,
+        confined,
+        changed,
+        started_at,
+        finished_at,
+    };
+    record(job, adoption, plan, &ran).await?;
+    Ok(if changed {
+        Checked::Changed
+    } else {
+        Checked::Ran
+    })
+}
+
+/// The check's scope entry and intent, in one fenced transaction, if the contract
+/// still allows a command; returns the wall time left.
+async fn intend(
+    job: &Job,
+    adoption: &Adoption,
+    plan: &Plan<'_>,
+    confined: bool,
+    step_key: &str,
+) -> Result<Result<i64, Breach>, JobError> {
+    let mut tx = job.begin().await?;
+    let current = limits::read(&mut tx, job.request_id(), job.claimed.continuation).await?;
+    if let Some(breach) = current.breach(Moment::Intent) {
+        return Ok(Err(breach));
+    }
+    let wall_left_ms = current.wall_left_ms();
+    journal::entry(
+        &mut tx,
+        job.lease(),
+        "verification_build_scope",
+        &json!({
+            "adoption_id": adoption.id.simple().to_string(),
+            "index": plan.index,
+            "command_digest": plan.command_digest,
+            "purpose": plan.check.purpose,
+            "confined": confined,
+            "source_digest": plan.scope.source_digest,
+            "dependency_digest": plan.scope.dependency_digest,
+            "environment_digest": plan.scope.environment_digest,
+            "runner_digest": plan.scope.runner_digest,
+            "scope_digest": plan.scope.digest(),
+        }),
+    )
+    .await?;
+    // Source checks may run again after an unknown outcome; checks of changing
+    // services or generated output may not.
+    journal::write_intent(
+        &mut tx,
+        job.lease(),
+        job.claimed.attempt,
+        step_key,
+        plan.index,
+        plan.check.purpose.reuse_eligible(),
+        None,
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(Ok(wall_left_ms))
+}
+
+/// The check's command: its frozen argv and environment in the tree, no network, its
+/// scratch directory as home, bounded by its timeout and the wall time left.
+fn command(
+    job: &Job,
+    plan: &Plan<'_>,
+    root: &Path,
+    wall_left_ms: i64,
+    step_key: &str,
+) -> StepCommand {
+    let sandbox = &job.worker.isolation;
+    StepCommand {
+        argv: plan.check.argv.clone(),
+        env: plan.env.clone(),
+        place: crate::isolation::Spec {
+            workspace: root.to_path_buf(),
+            cwd: plan.check.cwd.clone(),
+            home: plan.scratch.clone(),
+            network: cairn_common::egress::Effective::flag(false),
+            limits: sandbox.limits(None),
+        },
+        timeout: Duration::from_secs(u64::from(plan.check.timeout_seconds)).min(
+            Duration::from_millis(u64::try_from(wall_left_ms).unwrap_or(0)),
+        ),
+        output_base: crate::step_output::output_base(
+            &job.worker.settings.artifacts_dir,
+            job.request_id(),
+            step_key,
+            job.lease().epoch,
+        ),
+        live: None,
+        max_output: job.worker.settings.output_max_bytes,
+        tail_bytes: job.worker.settings.output_tail_bytes,
+        redact: job.worker.settings.redact_output,
+        kill_grace: job.worker.settings.kill_grace,
+    }
+}
+
+/// How a check that ran went.
+struct Ran<'a> {
+    step_key: &'a str,
+    outcome: &'a StepOutcome,
+    confined: bool,
+    /// Its source or dependency inputs changed while it ran.
+    changed: bool,
+    started_at: DateTime<Utc>,
+    finished_at: DateTime<Utc>,
+}
+
+/// The check's receipt (on no snapshot: checks change nothing to capture) and its
+/// result, in one fenced transaction.
+async fn record(
+    job: &Job,
+    adoption: &Adoption,
+    plan: &Plan<'_>,
+    ran: &Ran<'_>,
+) -> Result<(), JobError> {
+    let (outcome, confined, changed) = (ran.outcome, ran.confined, ran.changed);
+    let (started_at, finished_at) = (ran.started_at, ran.finished_at);
     let mut tx = job.begin().await?;
     let journaled = outcome.journal();
     let receipt = Receipt {
-        step_key: &step_key,
+        step_key: ran.step_key,
         attempt: job.claimed.attempt,
         outcome: &journaled,
         tier: None,
@@ -167,7 +232,7 @@ pub(super) async fn run(
             repository: job.claimed.repository.as_deref(),
             attempt: job.claimed.attempt,
             lease_epoch: job.lease().epoch,
-            step_key: Some(&step_key),
+            step_key: Some(ran.step_key),
             source_digest: &plan.scope.source_digest,
             dependency_digest: &plan.scope.dependency_digest,
             environment_digest: &plan.scope.environment_digest,
@@ -183,9 +248,5 @@ pub(super) async fn run(
     )
     .await?;
     tx.commit().await?;
-    Ok(if changed {
-        Checked::Changed
-    } else {
-        Checked::Ran
-    })
+    Ok(())
 }

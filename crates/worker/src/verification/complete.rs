@@ -11,7 +11,8 @@ use cairn_common::handoff::{self, NewResult};
 use cairn_common::journal;
 use cairn_common::request::limits::{self, Moment};
 use cairn_common::request::{self, AdoptionEvent, HandoffEvent, RequestEvent};
-use serde_json::json;
+use serde_json::{json, Value};
+use sqlx::PgConnection;
 use std::path::Path;
 use uuid::Uuid;
 
@@ -47,6 +48,58 @@ pub(super) async fn complete(
         let next = "the completion".to_string();
         return Ok(Ending::Breach { breach, next });
     }
+    if recorded_elsewhere(&mut tx, adoption, before).await? {
+        drop(tx);
+        return Ok(late(
+            "a check's result was recorded on another tree than the one completed",
+        ));
+    }
+
+    let reused = record_reused(&mut tx, job, adoption, plans).await?;
+    let results: Vec<(i32, bool, bool, Option<i32>)> = sqlx::query_as(
+        "SELECT command_index, passed, reused_from IS NOT NULL, exit_code FROM verification_results
+          WHERE adoption_id = $1 ORDER BY command_index",
+    )
+    .bind(adoption.id)
+    .fetch_all(&mut *tx)
+    .await?;
+    let failed: Vec<String> = results
+        .iter()
+        .filter(|(_, passed, _, _)| !passed)
+        .map(|(index, _, _, code)| match code {
+            Some(code) => format!("check {index} exited with status {code}"),
+            None => format!("check {index} did not finish"),
+        })
+        .collect();
+    let passed = failed.is_empty() && results.len() == plans.len();
+    let fresh = results.iter().filter(|(_, _, reused, _)| !reused).count();
+    journal_completion(
+        &mut tx,
+        job,
+        adoption,
+        before,
+        (passed, results.len(), fresh),
+        &reused,
+    )
+    .await?;
+    let summary = if passed {
+        format!("{} checks passed ({} reused)", results.len(), reused.len())
+    } else {
+        format!("verification failed: {}", failed.join("; "))
+    };
+    settle(&mut tx, job, adoption, passed, &summary).await?;
+    tx.commit().await?;
+    job.worker.metrics.checks_reused.inc_by(reused.len() as u64);
+    Ok(Ending::Completed { passed, summary })
+}
+
+/// Whether a check's result was recorded on another tree than this one (its source or
+/// dependency inputs differ from the ones measured before the checks).
+async fn recorded_elsewhere(
+    conn: &mut PgConnection,
+    adoption: &Adoption,
+    before: &SourceScope,
+) -> Result<bool, sqlx::Error> {
     let elsewhere: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM verification_results
           WHERE adoption_id = $1 AND reused_from IS NULL
@@ -55,20 +108,51 @@ pub(super) async fn complete(
     .bind(adoption.id)
     .bind(&before.source_digest)
     .bind(&before.dependency_digest)
-    .fetch_one(&mut *tx)
+    .fetch_one(conn)
     .await?;
-    if elsewhere > 0 {
-        drop(tx);
-        return Ok(late(
-            "a check's result was recorded on another tree than the one completed",
-        ));
-    }
+    Ok(elsewhere > 0)
+}
 
+/// The verdict: the handoff passes or fails, the adoption completes and the request
+/// completes or fails with the summary.
+async fn settle(
+    conn: &mut PgConnection,
+    job: &Job,
+    adoption: &Adoption,
+    passed: bool,
+    summary: &str,
+) -> Result<(), JobError> {
+    let verdict = if passed {
+        HandoffEvent::Pass
+    } else {
+        HandoffEvent::Fail
+    };
+    handoff::handoff_transition_of(&mut *conn, adoption.id, verdict).await?;
+    let summary_reason = (!passed).then_some(summary);
+    let event = AdoptionEvent::Complete;
+    handoff::adoption_transition(&mut *conn, adoption.id, event, summary_reason).await?;
+    let (event, reason) = if passed {
+        (RequestEvent::Complete, None)
+    } else {
+        (RequestEvent::Fail, Some(summary))
+    };
+    request::transition(&mut *conn, job.request_id(), event, reason, None).await?;
+    Ok(())
+}
+
+/// Records the results of the checks reused from prior verified executions (each
+/// once); returns what the reuse receipt says of each.
+async fn record_reused(
+    conn: &mut PgConnection,
+    job: &Job,
+    adoption: &Adoption,
+    plans: &[Plan<'_>],
+) -> Result<Vec<Value>, JobError> {
     let mut reused = Vec::new();
     for plan in plans {
         let Some(prior) = &plan.prior else { continue };
         let inserted = handoff::record_result(
-            &mut tx,
+            &mut *conn,
             &NewResult {
                 adoption_id: adoption.id,
                 command_index: plan.index_i32(),
@@ -116,32 +200,27 @@ pub(super) async fn complete(
             "source_completion_receipt": prior.accepted_by,
         }));
     }
-    let results: Vec<(i32, bool, bool, Option<i32>)> = sqlx::query_as(
-        "SELECT command_index, passed, reused_from IS NOT NULL, exit_code FROM verification_results
-          WHERE adoption_id = $1 ORDER BY command_index",
-    )
-    .bind(adoption.id)
-    .fetch_all(&mut *tx)
-    .await?;
-    let failed: Vec<String> = results
-        .iter()
-        .filter(|(_, passed, _, _)| !passed)
-        .map(|(index, _, _, code)| match code {
-            Some(code) => format!("check {index} exited with status {code}"),
-            None => format!("check {index} did not finish"),
-        })
-        .collect();
-    let passed = failed.is_empty() && results.len() == plans.len();
-    let fresh = results.iter().filter(|(_, _, reused, _)| !reused).count();
+    Ok(reused)
+}
+
+/// The completion's journal entry and, when checks were reused, its reuse receipt.
+async fn journal_completion(
+    conn: &mut PgConnection,
+    job: &Job,
+    adoption: &Adoption,
+    before: &SourceScope,
+    (passed, checks, fresh): (bool, usize, usize),
+    reused: &[Value],
+) -> Result<(), JobError> {
     let completion_id = journal::entry(
-        &mut tx,
+        &mut *conn,
         job.lease(),
         "verification_completion",
         &json!({
         "adoption_id": adoption.id.simple().to_string(),
         "handoff_id": adoption.handoff_id.simple().to_string(),
         "passed": passed,
-        "checks": results.len(),
+        "checks": checks,
         "fresh_checks": fresh,
         "reused_checks": reused.len(),
         "source_digest": before.source_digest,
@@ -152,7 +231,7 @@ pub(super) async fn complete(
     .await?;
     if !reused.is_empty() {
         journal::entry(
-            &mut tx,
+            &mut *conn,
             job.lease(),
             "verification_reuse_receipt",
             &json!({
@@ -165,29 +244,7 @@ pub(super) async fn complete(
         )
         .await?;
     }
-    let summary = if passed {
-        format!("{} checks passed ({} reused)", results.len(), reused.len())
-    } else {
-        format!("verification failed: {}", failed.join("; "))
-    };
-    let verdict = if passed {
-        HandoffEvent::Pass
-    } else {
-        HandoffEvent::Fail
-    };
-    handoff::handoff_transition_of(&mut tx, adoption.id, verdict).await?;
-    let summary_reason = (!passed).then_some(summary.as_str());
-    let event = AdoptionEvent::Complete;
-    handoff::adoption_transition(&mut tx, adoption.id, event, summary_reason).await?;
-    let (event, reason) = if passed {
-        (RequestEvent::Complete, None)
-    } else {
-        (RequestEvent::Fail, Some(summary.as_str()))
-    };
-    request::transition(&mut tx, job.request_id(), event, reason, None).await?;
-    tx.commit().await?;
-    job.worker.metrics.checks_reused.inc_by(reused.len() as u64);
-    Ok(Ending::Completed { passed, summary })
+    Ok(())
 }
 
 /// Drain: the adoption goes back to its queue on the same attempt.

@@ -184,137 +184,16 @@ pub fn evaluate(
     now: DateTime<Utc>,
 ) -> Candidate {
     let f = facts;
-    let mut holds = Vec::new();
-    let mut hold = |reason, message: &str| {
-        holds.push(Hold {
-            reason,
-            message: message.to_string(),
-        })
-    };
-
-    let allowed = match kind {
-        Kind::Checkpoint => policy.allows_checkpoint_continuation(),
-        Kind::FinalOutcome => policy.allows_final_outcome_continuation(),
-    };
-    if !allowed {
-        hold(
-            HoldReason::PolicyDisabled,
-            "the recovery policy does not allow this continuation",
-        );
-    }
-    if f.live_owner {
-        hold(
-            HoldReason::LiveOwner,
-            "a worker holds a live lease on the request",
-        );
-    }
-    if !f.unknown_effects.is_empty() {
-        hold(
-            HoldReason::UnknownEffect,
-            &format!(
-                "steps with an unknown outcome need reconciliation: {}",
-                f.unknown_effects.join(", ")
-            ),
-        );
-    }
-    if f.operator_revoked {
-        hold(
-            HoldReason::RevokedAccess,
-            "the token that submitted the run was revoked",
-        );
-    }
-    let exhausted = f.used_commands >= f.max_commands
-        || f.used_wall_ms >= i64::from(f.max_wall_seconds) * 1000
-        || f.deadline.is_some_and(|d| d <= now);
-    if exhausted {
-        hold(
-            HoldReason::ExhaustedLimits,
-            "the request's commands, wall time or deadline are spent",
-        );
-    }
-
-    let mut retained_outcome = None;
-    let mut report_digest = None;
-    match kind {
+    let mut holds = Holds::default();
+    let allowed = general_holds(kind, &f, policy, now, &mut holds);
+    let (retained_outcome, report_digest) = match kind {
         Kind::Checkpoint => {
-            if f.state != "stopped_at_checkpoint" {
-                hold(
-                    HoldReason::NotRecoverable,
-                    &format!("the request is {}, not stopped at a checkpoint", f.state),
-                );
-            }
-            match &f.checkpoint {
-                None => hold(HoldReason::MissingCustody, "no retained checkpoint"),
-                Some(checkpoint) => {
-                    if checkpoint.get("journal_digest").and_then(|d| d.as_str())
-                        != Some(f.journal_digest.as_str())
-                    {
-                        hold(
-                            HoldReason::MissingCustody,
-                            "the journal no longer matches the retained checkpoint",
-                        );
-                    }
-                    if f.checkpoint_reclaimed {
-                        hold(
-                            HoldReason::CheckpointReclaimed,
-                            "the checkpoint's snapshot was retired or reclaimed",
-                        );
-                    }
-                    let retained_source = checkpoint.get("source_digest").and_then(|d| d.as_str());
-                    if let (Some(retained), Some(current)) =
-                        (retained_source, f.source_digest.as_deref())
-                    {
-                        if retained != current {
-                            hold(
-                                HoldReason::ChangedSource,
-                                "the source changed since the checkpoint",
-                            );
-                        }
-                    }
-                }
-            }
+            checkpoint_holds(&f, &mut holds);
+            (None, None)
         }
-        Kind::FinalOutcome => {
-            if f.state != "needs_reconciliation" || f.live_owner {
-                hold(
-                    HoldReason::NotRecoverable,
-                    &format!(
-                        "the request is {}, not idle awaiting acceptance of its report",
-                        f.state
-                    ),
-                );
-            }
-            match &f.report {
-                None => hold(HoldReason::MissingCustody, "no retained final report"),
-                Some(report) => {
-                    if report.consumed {
-                        hold(
-                            HoldReason::AlreadyConsumed,
-                            "the retained report was already accepted",
-                        );
-                    }
-                    report_digest = Some(digest::of(&json!({
-                        "outcome": report.outcome,
-                        "followup_kind": report.followup_kind,
-                        "body": report.body,
-                    })));
-                    retained_outcome = Some(RetainedOutcome {
-                        outcome: report.outcome.clone(),
-                        followup_kind: report.followup_kind.clone(),
-                    });
-                }
-            }
-            let original_admin = f.operator_id == Some(caller)
-                && f.operator_role.as_deref() == Some("admin")
-                && !f.operator_revoked;
-            if !original_admin {
-                hold(
-                    HoldReason::RevokedAccess,
-                    "only the run's original operator, with current admin access, may accept its report",
-                );
-            }
-        }
-    }
+        Kind::FinalOutcome => report_holds(&f, caller, &mut holds),
+    };
+    let holds = holds.0;
 
     let window = policy.window_limit().min(MAX_WINDOW_SECONDS);
     let bound = json!({
@@ -359,6 +238,160 @@ pub fn evaluate(
         admission_window_purpose: (kind == Kind::FinalOutcome).then(|| "claim_only".to_string()),
         policy_revision: policy.revision,
     }
+}
+
+/// The holds a candidate collects, each with its reason and message.
+#[derive(Default)]
+struct Holds(Vec<Hold>);
+
+impl Holds {
+    fn add(&mut self, reason: HoldReason, message: &str) {
+        self.0.push(Hold {
+            reason,
+            message: message.to_string(),
+        });
+    }
+}
+
+/// The holds of either kind: the policy, a live owner, unknown effects, a revoked
+/// operator, spent limits. Returns whether the policy allows the kind.
+fn general_holds(
+    kind: Kind,
+    f: &Facts,
+    policy: &Policy,
+    now: DateTime<Utc>,
+    holds: &mut Holds,
+) -> bool {
+    let allowed = match kind {
+        Kind::Checkpoint => policy.allows_checkpoint_continuation(),
+        Kind::FinalOutcome => policy.allows_final_outcome_continuation(),
+    };
+    if !allowed {
+        holds.add(
+            HoldReason::PolicyDisabled,
+            "the recovery policy does not allow this continuation",
+        );
+    }
+    if f.live_owner {
+        holds.add(
+            HoldReason::LiveOwner,
+            "a worker holds a live lease on the request",
+        );
+    }
+    if !f.unknown_effects.is_empty() {
+        holds.add(
+            HoldReason::UnknownEffect,
+            &format!(
+                "steps with an unknown outcome need reconciliation: {}",
+                f.unknown_effects.join(", ")
+            ),
+        );
+    }
+    if f.operator_revoked {
+        holds.add(
+            HoldReason::RevokedAccess,
+            "the token that submitted the run was revoked",
+        );
+    }
+    let exhausted = f.used_commands >= f.max_commands
+        || f.used_wall_ms >= i64::from(f.max_wall_seconds) * 1000
+        || f.deadline.is_some_and(|d| d <= now);
+    if exhausted {
+        holds.add(
+            HoldReason::ExhaustedLimits,
+            "the request's commands, wall time or deadline are spent",
+        );
+    }
+    allowed
+}
+
+/// A checkpoint continuation's holds: the request stopped at a checkpoint that is
+/// retained, matches the journal, is not reclaimed, and has the current source.
+fn checkpoint_holds(f: &Facts, holds: &mut Holds) {
+    if f.state != "stopped_at_checkpoint" {
+        holds.add(
+            HoldReason::NotRecoverable,
+            &format!("the request is {}, not stopped at a checkpoint", f.state),
+        );
+    }
+    match &f.checkpoint {
+        None => holds.add(HoldReason::MissingCustody, "no retained checkpoint"),
+        Some(checkpoint) => {
+            if checkpoint.get("journal_digest").and_then(|d| d.as_str())
+                != Some(f.journal_digest.as_str())
+            {
+                holds.add(
+                    HoldReason::MissingCustody,
+                    "the journal no longer matches the retained checkpoint",
+                );
+            }
+            if f.checkpoint_reclaimed {
+                holds.add(
+                    HoldReason::CheckpointReclaimed,
+                    "the checkpoint's snapshot was retired or reclaimed",
+                );
+            }
+            let retained_source = checkpoint.get("source_digest").and_then(|d| d.as_str());
+            if let (Some(retained), Some(current)) = (retained_source, f.source_digest.as_deref()) {
+                if retained != current {
+                    holds.add(
+                        HoldReason::ChangedSource,
+                        "the source changed since the checkpoint",
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A final-outcome continuation's holds (a retained report not yet accepted, the
+/// request idle awaiting it, the run's own admin asking), and the report's outcome and
+/// digest.
+fn report_holds(
+    f: &Facts,
+    caller: Uuid,
+    holds: &mut Holds,
+) -> (Option<RetainedOutcome>, Option<String>) {
+    let (mut retained_outcome, mut report_digest) = (None, None);
+    if f.state != "needs_reconciliation" || f.live_owner {
+        holds.add(
+            HoldReason::NotRecoverable,
+            &format!(
+                "the request is {}, not idle awaiting acceptance of its report",
+                f.state
+            ),
+        );
+    }
+    match &f.report {
+        None => holds.add(HoldReason::MissingCustody, "no retained final report"),
+        Some(report) => {
+            if report.consumed {
+                holds.add(
+                    HoldReason::AlreadyConsumed,
+                    "the retained report was already accepted",
+                );
+            }
+            report_digest = Some(digest::of(&json!({
+                "outcome": report.outcome,
+                "followup_kind": report.followup_kind,
+                "body": report.body,
+            })));
+            retained_outcome = Some(RetainedOutcome {
+                outcome: report.outcome.clone(),
+                followup_kind: report.followup_kind.clone(),
+            });
+        }
+    }
+    let original_admin = f.operator_id == Some(caller)
+        && f.operator_role.as_deref() == Some("admin")
+        && !f.operator_revoked;
+    if !original_admin {
+        holds.add(
+            HoldReason::RevokedAccess,
+            "only the run's original operator, with current admin access, may accept its report",
+        );
+    }
+    (retained_outcome, report_digest)
 }
 
 #[cfg(test)]

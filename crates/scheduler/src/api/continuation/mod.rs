@@ -161,20 +161,86 @@ async fn save_action(
     let current = candidate(&mut tx, kind, &policy, (run_id, request_id), caller, true).await?;
 
     if let Some(row) = saved::find(&mut tx, action_id).await? {
-        let same = row.kind == kind.action()
-            && row.run_id == run_id
-            && row.request_id == request_id
-            && row.input_digest == input_digest;
-        if same {
-            // The same action and input: the same receipt, and nothing more admitted.
-            return Ok((StatusCode::CREATED, Json(action_view(kind, row))).into_response());
-        }
+        return replay(kind, row, (run_id, request_id), &input_digest);
+    }
+    let checkpoint_ref = checkpoint_ref(kind, &current);
+    if saved::taken(&mut tx, request_id, kind.action(), &checkpoint_ref).await? {
         return Err(ApiError::conflict(
-            "action_id_conflict",
-            "this action id was saved with different input; read its status instead of submitting again",
+            "checkpoint_already_admitted",
+            "another action was already saved for this checkpoint",
         ));
     }
-    let checkpoint_ref = match kind {
+    admissible(&current, &input)?;
+
+    let now = Utc::now();
+    let window_ends_at = now + chrono::Duration::seconds(i64::from(input.valid_for_seconds));
+    let witness_digest = digest::of_json(&json!({
+        "candidate_digest": current.candidate_digest,
+        "holds": [],
+        "checked_at": now,
+        "checked_by": caller.token_id,
+    }));
+    let admission_seal = digest::of_json(&json!({
+        "action_id": action_id,
+        "input_digest": input_digest,
+        "witness_digest": witness_digest,
+        "window_ends_at": window_ends_at,
+    }));
+    let row = saved::save(
+        &mut tx,
+        &NewAction {
+            id: action_id,
+            kind: kind.action(),
+            run_id,
+            request_id,
+            checkpoint_ref: &checkpoint_ref,
+            operator_id: caller.token_id,
+            input: &input.raw,
+            input_digest: &input_digest,
+            candidate_digest: &current.candidate_digest,
+            witness_digest: &witness_digest,
+            admission_seal: &admission_seal,
+            valid_for_seconds: i32::try_from(input.valid_for_seconds).unwrap_or(MAX_WINDOW_SECONDS),
+            window_ends_at,
+        },
+    )
+    .await?;
+    readmit(
+        &mut tx,
+        kind,
+        (run_id, request_id, action_id),
+        current.attempt,
+    )
+    .await?;
+    tx.commit().await?;
+    state.metrics.continuations_admitted.inc();
+    Ok((StatusCode::CREATED, Json(action_view(kind, row))).into_response())
+}
+
+/// An action id saved before: the same action and input get the same receipt, and
+/// nothing more is admitted; other input under it is refused.
+fn replay(
+    kind: Kind,
+    row: saved::Action,
+    (run_id, request_id): (Uuid, Uuid),
+    input_digest: &str,
+) -> Result<Response, ApiError> {
+    let same = row.kind == kind.action()
+        && row.run_id == run_id
+        && row.request_id == request_id
+        && row.input_digest == input_digest;
+    if same {
+        return Ok((StatusCode::CREATED, Json(action_view(kind, row))).into_response());
+    }
+    Err(ApiError::conflict(
+        "action_id_conflict",
+        "this action id was saved with different input; read its status instead of submitting again",
+    ))
+}
+
+/// What an action saves against: the checkpoint's sequence, or the final report.
+fn checkpoint_ref(kind: Kind, current: &Candidate) -> String {
+    match kind {
         Kind::Checkpoint => format!(
             "checkpoint:{}",
             current
@@ -185,13 +251,12 @@ async fn save_action(
                 .unwrap_or_default()
         ),
         Kind::FinalOutcome => "final_report".to_string(),
-    };
-    if saved::taken(&mut tx, request_id, kind.action(), &checkpoint_ref).await? {
-        return Err(ApiError::conflict(
-            "checkpoint_already_admitted",
-            "another action was already saved for this checkpoint",
-        ));
     }
+}
+
+/// Whether the candidate admits this action now: ready (no hold), the digest the
+/// caller reviewed, and a window within its maximum.
+fn admissible(current: &Candidate, input: &ActionInput) -> Result<(), ApiError> {
     if current.admission != "READY" {
         let reasons: Vec<String> = current
             .holds
@@ -227,57 +292,29 @@ async fn save_action(
             ),
         ));
     }
+    Ok(())
+}
 
-    let now = Utc::now();
-    let window_ends_at = now + chrono::Duration::seconds(i64::from(input.valid_for_seconds));
-    let witness_digest = digest::of_json(&json!({
-        "candidate_digest": current.candidate_digest,
-        "holds": [],
-        "checked_at": now,
-        "checked_by": caller.token_id,
-    }));
-    let admission_seal = digest::of_json(&json!({
-        "action_id": action_id,
-        "input_digest": input_digest,
-        "witness_digest": witness_digest,
-        "window_ends_at": window_ends_at,
-    }));
-    let row = saved::save(
-        &mut tx,
-        &NewAction {
-            id: action_id,
-            kind: kind.action(),
-            run_id,
-            request_id,
-            checkpoint_ref: &checkpoint_ref,
-            operator_id: caller.token_id,
-            input: &input.raw,
-            input_digest: &input_digest,
-            candidate_digest: &current.candidate_digest,
-            witness_digest: &witness_digest,
-            admission_seal: &admission_seal,
-            valid_for_seconds: i32::try_from(input.valid_for_seconds).unwrap_or(MAX_WINDOW_SECONDS),
-            window_ends_at,
-        },
-    )
-    .await?;
-    // The same ticket is queued again: no new attempt, no budget reset.
+/// Queues the same ticket again for the action: no new attempt, no budget reset.
+async fn readmit(
+    conn: &mut PgConnection,
+    kind: Kind,
+    (run_id, request_id, action_id): (Uuid, Uuid, Uuid),
+    attempt: i32,
+) -> Result<(), request::Error> {
     let message = JobMessage {
         tenant: None,
         kind: kind.job_kind(),
         run_id,
         request_id,
         action_id: Some(action_id),
-        attempt: Some(current.attempt),
+        attempt: Some(attempt),
     };
     let event = match kind {
         Kind::Checkpoint => RequestEvent::ContinueFromCheckpoint,
         Kind::FinalOutcome => RequestEvent::ReadmitReport,
     };
-    request::readmit(&mut tx, &message, event).await?;
-    tx.commit().await?;
-    state.metrics.continuations_admitted.inc();
-    Ok((StatusCode::CREATED, Json(action_view(kind, row))).into_response())
+    request::readmit(conn, &message, event).await
 }
 
 async fn read_status(

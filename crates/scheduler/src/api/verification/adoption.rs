@@ -225,6 +225,46 @@ struct ResultRow {
     source_request_id: Option<Uuid>,
 }
 
+/// A check's result as the API shows it: executed, or reused with where it came from.
+impl From<ResultRow> for CheckResult {
+    fn from(r: ResultRow) -> CheckResult {
+        let reused = r.reused_from.is_some();
+        CheckResult {
+            index: r.command_index,
+            command_digest: r.command_digest,
+            purpose: r.purpose,
+            passed: r.passed,
+            display: if reused {
+                "Reused prior verified result"
+            } else {
+                "Executed"
+            }
+            .into(),
+            reused,
+            confined: r.confined,
+            reusable: r.reusable,
+            exit_code: r.exit_code,
+            timed_out: r.timed_out,
+            wall_ms: r.wall_ms,
+            attempt: r.attempt,
+            started_at: r.started_at,
+            finished_at: r.finished_at,
+            output_digest: r.output_digest,
+            stdout_tail: r.stdout_tail,
+            stderr_tail: r.stderr_tail,
+            scope_digest: r.scope_digest,
+            fresh_reason: r.fresh_reason,
+            source_execution: r.reused_from.map(|id| SourceExecution {
+                result_id: id.into(),
+                request_id: r.source_request_id.map(Id::from),
+                step_key: r.step_key.clone(),
+                attempt: r.attempt,
+                lease_epoch: r.lease_epoch,
+            }),
+        }
+    }
+}
+
 pub async fn adoption_view(
     conn: &mut PgConnection,
     run_id: Uuid,
@@ -253,45 +293,7 @@ pub async fn adoption_view(
     .bind(adoption_id)
     .fetch_all(&mut *conn)
     .await?;
-    let results = results
-        .into_iter()
-        .map(|r| {
-            let reused = r.reused_from.is_some();
-            CheckResult {
-                index: r.command_index,
-                command_digest: r.command_digest,
-                purpose: r.purpose,
-                passed: r.passed,
-                display: if reused {
-                    "Reused prior verified result"
-                } else {
-                    "Executed"
-                }
-                .into(),
-                reused,
-                confined: r.confined,
-                reusable: r.reusable,
-                exit_code: r.exit_code,
-                timed_out: r.timed_out,
-                wall_ms: r.wall_ms,
-                attempt: r.attempt,
-                started_at: r.started_at,
-                finished_at: r.finished_at,
-                output_digest: r.output_digest,
-                stdout_tail: r.stdout_tail,
-                stderr_tail: r.stderr_tail,
-                scope_digest: r.scope_digest,
-                fresh_reason: r.fresh_reason,
-                source_execution: r.reused_from.map(|id| SourceExecution {
-                    result_id: id.into(),
-                    request_id: r.source_request_id.map(Id::from),
-                    step_key: r.step_key.clone(),
-                    attempt: r.attempt,
-                    lease_epoch: r.lease_epoch,
-                }),
-            }
-        })
-        .collect();
+    let results = results.into_iter().map(CheckResult::from).collect();
     Ok(Some(AdoptionView {
         kind: "verification_adoption".into(),
         request_id: row.id.into(),

@@ -161,6 +161,50 @@ pub async fn adopt(
     }
     let agent = check_agent(Some(&input.agent), &facts.agent)?;
     let (current, frozen) = evaluate(run_id, &facts, agent, &policy)?;
+    still_current(&input, &current)?;
+    let reusable_digests = reusable(&input, &current, frozen.len())?;
+
+    let candidate = serde_json::to_value(&current).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+    handoff::adopt(
+        &mut tx,
+        &NewAdoption {
+            id: adoption_id,
+            run_id,
+            handoff_id: current.handoff_id.uuid(),
+            request_id: facts.request_id,
+            operator_id: caller.token_id,
+            input: &input_value,
+            input_digest: &input_digest,
+            agent: &current.agent,
+            policy_digest: &current.policy_digest,
+            candidate: &candidate,
+            reusable_digests: &reusable_digests,
+        },
+    )
+    .await?;
+    // The same ticket is queued again: same attempt, budgets and charged usage.
+    let message = JobMessage {
+        tenant: None,
+        kind: JobKind::Verification,
+        run_id,
+        request_id: facts.request_id,
+        action_id: Some(adoption_id),
+        attempt: Some(facts.attempt),
+    };
+    request::readmit(&mut tx, &message, RequestEvent::AdoptVerification).await?;
+    let view = adoption_view(&mut tx, run_id, adoption_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("verification adoption of this run"))?;
+    tx.commit().await?;
+    state.metrics.verifications_adopted.inc();
+    Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+/// Whether the adoption quotes the candidate as it is now, and it is ready.
+fn still_current(
+    input: &VerificationAdoptionInput,
+    current: &HandoffCandidate,
+) -> Result<(), ApiError> {
     if current.admission != "READY" {
         return Err(ApiError::conflict(
             "candidate_held",
@@ -205,6 +249,16 @@ pub async fn adopt(
             .with_field(field));
         }
     }
+    Ok(())
+}
+
+/// The checks declared reusable, each a build check of the candidate, if the ones that
+/// must run fresh (of `checks` in all) fit what is left of the command budget.
+fn reusable(
+    input: &VerificationAdoptionInput,
+    current: &HandoffCandidate,
+    checks: usize,
+) -> Result<Vec<String>, ApiError> {
     for (i, selected) in input.reusable_build_checks.iter().enumerate() {
         let field = format!("reusable_build_checks[{i}].command_digest");
         let Some(command) = current
@@ -238,7 +292,7 @@ pub async fn adopt(
         .map(|c| c.command_digest.clone())
         .collect();
     // Checks that cannot be reused must fit what is left of the command budget.
-    let must_run = frozen.len() - reusable_digests.len();
+    let must_run = checks - reusable_digests.len();
     if i64::from(current.budget.remaining_commands) < must_run as i64 {
         return Err(ApiError::conflict(
             "budget_exhausted",
@@ -248,41 +302,7 @@ pub async fn adopt(
             ),
         ));
     }
-
-    let candidate = serde_json::to_value(&current).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
-    handoff::adopt(
-        &mut tx,
-        &NewAdoption {
-            id: adoption_id,
-            run_id,
-            handoff_id: current.handoff_id.uuid(),
-            request_id: facts.request_id,
-            operator_id: caller.token_id,
-            input: &input_value,
-            input_digest: &input_digest,
-            agent: &current.agent,
-            policy_digest: &current.policy_digest,
-            candidate: &candidate,
-            reusable_digests: &reusable_digests,
-        },
-    )
-    .await?;
-    // The same ticket is queued again: same attempt, budgets and charged usage.
-    let message = JobMessage {
-        tenant: None,
-        kind: JobKind::Verification,
-        run_id,
-        request_id: facts.request_id,
-        action_id: Some(adoption_id),
-        attempt: Some(facts.attempt),
-    };
-    request::readmit(&mut tx, &message, RequestEvent::AdoptVerification).await?;
-    let view = adoption_view(&mut tx, run_id, adoption_id)
-        .await?
-        .ok_or_else(|| ApiError::not_found("verification adoption of this run"))?;
-    tx.commit().await?;
-    state.metrics.verifications_adopted.inc();
-    Ok((StatusCode::CREATED, Json(view)).into_response())
+    Ok(reusable_digests)
 }
 
 #[derive(Debug, Serialize, ToSchema)]
