@@ -49,7 +49,6 @@ impl ServiceLock {
     }
 }
 
-/// A prefix unique to one test, for Redis keys and queue names.
 /// A checkpoint of `agent`'s task `context` in a local store that is never read.
 pub fn new_checkpoint(agent: &str, context: Uuid) -> crate::lineage::NewSnapshot<'_> {
     crate::lineage::NewSnapshot {
@@ -70,6 +69,7 @@ pub fn new_checkpoint(agent: &str, context: Uuid) -> crate::lineage::NewSnapshot
     }
 }
 
+/// A prefix unique to one test, for Redis keys and queue names.
 pub fn unique_prefix(label: &str) -> String {
     format!(
         "test-{label}-{}.",

@@ -201,9 +201,12 @@ async fn a_setsid_orphan_is_gone_within_the_kill_grace_after_timeout_and_cancel(
 /// Two hosts of the test's own, each in a network namespace behind a veth pair: a
 /// "public" server on a documentation address and a "private" one on a 10.x address,
 /// each answering its name on two ports. Removed (servers and namespaces) on drop.
+/// Its addresses are fixed, so one topology stands at a time on the machine: it holds
+/// a lock file for its life.
 struct Topology {
     names: Vec<String>,
     servers: Vec<std::process::Child>,
+    _alone: std::fs::File,
 }
 
 const PUBLIC: &str = "203.0.113.10";
@@ -211,10 +214,18 @@ const PRIVATE: &str = "10.213.0.10";
 
 impl Topology {
     fn start() -> Topology {
+        let alone = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open("/tmp/cairn-e2e-topology.lock")
+            .expect("topology lock file");
+        alone.lock().expect("topology lock");
         let tag = std::process::id() % 100_000;
         let mut topology = Topology {
             names: Vec::new(),
             servers: Vec::new(),
+            _alone: alone,
         };
         for (n, (name, net)) in [("public", "203.0.113"), ("private", "10.213.0")]
             .into_iter()
