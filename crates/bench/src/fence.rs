@@ -5,7 +5,7 @@
 //! hides the round trips; the two kinds alternate.
 
 use crate::scratch::Scratch;
-use cairn_common::lease::{Lease, Leased};
+use cairn_common::lease::{Lease, Leases};
 use std::time::Instant;
 use uuid::Uuid;
 
@@ -60,36 +60,39 @@ async fn measure(transactions: usize, url: &str) -> anyhow::Result<[Vec<f64>; 2]
     Ok(times)
 }
 
-/// An executing request, held by `owner` for an hour at epoch 1.
+/// A request admitted and claimed by `owner` for an hour, through the owners' own
+/// functions (admission, the lease claim).
 async fn held(pool: &sqlx::PgPool, owner: &str) -> anyhow::Result<Lease> {
-    let (run, request) = (Uuid::new_v4(), Uuid::new_v4());
-    sqlx::query(
-        "INSERT INTO runs (id, root_run_id, work_context_id, agent, steps, max_commands, max_wall_seconds,
-                           max_attempts, state, request_digest)
-         VALUES ($1, $1, $1, 'bench', '[]', 10, 600, 3, 'running', 'bench')",
-    )
-    .bind(run)
-    .execute(pool)
-    .await?;
-    let deadline: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(
-        "INSERT INTO execution_requests (id, run_id, kind, state, max_attempts, max_commands, max_wall_seconds,
-                                         lease_epoch, lease_owner, lease_deadline)
-         VALUES ($1, $2, 'run', 'executing', 3, 10, 600, 1, $3, now() + interval '1 hour')
-         RETURNING lease_deadline",
-    )
-    .bind(request)
-    .bind(run)
-    .bind(owner)
-    .fetch_one(pool)
-    .await?;
-    Ok(Lease {
-        of: Leased::Request,
-        request_id: request,
-        owner: owner.into(),
-        epoch: 1,
-        deadline,
-    })
+    use cairn_common::{redis_conn, request::admit, token};
+    let secret = Uuid::new_v4().simple().to_string();
+    let operator = token::insert(pool, "bench-fence", "operator", Some("default"), &secret).await?;
+    let spec = serde_json::from_value(serde_json::json!({
+        "agent": "bench", "steps": [{"key": "s1", "argv": ["true"]}],
+    }))?;
+    let mut tx = pool.begin().await?;
+    let runs = admit::admit(&mut tx, &[spec], operator, "default", None).await?;
+    tx.commit().await?;
+    let request: Uuid = sqlx::query_scalar("SELECT id FROM execution_requests WHERE run_id = $1")
+        .bind(runs[0])
+        .fetch_one(pool)
+        .await?;
+    // Redis holds only the lease's liveness hint, which the fence never reads; the
+    // hint expires with the lease.
+    let url = std::env::var("CAIRN_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into());
+    let prefix = format!("bench-fence-{}.", Uuid::new_v4().simple());
+    let leases = Leases::new(
+        pool.clone(),
+        redis_conn::connect_lazily(&url)?,
+        &prefix,
+        HOUR,
+    );
+    leases
+        .claim(request, owner)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("the admitted request {request} could not be claimed"))
 }
+
+const HOUR: std::time::Duration = std::time::Duration::from_secs(3600);
 
 fn percentile(times: &[f64], q: f64) -> f64 {
     let mut sorted = times.to_vec();

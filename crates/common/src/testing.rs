@@ -86,51 +86,60 @@ pub fn amqp_url() -> String {
         .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".into())
 }
 
-/// Inserts a run with one queued execution request; returns `(run_id, request_id)`.
+/// Admits a run of one step with its queued execution request and its announcement,
+/// through the admission the API uses (by an operator token of the default tenant);
+/// returns `(run_id, request_id)`.
 pub async fn insert_request(pool: &sqlx::PgPool) -> (Uuid, Uuid) {
-    let run_id = Uuid::new_v4();
-    let request_id = Uuid::new_v4();
-    sqlx::query(
-        "INSERT INTO runs (id, root_run_id, work_context_id, agent, steps, max_commands, max_wall_seconds,
-                           max_attempts, state, request_digest)
-         VALUES ($1, $1, $1, 'test-agent', '[]', 10, 600, 3, 'queued', 'test')",
-    )
-    .bind(run_id)
-    .execute(pool)
-    .await
-    .expect("insert run");
-    sqlx::query(
-        "INSERT INTO execution_requests (id, run_id, kind, state, max_attempts, max_commands, max_wall_seconds)
-         VALUES ($1, $2, 'run', 'queued', 3, 10, 600)",
-    )
-    .bind(request_id)
-    .bind(run_id)
-    .execute(pool)
-    .await
-    .expect("insert execution request");
+    let secret = Uuid::new_v4().simple().to_string();
+    let operator =
+        crate::token::insert(pool, "test-operator", "operator", Some("default"), &secret)
+            .await
+            .expect("operator token");
+    let spec: crate::run::RunSpec = serde_json::from_value(serde_json::json!({
+        "agent": "test-agent",
+        "steps": [{"key": "s1", "argv": ["true"]}],
+        "budgets": {"max_commands": 10, "max_wall_seconds": 600},
+    }))
+    .expect("spec");
+    let mut tx = pool.begin().await.expect("begin");
+    let run_ids = crate::request::admit::admit(&mut tx, &[spec], operator, "default", None)
+        .await
+        .expect("admit");
+    tx.commit().await.expect("commit");
+    let run_id = run_ids[0];
+    let request_id =
+        sqlx::query_scalar("SELECT id FROM execution_requests WHERE run_id = $1 AND kind = 'run'")
+            .bind(run_id)
+            .fetch_one(pool)
+            .await
+            .expect("its request");
     (run_id, request_id)
 }
 
 /// What a worker leaves when it retained its run's final report (blocked, asking for
 /// verification) and lost its lease before the report was accepted: the request,
-/// claimed at epoch 1, needs reconciliation.
-pub async fn retain_unaccepted_report(conn: &mut sqlx::PgConnection, request_id: Uuid) {
+/// claimed (by the real lease claim, at epoch 1), needs reconciliation.
+pub async fn retain_unaccepted_report(pool: &sqlx::PgPool, request_id: Uuid) {
     use crate::request::{self, RequestEvent};
-    sqlx::query("UPDATE execution_requests SET lease_epoch = 1 WHERE id = $1")
-        .bind(request_id)
-        .execute(&mut *conn)
+    let redis = crate::redis_conn::connect(&redis_url())
         .await
-        .expect("epoch");
-    request::transition(conn, request_id, RequestEvent::Claim, None, None)
+        .expect("redis");
+    let leases = crate::lease::Leases::new(
+        pool.clone(),
+        redis,
+        &unique_prefix("report"),
+        Duration::from_secs(60),
+    );
+    let lease = leases
+        .claim(request_id, "w1")
+        .await
+        .expect("claim")
+        .expect("a queued request is claimed");
+    assert_eq!(lease.epoch, 1, "the first claim");
+    let mut conn = pool.acquire().await.expect("conn");
+    request::transition(&mut conn, request_id, RequestEvent::Claim, None, None)
         .await
         .expect("claimed");
-    let lease = crate::lease::Lease {
-        of: crate::lease::Leased::Request,
-        request_id,
-        owner: "w1".into(),
-        epoch: 1,
-        deadline: chrono::Utc::now(),
-    };
     let body = serde_json::json!({"question": "run the tests?"});
     let report = crate::report::RetainedReport {
         outcome: "blocked",
@@ -138,13 +147,20 @@ pub async fn retain_unaccepted_report(conn: &mut sqlx::PgConnection, request_id:
         body: &body,
         source_digest: None,
     };
-    crate::report::retain(conn, &lease, &report)
+    crate::report::retain(&mut conn, &lease, &report)
         .await
         .expect("report");
+    leases.lapse(&lease).await;
     let unaccepted = Some("final_report_unaccepted");
-    request::transition(conn, request_id, RequestEvent::Reconcile, unaccepted, None)
-        .await
-        .expect("needs reconciliation");
+    request::transition(
+        &mut conn,
+        request_id,
+        RequestEvent::Reconcile,
+        unaccepted,
+        None,
+    )
+    .await
+    .expect("needs reconciliation");
 }
 
 /// Polls `check` until it returns `Some` or `timeout` passes.

@@ -518,9 +518,7 @@ async fn a_saved_agent_result_is_accepted_once_and_read_back() {
     let cluster = Cluster::start("console-final", 0, Settings::default()).await;
     let (run_id, request_id) = cluster.submit(&slow_run());
     let request_uuid = uuid::Uuid::parse_str(&request_id).expect("uuid");
-    let mut conn = cluster.pool.acquire().await.expect("conn");
-    cairn_common::testing::retain_unaccepted_report(&mut conn, request_uuid).await;
-    drop(conn);
+    cairn_common::testing::retain_unaccepted_report(&cluster.pool, request_uuid).await;
     let (status, _) = cluster.call(
         "PUT",
         "/api/v1/invalid-read-continuity/policy",

@@ -658,8 +658,9 @@ async fn an_announcement_naming_another_tenant_is_dropped_unclaimed() {
     use cairn_common::queue::JobQueue;
     use cairn_common::run::{JobKind, JobMessage};
     let _services = ServiceLock::shared().await;
-    let cluster = Cluster::start("tenant-announce", 1, Settings::default()).await;
+    let mut cluster = Cluster::start("tenant-announce", 0, Settings::default()).await;
     let (run_id, request_id) = cairn_common::testing::insert_request(&cluster.pool).await;
+    take_announcement_of(&cluster, request_id).await;
     let message = JobMessage {
         kind: JobKind::Run,
         tenant: Some("beta".into()),
@@ -674,6 +675,7 @@ async fn an_announcement_naming_another_tenant_is_dropped_unclaimed() {
         .await
         .expect("forged");
     tx.commit().await.expect("commit");
+    cluster.add_worker();
     cluster.wait_until("the forged announcement is dropped", LONG, || {
         cluster.metric(0, "cairn_worker_tenant_mismatches_total") >= 1.0
     });
@@ -698,4 +700,27 @@ async fn an_announcement_naming_another_tenant_is_dropped_unclaimed() {
         cluster.metric(0, "cairn_worker_tenant_mismatches_total"),
         1.0
     );
+}
+
+/// Takes the admission's own announcement of `request_id` off the runs queue before any
+/// worker consumes, as if it were lost: the run then has no announcement but the test's.
+async fn take_announcement_of(cluster: &Cluster, request_id: uuid::Uuid) {
+    use cairn_common::queue::{self, JobQueue, Topology};
+    let connection = queue::connect(&cairn_common::testing::amqp_url())
+        .await
+        .expect("amqp");
+    let channel = connection.create_channel().await.expect("channel");
+    let runs = Topology::new(&cluster.isolation.prefix, 5).queue(JobQueue::Runs);
+    let options = lapin::options::BasicGetOptions { no_ack: true };
+    let taken = cairn_common::testing::eventually(LONG, || async {
+        let got = channel
+            .basic_get(runs.as_str().into(), options)
+            .await
+            .ok()??;
+        let message: serde_json::Value = serde_json::from_slice(&got.delivery.data).ok()?;
+        Some(message)
+    })
+    .await
+    .expect("the admission's announcement reached the queue");
+    assert_eq!(taken["request_id"], request_id.to_string(), "{taken}");
 }

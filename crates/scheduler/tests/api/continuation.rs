@@ -385,8 +385,7 @@ pub(super) async fn retained_report(api: &Api) -> Continuation {
     )
     .await;
     let (run_id, request_id) = api.request_of(&api.submit(&api.admin).await).await;
-    let mut conn = api.pool().acquire().await.expect("conn");
-    cairn_common::testing::retain_unaccepted_report(&mut conn, request_id).await;
+    cairn_common::testing::retain_unaccepted_report(api.pool(), request_id).await;
     Continuation::of("final-outcome-continuations", run_id, request_id)
 }
 

@@ -9,6 +9,7 @@ mod harness;
 mod lifecycle;
 mod openapi;
 mod operations;
+mod parked;
 mod policy;
 mod runs;
 mod sandboxes;

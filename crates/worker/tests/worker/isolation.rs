@@ -1,4 +1,4 @@
-//! The step sandbox on this host (invariant 10), through the step runner the worker
+//! The step's isolation on this host (invariant 10), through the step runner the worker
 //! uses: what a step can see, reach and use, and that nothing it starts outlives it.
 //! The end-to-end tests (`tests/tests/e2e/sandbox.rs`) drive the same through the API.
 

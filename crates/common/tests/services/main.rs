@@ -1,0 +1,8 @@
+//! `cairn-common` against the real PostgreSQL, Redis and RabbitMQ: one test binary (one
+//! link), one module per owner.
+
+mod db;
+mod lease;
+mod lineage;
+mod outbox;
+mod transition;
