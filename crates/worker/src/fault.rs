@@ -10,6 +10,8 @@
 pub const DURING_CAPTURE: &str = "during_capture";
 /// A point after a restore wrote the tree and before it was recorded.
 pub const DURING_RESTORE: &str = "during_restore";
+/// A point after a step's intent committed and before its process started.
+pub const AFTER_INTENT: &str = "after_intent";
 /// A point after an adoption committed and before anything was captured.
 pub const AFTER_ADOPT: &str = "after_adopt";
 

@@ -138,6 +138,41 @@ async fn sigkill_mid_step_reuses_completed_steps_and_reruns_an_idempotent_one() 
     assert!(s2["receipt_epoch"].as_i64() > Some(1));
 }
 
+/// A worker killed right after a step's intent committed, before the step started (a
+/// fault point, not a racing kill): nobody can know whether the step ran, so a
+/// non-idempotent step needs a person and is never started by the successor.
+#[tokio::test]
+async fn a_kill_between_a_steps_intent_and_its_start_needs_reconciliation() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("after-intent", 0, Settings::default()).await;
+    let file = cluster.path("effects");
+    let spec = run_spec(
+        vec![
+            append_step("s1", &file, "s1", 0.0, false),
+            append_step("s2", &file, "s2", 0.0, false),
+        ],
+        3,
+    );
+    // s1's intent is the first to pass the point, s2's the second.
+    let healthy = cluster.worker_env.clone();
+    cluster
+        .worker_env
+        .push(("CAIRN_FAULT_POINTS".into(), "after_intent@2".into()));
+    cluster.add_worker();
+    cluster.worker_env = healthy;
+    let (run_id, _) = cluster.submit(&spec);
+    if cluster.workers[0].process.wait_exit(LONG).is_none() {
+        panic!("never killed itself after s2's intent\n{}", cluster.logs());
+    }
+    cluster.add_worker();
+    let run = cluster.wait_for_state(&run_id, &["needs_reconciliation"], LONG);
+    assert_eq!(run["reconciliation_step"], "s2", "{run}");
+    assert_eq!(run["stop_reason"], "unknown_outcome");
+    let journal = cluster.journal(&run_id);
+    assert_eq!(journal["steps"][0]["status"], "completed", "{journal}");
+    assert_eq!(cluster.lines("effects"), ["s1"], "s2 was never started");
+}
+
 #[tokio::test]
 async fn sigkill_mid_step_of_a_non_idempotent_step_needs_reconciliation() {
     let _services = ServiceLock::shared().await;

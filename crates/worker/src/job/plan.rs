@@ -147,6 +147,7 @@ async fn intend_once(
     )
     .await?;
     tx.commit().await?;
+    crate::fault::point(crate::fault::AFTER_INTENT);
     Ok(Ok(current.wall_left_ms()))
 }
 
