@@ -80,7 +80,21 @@ impl Isolation {
             ("CAIRN_AMQP_URL".into(), testing::amqp_url()),
             ("CAIRN_QUEUE_PREFIX".into(), self.prefix.clone()),
             ("CAIRN_LOG_FORMAT".into(), "json".into()),
+            // A worker refuses a workspaces directory another worker holds: each test's
+            // workers get their own (a cluster names one per worker after this).
+            (
+                "CAIRN_WORKSPACES_DIR".into(),
+                self.scratch()
+                    .join("workspaces")
+                    .to_string_lossy()
+                    .into_owned(),
+            ),
         ]
+    }
+
+    /// A directory of this test's own, removed with it.
+    fn scratch(&self) -> PathBuf {
+        std::env::temp_dir().join(format!("cairn-e2e-{}", self.prefix.trim_end_matches('.')))
     }
 }
 
@@ -89,6 +103,7 @@ impl Drop for Isolation {
     fn drop(&mut self) {
         testing::drop_database_blocking(&self.database_name);
         testing::delete_topology_blocking(&self.prefix);
+        let _ = std::fs::remove_dir_all(self.scratch());
     }
 }
 
