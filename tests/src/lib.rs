@@ -37,10 +37,21 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
-/// A free TCP port on loopback.
+/// A free TCP port on loopback, never one this process handed out before: a binary binds
+/// its port only after it reached the database, and until then the kernel would hand the
+/// same free port to a test running beside it, whose process would then answer for ours.
 pub fn free_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local address")
+    use std::collections::HashSet;
+    use std::sync::{Mutex, PoisonError};
+    static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+        let addr = listener.local_addr().expect("local address");
+        let mut handed = HANDED_OUT.lock().unwrap_or_else(PoisonError::into_inner);
+        if handed.get_or_insert_with(HashSet::new).insert(addr.port()) {
+            return addr;
+        }
+    }
 }
 
 /// Settings that isolate one test: database, queue prefix and Redis key prefix.
