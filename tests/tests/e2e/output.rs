@@ -173,7 +173,7 @@ async fn output_printed_before_a_worker_dies_stays_readable() {
         lease_ttl_seconds: 30,
         ..Settings::default()
     };
-    let cluster = Cluster::start("output-kill", 1, settings).await;
+    let mut cluster = Cluster::start("output-kill", 1, settings).await;
     let script = "i=0; while [ $i -lt 200 ]; do echo line $i; i=$((i+1)); sleep 0.2; done";
     let step = json!({"key": "slow", "argv": ["sh", "-c", script]});
     let (run_id, _) = cluster.submit(&run_spec(vec![step], 1));
@@ -187,7 +187,10 @@ async fn output_printed_before_a_worker_dies_stays_readable() {
         },
     );
     cluster.workers[0].process.signal(Signal::SIGKILL);
-    std::thread::sleep(Duration::from_millis(500));
+    cluster.workers[0]
+        .process
+        .wait_exit(Duration::from_secs(60))
+        .expect("the worker died");
     let (status, after) = cluster.output(&run_id, "slow", "stdout");
     assert_eq!(status, 200);
     assert!(
