@@ -436,13 +436,14 @@ async fn a_restore_killed_midway_leaves_its_snapshot_restorable() {
 async fn a_held_tree_behind_the_lineage_head_is_not_adopted() {
     let _services = ServiceLock::shared().await;
     let mut cluster = cluster("custody-adopt", &[("CAIRN_DRAIN_SECONDS", "2")]).await;
+    let written = cluster.path("s2-wrote-its-line");
     let spec = spec(
         vec![
             step("s1", "", true),
             step(
                 "s2",
                 &format!(
-                    "echo s2-start >> log.txt; {}",
+                    "echo s2-start >> log.txt; touch {written}; {}",
                     wait_for_file(&cluster, "go2", 60)
                 ),
                 true,
@@ -454,7 +455,9 @@ async fn a_held_tree_behind_the_lineage_head_is_not_adopted() {
     );
     cluster.add_worker_named("f");
     let (run_id, request_id) = submit_until_started(&cluster, &spec, "s2").await;
-    std::thread::sleep(Duration::from_millis(300));
+    cluster.wait_until("s2 to write its line", LONG, || {
+        std::path::Path::new(&written).exists()
+    });
     // F drains: s2 is stopped and F's tree (s1, s2-start) is kept under a hold.
     cluster.workers[0].process.signal(Signal::SIGTERM);
     cluster.workers[0]
