@@ -98,6 +98,17 @@ impl Cluster {
         self.start_worker(id, true)
     }
 
+    /// Starts a worker `id` armed with the fault points `points` (`CAIRN_FAULT_POINTS`,
+    /// as `name[@n],…`), without waiting for it to be ready: it may reach a point and kill
+    /// itself first. Workers started later are not armed.
+    pub fn add_faulty_worker(&mut self, id: &str, points: &str) -> usize {
+        self.worker_env
+            .push(("CAIRN_FAULT_POINTS".into(), points.into()));
+        let index = self.start_worker(id, false);
+        self.worker_env.pop();
+        index
+    }
+
     /// Starts a worker without waiting for it to be ready (it may die first, as a
     /// worker meant to reach a crash point does).
     pub fn add_worker_unready(&mut self, id: &str) -> usize {

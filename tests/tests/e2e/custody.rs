@@ -199,10 +199,7 @@ async fn a_worker_killed_during_a_capture_leaves_no_receipt() {
         5,
     );
     // s1's capture is the first to pass the point, s2's the second.
-    let mut faulty = cluster.worker_env.clone();
-    faulty.push(("CAIRN_FAULT_POINTS".into(), "during_capture@2".into()));
-    let healthy = std::mem::replace(&mut cluster.worker_env, faulty);
-    cluster.add_worker();
+    cluster.add_faulty_worker("w1", "during_capture@2");
     let (run_id, request_id) = cluster.submit(&spec);
     if cluster.workers[0].process.wait_exit(LONG).is_none() {
         panic!(
@@ -262,7 +259,6 @@ async fn a_worker_killed_during_a_capture_leaves_no_receipt() {
         .await
         .expect("status");
     assert_eq!(status, "failed", "an abandoned capture fails in minutes");
-    cluster.worker_env = healthy;
     cluster.add_worker();
     cluster.wait_for_state(&run_id, &["completed"], LONG);
     assert_eq!(final_log(&cluster), ["s1", "s2", "s3"]);
@@ -408,10 +404,7 @@ async fn a_restore_killed_midway_leaves_its_snapshot_restorable() {
     let (s1_head, _, _) = head(&cluster, &run_id).await.expect("s1's checkpoint");
     kill_holder(&mut cluster, &request_id).await;
     touch(&cluster, "go");
-    let mut faulty = cluster.worker_env.clone();
-    faulty.push(("CAIRN_FAULT_POINTS".into(), "during_restore".into()));
-    let healthy = std::mem::replace(&mut cluster.worker_env, faulty);
-    let index = cluster.add_worker_unready("w2");
+    let index = cluster.add_faulty_worker("w2", "during_restore");
     cluster.workers[index]
         .process
         .wait_exit(LONG)
@@ -422,7 +415,6 @@ async fn a_restore_killed_midway_leaves_its_snapshot_restorable() {
         .await
         .expect("status");
     assert_eq!(status, "ready", "a restore only reads");
-    cluster.worker_env = healthy;
     cluster.add_worker();
     cluster.wait_for_state(&run_id, &["completed"], LONG);
     assert_eq!(final_log(&cluster), ["s1", "s2", "s3"]);
@@ -596,10 +588,7 @@ async fn an_adopted_tree_stays_held_until_its_first_capture() {
     cluster.workers[0].process.signal(Signal::SIGTERM);
     cluster.workers[0].process.wait_exit(LONG).expect("drained");
     // Restarted, it adopts its held tree and dies before capturing anything.
-    let mut faulty = cluster.worker_env.clone();
-    faulty.push(("CAIRN_FAULT_POINTS".into(), "after_adopt".into()));
-    let healthy = std::mem::replace(&mut cluster.worker_env, faulty);
-    let index = cluster.add_worker_unready("w1");
+    let index = cluster.add_faulty_worker("w1", "after_adopt");
     cluster.workers[index]
         .process
         .wait_exit(LONG)
@@ -613,7 +602,6 @@ async fn an_adopted_tree_stays_held_until_its_first_capture() {
     .await
     .expect("holds");
     assert_eq!(held, 1, "the hold moved with the adopted tree");
-    cluster.worker_env = healthy;
     touch(&cluster, "go");
     cluster.add_worker_named("w1");
     cluster.wait_for_state(&run_id, &["completed"], LONG);

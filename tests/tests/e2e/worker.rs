@@ -154,12 +154,7 @@ async fn a_kill_between_a_steps_intent_and_its_start_needs_reconciliation() {
         3,
     );
     // s1's intent is the first to pass the point, s2's the second.
-    let healthy = cluster.worker_env.clone();
-    cluster
-        .worker_env
-        .push(("CAIRN_FAULT_POINTS".into(), "after_intent@2".into()));
-    cluster.add_worker();
-    cluster.worker_env = healthy;
+    cluster.add_faulty_worker("w1", "after_intent@2");
     let (run_id, _) = cluster.submit(&spec);
     if cluster.workers[0].process.wait_exit(LONG).is_none() {
         panic!("never killed itself after s2's intent\n{}", cluster.logs());

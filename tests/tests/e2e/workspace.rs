@@ -317,10 +317,7 @@ async fn a_worker_killed_during_capture_leaves_the_hold_and_the_previous_head() 
         1,
     );
     // s1's capture is the first to pass the point, s2's the second.
-    cluster
-        .worker_env
-        .push(("CAIRN_FAULT_POINTS".into(), "during_capture@2".into()));
-    cluster.add_worker();
+    cluster.add_faulty_worker("w1", "during_capture@2");
     let (run_id, _) = cluster.submit(&spec);
     if cluster.workers[0].process.wait_exit(LONG).is_none() {
         panic!(
