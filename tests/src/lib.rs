@@ -37,19 +37,38 @@ pub fn binary(name: &str) -> PathBuf {
     path
 }
 
-/// A free TCP port on loopback, never one this process handed out before: a binary binds
-/// its port only after it reached the database, and until then the kernel would hand the
-/// same free port to a test running beside it, whose process would then answer for ours.
+/// A free TCP port on loopback, never one handed out to a test that is still running: a
+/// binary binds its port only after it reached the database, and until then the kernel
+/// would hand the same free port to a test running beside it, whose process would then
+/// answer for ours. Tests run in processes of their own (cargo-nextest) or as threads of
+/// one (`cargo test`), so the reservation is a lock on a file named after the port,
+/// held until this process ends.
 pub fn free_addr() -> SocketAddr {
-    use std::collections::HashSet;
+    use std::fs::{File, TryLockError};
     use std::sync::{Mutex, PoisonError};
-    static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    static HELD: Mutex<Vec<(u16, File)>> = Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join("cairn-test-ports");
+    std::fs::create_dir_all(&dir).expect("the port reservations' directory");
     loop {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
         let addr = listener.local_addr().expect("local address");
-        let mut handed = HANDED_OUT.lock().unwrap_or_else(PoisonError::into_inner);
-        if handed.get_or_insert_with(HashSet::new).insert(addr.port()) {
-            return addr;
+        let mut held = HELD.lock().unwrap_or_else(PoisonError::into_inner);
+        if held.iter().any(|(port, _)| *port == addr.port()) {
+            continue;
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join(addr.port().to_string()))
+            .expect("a port reservation file");
+        match file.try_lock() {
+            Ok(()) => {
+                held.push((addr.port(), file));
+                return addr;
+            }
+            Err(TryLockError::WouldBlock) => continue,
+            Err(TryLockError::Error(e)) => panic!("reserve port {}: {e}", addr.port()),
         }
     }
 }

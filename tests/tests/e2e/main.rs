@@ -1,7 +1,8 @@
 //! Every end-to-end test, in one binary: one compile and link instead of one per file.
 //! Each module is what a file of its own was before. The tests start Cairn's real
 //! binaries against the real services (`scripts/services`); run them with
-//! `cargo test -p cairn-e2e --test e2e [MODULE::]` after `cargo build --workspace --bins`.
+//! `cargo nextest run --workspace -E 'binary(e2e)' [MODULE::]` (or `cargo test --workspace
+//! --test e2e`) after `cargo build --workspace --bins`.
 
 mod binaries;
 mod cli;

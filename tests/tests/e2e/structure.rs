@@ -720,3 +720,58 @@ fn functions_are_short() {
     }
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
+
+/// The tests that take the services lock exclusively, by name: each `fn` whose body
+/// calls `ServiceLock::exclusive`.
+fn exclusive_tests(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut current = None;
+    for line in code_only(text).lines() {
+        if let Some(name) = fn_name(line.trim_start()) {
+            current = Some(name);
+        }
+        if line.contains("ServiceLock::exclusive()") {
+            names.extend(current.clone());
+        }
+    }
+    names
+}
+
+/// Each test that restarts or flushes a shared service is one the test runner runs
+/// alone (`.config/nextest.toml`): otherwise it holds a test slot while it waits for
+/// the lock, and the rest of the suite runs on fewer.
+#[test]
+fn tests_that_disrupt_a_service_run_alone() {
+    let root = root();
+    let config = std::fs::read_to_string(root.join(".config/nextest.toml")).expect("config");
+    let alone = config
+        .split("[[profile.default.overrides]]")
+        .find(|o| o.contains("threads-required = \"num-test-threads\""))
+        .expect("an override that runs tests alone");
+    let mut files = Vec::new();
+    rust_files(&root.join("tests/tests"), &mut files);
+    rust_files(&root.join("crates"), &mut files);
+    let mut found = 0;
+    let mut missing = Vec::new();
+    for file in files
+        .iter()
+        .filter(|f| f.components().any(|c| c.as_os_str() == "tests"))
+    {
+        let text = std::fs::read_to_string(file).expect("source");
+        for name in exclusive_tests(&text) {
+            found += 1;
+            if !alone.contains(&name) {
+                missing.push(format!("{}: {name}", file.display()));
+            }
+        }
+    }
+    assert!(
+        found > 0,
+        "the scan found no test taking the lock exclusively"
+    );
+    assert!(
+        missing.is_empty(),
+        "not run alone by .config/nextest.toml:\n{}",
+        missing.join("\n")
+    );
+}
