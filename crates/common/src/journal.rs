@@ -244,6 +244,23 @@ pub async fn unknown_outcomes(
     .await
 }
 
+/// SQL for the digest of the tree the request `request` (an expression for its id)
+/// stands on: the tree of the latest snapshot its receipts were committed with, or, when
+/// none was, the tree of its work context (`work_context`) it started from
+/// ([`crate::lineage::current_tree_sql`], with `empty` the empty tree's digest). NULL
+/// when a snapshot it stands on recorded no digest.
+pub fn source_sql(request: &str, work_context: &str, empty: &str) -> String {
+    format!(
+        "CASE WHEN EXISTS (SELECT 1 FROM journal_receipts jr
+                            WHERE jr.request_id = {request} AND jr.snapshot_id IS NOT NULL)
+              THEN (SELECT s.tree_digest FROM journal_receipts jr JOIN project_snapshots s ON s.id = jr.snapshot_id
+                     WHERE jr.request_id = {request}
+                     ORDER BY s.sequence DESC NULLS LAST, jr.finished_at DESC LIMIT 1)
+              ELSE {started_from} END",
+        started_from = crate::lineage::current_tree_sql(work_context, empty),
+    )
+}
+
 /// Digest of a request's receipts: what a retained checkpoint binds.
 pub async fn digest(conn: &mut PgConnection, request_id: Uuid) -> Result<String, sqlx::Error> {
     let receipts: Vec<(String, Option<i32>, String)> = sqlx::query_as(

@@ -116,18 +116,62 @@ pub async fn insert_request(pool: &sqlx::PgPool) -> (Uuid, Uuid) {
     (run_id, request_id)
 }
 
-/// What a worker leaves when it retained its run's final report (blocked, asking for
-/// verification) and lost its lease before the report was accepted: the request,
-/// claimed (by the real lease claim, at epoch 1), needs reconciliation.
-pub async fn retain_unaccepted_report(pool: &sqlx::PgPool, request_id: Uuid) {
-    use crate::request::{self, RequestEvent};
+/// Commits a checkpoint of the work context of `request_id`'s run whose tree has the
+/// digest `tree`, as a worker's capture does: the snapshot made ready and appended to
+/// the lineage, whose head it becomes. Returns the snapshot.
+pub async fn commit_tree(conn: &mut sqlx::PgConnection, request_id: Uuid, tree: &str) -> Uuid {
+    let (context, agent): (Uuid, String) = sqlx::query_as(
+        "SELECT r.work_context_id, r.agent FROM runs r JOIN execution_requests e ON e.run_id = r.id
+          WHERE e.id = $1",
+    )
+    .bind(request_id)
+    .fetch_one(&mut *conn)
+    .await
+    .expect("the run");
+    let head = crate::lineage::head(conn, context)
+        .await
+        .expect("head")
+        .map(|(id, _)| id);
+    let new = crate::lineage::NewSnapshot {
+        predecessor: head,
+        ..new_checkpoint(&agent, context)
+    };
+    let id = crate::lineage::create_uploading(conn, &new)
+        .await
+        .expect("snapshot");
+    let stored = crate::lineage::Stored {
+        manifest_key: "manifests/fixture",
+        size_bytes: 1,
+        tree_digest: tree,
+        pack_ids: &[],
+    };
+    assert!(crate::lineage::mark_ready(conn, id, &stored)
+        .await
+        .expect("ready"));
+    crate::lineage::append(conn, context, &agent, head, id)
+        .await
+        .expect("appended");
+    id
+}
+
+/// The request claimed as a worker claims it: the real lease claim (epoch 1, by `w1`)
+/// and the request's move to executing. Returns the leases (to let the lease lapse),
+/// the lease and a connection.
+async fn claim_first(
+    pool: &sqlx::PgPool,
+    request_id: Uuid,
+) -> (
+    crate::lease::Leases,
+    crate::lease::Lease,
+    sqlx::pool::PoolConnection<sqlx::Postgres>,
+) {
     let redis = crate::redis_conn::connect(&redis_url())
         .await
         .expect("redis");
     let leases = crate::lease::Leases::new(
         pool.clone(),
         redis,
-        &unique_prefix("report"),
+        &unique_prefix("claim"),
         Duration::from_secs(60),
     );
     let lease = leases
@@ -137,9 +181,58 @@ pub async fn retain_unaccepted_report(pool: &sqlx::PgPool, request_id: Uuid) {
         .expect("a queued request is claimed");
     assert_eq!(lease.epoch, 1, "the first claim");
     let mut conn = pool.acquire().await.expect("conn");
-    request::transition(&mut conn, request_id, RequestEvent::Claim, None, None)
+    crate::request::transition(
+        &mut conn,
+        request_id,
+        crate::request::RequestEvent::Claim,
+        None,
+        None,
+    )
+    .await
+    .expect("claimed");
+    (leases, lease, conn)
+}
+
+/// A step's outcome: exited 0 after `wall_ms` (`cpu_ms` of CPU), printing nothing.
+pub fn exited_zero(wall_ms: i64, cpu_ms: i64) -> crate::journal::Outcome {
+    crate::journal::Outcome {
+        exit_code: Some(0),
+        signal: None,
+        timed_out: false,
+        wall_ms,
+        cpu_ms,
+        output_digest: "abc".into(),
+        stdout_tail: String::new(),
+        stderr_tail: String::new(),
+        output_artifact: String::new(),
+        sandbox: serde_json::Value::Null,
+        limit: None,
+        cancelled: false,
+    }
+}
+
+/// What a worker leaves when it retained its run's final report (blocked, asking for
+/// verification) and lost its lease before the report was accepted: the request,
+/// claimed (by the real lease claim, at epoch 1), needs reconciliation.
+pub async fn retain_unaccepted_report(pool: &sqlx::PgPool, request_id: Uuid) {
+    use crate::request::{self, RequestEvent};
+    let (leases, lease, mut conn) = claim_first(pool, request_id).await;
+    // The report is retained with the last step's receipt, on the checkpoint holding
+    // its effects.
+    let snapshot = commit_tree(&mut conn, request_id, "tree-of-the-report").await;
+    crate::journal::write_intent(&mut conn, &lease, 1, "report", 0, false, None)
         .await
-        .expect("claimed");
+        .expect("intent");
+    let outcome = exited_zero(0, 0);
+    let receipt = crate::journal::Receipt {
+        step_key: "report",
+        attempt: 1,
+        outcome: &outcome,
+        tier: None,
+    };
+    crate::journal::record_receipt(&mut conn, &lease, &receipt, Some(snapshot))
+        .await
+        .expect("receipt");
     let body = serde_json::json!({"question": "run the tests?"});
     let report = crate::report::RetainedReport {
         outcome: "blocked",
@@ -161,6 +254,17 @@ pub async fn retain_unaccepted_report(pool: &sqlx::PgPool, request_id: Uuid) {
     )
     .await
     .expect("needs reconciliation");
+}
+
+/// What a lapsed lease with spent attempts leaves: the request, claimed (by the real
+/// lease claim, at epoch 1) before any step had a receipt, stopped at its checkpoint by
+/// the owner's `stop_at_checkpoint`, as the sweeper stops it.
+pub async fn stop_at_checkpoint(pool: &sqlx::PgPool, request_id: Uuid) {
+    let (leases, lease, mut conn) = claim_first(pool, request_id).await;
+    leases.lapse(&lease).await;
+    crate::request::stop_at_checkpoint(&mut conn, request_id, "attempts_exhausted")
+        .await
+        .expect("stopped at its checkpoint");
 }
 
 /// Polls `check` until it returns `Some` or `timeout` passes.

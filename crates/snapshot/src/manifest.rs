@@ -114,6 +114,37 @@ impl Manifest {
     pub fn paths(&self) -> impl Iterator<Item = &str> {
         self.entries.iter().map(|e| e.path.as_str())
     }
+
+    /// The digest of the tree's content (hex BLAKE3): each path with its kind, mode,
+    /// size, chunks and link target, in path order. Where the chunks are stored, times
+    /// and inodes are left out, so two captures of one tree have one digest.
+    pub fn tree_digest(&self) -> String {
+        let mut entries: Vec<&Entry> = self.entries.iter().collect();
+        entries.sort_by(|a, b| a.path.cmp(&b.path));
+        let mut hasher = blake3::Hasher::new();
+        for e in entries {
+            let kind: u8 = match e.kind {
+                EntryKind::Dir => 0,
+                EntryKind::File => 1,
+                EntryKind::Symlink => 2,
+            };
+            // Lengths before variable fields, so no two trees encode alike.
+            hasher.update(&(e.path.len() as u64).to_le_bytes());
+            hasher.update(e.path.as_bytes());
+            hasher.update(&[kind]);
+            hasher.update(&(e.mode & 0o7777).to_le_bytes());
+            hasher.update(&e.size.to_le_bytes());
+            hasher.update(&(e.chunks.len() as u64).to_le_bytes());
+            for chunk in &e.chunks {
+                hasher.update(&chunk.id.0);
+            }
+            let target = e.target.as_deref().unwrap_or("");
+            hasher.update(&[u8::from(e.target.is_some())]);
+            hasher.update(&(target.len() as u64).to_le_bytes());
+            hasher.update(target.as_bytes());
+        }
+        hasher.finalize().to_hex().to_string()
+    }
 }
 
 pub fn manifest_key(snapshot_id: uuid::Uuid) -> String {
@@ -319,6 +350,51 @@ mod tests {
             inside("e/f", "../e/g"),
             "a dangling link inside is not refused"
         );
+    }
+
+    fn file(path: &str, content: &[u8], mode: u32) -> Entry {
+        Entry {
+            path: path.into(),
+            kind: EntryKind::File,
+            mode,
+            size: content.len() as u64,
+            mtime_ns: 1,
+            ctime_ns: 2,
+            inode: 3,
+            chunks: vec![ChunkRef {
+                id: ChunkId::of(content),
+                pack: 0,
+                offset: 0,
+                length: 1,
+            }],
+            target: None,
+        }
+    }
+
+    #[test]
+    fn the_tree_digest_is_the_content_and_never_where_or_when_it_was_stored() {
+        let tree = |entries: Vec<Entry>| Manifest {
+            version: VERSION,
+            packs: vec![uuid::Uuid::new_v4()],
+            entries,
+        };
+        let first = tree(vec![file("a", b"x", 0o644), file("b/c", b"y", 0o755)]);
+        // Another capture of the same tree: other packs, times, inodes and order.
+        let mut again = tree(vec![file("b/c", b"y", 0o755), file("a", b"x", 0o644)]);
+        for e in &mut again.entries {
+            (e.mtime_ns, e.ctime_ns, e.inode, e.chunks[0].pack) = (9, 9, 9, 4);
+        }
+        assert_eq!(first.tree_digest(), again.tree_digest());
+        assert_eq!(first.tree_digest().len(), 64);
+        let edited = tree(vec![file("a", b"z", 0o644), file("b/c", b"y", 0o755)]);
+        let chmodded = tree(vec![file("a", b"x", 0o600), file("b/c", b"y", 0o755)]);
+        let renamed = tree(vec![file("a2", b"x", 0o644), file("b/c", b"y", 0o755)]);
+        let removed = tree(vec![file("b/c", b"y", 0o755)]);
+        let mut linked = tree(vec![file("a", b"x", 0o644), file("b/c", b"y", 0o755)]);
+        linked.entries[0].target = Some("b/c".into());
+        for other in [edited, chmodded, renamed, removed, linked] {
+            assert_ne!(first.tree_digest(), other.tree_digest());
+        }
     }
 
     #[test]

@@ -252,19 +252,7 @@ async fn cairnctl_drives_every_route() {
         .await
         .expect("db");
     let request_uuid = uuid::Uuid::parse_str(&request_id).expect("uuid");
-    let journal: String = {
-        let receipts: Vec<(String, Option<i32>, String)> = Vec::new();
-        cairn_common::digest::of(&receipts)
-    };
-    sqlx::query(
-        "UPDATE execution_requests SET state = 'stopped_at_checkpoint', lease_epoch = 1,
-                checkpoint = jsonb_build_object('sequence', 1, 'journal_digest', $2::text) WHERE id = $1",
-    )
-    .bind(request_uuid)
-    .bind(journal)
-    .execute(&pool)
-    .await
-    .expect("stop at checkpoint");
+    cairn_common::testing::stop_at_checkpoint(&pool, request_uuid).await;
 
     let candidate = ctl
         .ok(

@@ -199,21 +199,8 @@ async fn a_run_appears_and_completes_live() {
 
 /// Puts the run's request where a lapsed lease with spent attempts leaves it.
 async fn stop_at_checkpoint(cluster: &Cluster, request_id: &str) {
-    let receipts: Vec<(String, Option<i32>, String)> = Vec::new();
-    sqlx::query(
-        "UPDATE execution_requests SET state = 'stopped_at_checkpoint', lease_epoch = 1,
-                checkpoint = jsonb_build_object('sequence', 1, 'journal_digest', $2::text) WHERE id = $1::uuid",
-    )
-    .bind(request_id)
-    .bind(cairn_common::digest::of(&receipts))
-    .execute(&cluster.pool)
-    .await
-    .expect("stop at checkpoint");
-    sqlx::query("UPDATE runs SET state = 'stopped_at_checkpoint' WHERE id = (SELECT run_id FROM execution_requests WHERE id = $1::uuid)")
-        .bind(request_id)
-        .execute(&cluster.pool)
-        .await
-        .expect("run state");
+    let id = uuid::Uuid::parse_str(request_id).expect("a request id");
+    cairn_common::testing::stop_at_checkpoint(&cluster.pool, id).await;
 }
 
 /// A Plan tab flow: its section id, its buttons and its first acknowledgement.

@@ -203,6 +203,15 @@ async fn a_stopped_run_continues_on_the_same_ticket_through_a_reviewed_continuat
     let base = format!("/api/v1/runs/{run_id}/checkpoint-continuations/requests/{request_id}");
     let (_, candidate) = cluster.call("GET", &format!("{base}/candidate"), None);
     assert_eq!(candidate["admission"], "READY", "{candidate}");
+    // The checkpoint names the tree s1's receipt stands on (the changed-source hold
+    // compares it with the work context's tree now; missing, it would hold).
+    let source = candidate["checkpoint"]["source_digest"]
+        .as_str()
+        .unwrap_or("");
+    assert!(
+        source.len() == 64 && source.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{candidate}"
+    );
     let action = uuid::Uuid::new_v4().simple().to_string();
     let body = json!({
         "version": 1, "candidate_digest": candidate["candidate_digest"], "valid_for_seconds": 120,

@@ -220,29 +220,38 @@ pub async fn set_status(
     Ok(done.rows_affected() == 1)
 }
 
-/// Marks a snapshot durable and usable, with its manifest key and size, and records
-/// which packs it references (in one statement), so the reaper deletes a pack only when
-/// no snapshot of its store references it. False, recording nothing, unless the
-/// snapshot was still being captured.
+/// What a finished capture stored: where its manifest is, its size, the digest of its
+/// tree and the packs it references.
+pub struct Stored<'a> {
+    pub manifest_key: &'a str,
+    pub size_bytes: i64,
+    pub tree_digest: &'a str,
+    pub pack_ids: &'a [Uuid],
+}
+
+/// Marks a snapshot durable and usable, with what it stored, and records which packs it
+/// references (in one statement), so the reaper deletes a pack only when no snapshot of
+/// its store references it. False, recording nothing, unless the snapshot was still
+/// being captured.
 pub async fn mark_ready(
     conn: &mut PgConnection,
     id: Uuid,
-    manifest_key: &str,
-    size_bytes: i64,
-    pack_ids: &[Uuid],
+    stored: &Stored<'_>,
 ) -> Result<bool, sqlx::Error> {
     let marked: i64 = sqlx::query_scalar(
         "WITH ready AS (UPDATE project_snapshots
-                           SET status = 'ready', manifest_key = $2, size_bytes = $3, last_used_at = now()
+                           SET status = 'ready', manifest_key = $2, size_bytes = $3, tree_digest = $5,
+                               last_used_at = now()
                          WHERE id = $1 AND status IN ('creating', 'uploading') RETURNING id),
               packs AS (INSERT INTO snapshot_packs (snapshot_id, pack_id)
                         SELECT ready.id, p FROM ready, UNNEST($4::uuid[]) AS p ON CONFLICT DO NOTHING)
          SELECT count(*) FROM ready",
     )
     .bind(id)
-    .bind(manifest_key)
-    .bind(size_bytes)
-    .bind(pack_ids)
+    .bind(stored.manifest_key)
+    .bind(stored.size_bytes)
+    .bind(stored.pack_ids)
+    .bind(stored.tree_digest)
     .fetch_one(conn)
     .await?;
     Ok(marked == 1)
@@ -287,6 +296,26 @@ pub async fn lock_store_for_capture(
         .bind(store_key(store_id))
         .fetch_one(conn)
         .await
+}
+
+/// The digest of the empty tree: a work context with no lineage yet has this tree.
+pub fn empty_tree_digest() -> String {
+    cairn_snapshot::Manifest::default().tree_digest()
+}
+
+/// SQL for the digest of the tree a continuation of the work context `work_context` (an
+/// expression) goes on from: its head's, or `empty` (the bound digest of the empty
+/// tree, [`empty_tree_digest`]) when it has no live head. NULL when the head is not a
+/// ready, current snapshot with a recorded digest: nothing then proves the tree.
+pub fn current_tree_sql(work_context: &str, empty: &str) -> String {
+    format!(
+        "CASE WHEN EXISTS (SELECT 1 FROM lineage_heads h
+                            WHERE h.work_context_id = {work_context} AND h.retired_at IS NULL)
+              THEN (SELECT s.tree_digest FROM lineage_heads h JOIN project_snapshots s ON s.id = h.head_id
+                     WHERE h.work_context_id = {work_context} AND h.retired_at IS NULL
+                       AND s.status = 'ready' AND s.retention = 'current')
+              ELSE {empty}::text END"
+    )
 }
 
 /// The current head of a work context: `(snapshot id, sequence)`, unless retired.

@@ -8,8 +8,8 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 /// Stops a request at its last checkpoint: the journal as it stands is retained
-/// (digest, next sequence, source digest), the lease is fenced out, and only a reviewed
-/// checkpoint continuation can take it further.
+/// (digest, next sequence, and the digest of the tree its receipts stand on), the lease
+/// is fenced out, and only a reviewed checkpoint continuation can take it further.
 pub async fn stop_at_checkpoint(
     conn: &mut PgConnection,
     request_id: Uuid,
@@ -17,18 +17,24 @@ pub async fn stop_at_checkpoint(
 ) -> Result<(), Error> {
     let digest = journal::digest(&mut *conn, request_id).await?;
     fence_out(&mut *conn, request_id).await?;
-    sqlx::query(
+    sqlx::query(&format!(
         "UPDATE execution_requests
             SET checkpoint = jsonb_build_object(
                     'sequence', COALESCE((checkpoint->>'sequence')::bigint, 0) + 1,
                     'journal_digest', $2::text,
-                    'source_digest', source_digest,
+                    'source_digest', {source},
                     'receipts', (SELECT count(*) FROM journal_receipts WHERE request_id = $1),
                     'stopped_at', now())
           WHERE id = $1",
-    )
+        source = journal::source_sql(
+            "$1",
+            "(SELECT work_context_id FROM runs WHERE id = execution_requests.run_id)",
+            "$3"
+        ),
+    ))
     .bind(request_id)
     .bind(digest)
+    .bind(crate::lineage::empty_tree_digest())
     .execute(&mut *conn)
     .await?;
     let event = RequestEvent::StopAtCheckpoint;

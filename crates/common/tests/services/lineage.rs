@@ -21,9 +21,18 @@ async fn ready_checkpoint(pool: &PgPool, agent: &str, context: Uuid) -> Uuid {
     )
     .await
     .expect("create");
-    assert!(lineage::mark_ready(&mut conn, id, "manifests/x", 1, &[])
-        .await
-        .expect("ready"));
+    assert!(lineage::mark_ready(
+        &mut conn,
+        id,
+        &lineage::Stored {
+            manifest_key: "manifests/x",
+            size_bytes: 1,
+            tree_digest: "t",
+            pack_ids: &[]
+        }
+    )
+    .await
+    .expect("ready"));
     id
 }
 
@@ -452,11 +461,18 @@ async fn a_snapshot_is_marked_ready_with_its_packs_or_not_at_all() {
     )
     .await
     .expect("create");
-    assert!(
-        lineage::mark_ready(&mut conn, capturing, "manifests/a", 1, &packs)
-            .await
-            .expect("ready")
-    );
+    assert!(lineage::mark_ready(
+        &mut conn,
+        capturing,
+        &lineage::Stored {
+            manifest_key: "manifests/a",
+            size_bytes: 1,
+            tree_digest: "t",
+            pack_ids: &packs
+        }
+    )
+    .await
+    .expect("ready"));
     assert_eq!(
         recorded(capturing)
             .fetch_one(&mut *conn)
@@ -479,11 +495,18 @@ async fn a_snapshot_is_marked_ready_with_its_packs_or_not_at_all() {
     )
     .await
     .expect("fail"));
-    assert!(
-        !lineage::mark_ready(&mut conn, failed, "manifests/b", 1, &packs)
-            .await
-            .expect("not ready")
-    );
+    assert!(!lineage::mark_ready(
+        &mut conn,
+        failed,
+        &lineage::Stored {
+            manifest_key: "manifests/b",
+            size_bytes: 1,
+            tree_digest: "t",
+            pack_ids: &packs
+        }
+    )
+    .await
+    .expect("not ready"));
     assert_eq!(
         recorded(failed).fetch_one(&mut *conn).await.expect("count"),
         0

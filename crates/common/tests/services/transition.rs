@@ -395,20 +395,7 @@ async fn an_interrupted_step_is_charged_once_up_to_its_owners_deadline() {
     journal::write_intent(&mut conn, &lease, 2, "s1", 0, true, None)
         .await
         .expect("intent again");
-    let outcome = journal::Outcome {
-        exit_code: Some(0),
-        signal: None,
-        timed_out: false,
-        wall_ms: 700,
-        cpu_ms: 10,
-        output_digest: "x".into(),
-        stdout_tail: String::new(),
-        stderr_tail: String::new(),
-        output_artifact: String::new(),
-        sandbox: serde_json::Value::Null,
-        limit: None,
-        cancelled: false,
-    };
+    let outcome = cairn_common::testing::exited_zero(700, 10);
     let receipt = journal::Receipt {
         step_key: "s1",
         attempt: 2,

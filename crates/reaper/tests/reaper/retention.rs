@@ -97,9 +97,7 @@ async fn snapshot_row(
     )
     .await
     .expect("create");
-    lineage::mark_ready(&mut conn, id, &snapshot::manifest_key(id), 1, &[])
-        .await
-        .expect("ready");
+    mark_ready(&mut conn, id, &[]).await;
     id
 }
 
@@ -528,9 +526,7 @@ async fn a_capture_running_beside_a_sweep_loses_no_chunk() {
             }
             let manifest = capture(&store, &tree, id).await;
             let mut tx = db.pool.begin().await.expect("begin");
-            lineage::mark_ready(&mut tx, id, &snapshot::manifest_key(id), 1, &manifest.packs)
-                .await
-                .expect("ready");
+            mark_ready(&mut tx, id, &manifest.packs).await;
             tx.commit().await.expect("commit");
             manifest
         };
@@ -680,9 +676,7 @@ async fn checkpoint_in(pool: &PgPool, store_url: &str, store_id: Uuid) -> Uuid {
         ..new_snapshot("checkpoint", store_url, Some(Uuid::new_v4()), None, None)
     };
     let id = lineage::create(&mut conn, &new).await.expect("create");
-    lineage::mark_ready(&mut conn, id, &snapshot::manifest_key(id), 1, &[])
-        .await
-        .expect("ready");
+    mark_ready(&mut conn, id, &[]).await;
     id
 }
 
@@ -863,4 +857,15 @@ async fn the_idle_clock_counts_from_the_tasks_last_state_change() {
     )
     .await;
     assert_eq!(due.idle_heads_retired, 1);
+}
+
+/// Marks a capture of one byte ready, its manifest at its key, as a worker's commit does.
+pub async fn mark_ready(conn: &mut sqlx::PgConnection, id: Uuid, pack_ids: &[Uuid]) {
+    let stored = lineage::Stored {
+        manifest_key: &snapshot::manifest_key(id),
+        size_bytes: 1,
+        tree_digest: "t",
+        pack_ids,
+    };
+    assert!(lineage::mark_ready(conn, id, &stored).await.expect("ready"));
 }

@@ -80,11 +80,7 @@ async fn capture(
             .await
             .expect("capture");
     let mut tx = pool.begin().await.expect("begin");
-    assert!(
-        lineage::mark_ready(&mut tx, id, &snapshot::manifest_key(id), 1, &manifest.packs)
-            .await
-            .expect("ready")
-    );
+    super::retention::mark_ready(&mut tx, id, &manifest.packs).await;
     let expected = task.head.as_ref().map(|h| h.0);
     lineage::append(&mut tx, task.context, AGENT, expected, id)
         .await

@@ -1,6 +1,7 @@
 //! Reviewed continuations: candidates, actions, holds, final-outcome acceptance.
 
 use axum::http::StatusCode;
+use cairn_common::testing;
 use cairn_scheduler::api::{auth, auth::Role};
 use serde_json::{json, Value};
 use uuid::Uuid;
@@ -63,14 +64,11 @@ pub(super) async fn stop_at_checkpoint(api: &Api, submitter: &str) -> Continuati
     let lease = first_lease(request_id);
     let mut conn = api.pool().acquire().await.expect("conn");
     journal_steps(&mut conn, &lease, &["build"], &exited_zero(1200, 800)).await;
-    // The source a worker observed (what a changed source is compared with).
-    sqlx::query(
-        "UPDATE execution_requests SET lease_epoch = 1, source_digest = 'src-1' WHERE id = $1",
-    )
-    .bind(request_id)
-    .execute(&mut *conn)
-    .await
-    .expect("observed source");
+    sqlx::query("UPDATE execution_requests SET lease_epoch = 1 WHERE id = $1")
+        .bind(request_id)
+        .execute(&mut *conn)
+        .await
+        .expect("the lease's epoch");
     cairn_common::request::stop_at_checkpoint(&mut conn, request_id, "attempts_exhausted")
         .await
         .expect("stop");
@@ -319,7 +317,8 @@ async fn each_hold_reason_keeps_a_checkpoint_candidate_held() {
     .await;
     let cases: [(&str, &str); 6] = [
         ("live_owner", "UPDATE execution_requests SET lease_owner = 'w', lease_deadline = now() + interval '1 minute' WHERE id = $1"),
-        ("changed_source", "UPDATE execution_requests SET source_digest = 'src-2' WHERE id = $1"),
+        // Another run of the same work context moves its tree on (below).
+        ("changed_source", ""),
         ("missing_custody", "UPDATE execution_requests SET checkpoint = NULL WHERE id = $1"),
         ("unknown_effect", "INSERT INTO journal_intents (request_id, step_key, step_index, idempotent, lease_epoch, attempt) VALUES ($1, 'test', 1, false, 2, 1)"),
         ("exhausted_limits", "UPDATE execution_requests SET used_commands = max_commands WHERE id = $1"),
@@ -340,11 +339,16 @@ async fn each_hold_reason_keeps_a_checkpoint_candidate_held() {
         let stopped = stop_at_checkpoint(&api, &submitter).await;
         let (_, ready) = stopped.candidate(&api, &api.viewer).await;
         assert_eq!(ready["admission"], "READY", "{reason}: {ready}");
-        sqlx::query(change)
-            .bind(stopped.request_id)
-            .execute(api.pool())
-            .await
-            .expect("change");
+        if change.is_empty() {
+            let mut conn = api.pool().acquire().await.expect("conn");
+            testing::commit_tree(&mut conn, stopped.request_id, "a later tree").await;
+        } else {
+            sqlx::query(change)
+                .bind(stopped.request_id)
+                .execute(api.pool())
+                .await
+                .expect("change");
+        }
         let (_, held) = stopped.candidate(&api, &api.viewer).await;
         assert_eq!(held["admission"], "HELD", "{reason}");
         assert!(
@@ -387,6 +391,30 @@ pub(super) async fn retained_report(api: &Api) -> Continuation {
     let (run_id, request_id) = api.request_of(&api.submit(&api.admin).await).await;
     cairn_common::testing::retain_unaccepted_report(api.pool(), request_id).await;
     Continuation::of("final-outcome-continuations", run_id, request_id)
+}
+
+/// A report is accepted only on the tree it was made on: once another run moved the
+/// work context's tree on, the candidate holds with `changed_source` and nothing is
+/// admitted.
+#[tokio::test]
+async fn a_retained_report_on_a_changed_source_is_held() {
+    let api = Api::new().await;
+    let reported = retained_report(&api).await;
+    let (_, ready) = reported.candidate(&api, &api.admin).await;
+    assert_eq!(ready["admission"], "READY", "{ready}");
+    let mut conn = api.pool().acquire().await.expect("conn");
+    testing::commit_tree(&mut conn, reported.request_id, "a later tree").await;
+    let (_, held) = reported.candidate(&api, &api.admin).await;
+    assert_eq!(hold_reasons(&held), ["changed_source"], "{held}");
+    let digest = ready["candidate_digest"].as_str().expect("digest");
+    let (status, error) = reported
+        .act(&api, &new_action(), &api.admin, final_body(digest))
+        .await;
+    assert_eq!(
+        (status, error_code(&error)),
+        (StatusCode::CONFLICT, "candidate_held")
+    );
+    assert_eq!(api.count("continuation_actions").await, 0);
 }
 
 #[tokio::test]

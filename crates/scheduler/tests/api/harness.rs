@@ -6,7 +6,7 @@ use axum::http::{Request, StatusCode};
 use axum::Router;
 use cairn_common::journal::{self, Outcome, Receipt};
 use cairn_common::lease::Lease;
-use cairn_common::testing::TestDb;
+use cairn_common::testing::{self, TestDb};
 use cairn_scheduler::api::{self, auth, auth::Role, AppState};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -207,23 +207,7 @@ pub fn first_lease(request_id: Uuid) -> Lease {
     }
 }
 
-/// A step that exited 0 after `wall_ms`, `cpu_ms` of it on the CPU.
-pub fn exited_zero(wall_ms: i64, cpu_ms: i64) -> Outcome {
-    Outcome {
-        exit_code: Some(0),
-        signal: None,
-        timed_out: false,
-        wall_ms,
-        cpu_ms,
-        output_digest: "abc".into(),
-        stdout_tail: String::new(),
-        stderr_tail: String::new(),
-        output_artifact: String::new(),
-        sandbox: serde_json::Value::Null,
-        limit: None,
-        cancelled: false,
-    }
-}
+pub use cairn_common::testing::exited_zero;
 
 /// Journals `steps` in order as a worker does (intent, then receipt), each ended with
 /// `outcome` under `lease`, attempt 1.
@@ -233,6 +217,9 @@ pub async fn journal_steps(
     steps: &[&str],
     outcome: &Outcome,
 ) {
+    // The receipts stand on a checkpoint of the run's tree, as a worker's would.
+    let tree = format!("tree-{}", lease.request_id.simple());
+    let snapshot = testing::commit_tree(conn, lease.request_id, &tree).await;
     for (index, &step_key) in steps.iter().enumerate() {
         journal::write_intent(conn, lease, 1, step_key, index, false, None)
             .await
@@ -243,7 +230,7 @@ pub async fn journal_steps(
             outcome,
             tier: None,
         };
-        journal::record_receipt(conn, lease, &receipt, None)
+        journal::record_receipt(conn, lease, &receipt, Some(snapshot))
             .await
             .expect("receipt");
     }

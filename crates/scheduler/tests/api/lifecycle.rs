@@ -308,30 +308,16 @@ async fn a_batch_idempotency_key_admits_the_batch_once() {
 async fn a_candidate_whose_checkpoint_was_reclaimed_is_held() {
     let (api, stopped, _) = ready_checkpoint().await;
     let mut conn = api.pool().acquire().await.expect("conn");
-    let (context, agent): (Uuid, String) =
-        sqlx::query_as("SELECT work_context_id, agent FROM runs WHERE id = $1")
-            .bind(stopped.run_id)
-            .fetch_one(&mut *conn)
-            .await
-            .expect("run");
-    let head = cairn_common::lineage::create(
-        &mut conn,
-        &cairn_common::testing::new_checkpoint(&agent, context),
-    )
-    .await
-    .expect("snapshot");
-    cairn_common::lineage::mark_ready(&mut conn, head, "manifests/head", 1, &[])
+    // The receipts stand on the lineage's head (`ready_checkpoint` commits it).
+    let context: Uuid = sqlx::query_scalar("SELECT work_context_id FROM runs WHERE id = $1")
+        .bind(stopped.run_id)
+        .fetch_one(&mut *conn)
         .await
-        .expect("ready");
-    cairn_common::lineage::append(&mut conn, context, &agent, None, head)
+        .expect("run");
+    let (head, _) = cairn_common::lineage::head(&mut conn, context)
         .await
-        .expect("head");
-    sqlx::query("UPDATE journal_receipts SET snapshot_id = $2 WHERE request_id = $1")
-        .bind(stopped.request_id)
-        .bind(head)
-        .execute(&mut *conn)
-        .await
-        .expect("the receipt stands on the head");
+        .expect("head")
+        .expect("a head");
     let (_, candidate) = stopped.candidate(&api, &api.viewer).await;
     assert_eq!(candidate["admission"], "READY", "{candidate}");
 

@@ -243,7 +243,13 @@ impl Custody {
         let mut tx = lease.begin_fenced(&self.pool).await?;
         let size = i64::try_from(manifest.total_bytes()).unwrap_or(i64::MAX);
         let key = snapshot::manifest_key(snapshot_id);
-        if !lineage::mark_ready(&mut tx, snapshot_id, &key, size, &manifest.packs).await? {
+        let stored = lineage::Stored {
+            manifest_key: &key,
+            size_bytes: size,
+            tree_digest: &manifest.tree_digest(),
+            pack_ids: &manifest.packs,
+        };
+        if !lineage::mark_ready(&mut tx, snapshot_id, &stored).await? {
             // The row left `uploading` meanwhile (the reaper failed a capture it took for
             // abandoned, and may have reclaimed packs it reused): never append it.
             return Ok(Some("the snapshot was failed while it was captured".into()));

@@ -51,7 +51,8 @@ pub enum HoldReason {
     NotRecoverable,
     /// A worker holds a live lease on the request.
     LiveOwner,
-    /// The source changed since the checkpoint was retained.
+    /// The work context's current tree is not the tree the request's work stands on
+    /// (another run moved it on, or it was restored elsewhere).
     ChangedSource,
     /// The retained checkpoint or report is missing, or the journal no longer matches it.
     MissingCustody,
@@ -147,6 +148,11 @@ pub struct Facts {
     pub checkpoint: Option<serde_json::Value>,
     /// Receipts stand on snapshots, and the lineage has no restorable head any more.
     pub checkpoint_reclaimed: bool,
+    /// The digest of the tree the request's receipts stand on (its latest snapshot's;
+    /// with no such receipt, the tree its work context had when it started).
+    pub journal_source: Option<String>,
+    /// The digest of the work context's current tree (its lineage head's, or the empty
+    /// tree's), what a continuation goes on from.
     pub source_digest: Option<String>,
     pub deadline: Option<DateTime<Utc>>,
     pub operator_id: Option<Uuid>,
@@ -331,22 +337,47 @@ fn checkpoint_holds(f: &Facts, holds: &mut Holds) {
                     "the checkpoint's snapshot was retired or reclaimed",
                 );
             }
-            let retained_source = checkpoint.get("source_digest").and_then(|d| d.as_str());
-            if let (Some(retained), Some(current)) = (retained_source, f.source_digest.as_deref()) {
-                if retained != current {
-                    holds.add(
-                        HoldReason::ChangedSource,
-                        "the source changed since the checkpoint",
-                    );
-                }
-            }
+            let retained = checkpoint.get("source_digest").and_then(|d| d.as_str());
+            source_holds(retained, f, holds);
         }
     }
 }
 
-/// A final-outcome continuation's holds (a retained report not yet accepted, the
-/// request idle awaiting it, the run's own admin asking), and the report's outcome and
-/// digest.
+/// The source holds: the tree a continuation would go on from (the work context's
+/// current head) must be the tree the request's work stands on (`retained`, as its
+/// checkpoint or its last receipt recorded it). Missing evidence on either side holds
+/// too: nothing proves the source unchanged.
+fn source_holds(retained: Option<&str>, f: &Facts, holds: &mut Holds) {
+    match (retained, f.source_digest.as_deref()) {
+        (Some(retained), Some(current)) if retained == current => {}
+        (Some(retained), Some(current)) => holds.add(
+            HoldReason::ChangedSource,
+            &format!(
+                "the source changed since the request's work was retained: its tree {}…, the current tree {}…",
+                short(retained),
+                short(current)
+            ),
+        ),
+        (None, _) => holds.add(
+            HoldReason::MissingCustody,
+            "nothing records the tree the request's work stands on (a checkpoint from before tree digests, or a snapshot without one)",
+        ),
+        // A reclaimed checkpoint already holds, saying why.
+        (Some(_), None) if f.checkpoint_reclaimed => {}
+        (Some(_), None) => holds.add(
+            HoldReason::MissingCustody,
+            "the work context has no current tree to continue from",
+        ),
+    }
+}
+
+fn short(digest: &str) -> &str {
+    digest.get(..12).unwrap_or(digest)
+}
+
+/// A final-outcome continuation's holds (a retained report not yet accepted, on an
+/// unchanged source, the request idle awaiting it, the run's own admin asking), and the
+/// report's outcome and digest.
 fn report_holds(
     f: &Facts,
     caller: Uuid,
@@ -365,6 +396,7 @@ fn report_holds(
     match &f.report {
         None => holds.add(HoldReason::MissingCustody, "no retained final report"),
         Some(report) => {
+            source_holds(f.journal_source.as_deref(), f, holds);
             if report.consumed {
                 holds.add(
                     HoldReason::AlreadyConsumed,
@@ -428,6 +460,7 @@ mod tests {
             used_cpu_ms: 10,
             checkpoint: Some(json!({"sequence": 1, "journal_digest": "j", "source_digest": "s"})),
             checkpoint_reclaimed: false,
+            journal_source: Some("s".into()),
             source_digest: Some("s".into()),
             deadline: None,
             operator_id: Some(OPERATOR),
@@ -564,6 +597,26 @@ mod tests {
                 true,
                 HoldReason::ChangedSource,
             ),
+            // Missing evidence of the source holds: the checkpoint recorded no tree, or
+            // the work context has none to continue from.
+            (
+                Facts {
+                    checkpoint: Some(
+                        json!({"sequence": 1, "journal_digest": "j", "source_digest": null}),
+                    ),
+                    ..stopped()
+                },
+                true,
+                HoldReason::MissingCustody,
+            ),
+            (
+                Facts {
+                    source_digest: None,
+                    ..stopped()
+                },
+                true,
+                HoldReason::MissingCustody,
+            ),
         ];
         for (facts, on, reason) in cases {
             let candidate = checkpoint(facts, on);
@@ -590,6 +643,24 @@ mod tests {
             ready.retained_outcome.as_ref().map(|r| r.outcome.as_str()),
             Some("complete")
         );
+        for (facts, reason) in [
+            (
+                Facts {
+                    source_digest: Some("changed".into()),
+                    ..awaiting_acceptance()
+                },
+                HoldReason::ChangedSource,
+            ),
+            (
+                Facts {
+                    journal_source: None,
+                    ..awaiting_acceptance()
+                },
+                HoldReason::MissingCustody,
+            ),
+        ] {
+            assert_eq!(reasons(&final_outcome(facts, OPERATOR)), [reason]);
+        }
         let someone_else = final_outcome(awaiting_acceptance(), Uuid::from_u128(7));
         assert_eq!(reasons(&someone_else), [HoldReason::RevokedAccess]);
         let viewer = final_outcome(

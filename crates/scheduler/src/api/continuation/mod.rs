@@ -32,6 +32,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cairn_common::digest;
 use cairn_common::journal;
+use cairn_common::lineage;
 use cairn_common::policy::{self, Policy, MAX_WINDOW_SECONDS};
 use cairn_common::request::action::{self as saved, NewAction};
 use cairn_common::request::{self, RequestEvent};
@@ -52,7 +53,8 @@ async fn facts(
         "SELECT r.id AS run_id, e.id AS request_id, e.state, e.attempt, e.max_attempts, e.lease_epoch,
                 COALESCE(e.lease_owner IS NOT NULL AND e.lease_deadline > clock_timestamp(), FALSE) AS live_owner,
                 e.max_commands, e.max_wall_seconds, e.used_commands, e.used_wall_ms, e.used_cpu_ms,
-                e.checkpoint, e.source_digest, r.deadline, r.operator_id,
+                e.checkpoint, {journal_source} AS journal_source, {current} AS source_digest,
+                r.deadline, r.operator_id,
                 (EXISTS (SELECT 1 FROM journal_receipts jr
                           WHERE jr.request_id = e.id AND jr.snapshot_id IS NOT NULL)
                  AND NOT EXISTS (SELECT 1 FROM lineage_heads h JOIN project_snapshots s ON s.id = h.head_id
@@ -62,12 +64,15 @@ async fn facts(
            FROM execution_requests e
            JOIN runs r ON r.id = e.run_id
            LEFT JOIN api_tokens t ON t.id = r.operator_id
-          WHERE e.id = $1 AND e.run_id = $2 AND e.kind = 'run'{}",
-        if lock { " FOR UPDATE OF e" } else { "" }
+          WHERE e.id = $1 AND e.run_id = $2 AND e.kind = 'run'{lock}",
+        journal_source = journal::source_sql("e.id", "r.work_context_id", "$3"),
+        current = lineage::current_tree_sql("r.work_context_id", "$3"),
+        lock = if lock { " FOR UPDATE OF e" } else { "" }
     );
     let found: Option<Facts> = sqlx::query_as(&sql)
         .bind(request_id)
         .bind(run_id)
+        .bind(lineage::empty_tree_digest())
         .fetch_optional(&mut *conn)
         .await?;
     let Some(mut facts) = found else {
