@@ -8,8 +8,9 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 /// Stops a request at its last checkpoint: the journal as it stands is retained
-/// (digest, next sequence, and the digest of the tree its receipts stand on), the lease
-/// is fenced out, and only a reviewed checkpoint continuation can take it further.
+/// (digest, next sequence, and the digest of the tree a continuation would go on from:
+/// the work context's head, which the request's own captures wrote), the lease is
+/// fenced out, and only a reviewed checkpoint continuation can take it further.
 pub async fn stop_at_checkpoint(
     conn: &mut PgConnection,
     request_id: Uuid,
@@ -26,8 +27,7 @@ pub async fn stop_at_checkpoint(
                     'receipts', (SELECT count(*) FROM journal_receipts WHERE request_id = $1),
                     'stopped_at', now())
           WHERE id = $1",
-        source = journal::source_sql(
-            "$1",
+        source = crate::lineage::current_tree_sql(
             "(SELECT work_context_id FROM runs WHERE id = execution_requests.run_id)",
             "$3"
         ),
