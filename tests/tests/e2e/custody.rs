@@ -554,6 +554,48 @@ async fn the_reaper_keeps_the_head_of_a_live_task() {
     assert_last_tier(&cluster, &request_id, "checkpoint").await;
 }
 
+/// A run that failed or was cancelled ends its task: no continuation can take it
+/// further, so its lineage retires with it (saying why) instead of waiting 14 days as
+/// an idle head; its snapshots stay readable until the reaper reclaims them.
+#[tokio::test]
+async fn a_failed_or_cancelled_run_retires_its_lineage() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = cluster("custody-ended", &[]).await;
+    cluster.add_worker();
+    let failing = spec(vec![step("s1", "", true), step("s2", "exit 3", false)], 1);
+    let (failed, _) = cluster.submit(&failing);
+    let cancelled_spec = spec(
+        vec![
+            step("s1", "", true),
+            step("s2", &wait_for_file(&cluster, "never", 60), true),
+        ],
+        1,
+    );
+    let (cancelled, _) = submit_until_started(&cluster, &cancelled_spec, "s2").await;
+    let (status, _) = cluster.call("POST", &format!("/api/v1/runs/{cancelled}/cancel"), None);
+    assert_eq!(status, 202);
+    cluster.wait_for_state(&failed, &["failed"], LONG);
+    cluster.wait_for_state(&cancelled, &["cancelled"], LONG);
+    for (run_id, reason) in [(&failed, "task_failed"), (&cancelled, "task_cancelled")] {
+        let (_, sequence, retired) = head(&cluster, run_id).await.expect("a head");
+        assert_eq!(sequence, 1, "s1's checkpoint");
+        assert!(retired, "{reason}: the head is retired");
+        let reasons: Vec<(String, Option<String>)> = sqlx::query_as(
+            "SELECT retention, retire_reason FROM project_snapshots
+              WHERE work_context_id = $1::uuid AND kind = 'checkpoint'",
+        )
+        .bind(run_id)
+        .fetch_all(&cluster.pool)
+        .await
+        .expect("snapshots");
+        assert_eq!(
+            reasons,
+            [("retired".to_string(), Some(reason.to_string()))],
+            "{run_id}"
+        );
+    }
+}
+
 /// Case 6: an adoption moves the tree's hold to its new workspace row in the same
 /// transaction: a worker killed right after adopting finds the tree held again and
 /// adopts it again, with the work its first owner left in it.

@@ -175,7 +175,9 @@ fn release_for(job: &Job, ending: &Result<Ending, JobError>) -> Release {
     } else if drained {
         Release::HandedOn
     } else {
-        Release::Ended { retire: passed }
+        Release::Ended {
+            retire: passed.then_some("task_completed"),
+        }
     }
 }
 
