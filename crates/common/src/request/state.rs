@@ -19,7 +19,7 @@ pub async fn state_of(
 /// Moves a request (and its run) by `event`, as the transition table allows from its
 /// current state; anything else is [`Refused`](super::table::Refused) and changes
 /// nothing. Records `reason` and `step` (cleared when `None`); a terminal state records
-/// `finished_at`.
+/// `finished_at`; a failed or cancelled run's lineage retires with it.
 pub async fn transition(
     conn: &mut PgConnection,
     request_id: Uuid,
@@ -58,5 +58,32 @@ pub async fn transition(
     .bind(request_id)
     .execute(&mut *conn)
     .await?;
+    retire_ended_task(conn, request_id, state).await?;
     Ok(state)
+}
+
+/// A run that failed or was cancelled ended its task: no continuation can take it
+/// further, so its lineage retires with the move, in its transaction (a completed one
+/// retires when its tree is released, unless its report asks for more).
+async fn retire_ended_task(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+    state: RequestState,
+) -> Result<(), sqlx::Error> {
+    let reason = match state {
+        RequestState::Failed => "task_failed",
+        RequestState::Cancelled => "task_cancelled",
+        _ => return Ok(()),
+    };
+    let context: Option<Uuid> = sqlx::query_scalar(
+        "SELECT r.work_context_id FROM runs r JOIN execution_requests e ON e.run_id = r.id
+          WHERE e.id = $1 AND e.kind = 'run'",
+    )
+    .bind(request_id)
+    .fetch_optional(&mut *conn)
+    .await?;
+    match context {
+        Some(context) => crate::lineage::retire(conn, context, reason).await,
+        None => Ok(()),
+    }
 }

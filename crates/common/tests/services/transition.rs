@@ -416,3 +416,39 @@ async fn an_interrupted_step_is_charged_once_up_to_its_owners_deadline() {
         .expect("usage");
     assert_eq!(used, 3700);
 }
+
+/// A run that fails or is cancelled retires its lineage in the move's own transaction,
+/// whichever path moves it (a worker's failure, a cancel of a queued or stopped run):
+/// no continuation can take it further.
+#[tokio::test]
+async fn a_failed_or_cancelled_run_retires_its_lineage_with_the_move() {
+    let _services = ServiceLock::shared().await;
+    let db = TestDb::new().await;
+    let cases = [
+        (RequestEvent::Fail, Some("task_failed")),
+        (RequestEvent::Cancel, Some("task_cancelled")),
+        (RequestEvent::Claim, None),
+    ];
+    for (event, reason) in cases {
+        let (run_id, request_id) = testing::insert_request(&db.pool).await;
+        let mut conn = db.pool.acquire().await.expect("conn");
+        testing::commit_tree(&mut conn, request_id, "tree").await;
+        request::transition(&mut conn, request_id, event, None, None)
+            .await
+            .expect("moved");
+        let (head_retired, snapshot_reason): (bool, Option<String>) = sqlx::query_as(
+            "SELECT h.retired_at IS NOT NULL, s.retire_reason
+               FROM lineage_heads h JOIN project_snapshots s ON s.id = h.head_id
+              WHERE h.work_context_id = $1",
+        )
+        .bind(run_id)
+        .fetch_one(&mut *conn)
+        .await
+        .expect("the head");
+        assert_eq!(
+            (head_retired, snapshot_reason.as_deref()),
+            (reason.is_some(), reason),
+            "{event:?}"
+        );
+    }
+}

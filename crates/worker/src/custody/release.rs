@@ -14,10 +14,8 @@ pub enum Release {
     /// capture's hold, if one was written, guards it).
     Fenced,
     /// The task reached a terminal state: its tree goes and its holds end. `retire`
-    /// retires its lineage too, with the reason: the task completed without asking for
-    /// more, failed or was cancelled (no continuation can take it further; its retired
-    /// snapshots stay readable until the reaper reclaims them on the artifact rule).
-    Ended { retire: Option<&'static str> },
+    /// retires its lineage too (the task completed without asking for more).
+    Ended { retire: bool },
     /// Someone continues the request (a drain, a pause past its limit, an attempt that
     /// ended): a tree with uncaptured work stays, held, for a successor of the same task.
     HandedOn,
@@ -79,8 +77,8 @@ impl Custody {
         if let Release::Ended { retire } = how {
             // Any hold of a terminal task ends with it, in the same transaction.
             hold::end_for_workspace(&mut *conn, tree.workspace_id, "task_ended").await?;
-            if let Some(reason) = retire {
-                lineage::retire(&mut *conn, subject.work_context, reason).await?;
+            if retire {
+                lineage::retire(&mut *conn, subject.work_context, "task_completed").await?;
             }
         }
         Ok(())

@@ -105,7 +105,7 @@ pub async fn complete_and_release(
     };
     if landed {
         custody
-            .released(tree, Release::Ended { retire: None })
+            .released(tree, Release::Ended { retire: false })
             .await;
     } else {
         let how = match &result {
@@ -126,7 +126,7 @@ pub async fn complete_and_release(
 pub fn release_at(breach: &Breach) -> Release {
     match breach {
         Breach::WindowEnded => Release::HandedOn,
-        _ => Release::Ended { retire: None },
+        _ => Release::Ended { retire: false },
     }
 }
 
@@ -147,10 +147,8 @@ async fn complete_once(job: &Job, tree: Option<(&Subject, &Tree)>) -> Result<Com
         // A task is done (its lineage retired) when it completed without asking for
         // more: a blocked or clarification report pauses it, and its checkpoint stays
         // current.
-        let done = !report::asks_for_more(&mut tx, request_id).await?;
-        let how = Release::Ended {
-            retire: done.then_some("task_completed"),
-        };
+        let retire = !report::asks_for_more(&mut tx, request_id).await?;
+        let how = Release::Ended { retire };
         job.worker
             .custody
             .release_rows(&mut tx, subject, tree, how)

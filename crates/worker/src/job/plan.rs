@@ -60,18 +60,14 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
     let how = match &ended {
         Err(JobError::Lease(_)) => Release::Fenced,
         Ok(Ending::Interrupted) => match job.cause() {
-            Some(Reason::Cancelled) => Release::Ended {
-                retire: Some("task_cancelled"),
-            },
+            Some(Reason::Cancelled) => Release::Ended { retire: false },
             Some(Reason::Drain | Reason::PauseExpired | Reason::WindowEnded) => Release::HandedOn,
             Some(Reason::Fenced) | None => Release::Fenced,
         },
         Ok(Ending::Breach { breach, .. }) => ending::release_at(breach),
         // The tree's release commits with the completion.
         Ok(Ending::Complete) => return ending::complete_and_release(job, &subject, &tree).await,
-        Ok(Ending::Fail(_)) => Release::Ended {
-            retire: Some("task_failed"),
-        },
+        Ok(Ending::Fail(_)) => Release::Ended { retire: false },
         Ok(Ending::Reconcile { .. } | Ending::EndAttempt(_))
         | Err(JobError::Db(_) | JobError::Custody(_) | JobError::Refused(_)) => Release::HandedOn,
     };

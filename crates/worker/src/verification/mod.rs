@@ -175,9 +175,7 @@ fn release_for(job: &Job, ending: &Result<Ending, JobError>) -> Release {
     } else if drained {
         Release::HandedOn
     } else {
-        Release::Ended {
-            retire: passed.then_some("task_completed"),
-        }
+        Release::Ended { retire: passed }
     }
 }
 
