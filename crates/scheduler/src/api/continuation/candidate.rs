@@ -338,7 +338,7 @@ fn checkpoint_holds(f: &Facts, holds: &mut Holds) {
                 );
             }
             let retained = checkpoint.get("source_digest").and_then(|d| d.as_str());
-            source_holds(retained, f, holds);
+            source_holds(retained, f, f.checkpoint_reclaimed, holds);
         }
     }
 }
@@ -346,8 +346,9 @@ fn checkpoint_holds(f: &Facts, holds: &mut Holds) {
 /// The source holds: the tree a continuation would go on from (the work context's
 /// current head) must be the tree the request's work stands on (`retained`, as its
 /// checkpoint or its last receipt recorded it). Missing evidence on either side holds
-/// too: nothing proves the source unchanged.
-fn source_holds(retained: Option<&str>, f: &Facts, holds: &mut Holds) {
+/// too: nothing proves the source unchanged. `reclaimed_held`: a reclaimed checkpoint
+/// already holds the candidate, saying why the current tree is missing.
+fn source_holds(retained: Option<&str>, f: &Facts, reclaimed_held: bool, holds: &mut Holds) {
     match (retained, f.source_digest.as_deref()) {
         (Some(retained), Some(current)) if retained == current => {}
         (Some(retained), Some(current)) => holds.add(
@@ -362,8 +363,7 @@ fn source_holds(retained: Option<&str>, f: &Facts, holds: &mut Holds) {
             HoldReason::MissingCustody,
             "nothing records the tree the request's work stands on (a checkpoint from before tree digests, or a snapshot without one)",
         ),
-        // A reclaimed checkpoint already holds, saying why.
-        (Some(_), None) if f.checkpoint_reclaimed => {}
+        (Some(_), None) if reclaimed_held => {}
         (Some(_), None) => holds.add(
             HoldReason::MissingCustody,
             "the work context has no current tree to continue from",
@@ -396,7 +396,7 @@ fn report_holds(
     match &f.report {
         None => holds.add(HoldReason::MissingCustody, "no retained final report"),
         Some(report) => {
-            source_holds(f.journal_source.as_deref(), f, holds);
+            source_holds(f.journal_source.as_deref(), f, false, holds);
             if report.consumed {
                 holds.add(
                     HoldReason::AlreadyConsumed,
@@ -654,6 +654,15 @@ mod tests {
             (
                 Facts {
                     journal_source: None,
+                    ..awaiting_acceptance()
+                },
+                HoldReason::MissingCustody,
+            ),
+            // Its tree's snapshot retired under a live head row: nothing else holds it.
+            (
+                Facts {
+                    source_digest: None,
+                    checkpoint_reclaimed: true,
                     ..awaiting_acceptance()
                 },
                 HoldReason::MissingCustody,
