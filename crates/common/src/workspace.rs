@@ -73,13 +73,14 @@ pub async fn destroy_others_at(
     keep: Uuid,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
     sqlx::query_scalar(
-        "UPDATE workspaces SET state = 'destroyed', destroyed_at = now(), updated_at = now()
-          WHERE directory_id = $1 AND path = $2 AND id <> $3 AND state <> 'destroyed'
+        "UPDATE workspaces SET state = $4, destroyed_at = now(), updated_at = now()
+          WHERE directory_id = $1 AND path = $2 AND id <> $3 AND state <> $4
          RETURNING id",
     )
     .bind(directory_id)
     .bind(path)
     .bind(keep)
+    .bind(WorkspaceState::Destroyed)
     .fetch_all(conn)
     .await
 }
@@ -87,10 +88,11 @@ pub async fn destroy_others_at(
 /// The tree is gone (released, removed or replaced).
 pub async fn destroy(conn: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "UPDATE workspaces SET state = 'destroyed', destroyed_at = now(), updated_at = now()
-          WHERE id = $1 AND state <> 'destroyed'",
+        "UPDATE workspaces SET state = $2, destroyed_at = now(), updated_at = now()
+          WHERE id = $1 AND state <> $2",
     )
     .bind(id)
+    .bind(WorkspaceState::Destroyed)
     .execute(conn)
     .await?;
     Ok(())
@@ -98,8 +100,9 @@ pub async fn destroy(conn: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Erro
 
 /// The tree stays where it is, no job running on it (held for a successor).
 pub async fn stop(conn: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE workspaces SET state = 'stopped', updated_at = now() WHERE id = $1")
+    sqlx::query("UPDATE workspaces SET state = $2, updated_at = now() WHERE id = $1")
         .bind(id)
+        .bind(WorkspaceState::Stopped)
         .execute(conn)
         .await?;
     Ok(())
@@ -125,13 +128,19 @@ pub async fn set_paused(
     id: Uuid,
     paused: bool,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE workspaces SET state = CASE WHEN $2 THEN 'paused' ELSE 'running' END,
-                paused_at = CASE WHEN $2 THEN now() END, updated_at = now()
-          WHERE id = $1 AND state IN ('running', 'paused')",
-    )
+    let (to, paused_at) = if paused {
+        (WorkspaceState::Paused, "now()")
+    } else {
+        (WorkspaceState::Running, "NULL")
+    };
+    sqlx::query(&format!(
+        "UPDATE workspaces SET state = $2, paused_at = {paused_at}, updated_at = now()
+          WHERE id = $1 AND state IN ($3, $4)"
+    ))
     .bind(id)
-    .bind(paused)
+    .bind(to)
+    .bind(WorkspaceState::Running)
+    .bind(WorkspaceState::Paused)
     .execute(conn)
     .await?;
     Ok(())
@@ -143,11 +152,13 @@ pub async fn leave_worker_of_sandbox(
     sandbox_id: Uuid,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "UPDATE workspaces SET state = 'stopped', host = NULL, path = NULL, directory_id = NULL,
+        "UPDATE workspaces SET state = $2, host = NULL, path = NULL, directory_id = NULL,
                 updated_at = now()
-          WHERE id = (SELECT workspace_id FROM sandboxes WHERE id = $1) AND state <> 'destroyed'",
+          WHERE id = (SELECT workspace_id FROM sandboxes WHERE id = $1) AND state <> $3",
     )
     .bind(sandbox_id)
+    .bind(WorkspaceState::Stopped)
+    .bind(WorkspaceState::Destroyed)
     .execute(conn)
     .await?;
     Ok(())
@@ -159,10 +170,11 @@ pub async fn destroy_of_sandbox(
     sandbox_id: Uuid,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "UPDATE workspaces SET state = 'destroyed', destroyed_at = now(), updated_at = now()
-          WHERE id = (SELECT workspace_id FROM sandboxes WHERE id = $1) AND state <> 'destroyed'",
+        "UPDATE workspaces SET state = $2, destroyed_at = now(), updated_at = now()
+          WHERE id = (SELECT workspace_id FROM sandboxes WHERE id = $1) AND state <> $2",
     )
     .bind(sandbox_id)
+    .bind(WorkspaceState::Destroyed)
     .execute(conn)
     .await?;
     Ok(())
@@ -191,11 +203,15 @@ pub async fn take_unguarded(
     grace_secs: f64,
 ) -> Result<bool, sqlx::Error> {
     let taken = sqlx::query(&format!(
-        "UPDATE workspaces w SET state = 'destroyed', destroyed_at = now(), updated_at = now()
-          WHERE w.id = $1 AND w.state IN ('stopped', 'running', 'paused') AND {UNGUARDED}"
+        "UPDATE workspaces w SET state = $3, destroyed_at = now(), updated_at = now()
+          WHERE w.id = $1 AND w.state IN ($4, $5, $6) AND {UNGUARDED}"
     ))
     .bind(id)
     .bind(grace_secs)
+    .bind(WorkspaceState::Destroyed)
+    .bind(WorkspaceState::Stopped)
+    .bind(WorkspaceState::Running)
+    .bind(WorkspaceState::Paused)
     .execute(conn)
     .await?
     .rows_affected();

@@ -61,15 +61,15 @@ pub async fn pause_here(
             custody::set_paused(&mut tx, tree, false).await?;
             tx.commit().await?;
             // The step goes on changing the tree.
-            tree.uncaptured |= step_goes_on;
+            tree.live.uncaptured |= step_goes_on;
             tracing::info!("resumed");
         }
         PauseEnd::Expired => {
             tracing::info!(limit = ?job.worker.settings.pause_limit, "paused past the limit: stopping like a stop");
-            tree.uncaptured |= step_goes_on;
+            tree.live.uncaptured |= step_goes_on;
             job.stop_for(Reason::PauseExpired);
         }
-        PauseEnd::Stopped => tree.uncaptured |= step_goes_on,
+        PauseEnd::Stopped => tree.live.uncaptured |= step_goes_on,
     }
     Ok(end)
 }
@@ -86,7 +86,7 @@ async fn paused(
         "pause requested: processes stopped, capturing a checkpoint"
     );
     let mut capture_failed = false;
-    if tree.uncaptured {
+    if tree.live.uncaptured {
         match job
             .worker
             .custody
@@ -106,7 +106,7 @@ async fn paused(
         chrono::Utc::now() + chrono::Duration::from_std(limit).unwrap_or(chrono::Duration::MAX);
     let record = json!({
         // Ids in API bodies are simple (no hyphens).
-        "snapshot_id": tree.position.map(|id| id.simple().to_string()),
+        "snapshot_id": tree.live.position.map(|id| id.simple().to_string()),
         "step": step,
         "capture_failed": capture_failed,
         "expires_at": expires_at,
@@ -117,7 +117,7 @@ async fn paused(
     tx.commit().await?;
     job.worker.metrics.pauses.inc();
     tracing::info!(
-        snapshot_id = %tree.position.map_or_else(|| "none".into(), |p| p.simple().to_string()),
+        snapshot_id = %tree.live.position.map_or_else(|| "none".into(), |p| p.simple().to_string()),
         capture_failed,
         "paused"
     );

@@ -1,6 +1,7 @@
 //! Acquisition: the tiers in order, each yielding a tree at a known snapshot (or none).
 
 use super::commit::{Capture, NoSeal, TreeAt};
+use super::LiveTree;
 use super::{Checkpoint, Custody, CustodyError, Subject, Tier, Tree};
 use crate::fault;
 use crate::workspace::{self, Workspace};
@@ -432,15 +433,7 @@ impl Custody {
             Some(_) => workspace::head_commit(&workspace.root).await,
             None => None,
         };
-        let resume_context = json!({
-            "restore_tier": tier.as_str(),
-            "snapshot_id": acquired.snapshot,
-            // The snapshot whose effects the tree holds (none for a baseline or cold tree).
-            "position": acquired.position,
-            "attempts": attempts,
-            "commit": commit,
-            "note": "filesystem state is not proof that an external effect happened",
-        });
+        let resume_context = resume_context(&acquired, attempts, commit);
         let path = workspace.root.to_string_lossy().into_owned();
         let mut tx = lease.begin_fenced(&self.pool).await?;
         let in_use = workspace_row::InUse {
@@ -485,13 +478,15 @@ impl Custody {
             fault::point(fault::AFTER_ADOPT);
         }
         Ok(Tree {
-            workspace,
-            workspace_id,
+            live: LiveTree {
+                workspace,
+                workspace_id,
+                position: acquired.position,
+                index: acquired.index,
+                // An adopted tree may hold work its last capture missed.
+                uncaptured: acquired.adopted.is_some(),
+            },
             tier,
-            position: acquired.position,
-            index: acquired.index,
-            // An adopted tree may hold work its last capture missed.
-            uncaptured: acquired.adopted.is_some(),
             resume_context,
         })
     }
@@ -552,6 +547,20 @@ impl Custody {
             Err(e) => Err(e.to_string()),
         }
     }
+}
+
+/// What the request's resume context says of an acquired tree: its tier, the snapshot
+/// it came from, its position, every tier tried, and its commit.
+fn resume_context(acquired: &Acquired, attempts: Vec<Value>, commit: Option<String>) -> Value {
+    json!({
+        "restore_tier": acquired.tier.as_str(),
+        "snapshot_id": acquired.snapshot,
+        // The snapshot whose effects the tree holds (none for a baseline or cold tree).
+        "position": acquired.position,
+        "attempts": attempts,
+        "commit": commit,
+        "note": "filesystem state is not proof that an external effect happened",
+    })
 }
 
 /// How a restore failed.

@@ -1,7 +1,7 @@
 //! A run's checkpoints: a step's receipt sealed with the capture of its effects
 //! ([`Custody::commit`]), retried within the lease.
 
-use super::commit::{Capture, Seal, TreeAt};
+use super::commit::{Capture, Seal};
 use super::{Custody, CustodyError, Subject, Tree};
 use cairn_common::hold::{self, HoldTarget};
 use cairn_common::journal::{self, Receipt};
@@ -97,9 +97,9 @@ impl Custody {
                 // before the connection broke, so it is read back first.
                 Err(e) if e.is_transient() => {
                     if let Ok(Some(snapshot)) = self.committed(lease, commit).await {
-                        tree.position = Some(snapshot);
-                        tree.index = None;
-                        tree.uncaptured = false;
+                        tree.live.position = Some(snapshot);
+                        tree.live.index = None;
+                        tree.live.uncaptured = false;
                         return Ok(snapshot);
                     }
                     // Best effort: what is left is failed by the reaper once the lease ends.
@@ -142,7 +142,7 @@ impl Custody {
             name: None,
             hold: Some((
                 HoldTarget {
-                    workspace_id: tree.workspace_id,
+                    workspace_id: tree.live.workspace_id,
                     run_id: Some(subject.run_id),
                     work_context: Some(subject.work_context),
                     agent: &subject.agent,
@@ -151,14 +151,7 @@ impl Custody {
             )),
             appends: true,
         };
-        let at = TreeAt {
-            root: &tree.workspace.root,
-            workspace_id: Some(tree.workspace_id),
-            position: &mut tree.position,
-            index: &mut tree.index,
-            uncaptured: &mut tree.uncaptured,
-            index_is_position: true,
-        };
+        let at = tree.live.at(true);
         self.commit(lease, &capture, at, &StepSeal(commit)).await
     }
 
@@ -199,7 +192,7 @@ impl Custody {
         let capturing: Vec<Uuid> = sqlx::query_scalar(
             "SELECT id FROM holds WHERE workspace_id = $1 AND capture_in_progress AND ended_at IS NULL",
         )
-        .bind(tree.workspace_id)
+        .bind(tree.live.workspace_id)
         .fetch_all(&mut *tx)
         .await?;
         for id in capturing {

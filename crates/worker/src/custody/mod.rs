@@ -85,19 +85,41 @@ pub struct Subject {
     pub deadline: Option<chrono::DateTime<chrono::Utc>>,
 }
 
-/// A workspace in use.
-pub struct Tree {
+/// A workspace and where it stands in its lineage: what every job's commit reads and
+/// moves. A run's [`Tree`] and a sandbox's tree each hold one.
+pub struct LiveTree {
     pub workspace: Workspace,
     pub workspace_id: Uuid,
-    pub tier: Tier,
     /// The snapshot this tree is at: restored from, adopted at, or last committed. Its
     /// captured state is a prefix of the live tree; `None` for a baseline or cold tree.
     pub position: Option<Uuid>,
-    /// The stat index of the tree at `position`, when known: the next capture reads
-    /// only what changed, and a tree unchanged from it needs no capture at all.
+    /// The stat index of the tree as last captured or restored, when known: the next
+    /// capture reads only what changed, and a tree unchanged from its position needs
+    /// no capture at all.
     pub index: Option<Arc<Manifest>>,
     /// Whether the live tree may hold work `position` lacks.
     pub uncaptured: bool,
+}
+
+impl LiveTree {
+    /// The tree as a commit takes it. `index_is_position`: whether `index` is the
+    /// position's own, so an unchanged tree may stand on the position.
+    pub fn at(&mut self, index_is_position: bool) -> TreeAt<'_> {
+        TreeAt {
+            root: &self.workspace.root,
+            workspace_id: Some(self.workspace_id),
+            position: &mut self.position,
+            index: &mut self.index,
+            uncaptured: &mut self.uncaptured,
+            index_is_position,
+        }
+    }
+}
+
+/// A run's workspace in use.
+pub struct Tree {
+    pub live: LiveTree,
+    pub tier: Tier,
     pub resume_context: Value,
 }
 
@@ -145,5 +167,5 @@ pub async fn set_paused(
     tree: &Tree,
     paused: bool,
 ) -> Result<(), sqlx::Error> {
-    cairn_common::workspace::set_paused(conn, tree.workspace_id, paused).await
+    cairn_common::workspace::set_paused(conn, tree.live.workspace_id, paused).await
 }

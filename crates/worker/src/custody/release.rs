@@ -26,7 +26,7 @@ impl Custody {
     pub async fn release(&self, lease: &Lease, subject: &Subject, tree: &Tree, how: Release) {
         if how == Release::Fenced {
             if !keeps(tree, how) {
-                workspace::remove(&tree.workspace).await;
+                workspace::remove(&tree.live.workspace).await;
             }
             return;
         }
@@ -64,19 +64,19 @@ impl Custody {
                 self.settings.hold_limits,
             );
             let target = HoldTarget {
-                workspace_id: tree.workspace_id,
+                workspace_id: tree.live.workspace_id,
                 run_id: Some(subject.run_id),
                 work_context: Some(subject.work_context),
                 agent: &subject.agent,
             };
             hold::hold(&mut *conn, &target, "uncaptured tree", expires).await?;
-            workspace_row::stop(&mut *conn, tree.workspace_id).await?;
+            workspace_row::stop(&mut *conn, tree.live.workspace_id).await?;
             return Ok(());
         }
-        workspace_row::destroy(&mut *conn, tree.workspace_id).await?;
+        workspace_row::destroy(&mut *conn, tree.live.workspace_id).await?;
         if let Release::Ended { retire } = how {
             // Any hold of a terminal task ends with it, in the same transaction.
-            hold::end_for_workspace(&mut *conn, tree.workspace_id, "task_ended").await?;
+            hold::end_for_workspace(&mut *conn, tree.live.workspace_id, "task_ended").await?;
             if retire {
                 lineage::retire(&mut *conn, subject.work_context, "task_completed").await?;
             }
@@ -89,7 +89,7 @@ impl Custody {
     pub async fn is_destroyed(&self, tree: &Tree) -> bool {
         let state: Result<Option<String>, sqlx::Error> =
             sqlx::query_scalar("SELECT state FROM workspaces WHERE id = $1")
-                .bind(tree.workspace_id)
+                .bind(tree.live.workspace_id)
                 .fetch_optional(&self.pool)
                 .await;
         matches!(state, Ok(Some(state)) if state == "destroyed")
@@ -99,15 +99,15 @@ impl Custody {
     /// that stays keeps its files, without the step's home.
     pub async fn released(&self, tree: &Tree, how: Release) {
         if keeps(tree, how) {
-            let _ = tokio::fs::remove_dir_all(&tree.workspace.home).await;
-            tracing::info!(path = %tree.workspace.root.display(), "uncaptured tree kept under a hold");
+            let _ = tokio::fs::remove_dir_all(&tree.live.workspace.home).await;
+            tracing::info!(path = %tree.live.workspace.root.display(), "uncaptured tree kept under a hold");
         } else {
-            workspace::remove(&tree.workspace).await;
+            workspace::remove(&tree.live.workspace).await;
         }
     }
 }
 
 /// Whether a release keeps the tree: it holds uncaptured work and its task goes on.
 fn keeps(tree: &Tree, how: Release) -> bool {
-    tree.uncaptured && !matches!(how, Release::Ended { .. })
+    tree.live.uncaptured && !matches!(how, Release::Ended { .. })
 }

@@ -53,7 +53,7 @@ impl Host {
         if tree.origin == "source" {
             // A copy of another sandbox: its identity goes, and its tree becomes this
             // sandbox's own first checkpoint.
-            let root = tree.workspace.root.clone();
+            let root = tree.live.workspace.root.clone();
             match tokio::task::spawn_blocking(move || super::fork::scrub(&root)).await {
                 Ok(Ok(removed)) if removed > 0 => tracing::info!(removed, "identity files removed"),
                 Ok(Ok(_)) => {}
@@ -75,9 +75,9 @@ impl Host {
             }
         }
         let spec = isolation::Spec {
-            workspace: tree.workspace.root.clone(),
+            workspace: tree.live.workspace.root.clone(),
             cwd: None,
-            home: tree.workspace.home.clone(),
+            home: tree.live.workspace.home.clone(),
             network: self
                 .row
                 .effective_network(self.worker.isolation.network_default()),
@@ -182,7 +182,7 @@ impl Host {
         }
         let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
         owner::paused(&mut tx, self.row.id, frozen).await?;
-        workspace_row::set_paused(&mut tx, tree.workspace_id, frozen).await?;
+        workspace_row::set_paused(&mut tx, tree.live.workspace_id, frozen).await?;
         tx.commit().await?;
         tracing::info!(frozen, "sandbox paused or thawed in place");
         Ok(())
@@ -234,7 +234,7 @@ impl Host {
             self.row.id,
             self.row.state,
             worker_id,
-            tree.workspace_id,
+            tree.live.workspace_id,
         )
         .await?;
         tx.commit().await?;
@@ -276,7 +276,7 @@ impl Host {
                         .leases
                         .for_sandboxes()
                         .clear_liveness(&self.lease);
-                    workspace::remove(&tree.workspace).await;
+                    workspace::remove(&tree.live.workspace).await;
                     tracing::info!(snapshot = %snapshot.simple(), "sandbox stopped; its stop snapshot holds its tree");
                     return Ok(());
                 }
@@ -309,7 +309,7 @@ impl Host {
         let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
         owner::destroyed(&mut tx, self.row.id).await?;
         self.release_and_commit(tx).await?;
-        workspace::remove(&tree.workspace).await;
+        workspace::remove(&tree.live.workspace).await;
         Ok(())
     }
 }

@@ -242,7 +242,7 @@ async fn run(
                 Ok(bytes) => bytes,
                 Err(e) => return json!({"error": format!("content is not base64: {e}")}),
             };
-            let staged = match Staged::write(&tree.workspace.home, &bytes).await {
+            let staged = match Staged::write(&tree.live.workspace.home, &bytes).await {
                 Ok(staged) => staged,
                 Err(e) => return json!({"error": format!("staging the content: {e}")}),
             };
@@ -324,7 +324,7 @@ fn command(
 ) -> StepCommand {
     let worker = &host.worker;
     let runner = &worker.isolation;
-    let home = runner.home_path(&tree.workspace.home);
+    let home = runner.home_path(&tree.live.workspace.home);
     let mut all = BTreeMap::from([
         ("HOME".to_string(), home.to_string_lossy().into_owned()),
         (
@@ -337,9 +337,9 @@ fn command(
         argv,
         env: all,
         place: isolation::Spec {
-            workspace: tree.workspace.root.clone(),
+            workspace: tree.live.workspace.root.clone(),
             cwd: spec.and_then(|s| s.cwd.clone()),
-            home: tree.workspace.home.clone(),
+            home: tree.live.workspace.home.clone(),
             // Whether the command asks for the network; the sandbox's layers are those of
             // its held namespace, which the command enters.
             network: cairn_common::egress::Effective {

@@ -9,7 +9,7 @@
 
 use super::{HostError, SandboxRow};
 use crate::context::Worker;
-use crate::custody::{self, Capture, Checkpoint, Restore, TreeAt};
+use crate::custody::{self, Capture, Checkpoint, LiveTree, Restore};
 use crate::workspace::{self, Workspace};
 use cairn_common::hold::{self, HoldTarget};
 use cairn_common::lease::Lease;
@@ -27,15 +27,7 @@ use uuid::Uuid;
 const HOLD_DAYS: i64 = 14;
 
 pub struct SandboxTree {
-    pub workspace: Workspace,
-    pub workspace_id: Uuid,
-    /// The lineage head this tree derives from (what the next append expects).
-    pub position: Option<Uuid>,
-    /// The stat index of the tree as last captured or restored.
-    pub index: Option<Arc<Manifest>>,
-    /// Whether the live tree may hold what no snapshot has (a cold tree, or one
-    /// restored from a source snapshot of another sandbox).
-    pub uncaptured: bool,
+    pub live: LiveTree,
     /// Where it came from: `stop_snapshot`, `checkpoint`, `source`, `cold`.
     pub origin: &'static str,
 }
@@ -80,11 +72,13 @@ pub async fn acquire(worker: &Worker, row: &SandboxRow) -> Result<SandboxTree, U
     if let Some((id, store_url, origin)) = newest {
         let index = restore(worker, *id, store_url, &workspace).await?;
         return Ok(SandboxTree {
-            workspace,
-            workspace_id: row.workspace_id.unwrap_or_else(Uuid::new_v4),
-            position,
-            uncaptured: origin != "checkpoint",
-            index: Some(Arc::new(index)),
+            live: LiveTree {
+                workspace,
+                workspace_id: row.workspace_id.unwrap_or_else(Uuid::new_v4),
+                position,
+                uncaptured: origin != "checkpoint",
+                index: Some(Arc::new(index)),
+            },
             origin,
         });
     }
@@ -96,13 +90,15 @@ pub async fn acquire(worker: &Worker, row: &SandboxRow) -> Result<SandboxTree, U
         }
         let index = restore(worker, id, &store_url, &workspace).await?;
         return Ok(SandboxTree {
-            workspace,
-            workspace_id: row.workspace_id.unwrap_or_else(Uuid::new_v4),
-            position: None,
-            // The restored tree's own stats: its first capture reads only what changed
-            // (the identity files the scrub removes), not the whole tree again.
-            index: Some(Arc::new(index)),
-            uncaptured: true,
+            live: LiveTree {
+                workspace,
+                workspace_id: row.workspace_id.unwrap_or_else(Uuid::new_v4),
+                position: None,
+                // The restored tree's own stats: its first capture reads only what
+                // changed (the identity files the scrub removes), not the whole tree.
+                index: Some(Arc::new(index)),
+                uncaptured: true,
+            },
             origin: "source",
         });
     }
@@ -114,11 +110,13 @@ pub async fn acquire(worker: &Worker, row: &SandboxRow) -> Result<SandboxTree, U
     .await
     .map_err(|e| Unacquired::Failed(format!("preparing the tree: {e}")))?;
     Ok(SandboxTree {
-        workspace,
-        workspace_id: row.workspace_id.unwrap_or_else(Uuid::new_v4),
-        position: None,
-        index: None,
-        uncaptured: true,
+        live: LiveTree {
+            workspace,
+            workspace_id: row.workspace_id.unwrap_or_else(Uuid::new_v4),
+            position: None,
+            index: None,
+            uncaptured: true,
+        },
         origin: "cold",
     })
 }
@@ -204,22 +202,22 @@ pub async fn record_in_use(
     row: &SandboxRow,
     tree: &SandboxTree,
 ) -> Result<(), sqlx::Error> {
-    let path = tree.workspace.root.to_string_lossy().into_owned();
+    let path = tree.live.workspace.root.to_string_lossy().into_owned();
     let in_use = workspace_row::InUse {
-        id: tree.workspace_id,
+        id: tree.live.workspace_id,
         agent: &row.agent,
         backend: &worker.custody.settings.backend,
         persistent: row.persistent,
         host: &worker.settings.worker_id,
         directory_id: worker.custody.directory.id,
         path: &path,
-        snapshot_id: tree.position,
+        snapshot_id: tree.live.position,
         work_context_id: row.id,
         run: None,
     };
     workspace_row::in_use(&mut *conn, &in_use).await?;
     let target = HoldTarget {
-        workspace_id: tree.workspace_id,
+        workspace_id: tree.live.workspace_id,
         run_id: None,
         work_context: Some(row.id),
         agent: &row.agent,
@@ -328,17 +326,10 @@ pub async fn commit(
         hold: None,
         appends: matches!(seal, Seal::Start | Seal::Operation { .. }),
     };
-    let index_is_position = !tree.uncaptured;
-    let at = TreeAt {
-        root: &tree.workspace.root,
-        workspace_id: Some(tree.workspace_id),
-        position: &mut tree.position,
-        index: &mut tree.index,
-        uncaptured: &mut tree.uncaptured,
-        // A tree restored from a stop snapshot or a source is not at its position's
-        // index until its first checkpoint.
-        index_is_position,
-    };
+    // A tree restored from a stop snapshot or a source is not at its position's index
+    // until its first checkpoint.
+    let index_is_position = !tree.live.uncaptured;
+    let at = tree.live.at(index_is_position);
     let seal = SandboxSeal { seal, lease, row };
     match worker.custody.commit(lease, &capture, at, &seal).await? {
         Checkpoint::Stands(snapshot) => Ok(snapshot),

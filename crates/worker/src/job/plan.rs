@@ -156,7 +156,7 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
     let claimed = &job.claimed;
     let request_id = job.request_id();
     let mut conn = worker.pool.acquire().await?;
-    let standings = journal::standings(&mut conn, request_id, tree.position).await?;
+    let standings = journal::standings(&mut conn, request_id, tree.live.position).await?;
     drop(conn);
     if !standings.is_empty() {
         record_standings(job, tree, &standings).await?;
@@ -273,14 +273,14 @@ async fn run_step(
     pause_requests: &mut tokio::sync::watch::Receiver<bool>,
 ) -> Result<Option<Ending>, JobError> {
     let (worker, step) = (&job.worker, at.step);
-    let workspace = tree.workspace.clone();
+    let workspace = tree.live.workspace.clone();
     let last = at.index + 1 == job.claimed.steps.len();
     let command = command(job, &workspace, step, at.index, at.remaining_wall_ms);
     if last {
         let _ = tokio::fs::remove_file(&workspace.report_file).await;
     }
     worker.metrics.steps_run.inc();
-    tree.uncaptured = true;
+    tree.live.uncaptured = true;
     tracing::info!(step = %step.key, "step started");
     let live = Live::default();
     let running = step::run_published(&command, &worker.isolation, &job.stop, &live);
@@ -427,7 +427,7 @@ async fn record_standings(
     tx.commit().await?;
     tracing::info!(
         tier = tree.tier.as_str(),
-        position = %tree.position.map_or_else(|| "none".into(), |p| p.simple().to_string()),
+        position = %tree.live.position.map_or_else(|| "none".into(), |p| p.simple().to_string()),
         "journal read against the acquired tree"
     );
     Ok(())

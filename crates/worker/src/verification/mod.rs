@@ -104,7 +104,7 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
     };
     // Checks add nothing to capture (a changed source fails the verification); a tree
     // adopted with uncaptured work keeps that state, so a drain keeps it held.
-    let ending = verify(job, &adoption, &tree.workspace.root).await;
+    let ending = verify(job, &adoption, &tree.live.workspace.root).await;
     let how = release_for(job, &ending);
     job.worker
         .custody
