@@ -138,6 +138,28 @@ pub async fn handoff_transition_of(
     table::apply::<HandoffState>(conn, handoff_id, event).await
 }
 
+/// Whether the checks of the handoff an adoption adopted passed: the adoption then
+/// stands for its finishing round.
+pub async fn checks_passed(conn: &mut PgConnection, adoption_id: Uuid) -> Result<bool, Error> {
+    let state: HandoffState = sqlx::query_scalar(
+        "SELECT h.state FROM verification_adoptions a JOIN verification_handoffs h ON h.id = a.handoff_id
+          WHERE a.id = $1",
+    )
+    .bind(adoption_id)
+    .fetch_one(conn)
+    .await?;
+    Ok(state == HandoffState::Passed)
+}
+
+/// Fails the handoff an adoption adopted, when its adoption ends without a verdict; a
+/// handoff whose checks passed keeps that verdict (its finishing round ended instead).
+pub async fn fail_unless_passed(conn: &mut PgConnection, adoption_id: Uuid) -> Result<(), Error> {
+    if !checks_passed(&mut *conn, adoption_id).await? {
+        handoff_transition_of(conn, adoption_id, HandoffEvent::Fail).await?;
+    }
+    Ok(())
+}
+
 /// One check's result: run fresh, or (with `reused_from`) standing on an earlier one.
 #[derive(Debug, Clone)]
 pub struct NewResult<'a> {

@@ -24,6 +24,16 @@ pub struct RetainedReport<'a> {
     pub source_digest: Option<&'a str>,
 }
 
+/// The digest of a retained report: what its acceptance receipt records, and what a
+/// candidate and the finishing round compare it with.
+pub fn digest(outcome: &str, followup_kind: Option<&str>, body: &serde_json::Value) -> String {
+    crate::digest::of(&json!({
+        "outcome": outcome,
+        "followup_kind": followup_kind,
+        "body": body,
+    }))
+}
+
 /// Retains a report, in the transaction of the last step's receipt.
 pub async fn retain(
     conn: &mut PgConnection,
@@ -127,7 +137,13 @@ pub async fn accept(
         &mut *conn,
         lease,
         "final_report_accepted",
-        &json!({"outcome": outcome, "followup_kind": followup_kind, "action_id": action_id, "worker": worker_id}),
+        &json!({
+            "outcome": outcome,
+            "followup_kind": followup_kind,
+            "report_digest": digest(&outcome, followup_kind.as_deref(), &body),
+            "action_id": action_id,
+            "worker": worker_id,
+        }),
     )
     .await?;
     let verification = followup_kind.as_deref() == Some(VERIFICATION);

@@ -15,6 +15,10 @@ pub const AFTER_INTENT: &str = "after_intent";
 /// A point after an adoption committed and before anything was captured.
 pub const AFTER_ADOPT: &str = "after_adopt";
 
+/// A point after a verification's checks passed and its worker let the request go,
+/// before any worker's finishing round.
+pub const AFTER_CHECKS_PASSED: &str = "after_checks_passed";
+
 /// A point inside a completion's transaction, before its commit.
 pub const BEFORE_COMPLETION_COMMIT: &str = "before_completion_commit";
 

@@ -10,6 +10,7 @@ mod console;
 mod custody;
 mod deployment;
 mod faults;
+mod finishing;
 mod output;
 mod pause;
 mod reaper;

@@ -318,6 +318,19 @@ pub fn current_tree_sql(work_context: &str, empty: &str) -> String {
     )
 }
 
+/// The digest of the tree a continuation of `work_context` goes on from now
+/// ([`current_tree_sql`]); `None` when nothing proves it.
+pub async fn current_tree(
+    conn: &mut PgConnection,
+    work_context: Uuid,
+) -> Result<Option<String>, sqlx::Error> {
+    sqlx::query_scalar(&format!("SELECT {}", current_tree_sql("$1", "$2")))
+        .bind(work_context)
+        .bind(empty_tree_digest())
+        .fetch_one(conn)
+        .await
+}
+
 /// The current head of a work context: `(snapshot id, sequence)`, unless retired.
 pub async fn head(
     conn: &mut PgConnection,

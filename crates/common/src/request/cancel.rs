@@ -3,7 +3,7 @@
 use super::action;
 use super::fence::fence_out;
 use super::state::{transition, RequestState};
-use super::table::{ActionEvent, AdoptionEvent, Error, HandoffEvent, RequestEvent};
+use super::table::{ActionEvent, AdoptionEvent, Error, RequestEvent};
 use crate::handoff;
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -107,7 +107,7 @@ pub async fn cancel_now(
         let cancelled = Some("cancelled");
         handoff::adoption_transition(&mut *conn, adoption_id, AdoptionEvent::Cancel, cancelled)
             .await?;
-        handoff::handoff_transition_of(&mut *conn, adoption_id, HandoffEvent::Fail).await?;
+        handoff::fail_unless_passed(&mut *conn, adoption_id).await?;
     }
     Ok(())
 }

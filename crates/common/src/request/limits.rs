@@ -9,7 +9,7 @@ use super::cancel::cancel_now;
 use super::requeue::Continuation;
 use super::state::transition;
 use super::stop::stop_at_checkpoint;
-use super::table::{ActionEvent, AdoptionEvent, Error, HandoffEvent, RequestEvent};
+use super::table::{ActionEvent, AdoptionEvent, Error, RequestEvent};
 use crate::handoff;
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -203,7 +203,7 @@ pub async fn end_for(
         (_, Continuation::Verification(adoption_id)) => {
             let event = AdoptionEvent::Fail;
             handoff::adoption_transition(&mut *conn, adoption_id, event, Some(&reason)).await?;
-            handoff::handoff_transition_of(&mut *conn, adoption_id, HandoffEvent::Fail).await?;
+            handoff::fail_unless_passed(&mut *conn, adoption_id).await?;
         }
         (_, Continuation::None) => {}
     }

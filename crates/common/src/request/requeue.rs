@@ -74,15 +74,42 @@ pub async fn requeue_verification(
         .execute(&mut *conn)
         .await?;
     handoff::adoption_transition(&mut *conn, adoption_id, AdoptionEvent::Requeue, None).await?;
-    let message = JobMessage {
+    let message = verification_message(run_id, request_id, adoption_id, attempt);
+    readmit(conn, &message, RequestEvent::Requeue).await
+}
+
+/// A verification whose checks passed, in its holder's completion transaction: the same
+/// adoption is queued, on the same attempt, for the fresh worker round that finishes the
+/// run on the verified source. Nothing new is admitted: the round belongs to the
+/// adoption. The holder releases its tree, then its lease, as any job does.
+pub async fn queue_finishing_round(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    request_id: Uuid,
+    adoption_id: Uuid,
+    attempt: i32,
+) -> Result<(), Error> {
+    let event = AdoptionEvent::ChecksPassed;
+    handoff::adoption_transition(&mut *conn, adoption_id, event, None).await?;
+    let message = verification_message(run_id, request_id, adoption_id, attempt);
+    readmit(conn, &message, RequestEvent::QueueFinishingRound).await
+}
+
+/// The announcement of an adoption's next job (its checks, or its finishing round).
+fn verification_message(
+    run_id: Uuid,
+    request_id: Uuid,
+    adoption_id: Uuid,
+    attempt: i32,
+) -> JobMessage {
+    JobMessage {
         tenant: None,
         kind: JobKind::Verification,
         run_id,
         request_id,
         action_id: Some(adoption_id),
         attempt: Some(attempt),
-    };
-    readmit(conn, &message, RequestEvent::Requeue).await
+    }
 }
 
 /// Which continuation an attempt belongs to.
@@ -166,8 +193,18 @@ pub async fn verification_attempts_exhausted(
     request_id: Uuid,
     adoption_id: Uuid,
 ) -> Result<(), Error> {
-    let reason = "verification_attempts_exhausted";
     fence_out(&mut *conn, request_id).await?;
+    // Checks that passed stand: only the round that finishes on them is spent, and a
+    // person decides (the round adds no new attempt).
+    if handoff::checks_passed(&mut *conn, adoption_id).await? {
+        let reason = "finishing_round_attempts_exhausted";
+        let event = AdoptionEvent::Fail;
+        handoff::adoption_transition(&mut *conn, adoption_id, event, Some(reason)).await?;
+        let event = RequestEvent::Reconcile;
+        transition(&mut *conn, request_id, event, Some(reason), None).await?;
+        return Ok(());
+    }
+    let reason = "verification_attempts_exhausted";
     handoff::adoption_transition(&mut *conn, adoption_id, AdoptionEvent::Fail, Some(reason))
         .await?;
     handoff::handoff_transition_of(&mut *conn, adoption_id, HandoffEvent::Reopen).await?;

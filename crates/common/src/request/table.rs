@@ -53,6 +53,9 @@ crate::text_enum! {
         ReadmitReport => "readmit_report",
         /// An adopted verification admitted it.
         AdoptVerification => "adopt_verification",
+        /// Its verification passed: queued for the fresh worker round that finishes it
+        /// on the verified source.
+        QueueFinishingRound => "queue_finishing_round",
         /// Stopped at its last checkpoint: attempts spent, a window ended, a pause
         /// expired, a capture kept failing.
         StopAtCheckpoint => "stop_at_checkpoint",
@@ -87,6 +90,8 @@ crate::text_enum! {
     pub enum AdoptionEvent {
         Claim => "claim",
         Requeue => "requeue",
+        /// Its checks passed: it waits for the fresh worker round that finishes the run.
+        ChecksPassed => "checks_passed",
         Complete => "complete",
         Fail => "fail",
         Cancel => "cancel",
@@ -127,6 +132,7 @@ impl Machine for RequestState {
             RequestEvent::ContinueFromCheckpoint => (&[StoppedAtCheckpoint], Queued),
             RequestEvent::ReadmitReport => (&[NeedsReconciliation], Queued),
             RequestEvent::AdoptVerification => (&[AwaitingVerification], Queued),
+            RequestEvent::QueueFinishingRound => (&[Executing], Queued),
             RequestEvent::StopAtCheckpoint => (LIVE, StoppedAtCheckpoint),
             RequestEvent::Reconcile => (LIVE, NeedsReconciliation),
             RequestEvent::AwaitVerification => (LIVE, AwaitingVerification),
@@ -179,6 +185,7 @@ impl Machine for AdoptionStatus {
         match event {
             AdoptionEvent::Claim => (&[Queued], Executing),
             AdoptionEvent::Requeue => (LIVE, Queued),
+            AdoptionEvent::ChecksPassed => (&[Executing], Queued),
             AdoptionEvent::Complete => (&[Executing], Completed),
             AdoptionEvent::Fail => (LIVE, Failed),
             AdoptionEvent::Cancel => (LIVE, Cancelled),

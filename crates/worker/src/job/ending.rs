@@ -15,9 +15,7 @@ use cairn_common::journal::{self, Receipt, Record};
 use cairn_common::report::{self, Acceptance};
 use cairn_common::request::action;
 use cairn_common::request::limits::{self, Breach, Moment};
-use cairn_common::request::{
-    self, ActionEvent, AdoptionEvent, Continuation, HandoffEvent, RequestEvent,
-};
+use cairn_common::request::{self, ActionEvent, AdoptionEvent, Continuation, RequestEvent};
 use cairn_common::run::{JobKind, JobMessage};
 use std::path::PathBuf;
 
@@ -246,7 +244,7 @@ async fn finish_once(
                 _ => AdoptionEvent::Fail,
             };
             handoff::adoption_transition(&mut tx, adoption_id, adoption, reason).await?;
-            handoff::handoff_transition_of(&mut tx, adoption_id, HandoffEvent::Fail).await?;
+            handoff::fail_unless_passed(&mut tx, adoption_id).await?;
         }
         Continuation::Checkpoint(action_id) | Continuation::FinalOutcome(action_id) => {
             let action = match event {

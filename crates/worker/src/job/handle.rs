@@ -25,6 +25,8 @@ pub enum JobOutcome {
     /// A retained report was accepted (final-outcome continuation); nothing ran.
     Accepted,
     AwaitingVerification,
+    /// A verification's checks passed: its finishing round is queued.
+    ChecksPassed,
     Failed(String),
     NeedsReconciliation(String),
     Cancelled,

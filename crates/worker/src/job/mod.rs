@@ -85,7 +85,7 @@ pub async fn execute(
     let _ = drain_watch.await;
     worker.active.leave(job.request_id()).await;
     match &outcome {
-        JobOutcome::Completed | JobOutcome::AwaitingVerification => {
+        JobOutcome::Completed | JobOutcome::AwaitingVerification | JobOutcome::ChecksPassed => {
             worker.metrics.jobs_completed.inc();
         }
         JobOutcome::HandedBack => {

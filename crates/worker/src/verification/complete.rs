@@ -9,6 +9,7 @@ use crate::job::handle::Job;
 use crate::scope::{self, SourceScope};
 use cairn_common::handoff::{self, NewResult};
 use cairn_common::journal;
+use cairn_common::lineage;
 use cairn_common::request::limits::{self, Moment};
 use cairn_common::request::{self, AdoptionEvent, HandoffEvent, RequestEvent};
 use serde_json::{json, Value};
@@ -113,8 +114,9 @@ async fn recorded_elsewhere(
     Ok(elsewhere > 0)
 }
 
-/// The verdict: the handoff passes or fails, the adoption completes and the request
-/// completes or fails with the summary.
+/// The verdict: the handoff passes and the adoption waits for its finishing round
+/// (the request is queued for it, on the same attempt), or the handoff fails, the
+/// adoption completes and the request fails with the summary.
 async fn settle(
     conn: &mut PgConnection,
     job: &Job,
@@ -122,21 +124,20 @@ async fn settle(
     passed: bool,
     summary: &str,
 ) -> Result<(), JobError> {
-    let verdict = if passed {
-        HandoffEvent::Pass
-    } else {
-        HandoffEvent::Fail
-    };
-    handoff::handoff_transition_of(&mut *conn, adoption.id, verdict).await?;
-    let summary_reason = (!passed).then_some(summary);
+    if passed {
+        // The run is not finished yet: a fresh worker round finishes it on this source.
+        handoff::handoff_transition_of(&mut *conn, adoption.id, HandoffEvent::Pass).await?;
+        let (run_id, request_id) = (job.claimed.run_id, job.request_id());
+        let attempt = job.claimed.attempt;
+        request::queue_finishing_round(&mut *conn, run_id, request_id, adoption.id, attempt)
+            .await?;
+        return Ok(());
+    }
+    handoff::handoff_transition_of(&mut *conn, adoption.id, HandoffEvent::Fail).await?;
     let event = AdoptionEvent::Complete;
-    handoff::adoption_transition(&mut *conn, adoption.id, event, summary_reason).await?;
-    let (event, reason) = if passed {
-        (RequestEvent::Complete, None)
-    } else {
-        (RequestEvent::Fail, Some(summary))
-    };
-    request::transition(&mut *conn, job.request_id(), event, reason, None).await?;
+    handoff::adoption_transition(&mut *conn, adoption.id, event, Some(summary)).await?;
+    let event = RequestEvent::Fail;
+    request::transition(&mut *conn, job.request_id(), event, Some(summary), None).await?;
     Ok(())
 }
 
@@ -212,6 +213,9 @@ async fn journal_completion(
     (passed, checks, fresh): (bool, usize, usize),
     reused: &[Value],
 ) -> Result<(), JobError> {
+    // The tree the checks ran on, as the work context's lineage has it: the finishing
+    // round finishes only while it is still the current one.
+    let tree_digest = lineage::current_tree(&mut *conn, job.claimed.work_context).await?;
     let completion_id = journal::entry(
         &mut *conn,
         job.lease(),
@@ -225,6 +229,7 @@ async fn journal_completion(
         "reused_checks": reused.len(),
         "source_digest": before.source_digest,
         "dependency_digest": before.dependency_digest,
+        "tree_digest": tree_digest,
         "worker": job.worker.settings.worker_id,
         }),
     )

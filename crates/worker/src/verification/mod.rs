@@ -14,10 +14,13 @@
 //! - [`check`]: running one check fresh, confined.
 //! - [`scratch`]: a check's scratch directory and environment.
 //! - [`complete`]: the completion transaction, and the hand-back on a drain.
+//! - [`round`]: once the checks passed, the fresh worker round that finishes the run on
+//!   the verified source, and its terminal acceptance.
 
 mod check;
 mod complete;
 mod reuse;
+mod round;
 mod scratch;
 
 use crate::custody::Release;
@@ -42,28 +45,32 @@ pub(super) struct Adoption {
     pub(super) commands: Vec<CheckCommand>,
     pub(super) source_digest: Option<String>,
     pub(super) declared: HashSet<String>,
+    /// Its checks passed: what is left is the round that finishes the run.
+    pub(super) checks_passed: bool,
 }
 
 async fn load(pool: &sqlx::PgPool, adoption_id: Uuid) -> Result<Option<Adoption>, sqlx::Error> {
-    let row: Option<(Uuid, Value, Option<String>, Vec<String>)> = sqlx::query_as(
-        "SELECT h.id, h.commands, h.source_digest, a.reusable_digests
+    type Row = (Uuid, Value, Option<String>, Vec<String>, bool);
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT h.id, h.commands, h.source_digest, a.reusable_digests, h.state = 'passed'
            FROM verification_adoptions a JOIN verification_handoffs h ON h.id = a.handoff_id
           WHERE a.id = $1",
     )
     .bind(adoption_id)
     .fetch_optional(pool)
     .await?;
-    Ok(
-        row.and_then(|(handoff_id, commands, source_digest, declared)| {
+    Ok(row.and_then(
+        |(handoff_id, commands, source_digest, declared, checks_passed)| {
             Some(Adoption {
                 id: adoption_id,
                 handoff_id,
                 commands: serde_json::from_value(commands).ok()?,
                 source_digest,
                 declared: declared.into_iter().collect(),
+                checks_passed,
             })
-        }),
-    )
+        },
+    ))
 }
 
 /// How a verification ended, before the lease is given up.
@@ -85,8 +92,8 @@ enum Ending {
     },
 }
 
-/// Runs an adopted verification on its claimed ticket.
-/// Runs an adopted verification on its claimed ticket.
+/// Runs an adopted verification on its claimed ticket: its checks, or, once they
+/// passed, the round that finishes the run.
 pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
     let adoption = match job.claimed.action_id {
         Some(id) => load(&job.worker.pool, id).await?,
@@ -97,6 +104,9 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
         ending::finish(job, RequestEvent::Fail, Some(&message), None).await?;
         return Ok(JobOutcome::Failed(message));
     };
+    if adoption.checks_passed {
+        return round::finish(job, &adoption).await;
+    }
     let subject = job.claimed.subject();
     let tree = match ending::acquire_or_end(job, &subject).await? {
         Ok(tree) => tree,
@@ -121,8 +131,11 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
             job.worker.leases.release_in(&mut tx, job.lease()).await?;
             tx.commit().await?;
             job.worker.leases.clear_liveness(job.lease());
+            if passed {
+                crate::fault::point(crate::fault::AFTER_CHECKS_PASSED);
+            }
             Ok(if passed {
-                JobOutcome::Completed
+                JobOutcome::ChecksPassed
             } else {
                 JobOutcome::Failed(summary)
             })
@@ -169,13 +182,14 @@ fn release_for(job: &Job, ending: &Result<Ending, JobError>) -> Release {
         _ => false,
     };
     let drained = matches!(ending, Ok(Ending::Interrupted)) && job.cause() == Some(Reason::Drain);
-    let passed = matches!(ending, Ok(Ending::Completed { passed: true, .. }));
     if fenced {
         Release::Fenced
     } else if drained {
         Release::HandedOn
     } else {
-        Release::Ended { retire: passed }
+        // Passed or not, the lineage stays: a passed verification's round finishes on
+        // its head, and a failed one's run retires it as it fails.
+        Release::Ended { retire: false }
     }
 }
 

@@ -75,9 +75,14 @@ const PRIOR_SELECT: &str = "SELECT r.id, r.request_id, r.attempt, r.lease_epoch,
           WHERE j.request_id = r.request_id AND j.entry_kind = 'verification_completion'
             AND j.body->>'adoption_id' = replace(r.adoption_id::text, '-', '')
           ORDER BY j.id DESC LIMIT 1) AS accepted_by
-   FROM verification_results r JOIN verification_adoptions a ON a.id = r.adoption_id
+   FROM verification_results r
   WHERE r.command_digest = $1 AND r.agent = $2 AND r.repository IS NOT DISTINCT FROM $3
-    AND r.passed AND r.confined AND r.reusable AND r.reused_from IS NULL AND a.status = 'completed'";
+    AND r.passed AND r.confined AND r.reusable AND r.reused_from IS NULL
+    -- In a verification that completed: its completion receipt stands (whatever its
+    -- finishing round did later).
+    AND EXISTS (SELECT 1 FROM journal_entries j
+                 WHERE j.request_id = r.request_id AND j.entry_kind = 'verification_completion'
+                   AND j.body->>'adoption_id' = replace(r.adoption_id::text, '-', ''))";
 
 /// Decides, for each check, whether an earlier result can stand for it.
 pub(super) async fn plan<'a>(

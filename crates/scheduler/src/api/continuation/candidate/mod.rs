@@ -403,11 +403,11 @@ fn report_holds(
                     "the retained report was already accepted",
                 );
             }
-            report_digest = Some(digest::of(&json!({
-                "outcome": report.outcome,
-                "followup_kind": report.followup_kind,
-                "body": report.body,
-            })));
+            report_digest = Some(cairn_common::report::digest(
+                &report.outcome,
+                report.followup_kind.as_deref(),
+                &report.body,
+            ));
             retained_outcome = Some(RetainedOutcome {
                 outcome: report.outcome.clone(),
                 followup_kind: report.followup_kind.clone(),

@@ -1,0 +1,190 @@
+//! The fresh worker round that finishes a verified run: after the approved checks pass,
+//! a worker claims the same ticket again, runs nothing, proves the source unchanged
+//! (`retained_source`, empty `files_written`) and makes the terminal acceptance; a lost
+//! tree or a revoked operator holds the run for a person instead.
+
+use cairn_e2e::cluster::{Cluster, Settings};
+use cairn_e2e::handoff::{adopt, build_check, entries, id, verified_run, verify, Tree, LONG};
+use cairn_e2e::ServiceLock;
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const TREE: Tree = Tree {
+    source: "fn main() {}",
+    lock: "lock v1",
+    mode: "a",
+};
+
+#[tokio::test]
+async fn a_verified_run_is_finished_by_a_fresh_round_on_the_unchanged_source() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("finish", 1, Settings::default()).await;
+    let effects = cluster.path("effects");
+    let spec = verified_run(&TREE, json!([build_check(&effects)]));
+    let (run_id, adoption) = verify(&cluster, &spec, &id(1));
+    let run = cluster.run(&run_id);
+    assert_eq!(run["state"], "completed", "{run}\n{}", cluster.logs());
+    assert_eq!(adoption["status"], "completed", "{adoption}");
+    assert_eq!(adoption["handoff_state"], "passed");
+
+    let journal = cluster.journal(&run_id);
+    let rounds = entries(&journal, "finishing_round");
+    assert_eq!(rounds.len(), 1, "{journal}");
+    let usage = &rounds[0]["body"]["usage"];
+    assert_eq!(usage["files_written"], json!([]), "{usage}");
+    assert_eq!(usage["commands"], 0);
+    let proof = &usage["retained_source"];
+    assert!(proof["source_digest"].is_string(), "{proof}");
+    assert_eq!(proof["source_digest"], proof["verified_source_digest"]);
+    let completion = entries(&journal, "verification_completion");
+    assert_eq!(proof["completion_receipt"], completion[0]["id"]);
+    assert_eq!(proof["tree_digest"], completion[0]["body"]["tree_digest"]);
+
+    let acceptance = entries(&journal, "terminal_acceptance");
+    assert_eq!(acceptance.len(), 1, "{journal}");
+    let body = &acceptance[0]["body"];
+    let accepted = entries(&journal, "final_report_accepted");
+    assert_eq!(body["final_result_receipt"], accepted[0]["id"]);
+    assert_eq!(body["report_digest"], accepted[0]["body"]["report_digest"]);
+    assert_eq!(body["completion_receipt"], completion[0]["id"]);
+    assert_eq!(body["finishing_round"], rounds[0]["id"]);
+    assert_eq!(body["command_receipts"].as_array().map(Vec::len), Some(1));
+    assert_eq!(
+        run["usage"]["commands"], 3,
+        "two steps and one check: the round ran nothing"
+    );
+    assert_eq!(cluster.lines("effects"), ["built a"], "the check ran once");
+}
+
+/// Runs `spec` (submitted with `token`) up to its passed checks on a worker that kills
+/// itself right after letting the request go, so that no round has run yet. Returns
+/// the run's and request's ids.
+fn checks_passed_then_stopped(
+    cluster: &mut Cluster,
+    spec: &Value,
+    token: &str,
+) -> (String, String) {
+    let worker = cluster.workers.len();
+    cluster.add_faulty_worker(&format!("w{}", worker + 1), "after_checks_passed");
+    let response = cairn_e2e::request(cluster.api, "POST", "/api/v1/runs", Some(token), Some(spec))
+        .expect("submit");
+    assert_eq!(response.status, 201, "{}", response.body);
+    let created = response.json();
+    let run_id = created["run_id"].as_str().expect("run id").to_string();
+    let request_id = created["request_id"]
+        .as_str()
+        .expect("request id")
+        .to_string();
+    cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
+    adopt(cluster, &run_id, &id(worker as u32 + 1), &[]);
+    let exit = cluster.workers[worker].process.wait_exit(LONG);
+    assert!(exit.is_some(), "the worker stopped after the checks passed");
+    let journal = cluster.journal(&run_id);
+    assert_eq!(entries(&journal, "verification_completion").len(), 1);
+    assert!(entries(&journal, "finishing_round").is_empty(), "{journal}");
+    assert_eq!(cluster.run(&run_id)["state"], "queued", "the round waits");
+    (run_id, request_id)
+}
+
+/// The hold a held round recorded, by reason.
+fn held_reasons(cluster: &Cluster, run_id: &str) -> Vec<String> {
+    let journal = cluster.journal(run_id);
+    let held = entries(&journal, "finishing_round_held");
+    assert_eq!(held.len(), 1, "{journal}");
+    assert!(entries(&journal, "terminal_acceptance").is_empty());
+    held[0]["body"]["holds"]
+        .as_array()
+        .map(|holds| {
+            holds
+                .iter()
+                .filter_map(|h| h["reason"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_finishing_round_on_a_lost_tree_or_for_a_revoked_operator_is_held() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("finish-held", 0, Settings::default()).await;
+    let effects = cluster.path("effects");
+    let spec = verified_run(&TREE, json!([build_check(&effects)]));
+
+    // 1. The verified checkpoint is corrupted in the store before the round: the round
+    //    restores another tree, and holds.
+    let (run_id, request_id) =
+        checks_passed_then_stopped(&mut cluster, &spec, cairn_e2e::cluster::ADMIN);
+    let head: uuid::Uuid = sqlx::query_scalar(
+        "SELECT h.head_id FROM lineage_heads h JOIN runs r ON r.work_context_id = h.work_context_id
+          WHERE r.id = $1::uuid",
+    )
+    .bind(&run_id)
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("the verified head");
+    let manifest = cluster
+        .dir
+        .join("artifacts/manifests")
+        .join(format!("{}.zst", head.simple()));
+    std::fs::write(&manifest, b"garbage").expect("corrupt the manifest");
+    cluster.add_worker();
+    let run = cluster.wait_for_state(&run_id, &["needs_reconciliation", "completed"], LONG);
+    assert_eq!(run["state"], "needs_reconciliation", "{run}");
+    let reasons = held_reasons(&cluster, &run_id);
+    assert!(
+        reasons.contains(&"changed_source".to_string()),
+        "{reasons:?}"
+    );
+    let (reason, _) = cluster.stop_reason(&request_id).await;
+    assert!(
+        reason
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("finishing_round_held: "),
+        "{reason:?}"
+    );
+    assert_eq!(run["usage"]["commands"], 3, "nothing ran again");
+    let adoption = verification_status(&cluster, &run_id, 1);
+    assert_eq!(adoption["status"], "failed", "{adoption}");
+    assert_eq!(
+        adoption["handoff_state"], "passed",
+        "the checks' verdict stands"
+    );
+
+    // 2. The operator who submitted the run is revoked before the round. The worker
+    //    that held the first round goes first, so the next run meets the faulty one.
+    let last = cluster.workers.len() - 1;
+    cluster.workers[last]
+        .process
+        .signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(cluster.workers[last].process.wait_exit(LONG).is_some());
+    let (status, operator) = cluster.call(
+        "POST",
+        "/api/v1/tokens",
+        Some(&json!({"name": "finisher", "role": "operator"})),
+    );
+    assert_eq!(status, 201, "{operator}");
+    let token = operator["token"].as_str().expect("token").to_string();
+    let (run_id, _) = checks_passed_then_stopped(&mut cluster, &spec, &token);
+    let token_id = operator["token_id"].as_str().expect("token id");
+    let (status, revoked) =
+        cluster.call("POST", &format!("/api/v1/tokens/{token_id}/revoke"), None);
+    assert_eq!(status, 200, "{revoked}");
+    cluster.add_worker();
+    let run = cluster.wait_for_state(&run_id, &["needs_reconciliation", "completed"], LONG);
+    assert_eq!(run["state"], "needs_reconciliation", "{run}");
+    assert_eq!(held_reasons(&cluster, &run_id), ["revoked_access"]);
+    // A held run stays held: no other worker finishes it later.
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(cluster.run(&run_id)["state"], "needs_reconciliation");
+}
+
+fn verification_status(cluster: &Cluster, run_id: &str, n: u32) -> Value {
+    let path = format!(
+        "/api/v1/runs/{run_id}/verification-handoffs/adoptions/{}",
+        id(n)
+    );
+    let (status, adoption) = cluster.call("GET", &path, None);
+    assert_eq!(status, 200, "{adoption}");
+    adoption
+}
