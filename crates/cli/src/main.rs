@@ -18,6 +18,7 @@ use commands::continuation::{continuation, ContinuationCommand};
 use commands::credentials::{credentials, CredentialsCommand};
 use commands::migrate::migrate;
 use commands::policy::{policy, PolicyCommand};
+use commands::qualification::{qualification, QualificationCommand};
 use commands::reaper::{reaper, ReaperCommand};
 use commands::runs::{runs, RunsCommand};
 use commands::sandbox::{sandbox, SandboxCommand};
@@ -93,6 +94,9 @@ enum Command {
     /// Read or change the saved-work recovery policy.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// The source profiles continuations may run on: show, qualify, revoke.
+    #[command(subcommand)]
+    Qualification(QualificationCommand),
     /// Manage API tokens.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -184,6 +188,7 @@ async fn run(cli: Cli) -> Result<u8, CallError> {
         }
         Command::Verification(command) => verification::command(&client()?, command, json).await,
         Command::Policy(command) => policy(&client()?, command, json).await,
+        Command::Qualification(command) => qualification(&client()?, command, json).await,
         Command::Token(command) => tokens(&client()?, command, json).await,
         Command::Tenant(command) => tenants(&client()?, command, json).await,
         Command::Credentials(command) => credentials(&client()?, command, json).await,

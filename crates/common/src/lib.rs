@@ -15,6 +15,7 @@
 //! - [`handoff`]: verification handoffs, adoptions and check results.
 //! - [`text_enum`]: states stored as text, typed in Rust.
 //! - [`policy`]: the saved-work recovery policy.
+//! - [`qualification`]: source profiles: the implementations a continuation may run on.
 //! - [`tenant`]: tenants (projects).
 //! - [`token`]: API tokens (their hashes).
 //! - [`ids`]: the 32-lowercase-hex identifiers of runs, requests and actions.
@@ -56,6 +57,7 @@ pub mod network_policy;
 pub mod outbox;
 pub mod output;
 pub mod policy;
+pub mod qualification;
 pub mod queue;
 pub mod reaper_status;
 pub mod redis_conn;

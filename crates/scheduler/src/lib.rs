@@ -28,6 +28,24 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+/// What the scheduler records before it serves: the bootstrap admin token, and on an
+/// install's first start the source profile of the release it runs (after an upgrade
+/// that changes the profile, an admin qualifies the new one).
+async fn bootstrap(pool: &sqlx::PgPool, config: &Config) -> anyhow::Result<()> {
+    if let Some(token) = &config.bootstrap_admin_token {
+        api::auth::bootstrap_admin(pool, token.trim())
+            .await
+            .context("saving the bootstrap admin token")?;
+    }
+    if cairn_common::qualification::register_first(pool)
+        .await
+        .context("registering the source profile")?
+    {
+        tracing::info!(profile = %cairn_common::qualification::current(), "registered this release's source profile as qualified");
+    }
+    Ok(())
+}
+
 /// Connects to every service, serves HTTP on `config.listen` and relays the outbox until
 /// `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -39,11 +57,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .await
         .with_context(|| format!("binding {}", config.listen))?;
 
-    if let Some(token) = &config.bootstrap_admin_token {
-        api::auth::bootstrap_admin(&pool, token.trim())
-            .await
-            .context("saving the bootstrap admin token")?;
-    }
+    bootstrap(&pool, &config).await?;
 
     let mut registry = metrics::registry();
     let outbox_metrics = OutboxMetrics::register(&mut registry);

@@ -109,6 +109,38 @@ async fn cairnctl_drives_every_route() {
         "viewers cannot create tokens"
     );
 
+    // Source profiles: the install's own is qualified; an admin revokes and qualifies it.
+    let shown = ctl.ok(&viewer, &["--json", "qualification", "show"]).json();
+    assert_eq!(shown["current"]["status"], "qualified", "{shown}");
+    let profile = shown["current"]["profile_digest"]
+        .as_str()
+        .expect("profile")
+        .to_string();
+    let revoked = ctl
+        .ok(
+            BOOTSTRAP,
+            &[
+                "--json",
+                "qualification",
+                "revoke",
+                &profile,
+                "--note",
+                "test",
+            ],
+        )
+        .json();
+    assert_eq!(revoked["status"], "revoked", "{revoked}");
+    let text = ctl
+        .ok(BOOTSTRAP, &["qualification", "qualify", &profile])
+        .stdout;
+    assert!(text.contains("qualified"), "{text}");
+    assert_eq!(
+        ctl.run(&viewer, &["qualification", "revoke", &profile])
+            .code,
+        6,
+        "viewers cannot revoke a profile"
+    );
+
     // Runs.
     let spec = write(
         &work,

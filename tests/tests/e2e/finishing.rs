@@ -1,9 +1,9 @@
 //! The fresh worker round that finishes a verified run: after the approved checks pass,
 //! a worker claims the same ticket again, runs nothing, proves the source unchanged
 //! (`retained_source`, empty `files_written`) and makes the terminal acceptance; a lost
-//! tree or a revoked operator holds the run for a person instead.
+//! tree, a revoked operator or an unqualified runtime holds the run for a person instead.
 
-use cairn_e2e::cluster::{Cluster, Settings};
+use cairn_e2e::cluster::{Cluster, Settings, ADMIN};
 use cairn_e2e::handoff::{adopt, build_check, entries, id, verified_run, verify, Tree, LONG};
 use cairn_e2e::ServiceLock;
 use serde_json::{json, Value};
@@ -104,7 +104,8 @@ fn held_reasons(cluster: &Cluster, run_id: &str) -> Vec<String> {
 }
 
 #[tokio::test]
-async fn a_finishing_round_on_a_lost_tree_or_for_a_revoked_operator_is_held() {
+async fn a_finishing_round_on_a_lost_tree_for_a_revoked_operator_or_an_unqualified_runtime_is_held()
+{
     let _services = ServiceLock::shared().await;
     let mut cluster = Cluster::start("finish-held", 0, Settings::default()).await;
     let effects = cluster.path("effects");
@@ -112,8 +113,7 @@ async fn a_finishing_round_on_a_lost_tree_or_for_a_revoked_operator_is_held() {
 
     // 1. The verified checkpoint is corrupted in the store before the round: the round
     //    restores another tree, and holds.
-    let (run_id, request_id) =
-        checks_passed_then_stopped(&mut cluster, &spec, cairn_e2e::cluster::ADMIN);
+    let (run_id, request_id) = checks_passed_then_stopped(&mut cluster, &spec, ADMIN);
     let head: uuid::Uuid = sqlx::query_scalar(
         "SELECT h.head_id FROM lineage_heads h JOIN runs r ON r.work_context_id = h.work_context_id
           WHERE r.id = $1::uuid",
@@ -174,6 +174,29 @@ async fn a_finishing_round_on_a_lost_tree_or_for_a_revoked_operator_is_held() {
     let run = cluster.wait_for_state(&run_id, &["needs_reconciliation", "completed"], LONG);
     assert_eq!(run["state"], "needs_reconciliation", "{run}");
     assert_eq!(held_reasons(&cluster, &run_id), ["revoked_access"]);
+
+    // 3. The implementation's source profile is revoked before the round: the runtime
+    //    is no longer qualified.
+    let last = cluster.workers.len() - 1;
+    cluster.workers[last]
+        .process
+        .signal(nix::sys::signal::Signal::SIGTERM);
+    assert!(cluster.workers[last].process.wait_exit(LONG).is_some());
+    let (third, _) = checks_passed_then_stopped(&mut cluster, &spec, ADMIN);
+    let (_, view) = cluster.call("GET", "/api/v1/qualification", None);
+    let profile = view["current"]["profile_digest"].as_str().expect("profile");
+    let path = format!("/api/v1/qualification/profiles/{profile}");
+    let revoke = json!({"qualified": false, "note": "found wanting"});
+    let (status, revoked) = cluster.call("PUT", &path, Some(&revoke));
+    assert_eq!(status, 200, "{revoked}");
+    cluster.add_worker();
+    let held = cluster.wait_for_state(&third, &["needs_reconciliation", "completed"], LONG);
+    assert_eq!(held["state"], "needs_reconciliation", "{held}");
+    assert_eq!(
+        held_reasons(&cluster, &third),
+        ["incompatible_qualification"]
+    );
+
     // A held run stays held: no other worker finishes it later.
     std::thread::sleep(Duration::from_secs(1));
     assert_eq!(cluster.run(&run_id)["state"], "needs_reconciliation");

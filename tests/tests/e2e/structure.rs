@@ -530,6 +530,7 @@ const WRITERS: &[(&str, &str, &[&str])] = &[
     ("sandbox_operations", "crates/common/src/sandbox/", &[]),
     ("sandbox_idempotency", "crates/common/src/sandbox/", &[]),
     ("recovery_policy", "crates/common/src/policy.rs", &[]),
+    ("source_profiles", "crates/common/src/qualification.rs", &[]),
     ("network_policy", "crates/common/src/network_policy.rs", &[]),
     ("tenants", "crates/common/src/tenant.rs", &[]),
     ("api_tokens", "crates/common/src/token.rs", &[]),

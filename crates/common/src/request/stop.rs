@@ -9,8 +9,9 @@ use uuid::Uuid;
 
 /// Stops a request at its last checkpoint: the journal as it stands is retained
 /// (digest, next sequence, and the digest of the tree a continuation would go on from:
-/// the work context's head, which the request's own captures wrote), the lease is
-/// fenced out, and only a reviewed checkpoint continuation can take it further.
+/// the work context's head, which the request's own captures wrote; and the source
+/// profile it was retained under), the lease is fenced out, and only a reviewed
+/// checkpoint continuation can take it further.
 pub async fn stop_at_checkpoint(
     conn: &mut PgConnection,
     request_id: Uuid,
@@ -25,7 +26,8 @@ pub async fn stop_at_checkpoint(
                     'journal_digest', $2::text,
                     'source_digest', {source},
                     'receipts', (SELECT count(*) FROM journal_receipts WHERE request_id = $1),
-                    'stopped_at', now())
+                    'stopped_at', now(),
+                    'implementation_profile', $4::text)
           WHERE id = $1",
         source = crate::lineage::current_tree_sql(
             "(SELECT work_context_id FROM runs WHERE id = execution_requests.run_id)",
@@ -35,6 +37,7 @@ pub async fn stop_at_checkpoint(
     .bind(request_id)
     .bind(digest)
     .bind(crate::lineage::empty_tree_digest())
+    .bind(crate::qualification::current())
     .execute(&mut *conn)
     .await?;
     let event = RequestEvent::StopAtCheckpoint;

@@ -2,11 +2,11 @@
 
 use super::error::ApiError;
 use super::{
-    continuation, credentials, network_policy, openapi, pause, policy, reaper, runs, sandboxes,
-    session, tenancy, tenants, tokens, verification, workers, AppState,
+    continuation, credentials, network_policy, openapi, pause, policy, qualification, reaper, runs,
+    sandboxes, session, tenancy, tenants, tokens, verification, workers, AppState,
 };
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 
 async fn not_found() -> ApiError {
@@ -201,5 +201,10 @@ fn platform_routes() -> Router<AppState> {
         .route(
             "/api/v1/tenants/{tenant_id}/network-policy",
             get(network_policy::show).put(network_policy::set),
+        )
+        .route("/api/v1/qualification", get(qualification::show))
+        .route(
+            "/api/v1/qualification/profiles/{profile_digest}",
+            put(qualification::set),
         )
 }

@@ -479,3 +479,109 @@ async fn only_the_original_operator_as_admin_accepts_a_retained_report() {
         "admission does not accept the report; a worker does, once"
     );
 }
+
+/// A continuation needs a qualified, registered source profile: the install's first
+/// start registers its release's; revoking it holds every candidate until a platform
+/// admin qualifies it again, and only a platform admin may change it.
+#[tokio::test]
+async fn a_candidate_is_held_while_the_implementations_source_profile_is_not_qualified() {
+    let api = Api::new().await;
+    api.put_policy(
+        &api.admin,
+        json!({"enabled": true, "allow_checkpoint_continuation": true}),
+    )
+    .await;
+    let stopped = stop_at_checkpoint(&api, &api.operator).await;
+    let (_, ready) = stopped.candidate(&api, &api.viewer).await;
+    assert_eq!(ready["admission"], "READY", "{ready}");
+    let current = cairn_common::qualification::current();
+    assert_eq!(ready["source_profile"], current.as_str());
+    assert_eq!(
+        ready["checkpoint"]["implementation_profile"],
+        current.as_str()
+    );
+    let (status, view) = api.get("/api/v1/qualification", &api.viewer).await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    assert_eq!(view["current"]["profile_digest"], current.as_str());
+    assert_eq!(view["current"]["status"], "qualified");
+    assert_eq!(view["current"]["profile"]["journal"], 3);
+    assert_eq!(view["profiles"].as_array().map(Vec::len), Some(1));
+
+    // Only a platform admin changes it; bad input changes nothing.
+    let path = format!("/api/v1/qualification/profiles/{current}");
+    let revoke = json!({"qualified": false, "note": "a regression in restores"});
+    let (status, _) = api
+        .call("PUT", &path, Some(&api.operator), Some(revoke.clone()))
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let bad = [
+        (
+            "/api/v1/qualification/profiles/abc",
+            revoke.clone(),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            path.as_str(),
+            json!({"qualified": "false"}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            path.as_str(),
+            json!({"qualified": false, "extra": 1}),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            path.as_str(),
+            json!({"qualified": false, "note": "x".repeat(1001)}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+    ];
+    for (at, body, expected) in bad {
+        let (status, error) = api.call("PUT", at, Some(&api.admin), Some(body)).await;
+        assert_eq!(status, expected, "{at}: {error}");
+    }
+    let unknown = format!("/api/v1/qualification/profiles/{}", "0".repeat(64));
+    let (status, _) = api
+        .call("PUT", &unknown, Some(&api.admin), Some(revoke.clone()))
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "an unknown profile is not registered"
+    );
+    let (_, unchanged) = stopped.candidate(&api, &api.viewer).await;
+    assert_eq!(unchanged["candidate_digest"], ready["candidate_digest"]);
+
+    // Revoked: held, and an action quoting the ready digest is refused.
+    let (status, saved) = api.call("PUT", &path, Some(&api.admin), Some(revoke)).await;
+    assert_eq!(status, StatusCode::OK, "{saved}");
+    assert_eq!(
+        (saved["status"].as_str(), saved["revision"].as_i64()),
+        (Some("revoked"), Some(2))
+    );
+    let (_, held) = stopped.candidate(&api, &api.viewer).await;
+    assert_eq!(held["admission"], "HELD", "{held}");
+    assert_eq!(hold_reasons(&held), ["incompatible_qualification"]);
+    let ready_digest = ready["candidate_digest"].as_str().expect("digest");
+    let (status, error) = stopped
+        .act(&api, &new_action(), &api.admin, action_body(ready_digest))
+        .await;
+    assert_eq!(
+        (status, error_code(&error)),
+        (StatusCode::CONFLICT, "candidate_held")
+    );
+    assert_eq!(api.count("continuation_actions").await, 0);
+
+    // Qualified again: ready, with the same digest as before.
+    let qualify = json!({"qualified": true, "note": "restores fixed and re-run"});
+    let (status, saved) = api
+        .call("PUT", &path, Some(&api.admin), Some(qualify))
+        .await;
+    assert_eq!(
+        (status, saved["status"].as_str()),
+        (StatusCode::OK, Some("qualified"))
+    );
+    let (_, again) = stopped.candidate(&api, &api.viewer).await;
+    assert_eq!(again["admission"], "READY", "{again}");
+    assert_eq!(again["candidate_digest"], ready["candidate_digest"]);
+}

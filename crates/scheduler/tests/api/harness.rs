@@ -27,6 +27,10 @@ pub struct Api {
 impl Api {
     pub async fn new() -> Api {
         let db = TestDb::new().await;
+        // As the scheduler does on an install's first start.
+        cairn_common::qualification::register_first(&db.pool)
+            .await
+            .expect("the source profile");
         let app = api::router(AppState {
             pool: db.pool.clone(),
             metrics: Default::default(),

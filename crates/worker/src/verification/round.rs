@@ -5,9 +5,9 @@
 //! Its usage records an explicit `retained_source` proof and an empty `files_written`.
 //! Then the native terminal acceptance checks again, in one fenced transaction, the
 //! original final-result receipt, the passed command receipts, the run's current
-//! authority and the exact source; anything missing or changed holds the run for a
-//! person (`needs_reconciliation`, `finishing_round_held`) and never opens another
-//! coding attempt.
+//! authority, a qualified runtime (this worker's source profile) and the exact source;
+//! anything missing or changed holds the run for a person (`needs_reconciliation`,
+//! `finishing_round_held`) and never opens another coding attempt.
 
 use super::Adoption;
 use crate::custody::{Release, Subject, Tree};
@@ -19,6 +19,7 @@ use crate::scope;
 use cairn_common::handoff;
 use cairn_common::journal;
 use cairn_common::lineage;
+use cairn_common::qualification;
 use cairn_common::report;
 use cairn_common::request::limits::{self, Moment};
 use cairn_common::request::{self, AdoptionEvent, RequestEvent};
@@ -40,6 +41,8 @@ pub enum HoldReason {
     FailedChecks,
     /// The token that submitted the run was revoked.
     RevokedAccess,
+    /// This worker's implementation is not a qualified source profile.
+    IncompatibleQualification,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -70,6 +73,8 @@ pub struct Evidence {
     pub operator: Option<Uuid>,
     /// The work context's tree now.
     pub current_tree: Option<String>,
+    /// This worker's source profile is registered as qualified.
+    pub runtime_qualified: bool,
 }
 
 impl Evidence {
@@ -122,6 +127,12 @@ pub fn holds(
         add(
             HoldReason::RevokedAccess,
             "the token that submitted the run was revoked".into(),
+        );
+    }
+    if !e.runtime_qualified {
+        add(
+            HoldReason::IncompatibleQualification,
+            "this worker's implementation is not a qualified source profile".into(),
         );
     }
     match (verified_source, measured) {
@@ -386,7 +397,9 @@ async fn read_evidence(
                   AS passed_results,
                 COALESCE(t.id IS NOT NULL AND t.revoked_at IS NULL, FALSE) AS authority_current,
                 t.id AS operator,
-                {current} AS current_tree
+                {current} AS current_tree,
+                EXISTS (SELECT 1 FROM source_profiles p WHERE p.profile_digest = $5 AND p.status = 'qualified')
+                  AS runtime_qualified
            FROM execution_requests e JOIN runs r ON r.id = e.run_id
            LEFT JOIN final_reports f ON f.request_id = e.id
            LEFT JOIN api_tokens t ON t.id = r.operator_id
@@ -397,6 +410,7 @@ async fn read_evidence(
     .bind(adoption_id)
     .bind(lineage::empty_tree_digest())
     .bind(adoption_id.simple().to_string())
+    .bind(qualification::current())
     .fetch_one(conn)
     .await
 }

@@ -19,7 +19,7 @@ pub use action::{
 pub use candidate::{Candidate, ChargedUsage, Hold, HoldReason, Kind, Limits, RetainedOutcome};
 
 use action::{action_view, ActionInput};
-use candidate::{Facts, Report};
+use candidate::{Facts, Qualification, Report};
 
 use super::auth::{Caller, Role};
 use super::error::{ApiError, ErrorBody};
@@ -34,6 +34,7 @@ use cairn_common::digest;
 use cairn_common::journal;
 use cairn_common::lineage;
 use cairn_common::policy::{self, Policy, MAX_WINDOW_SECONDS};
+use cairn_common::qualification;
 use cairn_common::request::action::{self as saved, NewAction};
 use cairn_common::request::{self, RequestEvent};
 use cairn_common::run::JobMessage;
@@ -99,7 +100,32 @@ async fn facts(
         body,
         consumed,
     });
+    facts.qualification = qualification_of(conn, facts.checkpoint.as_ref()).await?;
     Ok(Some(facts))
+}
+
+/// The current implementation's profile and the checkpoint's, with whether each is
+/// registered as qualified.
+async fn qualification_of(
+    conn: &mut PgConnection,
+    checkpoint: Option<&serde_json::Value>,
+) -> Result<Qualification, sqlx::Error> {
+    let current = qualification::current();
+    let current_qualified = qualification::is_qualified(&mut *conn, &current).await?;
+    let retained = checkpoint
+        .and_then(|c| c.get("implementation_profile"))
+        .and_then(|p| p.as_str())
+        .map(str::to_string);
+    let retained_qualified = match &retained {
+        Some(p) => qualification::is_qualified(conn, p).await?,
+        None => false,
+    };
+    Ok(Qualification {
+        current,
+        current_qualified,
+        retained,
+        retained_qualified,
+    })
 }
 
 /// The current candidate of a request of this run.

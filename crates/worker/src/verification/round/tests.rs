@@ -16,6 +16,7 @@ fn evidence() -> Evidence {
         authority_current: true,
         operator: Some(Uuid::new_v4()),
         current_tree: Some("t".repeat(64)),
+        runtime_qualified: true,
     }
 }
 
@@ -122,5 +123,17 @@ fn a_revoked_operator_holds_it() {
     assert_eq!(
         reasons(&revoked, SOURCE, SOURCE),
         [HoldReason::RevokedAccess]
+    );
+}
+
+#[test]
+fn an_unqualified_runtime_holds_it() {
+    let unqualified = Evidence {
+        runtime_qualified: false,
+        ..evidence()
+    };
+    assert_eq!(
+        reasons(&unqualified, SOURCE, SOURCE),
+        [HoldReason::IncompatibleQualification]
     );
 }

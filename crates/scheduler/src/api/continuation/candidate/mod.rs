@@ -68,6 +68,9 @@ pub enum HoldReason {
     /// credential rotation): a continuation would start without the work its receipts
     /// describe.
     CheckpointReclaimed,
+    /// The current implementation's source profile is not registered as qualified, or
+    /// the checkpoint was retained under one that is not.
+    IncompatibleQualification,
 }
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
@@ -127,6 +130,9 @@ pub struct Candidate {
     /// `claim_only` for final-outcome continuations: the window is for claiming.
     pub admission_window_purpose: Option<String>,
     pub policy_revision: i64,
+    /// The digest of the current implementation's source profile
+    /// (`GET /api/v1/qualification`).
+    pub source_profile: String,
 }
 
 /// What the candidate is computed from: the request as read (locked, when admitting),
@@ -167,6 +173,19 @@ pub struct Facts {
     /// The retained final report, if any.
     #[sqlx(skip)]
     pub report: Option<Report>,
+    #[sqlx(skip)]
+    pub qualification: Qualification,
+}
+
+/// The source profiles a candidate stands on: the current implementation's, and the
+/// one its checkpoint was retained under.
+#[derive(Debug, Clone, Default)]
+pub struct Qualification {
+    pub current: String,
+    pub current_qualified: bool,
+    /// The checkpoint's profile, when it records one.
+    pub retained: Option<String>,
+    pub retained_qualified: bool,
 }
 
 /// A retained final report as a candidate sees it.
@@ -192,6 +211,7 @@ pub fn evaluate(
     let f = facts;
     let mut holds = Holds::default();
     let allowed = general_holds(kind, &f, policy, now, &mut holds);
+    qualification_holds(kind, &f, &mut holds);
     let (retained_outcome, report_digest) = match kind {
         Kind::Checkpoint => {
             checkpoint_holds(&f, &mut holds);
@@ -217,6 +237,7 @@ pub fn evaluate(
         "report_digest": report_digest,
         "operator": f.operator_id,
         "policy": [policy.revision, allowed, window],
+        "source_profile": f.qualification.current,
     });
     Candidate {
         kind: format!("{}_candidate", kind.name()),
@@ -243,6 +264,7 @@ pub fn evaluate(
         retained_outcome,
         admission_window_purpose: (kind == Kind::FinalOutcome).then(|| "claim_only".to_string()),
         policy_revision: policy.revision,
+        source_profile: f.qualification.current,
     }
 }
 
@@ -309,6 +331,38 @@ fn general_holds(
         );
     }
     allowed
+}
+
+/// The qualification holds: the current implementation's profile must be registered as
+/// qualified, and a checkpoint must have been retained under a qualified profile.
+fn qualification_holds(kind: Kind, f: &Facts, holds: &mut Holds) {
+    let q = &f.qualification;
+    if !q.current_qualified {
+        holds.add(
+            HoldReason::IncompatibleQualification,
+            &format!(
+                "this implementation's source profile {}… is not registered as qualified",
+                short(&q.current)
+            ),
+        );
+    }
+    if kind != Kind::Checkpoint || f.checkpoint.is_none() {
+        return;
+    }
+    match q.retained.as_deref() {
+        None => holds.add(
+            HoldReason::IncompatibleQualification,
+            "the checkpoint records no source profile",
+        ),
+        Some(retained) if retained != q.current && !q.retained_qualified => holds.add(
+            HoldReason::IncompatibleQualification,
+            &format!(
+                "the checkpoint was retained under source profile {}…, which is not qualified",
+                short(retained)
+            ),
+        ),
+        Some(_) => {}
+    }
 }
 
 /// A checkpoint continuation's holds: the request stopped at a checkpoint that is

@@ -41,6 +41,12 @@ fn stopped() -> Facts {
         unknown_effects: vec![],
         journal_digest: "j".into(),
         report: None,
+        qualification: Qualification {
+            current: "p".repeat(64),
+            current_qualified: true,
+            retained: Some("p".repeat(64)),
+            retained_qualified: true,
+        },
     }
 }
 
@@ -338,5 +344,66 @@ fn the_digest_binds_every_fact_and_nothing_else() {
     assert_eq!(
         evaluate(Kind::Checkpoint, stopped(), &narrower, OPERATOR, now).maximum_window_seconds,
         60
+    );
+}
+
+#[test]
+fn an_unqualified_implementation_or_checkpoint_profile_holds_it() {
+    let q = stopped().qualification;
+    let unregistered = Facts {
+        qualification: Qualification {
+            current_qualified: false,
+            ..q.clone()
+        },
+        ..stopped()
+    };
+    assert_eq!(
+        reasons(&checkpoint(unregistered.clone(), true)),
+        [HoldReason::IncompatibleQualification]
+    );
+    let report = evaluate(
+        Kind::FinalOutcome,
+        Facts {
+            qualification: unregistered.qualification,
+            ..awaiting_acceptance()
+        },
+        &policy(true),
+        OPERATOR,
+        Utc::now(),
+    );
+    assert_eq!(reasons(&report), [HoldReason::IncompatibleQualification]);
+
+    // A checkpoint of another profile: held unless that one is qualified too.
+    let older = Qualification {
+        retained: Some("o".repeat(64)),
+        retained_qualified: false,
+        ..q.clone()
+    };
+    let held = Facts {
+        qualification: older.clone(),
+        ..stopped()
+    };
+    assert_eq!(
+        reasons(&checkpoint(held, true)),
+        [HoldReason::IncompatibleQualification]
+    );
+    let qualified = Facts {
+        qualification: Qualification {
+            retained_qualified: true,
+            ..older
+        },
+        ..stopped()
+    };
+    assert_eq!(reasons(&checkpoint(qualified, true)), []);
+    let unrecorded = Facts {
+        qualification: Qualification {
+            retained: None,
+            ..q
+        },
+        ..stopped()
+    };
+    assert_eq!(
+        reasons(&checkpoint(unrecorded, true)),
+        [HoldReason::IncompatibleQualification]
     );
 }
