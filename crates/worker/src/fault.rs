@@ -15,6 +15,9 @@ pub const AFTER_INTENT: &str = "after_intent";
 /// A point after an adoption committed and before anything was captured.
 pub const AFTER_ADOPT: &str = "after_adopt";
 
+/// A point after every step's receipt (and the retained final report) committed, before
+/// the completion's transaction: the worker dies having answered, unaccepted.
+pub const BEFORE_COMPLETION: &str = "before_completion";
 /// A point after a verification's checks passed and its worker let the request go,
 /// before any worker's finishing round.
 pub const AFTER_CHECKS_PASSED: &str = "after_checks_passed";

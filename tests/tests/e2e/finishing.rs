@@ -56,6 +56,124 @@ async fn a_verified_run_is_finished_by_a_fresh_round_on_the_unchanged_source() {
     assert_eq!(cluster.lines("effects"), ["built a"], "the check ran once");
 }
 
+/// The journey of a run through seed 003, as a reader follows it: the worker answers and
+/// loses its lease before accepting its own report; the operator accepts the saved
+/// result once; the report asks for verification; an administrator approves two checks,
+/// declared reusable; they pass; a fresh round finishes on the unchanged source. A
+/// consumed response offered again is held, and nothing is charged twice.
+#[tokio::test]
+async fn the_journey_from_a_lost_lease_to_a_finished_run() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("journey", 0, Settings::default()).await;
+    let effects = cluster.path("effects");
+    let test_check = json!({
+        "argv": ["sh", "-c", format!("test -f Cargo.lock && echo \"tested $MODE\" >> {effects} && echo ok")],
+        "purpose": "test",
+        "env": "__ENV__"
+    });
+    let spec = verified_run(&TREE, json!([build_check(&effects), test_check]));
+
+    // 1. The worker writes its tree and its final report, then dies before accepting it.
+    cluster.add_faulty_worker("w1", "before_completion");
+    let (run_id, request_id) = cluster.submit(&spec);
+    let run = cluster.wait_for_state(&run_id, &["needs_reconciliation"], LONG);
+    assert!(cluster.workers[0].process.wait_exit(LONG).is_some());
+    let (reason, _) = cluster.stop_reason(&request_id).await;
+    assert_eq!(reason.as_deref(), Some("final_report_unaccepted"), "{run}");
+    assert_eq!(run["usage"]["commands"], 2, "{run}");
+
+    // 2. The operator reviews the saved result and accepts it, once.
+    let (status, _) = cluster.call(
+        "PUT",
+        "/api/v1/invalid-read-continuity/policy",
+        Some(&json!({"enabled": true, "allow_final_outcome_continuation": true})),
+    );
+    assert_eq!(status, 200);
+    let base = format!("/api/v1/runs/{run_id}/final-outcome-continuations/requests/{request_id}");
+    let (_, candidate) = cluster.call("GET", &format!("{base}/candidate"), None);
+    assert_eq!(candidate["admission"], "READY", "{candidate}");
+    assert_eq!(candidate["retained_outcome"]["outcome"], "complete");
+    assert_eq!(
+        candidate["retained_outcome"]["followup_kind"],
+        "verification"
+    );
+    let body = json!({
+        "version": 1, "candidate_digest": candidate["candidate_digest"], "valid_for_seconds": 60,
+        "acknowledge_already_consumed_final_output": true, "acknowledge_no_completed_effect_replay": true,
+        "acknowledge_same_request_attempt_and_budgets": true, "acknowledge_finite_ownership_lease": true
+    });
+    let action = id(100);
+    let (status, receipt) = cluster.call("POST", &format!("{base}/actions/{action}"), Some(&body));
+    assert_eq!(status, 201, "{receipt}");
+    cluster.add_worker();
+    cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
+    let (_, read) = cluster.call("GET", &format!("{base}/status"), None);
+    assert_eq!(
+        (read["status"].as_str(), read["action_id"].as_str()),
+        (Some("completed"), Some(action.as_str()))
+    );
+    // The consumed response, offered again: held, and a repeat of the action reads the
+    // same receipt instead of admitting anything.
+    let (_, again) = cluster.call("GET", &format!("{base}/candidate"), None);
+    assert_eq!(again["admission"], "HELD", "{again}");
+    assert!(held_by(&again, "already_consumed"), "{again}");
+    let (status, repeat) = cluster.call("POST", &format!("{base}/actions/{action}"), Some(&body));
+    assert_eq!(
+        (status, &repeat["action_id"]),
+        (201, &json!(action)),
+        "{repeat}"
+    );
+
+    // 3. An administrator approves the frozen checks, both declared reusable.
+    adopt(&cluster, &run_id, &id(101), &[0, 1]);
+    let run = cluster.wait_for_state(
+        &run_id,
+        &["completed", "failed", "needs_reconciliation"],
+        LONG,
+    );
+    assert_eq!(run["state"], "completed", "{run}\n{}", cluster.logs());
+
+    // 4. The checks ran once each; the fresh round ran nothing and proved the source.
+    assert_eq!(cluster.lines("effects"), ["built a", "tested a"]);
+    assert_eq!(
+        run["usage"]["commands"], 4,
+        "two steps and two checks, each charged once"
+    );
+    let journal = cluster.journal(&run_id);
+    let accepted = entries(&journal, "final_report_accepted");
+    assert_eq!(accepted.len(), 1, "accepted once: {journal}");
+    let round = entries(&journal, "finishing_round");
+    assert_eq!(round.len(), 1, "{journal}");
+    assert_eq!(round[0]["body"]["usage"]["files_written"], json!([]));
+    let proof = &round[0]["body"]["usage"]["retained_source"];
+    assert_eq!(proof["source_digest"], proof["verified_source_digest"]);
+    let acceptance = entries(&journal, "terminal_acceptance");
+    assert_eq!(
+        acceptance[0]["body"]["final_result_receipt"],
+        accepted[0]["id"]
+    );
+    assert_eq!(
+        acceptance[0]["body"]["command_receipts"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+    let consumed: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM report_consumptions WHERE request_id = $1::uuid")
+            .bind(&request_id)
+            .fetch_one(&cluster.pool)
+            .await
+            .expect("count");
+    assert_eq!(consumed, 1, "the response was consumed once");
+    assert_eq!(run["attempt"], 1, "no new attempt");
+}
+
+fn held_by(candidate: &Value, reason: &str) -> bool {
+    candidate["holds"]
+        .as_array()
+        .is_some_and(|holds| holds.iter().any(|h| h["reason"] == reason))
+}
+
 /// Runs `spec` (submitted with `token`) up to its passed checks on a worker that kills
 /// itself right after letting the request go, so that no round has run yet. Returns
 /// the run's and request's ids.

@@ -129,6 +129,7 @@ pub fn release_at(breach: &Breach) -> Release {
 }
 
 async fn complete_with(job: &Job, tree: Option<(&Subject, &Tree)>) -> Result<Completion, JobError> {
+    fault::point(fault::BEFORE_COMPLETION);
     let write = || complete_once(job, tree);
     let landed = || async { Ok(durable::ended(job).await?.map(Completion::ReadBack)) };
     durable::until_landed(job, "completion", write, landed).await
