@@ -705,3 +705,71 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A failed step's tree is kept for inspection: a retired `inspection` snapshot, named in
+/// the journal, never in the lineage (nothing continues from it), that a sandbox can
+/// start from to show what the step left.
+#[tokio::test]
+async fn a_failed_steps_tree_is_kept_for_inspection_and_opens_in_a_sandbox() {
+    use cairn_e2e::sandboxes::{create, exec, wait_state};
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("inspection", 1, Settings::default()).await;
+    let steps = vec![
+        step("prepare", "echo prepared > ready.txt", false),
+        step("break", "echo 'half done' > notes.txt; exit 3", false),
+    ];
+    let (run_id, _) = cluster.submit(&spec(steps, 1));
+    let run = cluster.wait_for_state(&run_id, &["failed", "completed"], LONG);
+    assert_eq!(run["state"], "failed", "{run}");
+
+    let journal = cluster.journal(&run_id);
+    let kept: Vec<&Value> = journal["entries"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["entry_kind"] == "inspection_snapshot")
+        .collect();
+    assert_eq!(kept.len(), 1, "{journal}");
+    assert_eq!(kept[0]["body"]["step_key"], "break");
+    let snapshot = kept[0]["body"]["snapshot_id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let row: (String, String, String, Option<String>, bool) = sqlx::query_as(
+        "SELECT kind, status, retention, retire_reason, retired_at IS NOT NULL
+           FROM project_snapshots WHERE id = $1::uuid",
+    )
+    .bind(&snapshot)
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("the inspection snapshot");
+    assert_eq!(
+        row,
+        (
+            "inspection".into(),
+            "ready".into(),
+            "retired".into(),
+            Some("inspection".into()),
+            true
+        ),
+        "retired as it was made: its bytes go by the reclaim rule"
+    );
+    let in_lineage: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM lineage_heads WHERE head_id = $1::uuid)
+             OR EXISTS (SELECT 1 FROM project_snapshots WHERE id = $1::uuid AND sequence IS NOT NULL)",
+    )
+    .bind(&snapshot)
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("lineage");
+    assert!(!in_lineage, "no continuation can adopt it");
+
+    let sandbox = create(
+        &cluster,
+        json!({"agent": "coder", "source": format!("snapshot:{snapshot}"), "persistent": false}),
+    );
+    wait_state(&cluster, &sandbox, "running");
+    let (status, seen) = exec(&cluster, &sandbox, "cat ready.txt notes.txt");
+    assert_eq!(status, 200, "{seen}");
+    assert_eq!(seen["result"]["stdout"], "prepared\nhalf done\n", "{seen}");
+}

@@ -331,6 +331,12 @@ pub async fn current_tree(
         .await
 }
 
+/// Whether the snapshot `p` still stands as a source a new sandbox may start from: a
+/// current one, or a failed step's tree kept for inspection (retired as it was made,
+/// readable until its bytes are reclaimed).
+pub const RESTORABLE_SOURCE: &str =
+    "(p.retention = 'current' OR (p.kind = 'inspection' AND p.retention = 'retired'))";
+
 /// The current head of a work context: `(snapshot id, sequence)`, unless retired.
 pub async fn head(
     conn: &mut PgConnection,

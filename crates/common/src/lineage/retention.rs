@@ -42,6 +42,19 @@ pub async fn retire(
     Ok(done.rows_affected())
 }
 
+/// A failed step's tree, just captured, is kept for inspection only: retired now (by the
+/// database's clock), so nothing continues from it and its bytes go by the reclaim rule.
+pub async fn kept_for_inspection(conn: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE project_snapshots SET retention = 'retired', retired_at = now(), retire_reason = 'inspection'
+          WHERE id = $1 AND kind = 'inspection' AND retention = 'current'",
+    )
+    .bind(id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// The snapshots' bytes are deleted from their store: their pack and chunk records go
 /// and they are `deleted`, `reclaimed`. Returns how many were.
 pub async fn reclaimed(conn: &mut PgConnection, ids: &[Uuid]) -> Result<u64, sqlx::Error> {

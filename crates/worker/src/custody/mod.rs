@@ -17,11 +17,13 @@
 //! lease, then the attempt ends with no receipt (the tree stays held).
 //!
 //! **Capture-before-release** ([`release`]): a tree holding uncaptured work stays, held,
-//! for a successor of the same task; a hold moves with an adopted tree.
+//! for a successor of the same task; a hold moves with an adopted tree. A failed step's
+//! tree is kept for inspection only ([`inspection`]).
 
 mod acquire;
 mod checkpoint;
 mod commit;
+mod inspection;
 mod release;
 
 pub(crate) use acquire::Restore;

@@ -154,13 +154,16 @@ async fn durable_trees(
     .fetch_optional(&mut *conn)
     .await?;
     let source: Option<(Uuid, String, String)> = match row.source_snapshot_id {
-        Some(id) => sqlx::query_as(
-            "SELECT id, store_url, CASE WHEN retention <> 'current' THEN 'deleted' ELSE status END
-                   FROM project_snapshots WHERE id = $1",
-        )
-        .bind(id)
-        .fetch_optional(&mut *conn)
-        .await?,
+        Some(id) => {
+            sqlx::query_as(&format!(
+                "SELECT p.id, p.store_url, CASE WHEN {kept} THEN p.status ELSE 'deleted' END
+                   FROM project_snapshots p WHERE p.id = $1",
+                kept = cairn_common::lineage::RESTORABLE_SOURCE,
+            ))
+            .bind(id)
+            .fetch_optional(&mut *conn)
+            .await?
+        }
         None => None,
     };
     Ok((head, stop, source))

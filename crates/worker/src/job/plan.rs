@@ -4,7 +4,7 @@
 
 use super::handle::{Job, JobOutcome};
 use super::{durable, ending};
-use crate::custody::{Commit, CustodyError, Release, Subject, Tree};
+use crate::custody::{Checkpoint, Commit, CustodyError, Release, Subject, Tree};
 use crate::error::JobError;
 use crate::isolation::{self, Live};
 use crate::keeper::Reason;
@@ -329,6 +329,25 @@ fn receipt<'a>(
     }
 }
 
+/// Keeps a failed step's tree for inspection, if it can: the run fails either way.
+async fn keep_for_inspection(job: &Job, subject: &Subject, tree: &mut Tree, step: &str) {
+    let custody = &job.worker.custody;
+    match custody
+        .keep_for_inspection(job.lease(), subject, tree, step)
+        .await
+    {
+        Ok(Checkpoint::Stands(id)) => {
+            tracing::info!(step, snapshot_id = %id.simple(), "the failed step's tree is kept for inspection")
+        }
+        Ok(Checkpoint::Failed(reason)) => {
+            tracing::warn!(step, %reason, "the failed step's tree could not be kept for inspection")
+        }
+        Err(e) => {
+            tracing::warn!(step, error = %e, "the failed step's tree could not be kept for inspection")
+        }
+    }
+}
+
 /// Journals how a step that ran ended: stopped (cancelled: its receipt keeps the output
 /// so far), failed, or succeeded (its receipt, and the final report after the last
 /// step, committed with the checkpoint of its effects).
@@ -365,8 +384,10 @@ async fn record_outcome(
     }
     tracing::info!(step = %step.key, result = %outcome.describe(), wall_ms = outcome.wall_ms, "step ended");
     if !outcome.succeeded() {
-        // The request fails here: nothing continues from this tree.
+        // The request fails here: nothing continues from this tree, but an operator may
+        // look at what the step left.
         ending::write_receipt(job, &receipt(job, tree, step, &journaled)).await?;
+        keep_for_inspection(job, subject, tree, &step.key).await;
         let message = format!("step {} {}", step.key, outcome.describe());
         return Ok(Some(Ending::Fail(message)));
     }

@@ -110,19 +110,24 @@ fn to_i32(value: Option<u32>) -> i32 {
     i32::try_from(value.unwrap_or_default()).unwrap_or(i32::MAX)
 }
 
-/// A snapshot a new sandbox of `tenant` may start from: a sandbox's of the same tenant
-/// (another tenant's is as unknown as no snapshot: nothing scrubs a snapshot for
-/// sharing yet), and `ready`. A quarantined one is never restored.
+/// A snapshot a new sandbox of `tenant` may start from: a sandbox's, or a failed step's
+/// tree kept for inspection, of the same tenant (another tenant's is as unknown as no
+/// snapshot: nothing scrubs a snapshot for sharing yet), and `ready` (an inspection
+/// snapshot until its bytes are reclaimed). A quarantined one is never restored.
 pub async fn restorable(
     conn: &mut PgConnection,
     snapshot: Uuid,
     tenant: &str,
 ) -> Result<(), ApiError> {
-    let status: Option<String> = sqlx::query_scalar(
-        "SELECT CASE WHEN p.retention <> 'current' THEN 'deleted' ELSE p.status END
-           FROM project_snapshots p JOIN sandboxes s ON s.id = p.sandbox_id
-          WHERE p.id = $1 AND s.tenant_id = $2",
-    )
+    let status: Option<String> = sqlx::query_scalar(&format!(
+        "SELECT CASE WHEN {kept} THEN p.status ELSE 'deleted' END
+           FROM project_snapshots p
+           LEFT JOIN sandboxes s ON s.id = p.sandbox_id
+           LEFT JOIN execution_requests e ON e.id = p.request_id AND p.kind = 'inspection'
+           LEFT JOIN runs r ON r.id = e.run_id
+          WHERE p.id = $1 AND COALESCE(s.tenant_id, r.tenant_id) = $2",
+        kept = cairn_common::lineage::RESTORABLE_SOURCE,
+    ))
     .bind(snapshot)
     .bind(tenant)
     .fetch_optional(conn)
