@@ -117,6 +117,10 @@ async fn the_journey_from_a_lost_lease_to_a_finished_run() {
     let (_, again) = cluster.call("GET", &format!("{base}/candidate"), None);
     assert_eq!(again["admission"], "HELD", "{again}");
     assert!(held_by(&again, "already_consumed"), "{again}");
+    assert!(
+        held_by(&again, "not_recoverable"),
+        "awaiting verification: {again}"
+    );
     let (status, repeat) = cluster.call("POST", &format!("{base}/actions/{action}"), Some(&body));
     assert_eq!(
         (status, &repeat["action_id"]),

@@ -585,3 +585,28 @@ async fn a_candidate_is_held_while_the_implementations_source_profile_is_not_qua
     assert_eq!(again["admission"], "READY", "{again}");
     assert_eq!(again["candidate_digest"], ready["candidate_digest"]);
 }
+
+/// A request that is not where a kind continues from holds with `not_recoverable`: a
+/// queued run has no checkpoint to continue and no report awaiting acceptance.
+#[tokio::test]
+async fn a_request_that_has_not_stopped_is_not_recoverable() {
+    let api = Api::new().await;
+    api.put_policy(
+        &api.admin,
+        json!({"enabled": true, "allow_checkpoint_continuation": true, "allow_final_outcome_continuation": true}),
+    )
+    .await;
+    let run_id = api.submit(&api.operator).await;
+    let (run_id, request_id) = api.request_of(&run_id).await;
+    let (run, request) = (run_id.simple(), request_id.simple());
+    for kind in ["checkpoint-continuations", "final-outcome-continuations"] {
+        let path = format!("/api/v1/runs/{run}/{kind}/requests/{request}/candidate");
+        let (status, held) = api.get(&path, &api.admin).await;
+        assert_eq!(status, StatusCode::OK, "{held}");
+        assert_eq!(held["admission"], "HELD", "{kind}: {held}");
+        assert!(
+            hold_reasons(&held).contains(&"not_recoverable".to_string()),
+            "{kind}: {held}"
+        );
+    }
+}
