@@ -172,6 +172,161 @@ async fn the_journey_from_a_lost_lease_to_a_finished_run() {
     assert_eq!(run["attempt"], 1, "no new attempt");
 }
 
+/// `cairnctl` with `args` against the cluster, in `state` (its saved actions); its
+/// stdout, after checking it succeeded.
+fn ctl(cluster: &Cluster, state: &std::path::Path, args: &[&str]) -> String {
+    let out = cluster
+        .cairnctl()
+        .env("CAIRN_STATE_DIR", state)
+        .args(args)
+        .output()
+        .expect("cairnctl");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "cairnctl {args:?}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn ctl_json(cluster: &Cluster, state: &std::path::Path, args: &[&str]) -> Value {
+    let mut all = vec!["--json"];
+    all.extend_from_slice(args);
+    serde_json::from_str(&ctl(cluster, state, &all)).expect("JSON")
+}
+
+/// The same journey as `docs/CONCEPTS.md`'s tour walks it, with `cairnctl` only.
+#[tokio::test]
+async fn the_journey_with_cairnctl() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("journey-ctl", 0, Settings::default()).await;
+    let effects = cluster.path("effects");
+    let state = cluster.dir.join("actions");
+    let spec = verified_run(&TREE, json!([build_check(&effects)]));
+    let run_file = cluster.dir.join("run.json");
+    std::fs::write(&run_file, spec.to_string()).expect("run file");
+    cluster.add_faulty_worker("w1", "before_completion");
+
+    let run = ctl_json(
+        &cluster,
+        &state,
+        &["runs", "submit", run_file.to_str().expect("path")],
+    );
+    let run_id = run["run_id"].as_str().expect("run").to_string();
+    let request = run["request_id"].as_str().expect("request").to_string();
+    cluster.wait_for_state(&run_id, &["needs_reconciliation"], LONG);
+    let shown = ctl(&cluster, &state, &["runs", "show", &run_id]);
+    assert!(shown.contains("final_report_unaccepted"), "{shown}");
+    ctl(
+        &cluster,
+        &state,
+        &[
+            "policy",
+            "set",
+            "--enabled",
+            "true",
+            "--allow-final-outcome-continuation",
+            "true",
+        ],
+    );
+    let candidate = ctl_json(
+        &cluster,
+        &state,
+        &[
+            "final-outcome-continuations",
+            "candidate",
+            &run_id,
+            &request,
+        ],
+    );
+    assert_eq!(candidate["admission"], "READY", "{candidate}");
+    let body = cluster.dir.join("accept.json");
+    let document = json!({
+        "version": 1, "candidate_digest": candidate["candidate_digest"], "valid_for_seconds": 300,
+        "acknowledge_already_consumed_final_output": true, "acknowledge_no_completed_effect_replay": true,
+        "acknowledge_same_request_attempt_and_budgets": true, "acknowledge_finite_ownership_lease": true
+    });
+    std::fs::write(&body, document.to_string()).expect("body");
+    let action = ctl(&cluster, &state, &["new-id"]).trim().to_string();
+    let path = body.to_str().expect("path");
+    ctl(
+        &cluster,
+        &state,
+        &[
+            "final-outcome-continuations",
+            "request",
+            &run_id,
+            &request,
+            &action,
+            path,
+        ],
+    );
+    cluster.add_worker();
+    cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
+    let status = ctl_json(
+        &cluster,
+        &state,
+        &["final-outcome-continuations", "status", &run_id, &request],
+    );
+    assert_eq!(status["status"], "completed", "{status}");
+
+    let template = ctl(
+        &cluster,
+        &state,
+        &[
+            "verification",
+            "candidates",
+            &run_id,
+            "--agent",
+            "e2e",
+            "--template",
+            "--reuse",
+            "1",
+        ],
+    );
+    let adoption_file = cluster.dir.join("adoption.json");
+    std::fs::write(&adoption_file, &template).expect("adoption");
+    let adoption: Value = serde_json::from_str(&template).expect("template");
+    let adoption_id = adoption["request_id"].as_str().expect("id").to_string();
+    ctl(
+        &cluster,
+        &state,
+        &[
+            "verification",
+            "adopt",
+            &run_id,
+            adoption_file.to_str().expect("path"),
+        ],
+    );
+    let ended = cluster.wait_for_state(
+        &run_id,
+        &["completed", "failed", "needs_reconciliation"],
+        LONG,
+    );
+    assert_eq!(ended["state"], "completed", "{ended}");
+    let verified = ctl_json(
+        &cluster,
+        &state,
+        &["verification", "status", &run_id, &adoption_id],
+    );
+    assert_eq!(
+        (
+            verified["status"].as_str(),
+            verified["handoff_state"].as_str()
+        ),
+        (Some("completed"), Some("passed")),
+        "{verified}"
+    );
+    let journal = ctl_json(&cluster, &state, &["runs", "journal", &run_id]);
+    assert_eq!(entries(&journal, "finishing_round").len(), 1, "{journal}");
+    assert_eq!(
+        entries(&journal, "terminal_acceptance").len(),
+        1,
+        "{journal}"
+    );
+}
+
 fn held_by(candidate: &Value, reason: &str) -> bool {
     candidate["holds"]
         .as_array()
