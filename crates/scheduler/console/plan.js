@@ -1,8 +1,10 @@
 // The Plan tab: Saved continuation (a checkpoint continuation) and Saved agent result
 // (a final-outcome continuation), each the seed's flow: check, review, acknowledge,
-// submit once with the decision saved first, and read the saved action back.
+// submit once with the decision saved first, and read the saved action back; then the
+// journal's records.
 
 import { api, can, errorText, facts, forgetDecision, h, markDecision, newId, notice, savedDecision, say, seconds, stateBadge, when } from "./core.js";
+import { records } from "./records.js";
 import { submitOnce } from "./submit.js";
 
 const SHARED_ACKS = [
@@ -48,7 +50,8 @@ export function planTab(runId) {
     root.replaceChildren(
       h("p", { class: "muted" }, "Candidate checks start no work. An admitted action queues the existing ticket; later worker receipts say what ran."),
       flow(FLOWS.checkpoint, "checkpoint", run),
-      flow(FLOWS.final, "final", run));
+      flow(FLOWS.final, "final", run),
+      records(run.run_id));
   }).catch((e) => root.replaceChildren(h("p", { class: "notice error", role: "status" }, e.status === 404 ? "No such run." : errorText(e))));
   return root;
 }

@@ -496,6 +496,18 @@ async fn verification_is_approved_in_the_console_and_reuse_is_labelled() {
     browser
         .wait_text("main", "Verification approval recorded: completed")
         .await;
+
+    // The Plan tab's records: the reuse receipt, and the fresh round that finished it.
+    browser.open(&format!("#/runs/{run_id}/plan")).await;
+    let records = browser
+        .wait_text("#records", "New executions for referenced checks: 0")
+        .await;
+    assert!(
+        records.contains("Finishing round: 0 commands, files written: none"),
+        "{records}"
+    );
+    assert!(records.contains("Terminal acceptance"), "{records}");
+    browser.check_page("plan-records").await;
     browser.close().await;
 }
 
