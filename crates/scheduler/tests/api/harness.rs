@@ -124,8 +124,13 @@ impl Api {
 
     /// Submits `run_spec("coder")` as `token`; returns the new run's id.
     pub async fn submit(&self, token: &str) -> String {
+        self.submit_for(token, "coder").await
+    }
+
+    /// Submits a run of `agent`; returns its id.
+    pub async fn submit_for(&self, token: &str, agent: &str) -> String {
         let (status, run) = self
-            .post("/api/v1/runs", token, Some(run_spec("coder")))
+            .post("/api/v1/runs", token, Some(run_spec(agent)))
             .await;
         assert_eq!(status, StatusCode::CREATED, "{run}");
         run["run_id"].as_str().expect("run id").to_string()
@@ -194,6 +199,10 @@ pub fn run_spec(agent: &str) -> Value {
 
 pub fn error_code(body: &Value) -> &str {
     body["error"]["code"].as_str().unwrap_or("")
+}
+
+pub fn error_message(body: &Value) -> &str {
+    body["error"]["message"].as_str().unwrap_or("")
 }
 
 pub fn error_field(body: &Value) -> &str {

@@ -45,7 +45,12 @@ impl Handoff {
 /// Puts a submitted run where an accepted report asking for verification leaves it:
 /// awaiting verification with a pending handoff of three frozen checks.
 async fn awaiting_verification(api: &Api) -> Handoff {
-    let run_id = api.submit(&api.operator).await;
+    awaiting_verification_of(api, "coder").await
+}
+
+/// The same, for a run of `agent`.
+async fn awaiting_verification_of(api: &Api, agent: &str) -> Handoff {
+    let run_id = api.submit_for(&api.operator, agent).await;
     let (_, request_id) = api.request_of(&run_id).await;
     // Two steps ran under epoch 1; the last one's report asks for verification of three
     // checks, and its acceptance opened the handoff.
@@ -329,4 +334,35 @@ async fn a_verification_handoff_is_adopted_once_and_read_back() {
         (status, error_field(&error)),
         (StatusCode::BAD_REQUEST, "request_id")
     );
+}
+
+/// Approval needs execute access (operator); under the Codex CLI and Claude Code CLI
+/// providers, administrator access. A refusal changes nothing.
+#[tokio::test]
+async fn approving_under_the_codex_or_claude_provider_needs_an_administrator() {
+    let api = Api::new().await;
+    for agent in ["codex", "claude"] {
+        let handoff = awaiting_verification_of(&api, agent).await;
+        let (status, candidate) = handoff.candidates(&api, &format!("?agent={agent}")).await;
+        assert_eq!(status, StatusCode::OK, "{candidate}");
+        let id = Uuid::new_v4().simple().to_string();
+        let body = adoption_body(&candidate, &id, &[]);
+        let (status, refused) = handoff.adopt(&api, &api.operator, body.clone()).await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{agent}: {refused}");
+        assert!(
+            error_message(&refused)
+                .contains(&format!("under the {agent} provider needs the admin role")),
+            "{refused}"
+        );
+        let (status, _) = handoff.adoption(&api, &id).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "nothing was saved");
+        let (status, adopted) = handoff.adopt(&api, &api.admin, body).await;
+        assert_eq!(status, StatusCode::CREATED, "{agent}: {adopted}");
+    }
+    // Other providers need execute access only.
+    let handoff = awaiting_verification_of(&api, "bridge").await;
+    let (_, candidate) = handoff.candidates(&api, "?agent=bridge").await;
+    let body = adoption_body(&candidate, &Uuid::new_v4().simple().to_string(), &[]);
+    let (status, adopted) = handoff.adopt(&api, &api.operator, body).await;
+    assert_eq!(status, StatusCode::CREATED, "{adopted}");
 }

@@ -93,6 +93,32 @@ fn check_agent(agent: Option<&str>, run_agent: &str) -> Result<String, ApiError>
     Ok(agent.to_string())
 }
 
+/// The providers whose verification only an administrator may approve: they run a
+/// coding CLI with the factory's own credentials (Codex CLI, Claude Code CLI).
+const ADMIN_PROVIDERS: &[&str] = &["codex", "claude"];
+
+/// The role that may approve a verification under `agent`: execute access (operator),
+/// or administrator access for the providers that need it.
+pub fn approval_role(agent: &str) -> Role {
+    if ADMIN_PROVIDERS.contains(&agent) {
+        Role::Admin
+    } else {
+        Role::Operator
+    }
+}
+
+fn require_approval_access(caller: &Caller, agent: &str) -> Result<(), ApiError> {
+    let role = approval_role(agent);
+    if caller.role >= role {
+        return Ok(());
+    }
+    Err(ApiError::forbidden(format!(
+        "approving verification under the {agent} provider needs the {} role; the token has {}",
+        role.as_str(),
+        caller.role.as_str()
+    )))
+}
+
 /// Inspect the pending verification handoff of a run; starts no work.
 #[utoipa::path(get, path = "/api/v1/runs/{run_id}/verification-handoffs/candidates",
     tag = "verification handoffs", params(("run_id" = String, Path), CandidateQuery),
@@ -160,6 +186,7 @@ pub async fn adopt(
         .with_field("request_id"));
     }
     let agent = check_agent(Some(&input.agent), &facts.agent)?;
+    require_approval_access(&caller, &agent)?;
     let (current, frozen) = evaluate(run_id, &facts, agent, &policy)?;
     still_current(&input, &current)?;
     let reusable_digests = reusable(&input, &current, frozen.len())?;
