@@ -1,13 +1,15 @@
 // One run: its state and budgets, the timeline of its steps (executed or reused, at
 // which epoch, by which worker), output tails and downloads, checkpoints and the resume
-// context, and the actions the signed-in role may take. Plan and Verification are tabs.
+// context, and the actions the signed-in role may take. Plan, Agent questions and
+// Verification are tabs.
 
 import { api, can, errorText, every, facts, h, notice, rerender, say, seconds, stateBadge, table, when } from "./core.js";
 import { planTab } from "./plan.js";
+import { questionsTab } from "./questions.js";
 import { verificationTab } from "./verification.js";
 
 const TERMINAL = ["completed", "failed", "cancelled"];
-const TABS = [["overview", "Overview"], ["plan", "Plan"], ["verification", "Verification"]];
+const TABS = [["overview", "Overview"], ["plan", "Plan"], ["questions", "Agent questions"], ["verification", "Verification"]];
 const REFRESH_MS = 2000;
 const LIVE_TAIL_BYTES = 4096;
 
@@ -19,6 +21,7 @@ export function runPage(runId, tab) {
   const body = h("div", {});
   const root = h("section", { class: "page" }, h("p", {}, h("a", { href: "#/runs" }, "← All runs")), header, tabs, body);
   if (current === "plan") body.append(planTab(runId));
+  else if (current === "questions") body.append(questionsTab(runId));
   else if (current === "verification") body.append(verificationTab(runId));
   else body.append(overview(runId));
   return root;

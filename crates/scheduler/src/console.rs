@@ -48,6 +48,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("../console/plan.js"),
     ),
     (
+        "questions.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../console/questions.js"),
+    ),
+    (
         "records.js",
         "text/javascript; charset=utf-8",
         include_str!("../console/records.js"),

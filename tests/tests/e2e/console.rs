@@ -428,6 +428,14 @@ async fn the_saved_continuation_flow_survives_a_lost_response() {
     browser.close().await;
 }
 
+/// Chooses `provider` in the Agent questions tab's provider list.
+async fn select_provider(browser: &Browser, provider: &str) {
+    let option = browser
+        .wait_for(&format!("#verification-provider option[value='{provider}']"))
+        .await;
+    option.click().await.expect("choose the provider");
+}
+
 #[tokio::test]
 async fn verification_is_approved_in_the_console_and_reuse_is_labelled() {
     let _one = ONE_BROWSER.lock().await;
@@ -448,7 +456,18 @@ async fn verification_is_approved_in_the_console_and_reuse_is_labelled() {
     cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
     let browser = Browser::start(cluster.api).await;
     browser.sign_in(ADMIN).await;
-    browser.open(&format!("#/runs/{run_id}/verification")).await;
+    browser.open(&format!("#/runs/{run_id}/questions")).await;
+    browser
+        .wait_text("#flow-verification", "Approve factory verification")
+        .await;
+    // Another provider than the run's configured one is refused, saying which.
+    select_provider(&browser, "claude").await;
+    browser.click("Read approved checks").await;
+    browser
+        .wait_text("#flow-verification", "the run's own agent (e2e)")
+        .await;
+    select_provider(&browser, "e2e").await;
+    browser.click("Read approved checks").await;
     browser
         .wait_text("#flow-verification", "Frozen checks")
         .await;
@@ -485,13 +504,18 @@ async fn verification_is_approved_in_the_console_and_reuse_is_labelled() {
         "the check ran again: {adoptions}"
     );
 
-    browser.client.refresh().await.expect("reload");
+    browser.open(&format!("#/runs/{run_id}/verification")).await;
     let results = browser
         .wait_text_for("main", "Reused prior verified result", LONG)
         .await;
     assert!(results.contains("reused from result"), "{results}");
     browser.check_page("verification-results").await;
-    // The saved approval reads back as this token's, with its outcome.
+    // After a reload, the saved approval reads back as this token's, with its outcome.
+    browser.open(&format!("#/runs/{run_id}/questions")).await;
+    browser.client.refresh().await.expect("reload");
+    browser
+        .wait_text("#flow-verification", "No verification waits for approval")
+        .await;
     browser.click("Read saved verification approval").await;
     browser
         .wait_text("main", "Verification approval recorded: completed")
