@@ -18,6 +18,7 @@ use commands::continuation::{continuation, ContinuationCommand};
 use commands::credentials::{credentials, CredentialsCommand};
 use commands::migrate::migrate;
 use commands::policy::{policy, PolicyCommand};
+use commands::publication::{publication, PublicationCommand};
 use commands::qualification::{qualification, QualificationCommand};
 use commands::reaper::{reaper, ReaperCommand};
 use commands::runs::{runs, RunsCommand};
@@ -94,6 +95,9 @@ enum Command {
     /// Read or change the saved-work recovery policy.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// Publish a completed run's result as a patch; delivery holds.
+    #[command(subcommand)]
+    Publication(PublicationCommand),
     /// The source profiles continuations may run on: show, qualify, revoke.
     #[command(subcommand)]
     Qualification(QualificationCommand),
@@ -188,6 +192,7 @@ async fn run(cli: Cli) -> Result<u8, CallError> {
         }
         Command::Verification(command) => verification::command(&client()?, command, json).await,
         Command::Policy(command) => policy(&client()?, command, json).await,
+        Command::Publication(command) => publication(&client()?, command, json).await,
         Command::Qualification(command) => qualification(&client()?, command, json).await,
         Command::Token(command) => tokens(&client()?, command, json).await,
         Command::Tenant(command) => tenants(&client()?, command, json).await,

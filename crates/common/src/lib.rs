@@ -16,6 +16,7 @@
 //! - [`text_enum`]: states stored as text, typed in Rust.
 //! - [`policy`]: the saved-work recovery policy.
 //! - [`qualification`]: source profiles: the implementations a continuation may run on.
+//! - [`publication`]: a completed run's result delivered as a patch; delivery holds.
 //! - [`tenant`]: tenants (projects).
 //! - [`token`]: API tokens (their hashes).
 //! - [`ids`]: the 32-lowercase-hex identifiers of runs, requests and actions.
@@ -57,6 +58,7 @@ pub mod network_policy;
 pub mod outbox;
 pub mod output;
 pub mod policy;
+pub mod publication;
 pub mod qualification;
 pub mod queue;
 pub mod reaper_status;

@@ -47,7 +47,8 @@ impl JobQueue {
             JobKind::CheckpointContinuation | JobKind::FinalOutcomeContinuation => {
                 JobQueue::Continuations
             }
-            JobKind::Verification => JobQueue::Verifications,
+            // The stages after a report's acceptance share a queue.
+            JobKind::Verification | JobKind::Publication => JobQueue::Verifications,
             JobKind::Sandbox => JobQueue::Sandboxes,
         }
     }

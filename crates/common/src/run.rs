@@ -412,6 +412,8 @@ pub enum JobKind {
     Verification,
     /// A sandbox to place on a worker (created, resumed or restored).
     Sandbox,
+    /// A completed run's result to deliver as a patch artifact.
+    Publication,
 }
 
 #[cfg(test)]

@@ -48,6 +48,7 @@ type Parked = (
     Option<Uuid>,
     Option<ActionKind>,
     Option<Uuid>,
+    String,
 );
 
 /// Announces again, in one transaction, up to `batch` queued requests whose delivery is
@@ -58,7 +59,7 @@ pub async fn announce_again(pool: &PgPool, batch: i64) -> Result<u64, sqlx::Erro
         "SELECT e.id, e.run_id, e.attempt, q.id, q.kind,
                 (SELECT v.id FROM verification_adoptions v
                   WHERE v.execution_request_id = e.id AND v.status = 'queued'
-                  ORDER BY v.created_at DESC LIMIT 1)
+                  ORDER BY v.created_at DESC LIMIT 1), e.kind
            FROM execution_requests e
            LEFT JOIN LATERAL (SELECT a.id, a.kind FROM continuation_actions a
                                WHERE a.request_id = e.id AND a.status = 'queued'
@@ -73,9 +74,13 @@ pub async fn announce_again(pool: &PgPool, batch: i64) -> Result<u64, sqlx::Erro
     .bind(i64::try_from(heartbeat::PARKED_AFTER.as_millis()).unwrap_or(i64::MAX))
     .fetch_all(&mut *tx)
     .await?;
-    for (request_id, run_id, attempt, action_id, action_kind, verification) in &parked {
+    for (request_id, run_id, attempt, action_id, action_kind, verification, kind) in &parked {
         let action = action_id.zip(*action_kind);
-        let message = queued_message(*run_id, *request_id, *attempt, action, *verification);
+        let mut message = queued_message(*run_id, *request_id, *attempt, action, *verification);
+        if action.is_none() && verification.is_none() {
+            // A request that runs by itself: a run's, or a publication's.
+            message.kind = cairn_common::request::job_kind_of(kind);
+        }
         outbox::announce(&mut tx, &message).await?;
         // The announcement's time: the next one waits for fresh evidence.
         cairn_common::request::marks::announced_again(&mut tx, *request_id).await?;

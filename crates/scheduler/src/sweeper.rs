@@ -76,6 +76,8 @@ pub struct SweepReport {
 struct Lapsed {
     id: Uuid,
     run_id: Uuid,
+    /// `run`, or `publication` (a request of its own, with no checkpoint).
+    kind: String,
     state: RequestState,
     attempt: i32,
     max_attempts: i32,
@@ -101,7 +103,7 @@ pub async fn sweep_once(
     let mut report = SweepReport::default();
     let mut tx = pool.begin().await?;
     let lapsed: Vec<Lapsed> = sqlx::query_as(&format!(
-        "SELECT e.id, e.run_id, e.state, e.attempt, e.max_attempts,
+        "SELECT e.id, e.run_id, e.kind, e.state, e.attempt, e.max_attempts,
                 e.cancel_requested_at IS NOT NULL AS cancel_requested,
                 EXISTS (SELECT 1 FROM final_reports f WHERE f.request_id = e.id
                          AND NOT EXISTS (SELECT 1 FROM report_consumptions c WHERE c.request_id = e.id))
@@ -118,7 +120,7 @@ pub async fn sweep_once(
            LEFT JOIN LATERAL (SELECT a.id, a.kind, a.window_ends_at FROM continuation_actions a
                                WHERE a.request_id = e.id AND a.status = 'queued'
                                ORDER BY a.created_at DESC LIMIT 1) q ON TRUE
-          WHERE e.lease_owner IS NOT NULL AND e.kind = 'run'
+          WHERE e.lease_owner IS NOT NULL AND e.kind IN ('run', 'publication')
             AND (e.lease_deadline < clock_timestamp() OR {owner_silent})
           ORDER BY e.lease_deadline
           LIMIT $1
@@ -240,7 +242,10 @@ async fn handle_lapsed(
             // unless the admitting window ended meanwhile.
             request::fence_out(&mut *conn, l.id).await?;
             let action = l.queued_action_id.zip(l.queued_action_kind);
-            let message = parked::queued_message(l.run_id, l.id, l.attempt, action, None);
+            let mut message = parked::queued_message(l.run_id, l.id, l.attempt, action, None);
+            if action.is_none() {
+                message.kind = request::job_kind_of(&l.kind);
+            }
             let continuation = match action {
                 Some((id, ActionKind::CheckpointContinuation)) => Continuation::Checkpoint(id),
                 Some((id, ActionKind::FinalOutcomeContinuation)) => Continuation::FinalOutcome(id),
@@ -254,6 +259,9 @@ async fn handle_lapsed(
             }
             request::readmit(&mut *conn, &message, RequestEvent::Requeue).await?;
             report.reannounced += 1;
+        }
+        RequestState::Executing if l.kind == "publication" => {
+            lapsed_publication(conn, l, report).await?
         }
         RequestState::Executing => {
             if let Some(adoption) = l.executing_verification {
@@ -281,6 +289,24 @@ async fn handle_lapsed(
         // Someone claimed a request with nothing to do and vanished: just clear it.
         _ => request::fence_out(&mut *conn, l.id).await?,
     }
+    Ok(())
+}
+
+/// A publication whose worker vanished: another attempt while attempts remain (it
+/// wrote nothing but, perhaps, an artifact the next one replaces), then it fails.
+async fn lapsed_publication(
+    conn: &mut PgConnection,
+    l: &Lapsed,
+    report: &mut SweepReport,
+) -> Result<(), request::Error> {
+    if l.attempt < l.max_attempts {
+        request::requeue(&mut *conn, l.id, true).await?;
+        report.requeued += 1;
+        return Ok(());
+    }
+    request::fence_out(&mut *conn, l.id).await?;
+    let reason = Some("publication_attempts_exhausted");
+    request::transition(&mut *conn, l.id, RequestEvent::Fail, reason, None).await?;
     Ok(())
 }
 

@@ -16,6 +16,7 @@
 //! - [`keeper`]: the lease keeper that renews, self-fences, notices cancellation and
 //!   passes pause requests on.
 //! - [`pause`]: pausing a job where it is, after a checkpoint.
+//! - [`publication`]: a completed run's result delivered as a patch, with its receipt.
 //! - [`step`]: running one command: environment, timeout, limits, output, usage.
 //! - [`isolation`]: the step's isolation (namespaces, mount view, network, cgroup,
 //!   rlimits) every process of a run or sandbox starts in, and what this host allows
@@ -42,6 +43,7 @@ pub mod keeper;
 pub mod live_output;
 pub mod metrics;
 pub mod pause;
+pub mod publication;
 pub mod report;
 pub mod scope;
 pub mod signals;

@@ -431,7 +431,9 @@ async fn the_saved_continuation_flow_survives_a_lost_response() {
 /// Chooses `provider` in the Agent questions tab's provider list.
 async fn select_provider(browser: &Browser, provider: &str) {
     let option = browser
-        .wait_for(&format!("#verification-provider option[value='{provider}']"))
+        .wait_for(&format!(
+            "#verification-provider option[value='{provider}']"
+        ))
         .await;
     option.click().await.expect("choose the provider");
 }

@@ -2,6 +2,7 @@
 //! a worker claims the same ticket again, runs nothing, proves the source unchanged
 //! (`retained_source`, empty `files_written`) and makes the terminal acceptance; a lost
 //! tree, a revoked operator or an unqualified runtime holds the run for a person instead.
+//! Then the finished run's publication, held while a delivery hold stands.
 
 use cairn_e2e::cluster::{Cluster, Settings, ADMIN};
 use cairn_e2e::handoff::{adopt, build_check, entries, id, verified_run, verify, Tree, LONG};
@@ -81,6 +82,11 @@ async fn the_journey_from_a_lost_lease_to_a_finished_run() {
     let (reason, _) = cluster.stop_reason(&request_id).await;
     assert_eq!(reason.as_deref(), Some("final_report_unaccepted"), "{run}");
     assert_eq!(run["usage"]["commands"], 2, "{run}");
+
+    // A delivery hold, set before the acceptance: accepting the report does not clear it.
+    let hold = format!("/api/v1/runs/{run_id}/delivery-hold");
+    let (status, held) = cluster.call("PUT", &hold, Some(&json!({"reason": "legal review"})));
+    assert_eq!((status, &held["held"]), (200, &json!(true)), "{held}");
 
     // 2. The operator reviews the saved result and accepts it, once.
     let (status, _) = cluster.call(
@@ -170,6 +176,85 @@ async fn the_journey_from_a_lost_lease_to_a_finished_run() {
             .expect("count");
     assert_eq!(consumed, 1, "the response was consumed once");
     assert_eq!(run["attempt"], 1, "no new attempt");
+
+    // 5. Publication: held while the delivery hold stands, then delivered as a patch.
+    let publications = format!("/api/v1/runs/{run_id}/publications");
+    let publish =
+        json!({"version": 1, "request_id": id(102), "acknowledge_command_receipts_read": true});
+    let (status, refused) = cluster.call("POST", &publications, Some(&publish));
+    assert_eq!(status, 409, "{refused}");
+    assert_eq!(refused["error"]["code"], "delivery_held");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("legal review"),
+        "{refused}"
+    );
+    let (status, cleared) = cluster.call("DELETE", &hold, None);
+    assert_eq!(
+        (status, &cleared["held"]),
+        (200, &json!(false)),
+        "{cleared}"
+    );
+    let (status, queued) = cluster.call("POST", &publications, Some(&publish));
+    assert_eq!(status, 201, "{queued}");
+    let status_path = format!("{publications}/{}", id(102));
+    let mut published = Value::Null;
+    cluster.wait_until("the publication to be delivered", LONG, || {
+        published = cluster.call("GET", &status_path, None).1;
+        published["state"] != "queued" && published["state"] != "executing"
+    });
+    assert_eq!(
+        published["state"],
+        "completed",
+        "{published}\n{}",
+        cluster.logs()
+    );
+    let delivery = &published["delivery"];
+    assert_eq!(delivery["base"], "empty", "{delivery}");
+    assert_eq!(
+        delivery["files_changed"], 2,
+        "src.txt and Cargo.lock: {delivery}"
+    );
+    let key = delivery["artifact_key"].as_str().expect("key");
+    let patch = std::fs::read(cluster.dir.join("artifacts").join(key)).expect("the artifact");
+    assert_eq!(delivery["bytes"], patch.len(), "{delivery}");
+    let sha = cairn_common::digest::sha256_hex(&patch);
+    assert_eq!(delivery["sha256"], sha.as_str());
+    let text = String::from_utf8(patch).expect("text");
+    assert!(
+        text.contains("diff --git a/src.txt b/src.txt\nnew file mode 100644\n--- /dev/null\n+++ b/src.txt\n@@ -0,0 +1 @@\n+fn main() {}\n\\ No newline at end of file\n"),
+        "{text}"
+    );
+    // The publication is an execution request of the run, beside its own; the receipt
+    // is journaled; nothing of the run ran again.
+    let (_, requests) = cluster.call(
+        "GET",
+        &format!("/api/v1/runs/{run_id}/execution-requests"),
+        None,
+    );
+    let kinds: Vec<&str> = requests["execution_requests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["kind"].as_str())
+        .collect();
+    assert_eq!(kinds, ["run", "publication"], "{requests}");
+    let journal = cluster.journal(&run_id);
+    assert_eq!(entries(&journal, "delivery_receipt").len(), 1, "{journal}");
+    assert_eq!(cluster.lines("effects"), ["built a", "tested a"]);
+    assert_eq!(cluster.run(&run_id)["usage"]["commands"], 4);
+    // The same id and input read the same publication; other input is refused.
+    let (status, again) = cluster.call("POST", &publications, Some(&publish));
+    assert_eq!(
+        (status, &again["state"]),
+        (201, &json!("completed")),
+        "{again}"
+    );
+    let other = json!({"version": 1, "request_id": id(102), "acknowledge_command_receipts_read": true, "extra": 1});
+    let (status, _) = cluster.call("POST", &publications, Some(&other));
+    assert_eq!(status, 400, "unknown fields are refused");
 }
 
 /// `cairnctl` with `args` against the cluster, in `state` (its saved actions); its
@@ -325,6 +410,40 @@ async fn the_journey_with_cairnctl() {
         1,
         "{journal}"
     );
+
+    // Publication: a hold refuses it (exit 4, a conflict), released it goes through.
+    ctl(
+        &cluster,
+        &state,
+        &["publication", "hold", &run_id, "--reason", "release freeze"],
+    );
+    let publication = id(200);
+    let args = [
+        "publication",
+        "request",
+        &run_id,
+        "--request-id",
+        &publication,
+    ];
+    let refused = cluster.cairnctl().args(args).output().expect("cairnctl");
+    assert_eq!(refused.status.code(), Some(4), "{refused:?}");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("release freeze"),
+        "{refused:?}"
+    );
+    ctl(&cluster, &state, &["publication", "release", &run_id]);
+    ctl(&cluster, &state, &args);
+    let mut delivered = Value::Null;
+    cluster.wait_until("the delivery", LONG, || {
+        delivered = ctl_json(
+            &cluster,
+            &state,
+            &["publication", "status", &run_id, &publication],
+        );
+        delivered["state"] == "completed" || delivered["state"] == "failed"
+    });
+    assert_eq!(delivered["state"], "completed", "{delivered}");
+    assert!(delivered["delivery"]["sha256"].is_string(), "{delivered}");
 }
 
 fn held_by(candidate: &Value, reason: &str) -> bool {

@@ -531,6 +531,8 @@ const WRITERS: &[(&str, &str, &[&str])] = &[
     ("sandbox_idempotency", "crates/common/src/sandbox/", &[]),
     ("recovery_policy", "crates/common/src/policy.rs", &[]),
     ("source_profiles", "crates/common/src/qualification.rs", &[]),
+    ("publications", "crates/common/src/publication.rs", &[]),
+    ("delivery_holds", "crates/common/src/publication.rs", &[]),
     ("network_policy", "crates/common/src/network_policy.rs", &[]),
     ("tenants", "crates/common/src/tenant.rs", &[]),
     ("api_tokens", "crates/common/src/token.rs", &[]),

@@ -5,6 +5,7 @@ pub mod credentials;
 pub mod logs;
 pub mod migrate;
 pub mod policy;
+pub mod publication;
 pub mod qualification;
 pub mod reaper;
 pub mod runs;

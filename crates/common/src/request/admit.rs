@@ -136,3 +136,33 @@ pub async fn save_batch(
     .await?;
     Ok(())
 }
+
+/// Admits a publication's own execution request on `run_id` (queued, with no command
+/// budget: it runs no agent command) and announces it, in the caller's transaction.
+pub async fn publication(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+    run_id: Uuid,
+    (max_attempts, max_wall_seconds): (i32, i32),
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO execution_requests (id, run_id, kind, state, max_attempts, max_commands, max_wall_seconds)
+         VALUES ($1, $2, 'publication', 'queued', $3, 0, $4)",
+    )
+    .bind(request_id)
+    .bind(run_id)
+    .bind(max_attempts)
+    .bind(max_wall_seconds)
+    .execute(&mut *conn)
+    .await?;
+    let message = JobMessage {
+        tenant: None,
+        kind: JobKind::Publication,
+        run_id,
+        request_id,
+        action_id: None,
+        attempt: Some(1),
+    };
+    outbox::announce(conn, &message).await?;
+    Ok(())
+}

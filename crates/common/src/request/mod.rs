@@ -41,7 +41,9 @@ pub mod stop;
 pub mod table;
 
 pub use fence::fence_out;
-pub use requeue::{end_attempt, queue_finishing_round, readmit, requeue, AttemptEnd, Continuation};
+pub use requeue::{
+    end_attempt, job_kind_of, queue_finishing_round, readmit, requeue, AttemptEnd, Continuation,
+};
 pub use state::{state_of, transition, RequestState};
 pub use stop::stop_at_checkpoint;
 pub use table::{ActionEvent, AdoptionEvent, Error, HandoffEvent, RequestEvent};

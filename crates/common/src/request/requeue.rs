@@ -12,18 +12,19 @@ use crate::run::{JobKind, JobMessage};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-/// Queues a plain run's request again through the outbox: a new attempt when
-/// `next_attempt`, else the same one (a drain hand-back, or a claim that never started).
+/// Queues a plain run's (or a publication's) request again through the outbox: a new
+/// attempt when `next_attempt`, else the same one (a drain hand-back, or a claim that
+/// never started).
 pub async fn requeue(
     conn: &mut PgConnection,
     request_id: Uuid,
     next_attempt: bool,
 ) -> Result<i32, Error> {
     fence_out(&mut *conn, request_id).await?;
-    let (run_id, attempt): (Uuid, i32) = sqlx::query_as(
+    let (run_id, attempt, kind): (Uuid, i32, String) = sqlx::query_as(
         "UPDATE execution_requests SET attempt = attempt + CASE WHEN $2 THEN 1 ELSE 0 END
           WHERE id = $1
-      RETURNING run_id, attempt",
+      RETURNING run_id, attempt, kind",
     )
     .bind(request_id)
     .bind(next_attempt)
@@ -31,7 +32,7 @@ pub async fn requeue(
     .await?;
     let message = JobMessage {
         tenant: None,
-        kind: JobKind::Run,
+        kind: job_kind_of(&kind),
         run_id,
         request_id,
         action_id: None,
@@ -39,6 +40,14 @@ pub async fn requeue(
     };
     readmit(conn, &message, RequestEvent::Requeue).await?;
     Ok(attempt)
+}
+
+/// The job that runs a request of `kind` (its `execution_requests.kind`) by itself.
+pub fn job_kind_of(kind: &str) -> JobKind {
+    match kind {
+        "publication" => JobKind::Publication,
+        _ => JobKind::Run,
+    }
 }
 
 /// Queues the request a message names by `event`, on the attempt it names, and

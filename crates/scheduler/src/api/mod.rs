@@ -7,7 +7,7 @@
 //! - [`auth`]: tokens, roles and tenants.
 //! - [`tenancy`]: the guard that answers another tenant's ids as unknown ones.
 //! - [`runs`], [`pause`], [`policy`], [`continuation`], [`verification`], [`tokens`],
-//!   [`credentials`], [`tenants`], [`network_policy`], [`qualification`]: the routes. Continuations and verification handoffs each have a
+//!   [`credentials`], [`tenants`], [`network_policy`], [`qualification`], [`publication`]: the routes. Continuations and verification handoffs each have a
 //!   pure `candidate` module: their rules as a function of facts and policy.
 //! - [`sandboxes`]: sandboxes (the lifecycle seed).
 //! - [`session`], [`workers`], [`reaper`]: who is calling; workers and their leases; the
@@ -29,6 +29,7 @@ pub mod path;
 pub mod pause;
 pub mod policy;
 pub mod poll;
+pub mod publication;
 pub mod qualification;
 pub mod query;
 pub mod reaper;

@@ -1,8 +1,8 @@
 //! The OpenAPI 3 document, generated from the handlers' annotations and types.
 
 use super::{
-    continuation, credentials, error, network_policy, pause, policy, qualification, reaper, runs,
-    sandboxes, session, tenants, tokens, verification, workers,
+    continuation, credentials, error, network_policy, pause, policy, publication, qualification,
+    reaper, runs, sandboxes, session, tenants, tokens, verification, workers,
 };
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -14,6 +14,7 @@ use utoipa::{Modify, OpenApi};
         runs::admission::submit, runs::admission::submit_batch, runs::view::list, runs::view::counts,
         runs::view::show, runs::cancel, runs::view::execution_requests, runs::journal::journal, runs::output::output, pause::pause, pause::resume, pause::show,
         policy::get_policy, policy::put_policy, qualification::show, qualification::set,
+        publication::request, publication::show, publication::hold, publication::set_hold, publication::clear_hold,
         continuation::checkpoint_candidate, continuation::checkpoint_action, continuation::checkpoint_status,
         continuation::final_candidate, continuation::final_action, continuation::final_status,
         verification::candidates, verification::adopt, verification::adoptions, verification::adoption,

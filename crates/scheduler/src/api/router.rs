@@ -2,8 +2,8 @@
 
 use super::error::ApiError;
 use super::{
-    continuation, credentials, network_policy, openapi, pause, policy, qualification, reaper, runs,
-    sandboxes, session, tenancy, tenants, tokens, verification, workers, AppState,
+    continuation, credentials, network_policy, openapi, pause, policy, publication, qualification,
+    reaper, runs, sandboxes, session, tenancy, tenants, tokens, verification, workers, AppState,
 };
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post, put};
@@ -70,6 +70,20 @@ fn run_routes() -> Router<AppState> {
             get(runs::view::execution_requests),
         )
         .route("/api/v1/runs/{run_id}/journal", get(runs::journal::journal))
+        .route(
+            "/api/v1/runs/{run_id}/publications",
+            post(publication::request),
+        )
+        .route(
+            "/api/v1/runs/{run_id}/publications/{request_id}",
+            get(publication::show),
+        )
+        .route(
+            "/api/v1/runs/{run_id}/delivery-hold",
+            get(publication::hold)
+                .put(publication::set_hold)
+                .delete(publication::clear_hold),
+        )
         .route(
             "/api/v1/runs/{run_id}/steps/{step_key}/output",
             get(runs::output::output),

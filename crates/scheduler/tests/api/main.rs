@@ -11,6 +11,7 @@ mod openapi;
 mod operations;
 mod parked;
 mod policy;
+mod publication;
 mod runs;
 mod sandboxes;
 mod tenants;

@@ -230,10 +230,15 @@ fn means_work(
     admission: Option<&Admission>,
     tenant_matches: bool,
 ) -> bool {
-    let queued = row.state == RequestState::Queued && row.kind == "run" && tenant_matches;
+    // A publication is a request of its own kind; everything else runs on the run's.
+    let kind = match message.kind {
+        JobKind::Publication => "publication",
+        _ => "run",
+    };
+    let queued = row.state == RequestState::Queued && row.kind == kind && tenant_matches;
     match (message.kind, admission) {
-        (JobKind::Run, None) => queued,
-        (JobKind::Run, Some(_)) => false,
+        (JobKind::Run | JobKind::Publication, None) => queued,
+        (JobKind::Run | JobKind::Publication, Some(_)) => false,
         (kind, Some(a)) => queued && Some(a.id) == message.action_id && a.job_kind() == kind,
         (_, None) => false,
     }

@@ -58,6 +58,7 @@ pub async fn execute(
     let job = Job::new(worker.clone(), *claimed, stop.clone(), cause, pause);
     let ran = match job.claimed.kind {
         JobKind::Verification => verification::run(&job).await,
+        JobKind::Publication => crate::publication::run(&job).await,
         _ => plan::run(&job).await,
     };
     let outcome = match ran {

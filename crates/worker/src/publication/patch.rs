@@ -1,0 +1,224 @@
+//! The delivery patch: what differs between a base tree and a run's final tree, in git's
+//! unified format, so `git apply` takes it. A text file gets hunks with three lines of
+//! context; a file that is not text (a NUL, or not UTF-8) is named as differing. `.git`
+//! directories are never part of it; a link is compared by its target (mode 120000), and
+//! never followed.
+
+use similar::TextDiff;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+
+/// One entry of a tree, as the patch compares it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Entry {
+    File { bytes: Vec<u8>, executable: bool },
+    Link(String),
+}
+
+impl Entry {
+    fn mode(&self) -> &'static str {
+        match self {
+            Entry::File {
+                executable: true, ..
+            } => "100755",
+            Entry::File { .. } => "100644",
+            Entry::Link(_) => "120000",
+        }
+    }
+
+    /// Its content as text, when it is text.
+    fn text(&self) -> Option<&str> {
+        match self {
+            Entry::File { bytes, .. } if !bytes.contains(&0) => std::str::from_utf8(bytes).ok(),
+            Entry::File { .. } => None,
+            Entry::Link(target) => Some(target),
+        }
+    }
+}
+
+/// A patch and how many files it changes.
+#[derive(Debug)]
+pub struct Patch {
+    pub text: String,
+    pub files_changed: usize,
+}
+
+/// The patch that turns the tree at `base` into the tree at `after`.
+pub fn between(base: &Path, after: &Path) -> std::io::Result<Patch> {
+    let (old, new) = (entries(base)?, entries(after)?);
+    let mut paths: Vec<&String> = old.keys().chain(new.keys()).collect();
+    paths.sort();
+    paths.dedup();
+    let mut text = String::new();
+    let mut files_changed = 0;
+    for path in paths {
+        let (a, b) = (old.get(path), new.get(path));
+        if a == b {
+            continue;
+        }
+        files_changed += 1;
+        file_diff(&mut text, path, a, b);
+    }
+    Ok(Patch {
+        text,
+        files_changed,
+    })
+}
+
+/// One file's part of the patch: its `diff --git` header, then its hunks.
+fn file_diff(out: &mut String, path: &str, a: Option<&Entry>, b: Option<&Entry>) {
+    let _ = writeln!(out, "diff --git a/{path} b/{path}");
+    match (a, b) {
+        (None, Some(new)) => {
+            let _ = writeln!(out, "new file mode {}", new.mode());
+        }
+        (Some(old), None) => {
+            let _ = writeln!(out, "deleted file mode {}", old.mode());
+        }
+        (Some(old), Some(new)) if old.mode() != new.mode() => {
+            let _ = writeln!(out, "old mode {}\nnew mode {}", old.mode(), new.mode());
+        }
+        _ => {}
+    }
+    let old_name = a.map_or("/dev/null".to_string(), |_| format!("a/{path}"));
+    let new_name = b.map_or("/dev/null".to_string(), |_| format!("b/{path}"));
+    let old_text = a.map_or(Some(""), Entry::text);
+    let new_text = b.map_or(Some(""), Entry::text);
+    match (old_text, new_text) {
+        (Some(old), Some(new)) if old != new => {
+            let diff = TextDiff::from_lines(old, new);
+            let unified = diff
+                .unified_diff()
+                .context_radius(3)
+                .header(&old_name, &new_name)
+                .to_string();
+            out.push_str(&unified);
+        }
+        // The same text: only the mode changed.
+        (Some(_), Some(_)) => {}
+        _ => {
+            let _ = writeln!(out, "Binary files {old_name} and {new_name} differ");
+        }
+    }
+}
+
+/// Every file and link under `root`, by its path relative to it; `.git` left out.
+fn entries(root: &Path) -> std::io::Result<BTreeMap<String, Entry>> {
+    let mut found = BTreeMap::new();
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        for item in std::fs::read_dir(&dir)? {
+            let item = item?;
+            let path = item.path();
+            let kind = item.file_type()?;
+            if item.file_name() == ".git" {
+                continue;
+            }
+            let Some(relative) = path
+                .strip_prefix(root)
+                .ok()
+                .and_then(|p| p.to_str())
+                .map(str::to_string)
+            else {
+                // A name that is not UTF-8 is never captured either.
+                continue;
+            };
+            if kind.is_dir() {
+                pending.push(path);
+            } else if kind.is_symlink() {
+                let target = std::fs::read_link(&path)?;
+                found.insert(relative, Entry::Link(target.to_string_lossy().into_owned()));
+            } else if kind.is_file() {
+                let executable = item.metadata()?.permissions().mode() & 0o111 != 0;
+                let bytes = std::fs::read(&path)?;
+                found.insert(relative, Entry::File { bytes, executable });
+            }
+        }
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A directory of its own, removed when dropped.
+    struct Dir(std::path::PathBuf);
+
+    impl Dir {
+        fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn tree(files: &[(&str, &[u8])]) -> Dir {
+        let dir =
+            std::env::temp_dir().join(format!("cairn-patch-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        for (name, bytes) in files {
+            let path = dir.join(name);
+            std::fs::create_dir_all(path.parent().expect("parent")).expect("dirs");
+            std::fs::write(path, bytes).expect("write");
+        }
+        Dir(dir)
+    }
+
+    #[test]
+    fn added_changed_removed_and_binary_files_are_each_one_file_of_the_patch() {
+        let base = tree(&[
+            ("keep.txt", b"same\n"),
+            ("edit.txt", b"one\ntwo\nthree\n"),
+            ("gone.txt", b"bye\n"),
+            (".git/HEAD", b"ref: refs/heads/main\n"),
+        ]);
+        let after = tree(&[
+            ("keep.txt", b"same\n"),
+            ("edit.txt", b"one\n2\nthree\n"),
+            ("src/new.rs", b"fn main() {}\n"),
+            ("blob.bin", b"\0\x01\x02"),
+            (".git/HEAD", b"changed\n"),
+        ]);
+        let patch = between(base.path(), after.path()).expect("patch");
+        assert_eq!(patch.files_changed, 4, "{}", patch.text);
+        let text = &patch.text;
+        assert!(text.contains("diff --git a/edit.txt b/edit.txt\n--- a/edit.txt\n+++ b/edit.txt\n@@ -1,3 +1,3 @@\n one\n-two\n+2\n three\n"), "{text}");
+        assert!(text.contains("diff --git a/src/new.rs b/src/new.rs\nnew file mode 100644\n--- /dev/null\n+++ b/src/new.rs\n@@ -0,0 +1 @@\n+fn main() {}\n"), "{text}");
+        assert!(text.contains("diff --git a/gone.txt b/gone.txt\ndeleted file mode 100644\n--- a/gone.txt\n+++ /dev/null\n"), "{text}");
+        assert!(
+            text.contains("Binary files /dev/null and b/blob.bin differ"),
+            "{text}"
+        );
+        assert!(!text.contains(".git/"), "{text}");
+        assert!(!text.contains("keep.txt"), "{text}");
+    }
+
+    #[test]
+    fn a_link_is_its_target_and_is_never_followed() {
+        let base = tree(&[]);
+        let after = tree(&[]);
+        std::os::unix::fs::symlink("/etc/shadow", after.path().join("leak")).expect("link");
+        let patch = between(base.path(), after.path()).expect("patch");
+        assert_eq!(patch.files_changed, 1);
+        assert!(
+            patch.text.contains("new file mode 120000"),
+            "{}",
+            patch.text
+        );
+        assert!(patch.text.contains("+/etc/shadow"), "{}", patch.text);
+    }
+
+    #[test]
+    fn identical_trees_make_an_empty_patch() {
+        let files: &[(&str, &[u8])] = &[("a.txt", b"a\n")];
+        let patch = between(tree(files).path(), tree(files).path()).expect("patch");
+        assert_eq!((patch.files_changed, patch.text.as_str()), (0, ""));
+    }
+}
