@@ -10,11 +10,44 @@ use std::fmt::Write as _;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
-/// One entry of a tree, as the patch compares it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// The largest file whose lines the patch shows; a larger one is named as differing,
+/// so a hostile tree of huge files costs its hash, never its size in memory.
+const TEXT_MAX: u64 = 1 << 20;
+
+/// The largest patch written: beyond it, the publication fails rather than store it.
+pub const PATCH_MAX: usize = 64 << 20;
+
+/// One entry of a tree, as the patch compares it: a file by its content's hash (its
+/// bytes are read again only if it changed and is small enough to show), a link by its
+/// target. Equal entries are the same content, mode and kind.
+#[derive(Debug, Clone)]
 enum Entry {
-    File { bytes: Vec<u8>, executable: bool },
+    File {
+        hash: blake3::Hash,
+        executable: bool,
+        len: u64,
+        path: std::path::PathBuf,
+    },
     Link(String),
+}
+
+impl PartialEq for Entry {
+    fn eq(&self, other: &Entry) -> bool {
+        match (self, other) {
+            (
+                Entry::File {
+                    hash, executable, ..
+                },
+                Entry::File {
+                    hash: other_hash,
+                    executable: other_executable,
+                    ..
+                },
+            ) => hash == other_hash && executable == other_executable,
+            (Entry::Link(target), Entry::Link(other_target)) => target == other_target,
+            _ => false,
+        }
+    }
 }
 
 impl Entry {
@@ -28,12 +61,18 @@ impl Entry {
         }
     }
 
-    /// Its content as text, when it is text.
-    fn text(&self) -> Option<&str> {
+    /// Its content as text, when it is text and small enough to show.
+    fn text(&self) -> Option<String> {
         match self {
-            Entry::File { bytes, .. } if !bytes.contains(&0) => std::str::from_utf8(bytes).ok(),
+            Entry::File { len, path, .. } if *len <= TEXT_MAX => {
+                let bytes = std::fs::read(path).ok()?;
+                if bytes.contains(&0) {
+                    return None;
+                }
+                String::from_utf8(bytes).ok()
+            }
             Entry::File { .. } => None,
-            Entry::Link(target) => Some(target),
+            Entry::Link(target) => Some(target.clone()),
         }
     }
 }
@@ -45,7 +84,8 @@ pub struct Patch {
     pub files_changed: usize,
 }
 
-/// The patch that turns the tree at `base` into the tree at `after`.
+/// The patch that turns the tree at `base` into the tree at `after`; an error when it
+/// would be larger than [`PATCH_MAX`].
 pub fn between(base: &Path, after: &Path) -> std::io::Result<Patch> {
     let (old, new) = (entries(base)?, entries(after)?);
     let mut paths: Vec<&String> = old.keys().chain(new.keys()).collect();
@@ -60,6 +100,12 @@ pub fn between(base: &Path, after: &Path) -> std::io::Result<Patch> {
         }
         files_changed += 1;
         file_diff(&mut text, path, a, b);
+        if text.len() > PATCH_MAX {
+            return Err(std::io::Error::other(format!(
+                "the patch is larger than {} MiB",
+                PATCH_MAX >> 20
+            )));
+        }
     }
     Ok(Patch {
         text,
@@ -84,11 +130,11 @@ fn file_diff(out: &mut String, path: &str, a: Option<&Entry>, b: Option<&Entry>)
     }
     let old_name = a.map_or("/dev/null".to_string(), |_| format!("a/{path}"));
     let new_name = b.map_or("/dev/null".to_string(), |_| format!("b/{path}"));
-    let old_text = a.map_or(Some(""), Entry::text);
-    let new_text = b.map_or(Some(""), Entry::text);
+    let old_text = a.map_or(Some(String::new()), Entry::text);
+    let new_text = b.map_or(Some(String::new()), Entry::text);
     match (old_text, new_text) {
         (Some(old), Some(new)) if old != new => {
-            let diff = TextDiff::from_lines(old, new);
+            let diff = TextDiff::from_lines(&old, &new);
             let unified = diff
                 .unified_diff()
                 .context_radius(3)
@@ -131,13 +177,25 @@ fn entries(root: &Path) -> std::io::Result<BTreeMap<String, Entry>> {
                 let target = std::fs::read_link(&path)?;
                 found.insert(relative, Entry::Link(target.to_string_lossy().into_owned()));
             } else if kind.is_file() {
-                let executable = item.metadata()?.permissions().mode() & 0o111 != 0;
-                let bytes = std::fs::read(&path)?;
-                found.insert(relative, Entry::File { bytes, executable });
+                let metadata = item.metadata()?;
+                let executable = metadata.permissions().mode() & 0o111 != 0;
+                found.insert(relative, file_entry(&path, metadata.len(), executable)?);
             }
         }
     }
     Ok(found)
+}
+
+/// A file's entry: its content's hash, read in pieces.
+fn file_entry(path: &Path, len: u64, executable: bool) -> std::io::Result<Entry> {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update_reader(std::fs::File::open(path)?)?;
+    Ok(Entry::File {
+        hash: hasher.finalize(),
+        executable,
+        len,
+        path: path.to_path_buf(),
+    })
 }
 
 #[cfg(test)]
@@ -213,6 +271,21 @@ mod tests {
             patch.text
         );
         assert!(patch.text.contains("+/etc/shadow"), "{}", patch.text);
+    }
+
+    #[test]
+    fn a_file_too_large_to_show_is_named_as_differing() {
+        let big = vec![b'a'; (TEXT_MAX + 1) as usize];
+        let patch = between(tree(&[]).path(), tree(&[("big.txt", &big)]).path()).expect("patch");
+        assert_eq!(patch.files_changed, 1);
+        assert!(
+            patch
+                .text
+                .contains("Binary files /dev/null and b/big.txt differ"),
+            "{}",
+            patch.text
+        );
+        assert!(patch.text.len() < 200);
     }
 
     #[test]
