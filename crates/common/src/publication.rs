@@ -32,6 +32,8 @@ pub struct Standing {
     pub final_status: Option<String>,
     pub repository: Option<String>,
     pub git_ref: Option<String>,
+    /// The commit the run's tree was at when its request last acquired it.
+    pub base_commit: Option<String>,
 }
 
 /// Why a publication cannot go ahead.
@@ -96,7 +98,9 @@ pub async fn standing(
 ) -> Result<Option<Standing>, sqlx::Error> {
     sqlx::query_as(
         "SELECT r.state AS run_state, d.reason AS hold_reason, f.id AS final_snapshot,
-                f.store_url AS final_store_url, f.status AS final_status, r.repository, r.git_ref
+                f.store_url AS final_store_url, f.status AS final_status, r.repository, r.git_ref,
+                (SELECT e.resume_context->>'commit' FROM execution_requests e
+                  WHERE e.run_id = r.id AND e.kind = 'run') AS base_commit
            FROM runs r
            LEFT JOIN delivery_holds d ON d.run_id = r.id
            LEFT JOIN LATERAL (
@@ -273,6 +277,26 @@ pub async fn hold_of(
     .await
 }
 
+/// Locks the run's row against a delivery hold's change until the caller's transaction
+/// ends: a delivery recorded under it saw the holds as they stay until it commits.
+pub async fn lock_for_delivery(conn: &mut PgConnection, run_id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR SHARE")
+        .bind(run_id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Locks the run's row for a change of its delivery hold: it waits for a delivery
+/// being recorded, and the next one sees the change.
+async fn lock_for_hold(conn: &mut PgConnection, run_id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT 1 FROM runs WHERE id = $1 FOR UPDATE")
+        .bind(run_id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// Sets (or replaces) the delivery hold of an existing run.
 pub async fn set_hold(
     conn: &mut PgConnection,
@@ -280,6 +304,7 @@ pub async fn set_hold(
     reason: &str,
     by: Uuid,
 ) -> Result<(), sqlx::Error> {
+    lock_for_hold(&mut *conn, run_id).await?;
     sqlx::query(
         "INSERT INTO delivery_holds (run_id, reason, set_by) VALUES ($1, $2, $3)
          ON CONFLICT (run_id) DO UPDATE SET reason = EXCLUDED.reason, set_by = EXCLUDED.set_by, set_at = now()",
@@ -294,6 +319,7 @@ pub async fn set_hold(
 
 /// Clears the delivery hold of a run, if one stands.
 pub async fn clear_hold(conn: &mut PgConnection, run_id: Uuid) -> Result<(), sqlx::Error> {
+    lock_for_hold(&mut *conn, run_id).await?;
     sqlx::query("DELETE FROM delivery_holds WHERE run_id = $1")
         .bind(run_id)
         .execute(conn)

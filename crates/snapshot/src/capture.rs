@@ -32,6 +32,11 @@ pub struct Scan {
 }
 
 impl Scan {
+    /// The paths the capture keeps (relative, `/`-separated).
+    pub fn paths(&self) -> impl Iterator<Item = &str> {
+        self.entries.iter().map(|e| e.path.as_str())
+    }
+
     /// Whether the tree is exactly what `manifest` describes, by the stat index's rules
     /// (see the module's header): then a capture would store nothing new.
     pub fn unchanged_from(&self, manifest: &Manifest) -> bool {

@@ -424,6 +424,7 @@ async fn the_journey_with_cairnctl() {
         &run_id,
         "--request-id",
         &publication,
+        "--receipts-read",
     ];
     let refused = cluster.cairnctl().args(args).output().expect("cairnctl");
     assert_eq!(refused.status.code(), Some(4), "{refused:?}");
@@ -606,4 +607,89 @@ fn verification_status(cluster: &Cluster, run_id: &str, n: u32) -> Value {
     let (status, adoption) = cluster.call("GET", &path, None);
     assert_eq!(status, 200, "{adoption}");
     adoption
+}
+
+/// The journey's faults, stage by stage, each ending the way its documented reason says,
+/// with nothing charged twice: the verified tree lost after the acceptance (the checks
+/// never run on another source), a failing check (no round, no publication), and a
+/// cancel while the verification waits (publication held: not completed).
+#[tokio::test]
+async fn each_stage_of_the_journey_ends_on_its_fault_with_nothing_charged_twice() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("journey-faults", 1, Settings::default()).await;
+    let effects = cluster.path("effects");
+
+    // The tree the report froze is lost before the checks: they never run on another.
+    let spec = verified_run(&TREE, json!([build_check(&effects)]));
+    let (run_id, _) = cluster.submit(&spec);
+    cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
+    let head: uuid::Uuid = sqlx::query_scalar(
+        "SELECT h.head_id FROM lineage_heads h JOIN runs r ON r.work_context_id = h.work_context_id
+          WHERE r.id = $1::uuid",
+    )
+    .bind(&run_id)
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("the head");
+    let manifest = cluster
+        .dir
+        .join("artifacts/manifests")
+        .join(format!("{}.zst", head.simple()));
+    std::fs::write(&manifest, b"garbage").expect("corrupt the manifest");
+    adopt(&cluster, &run_id, &id(1), &[]);
+    let run = cluster.wait_for_state(&run_id, &["failed", "completed"], LONG);
+    assert_eq!(run["state"], "failed", "{run}");
+    let reason = run["stop_reason"].as_str().unwrap_or("");
+    assert!(reason.contains("verification_source_changed"), "{run}");
+    assert!(
+        cluster.lines("effects").is_empty(),
+        "no check ran on another source"
+    );
+    assert_eq!(run["usage"]["commands"], 2, "the two steps only: {run}");
+
+    // A failing check: the verification fails, and no round runs.
+    let failing = json!([{"argv": ["sh", "-c", "exit 7"], "purpose": "test"}]);
+    let (run_id, _) = cluster.submit(&verified_run(&TREE, failing));
+    cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
+    adopt(&cluster, &run_id, &id(2), &[]);
+    let run = cluster.wait_for_state(&run_id, &["failed", "completed"], LONG);
+    assert_eq!(run["state"], "failed", "{run}");
+    assert!(
+        run["stop_reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("check 1 exited with status 7"),
+        "{run}"
+    );
+    let journal = cluster.journal(&run_id);
+    assert!(entries(&journal, "finishing_round").is_empty(), "{journal}");
+    assert_eq!(run["usage"]["commands"], 3, "two steps and the check, once");
+    let publications = format!("/api/v1/runs/{run_id}/publications");
+    let publish =
+        json!({"version": 1, "request_id": id(3), "acknowledge_command_receipts_read": true});
+    let (status, refused) = cluster.call("POST", &publications, Some(&publish));
+    assert_eq!(
+        (status, &refused["error"]["code"]),
+        (409, &json!("delivery_held")),
+        "{refused}"
+    );
+
+    // A cancel while the verification waits: cancelled, and nothing to publish.
+    let (run_id, _) = cluster.submit(&spec);
+    cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
+    let (status, cancelled) = cluster.call("POST", &format!("/api/v1/runs/{run_id}/cancel"), None);
+    assert_eq!(status, 200, "{cancelled}");
+    assert_eq!(cluster.run(&run_id)["state"], "cancelled");
+    let publications = format!("/api/v1/runs/{run_id}/publications");
+    let publish =
+        json!({"version": 1, "request_id": id(4), "acknowledge_command_receipts_read": true});
+    let (status, refused) = cluster.call("POST", &publications, Some(&publish));
+    assert_eq!(status, 409, "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("cancelled, not completed"),
+        "{refused}"
+    );
 }

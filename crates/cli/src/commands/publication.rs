@@ -10,7 +10,7 @@ use serde_json::{json, Value};
 
 #[derive(Debug, Subcommand)]
 pub enum PublicationCommand {
-    /// Request publication of a completed run (admin). Read its command receipts first
+    /// Request publication of a completed run (admin), after reading its command receipts
     /// (`cairnctl runs journal RUN`). Prints the request id before its one POST.
     Request {
         /// The run's id (32 lowercase hex characters).
@@ -19,6 +19,9 @@ pub enum PublicationCommand {
         /// input read the same publication.
         #[arg(long)]
         request_id: Option<String>,
+        /// Say that you read the run's command receipts: the request is refused without it.
+        #[arg(long)]
+        receipts_read: bool,
     },
     /// Read a publication and, once delivered, its receipt (artifact key, SHA-256).
     Status {
@@ -48,7 +51,16 @@ pub async fn publication(
     json: bool,
 ) -> Result<u8, CallError> {
     let shown = match command {
-        PublicationCommand::Request { run, request_id } => {
+        PublicationCommand::Request {
+            run,
+            request_id,
+            receipts_read,
+        } => {
+            if !receipts_read {
+                return Err(crate::usage(
+                    "read the run's command receipts (cairnctl runs journal RUN), then pass --receipts-read",
+                ));
+            }
             let run = id(&run, "RUN")?;
             let request_id = match request_id {
                 Some(given) => id(&given, "--request-id")?,

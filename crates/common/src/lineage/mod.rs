@@ -333,9 +333,11 @@ pub async fn current_tree(
 
 /// Whether the snapshot `p` still stands as a source a new sandbox may start from: a
 /// current one, or a failed step's tree kept for inspection (retired as it was made,
-/// readable until its bytes are reclaimed).
-pub const RESTORABLE_SOURCE: &str =
-    "(p.retention = 'current' OR (p.kind = 'inspection' AND p.retention = 'retired'))";
+/// readable until its bytes are reclaimed), unless its agent's credentials rotated since.
+pub const RESTORABLE_SOURCE: &str = "(p.retention = 'current'
+    OR (p.kind = 'inspection' AND p.retention = 'retired' AND p.retire_reason = 'inspection'
+        AND p.credential_generation >= COALESCE(
+              (SELECT g.generation FROM credential_generations g WHERE g.agent = p.agent), 0)))";
 
 /// The current head of a work context: `(snapshot id, sequence)`, unless retired.
 pub async fn head(

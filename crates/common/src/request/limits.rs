@@ -136,7 +136,8 @@ pub async fn read(
     };
     sqlx::query_as(
         "SELECT e.cancel_requested_at IS NOT NULL AS cancel_requested,
-                COALESCE(r.deadline <= now(), FALSE) AS deadline_passed,
+                -- The run's deadline bounds its work; its publication comes after it.
+                COALESCE(e.kind <> 'publication' AND r.deadline <= now(), FALSE) AS deadline_passed,
                 COALESCE((SELECT a.window_ends_at <= now() FROM continuation_actions a WHERE a.id = $2), FALSE)
                   AS window_ended,
                 e.used_commands, e.max_commands, e.used_wall_ms, e.max_wall_seconds

@@ -171,6 +171,7 @@ fn complete(doc: &mut serde_json::Value) {
                     let pattern = match name.as_str() {
                         "agent" => "^[A-Za-z0-9._-]{1,128}$",
                         "step_key" => "^[A-Za-z0-9._-]{1,64}$",
+                        "profile_digest" => "^[0-9a-f]{64}$",
                         _ => "^[0-9a-f]{32}$",
                     };
                     param["schema"] = json!({"type": "string", "pattern": pattern});

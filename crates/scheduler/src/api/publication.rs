@@ -23,9 +23,10 @@ use uuid::Uuid;
 #[serde(deny_unknown_fields)]
 pub struct PublicationInputV1 {
     /// Integer 1.
-    pub version: u8,
+    #[schema(minimum = 1, maximum = 1)]
+    pub version: u32,
     /// A new caller-owned id (32 lowercase hex), saved before the one POST.
-    #[schema(value_type = String)]
+    #[schema(value_type = String, pattern = "^[0-9a-f]{32}$")]
     pub request_id: Id,
     /// `true`: the run's command receipts were read before publication was requested.
     pub acknowledge_command_receipts_read: bool,
@@ -36,6 +37,7 @@ pub struct PublicationInputV1 {
 #[serde(deny_unknown_fields)]
 pub struct DeliveryHoldInput {
     /// Why nothing of the run may be delivered (1 to 500 characters).
+    #[schema(min_length = 1, max_length = 500)]
     pub reason: String,
 }
 
@@ -109,7 +111,16 @@ pub async fn request(
         operator_id: caller.token_id,
         input_digest: &input_digest,
     };
-    publication::admit(&mut tx, &new).await?;
+    if let Err(e) = publication::admit(&mut tx, &new).await {
+        // Another request saved the same new id first, concurrently.
+        return Err(match &e {
+            sqlx::Error::Database(db) if db.code().as_deref() == Some("23505") => {
+                ApiError::conflict("request_id_conflict", "this request_id is taken")
+                    .with_field("request_id")
+            }
+            _ => e.into(),
+        });
+    }
     let view = publication::view(&mut tx, run_id, request_id)
         .await?
         .ok_or_else(|| ApiError::not_found("publication of this run"))?;

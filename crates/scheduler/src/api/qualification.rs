@@ -40,6 +40,7 @@ pub struct ProfileUpdate {
     pub qualified: bool,
     /// Why (at most 1,000 characters): what qualified it, or why it was revoked.
     #[serde(default)]
+    #[schema(max_length = 1000)]
     pub note: String,
 }
 

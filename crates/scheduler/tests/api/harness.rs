@@ -166,6 +166,9 @@ impl Api {
             "verification_adoptions",
             "sandboxes",
             "sandbox_operations",
+            "publications",
+            "delivery_holds",
+            "source_profiles",
         ] {
             counts.push(self.count(table).await);
         }

@@ -82,6 +82,7 @@ async fn a_delivery_hold_is_set_and_cleared_by_an_admin_and_says_why() {
     );
 
     let hold = json!({"reason": "legal review"});
+    let before = api.footprint().await;
     let (status, _) = api
         .call("PUT", &path, Some(&api.operator), Some(hold.clone()))
         .await;
@@ -100,6 +101,11 @@ async fn a_delivery_hold_is_set_and_cleared_by_an_admin_and_says_why() {
             .await;
         assert_eq!(status, expected, "{body}: {error}");
     }
+    assert_eq!(
+        api.footprint().await,
+        before,
+        "a refused hold changes nothing"
+    );
     let (status, held) = api.call("PUT", &path, Some(&api.admin), Some(hold)).await;
     assert_eq!(status, StatusCode::OK, "{held}");
     assert_eq!(

@@ -14,6 +14,7 @@ use crate::custody::Restore;
 use crate::error::JobError;
 use crate::job::handle::{Job, JobOutcome};
 use crate::job::{durable, ending};
+use crate::keeper::Reason;
 use crate::workspace::{self, Workspace};
 use bytes::Bytes;
 use cairn_common::journal;
@@ -21,6 +22,7 @@ use cairn_common::publication::{self, Delivered, Hold, Standing, ARTIFACT_PREFIX
 use cairn_common::request::{self, RequestEvent};
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use std::collections::HashSet;
 use uuid::Uuid;
 
 /// Runs a claimed publication.
@@ -40,7 +42,15 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
         Ok(made) => made,
         Err(message) => return fail(job, &message).await,
     };
-    let key = format!("{ARTIFACT_PREFIX}{}.patch", job.request_id().simple());
+    // Each lease's own key: a stale owner can never overwrite what a receipt names.
+    let key = format!(
+        "{ARTIFACT_PREFIX}{}-{}.patch",
+        job.request_id().simple(),
+        job.lease().epoch
+    );
+    if job.stopped() {
+        return stopped(job).await;
+    }
     let store = &job.worker.custody.settings.store;
     let bytes = Bytes::from(patch.text.into_bytes());
     let sha256 = hex::encode(Sha256::digest(&bytes));
@@ -83,29 +93,46 @@ async fn make(job: &Job, s: &Standing) -> Result<(patch::Patch, Uuid, String), S
                     format!("the run's final tree could not be restored: {why}")
                 }
             })?;
-        workspace::cold(&base, s.repository.as_deref(), s.git_ref.as_deref())
+        workspace::cold(&base, s.repository.as_deref(), base_ref(s))
             .await
             .map_err(|e| format!("the base could not be prepared: {e}"))?;
-        let (base_root, after_root) = (base.root.clone(), after.root.clone());
-        tokio::task::spawn_blocking(move || patch::between(&base_root, &after_root))
+        // What a capture keeps of the base: the final tree was restored from one.
+        let rules = &custody.settings.rules;
+        let kept: HashSet<String> = cairn_snapshot::scan(&base.root, rules)
             .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| format!("the trees could not be compared: {e}"))
+            .map_err(|e| format!("the base could not be read: {e}"))?
+            .paths()
+            .map(str::to_string)
+            .collect();
+        let (base_root, after_root) = (base.root.clone(), after.root.clone());
+        tokio::task::spawn_blocking(move || {
+            patch::between(&base_root, &after_root, |p| kept.contains(p))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("the trees could not be compared: {e}"))
     }
     .await;
     workspace::remove(&after).await;
     workspace::remove(&base).await;
     let description = match &s.repository {
-        Some(repository) => format!("{repository}@{}", s.git_ref.as_deref().unwrap_or("HEAD")),
+        Some(repository) => format!("{repository}@{}", base_ref(s).unwrap_or("HEAD")),
         None => "empty".to_string(),
     };
     made.map(|patch| (patch, snapshot, description))
+}
+
+/// What the base is checked out at: the commit the run's tree was at when its request
+/// last acquired it (so a branch that moved since adds nothing), else the run's ref.
+fn base_ref(s: &Standing) -> Option<&str> {
+    s.base_commit.as_deref().or(s.git_ref.as_deref())
 }
 
 /// The delivery, in one fenced transaction: the holds checked again, then the receipt,
 /// its journal entry and the request's completion, and the lease let go.
 async fn record(job: &Job, d: &Delivered<'_>) -> Result<JobOutcome, JobError> {
     let mut tx = job.begin().await?;
+    publication::lock_for_delivery(&mut tx, job.claimed.run_id).await?;
     let standing = publication::standing(&mut tx, job.claimed.run_id).await?;
     let holds = standing.as_ref().map_or_else(Vec::new, publication::holds);
     if !holds.is_empty() {
@@ -153,6 +180,25 @@ async fn held(job: &Job, holds: &[Hold]) -> Result<JobOutcome, JobError> {
     let reason = format!("delivery_held: {}", reasons.join("; "));
     ending::finish(job, RequestEvent::Reconcile, Some(&reason), None).await?;
     Ok(JobOutcome::NeedsReconciliation(reason))
+}
+
+/// A publication stopped before its delivery: cancelled with its run's cancel never
+/// (a publication is not cancelled), drained (queued again), or fenced (nothing
+/// written).
+async fn stopped(job: &Job) -> Result<JobOutcome, JobError> {
+    match job.cause() {
+        Some(Reason::Drain) => {
+            let mut tx = job.begin().await?;
+            request::requeue(&mut tx, job.request_id(), false).await?;
+            tx.commit().await?;
+            job.worker.leases.clear_liveness(job.lease());
+            Ok(JobOutcome::HandedBack)
+        }
+        _ => {
+            job.worker.metrics.self_fenced.inc();
+            Ok(JobOutcome::Fenced)
+        }
+    }
 }
 
 async fn fail(job: &Job, message: &str) -> Result<JobOutcome, JobError> {

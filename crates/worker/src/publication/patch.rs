@@ -14,6 +14,9 @@ use std::path::Path;
 /// so a hostile tree of huge files costs its hash, never its size in memory.
 const TEXT_MAX: u64 = 1 << 20;
 
+/// How long one file's diff may search for the smallest one.
+const DIFF_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The largest patch written: beyond it, the publication fails rather than store it.
 pub const PATCH_MAX: usize = 64 << 20;
 
@@ -84,16 +87,34 @@ pub struct Patch {
     pub files_changed: usize,
 }
 
-/// The patch that turns the tree at `base` into the tree at `after`; an error when it
-/// would be larger than [`PATCH_MAX`].
-pub fn between(base: &Path, after: &Path) -> std::io::Result<Patch> {
+/// The patch that turns the tree at `base` into the tree at `after` (restored from a
+/// capture: it holds only what a capture keeps). A path only in the base counts when
+/// `base_kept` says a capture would keep it, so a credential or a nested repository the
+/// capture left out is not shown deleted. An error when the patch would be larger than
+/// [`PATCH_MAX`] or a name cannot be written in one.
+pub fn between(
+    base: &Path,
+    after: &Path,
+    base_kept: impl Fn(&str) -> bool,
+) -> std::io::Result<Patch> {
     let (old, new) = (entries(base)?, entries(after)?);
     let mut paths: Vec<&String> = old.keys().chain(new.keys()).collect();
     paths.sort();
     paths.dedup();
     let mut text = String::new();
     let mut files_changed = 0;
-    for path in paths {
+    for path in paths
+        .into_iter()
+        .filter(|p| new.contains_key(*p) || base_kept(p))
+    {
+        if let Some(bad) = path
+            .chars()
+            .find(|c| c.is_control() || matches!(c, '"' | '\\'))
+        {
+            return Err(std::io::Error::other(format!(
+                "the name {path:?} holds {bad:?}, which a patch cannot carry unquoted"
+            )));
+        }
         let (a, b) = (old.get(path), new.get(path));
         if a == b {
             continue;
@@ -134,7 +155,10 @@ fn file_diff(out: &mut String, path: &str, a: Option<&Entry>, b: Option<&Entry>)
     let new_text = b.map_or(Some(String::new()), Entry::text);
     match (old_text, new_text) {
         (Some(old), Some(new)) if old != new => {
-            let diff = TextDiff::from_lines(&old, &new);
+            // A diff that takes too long degrades to a coarser one, never a stall.
+            let diff = TextDiff::configure()
+                .timeout(DIFF_TIMEOUT)
+                .diff_lines(&old, &new);
             let unified = diff
                 .unified_diff()
                 .context_radius(3)
@@ -150,37 +174,42 @@ fn file_diff(out: &mut String, path: &str, a: Option<&Entry>, b: Option<&Entry>)
     }
 }
 
-/// Every file and link under `root`, by its path relative to it; `.git` left out.
+/// Every file and link under `root` that its own `.gitignore` files do not ignore, by
+/// its path relative to it; `.git` left out, links never followed.
 fn entries(root: &Path) -> std::io::Result<BTreeMap<String, Entry>> {
     let mut found = BTreeMap::new();
-    let mut pending = vec![root.to_path_buf()];
-    while let Some(dir) = pending.pop() {
-        for item in std::fs::read_dir(&dir)? {
-            let item = item?;
-            let path = item.path();
-            let kind = item.file_type()?;
-            if item.file_name() == ".git" {
-                continue;
-            }
-            let Some(relative) = path
-                .strip_prefix(root)
-                .ok()
-                .and_then(|p| p.to_str())
-                .map(str::to_string)
-            else {
-                // A name that is not UTF-8 is never captured either.
-                continue;
-            };
-            if kind.is_dir() {
-                pending.push(path);
-            } else if kind.is_symlink() {
-                let target = std::fs::read_link(&path)?;
-                found.insert(relative, Entry::Link(target.to_string_lossy().into_owned()));
-            } else if kind.is_file() {
-                let metadata = item.metadata()?;
-                let executable = metadata.permissions().mode() & 0o111 != 0;
-                found.insert(relative, file_entry(&path, metadata.len(), executable)?);
-            }
+    let walk = ignore::WalkBuilder::new(root)
+        .hidden(false)
+        .parents(false)
+        .git_global(false)
+        .git_exclude(false)
+        .require_git(false)
+        .follow_links(false)
+        .filter_entry(|e| e.file_name() != ".git")
+        .build();
+    for item in walk {
+        let item = item.map_err(std::io::Error::other)?;
+        let path = item.path();
+        let Some(kind) = item.file_type() else {
+            continue;
+        };
+        let Some(relative) = path
+            .strip_prefix(root)
+            .ok()
+            .and_then(|p| p.to_str())
+            .filter(|p| !p.is_empty())
+            .map(str::to_string)
+        else {
+            // The root itself, or a name that is not UTF-8 (never captured either).
+            continue;
+        };
+        if kind.is_symlink() {
+            let target = std::fs::read_link(path)?;
+            found.insert(relative, Entry::Link(target.to_string_lossy().into_owned()));
+        } else if kind.is_file() {
+            let metadata = std::fs::symlink_metadata(path)?;
+            let executable = metadata.permissions().mode() & 0o111 != 0;
+            found.insert(relative, file_entry(path, metadata.len(), executable)?);
         }
     }
     Ok(found)
@@ -244,7 +273,7 @@ mod tests {
             ("blob.bin", b"\0\x01\x02"),
             (".git/HEAD", b"changed\n"),
         ]);
-        let patch = between(base.path(), after.path()).expect("patch");
+        let patch = between(base.path(), after.path(), |_| true).expect("patch");
         assert_eq!(patch.files_changed, 4, "{}", patch.text);
         let text = &patch.text;
         assert!(text.contains("diff --git a/edit.txt b/edit.txt\n--- a/edit.txt\n+++ b/edit.txt\n@@ -1,3 +1,3 @@\n one\n-two\n+2\n three\n"), "{text}");
@@ -263,7 +292,7 @@ mod tests {
         let base = tree(&[]);
         let after = tree(&[]);
         std::os::unix::fs::symlink("/etc/shadow", after.path().join("leak")).expect("link");
-        let patch = between(base.path(), after.path()).expect("patch");
+        let patch = between(base.path(), after.path(), |_| true).expect("patch");
         assert_eq!(patch.files_changed, 1);
         assert!(
             patch.text.contains("new file mode 120000"),
@@ -276,7 +305,10 @@ mod tests {
     #[test]
     fn a_file_too_large_to_show_is_named_as_differing() {
         let big = vec![b'a'; (TEXT_MAX + 1) as usize];
-        let patch = between(tree(&[]).path(), tree(&[("big.txt", &big)]).path()).expect("patch");
+        let patch = between(tree(&[]).path(), tree(&[("big.txt", &big)]).path(), |_| {
+            true
+        })
+        .expect("patch");
         assert_eq!(patch.files_changed, 1);
         assert!(
             patch
@@ -289,9 +321,26 @@ mod tests {
     }
 
     #[test]
+    fn ignored_output_and_what_is_not_considered_stay_out_and_odd_names_are_refused() {
+        let base = tree(&[(".env.example", b"KEY=\n"), ("keep.txt", b"k\n")]);
+        let after = tree(&[
+            ("keep.txt", b"k\n"),
+            (".gitignore", b"target/\n"),
+            ("target/debug/app", b"\0binary"),
+        ]);
+        let patch = between(base.path(), after.path(), |p| p != ".env.example").expect("patch");
+        assert_eq!(patch.files_changed, 1, "{}", patch.text);
+        assert!(patch.text.contains("b/.gitignore"), "{}", patch.text);
+        assert!(!patch.text.contains("b/target/"), "{}", patch.text);
+        assert!(!patch.text.contains(".env.example"), "{}", patch.text);
+        let odd = tree(&[("a\nb.txt", b"x\n")]);
+        assert!(between(base.path(), odd.path(), |_| true).is_err());
+    }
+
+    #[test]
     fn identical_trees_make_an_empty_patch() {
         let files: &[(&str, &[u8])] = &[("a.txt", b"a\n")];
-        let patch = between(tree(files).path(), tree(files).path()).expect("patch");
+        let patch = between(tree(files).path(), tree(files).path(), |_| true).expect("patch");
         assert_eq!((patch.files_changed, patch.text.as_str()), (0, ""));
     }
 }

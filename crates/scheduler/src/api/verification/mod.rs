@@ -98,9 +98,11 @@ fn check_agent(agent: Option<&str>, run_agent: &str) -> Result<String, ApiError>
 const ADMIN_PROVIDERS: &[&str] = &["codex", "claude"];
 
 /// The role that may approve a verification under `agent`: execute access (operator),
-/// or administrator access for the providers that need it.
+/// or administrator access for the providers that need it. Agent names are free text,
+/// so any name that names one of them (`Claude`, `claude-code`) counts as it.
 pub fn approval_role(agent: &str) -> Role {
-    if ADMIN_PROVIDERS.contains(&agent) {
+    let agent = agent.to_ascii_lowercase();
+    if ADMIN_PROVIDERS.iter().any(|p| agent.contains(p)) {
         Role::Admin
     } else {
         Role::Operator
