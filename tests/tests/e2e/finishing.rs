@@ -483,6 +483,24 @@ fn checks_passed_then_stopped(
     (run_id, request_id)
 }
 
+/// Corrupts the manifest of the run's lineage head in the store, so that no restore of
+/// it passes its integrity check.
+async fn corrupt_head(cluster: &Cluster, run_id: &str) {
+    let head: uuid::Uuid = sqlx::query_scalar(
+        "SELECT h.head_id FROM lineage_heads h JOIN runs r ON r.work_context_id = h.work_context_id
+          WHERE r.id = $1::uuid",
+    )
+    .bind(run_id)
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("the head");
+    let manifest = cluster
+        .dir
+        .join("artifacts/manifests")
+        .join(format!("{}.zst", head.simple()));
+    std::fs::write(&manifest, b"garbage").expect("corrupt the manifest");
+}
+
 /// The hold a held round recorded, by reason.
 fn held_reasons(cluster: &Cluster, run_id: &str) -> Vec<String> {
     let journal = cluster.journal(run_id);
@@ -511,19 +529,7 @@ async fn a_finishing_round_on_a_lost_tree_for_a_revoked_operator_or_an_unqualifi
     // 1. The verified checkpoint is corrupted in the store before the round: the round
     //    restores another tree, and holds.
     let (run_id, request_id) = checks_passed_then_stopped(&mut cluster, &spec, ADMIN);
-    let head: uuid::Uuid = sqlx::query_scalar(
-        "SELECT h.head_id FROM lineage_heads h JOIN runs r ON r.work_context_id = h.work_context_id
-          WHERE r.id = $1::uuid",
-    )
-    .bind(&run_id)
-    .fetch_one(&cluster.pool)
-    .await
-    .expect("the verified head");
-    let manifest = cluster
-        .dir
-        .join("artifacts/manifests")
-        .join(format!("{}.zst", head.simple()));
-    std::fs::write(&manifest, b"garbage").expect("corrupt the manifest");
+    corrupt_head(&cluster, &run_id).await;
     cluster.add_worker();
     let run = cluster.wait_for_state(&run_id, &["needs_reconciliation", "completed"], LONG);
     assert_eq!(run["state"], "needs_reconciliation", "{run}");
@@ -623,19 +629,7 @@ async fn each_stage_of_the_journey_ends_on_its_fault_with_nothing_charged_twice(
     let spec = verified_run(&TREE, json!([build_check(&effects)]));
     let (run_id, _) = cluster.submit(&spec);
     cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
-    let head: uuid::Uuid = sqlx::query_scalar(
-        "SELECT h.head_id FROM lineage_heads h JOIN runs r ON r.work_context_id = h.work_context_id
-          WHERE r.id = $1::uuid",
-    )
-    .bind(&run_id)
-    .fetch_one(&cluster.pool)
-    .await
-    .expect("the head");
-    let manifest = cluster
-        .dir
-        .join("artifacts/manifests")
-        .join(format!("{}.zst", head.simple()));
-    std::fs::write(&manifest, b"garbage").expect("corrupt the manifest");
+    corrupt_head(&cluster, &run_id).await;
     adopt(&cluster, &run_id, &id(1), &[]);
     let run = cluster.wait_for_state(&run_id, &["failed", "completed"], LONG);
     assert_eq!(run["state"], "failed", "{run}");
