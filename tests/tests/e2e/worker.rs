@@ -470,28 +470,21 @@ async fn budgets_are_never_reset_by_a_continuation() {
 #[tokio::test]
 async fn a_retained_report_is_accepted_once_through_a_final_outcome_continuation() {
     let _services = ServiceLock::shared().await;
-    let cluster = Cluster::start("final", 1, Settings::default()).await;
+    let mut cluster = Cluster::start("final", 0, Settings::default()).await;
     let file = cluster.path("effects");
-    let spec = run_spec(vec![append_step("only", &file, "only", 0.0, false)], 1);
+    // The worker writes its report with the last receipt, then dies before accepting it
+    // (the boundary a final-outcome continuation covers).
+    let report = json!({"key": "report", "argv": ["sh", "-c", "printf '{\"outcome\": \"blocked\"}' > \"$CAIRN_REPORT_FILE\""]});
+    let spec = run_spec(
+        vec![append_step("only", &file, "only", 0.0, false), report],
+        1,
+    );
+    cluster.add_faulty_worker("w1", "before_completion");
     let (run_id, request_id) = cluster.submit(&spec);
-    cluster.wait_for_state(&run_id, &["completed"], LONG);
-    // Rewind to the boundary the continuation covers: the report was retained with the
-    // last receipt, then the worker lost authority before accepting it.
-    sqlx::query("UPDATE execution_requests SET state = 'needs_reconciliation', stop_reason = 'final_report_unaccepted' WHERE id = $1::uuid")
-        .bind(&request_id)
-        .execute(&cluster.pool)
-        .await
-        .expect("rewind");
-    sqlx::query("UPDATE runs SET state = 'needs_reconciliation' WHERE id = $1::uuid")
-        .bind(&run_id)
-        .execute(&cluster.pool)
-        .await
-        .expect("rewind run");
-    sqlx::query("INSERT INTO final_reports (request_id, outcome, followup_kind, body, lease_epoch) VALUES ($1::uuid, 'blocked', NULL, '{\"outcome\": \"blocked\"}', 1)")
-        .bind(&request_id)
-        .execute(&cluster.pool)
-        .await
-        .expect("report");
+    cluster.wait_for_state(&run_id, &["needs_reconciliation"], LONG);
+    let (reason, _) = cluster.stop_reason(&request_id).await;
+    assert_eq!(reason.as_deref(), Some("final_report_unaccepted"));
+    cluster.add_worker();
     cluster.call(
         "PUT",
         "/api/v1/invalid-read-continuity/policy",
