@@ -1,9 +1,10 @@
 // The Plan tab: Saved continuation (a checkpoint continuation) and Saved agent result
 // (a final-outcome continuation), each the seed's flow: check, review, acknowledge,
 // submit once with the decision saved first, and read the saved action back; then the
-// journal's records.
+// run's publication and delivery hold, and the journal's records.
 
 import { api, can, errorText, facts, forgetDecision, h, markDecision, newId, notice, savedDecision, say, seconds, stateBadge, when } from "./core.js";
+import { publication } from "./publish.js";
 import { records } from "./records.js";
 import { submitOnce } from "./submit.js";
 
@@ -51,6 +52,7 @@ export function planTab(runId) {
       h("p", { class: "muted" }, "Candidate checks start no work. An admitted action queues the existing ticket; later worker receipts say what ran."),
       flow(FLOWS.checkpoint, "checkpoint", run),
       flow(FLOWS.final, "final", run),
+      publication(run),
       records(run.run_id));
   }).catch((e) => root.replaceChildren(h("p", { class: "notice error", role: "status" }, e.status === 404 ? "No such run." : errorText(e))));
   return root;

@@ -48,6 +48,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("../console/plan.js"),
     ),
     (
+        "publish.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../console/publish.js"),
+    ),
+    (
         "questions.js",
         "text/javascript; charset=utf-8",
         include_str!("../console/questions.js"),

@@ -582,3 +582,74 @@ async fn a_saved_agent_result_is_accepted_once_and_read_back() {
     assert_eq!(actions_saved(&cluster, &request_id).await, 1);
     browser.close().await;
 }
+
+/// A completed run is published from the Plan tab: a delivery hold is set and released
+/// there, the publication is saved in the browser before its one POST, and after a
+/// reload it reads back to its delivery receipt.
+#[tokio::test]
+async fn a_completed_run_is_published_from_the_console_and_read_back_after_a_reload() {
+    let _one = ONE_BROWSER.lock().await;
+    let cluster = Cluster::start("console-publish", 1, Settings::default()).await;
+    let spec = run_spec(
+        vec![json!({"key": "write", "argv": ["sh", "-c", "echo hello > greeting.txt"]})],
+        1,
+    );
+    let (run_id, _) = cluster.submit(&spec);
+    cluster.wait_for_state(&run_id, &["completed"], LONG);
+
+    let browser = Browser::start(cluster.api).await;
+    browser.sign_in(ADMIN).await;
+    browser.open(&format!("#/runs/{run_id}/plan")).await;
+    browser
+        .wait_text("#flow-publication", "Delivery hold")
+        .await;
+    let reason = browser.wait_for("#delivery-hold-reason").await;
+    reason.send_keys("legal review").await.expect("reason");
+    browser.click("Set delivery hold").await;
+    browser
+        .wait_text("#flow-publication", "held: legal review")
+        .await;
+    let (_, hold) = cluster.call("GET", &format!("/api/v1/runs/{run_id}/delivery-hold"), None);
+    assert_eq!(hold["held"], true, "{hold}");
+    browser.click("Release delivery hold").await;
+    browser
+        .wait_text("#flow-publication", "Delivery hold released")
+        .await;
+
+    browser
+        .wait_for("#publication-ack")
+        .await
+        .click()
+        .await
+        .expect("acknowledge");
+    browser.click("Publish result").await;
+    browser
+        .wait_text("#flow-publication", "Publication requested")
+        .await;
+    browser.check_page("plan-publication").await;
+    browser.client.refresh().await.expect("reload");
+    browser
+        .wait_text("#flow-publication", "saved in this browser")
+        .await;
+    let mut said = String::new();
+    for _ in 0..60 {
+        browser.click("Read publication").await;
+        said = browser.wait_text("#flow-publication", "Publication").await;
+        if said.contains("SHA-256") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(said.contains("1 file changed"), "{said}");
+    let (_, requests) = cluster.call(
+        "GET",
+        &format!("/api/v1/runs/{run_id}/execution-requests"),
+        None,
+    );
+    assert_eq!(
+        requests["execution_requests"].as_array().map(Vec::len),
+        Some(2),
+        "one publication was sent: {requests}"
+    );
+    browser.close().await;
+}
