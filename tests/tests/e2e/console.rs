@@ -544,12 +544,7 @@ async fn a_saved_agent_result_is_accepted_once_and_read_back() {
     let (run_id, request_id) = cluster.submit(&slow_run());
     let request_uuid = uuid::Uuid::parse_str(&request_id).expect("uuid");
     cairn_common::testing::retain_unaccepted_report(&cluster.pool, request_uuid).await;
-    let (status, _) = cluster.call(
-        "PUT",
-        "/api/v1/invalid-read-continuity/policy",
-        Some(&json!({"enabled": true, "allow_final_outcome_continuation": true})),
-    );
-    assert_eq!(status, 200);
+    allow_final_outcomes(&cluster);
 
     let browser = Browser::start(cluster.api).await;
     browser.sign_in(ADMIN).await;
@@ -616,30 +611,13 @@ async fn a_completed_run_is_published_from_the_console_and_read_back_after_a_rel
         .wait_text("#flow-publication", "Delivery hold released")
         .await;
 
-    browser
-        .wait_for("#publication-ack")
-        .await
-        .click()
-        .await
-        .expect("acknowledge");
-    browser.click("Publish result").await;
-    browser
-        .wait_text("#flow-publication", "Publication requested")
-        .await;
+    publish(&browser).await;
     browser.check_page("plan-publication").await;
     browser.client.refresh().await.expect("reload");
     browser
         .wait_text("#flow-publication", "saved in this browser")
         .await;
-    let mut said = String::new();
-    for _ in 0..60 {
-        browser.click("Read publication").await;
-        said = browser.wait_text("#flow-publication", "Publication").await;
-        if said.contains("SHA-256") {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    let said = read_publication(&browser).await;
     assert!(said.contains("1 file changed"), "{said}");
     let (_, requests) = cluster.call(
         "GET",
@@ -652,4 +630,115 @@ async fn a_completed_run_is_published_from_the_console_and_read_back_after_a_rel
         "one publication was sent: {requests}"
     );
     browser.close().await;
+}
+
+/// The whole journey in the browser: the saved result accepted (with a reload between
+/// the submission and its readback), the verification approved on the Agent questions
+/// tab, the fresh round's records on the Plan tab, and the result published and read
+/// back to its receipt.
+#[tokio::test]
+async fn the_journey_in_the_console() {
+    let _one = ONE_BROWSER.lock().await;
+    let _services = cairn_e2e::ServiceLock::shared().await;
+    let mut cluster = Cluster::start("console-journey", 0, Settings::default()).await;
+    let effects = cluster.path("effects");
+    let tree = Tree {
+        source: "fn main() {}",
+        lock: "lock v1",
+        mode: "a",
+    };
+    let spec = verified_run(&tree, json!([build_check(&effects)]));
+    cluster.add_faulty_worker("w1", "before_completion");
+    let (run_id, _) = cluster.submit(&spec);
+    cluster.wait_for_state(&run_id, &["needs_reconciliation"], LONG);
+    allow_final_outcomes(&cluster);
+
+    // The saved result, accepted once; the page reloads before it is read back.
+    let browser = Browser::start(cluster.api).await;
+    browser.sign_in(ADMIN).await;
+    review(&browser, &run_id, &SAVED_RESULT).await;
+    browser.click("Accept saved result").await;
+    browser
+        .wait_text("#flow-final", "Saved result accepted")
+        .await;
+    browser.client.refresh().await.expect("reload");
+    browser
+        .wait_text("#flow-final", "saved in this browser")
+        .await;
+    cluster.add_worker();
+    cluster.wait_for_state(&run_id, &["awaiting_verification"], LONG);
+    browser.click("Read saved action").await;
+    browser
+        .wait_text("#flow-final", "Saved result accepted: action")
+        .await;
+
+    // The verification, approved on the Agent questions tab.
+    browser.open(&format!("#/runs/{run_id}/questions")).await;
+    browser.click("Read approved checks").await;
+    browser
+        .wait_text("#flow-verification", "Frozen checks")
+        .await;
+    browser.click("Review verification approval").await;
+    browser
+        .wait_for("#verification-ack")
+        .await
+        .click()
+        .await
+        .expect("acknowledge");
+    browser.click("Save verification approval").await;
+    browser
+        .wait_text("main", "Verification approval recorded")
+        .await;
+    cluster.wait_for_state(&run_id, &["completed"], LONG);
+
+    // The records of the fresh round, then the publication.
+    browser.open(&format!("#/runs/{run_id}/plan")).await;
+    let records = browser.wait_text("#records", "Terminal acceptance").await;
+    assert!(
+        records.contains("Finishing round: 0 commands, files written: none"),
+        "{records}"
+    );
+    publish(&browser).await;
+    let said = read_publication(&browser).await;
+    assert!(said.contains("2 files changed"), "{said}");
+    browser.check_page("journey-published").await;
+    browser.close().await;
+}
+
+/// Plan → Publication: acknowledge the receipts, publish once.
+async fn publish(browser: &Browser) {
+    browser
+        .wait_for("#publication-ack")
+        .await
+        .click()
+        .await
+        .expect("acknowledge");
+    browser.click("Publish result").await;
+    browser
+        .wait_text("#flow-publication", "Publication requested")
+        .await;
+}
+
+/// Reads the saved publication back until it shows its delivery receipt; what it said.
+async fn read_publication(browser: &Browser) -> String {
+    let mut said = String::new();
+    for _ in 0..60 {
+        browser.click("Read publication").await;
+        said = browser.wait_text("#flow-publication", "Publication").await;
+        if said.contains("SHA-256") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    said
+}
+
+/// Turns on final-outcome continuations in the recovery policy.
+fn allow_final_outcomes(cluster: &Cluster) {
+    let (status, _) = cluster.call(
+        "PUT",
+        "/api/v1/invalid-read-continuity/policy",
+        Some(&json!({"enabled": true, "allow_final_outcome_continuation": true})),
+    );
+    assert_eq!(status, 200);
 }
