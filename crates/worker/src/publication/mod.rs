@@ -12,8 +12,9 @@ mod patch;
 
 use crate::custody::Restore;
 use crate::error::JobError;
+use crate::job::durable;
+use crate::job::ending;
 use crate::job::handle::{Job, JobOutcome};
-use crate::job::{durable, ending};
 use crate::keeper::Reason;
 use crate::workspace::{self, Workspace};
 use bytes::Bytes;

@@ -12,8 +12,9 @@
 use super::Adoption;
 use crate::custody::{Release, Subject, Tree};
 use crate::error::JobError;
+use crate::job::durable;
+use crate::job::ending;
 use crate::job::handle::{Job, JobOutcome};
-use crate::job::{durable, ending};
 use crate::keeper::Reason;
 use crate::scope;
 use cairn_common::handoff;

@@ -83,7 +83,7 @@ fn a_stopped_request_with_everything_in_order_is_ready() {
 }
 
 #[test]
-fn each_rule_holds_a_checkpoint_candidate() {
+fn each_general_rule_holds_a_checkpoint_candidate() {
     let now = Utc::now();
     let cases: Vec<(Facts, bool, HoldReason)> = vec![
         (stopped(), false, HoldReason::PolicyDisabled),
@@ -135,6 +135,13 @@ fn each_rule_holds_a_checkpoint_candidate() {
             true,
             HoldReason::ExhaustedLimits,
         ),
+    ];
+    assert_each_holds(cases);
+}
+
+#[test]
+fn each_checkpoint_rule_holds_a_checkpoint_candidate() {
+    let cases: Vec<(Facts, bool, HoldReason)> = vec![
         (
             Facts {
                 state: "executing".into(),
@@ -196,6 +203,11 @@ fn each_rule_holds_a_checkpoint_candidate() {
             HoldReason::MissingCustody,
         ),
     ];
+    assert_each_holds(cases);
+}
+
+/// Each case's candidate is held, with its reason among the holds.
+fn assert_each_holds(cases: Vec<(Facts, bool, HoldReason)>) {
     for (facts, on, reason) in cases {
         let candidate = checkpoint(facts, on);
         assert_eq!(candidate.admission, "HELD");
