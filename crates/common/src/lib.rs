@@ -37,6 +37,7 @@
 //! - `testing` (feature `testing`): isolation helpers for tests against real services.
 
 #[macro_use]
+pub mod action_input;
 pub mod text_enum;
 
 pub mod component;

@@ -172,6 +172,7 @@ impl Default for Budgets {
 /// What a client submits to `POST /api/v1/runs`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(json!({"agent": "builder", "steps": [{"key": "build", "argv": ["sh", "-c", "make test"], "timeout_seconds": 600}], "budgets": {"max_commands": 20, "max_wall_seconds": 3600}, "max_attempts": 3})))]
 pub struct RunSpec {
     /// Which agent the run is for (part of workspace and snapshot ownership).
     #[schema(pattern = "^[A-Za-z0-9._-]{1,128}$")]

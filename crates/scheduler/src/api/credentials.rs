@@ -21,7 +21,7 @@ pub struct Rotation {
 }
 
 /// Rotate an agent's credential generation (a platform admin).
-#[utoipa::path(post, path = "/api/v1/agents/{agent}/credentials/rotate", tag = "credentials",
+#[utoipa::path(post, operation_id = "rotate_agent_credentials", tag = "credentials", path = "/api/v1/agents/{agent}/credentials/rotate",
     params(("agent" = String, Path)),
     responses((status = 200, body = Rotation), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]

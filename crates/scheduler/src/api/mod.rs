@@ -21,6 +21,7 @@ pub mod auth;
 pub mod continuation;
 pub mod credentials;
 pub mod error;
+pub mod error_codes;
 pub mod idempotency;
 pub mod json;
 pub mod network_policy;

@@ -23,8 +23,7 @@ pub struct NetworkPolicyUpdate {
 }
 
 /// Read a tenant's network policy (its own tokens, or a platform token).
-#[utoipa::path(get, path = "/api/v1/tenants/{tenant_id}/network-policy", tag = "tokens",
-    operation_id = "get_tenant_network_policy",
+#[utoipa::path(get, operation_id = "get_tenant_network_policy", tag = "tenants", path = "/api/v1/tenants/{tenant_id}/network-policy",
     params(("tenant_id" = String, Path, description = "The tenant")),
     responses((status = 200, body = TenantNetwork), (status = 401, body = ErrorBody),
         (status = 404, description = "No such tenant", body = ErrorBody)),
@@ -44,8 +43,7 @@ pub async fn show(
 /// Set a tenant's network policy (platform admin). It applies to every step claimed and
 /// every sandbox started or resumed after it is saved; a run's or sandbox's own
 /// `network` narrows it further.
-#[utoipa::path(put, path = "/api/v1/tenants/{tenant_id}/network-policy", tag = "tokens",
-    operation_id = "set_tenant_network_policy",
+#[utoipa::path(put, operation_id = "set_tenant_network_policy", tag = "tenants", path = "/api/v1/tenants/{tenant_id}/network-policy",
     params(("tenant_id" = String, Path, description = "The tenant")),
     request_body = NetworkPolicyUpdate,
     responses((status = 200, body = TenantNetwork), (status = 400, body = ErrorBody),

@@ -27,6 +27,22 @@ use utoipa::{Modify, OpenApi};
         sandboxes::snapshots::delete, sandboxes::snapshots::restore,
     ),
     components(schemas(error::ErrorBody, error::ErrorDetail)),
+    tags(
+        (name = "runs", description = "Runs: submission, reading, journal, output, cancel, pause and resume."),
+        (name = "continuations", description = "Reviewed continuations of a run's request: candidates, one caller-owned action each, status."),
+        (name = "verification", description = "Verification handoffs: the checks a final report asks for, adopted by a person."),
+        (name = "publication", description = "Publishing a completed run's result, and the delivery hold that stops it."),
+        (name = "policy", description = "The continuation policy (invalid-read continuity)."),
+        (name = "qualification", description = "Source profiles: which runtimes may continue a checkpoint."),
+        (name = "sandboxes", description = "Sandboxes: lifecycle, exec, files, forks."),
+        (name = "snapshots", description = "Sandbox snapshots: list, read, restore, delete."),
+        (name = "tokens", description = "API tokens and their roles."),
+        (name = "tenants", description = "Tenants and their steps' network policy."),
+        (name = "session", description = "The calling token."),
+        (name = "credentials", description = "Agent credentials."),
+        (name = "workers", description = "The worker fleet and its leases."),
+        (name = "reaper", description = "The reaper's sweeps and pending repairs."),
+    ),
     modifiers(&BearerAuth)
 )]
 pub struct ApiDoc;
@@ -50,7 +66,21 @@ pub fn json() -> String {
         return String::new();
     };
     complete(&mut doc);
+    list_error_codes(&mut doc);
     serde_json::to_string_pretty(&doc).unwrap_or_default()
+}
+
+/// Lists every error code (`x-error-codes`: code → usual status and meaning), so a
+/// client can name one class per code.
+fn list_error_codes(doc: &mut serde_json::Value) {
+    let codes: serde_json::Map<String, serde_json::Value> = super::error_codes::ERROR_CODES
+        .iter()
+        .map(|(code, status, meaning)| {
+            let entry = serde_json::json!({"status": status, "description": meaning});
+            (code.to_string(), entry)
+        })
+        .collect();
+    doc["x-error-codes"] = serde_json::Value::Object(codes);
 }
 
 /// The component schemas a request body uses, directly or through others.

@@ -125,7 +125,7 @@ async fn settle(
 
 /// Pause a running run: its step's processes stop and a checkpoint is captured before
 /// the paused reply.
-#[utoipa::path(post, path = "/api/v1/runs/{run_id}/pause", tag = "runs", operation_id = "pause_run",
+#[utoipa::path(post, operation_id = "pause_run", tag = "runs", path = "/api/v1/runs/{run_id}/pause",
     params(("run_id" = String, Path), WaitQuery),
     responses(
         (status = 200, description = "Paused: the checkpoint was captured first", body = PauseView),
@@ -150,7 +150,7 @@ pub async fn pause(
 }
 
 /// Resume a paused run: its step's processes continue.
-#[utoipa::path(post, path = "/api/v1/runs/{run_id}/resume", tag = "runs", operation_id = "resume_run",
+#[utoipa::path(post, operation_id = "resume_run", tag = "runs", path = "/api/v1/runs/{run_id}/resume",
     params(("run_id" = String, Path), WaitQuery),
     responses(
         (status = 200, description = "Running again", body = PauseView),
@@ -200,7 +200,7 @@ async fn answer(
 }
 
 /// Read a run's pause state.
-#[utoipa::path(get, path = "/api/v1/runs/{run_id}/pause", tag = "runs", operation_id = "show_pause",
+#[utoipa::path(get, operation_id = "get_run_pause", tag = "runs", path = "/api/v1/runs/{run_id}/pause",
     params(("run_id" = String, Path)),
     responses((status = 200, body = PauseView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]

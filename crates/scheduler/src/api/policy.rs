@@ -10,7 +10,7 @@ use cairn_common::policy::{self, Policy, PolicyUpdate, MAX_WINDOW_SECONDS};
 
 /// Read the recovery policy of the caller's tenant (a platform token: the default
 /// tenant's).
-#[utoipa::path(get, path = "/api/v1/invalid-read-continuity/policy", tag = "policy",
+#[utoipa::path(get, operation_id = "get_continuation_policy", tag = "policy", path = "/api/v1/invalid-read-continuity/policy",
     responses((status = 200, body = Policy), (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn get_policy(
@@ -23,7 +23,7 @@ pub async fn get_policy(
 
 /// Save the named settings of the caller's tenant's policy (admin); every setting not
 /// named keeps its value.
-#[utoipa::path(put, path = "/api/v1/invalid-read-continuity/policy", tag = "policy",
+#[utoipa::path(put, operation_id = "set_continuation_policy", tag = "policy", path = "/api/v1/invalid-read-continuity/policy",
     request_body = PolicyUpdate,
     responses((status = 200, body = Policy), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
         (status = 403, body = ErrorBody), (status = 422, body = ErrorBody)),

@@ -21,6 +21,7 @@ use uuid::Uuid;
 /// The strict version-1 body of a publication request.
 #[derive(Debug, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(json!({"version": 1, "request_id": "0f1e2d3c4b5a69788796a5b4c3d2e1f0", "acknowledge_command_receipts_read": true})))]
 pub struct PublicationInputV1 {
     /// Integer 1.
     #[schema(minimum = 1, maximum = 1)]
@@ -44,8 +45,7 @@ pub struct DeliveryHoldInput {
 /// Request publication of a completed run: its final tree as a patch in the artifact
 /// store, with a delivery receipt. Refused (`409 delivery_held`) while the run is not
 /// completed, a delivery hold stands or its final tree is gone.
-#[utoipa::path(post, path = "/api/v1/runs/{run_id}/publications", tag = "runs",
-    operation_id = "request_publication",
+#[utoipa::path(post, operation_id = "request_publication", tag = "publication", path = "/api/v1/runs/{run_id}/publications",
     params(("run_id" = String, Path)), request_body = PublicationInputV1,
     responses((status = 201, body = PublicationView), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
@@ -137,8 +137,7 @@ async fn id_taken(conn: &mut sqlx::PgConnection, id: Uuid) -> Result<bool, sqlx:
 }
 
 /// Read a publication and, once delivered, its delivery receipt.
-#[utoipa::path(get, path = "/api/v1/runs/{run_id}/publications/{request_id}", tag = "runs",
-    operation_id = "get_publication",
+#[utoipa::path(get, operation_id = "get_publication", tag = "publication", path = "/api/v1/runs/{run_id}/publications/{request_id}",
     params(("run_id" = String, Path), ("request_id" = String, Path)),
     responses((status = 200, body = PublicationView), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
@@ -159,8 +158,7 @@ pub async fn show(
 }
 
 /// Read a run's delivery hold.
-#[utoipa::path(get, path = "/api/v1/runs/{run_id}/delivery-hold", tag = "runs",
-    operation_id = "get_delivery_hold", params(("run_id" = String, Path)),
+#[utoipa::path(get, operation_id = "get_delivery_hold", tag = "publication", path = "/api/v1/runs/{run_id}/delivery-hold", params(("run_id" = String, Path)),
     responses((status = 200, body = DeliveryHold), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
@@ -187,8 +185,7 @@ async fn read_hold(
 
 /// Set a delivery hold on a run (admin): nothing of it is published while it stands, and
 /// accepting a report does not clear it.
-#[utoipa::path(put, path = "/api/v1/runs/{run_id}/delivery-hold", tag = "runs",
-    operation_id = "set_delivery_hold", params(("run_id" = String, Path)),
+#[utoipa::path(put, operation_id = "set_delivery_hold", tag = "publication", path = "/api/v1/runs/{run_id}/delivery-hold", params(("run_id" = String, Path)),
     request_body = DeliveryHoldInput,
     responses((status = 200, body = DeliveryHold), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
@@ -220,8 +217,7 @@ pub async fn set_hold(
 }
 
 /// Clear a run's delivery hold (admin).
-#[utoipa::path(delete, path = "/api/v1/runs/{run_id}/delivery-hold", tag = "runs",
-    operation_id = "clear_delivery_hold", params(("run_id" = String, Path)),
+#[utoipa::path(delete, operation_id = "clear_delivery_hold", tag = "publication", path = "/api/v1/runs/{run_id}/delivery-hold", params(("run_id" = String, Path)),
     responses((status = 200, body = DeliveryHold), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]

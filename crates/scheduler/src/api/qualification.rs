@@ -45,8 +45,7 @@ pub struct ProfileUpdate {
 }
 
 /// Read the current implementation's source profile and the registered ones.
-#[utoipa::path(get, path = "/api/v1/qualification", tag = "continuations",
-    operation_id = "get_qualification",
+#[utoipa::path(get, operation_id = "get_qualification", tag = "qualification", path = "/api/v1/qualification",
     responses((status = 200, body = QualificationView), (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn show(
@@ -73,8 +72,7 @@ pub async fn show(
 /// Qualify or revoke a source profile (platform admin): a registered one, or the
 /// current implementation's. Continuations are admitted only while the current profile
 /// is qualified, and only from checkpoints retained under a qualified profile.
-#[utoipa::path(put, path = "/api/v1/qualification/profiles/{profile_digest}", tag = "continuations",
-    operation_id = "set_source_profile",
+#[utoipa::path(put, operation_id = "set_source_profile", tag = "qualification", path = "/api/v1/qualification/profiles/{profile_digest}",
     params(("profile_digest" = String, Path, description = "The profile's 64-hex digest")),
     request_body = ProfileUpdate,
     responses((status = 200, body = Registered), (status = 400, body = ErrorBody),

@@ -45,7 +45,7 @@ pub struct ReaperView {
 }
 
 /// The reaper's last sweeps and its pending operator repairs (a platform token).
-#[utoipa::path(get, path = "/api/v1/reaper", tag = "workers", operation_id = "show_reaper",
+#[utoipa::path(get, operation_id = "get_reaper", tag = "reaper", path = "/api/v1/reaper",
     responses((status = 200, body = ReaperView), (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn show(

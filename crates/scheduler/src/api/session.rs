@@ -23,7 +23,7 @@ pub struct SessionView {
 }
 
 /// The calling token: its id, label, role and tenant.
-#[utoipa::path(get, path = "/api/v1/session", tag = "tokens", operation_id = "show_session",
+#[utoipa::path(get, operation_id = "get_session", tag = "session", path = "/api/v1/session",
     responses((status = 200, body = SessionView), (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn show(

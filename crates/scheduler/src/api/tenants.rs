@@ -34,7 +34,7 @@ pub struct TenantList {
 }
 
 /// Create a tenant (platform admin). Its recovery policy starts from the defaults.
-#[utoipa::path(post, path = "/api/v1/tenants", tag = "tokens", operation_id = "create_tenant",
+#[utoipa::path(post, operation_id = "create_tenant", tag = "tenants", path = "/api/v1/tenants",
     request_body = TenantRequest,
     responses((status = 201, body = TenantView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
         (status = 403, body = ErrorBody), (status = 409, description = "The tenant exists", body = ErrorBody),
@@ -70,7 +70,7 @@ pub async fn create(
 }
 
 /// List tenants: every tenant for a platform token, the token's own otherwise.
-#[utoipa::path(get, path = "/api/v1/tenants", tag = "tokens", operation_id = "list_tenants",
+#[utoipa::path(get, operation_id = "list_tenants", tag = "tenants", path = "/api/v1/tenants",
     responses((status = 200, body = TenantList), (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn list(

@@ -16,6 +16,7 @@ use utoipa::ToSchema;
 
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(examples(json!({"name": "ci-operator", "role": "operator"})))]
 pub struct TokenRequest {
     /// A label for people, 1 to 128 characters.
     #[schema(min_length = 1, max_length = 128)]
@@ -40,7 +41,7 @@ pub struct CreatedToken {
 }
 
 /// Create a token (admin).
-#[utoipa::path(post, path = "/api/v1/tokens", tag = "tokens", request_body = TokenRequest,
+#[utoipa::path(post, operation_id = "create_token", tag = "tokens", path = "/api/v1/tokens", request_body = TokenRequest,
     responses((status = 201, body = CreatedToken), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
         (status = 403, body = ErrorBody),
         (status = 404, description = "The named tenant does not exist or is not the caller's", body = ErrorBody),
@@ -122,7 +123,7 @@ pub struct TokenList {
 
 /// List tokens (admin) of the caller's tenant (every token for a platform admin), newest
 /// first. Secrets are never shown again.
-#[utoipa::path(get, path = "/api/v1/tokens", tag = "tokens", operation_id = "list_tokens",
+#[utoipa::path(get, operation_id = "list_tokens", tag = "tokens", path = "/api/v1/tokens",
     responses((status = 200, body = TokenList), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn list(
@@ -163,7 +164,7 @@ pub struct RevokedToken {
 
 /// Revoke a token (admin). Runs it submitted keep their history; their continuations
 /// are held for revoked access.
-#[utoipa::path(post, path = "/api/v1/tokens/{token_id}/revoke", tag = "tokens",
+#[utoipa::path(post, operation_id = "revoke_token", tag = "tokens", path = "/api/v1/tokens/{token_id}/revoke",
     params(("token_id" = String, Path)),
     responses((status = 200, body = RevokedToken), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]

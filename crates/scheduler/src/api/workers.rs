@@ -69,7 +69,7 @@ pub struct WorkerList {
 
 /// Workers that beat in the last hour, alive ones first, with the leases they hold (of
 /// the caller's tenant's runs only, unless a platform token asks).
-#[utoipa::path(get, path = "/api/v1/workers", tag = "workers", operation_id = "list_workers",
+#[utoipa::path(get, operation_id = "list_workers", tag = "workers", path = "/api/v1/workers",
     responses((status = 200, body = WorkerList), (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn list(

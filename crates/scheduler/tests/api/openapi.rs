@@ -64,3 +64,64 @@ async fn the_openapi_document_lists_every_route() {
         (StatusCode::NOT_FOUND, "no_such_route")
     );
 }
+
+/// Every operation has one operationId, unique, in one style (`verb_noun`, snake case),
+/// and one tag the document declares; every error code is listed with its meaning.
+#[tokio::test]
+async fn every_operation_is_named_tagged_and_its_errors_listed() {
+    let api = Api::new().await;
+    let (_, doc) = api.call("GET", "/api/v1/openapi.json", None, None).await;
+    let declared: Vec<&str> = doc["tags"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    let verbs = [
+        "get", "list", "count", "create", "submit", "cancel", "pause", "resume", "set", "clear",
+        "request", "adopt", "revoke", "rotate", "stop", "destroy", "extend", "exec", "read",
+        "write", "fork", "delete", "restore",
+    ];
+    let mut ids = std::collections::BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().into_iter().flatten() {
+        for (method, operation) in item.as_object().into_iter().flatten() {
+            let id = operation["operationId"].as_str().unwrap_or_default();
+            let (verb, noun) = id.split_once('_').unwrap_or((id, ""));
+            assert!(
+                verbs.contains(&verb)
+                    && !noun.is_empty()
+                    && noun.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{method} {path}: operationId {id:?} is not verb_noun"
+            );
+            assert!(ids.insert(id.to_string()), "{id} names two operations");
+            let tags: Vec<&str> = operation["tags"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|t| t.as_str())
+                .collect();
+            assert!(
+                tags.len() == 1 && declared.contains(&tags[0]),
+                "{method} {path}: tags {tags:?}"
+            );
+        }
+    }
+    let codes = doc["x-error-codes"].as_object().expect("x-error-codes");
+    for code in [
+        "not_found",
+        "action_id_conflict",
+        "candidate_held",
+        "validation_failed",
+        "unauthorized",
+    ] {
+        assert!(
+            codes[code]["description"].is_string() && codes[code]["status"].is_u64(),
+            "{code}"
+        );
+    }
+    let example = &doc["components"]["schemas"]["FinalOutcomeContinuationInputV1"]["examples"][0];
+    assert_eq!(
+        example["acknowledge_already_consumed_final_output"], true,
+        "{example}"
+    );
+}

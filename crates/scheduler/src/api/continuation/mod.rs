@@ -389,8 +389,7 @@ async fn read_status(
 }
 
 /// Inspect a checkpoint continuation candidate; starts no work.
-#[utoipa::path(get, path = "/api/v1/runs/{run_id}/checkpoint-continuations/requests/{request_id}/candidate",
-    tag = "checkpoint continuations", params(("run_id" = String, Path), ("request_id" = String, Path)),
+#[utoipa::path(get, operation_id = "get_checkpoint_continuation_candidate", tag = "continuations", path = "/api/v1/runs/{run_id}/checkpoint-continuations/requests/{request_id}/candidate", params(("run_id" = String, Path), ("request_id" = String, Path)),
     responses((status = 200, body = Candidate), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn checkpoint_candidate(
@@ -404,8 +403,7 @@ pub async fn checkpoint_candidate(
 }
 
 /// Save one reviewed checkpoint continuation on the existing ticket (admin).
-#[utoipa::path(post, path = "/api/v1/runs/{run_id}/checkpoint-continuations/requests/{request_id}/actions/{action_id}",
-    tag = "checkpoint continuations",
+#[utoipa::path(post, operation_id = "request_checkpoint_continuation", tag = "continuations", path = "/api/v1/runs/{run_id}/checkpoint-continuations/requests/{request_id}/actions/{action_id}",
     params(("run_id" = String, Path), ("request_id" = String, Path), ("action_id" = String, Path, description = "Caller-owned, 32 lowercase hex")),
     request_body = CheckpointContinuationInputV1,
     responses((status = 201, description = "Saved (or the identical earlier receipt)", body = ActionView),
@@ -423,8 +421,7 @@ pub async fn checkpoint_action(
 }
 
 /// Read the saved checkpoint continuation and its worker status.
-#[utoipa::path(get, path = "/api/v1/runs/{run_id}/checkpoint-continuations/requests/{request_id}/status",
-    tag = "checkpoint continuations", params(("run_id" = String, Path), ("request_id" = String, Path)),
+#[utoipa::path(get, operation_id = "get_checkpoint_continuation_status", tag = "continuations", path = "/api/v1/runs/{run_id}/checkpoint-continuations/requests/{request_id}/status", params(("run_id" = String, Path), ("request_id" = String, Path)),
     responses((status = 200, body = ActionView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn checkpoint_status(
@@ -438,8 +435,7 @@ pub async fn checkpoint_status(
 }
 
 /// Review a retained final report and current eligibility; changes nothing.
-#[utoipa::path(get, path = "/api/v1/runs/{run_id}/final-outcome-continuations/requests/{request_id}/candidate",
-    tag = "final-outcome continuations", params(("run_id" = String, Path), ("request_id" = String, Path)),
+#[utoipa::path(get, operation_id = "get_final_outcome_continuation_candidate", tag = "continuations", path = "/api/v1/runs/{run_id}/final-outcome-continuations/requests/{request_id}/candidate", params(("run_id" = String, Path), ("request_id" = String, Path)),
     responses((status = 200, body = Candidate), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn final_candidate(
@@ -453,8 +449,7 @@ pub async fn final_candidate(
 }
 
 /// Save one reviewed final-outcome acceptance (the run's original operator, as admin).
-#[utoipa::path(post, path = "/api/v1/runs/{run_id}/final-outcome-continuations/requests/{request_id}/actions/{action_id}",
-    tag = "final-outcome continuations",
+#[utoipa::path(post, operation_id = "request_final_outcome_continuation", tag = "continuations", path = "/api/v1/runs/{run_id}/final-outcome-continuations/requests/{request_id}/actions/{action_id}",
     params(("run_id" = String, Path), ("request_id" = String, Path), ("action_id" = String, Path)),
     request_body = FinalOutcomeContinuationInputV1,
     responses((status = 201, body = ActionView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
@@ -488,8 +483,7 @@ pub async fn final_action(
 }
 
 /// Read the saved final-outcome action and its worker outcome.
-#[utoipa::path(get, path = "/api/v1/runs/{run_id}/final-outcome-continuations/requests/{request_id}/status",
-    tag = "final-outcome continuations", params(("run_id" = String, Path), ("request_id" = String, Path)),
+#[utoipa::path(get, operation_id = "get_final_outcome_continuation_status", tag = "continuations", path = "/api/v1/runs/{run_id}/final-outcome-continuations/requests/{request_id}/status", params(("run_id" = String, Path), ("request_id" = String, Path)),
     responses((status = 200, body = ActionView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn final_status(

@@ -27,7 +27,7 @@ fn same_input(stored: &str, spec: &RunSpec) -> bool {
 }
 
 /// Submit one run.
-#[utoipa::path(post, path = "/api/v1/runs", tag = "runs",
+#[utoipa::path(post, operation_id = "submit_run", tag = "runs", path = "/api/v1/runs",
     request_body = RunSpec,
     params(("Idempotency-Key" = Option<String>, Header, description = "Same key and body: the same run; same key, other body: 409")),
     responses(
@@ -135,7 +135,7 @@ pub struct BatchResponse {
 }
 
 /// Submit up to 1,000 runs in one transaction.
-#[utoipa::path(post, path = "/api/v1/runs/batch", tag = "runs", request_body = BatchRequest,
+#[utoipa::path(post, operation_id = "submit_runs", tag = "runs", path = "/api/v1/runs/batch", request_body = BatchRequest,
     params(("Idempotency-Key" = Option<String>, Header, description = "Same key and batch: the same run ids; same key, other batch: 409")),
     responses((status = 201, description = "Admitted and queued", body = BatchResponse),
         (status = 200, description = "Replay of an earlier batch with the same Idempotency-Key", body = BatchResponse),

@@ -84,7 +84,7 @@ pub struct Journal {
 }
 
 /// The journal of a run: intents and receipts of every step, and other entries.
-#[utoipa::path(get, path = "/api/v1/runs/{run_id}/journal", tag = "runs",
+#[utoipa::path(get, operation_id = "get_run_journal", tag = "runs", path = "/api/v1/runs/{run_id}/journal",
     params(("run_id" = String, Path)),
     responses((status = 200, body = Journal), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]

@@ -24,7 +24,7 @@ use cairn_common::request::cancel::{cancel_run, Cancellation};
 use view::{load_run, RunView};
 
 /// Cancel a run: at once when no worker holds it, else within one lease renewal.
-#[utoipa::path(post, path = "/api/v1/runs/{run_id}/cancel", tag = "runs",
+#[utoipa::path(post, operation_id = "cancel_run", tag = "runs", path = "/api/v1/runs/{run_id}/cancel",
     params(("run_id" = String, Path)),
     responses(
         (status = 200, description = "Cancelled", body = RunView),

@@ -68,7 +68,7 @@ struct StepOutput {
 /// `{"seq": N, "text": …}` (the bytes in Cairn's escaped text form, see
 /// `cairn_common::output`), then one `end` event, `{"epoch": N}`, when the attempt at
 /// that lease epoch has ended (its receipt, or another attempt took the request).
-#[utoipa::path(get, path = "/api/v1/runs/{run_id}/steps/{step_key}/output", tag = "runs",
+#[utoipa::path(get, operation_id = "get_step_output", tag = "runs", path = "/api/v1/runs/{run_id}/steps/{step_key}/output",
     params(("run_id" = String, Path), ("step_key" = String, Path), OutputQuery),
     responses(
         (status = 200, description = "The output's bytes, or its events when following", content(

@@ -171,7 +171,7 @@ pub struct RunPage {
 }
 
 /// List runs, newest first.
-#[utoipa::path(get, path = "/api/v1/runs", tag = "runs", params(ListQuery),
+#[utoipa::path(get, operation_id = "list_runs", tag = "runs", path = "/api/v1/runs", params(ListQuery),
     responses((status = 200, body = RunPage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn list(
@@ -263,8 +263,7 @@ pub struct RunCounts {
 }
 
 /// How many runs are in each state.
-#[utoipa::path(get, path = "/api/v1/runs/counts", tag = "runs", params(CountQuery),
-    operation_id = "count_runs",
+#[utoipa::path(get, operation_id = "count_runs", tag = "runs", path = "/api/v1/runs/counts", params(CountQuery),
     responses((status = 200, body = RunCounts), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn counts(
@@ -305,7 +304,7 @@ fn parse_cursor(cursor: &str) -> Option<(DateTime<Utc>, Uuid)> {
 }
 
 /// Read one run.
-#[utoipa::path(get, path = "/api/v1/runs/{run_id}", tag = "runs",
+#[utoipa::path(get, operation_id = "get_run", tag = "runs", path = "/api/v1/runs/{run_id}",
     params(("run_id" = String, Path, description = "32 lowercase hex")),
     responses((status = 200, body = RunView), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
@@ -363,7 +362,7 @@ pub struct ExecutionRequestList {
 }
 
 /// The execution requests of a run (publication and cancellation state, leases, usage).
-#[utoipa::path(get, path = "/api/v1/runs/{run_id}/execution-requests", tag = "runs",
+#[utoipa::path(get, operation_id = "list_execution_requests", tag = "runs", path = "/api/v1/runs/{run_id}/execution-requests",
     params(("run_id" = String, Path)),
     responses((status = 200, body = ExecutionRequestList), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]

@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 /// Create a sandbox. It is `creating` until a worker has prepared its tree, then
 /// `running`.
-#[utoipa::path(post, operation_id = "create_sandbox", path = "/api/v1/sandboxes", tag = "sandboxes",
+#[utoipa::path(post, operation_id = "create_sandbox", tag = "sandboxes", path = "/api/v1/sandboxes",
     request_body = CreateSpec,
     params(("Idempotency-Key" = Option<String>, Header, description = "Same key and body: the same sandbox; same key, other body: 409")),
     responses(

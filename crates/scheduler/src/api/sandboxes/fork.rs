@@ -36,7 +36,7 @@ pub struct ForkView {
 
 /// Fork a running sandbox into `count` new ones (default 1) from one capture. Honours
 /// `Idempotency-Key`: retry a branch with the same key; use a new key per branch.
-#[utoipa::path(post, operation_id = "fork_sandbox", path = "/api/v1/sandboxes/{sandbox_id}/fork", tag = "sandboxes",
+#[utoipa::path(post, operation_id = "fork_sandbox", tag = "sandboxes", path = "/api/v1/sandboxes/{sandbox_id}/fork",
     request_body(content = Option<ForkSpec>, description = "Optional"),
     params(("sandbox_id" = String, Path, description = "32 hex characters"),
         ("Idempotency-Key" = Option<String>, Header, description = "Same key and body: the same forks; same key, other body: 409")),

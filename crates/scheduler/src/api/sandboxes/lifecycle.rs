@@ -126,7 +126,7 @@ async fn ask(conn: &mut PgConnection, id: Uuid, desired: &str) -> Result<(), sql
 
 /// Stop a running (or paused) sandbox: its processes end, its tree is captured as the
 /// stop snapshot, and its worker slot is released. Files survive; processes do not.
-#[utoipa::path(post, operation_id = "stop_sandbox", path = "/api/v1/sandboxes/{sandbox_id}/stop", tag = "sandboxes",
+#[utoipa::path(post, operation_id = "stop_sandbox", tag = "sandboxes", path = "/api/v1/sandboxes/{sandbox_id}/stop",
     params(("sandbox_id" = String, Path, description = "32 hex characters"), WaitQuery),
     responses((status = 200, description = "Stopped", body = SandboxView),
         (status = 202, description = "Stopping: the worker has not finished the capture yet", body = SandboxView),
@@ -159,7 +159,7 @@ pub async fn stop(
 /// finishes first), for at most the worker's pause limit (30 minutes by default), after
 /// which it behaves like a stop. Cairn keeps no memory checkpoint: a pause that outlives
 /// its worker resumes from the disk.
-#[utoipa::path(post, operation_id = "pause_sandbox", path = "/api/v1/sandboxes/{sandbox_id}/pause", tag = "sandboxes",
+#[utoipa::path(post, operation_id = "pause_sandbox", tag = "sandboxes", path = "/api/v1/sandboxes/{sandbox_id}/pause",
     params(("sandbox_id" = String, Path, description = "32 hex characters"), WaitQuery),
     responses((status = 200, description = "Paused", body = SandboxView),
         (status = 202, description = "Pausing: its worker has not frozen it yet", body = SandboxView),
@@ -257,7 +257,7 @@ pub async fn resume_in(conn: &mut PgConnection, id: Uuid, row: &Locked) -> Resul
 
 /// Resume a stopped or paused sandbox. Honours `Idempotency-Key`: the same key and body
 /// answer the sandbox without resuming it again.
-#[utoipa::path(post, operation_id = "resume_sandbox", path = "/api/v1/sandboxes/{sandbox_id}/resume", tag = "sandboxes",
+#[utoipa::path(post, operation_id = "resume_sandbox", tag = "sandboxes", path = "/api/v1/sandboxes/{sandbox_id}/resume",
     request_body(content = Option<ResumeSpec>, description = "Optional"),
     params(("sandbox_id" = String, Path, description = "32 hex characters"), WaitQuery,
         ("Idempotency-Key" = Option<String>, Header, description = "Same key and body: one resume; same key, other body: 409")),
@@ -346,7 +346,7 @@ pub async fn remember(
 
 /// Destroy a sandbox (or delete an `error` record): everything is released; its
 /// snapshots are deleted after the reaper's grace.
-#[utoipa::path(delete, operation_id = "destroy_sandbox", path = "/api/v1/sandboxes/{sandbox_id}", tag = "sandboxes",
+#[utoipa::path(delete, operation_id = "destroy_sandbox", tag = "sandboxes", path = "/api/v1/sandboxes/{sandbox_id}",
     params(("sandbox_id" = String, Path, description = "32 hex characters"), WaitQuery),
     responses((status = 200, description = "Destroyed", body = SandboxView),
         (status = 202, description = "Destroying: its worker has not released it yet", body = SandboxView),
@@ -393,7 +393,7 @@ pub struct ExtendSpec {
 
 /// Replace a sandbox's timeout (not added to it); an empty body keeps it. It counts
 /// from the last activity, and a call counts as activity.
-#[utoipa::path(post, operation_id = "extend_sandbox", path = "/api/v1/sandboxes/{sandbox_id}/extend", tag = "sandboxes",
+#[utoipa::path(post, operation_id = "extend_sandbox", tag = "sandboxes", path = "/api/v1/sandboxes/{sandbox_id}/extend",
     request_body(content = Option<ExtendSpec>, description = "Optional"),
     params(("sandbox_id" = String, Path, description = "32 hex characters")),
     responses((status = 200, body = SandboxView), (status = 400, body = ErrorBody),

@@ -116,7 +116,7 @@ pub async fn await_receipt(
 
 /// Run a command in the sandbox. The reply is its receipt: exit code, signal, timeout,
 /// output tails and usage, and the snapshot holding its effects.
-#[utoipa::path(post, operation_id = "exec_in_sandbox", path = "/api/v1/sandboxes/{sandbox_id}/exec", tag = "sandboxes",
+#[utoipa::path(post, operation_id = "exec_in_sandbox", tag = "sandboxes", path = "/api/v1/sandboxes/{sandbox_id}/exec",
     request_body = ExecSpec,
     params(("sandbox_id" = String, Path, description = "32 hex characters")),
     responses((status = 200, description = "Its receipt (or `interrupted`)", body = OperationView),
@@ -198,7 +198,7 @@ async fn file_operation(
 }
 
 /// List a directory of the sandbox's tree.
-#[utoipa::path(get, operation_id = "list_sandbox_files", path = "/api/v1/sandboxes/{sandbox_id}/files", tag = "sandboxes",
+#[utoipa::path(get, operation_id = "list_sandbox_files", tag = "sandboxes", path = "/api/v1/sandboxes/{sandbox_id}/files",
     params(("sandbox_id" = String, Path, description = "32 hex characters"), PathQuery),
     responses((status = 200, description = "`entries`: name, type (`file`, `dir`, `link`, `other`) and size", body = Object),
         (status = 202, description = "Not answered yet", body = OperationView),
@@ -218,7 +218,7 @@ pub async fn list(
 }
 
 /// Read a file of the sandbox's tree (at most 4 MiB), as bytes.
-#[utoipa::path(get, operation_id = "read_sandbox_file", path = "/api/v1/sandboxes/{sandbox_id}/files/content", tag = "sandboxes",
+#[utoipa::path(get, operation_id = "read_sandbox_file", tag = "sandboxes", path = "/api/v1/sandboxes/{sandbox_id}/files/content",
     params(("sandbox_id" = String, Path, description = "32 hex characters"), PathQuery),
     responses((status = 200, description = "The file's bytes", content_type = "application/octet-stream", body = Vec<u8>),
         (status = 202, description = "Not answered yet", body = OperationView),
@@ -244,7 +244,7 @@ pub async fn read(
 
 /// Write a file of the sandbox's tree (the body's bytes, at most 4 MiB), making its
 /// directories. Journaled like an exec: the reply is its receipt.
-#[utoipa::path(put, operation_id = "write_sandbox_file", path = "/api/v1/sandboxes/{sandbox_id}/files/content", tag = "sandboxes",
+#[utoipa::path(put, operation_id = "write_sandbox_file", tag = "sandboxes", path = "/api/v1/sandboxes/{sandbox_id}/files/content",
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     params(("sandbox_id" = String, Path, description = "32 hex characters"), PathQuery),
     responses((status = 200, description = "Its receipt", body = OperationView),

@@ -179,7 +179,7 @@ fn replayed(mut response: Response, replay: bool) -> Response {
 
 /// Snapshot a running sandbox (its disk; Cairn has no memory checkpoints). The source
 /// does not change. Honours `Idempotency-Key`.
-#[utoipa::path(post, operation_id = "create_snapshot", path = "/api/v1/sandboxes/{sandbox_id}/snapshots", tag = "snapshots",
+#[utoipa::path(post, operation_id = "create_snapshot", tag = "snapshots", path = "/api/v1/sandboxes/{sandbox_id}/snapshots",
     request_body(content = Option<SnapshotSpec>, description = "Optional"),
     params(("sandbox_id" = String, Path, description = "32 hex characters"),
         ("Idempotency-Key" = Option<String>, Header, description = "Same key and body: one snapshot; same key, other body: 409")),
@@ -243,7 +243,7 @@ pub struct SnapshotList {
 }
 
 /// List snapshots, newest first.
-#[utoipa::path(get, operation_id = "list_snapshots", path = "/api/v1/snapshots", tag = "snapshots", params(ListQuery),
+#[utoipa::path(get, operation_id = "list_snapshots", tag = "snapshots", path = "/api/v1/snapshots", params(ListQuery),
     responses((status = 200, body = SnapshotList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn list(
@@ -278,7 +278,7 @@ pub async fn list(
 }
 
 /// Inspect a snapshot.
-#[utoipa::path(get, operation_id = "show_snapshot", path = "/api/v1/snapshots/{snapshot_id}", tag = "snapshots",
+#[utoipa::path(get, operation_id = "get_snapshot", tag = "snapshots", path = "/api/v1/snapshots/{snapshot_id}",
     params(("snapshot_id" = String, Path, description = "32 hex characters")),
     responses((status = 200, body = SnapshotView), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
@@ -296,7 +296,7 @@ pub async fn show(
 
 /// Delete a snapshot: it becomes `deleted` at once and its bytes go with the reaper's
 /// next reclaim. Sandboxes restored from it are unaffected (each has its own tree).
-#[utoipa::path(delete, operation_id = "delete_snapshot", path = "/api/v1/snapshots/{snapshot_id}", tag = "snapshots",
+#[utoipa::path(delete, operation_id = "delete_snapshot", tag = "snapshots", path = "/api/v1/snapshots/{snapshot_id}",
     params(("snapshot_id" = String, Path, description = "32 hex characters")),
     responses((status = 200, body = SnapshotView), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
@@ -344,7 +344,7 @@ pub struct RestoreSpec {
 
 /// Restore a ready snapshot into a new sandbox (the snapshot and its sandbox never
 /// change). A quarantined snapshot is never restored. Honours `Idempotency-Key`.
-#[utoipa::path(post, operation_id = "restore_snapshot", path = "/api/v1/snapshots/{snapshot_id}/restore", tag = "snapshots",
+#[utoipa::path(post, operation_id = "restore_snapshot", tag = "snapshots", path = "/api/v1/snapshots/{snapshot_id}/restore",
     request_body(content = Option<RestoreSpec>, description = "Optional"),
     params(("snapshot_id" = String, Path, description = "32 hex characters"),
         ("Idempotency-Key" = Option<String>, Header, description = "Same key and body: the same sandbox; same key, other body: 409")),

@@ -171,7 +171,7 @@ pub async fn require(conn: &mut PgConnection, id: Uuid) -> Result<SandboxView, A
 }
 
 /// Show one sandbox.
-#[utoipa::path(get, operation_id = "show_sandbox", path = "/api/v1/sandboxes/{sandbox_id}", tag = "sandboxes",
+#[utoipa::path(get, operation_id = "get_sandbox", tag = "sandboxes", path = "/api/v1/sandboxes/{sandbox_id}",
     params(("sandbox_id" = String, Path, description = "32 hex characters")),
     responses((status = 200, body = SandboxView), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
@@ -209,7 +209,7 @@ pub struct SandboxList {
 }
 
 /// List sandboxes, newest first.
-#[utoipa::path(get, operation_id = "list_sandboxes", path = "/api/v1/sandboxes", tag = "sandboxes", params(ListQuery),
+#[utoipa::path(get, operation_id = "list_sandboxes", tag = "sandboxes", path = "/api/v1/sandboxes", params(ListQuery),
     responses((status = 200, body = SandboxList), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody)),
     security(("bearer" = [])))]
@@ -340,7 +340,7 @@ pub struct OperationList {
 }
 
 /// A sandbox's operations, oldest first: its journal.
-#[utoipa::path(get, operation_id = "list_sandbox_operations", path = "/api/v1/sandboxes/{sandbox_id}/operations", tag = "sandboxes",
+#[utoipa::path(get, operation_id = "list_sandbox_operations", tag = "sandboxes", path = "/api/v1/sandboxes/{sandbox_id}/operations",
     params(("sandbox_id" = String, Path, description = "32 hex characters")),
     responses((status = 200, body = OperationList), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),

@@ -122,8 +122,7 @@ fn require_approval_access(caller: &Caller, agent: &str) -> Result<(), ApiError>
 }
 
 /// Inspect the pending verification handoff of a run; starts no work.
-#[utoipa::path(get, path = "/api/v1/runs/{run_id}/verification-handoffs/candidates",
-    tag = "verification handoffs", params(("run_id" = String, Path), CandidateQuery),
+#[utoipa::path(get, operation_id = "list_verification_candidates", tag = "verification", path = "/api/v1/runs/{run_id}/verification-handoffs/candidates", params(("run_id" = String, Path), CandidateQuery),
     responses((status = 200, body = HandoffCandidate), (status = 400, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
@@ -146,8 +145,7 @@ pub async fn candidates(
 /// Adopt the pending handoff's frozen checks, once per caller-owned request id
 /// (operator). The same id and input return the same receipt; the same id with other
 /// input is a 409.
-#[utoipa::path(post, path = "/api/v1/runs/{run_id}/verification-handoffs/adoptions",
-    tag = "verification handoffs", params(("run_id" = String, Path)),
+#[utoipa::path(post, operation_id = "adopt_verification_handoff", tag = "verification", path = "/api/v1/runs/{run_id}/verification-handoffs/adoptions", params(("run_id" = String, Path)),
     request_body = VerificationAdoptionInput,
     responses((status = 201, body = AdoptionView), (status = 400, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, body = ErrorBody), (status = 422, body = ErrorBody)),
@@ -341,8 +339,7 @@ pub struct AdoptionList {
 }
 
 /// List a run's adoptions, their status and every check's result.
-#[utoipa::path(get, path = "/api/v1/runs/{run_id}/verification-handoffs/adoptions",
-    tag = "verification handoffs", params(("run_id" = String, Path)), operation_id = "list_adoptions",
+#[utoipa::path(get, operation_id = "list_verification_adoptions", tag = "verification", path = "/api/v1/runs/{run_id}/verification-handoffs/adoptions", params(("run_id" = String, Path)),
     responses((status = 200, body = AdoptionList), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn adoptions(
@@ -378,8 +375,7 @@ pub async fn adoptions(
 }
 
 /// Read a saved adoption, its status and every check's result.
-#[utoipa::path(get, path = "/api/v1/runs/{run_id}/verification-handoffs/adoptions/{request_id}",
-    tag = "verification handoffs", params(("run_id" = String, Path), ("request_id" = String, Path)),
+#[utoipa::path(get, operation_id = "get_verification_adoption", tag = "verification", path = "/api/v1/runs/{run_id}/verification-handoffs/adoptions/{request_id}", params(("run_id" = String, Path), ("request_id" = String, Path)),
     responses((status = 200, body = AdoptionView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn adoption(
