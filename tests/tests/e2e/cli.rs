@@ -662,3 +662,100 @@ async fn watch_says_when_no_worker_is_there_to_take_a_run() {
     let _ = watch.wait();
     assert!(hint.is_some_and(|h| h.contains("start cairn-worker")));
 }
+
+/// A continuation body the scheduler would refuse is refused by `cairnctl` first: each
+/// coercion (an extra field, `1` or `"true"` for an acknowledgement, a `false` one, a
+/// missing field, another version, a short digest) exits 5 naming the field, and nothing
+/// is saved or sent: the server here counts every connection, and sees none.
+#[test]
+fn a_continuation_body_the_server_would_refuse_is_neither_saved_nor_sent() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let work = std::env::temp_dir().join(format!("cairn-cli-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&work).expect("work dir");
+    let ctl = Ctl {
+        server: format!("http://{}", listener.local_addr().expect("addr")),
+        state_dir: work.join("actions"),
+    };
+    let good = json!({
+        "version": 1, "candidate_digest": "a".repeat(64), "valid_for_seconds": 60,
+        "acknowledge_already_consumed_final_output": true, "acknowledge_no_completed_effect_replay": true,
+        "acknowledge_same_request_attempt_and_budgets": true, "acknowledge_finite_ownership_lease": true
+    });
+    let ack = "acknowledge_already_consumed_final_output";
+    let mut cases: Vec<(&str, Value)> = Vec::new();
+    for (what, value) in [
+        ("1", json!(1)),
+        ("\"true\"", json!("true")),
+        ("false", json!(false)),
+    ] {
+        let mut body = good.clone();
+        body[ack] = value;
+        cases.push((what, body));
+    }
+    let mut extra = good.clone();
+    extra["note"] = json!("x");
+    cases.push(("extra field", extra));
+    let mut missing = good.clone();
+    missing
+        .as_object_mut()
+        .map(|b| b.remove("acknowledge_finite_ownership_lease"));
+    cases.push(("missing field", missing));
+    let mut version = good.clone();
+    version["version"] = json!(2);
+    cases.push(("version 2", version));
+    let mut digest = good.clone();
+    digest["candidate_digest"] = json!("abc");
+    cases.push(("short digest", digest));
+    let (run, request, action) = ("1".repeat(32), "2".repeat(32), "3".repeat(32));
+    for (what, body) in cases {
+        let document = write(&work, "body.json", &body.to_string());
+        let args = [
+            "final-outcome-continuations",
+            "request",
+            &run,
+            &request,
+            &action,
+            &document,
+        ];
+        let out = ctl.run(BOOTSTRAP, &args);
+        assert_eq!(out.code, 5, "{what}: {}{}", out.stdout, out.stderr);
+        assert!(
+            out.stderr.contains("nothing was saved or sent"),
+            "{what}: {}",
+            out.stderr
+        );
+    }
+    assert!(
+        matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "a refused body reached the server"
+    );
+    assert!(
+        !ctl.state_dir.join(format!("{action}.json")).exists(),
+        "a refused body was saved"
+    );
+    // The same body, well formed, does leave: the listener sees its connection.
+    let document = write(&work, "body.json", &good.to_string());
+    let server = std::thread::spawn(move || {
+        listener.set_nonblocking(false).expect("blocking");
+        // Read and dropped unanswered: the outcome is unknown to cairnctl.
+        let (stream, _) = listener.accept().expect("accept");
+        let mut request = [0u8; 4096];
+        std::io::Read::read(&mut &stream, &mut request).is_ok_and(|n| n > 0)
+    });
+    let args = [
+        "final-outcome-continuations",
+        "request",
+        &run,
+        &request,
+        &action,
+        &document,
+    ];
+    let out = ctl.run(BOOTSTRAP, &args);
+    assert!(
+        server.join().expect("listener"),
+        "the good body was never sent"
+    );
+    assert_eq!(out.code, 75, "{}", out.stderr);
+    let _ = std::fs::remove_dir_all(&work);
+}

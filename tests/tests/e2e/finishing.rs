@@ -326,13 +326,23 @@ async fn the_journey_with_cairnctl() {
         ],
     );
     assert_eq!(candidate["admission"], "READY", "{candidate}");
+    // The body is written from the current candidate, every acknowledgement set.
     let body = cluster.dir.join("accept.json");
-    let document = json!({
-        "version": 1, "candidate_digest": candidate["candidate_digest"], "valid_for_seconds": 300,
-        "acknowledge_already_consumed_final_output": true, "acknowledge_no_completed_effect_replay": true,
-        "acknowledge_same_request_attempt_and_budgets": true, "acknowledge_finite_ownership_lease": true
-    });
-    std::fs::write(&body, document.to_string()).expect("body");
+    let template = ctl(
+        &cluster,
+        &state,
+        &[
+            "final-outcome-continuations",
+            "candidate",
+            &run_id,
+            &request,
+            "--template",
+        ],
+    );
+    let document: Value = serde_json::from_str(&template).expect("template");
+    assert_eq!(document["candidate_digest"], candidate["candidate_digest"]);
+    assert_eq!(document["acknowledge_already_consumed_final_output"], true);
+    std::fs::write(&body, template).expect("body");
     let action = ctl(&cluster, &state, &["new-id"]).trim().to_string();
     let path = body.to_str().expect("path");
     ctl(

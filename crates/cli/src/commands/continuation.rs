@@ -15,6 +15,10 @@ pub enum ContinuationCommand {
         run: String,
         /// The execution request's id (32 lowercase hex characters).
         request: String,
+        /// Print a version-1 action body for the current candidate instead, to review,
+        /// save and pass to `request` (its window: the candidate's maximum, at most 300 s).
+        #[arg(long)]
+        template: bool,
     },
     /// Save one reviewed action: records ACTION and the exact DOCUMENT locally, then
     /// POSTs once. Never retries and never invents another id.
@@ -48,12 +52,19 @@ pub async fn continuation(
 ) -> Result<u8, CallError> {
     let kind = route.trim_end_matches('s').replace('-', "_");
     match command {
-        ContinuationCommand::Candidate { run, request } => {
+        ContinuationCommand::Candidate {
+            run,
+            request,
+            template,
+        } => {
             let path = format!(
                 "/api/v1/runs/{}/{route}/requests/{}/candidate",
                 id(&run, "RUN")?,
                 id(&request, "REQUEST")?
             );
+            if template {
+                return print_template(client, &path, &kind).await;
+            }
             show_candidate(client, &path, json).await
         }
         ContinuationCommand::Request {
@@ -75,12 +86,14 @@ pub async fn continuation(
                     format!("{}: not JSON: {e}", document.display()),
                 )
             })?;
-            if !body.is_object() {
-                return Err(CallError::new(
+            // The server's own rules, checked here first: a body it would refuse is
+            // neither saved nor sent.
+            validate(&kind, &body).map_err(|e| {
+                CallError::new(
                     exit::REJECTED,
-                    "the document must be a JSON object",
-                ));
-            }
+                    format!("{}: {e}; nothing was saved or sent", document.display()),
+                )
+            })?;
             let dir = actions::state_dir(state_dir.as_deref());
             let status_hint = format!("cairnctl {route} status {run} {request}");
             let record = actions::SavedAction::unsubmitted(&kind, &run, &request, &action, body);
@@ -107,44 +120,109 @@ pub async fn continuation(
     }
 }
 
+/// Checks a version-1 body of `kind` by the scheduler's rules: exactly the documented
+/// fields, of their JSON types (`1` or `"true"` is not an acknowledgement), each value
+/// in range and every acknowledgement `true`.
+fn validate(kind: &str, body: &Value) -> Result<(), String> {
+    use cairn_common::action_input::{
+        ActionInput, CheckpointContinuationInputV1, FinalOutcomeContinuationInputV1,
+    };
+    if !body.is_object() {
+        return Err("the document must be a JSON object".into());
+    }
+    let checked = if kind == "checkpoint_continuation" {
+        serde_json::from_value::<CheckpointContinuationInputV1>(body.clone())
+            .map_err(|e| e.to_string())
+            .and_then(|b| ActionInput::try_from(b).map_err(|e| e.to_string()))
+    } else {
+        serde_json::from_value::<FinalOutcomeContinuationInputV1>(body.clone())
+            .map_err(|e| e.to_string())
+            .and_then(|b| ActionInput::try_from(b).map_err(|e| e.to_string()))
+    };
+    checked.map(|_| ())
+}
+
+/// Prints a version-1 body for the current candidate of `kind`, every acknowledgement
+/// set: the operator reads it, keeps it and submits it as it is.
+async fn print_template(client: &Client, path: &str, kind: &str) -> Result<u8, CallError> {
+    let candidate = client.get(path).await?;
+    let Some(digest) = candidate["candidate_digest"].as_str() else {
+        return Err(CallError::new(
+            exit::CONFLICT,
+            "the candidate has no digest: nothing can be requested from it",
+        ));
+    };
+    let window = candidate["maximum_window_seconds"]
+        .as_u64()
+        .unwrap_or(300)
+        .clamp(1, 300);
+    let own = if kind == "checkpoint_continuation" {
+        "acknowledge_retained_response_consumed_once"
+    } else {
+        "acknowledge_already_consumed_final_output"
+    };
+    let mut body = serde_json::json!({
+        "version": 1,
+        "candidate_digest": digest,
+        "valid_for_seconds": window,
+    });
+    for acknowledgement in [
+        own,
+        "acknowledge_no_completed_effect_replay",
+        "acknowledge_same_request_attempt_and_budgets",
+        "acknowledge_finite_ownership_lease",
+    ] {
+        body[acknowledgement] = Value::Bool(true);
+    }
+    validate(kind, &body).map_err(|e| CallError::new(exit::ERROR, e))?;
+    output::json(&body);
+    // The body goes to stdout for a file; why it would be refused now, to the terminal.
+    Ok(report_holds(&candidate, |line| eprintln!("{line}")))
+}
+
+/// Says each hold of `candidate` through `say`; the exit code: 0 only when it is ready.
+fn report_holds(candidate: &Value, say: impl Fn(String)) -> u8 {
+    for hold in candidate["holds"].as_array().into_iter().flatten() {
+        say(format!(
+            "held: {} — {}",
+            output::text(&hold["reason"]),
+            output::text(&hold["message"])
+        ));
+    }
+    if candidate["admission"] == "READY" {
+        exit::OK
+    } else {
+        exit::CONFLICT
+    }
+}
+
 /// Prints a candidate; exit 0 only when it is ready.
 async fn show_candidate(client: &Client, path: &str, json: bool) -> Result<u8, CallError> {
     let candidate = client.get(path).await?;
     if json {
         output::json(&candidate);
-    } else {
-        output::fields(
-            &candidate,
-            &[
-                "kind",
-                "admission",
-                "candidate_digest",
-                "request_state",
-                "attempt",
-                "max_attempts",
-                "maximum_window_seconds",
-                "admission_window_purpose",
-                "policy_revision",
-            ],
-        );
-        println!("usage       {}", candidate["charged_usage"]);
-        println!("limits      {}", candidate["limits"]);
-        if !candidate["retained_outcome"].is_null() {
-            println!("outcome     {}", candidate["retained_outcome"]);
-        }
-        for hold in candidate["holds"].as_array().into_iter().flatten() {
-            println!(
-                "held: {} — {}",
-                output::text(&hold["reason"]),
-                output::text(&hold["message"])
-            );
-        }
+        return Ok(report_holds(&candidate, |_| ()));
     }
-    Ok(if candidate["admission"] == "READY" {
-        exit::OK
-    } else {
-        exit::CONFLICT
-    })
+    output::fields(
+        &candidate,
+        &[
+            "kind",
+            "admission",
+            "candidate_digest",
+            "request_state",
+            "attempt",
+            "max_attempts",
+            "maximum_window_seconds",
+            "admission_window_purpose",
+            "policy_revision",
+        ],
+    );
+    println!("usage       {}", candidate["charged_usage"]);
+    println!("limits      {}", candidate["limits"]);
+    if !candidate["retained_outcome"].is_null() {
+        println!("outcome     {}", candidate["retained_outcome"]);
+    }
+    Ok(report_holds(&candidate, |line| println!("{line}")))
 }
 
 /// Prints a saved action's status.
