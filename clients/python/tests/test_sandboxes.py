@@ -1,0 +1,64 @@
+"""A sandbox's life through the client against a live worker: created, a command run
+in it, a file written and read back as bytes, a snapshot, destroyed."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import pytest
+from harness import Stack
+
+import cairn
+from cairn import errors, models
+
+
+def running(client: cairn.Client, sandbox_id: str, stack: Stack) -> models.SandboxView:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        view = client.get_sandbox(sandbox_id)
+        if view.state == "running" and not view.pending:
+            return view
+        assert view.state in ("creating", "running"), view
+        time.sleep(0.2)
+    raise AssertionError(f"sandbox {sandbox_id} never ran\n{stack.logs()}")
+
+
+def test_a_sandbox_runs_a_command_keeps_files_and_is_destroyed(client: cairn.Client, stack: Stack) -> None:
+    key = f"py-sandbox-{secrets.token_hex(6)}"
+    created = client.create_sandbox({"agent": "py-sandbox", "timeout_sec": 600}, idempotency_key=key)
+    assert client.create_sandbox({"agent": "py-sandbox", "timeout_sec": 600}, idempotency_key=key).sandbox_id == (
+        created.sandbox_id
+    )
+    sandbox_id = created.sandbox_id
+    try:
+        running(client, sandbox_id, stack)
+        done = client.exec_in_sandbox(
+            sandbox_id, {"argv": ["sh", "-c", "echo one > a.txt; echo out"], "timeout_sec": 60}
+        )
+        assert done.state == "done", done
+        assert done.result is not None and done.result["exit_code"] == 0 and done.result["stdout"] == "out\n"
+
+        written = client.write_sandbox_file(sandbox_id, "dir/b.bin", b"bytes\x00\xff")
+        assert written.state == "done", written
+        assert client.read_sandbox_file(sandbox_id, "dir/b.bin") == b"bytes\x00\xff"
+        assert client.read_sandbox_file(sandbox_id, "a.txt") == b"one\n"
+        listing = client.list_sandbox_files(sandbox_id, ".")
+        assert isinstance(listing, dict)
+        assert [e["name"] for e in listing["entries"]] == ["a.txt", "dir"], listing
+        with pytest.raises(errors.FileError):
+            client.read_sandbox_file(sandbox_id, "nothing-here")
+        with pytest.raises(cairn.InvalidInput):
+            client.exec_in_sandbox(sandbox_id, {"argv": ["true"], "timeout_sec": "60"})
+
+        snapshot = client.create_snapshot(sandbox_id, idempotency_key=f"{key}-snap")
+        assert isinstance(snapshot, (models.SnapshotView, models.OperationView))
+        assert sandbox_id in [s.sandbox_id for s in client.list_snapshots(sandbox_id=sandbox_id).snapshots]
+        kinds = [o.kind for o in client.list_sandbox_operations(sandbox_id).operations]
+        assert kinds[:2] == ["exec", "write"], kinds
+        assert sandbox_id in [s.sandbox_id for s in client.list_sandboxes(agent="py-sandbox").sandboxes]
+    finally:
+        destroyed = client.destroy_sandbox(sandbox_id, wait_seconds=30)
+    assert destroyed.state == "destroyed", destroyed
+    with pytest.raises(errors.InvalidState):
+        client.exec_in_sandbox(sandbox_id, {"argv": ["true"]})
