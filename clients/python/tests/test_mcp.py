@@ -10,7 +10,9 @@ import sys
 from typing import Any
 
 import anyio
-from harness import Stack, run_of, shell
+
+import cairn
+from harness import DroppingProxy, Stack, run_of, shell
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -42,8 +44,8 @@ READ_TOOLS = {
 }
 
 
-def _params(stack: Stack) -> StdioServerParameters:
-    env = {"CAIRN_SERVER": stack.url, "CAIRN_TOKEN": stack.admin, "PATH": os.environ.get("PATH", "")}
+def _params(stack: Stack, server: str | None = None) -> StdioServerParameters:
+    env = {"CAIRN_SERVER": server or stack.url, "CAIRN_TOKEN": stack.admin, "PATH": os.environ.get("PATH", "")}
     # The package under test, wherever this test imports it from.
     env["PYTHONPATH"] = os.pathsep.join(sys.path)
     return StdioServerParameters(command=sys.executable, args=["-m", "cairn.mcp"], env=env)
@@ -135,3 +137,30 @@ def test_a_coerced_continuation_body_is_refused_by_the_tool_before_anything_is_s
             assert failed and "not_found" in text, text
 
     anyio.run(refused)
+
+
+def test_a_write_whose_answer_is_lost_tells_the_agent_to_read_and_not_to_resend(stack: Stack) -> None:
+    """The MCP server talks to the scheduler through a proxy that lets the scheduler
+    answer and drops the answer: the tool's error says the outcome is unknown and what to
+    read; the run exists once, and the same key reads it back."""
+    proxy = DroppingProxy(stack.port)
+    spec = run_of(shell("one", "true"), agent="py-mcp-lost")
+
+    async def lost() -> str:
+        async with stdio_client(_params(stack, proxy.url)) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            failed, text = await _tool(session, "submit_run", {"spec": spec, "idempotency_key": "mcp-lost-1"})
+            assert failed, text
+            return str(text)
+
+    try:
+        text = anyio.run(lost)
+    finally:
+        proxy.close()
+    assert "outcome is unknown" in text and "do not send it again under another id" in text, text
+    assert len(proxy.answers) == 1 and proxy.answers[0].startswith(b"HTTP/1.1 201"), proxy.answers
+    with cairn.Client(stack.url, stack.admin) as direct:
+        runs = direct.list_runs(agent="py-mcp-lost").runs
+        assert len(runs) == 1, runs
+        again = direct.submit_run(spec, idempotency_key="mcp-lost-1")
+        assert again.run_id == runs[0].run_id

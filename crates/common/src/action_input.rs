@@ -61,14 +61,19 @@ pub struct FinalOutcomeContinuationInputV1 {
     /// Integer 1.
     #[schema(minimum = 1, maximum = 1)]
     pub version: u32,
+    /// The exact current candidate's 64-character digest.
     #[schema(pattern = "^[0-9a-f]{64}$")]
     pub candidate_digest: String,
     /// The claim window, 1 to the candidate's `maximum_window_seconds`.
     #[schema(minimum = 1, maximum = 7200)]
     pub valid_for_seconds: u32,
+    /// Boolean `true`.
     pub acknowledge_already_consumed_final_output: bool,
+    /// Boolean `true`.
     pub acknowledge_no_completed_effect_replay: bool,
+    /// Boolean `true`.
     pub acknowledge_same_request_attempt_and_budgets: bool,
+    /// Boolean `true`.
     pub acknowledge_finite_ownership_lease: bool,
 }
 

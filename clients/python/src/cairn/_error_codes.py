@@ -58,7 +58,7 @@ class CandidateHeld(CairnError):
 
 
 class CheckpointAlreadyAdmitted(CairnError):
-    """A continuation was already admitted from this checkpoint. (HTTP 409, `checkpoint_already_admitted`)"""
+    """Another action was already saved for this checkpoint, or for this request's retained final result: read the status. (HTTP 409, `checkpoint_already_admitted`)"""
 
     CODE: ClassVar[str | None] = "checkpoint_already_admitted"
     STATUS: ClassVar[int | None] = 409

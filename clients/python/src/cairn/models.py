@@ -293,10 +293,25 @@ class FinalOutcomeContinuationInputV1(BaseModel):
         extra="forbid",
     )
     acknowledge_already_consumed_final_output: StrictBool
+    """
+    Boolean `true`.
+    """
     acknowledge_finite_ownership_lease: StrictBool
+    """
+    Boolean `true`.
+    """
     acknowledge_no_completed_effect_replay: StrictBool
+    """
+    Boolean `true`.
+    """
     acknowledge_same_request_attempt_and_budgets: StrictBool
+    """
+    Boolean `true`.
+    """
     candidate_digest: Annotated[StrictStr, Field(pattern="^[0-9a-f]{64}$")]
+    """
+    The exact current candidate's 64-character digest.
+    """
     valid_for_seconds: Annotated[StrictInt, Field(ge=1, le=7200)]
     """
     The claim window, 1 to the candidate's `maximum_window_seconds`.
@@ -698,7 +713,10 @@ class ReusableCandidate(BaseModel):
 
     arguments: list[StrictStr]
     command_digest: StrictStr
-    index: Annotated[StrictInt, Field(ge=0)]
+    index: Annotated[StrictInt, Field(ge=1)]
+    """
+    The check's 1-based position in the frozen list.
+    """
     purpose: Literal[
         "source_build",
         "test",
@@ -1105,7 +1123,7 @@ class CandidateCommand(BaseModel):
     arguments: list[StrictStr]
     command_digest: StrictStr
     cwd: StrictStr | None = None
-    index: Annotated[StrictInt, Field(ge=0)]
+    index: Annotated[StrictInt, Field(ge=1)]
     """
     1-based position in the frozen list.
     """

@@ -42,7 +42,7 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     (
         "checkpoint_already_admitted",
         409,
-        "A continuation was already admitted from this checkpoint.",
+        "Another action was already saved for this checkpoint, or for this request's retained final result: read the status.",
     ),
     (
         "delivery_held",

@@ -147,10 +147,25 @@ fn no_nul_in_strings(schema: &mut serde_json::Value) {
     }
 }
 
+/// What a response of `status` is, where its annotation does not say.
+fn status_meaning(status: &str) -> &'static str {
+    match status {
+        "200" => "OK",
+        "201" => "Created (or the identical earlier receipt)",
+        "202" => "Accepted: the work goes on; read its status",
+        "204" => "No content",
+        "400" | "401" | "403" | "404" | "405" | "409" | "410" | "413" | "415" | "422" => {
+            "The error body"
+        }
+        _ => "The answer",
+    }
+}
+
 /// Adds what the handlers' annotations leave implicit, so that a client generated from
 /// the document meets the server: the statuses every operation can answer (a bad
 /// token 401, a role too low 403, an unreadable or too large body 413, a body that is
-/// not JSON 415, an unavailable database 503, each with the error body), and the
+/// not JSON 415, an unavailable database 503, each with the error body), a description
+/// on every response, and the
 /// patterns the server enforces on path parameters (ids: 32 lowercase hex; agent
 /// names; step keys).
 fn complete(doc: &mut serde_json::Value) {
@@ -221,6 +236,11 @@ fn complete(doc: &mut serde_json::Value) {
             }
             for status in statuses {
                 responses.entry(status).or_insert_with(|| error.clone());
+            }
+            for (status, response) in responses.iter_mut() {
+                if response["description"].as_str().is_none_or(str::is_empty) {
+                    response["description"] = json!(status_meaning(status));
+                }
             }
         }
     }

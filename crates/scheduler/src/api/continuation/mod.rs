@@ -198,7 +198,12 @@ async fn save_action(
     if saved::taken(&mut tx, request_id, kind.action(), &checkpoint_ref).await? {
         return Err(ApiError::conflict(
             "checkpoint_already_admitted",
-            "another action was already saved for this checkpoint",
+            match kind {
+                Kind::Checkpoint => "another action was already saved for this checkpoint",
+                Kind::FinalOutcome => {
+                    "another action was already saved for this request's retained final result"
+                }
+            },
         ));
     }
     admissible(&current, &input)?;

@@ -19,6 +19,7 @@ const RUNNER_PROFILE: &str = "linux-netns-v1";
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct CandidateCommand {
     /// 1-based position in the frozen list.
+    #[schema(minimum = 1)]
     pub index: usize,
     pub arguments: Vec<String>,
     pub purpose: Purpose,
@@ -29,6 +30,8 @@ pub struct CandidateCommand {
 /// A check that may be declared reusable.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ReusableCandidate {
+    /// The check's 1-based position in the frozen list.
+    #[schema(minimum = 1)]
     pub index: usize,
     pub arguments: Vec<String>,
     pub command_digest: String,
