@@ -39,6 +39,7 @@ READ_TOOLS = {
     "get_verification_candidates",
     "get_verification_adoption",
     "get_sandbox",
+    "list_sandboxes",
     "sandbox_list_files",
     "sandbox_read_file",
 }

@@ -62,3 +62,28 @@ def test_a_sandbox_runs_a_command_keeps_files_and_is_destroyed(client: cairn.Cli
     assert destroyed.state == "destroyed", destroyed
     with pytest.raises(errors.InvalidState):
         client.exec_in_sandbox(sandbox_id, {"argv": ["true"]})
+
+
+def test_labels_filter_the_list_and_pages_follow_the_cursor(client: cairn.Client, stack: Stack) -> None:
+    """Labels set at creation come back on the sandbox and filter the list; a label
+    filter the scheduler would refuse is refused before anything is sent."""
+    team = f"py-{secrets.token_hex(4)}"
+    made = []
+    try:
+        for tier in ("gold", "silver", "gold"):
+            spec = {"agent": "py-labels", "timeout_sec": 600, "metadata": {"team": team, "tier": tier}}
+            made.append(client.create_sandbox(spec).sandbox_id)
+        assert client.get_sandbox(made[0]).metadata == {"team": team, "tier": "gold"}
+        gold = client.list_sandboxes(metadata={"team": team, "tier": "gold"})
+        assert [s.sandbox_id for s in gold.sandboxes] == [made[2], made[0]]
+        paged = [s.sandbox_id for s in client.iter_sandboxes(metadata={"team": team}, page_size=1)]
+        assert paged == made[::-1]
+        with pytest.raises(cairn.InvalidInput):
+            client.list_sandboxes(metadata={"bad key": "x"})
+        with pytest.raises(cairn.InvalidInput):
+            client.create_sandbox({"agent": "py-labels", "metadata": {"team": 1}})
+    finally:
+        for sandbox_id in made:
+            # A sandbox is destroyed once it runs (`creating` refuses it).
+            running(client, sandbox_id, stack)
+            client.destroy_sandbox(sandbox_id)

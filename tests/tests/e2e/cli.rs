@@ -663,27 +663,19 @@ async fn watch_says_when_no_worker_is_there_to_take_a_run() {
     assert!(hint.is_some_and(|h| h.contains("start cairn-worker")));
 }
 
-/// A continuation body the scheduler would refuse is refused by `cairnctl` first: each
-/// coercion (an extra field, `1` or `"true"` for an acknowledgement, a `false` one, a
-/// missing field, another version, a short digest) exits 5 naming the field, and nothing
-/// is saved or sent: the server here counts every connection, and sees none.
-#[test]
-fn a_continuation_body_the_server_would_refuse_is_neither_saved_nor_sent() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    listener.set_nonblocking(true).expect("nonblocking");
-    let work = std::env::temp_dir().join(format!("cairn-cli-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&work).expect("work dir");
-    let ctl = Ctl {
-        server: format!("http://{}", listener.local_addr().expect("addr")),
-        state_dir: work.join("actions"),
-    };
-    let good = json!({
+/// A well-formed final-outcome continuation body.
+fn acceptance() -> Value {
+    json!({
         "version": 1, "candidate_digest": "a".repeat(64), "valid_for_seconds": 60,
         "acknowledge_already_consumed_final_output": true, "acknowledge_no_completed_effect_replay": true,
         "acknowledge_same_request_attempt_and_budgets": true, "acknowledge_finite_ownership_lease": true
-    });
+    })
+}
+
+/// `good` broken one way at a time, each named.
+fn coercions(good: &Value) -> Vec<(&'static str, Value)> {
     let ack = "acknowledge_already_consumed_final_output";
-    let mut cases: Vec<(&str, Value)> = Vec::new();
+    let mut cases: Vec<(&'static str, Value)> = Vec::new();
     for (what, value) in [
         ("1", json!(1)),
         ("\"true\"", json!("true")),
@@ -707,6 +699,25 @@ fn a_continuation_body_the_server_would_refuse_is_neither_saved_nor_sent() {
     let mut digest = good.clone();
     digest["candidate_digest"] = json!("abc");
     cases.push(("short digest", digest));
+    cases
+}
+
+/// A continuation body the scheduler would refuse is refused by `cairnctl` first: each
+/// coercion (an extra field, `1` or `"true"` for an acknowledgement, a `false` one, a
+/// missing field, another version, a short digest) exits 5, and nothing
+/// is saved or sent: the server here counts every connection, and sees none.
+#[test]
+fn a_continuation_body_the_server_would_refuse_is_neither_saved_nor_sent() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let work = std::env::temp_dir().join(format!("cairn-cli-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&work).expect("work dir");
+    let ctl = Ctl {
+        server: format!("http://{}", listener.local_addr().expect("addr")),
+        state_dir: work.join("actions"),
+    };
+    let good = acceptance();
+    let cases = coercions(&good);
     let (run, request, action) = ("1".repeat(32), "2".repeat(32), "3".repeat(32));
     for (what, body) in cases {
         let document = write(&work, "body.json", &body.to_string());

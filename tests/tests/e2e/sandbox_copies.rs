@@ -100,7 +100,10 @@ async fn resume_is_idempotent_and_a_snapshot_restores_into_a_new_sandbox() {
 async fn forks_and_snapshots_make_new_sandboxes_and_leave_the_source_alone() {
     let _services = ServiceLock::shared().await;
     let cluster = Cluster::start("sandbox-fork", 2, Settings::default()).await;
-    let source = create(&cluster, json!({"agent": "coder"}));
+    let source = create(
+        &cluster,
+        json!({"agent": "coder", "metadata": {"team": "forks"}}),
+    );
     wait_state(&cluster, &source, "running");
     let (status, _) = exec(
         &cluster,
@@ -133,6 +136,19 @@ async fn forks_and_snapshots_make_new_sandboxes_and_leave_the_source_alone() {
         .collect();
     assert_eq!(forks.len(), 3, "{forked}");
     assert!(forked["source_frozen_ms"].is_i64(), "{forked}");
+    // The answer is the new sandbox itself (the first of the three), a new id.
+    assert_eq!(
+        forked["sandbox_id"].as_str(),
+        Some(forks[0].as_str()),
+        "{forked}"
+    );
+    assert_eq!(forked["state"], "creating", "{forked}");
+    assert_eq!(
+        forked["metadata"],
+        json!({"team": "forks"}),
+        "a fork keeps its labels"
+    );
+    assert_ne!(forked["sandbox_id"].as_str(), Some(source.as_str()));
     let (status, again, replayed) = post_keyed(&cluster, &path, "branch-1", &json!({"count": 3}));
     assert_eq!(status, 201, "{again}");
     assert!(replayed, "the same key answers the same forks");
@@ -252,6 +268,8 @@ async fn cairnctl_drives_sandboxes_and_snapshots() {
         assert_eq!(code, 0, "{args:?}: {out}{err}");
         serde_json::from_str::<Value>(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
     };
+    // --wait answers once the sandbox runs; its labels come back with it and filter
+    // the list.
     let created = json(&[
         "sandbox",
         "create",
@@ -259,10 +277,22 @@ async fn cairnctl_drives_sandboxes_and_snapshots() {
         "coder",
         "--timeout-sec",
         "600",
+        "--metadata",
+        "team=cli",
+        "--wait",
         "--json",
     ]);
+    assert_eq!(created["state"], "running", "{created}");
+    assert_eq!(created["metadata"], json!({"team": "cli"}), "{created}");
     let id = created["sandbox_id"].as_str().expect("id").to_string();
-    wait_state(&cluster, &id, "running");
+    let listed = json(&["sandbox", "list", "--metadata", "team=cli", "--json"]);
+    assert_eq!(
+        listed["sandboxes"][0]["sandbox_id"],
+        id.as_str(),
+        "{listed}"
+    );
+    let listed = json(&["sandbox", "list", "--metadata", "team=nobody", "--json"]);
+    assert_eq!(listed["sandboxes"], json!([]), "{listed}");
 
     let (code, out, err) = ctl(&[
         "sandbox",

@@ -390,9 +390,38 @@ class AsyncClient:
         return await self._op("get_sandbox", {"sandbox_id": sandbox_id})
 
     async def list_sandboxes(
-        self, *, state: str | None = None, agent: str | None = None, limit: int | None = None
+        self,
+        *,
+        state: str | None = None,
+        agent: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        limit: int | None = None,
+        cursor: str | None = None,
     ) -> models.SandboxList:
-        return await self._op("list_sandboxes", {"state": state, "agent": agent, "limit": limit})
+        """One page of sandboxes, newest first; `metadata` keeps those whose labels hold
+        every pair given. Pass `next_cursor` as `cursor` for the next page."""
+        params = {"state": state, "agent": agent, "limit": limit, "cursor": cursor}
+        return await self._call(_core.prepare("list_sandboxes", params, labels=metadata))
+
+    async def iter_sandboxes(
+        self,
+        *,
+        state: str | None = None,
+        agent: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        page_size: int | None = None,
+    ) -> AsyncIterator[models.SandboxView]:
+        """Every sandbox that matches, page after page."""
+        cursor: str | None = None
+        while True:
+            page = await self.list_sandboxes(
+                state=state, agent=agent, metadata=metadata, limit=page_size, cursor=cursor
+            )
+            for sandbox in page.sandboxes:
+                yield sandbox
+            if not page.next_cursor:
+                return
+            cursor = page.next_cursor
 
     async def exec_in_sandbox(self, sandbox_id: str, spec: models.ExecSpec | Body) -> models.OperationView:
         """Runs one command in the sandbox; its `result` holds the exit and output."""

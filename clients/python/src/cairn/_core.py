@@ -141,6 +141,9 @@ class Prepared:
 
 _NO_BODY: Any = object()
 
+# A sandbox label's key (the scheduler's rule).
+_LABEL_KEY = re.compile(r"[A-Za-z0-9._-]{1,63}")
+
 
 def prepare(
     operation_id: str,
@@ -148,9 +151,11 @@ def prepare(
     body: Any = _NO_BODY,
     *,
     stream: bool = False,
+    labels: Mapping[str, str] | None = None,
 ) -> Prepared:
-    """Validates and encodes a call of `operation_id` (its parameters by name, its body);
-    raises `InvalidInput` before anything is sent."""
+    """Validates and encodes a call of `operation_id` (its parameters by name, its body,
+    and `labels`, the `metadata.KEY=VALUE` filters of a sandbox list); raises
+    `InvalidInput` before anything is sent."""
     operation = OPERATIONS[operation_id]
     given = dict(params or {})
     path = operation.path
@@ -172,6 +177,12 @@ def prepare(
     if given:
         # A mistake in this package, not the caller's input.
         raise TypeError(f"{operation_id} has no parameters {sorted(given)}")
+    for key, label in (labels or {}).items():
+        if not (isinstance(key, str) and _LABEL_KEY.fullmatch(key)):
+            raise InvalidInput(f"a metadata key is 1 to 63 of A-Za-z0-9._-, not {key!r}", field="metadata")
+        if not (isinstance(label, str) and len(label) <= 256 and "\0" not in label):
+            raise InvalidInput(f"metadata {key} must be a string of at most 256 characters", field=f"metadata.{key}")
+        query[f"metadata.{key}"] = label
 
     content: bytes | None = None
     value: Any = None

@@ -425,6 +425,13 @@ OPERATIONS: dict[str, Operation] = {
             ),
             Param(name="agent", location="query", required=False, type="string", pattern="^[A-Za-z0-9._-]{1,128}$"),
             Param(name="limit", location="query", required=False, type="integer", minimum=1, maximum=500),
+            Param(
+                name="cursor",
+                location="query",
+                required=False,
+                type="string",
+                pattern="^(-?[0-9]{1,16}|1[0-9]{17}|2[0-4][0-9]{16}|25[0-2][0-9]{15}|253[0-3][0-9]{14})_[0-9a-f]{32}$",
+            ),
         ),
         body=None,
         replies=(Reply(status=200, media_types=("application/json",), model="SandboxList"),),

@@ -176,7 +176,14 @@ def build(client_factory: Callable[[], AsyncClient]) -> MCPServer:
     async def create_sandbox(spec: dict[str, Any], idempotency_key: str) -> Any:
         return await _call(client().create_sandbox(spec, idempotency_key=idempotency_key), "get_sandbox")
 
-    @server.tool(description="A sandbox: its state, worker placement, timeouts and disk.")
+    @server.tool(description="Sandboxes, newest first (at most limit, 1 to 500): of a state, an agent, and labelled with every metadata pair given.")
+    async def list_sandboxes(
+        state: str | None = None, agent: str | None = None, metadata: dict[str, str] | None = None, limit: int = 50
+    ) -> Any:
+        call = client().list_sandboxes(state=state, agent=agent, metadata=metadata, limit=limit)
+        return await _call(call)
+
+    @server.tool(description="A sandbox: its state, labels, timeouts and disk.")
     async def get_sandbox(sandbox_id: str) -> Any:
         return await _call(client().get_sandbox(sandbox_id))
 

@@ -114,6 +114,11 @@ class CheckpointContinuationInputV1(BaseModel):
     """
 
 
+MetadataAdditionalProperty = TypeAliasType(
+    "MetadataAdditionalProperty", Annotated[StrictStr, Field(pattern="^[^\\u0000]*$")]
+)
+
+
 class CurrentProfile(BaseModel):
     """
     The profile of the implementation the scheduler runs.
@@ -774,6 +779,10 @@ class SandboxView(BaseModel):
     """
     idle_timeout_sec: StrictInt
     last_activity_at: AwareDatetime
+    metadata: dict[StrictStr, StrictStr]
+    """
+    Its labels, as created (a fork: its source's).
+    """
     network: StrictBool | AllowList | None = None
     pending: StrictStr | None = None
     """
@@ -1198,6 +1207,18 @@ class CreateSpec(BaseModel):
     """
     Idle auto-stop, also from the last activity; 0 disables it. Default 1800.
     """
+    metadata: (
+        dict[
+            Annotated[str, StringConstraints(pattern=r"^[^\u0000]*$", strict=True)],
+            MetadataAdditionalProperty,
+        ]
+        | None
+    ) = None
+    """
+    Labels of the caller's (`{"team": "search"}`): at most 32, each key 1 to 63 of
+    `A-Za-z0-9._-`, each value at most 256 characters. Copied to forks; a list is
+    filtered on them with `?metadata.KEY=VALUE`.
+    """
     network: StrictBool | AllowList | None = None
     persistent: StrictBool | None = None
     """
@@ -1247,9 +1268,10 @@ class ExecutionRequestList(BaseModel):
     execution_requests: list[ExecutionRequestView]
 
 
-class ForkView(BaseModel):
+class ForkView(SandboxView):
     """
-    What a fork made.
+    What a fork made: the new sandbox (the first, when `count` made several), with the
+    capture it started from and every sandbox the fork made.
     """
 
     sandboxes: list[SandboxView]
@@ -1440,6 +1462,10 @@ class SandboxList(BaseModel):
     A page of sandboxes.
     """
 
+    next_cursor: StrictStr | None = None
+    """
+    Pass as `cursor` for the next page; absent on the last page.
+    """
     sandboxes: list[SandboxView]
 
 

@@ -18,5 +18,7 @@ pub mod record;
 pub mod spec;
 pub mod state;
 
-pub use spec::{CreateSpec, ExecSpec, FileSpec, ForkSpec, Operation, SnapshotSpec};
+pub use spec::{
+    valid_metadata_key, CreateSpec, ExecSpec, FileSpec, ForkSpec, Operation, SnapshotSpec,
+};
 pub use state::{Desired, SandboxEvent, SandboxState};

@@ -56,6 +56,43 @@ pub struct CreateSpec {
     /// destinations. Absent: the worker's default. An exec may still ask for none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<crate::egress::NetworkSpec>,
+    /// Labels of the caller's (`{"team": "search"}`): at most 32, each key 1 to 63 of
+    /// `A-Za-z0-9._-`, each value at most 256 characters. Copied to forks; a list is
+    /// filtered on them with `?metadata.KEY=VALUE`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<BTreeMap<String, String>>,
+}
+
+/// The most labels a sandbox has.
+pub const MAX_METADATA_ENTRIES: usize = 32;
+/// The longest label value, in characters.
+pub const MAX_METADATA_VALUE: usize = 256;
+
+/// A label's key: 1 to 63 of `A-Za-z0-9._-`.
+pub fn valid_metadata_key(key: &str) -> bool {
+    crate::run::valid_name(key, 63)
+}
+
+/// Checks a set of labels: their number, keys and values.
+pub fn check_metadata(metadata: &BTreeMap<String, String>) -> Result<(), FieldError> {
+    if metadata.len() > MAX_METADATA_ENTRIES {
+        return Err(FieldError::new("metadata", "at most 32 entries"));
+    }
+    for (key, value) in metadata {
+        if !valid_metadata_key(key) {
+            return Err(FieldError::new(
+                "metadata",
+                format!("key {key:?} is not 1 to 63 of letters, digits, '.', '_' or '-'"),
+            ));
+        }
+        if value.chars().count() > MAX_METADATA_VALUE || value.contains('\0') {
+            return Err(FieldError::new(
+                format!("metadata.{key}"),
+                "at most 256 characters, without NUL",
+            ));
+        }
+    }
+    Ok(())
 }
 
 impl CreateSpec {
@@ -84,6 +121,9 @@ impl CreateSpec {
         }
         if let Some(problem) = self.network.as_ref().and_then(|n| n.problem()) {
             return Err(FieldError::new("network.allow", &problem));
+        }
+        if let Some(metadata) = &self.metadata {
+            check_metadata(metadata)?;
         }
         Ok(())
     }

@@ -20,6 +20,7 @@
 pub mod auth;
 pub mod continuation;
 pub mod credentials;
+pub mod cursor;
 pub mod error;
 pub mod error_codes;
 pub mod idempotency;

@@ -324,3 +324,116 @@ async fn fork_and_snapshot_need_a_running_sandbox_and_a_valid_body() {
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
 }
+
+/// Labels set at creation are shown with the sandbox and filter the list (every pair
+/// given must match); the list pages by cursor without repeating or skipping one.
+#[tokio::test]
+async fn metadata_labels_sandboxes_and_filters_a_list_that_pages() {
+    let api = Api::new().await;
+    let mut made = Vec::new();
+    for labels in [
+        json!({"team": "search", "tier": "gold"}),
+        json!({"team": "search"}),
+        json!({"team": "ads"}),
+    ] {
+        let body = json!({"agent": "coder", "metadata": labels});
+        let (status, sandbox) = api
+            .post("/api/v1/sandboxes", &api.operator, Some(body))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{sandbox}");
+        assert_eq!(sandbox["metadata"], labels);
+        made.push(sandbox["sandbox_id"].as_str().expect("id").to_string());
+    }
+    let ids = |list: &Value| -> Vec<String> {
+        let sandboxes = list["sandboxes"].as_array().cloned().unwrap_or_default();
+        sandboxes
+            .iter()
+            .filter_map(|s| s["sandbox_id"].as_str().map(String::from))
+            .collect()
+    };
+    for (query, expected) in [
+        (
+            "metadata.team=search",
+            vec![made[1].clone(), made[0].clone()],
+        ),
+        (
+            "metadata.team=search&metadata.tier=gold",
+            vec![made[0].clone()],
+        ),
+        ("metadata.team=nobody", vec![]),
+        ("agent=coder&metadata.team=ads", vec![made[2].clone()]),
+    ] {
+        let (status, list) = api
+            .get(&format!("/api/v1/sandboxes?{query}"), &api.viewer)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{query}: {list}");
+        assert_eq!(ids(&list), expected, "{query}");
+    }
+    // Pages of one, newest first: each sandbox once, then no cursor.
+    let (mut seen, mut cursor) = (Vec::new(), None::<String>);
+    loop {
+        let after = cursor.map(|c| format!("&cursor={c}")).unwrap_or_default();
+        let (status, page) = api
+            .get(&format!("/api/v1/sandboxes?limit=1{after}"), &api.viewer)
+            .await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        seen.extend(ids(&page));
+        cursor = page["next_cursor"].as_str().map(String::from);
+        if cursor.is_none() {
+            break;
+        }
+    }
+    assert_eq!(seen, [made[2].clone(), made[1].clone(), made[0].clone()]);
+}
+
+/// Bad labels, and bad filters of a list, are refused naming the field.
+#[tokio::test]
+async fn bad_labels_and_bad_list_filters_are_refused() {
+    let api = Api::new().await;
+    let too_many: serde_json::Map<String, Value> =
+        (0..33).map(|i| (format!("k{i}"), json!("v"))).collect();
+    let long = "x".repeat(257);
+    for (labels, status, field) in [
+        (
+            json!(too_many),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "metadata",
+        ),
+        (
+            json!({"bad key": "v"}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "metadata",
+        ),
+        (
+            json!({"team": long}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "metadata.team",
+        ),
+        (json!({"team": 1}), StatusCode::BAD_REQUEST, "metadata.team"),
+    ] {
+        let body = json!({"agent": "coder", "metadata": labels});
+        let (got, answer) = api
+            .post("/api/v1/sandboxes", &api.operator, Some(body))
+            .await;
+        assert_eq!(
+            (got, answer["error"]["field"].as_str()),
+            (status, Some(field)),
+            "{answer}"
+        );
+    }
+    for query in [
+        "metadata.bad%20key=x",
+        "metadata.team=a&metadata.team=b",
+        "owner=me",
+        "cursor=nonsense",
+    ] {
+        let (status, answer) = api
+            .get(&format!("/api/v1/sandboxes?{query}"), &api.viewer)
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {answer}");
+        assert_eq!(
+            answer["error"]["code"], "invalid_query",
+            "{query}: {answer}"
+        );
+    }
+}

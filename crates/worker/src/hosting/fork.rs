@@ -87,10 +87,12 @@ pub async fn provision(
         i32,
         String,
         Option<serde_json::Value>,
+        serde_json::Value,
     );
-    let (agent, persistent, timeout_sec, idle_timeout_sec, disk_mb, tenant, network): Source =
+    let (agent, persistent, timeout_sec, idle_timeout_sec, disk_mb, tenant, network, metadata): Source =
         sqlx::query_as(
-            "SELECT agent, persistent, timeout_sec, idle_timeout_sec, disk_mb, tenant_id, network
+            "SELECT agent, persistent, timeout_sec, idle_timeout_sec, disk_mb, tenant_id, network,
+                    metadata
                FROM sandboxes WHERE id = $1",
         )
         .bind(source)
@@ -122,6 +124,7 @@ pub async fn provision(
                 request_digest: &digest,
                 tenant: &tenant,
                 network: network.clone(),
+                metadata: metadata.clone(),
             },
         )
         .await?;

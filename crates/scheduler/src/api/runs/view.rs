@@ -1,6 +1,7 @@
 //! Reading runs: one run, a page of runs, a run's execution requests.
 
 use crate::api::auth::{Caller, Role};
+use crate::api::cursor;
 use crate::api::error::{ApiError, ErrorBody};
 use crate::api::path_id;
 use crate::api::AppState;
@@ -10,7 +11,7 @@ use cairn_common::egress::NetworkSpec;
 use cairn_common::ids::Id;
 use cairn_common::request::RequestState;
 use cairn_common::run::{Budgets, StepSpec};
-use chrono::{DateTime, Datelike, Utc};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
 use utoipa::{IntoParams, ToSchema};
@@ -201,13 +202,7 @@ pub async fn list(
         None => None,
     };
     check_agent_filter(query.agent.as_deref())?;
-    let cursor = match &query.cursor {
-        Some(c) => Some(parse_cursor(c).ok_or_else(|| {
-            ApiError::bad_request("invalid_query", "cursor is not one this API returned")
-                .with_field("cursor")
-        })?),
-        None => None,
-    };
+    let cursor = cursor::from_query(query.cursor.as_deref())?;
     let rows: Vec<RunRow> = sqlx::query_as(&format!(
         "{RUN_SELECT}
           WHERE ($1::text IS NULL OR r.state = $1)
@@ -228,8 +223,7 @@ pub async fn list(
     let mut runs: Vec<RunView> = rows.into_iter().map(RunView::from).collect();
     let next_cursor = if runs.len() as i64 > limit {
         runs.truncate(usize::try_from(limit).unwrap_or(50));
-        runs.last()
-            .map(|r| format!("{}_{}", r.created_at.timestamp_micros(), r.run_id))
+        runs.last().map(|r| cursor::of(r.created_at, r.run_id))
     } else {
         None
     };
@@ -289,18 +283,6 @@ pub async fn counts(
         .collect();
     counts.extend(rows);
     Ok(Json(RunCounts { counts }))
-}
-
-fn parse_cursor(cursor: &str) -> Option<(DateTime<Utc>, Uuid)> {
-    let (micros, id) = cursor.split_once('_')?;
-    let at = DateTime::from_timestamp_micros(micros.parse().ok()?)?;
-    // PostgreSQL's range is narrower than chrono's: a cursor this API returned is a
-    // creation time, so anything outside years 1–9999 is not one.
-    if !(1..=9999).contains(&at.year()) {
-        return None;
-    }
-    let id: Id = id.parse().ok()?;
-    Some((at, id.uuid()))
 }
 
 /// Read one run.

@@ -81,6 +81,7 @@ pub async fn admit(
                 .network
                 .as_ref()
                 .and_then(|n| serde_json::to_value(n).ok()),
+            metadata: serde_json::json!(spec.metadata.clone().unwrap_or_default()),
         },
     )
     .await;

@@ -22,9 +22,12 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-/// What a fork made.
+/// What a fork made: the new sandbox (the first, when `count` made several), with the
+/// capture it started from and every sandbox the fork made.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ForkView {
+    #[serde(flatten)]
+    pub sandbox: SandboxView,
     /// The one capture every fork starts from.
     #[schema(value_type = String)]
     pub snapshot_id: Id,
@@ -40,7 +43,7 @@ pub struct ForkView {
     request_body(content = Option<ForkSpec>, description = "Optional"),
     params(("sandbox_id" = String, Path, description = "32 hex characters"),
         ("Idempotency-Key" = Option<String>, Header, description = "Same key and body: the same forks; same key, other body: 409")),
-    responses((status = 201, description = "Captured; the forks are queued for placement", body = ForkView),
+    responses((status = 201, description = "Captured: the new sandbox (queued for placement), its capture, and every sandbox the fork made", body = ForkView),
         (status = 202, description = "Still capturing: read the operation", body = OperationView),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody),
@@ -96,7 +99,12 @@ pub async fn fork(
                 .sandboxes_created
                 .inc_by(sandboxes.len() as u64);
         }
+        let first = sandboxes
+            .first()
+            .cloned()
+            .ok_or_else(|| ApiError::conflict("not_captured", "the fork made no sandbox"))?;
         let made = ForkView {
+            sandbox: first,
             snapshot_id: snapshot.into(),
             source_frozen_ms: result["frozen_ms"].as_i64().unwrap_or_default(),
             sandboxes,

@@ -370,16 +370,19 @@ pub async fn restore(
         String,
         String,
         Option<sqlx::types::Json<cairn_common::egress::NetworkSpec>>,
+        sqlx::types::Json<std::collections::BTreeMap<String, String>>,
     );
     let found: Option<Found> = sqlx::query_as(&format!(
-        "SELECT p.agent, s.tenant_id, s.network FROM project_snapshots p JOIN sandboxes s ON s.id = p.sandbox_id
+        "SELECT p.agent, s.tenant_id, s.network, s.metadata FROM project_snapshots p JOIN sandboxes s ON s.id = p.sandbox_id
           WHERE p.id = $1 AND {KINDS}"
     ))
     .bind(id)
     .fetch_optional(&mut *conn)
     .await?;
-    // The new sandbox keeps its source's network policy: a restore never widens it.
-    let (agent, tenant, network) = found.ok_or_else(|| ApiError::not_found("snapshot"))?;
+    // The new sandbox keeps its source's network policy (a restore never widens it) and
+    // its labels.
+    let (agent, tenant, network, metadata) =
+        found.ok_or_else(|| ApiError::not_found("snapshot"))?;
     restorable(&mut conn, id, &tenant).await?;
     drop(conn);
     let key = crate::api::idempotency::key(&headers)?
@@ -395,6 +398,7 @@ pub async fn restore(
         persistent: spec.persistent,
         disk_mb: spec.disk_mb,
         network: network.map(|n| n.0),
+        metadata: Some(metadata.0),
     };
     admit(&state, &tenant, key, create).await
 }

@@ -1,17 +1,18 @@
 //! Reading sandboxes: one sandbox, a page of them, and its operations.
 
 use crate::api::auth::{Caller, Role};
+use crate::api::cursor;
 use crate::api::error::{ApiError, ErrorBody};
 use crate::api::path_id;
-use crate::api::query::StrictQuery;
 use crate::api::AppState;
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, RawQuery, State};
 use axum::Json;
 use cairn_common::ids::Id;
 use cairn_common::sandbox::SandboxState;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sqlx::PgConnection;
+use std::collections::BTreeMap;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
@@ -64,6 +65,8 @@ pub struct SandboxView {
     pub updated_at: DateTime<Utc>,
     pub stopped_at: Option<DateTime<Utc>>,
     pub destroyed_at: Option<DateTime<Utc>>,
+    /// Its labels, as created (a fork: its source's).
+    pub metadata: BTreeMap<String, String>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -92,12 +95,13 @@ struct Row {
     updated_at: DateTime<Utc>,
     stopped_at: Option<DateTime<Utc>>,
     destroyed_at: Option<DateTime<Utc>>,
+    metadata: sqlx::types::Json<BTreeMap<String, String>>,
 }
 
 const SELECT: &str = "SELECT s.id, s.tenant_id, s.agent, s.state, s.desired, s.persistent, s.always_on, s.timeout_sec,
         s.idle_timeout_sec, s.disk_mb, s.network, s.repository, s.git_ref, s.source_snapshot_id, s.stop_reason,
         s.error_reason, s.stop_snapshot_id, s.last_activity_at, s.created_at, s.updated_at, s.stopped_at,
-        s.destroyed_at,
+        s.destroyed_at, s.metadata,
         (SELECT p.store_url FROM project_snapshots p WHERE p.sandbox_id = s.id AND p.status = 'ready'
           ORDER BY p.created_at DESC LIMIT 1) AS store_url,
         np.network AS tenant_network
@@ -150,6 +154,7 @@ impl From<Row> for SandboxView {
             updated_at: r.updated_at,
             stopped_at: r.stopped_at,
             destroyed_at: r.destroyed_at,
+            metadata: r.metadata.0,
         }
     }
 }
@@ -200,25 +205,60 @@ pub struct ListQuery {
     /// At most this many, newest first (1 to 500, default 100).
     #[param(minimum = 1, maximum = 500)]
     pub limit: Option<i64>,
+    /// `next_cursor` of the previous page.
+    #[param(
+        pattern = "^(-?[0-9]{1,16}|1[0-9]{17}|2[0-4][0-9]{16}|25[0-2][0-9]{15}|253[0-3][0-9]{14})_[0-9a-f]{32}$"
+    )]
+    pub cursor: Option<String>,
 }
 
 /// A page of sandboxes.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct SandboxList {
     pub sandboxes: Vec<SandboxView>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
 }
 
-/// List sandboxes, newest first.
-#[utoipa::path(get, operation_id = "list_sandboxes", tag = "sandboxes", path = "/api/v1/sandboxes", params(ListQuery),
-    responses((status = 200, body = SandboxList), (status = 400, body = ErrorBody),
-        (status = 401, body = ErrorBody)),
-    security(("bearer" = [])))]
-pub async fn list(
-    State(state): State<AppState>,
-    caller: Caller,
-    StrictQuery(query): StrictQuery<ListQuery>,
-) -> Result<Json<SandboxList>, ApiError> {
-    caller.require(Role::Viewer)?;
+/// The query's `metadata.KEY=VALUE` filters, apart from its other parameters (read by
+/// [`ListQuery`]); a key named twice, or not a label's key, is refused.
+fn split_metadata(raw: Option<&str>) -> Result<(BTreeMap<String, String>, String), ApiError> {
+    let mut wanted = BTreeMap::new();
+    let mut rest = url::form_urlencoded::Serializer::new(String::new());
+    for (name, value) in url::form_urlencoded::parse(raw.unwrap_or_default().as_bytes()) {
+        let Some(key) = name.strip_prefix("metadata.") else {
+            rest.append_pair(&name, &value);
+            continue;
+        };
+        let field = format!("metadata.{key}");
+        if !cairn_common::sandbox::valid_metadata_key(key) || value.contains('\0') {
+            let message = "metadata.KEY: a key of 1 to 63 letters, digits, '.', '_' or '-'";
+            return Err(ApiError::bad_request("invalid_query", message).with_field(field));
+        }
+        if wanted.insert(key.to_string(), value.into_owned()).is_some() {
+            let message = "each metadata key is filtered on once";
+            return Err(ApiError::bad_request("invalid_query", message).with_field(field));
+        }
+    }
+    Ok((wanted, rest.finish()))
+}
+
+/// The list's parameters, checked: its filters, labels, page size and cursor.
+struct Listing {
+    query: ListQuery,
+    metadata: BTreeMap<String, String>,
+    limit: i64,
+    after: Option<(DateTime<Utc>, Uuid)>,
+}
+
+fn listing(raw: Option<&str>) -> Result<Listing, ApiError> {
+    let (metadata, rest) = split_metadata(raw)?;
+    let uri: axum::http::Uri = format!("/?{rest}")
+        .parse()
+        .map_err(|_| ApiError::bad_request("invalid_query", "the query is not readable"))?;
+    let Query(query) = Query::<ListQuery>::try_from_uri(&uri)
+        .map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
     if let Some(wanted) = &query.state {
         if SandboxState::parse(wanted).is_none() {
             return Err(ApiError::bad_request(
@@ -241,19 +281,60 @@ pub async fn list(
     if !(1..=500).contains(&limit) {
         return Err(ApiError::bad_request("invalid_limit", "limit is 1 to 500").with_field("limit"));
     }
+    let after = cursor::from_query(query.cursor.as_deref())?;
+    Ok(Listing {
+        query,
+        metadata,
+        limit,
+        after,
+    })
+}
+
+/// List sandboxes, newest first, a page at a time. `metadata.KEY=VALUE` (repeatable)
+/// keeps the sandboxes whose labels hold every pair given.
+#[utoipa::path(get, operation_id = "list_sandboxes", tag = "sandboxes", path = "/api/v1/sandboxes", params(ListQuery),
+    responses((status = 200, body = SandboxList), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn list(
+    State(state): State<AppState>,
+    caller: Caller,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<SandboxList>, ApiError> {
+    caller.require(Role::Viewer)?;
+    let Listing {
+        query,
+        metadata,
+        limit,
+        after,
+    } = listing(raw.as_deref())?;
     let rows: Vec<Row> = sqlx::query_as(&format!(
         "{SELECT} WHERE ($1::text IS NULL OR s.state = $1) AND ($2::text IS NULL OR s.agent = $2)
-            AND ($4::text IS NULL OR s.tenant_id = $4)
-          ORDER BY s.created_at DESC, s.id LIMIT $3"
+            AND ($4::text IS NULL OR s.tenant_id = $4) AND s.metadata @> $5
+            AND ($6::timestamptz IS NULL OR (s.created_at, s.id) < ($6, $7))
+          ORDER BY s.created_at DESC, s.id DESC LIMIT $3"
     ))
     .bind(&query.state)
     .bind(&query.agent)
-    .bind(limit)
+    .bind(limit + 1)
     .bind(caller.scope())
+    .bind(sqlx::types::Json(&metadata))
+    .bind(after.map(|a| a.0))
+    .bind(after.map(|a| a.1).unwrap_or_default())
     .fetch_all(&state.pool)
     .await?;
+    let mut sandboxes: Vec<SandboxView> = rows.into_iter().map(SandboxView::from).collect();
+    let next_cursor = if sandboxes.len() as i64 > limit {
+        sandboxes.truncate(usize::try_from(limit).unwrap_or(100));
+        sandboxes
+            .last()
+            .map(|s| cursor::of(s.created_at, s.sandbox_id))
+    } else {
+        None
+    };
     Ok(Json(SandboxList {
-        sandboxes: rows.into_iter().map(SandboxView::from).collect(),
+        sandboxes,
+        next_cursor,
     }))
 }
 

@@ -9,6 +9,12 @@ use serde_json::{json, Value};
 use std::io::Write;
 use std::path::PathBuf;
 
+mod create;
+mod view;
+pub use create::CreateArgs;
+pub use view::{keyed, show};
+use view::{row, HEADER};
+
 #[derive(Debug, Subcommand)]
 pub enum SandboxCommand {
     /// Create a sandbox; it is `creating` until a worker has prepared its tree.
@@ -21,9 +27,15 @@ pub enum SandboxCommand {
         /// Only this agent's sandboxes.
         #[arg(long)]
         agent: Option<String>,
+        /// Only sandboxes labelled `KEY=VALUE` (repeatable: every pair must match).
+        #[arg(long = "metadata", value_name = "KEY=VALUE")]
+        metadata: Vec<String>,
         /// At most this many sandboxes, 1 to 500.
         #[arg(long, default_value_t = 100)]
         limit: u32,
+        /// The page after this one (the `next_cursor` a list printed).
+        #[arg(long)]
+        cursor: Option<String>,
     },
     /// Show one sandbox.
     Show {
@@ -92,40 +104,6 @@ pub enum SandboxCommand {
 }
 
 #[derive(Debug, clap::Args)]
-pub struct CreateArgs {
-    /// The agent the sandbox is for: 1 to 128 letters, digits, '.', '_' or '-'.
-    #[arg(long)]
-    pub agent: String,
-    /// Clone this repository into the tree.
-    #[arg(long, conflicts_with = "source")]
-    pub repository: Option<String>,
-    /// The git ref to check out (default the repository's HEAD); needs --repository.
-    #[arg(long = "ref", requires = "repository")]
-    pub git_ref: Option<String>,
-    /// Start from a snapshot: `snapshot:<id>`.
-    #[arg(long)]
-    pub source: Option<String>,
-    /// Idle-anchored timeout, 1 to 86400 seconds (default 3600).
-    #[arg(long)]
-    pub timeout_sec: Option<u32>,
-    /// Idle auto-stop in seconds; 0 disables it (default 1800).
-    #[arg(long)]
-    pub idle_timeout_sec: Option<u32>,
-    /// No timeout or idle stop until an explicit lifecycle action.
-    #[arg(long)]
-    pub always_on: bool,
-    /// Destroyed (not stopped) at its timeout, never resumed by an operation.
-    #[arg(long)]
-    pub not_persistent: bool,
-    /// The disk size in MiB, 1 to 1048576 (default 10240).
-    #[arg(long)]
-    pub disk_mb: Option<u32>,
-    /// Same key and body: the same sandbox; same key, other body: refused.
-    #[arg(long)]
-    pub idempotency_key: Option<String>,
-}
-
-#[derive(Debug, clap::Args)]
 pub struct ExecArgs {
     /// The sandbox's id (32 lowercase hex characters).
     pub sandbox: String,
@@ -173,68 +151,6 @@ pub enum FilesCommand {
     },
 }
 
-const HEADER: [&str; 6] = [
-    "sandbox",
-    "state",
-    "agent",
-    "persistent",
-    "stop_reason",
-    "created",
-];
-
-fn row(sandbox: &Value) -> Vec<String> {
-    let state = match sandbox["pending"].as_str() {
-        Some(pending) => format!("{} (→ {pending})", output::text(&sandbox["state"])),
-        None => output::text(&sandbox["state"]),
-    };
-    vec![
-        output::text(&sandbox["sandbox_id"]),
-        state,
-        output::text(&sandbox["agent"]),
-        output::text(&sandbox["persistent"]),
-        output::text(&sandbox["stop_reason"]),
-        output::text(&sandbox["created_at"]),
-    ]
-}
-
-pub fn show(sandbox: &Value, json: bool) {
-    if json {
-        return output::json(sandbox);
-    }
-    output::fields(
-        sandbox,
-        &[
-            "sandbox_id",
-            "state",
-            "pending",
-            "agent",
-            "persistent",
-            "always_on",
-            "timeout_sec",
-            "idle_timeout_sec",
-            "disk_mb",
-            "repository",
-            "ref",
-            "source",
-            "stop_reason",
-            "error_reason",
-            "durability",
-            "stop_snapshot_id",
-            "last_activity_at",
-            "created_at",
-            "stopped_at",
-            "destroyed_at",
-        ],
-    );
-}
-
-/// The `Idempotency-Key` header, when one is given.
-pub fn keyed(key: &Option<String>) -> Vec<(&str, &str)> {
-    key.as_deref()
-        .map(|k| vec![("idempotency-key", k)])
-        .unwrap_or_default()
-}
-
 fn path_query(path: &str) -> String {
     url::form_urlencoded::Serializer::new(String::new())
         .append_pair("path", path)
@@ -247,12 +163,22 @@ pub async fn sandbox(
     json: bool,
 ) -> Result<u8, CallError> {
     match command {
-        SandboxCommand::Create(args) => create(client, args, json).await,
+        SandboxCommand::Create(args) => create::create(client, args, json).await,
         SandboxCommand::List {
             state,
             agent,
+            metadata,
             limit,
-        } => list(client, state, agent, limit, json).await,
+            cursor,
+        } => {
+            let filters = Filters {
+                state,
+                agent,
+                metadata,
+                cursor,
+            };
+            list(client, filters, limit, json).await
+        }
         SandboxCommand::Show { sandbox } => {
             let sandbox = id(&sandbox, "the sandbox id")?;
             show(
@@ -294,25 +220,39 @@ pub async fn sandbox(
     }
 }
 
-async fn list(
-    client: &Client,
+/// What a list keeps, and where its page starts.
+struct Filters {
     state: Option<String>,
     agent: Option<String>,
-    limit: u32,
-    json: bool,
-) -> Result<u8, CallError> {
-    let mut query = format!("?limit={limit}");
-    if let Some(state) = state {
-        query.push_str(&format!("&state={state}"));
+    metadata: Vec<String>,
+    cursor: Option<String>,
+}
+
+async fn list(client: &Client, filters: Filters, limit: u32, json: bool) -> Result<u8, CallError> {
+    let mut query = url::form_urlencoded::Serializer::new(String::new());
+    query.append_pair("limit", &limit.to_string());
+    for (name, value) in [
+        ("state", filters.state),
+        ("agent", filters.agent),
+        ("cursor", filters.cursor),
+    ] {
+        if let Some(value) = value {
+            query.append_pair(name, &value);
+        }
     }
-    if let Some(agent) = agent {
-        query.push_str(&format!("&agent={agent}"));
+    for (key, value) in create::labels(&filters.metadata)? {
+        query.append_pair(&format!("metadata.{key}"), &value);
     }
-    let list = client.get(&format!("/api/v1/sandboxes{query}")).await?;
+    let list = client
+        .get(&format!("/api/v1/sandboxes?{}", query.finish()))
+        .await?;
     if json {
         output::json(&list);
     } else {
         output::table(&HEADER, &output::rows(&list["sandboxes"], row));
+        if let Some(next) = list["next_cursor"].as_str() {
+            println!("more: --cursor {next}");
+        }
     }
     Ok(exit::OK)
 }
@@ -405,47 +345,6 @@ async fn operations(client: &Client, sandbox: String, json: bool) -> Result<u8, 
             &rows,
         );
     }
-    Ok(exit::OK)
-}
-
-async fn create(client: &Client, args: CreateArgs, json: bool) -> Result<u8, CallError> {
-    let CreateArgs {
-        agent,
-        repository,
-        git_ref,
-        source,
-        timeout_sec,
-        idle_timeout_sec,
-        always_on,
-        not_persistent,
-        disk_mb,
-        idempotency_key,
-    } = args;
-    let mut body = json!({"agent": agent, "always_on": always_on, "persistent": !not_persistent});
-    for (name, value) in [
-        ("repository", repository.map(Value::from)),
-        ("ref", git_ref.map(Value::from)),
-        ("source", source.map(Value::from)),
-        ("timeout_sec", timeout_sec.map(Value::from)),
-        ("idle_timeout_sec", idle_timeout_sec.map(Value::from)),
-        ("disk_mb", disk_mb.map(Value::from)),
-    ] {
-        if let Some(value) = value {
-            body[name] = value;
-        }
-    }
-    let answer = client
-        .call(
-            Method::POST,
-            "/api/v1/sandboxes",
-            Some(&body),
-            &keyed(&idempotency_key),
-        )
-        .await?;
-    if !json && answer.status.as_u16() == 200 {
-        println!("replayed: this key created the sandbox before");
-    }
-    show(&answer.body, json);
     Ok(exit::OK)
 }
 
