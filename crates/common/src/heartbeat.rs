@@ -55,6 +55,25 @@ pub async fn beat(
     Ok(())
 }
 
+/// Records what `worker_id` offers, once it has beaten: its job slots and, apart from
+/// them, its sandbox slots.
+pub async fn advertise_slots(
+    pool: &PgPool,
+    worker_id: &str,
+    run_slots: u32,
+    sandbox_slots: u32,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE worker_heartbeats SET run_slots = $2, sandbox_slots = $3 WHERE worker_id = $1",
+    )
+    .bind(worker_id)
+    .bind(i32::try_from(run_slots).unwrap_or(i32::MAX))
+    .bind(i32::try_from(sandbox_slots).unwrap_or(i32::MAX))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// How long after its announcement a request still queued counts as parked, when a live
 /// worker has waited for work all that time: far above a healthy delivery (milliseconds),
 /// below the takeover bound.

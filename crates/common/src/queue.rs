@@ -40,6 +40,16 @@ impl JobQueue {
         JobQueue::Sandboxes,
     ];
 
+    /// The queues of jobs, which take a worker's job slots.
+    pub const JOBS: [JobQueue; 3] = [
+        JobQueue::Runs,
+        JobQueue::Continuations,
+        JobQueue::Verifications,
+    ];
+
+    /// The queue of sandbox placements, which take a worker's sandbox slots.
+    pub const SANDBOXES: [JobQueue; 1] = [JobQueue::Sandboxes];
+
     /// The queue that carries messages of a kind.
     pub fn of(kind: JobKind) -> JobQueue {
         match kind {

@@ -29,10 +29,14 @@ pub struct Config {
     /// This worker's identity as a lease owner (default: host name and process id).
     #[arg(long, env = "CAIRN_WORKER_ID")]
     pub worker_id: Option<String>,
-    /// Jobs run at once.
+    /// Jobs (runs, continuations, verifications) run at once.
     #[arg(long, env = "CAIRN_WORKER_CONCURRENCY", default_value_t = 4,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub concurrency: u32,
+    /// Sandboxes hosted at once, apart from the job slots (0: this worker hosts none).
+    #[arg(long, env = "CAIRN_SANDBOX_SLOTS", default_value_t = 4,
+          value_parser = clap::value_parser!(u32).range(0..=1024))]
+    pub sandbox_slots: u32,
     /// The AMQP heartbeat of the worker's consumer connection, unless the URL sets one.
     /// RabbitMQ drops a worker that stops answering (a stalled process) after about this
     /// long and gives the deliveries it held to others: shorter than the heartbeat lapse
@@ -261,18 +265,23 @@ impl Config {
         })
     }
 
-    /// The smallest pool that never starves a job: one connection per running job for
-    /// its writes, and four that the lease keepers' short renewals, the consumer, the
-    /// janitor and the probes share.
-    fn pool_needs(&self) -> u32 {
-        self.concurrency.saturating_add(4)
+    /// Every slot: jobs and sandboxes each hold one while they run.
+    fn slots(&self) -> u32 {
+        self.concurrency.saturating_add(self.sandbox_slots)
     }
 
-    /// The pool: the one configured, else twice the concurrency plus 4, so that a job
-    /// never waits on another's connection for its own writes.
+    /// The smallest pool that never starves a job: one connection per running job or
+    /// hosted sandbox for its writes, and four that the lease keepers' short renewals,
+    /// the consumers, the janitor and the probes share.
+    fn pool_needs(&self) -> u32 {
+        self.slots().saturating_add(4)
+    }
+
+    /// The pool: the one configured, else twice the slots plus 4, so that a job never
+    /// waits on another's connection for its own writes.
     pub fn pool_size(&self) -> u32 {
         self.database
-            .pool_size(self.concurrency.saturating_mul(2).saturating_add(4))
+            .pool_size(self.slots().saturating_mul(2).saturating_add(4))
     }
 
     pub fn prefetch(&self) -> u16 {
@@ -292,12 +301,14 @@ impl Settings for Config {
         if let Some(size) = self.database.database_max_connections {
             if size < self.pool_needs() {
                 return Err(format!(
-                    "CAIRN_DATABASE_MAX_CONNECTIONS: {size} is too small for CAIRN_WORKER_CONCURRENCY {}: \
-                     every running job needs a connection for its writes, and its lease keeper \
-                     must renew beside it; set at least {} (or leave it unset for {})",
+                    "CAIRN_DATABASE_MAX_CONNECTIONS: {size} is too small for CAIRN_WORKER_CONCURRENCY {} \
+                     and CAIRN_SANDBOX_SLOTS {}: every running job and hosted sandbox needs a \
+                     connection for its writes, and its lease keeper must renew beside it; set \
+                     at least {} (or leave it unset for {})",
                     self.concurrency,
+                    self.sandbox_slots,
                     self.pool_needs(),
-                    self.concurrency.saturating_mul(2).saturating_add(4)
+                    self.slots().saturating_mul(2).saturating_add(4)
                 ));
             }
         }

@@ -1,7 +1,9 @@
-//! Consumes `cairn.runs`, `cairn.continuations`, `cairn.verifications` and
-//! `cairn.sandboxes` (placements): at most `concurrency` jobs (a running sandbox is one) at once,
-//! each delivery acked only after its request was claimed durably. Reconnects to
-//! RabbitMQ with backoff when the broker goes away.
+//! Consumes a set of queues with slots of its own: a worker has one consumer of
+//! `cairn.runs`, `cairn.continuations` and `cairn.verifications` (its job slots) and one
+//! of `cairn.sandboxes` (placements, its sandbox slots), so a hosted sandbox never takes
+//! a run's slot. At most `concurrency` deliveries of the set run at once, each acked only
+//! after its request was claimed durably. Reconnects to RabbitMQ with backoff when the
+//! broker goes away.
 
 use crate::context::Worker;
 use crate::hosting::{self, Placement};
@@ -48,6 +50,9 @@ pub struct Consumer {
     pub worker: Arc<Worker>,
     pub amqp_url: String,
     pub topology: Topology,
+    /// The queues it takes from ([`JobQueue::JOBS`] or [`JobQueue::SANDBOXES`]).
+    pub queues: &'static [JobQueue],
+    /// Its slots: deliveries of its queues running at once.
     pub concurrency: usize,
     pub prefetch: u16,
     /// The AMQP heartbeat: a stalled worker's deliveries go back to their queues after
@@ -87,7 +92,8 @@ impl Consumer {
         tracing::info!(
             concurrency = self.concurrency,
             prefetch = self.prefetch,
-            "consuming jobs"
+            queues = ?self.queues.iter().map(|q| q.routing_key()).collect::<Vec<_>>(),
+            "consuming"
         );
         let mut consuming: Option<Consuming> = None;
         // Deliveries a pause kept instead of returning them: they start first.
@@ -208,9 +214,9 @@ impl Consumer {
         channel: &lapin::Channel,
         next: &mut usize,
     ) -> Result<Option<Delivery>, String> {
-        let queues = JobQueue::ALL.len();
+        let queues = self.queues.len();
         for offset in 0..queues {
-            let queue = JobQueue::ALL[(*next + offset) % queues];
+            let queue = self.queues[(*next + offset) % queues];
             let got = channel
                 .basic_get(
                     self.topology.queue(queue).as_str().into(),
@@ -228,9 +234,9 @@ impl Consumer {
 
     /// Starts one consumer per job queue, each allowed `prefetch` unacked deliveries.
     async fn consume(&self, channel: &lapin::Channel) -> Result<Consuming, String> {
-        let mut streams = Vec::with_capacity(JobQueue::ALL.len());
-        let mut tags = Vec::with_capacity(JobQueue::ALL.len());
-        for queue in JobQueue::ALL {
+        let mut streams = Vec::with_capacity(self.queues.len());
+        let mut tags = Vec::with_capacity(self.queues.len());
+        for &queue in self.queues {
             let tag = format!("{}-{}", self.worker.settings.worker_id, queue.routing_key());
             let consumer =
                 queue::consume(channel, &self.topology.queue(queue), &tag, self.prefetch)

@@ -55,7 +55,7 @@ pub mod workspace;
 use anyhow::Context;
 use cairn_common::health::{self, AmqpStatus, Readiness};
 use cairn_common::lease::Leases;
-use cairn_common::queue::Topology;
+use cairn_common::queue::{JobQueue, Topology};
 use cairn_common::{component, redis_conn};
 pub use config::Config;
 use std::sync::Arc;
@@ -113,7 +113,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         signals: Arc::new(signals::Signals::default()),
     });
     lapse_previous(&worker.leases, &worker_id).await?;
-    cairn_common::heartbeat::beat(&pool, &worker_id, true, None).await?;
+    announce(&pool, &worker_id, &config).await?;
     let starving = consumer::Starving::default();
     let amqp_status = AmqpStatus::default();
     let jobs = TaskTracker::new();
@@ -122,10 +122,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let readiness = readiness(&pool, redis, &amqp_status, details, dependency_gauge);
     let probes = health::router(readiness, registry);
     let background = Background::start(&worker, &config, listener, probes, directory_id, &starving);
-    let consumer = consumer_of(worker, &config, amqp_status, jobs.clone(), starving);
+    let consumers = consumers_of(worker, &config, amqp_status, jobs.clone(), starving);
     tracing::info!(worker_id = %worker_id, listen = %config.metrics_listen, "worker started");
 
-    consumer.run(shutdown.clone(), drain.clone()).await;
+    let running = consumers.into_iter();
+    futures::future::join_all(running.map(|c| c.run(shutdown.clone(), drain.clone()))).await;
 
     let grace = Duration::from_secs(config.kill_grace_seconds);
     drain_jobs(
@@ -140,6 +141,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     background.stop().await;
     pool.close().await;
     tracing::info!("worker stopped");
+    Ok(())
+}
+
+/// The first beat of this process, and the slots it offers.
+async fn announce(pool: &sqlx::PgPool, worker_id: &str, config: &Config) -> anyhow::Result<()> {
+    cairn_common::heartbeat::beat(pool, worker_id, true, None).await?;
+    let (jobs, sandboxes) = (config.concurrency, config.sandbox_slots);
+    cairn_common::heartbeat::advertise_slots(pool, worker_id, jobs, sandboxes).await?;
     Ok(())
 }
 
@@ -183,25 +192,45 @@ async fn connect(config: &Config) -> anyhow::Result<(sqlx::PgPool, redis::aio::C
     Ok((pool, redis))
 }
 
-/// The consumer of this worker's queues, with its bounded concurrency.
-fn consumer_of(
+/// The consumers of this worker's queues: one of the job queues in its job slots (its
+/// status and its waiting are what the probes and heartbeats report), and, when it has
+/// sandbox slots, one of sandbox placements in them.
+fn consumers_of(
     worker: Arc<context::Worker>,
     config: &Config,
     status: AmqpStatus,
     jobs: TaskTracker,
     starving: consumer::Starving,
-) -> consumer::Consumer {
-    consumer::Consumer {
-        worker,
+) -> Vec<consumer::Consumer> {
+    let consumer = |queues, slots: u32, status, starving| consumer::Consumer {
+        worker: worker.clone(),
         amqp_url: config.amqp.amqp_url.clone(),
         topology: Topology::new(&config.amqp.queue_prefix, config.amqp.delivery_limit),
-        concurrency: usize::try_from(config.concurrency).unwrap_or(1),
+        queues,
+        concurrency: usize::try_from(slots).unwrap_or(1),
         prefetch: config.prefetch(),
         heartbeat_seconds: config.amqp_heartbeat_seconds,
         status,
-        jobs,
+        jobs: jobs.clone(),
         starving,
+    };
+    let mut consumers = vec![consumer(
+        &JobQueue::JOBS[..],
+        config.concurrency,
+        status,
+        starving,
+    )];
+    if config.sandbox_slots > 0 {
+        // A worker waiting for a sandbox is not evidence that a run is parked elsewhere.
+        let own = (AmqpStatus::default(), consumer::Starving::default());
+        consumers.push(consumer(
+            &JobQueue::SANDBOXES[..],
+            config.sandbox_slots,
+            own.0,
+            own.1,
+        ));
     }
+    consumers
 }
 
 /// What every job of this worker shares of its settings.

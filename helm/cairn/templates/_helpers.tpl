@@ -260,6 +260,7 @@ false
 {{- $w := .Values.worker -}}
 {{ include "cairn.messagingConfig" . }}
 CAIRN_WORKER_CONCURRENCY: {{ int $w.concurrency | quote }}
+CAIRN_SANDBOX_SLOTS: {{ int $w.sandboxSlots | quote }}
 {{- with $w.prefetch }}
 CAIRN_PREFETCH: {{ int . | quote }}
 {{- end }}
@@ -325,6 +326,7 @@ be shadowed by them).
   "CAIRN_SWEEP_INTERVAL_SECONDS" "scheduler.sweepIntervalSeconds"
   "CAIRN_DRAIN_SECONDS" "scheduler.drainSeconds, worker.drainSeconds and reaper.drainSeconds"
   "CAIRN_WORKER_CONCURRENCY" "worker.concurrency"
+  "CAIRN_SANDBOX_SLOTS" "worker.sandboxSlots"
   "CAIRN_PREFETCH" "worker.prefetch"
   "CAIRN_LEASE_TTL_SECONDS" "worker.leaseTtlSeconds"
   "CAIRN_KILL_GRACE_SECONDS" "worker.killGraceSeconds"

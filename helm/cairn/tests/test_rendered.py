@@ -479,6 +479,7 @@ def test_worker_defaults():
     docs = render()
     env = container_env(docs, worker_container(docs))
     assert env["CAIRN_WORKER_CONCURRENCY"] == "4"
+    assert env["CAIRN_SANDBOX_SLOTS"] == "4"
     assert "CAIRN_PREFETCH" not in env, "0: the binary's default, one delivery per queue"
     assert env["CAIRN_LEASE_TTL_SECONDS"] == "30"
     # The longest step expected: a scale-down hands runs back at a step boundary.

@@ -678,3 +678,52 @@ async fn a_directory_swapped_for_a_link_mid_operation_never_leads_out_of_the_tre
     );
     let _ = std::fs::remove_dir_all(host);
 }
+
+/// A worker's sandboxes have slots of their own: with one job slot and one sandbox
+/// slot, a hosted sandbox leaves the job slot to a run, a second sandbox waits for the
+/// sandbox slot (not the job slot), and the worker advertises both.
+#[tokio::test]
+async fn sandboxes_take_sandbox_slots_and_leave_job_slots_to_runs() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("slots", 0, Settings::default()).await;
+    cluster.worker_env.extend([
+        ("CAIRN_WORKER_CONCURRENCY".to_string(), "1".to_string()),
+        ("CAIRN_SANDBOX_SLOTS".to_string(), "1".to_string()),
+    ]);
+    cluster.add_worker();
+    let first = create(&cluster, json!({"agent": "coder", "timeout_sec": 600}));
+    wait_state(&cluster, &first, "running");
+
+    let (run_id, _) = cluster.submit(&json!({
+        "agent": "coder", "steps": [{"key": "one", "argv": ["true"]}]
+    }));
+    let run = cluster.wait_for_state(&run_id, &["completed", "failed"], LONG);
+    assert_eq!(
+        run["state"], "completed",
+        "a run beside a hosted sandbox: {run}"
+    );
+
+    let second = create(&cluster, json!({"agent": "coder", "timeout_sec": 600}));
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        show(&cluster, &second)["state"],
+        "creating",
+        "the sandbox slot is taken"
+    );
+    let (status, workers) = cluster.call("GET", "/api/v1/workers", None);
+    assert_eq!(status, 200, "{workers}");
+    let worker = &workers["workers"][0];
+    assert_eq!(
+        (
+            &worker["run_slots"],
+            &worker["sandbox_slots"],
+            &worker["sandboxes_hosted"]
+        ),
+        (&json!(1), &json!(1), &json!(1)),
+        "{worker}"
+    );
+
+    let (status, stopped) = cluster.call("POST", &format!("/api/v1/sandboxes/{first}/stop"), None);
+    assert!(status == 200 || status == 202, "{stopped}");
+    wait_state(&cluster, &second, "running");
+}

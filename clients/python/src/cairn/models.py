@@ -1089,6 +1089,19 @@ class WorkerView(BaseModel):
     """
     The execution requests it holds now.
     """
+    run_slots: StrictInt | None = None
+    """
+    Jobs (runs, continuations, verifications) it runs at once (absent: a worker of
+    an earlier version, whose sandboxes took job slots).
+    """
+    sandbox_slots: StrictInt | None = None
+    """
+    Sandboxes it hosts at once, apart from its job slots.
+    """
+    sandboxes_hosted: StrictInt
+    """
+    The sandboxes it hosts now (of the caller's tenant, unless a platform token asks).
+    """
     starved_since: AwareDatetime | None = None
     """
     Since when it has had a free slot and no delivery to fill it, if it has.

@@ -40,6 +40,13 @@ pub struct WorkerView {
     pub alive: bool,
     /// Since when it has had a free slot and no delivery to fill it, if it has.
     pub starved_since: Option<DateTime<Utc>>,
+    /// Jobs (runs, continuations, verifications) it runs at once (absent: a worker of
+    /// an earlier version, whose sandboxes took job slots).
+    pub run_slots: Option<i32>,
+    /// Sandboxes it hosts at once, apart from its job slots.
+    pub sandbox_slots: Option<i32>,
+    /// The sandboxes it hosts now (of the caller's tenant, unless a platform token asks).
+    pub sandboxes_hosted: i64,
     /// The execution requests it holds now.
     pub leases: Vec<LeaseView>,
 }
@@ -51,6 +58,9 @@ struct WorkerRow {
     beating_since: DateTime<Utc>,
     alive: bool,
     starved_since: Option<DateTime<Utc>>,
+    run_slots: Option<i32>,
+    sandbox_slots: Option<i32>,
+    sandboxes_hosted: i64,
 }
 
 #[derive(sqlx::FromRow)]
@@ -78,13 +88,18 @@ pub async fn list(
 ) -> Result<Json<WorkerList>, ApiError> {
     caller.require(Role::Viewer)?;
     let workers: Vec<WorkerRow> = sqlx::query_as(
-        "SELECT worker_id, beat_at, beating_since,
-                beat_at > now() - make_interval(secs => $1) AS alive, starved_since
-           FROM worker_heartbeats
-          WHERE beat_at > now() - interval '1 hour'
-          ORDER BY alive DESC, worker_id",
+        "SELECT w.worker_id, w.beat_at, w.beating_since,
+                w.beat_at > now() - make_interval(secs => $1) AS alive, w.starved_since,
+                w.run_slots, w.sandbox_slots,
+                (SELECT count(*) FROM sandboxes s
+                  WHERE s.lease_owner = w.worker_id AND s.state IN ('creating', 'running', 'paused')
+                    AND ($2::text IS NULL OR s.tenant_id = $2)) AS sandboxes_hosted
+           FROM worker_heartbeats w
+          WHERE w.beat_at > now() - interval '1 hour'
+          ORDER BY alive DESC, w.worker_id",
     )
     .bind(ALIVE_WITHIN_SECONDS)
+    .bind(caller.scope())
     .fetch_all(&state.pool)
     .await?;
     let leases: Vec<LeaseRow> = sqlx::query_as(
@@ -115,6 +130,9 @@ pub async fn list(
             beating_since: w.beating_since,
             alive: w.alive,
             starved_since: w.starved_since,
+            run_slots: w.run_slots,
+            sandbox_slots: w.sandbox_slots,
+            sandboxes_hosted: w.sandboxes_hosted,
         })
         .collect();
     Ok(Json(WorkerList { workers }))
