@@ -87,3 +87,27 @@ def test_labels_filter_the_list_and_pages_follow_the_cursor(client: cairn.Client
             # A sandbox is destroyed once it runs (`creating` refuses it).
             running(client, sandbox_id, stack)
             client.destroy_sandbox(sandbox_id)
+
+
+def test_an_execs_output_is_followed_while_it_runs(client: cairn.Client, stack: Stack) -> None:
+    """`wait=False` answers with the operation at once; its output arrives as the
+    command prints it, then the receipt has its exit."""
+    created = client.create_sandbox({"agent": "py-exec", "timeout_sec": 600})
+    try:
+        running(client, created.sandbox_id, stack)
+        spec = {"argv": ["sh", "-c", "echo one; sleep 2; echo two; exit 3"], "timeout_sec": 60}
+        started = client.exec_in_sandbox(created.sandbox_id, spec, wait=False)
+        assert started.state in ("pending", "running"), started
+        chunks = client.follow_exec_output(created.sandbox_id, started.operation_id)
+        first = next(iter(chunks))
+        assert first.text == "one\n", first
+        # The command is still sleeping when its first line arrives.
+        assert client.get_sandbox_operation(created.sandbox_id, started.operation_id).state == "running"
+        rest = "".join(chunk.text for chunk in chunks)
+        assert rest == "two\n", rest
+        done = client.get_sandbox_operation(created.sandbox_id, started.operation_id)
+        assert done.state == "done" and done.result is not None and done.result["exit_code"] == 3, done
+        whole = client.get_operation_output(created.sandbox_id, started.operation_id)
+        assert whole == b"one\ntwo\n"
+    finally:
+        client.destroy_sandbox(created.sandbox_id)

@@ -1,6 +1,7 @@
-//! Retention of step output: the live output of a request that finished (completed,
-//! failed or cancelled) is deleted from the artifact stores it went to `reclaim_after`
-//! after it finished, the same 7 days as snapshots. A request is marked reclaimed only
+//! Retention of live output: that of a request that finished (completed, failed or
+//! cancelled) is deleted from the artifact stores it went to `reclaim_after` after it
+//! finished, the same 7 days as snapshots; that of a sandbox's exec, `reclaim_after`
+//! after the exec ended. A request is marked reclaimed only
 //! once every store holding its output answered; one that did not is tried again at
 //! the next sweep. A dry run counts and deletes nothing.
 
@@ -73,7 +74,55 @@ impl Sweep<'_> {
     }
 }
 
-/// Deletes the request's output in each store, found at its URL with its identity. A
+impl Sweep<'_> {
+    /// Deletes the live output of execs that ended `reclaim_after` ago, batch by batch;
+    /// an exec whose store did not answer is tried again at the next sweep.
+    pub(crate) async fn reclaim_operation_outputs(
+        &self,
+        batches: &mut Batches<'_>,
+        report: &mut SweepReport,
+    ) -> Result<(), sqlx::Error> {
+        let mut failed: Vec<Uuid> = Vec::new();
+        loop {
+            let mut tx = batches.begin().await?;
+            let due: Vec<(Uuid, String, Uuid)> = sqlx::query_as(
+                "SELECT id, output_store_url, output_store FROM sandbox_operations
+                  WHERE output_store_url IS NOT NULL AND output_store IS NOT NULL
+                    AND output_reclaimed_at IS NULL AND finished_at <= $1 AND id <> ALL($3)
+                  LIMIT $2 FOR UPDATE SKIP LOCKED",
+            )
+            .bind(self.now - self.durations.reclaim_after)
+            .bind(self.batch)
+            .bind(&failed)
+            .fetch_all(&mut *tx)
+            .await?;
+            let mut reclaimed = Vec::new();
+            for (id, url, store) in &due {
+                if self.dry_run {
+                    reclaimed.push(*id);
+                    continue;
+                }
+                match delete_everywhere(*id, &[(url.clone(), *store)]).await {
+                    Ok(()) => reclaimed.push(*id),
+                    Err(e) => {
+                        tracing::warn!(operation = %id.simple(), error = %e, "exec output not reclaimed; retried at the next sweep");
+                        failed.push(*id);
+                    }
+                }
+            }
+            cairn_common::sandbox::operations::outputs_reclaimed(&mut tx, &reclaimed, self.now)
+                .await?;
+            tx.commit().await?;
+            report.outputs_reclaimed += reclaimed.len() as u64;
+            report.outputs_failed += failed.len() as u64;
+            if (due.len() as i64) < self.batch {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Deletes the request's (or exec's) output in each store, found at its URL with its identity. A
 /// URL that reaches another store here (a worker's local directory) deletes nothing
 /// and is an error, never done.
 async fn delete_everywhere(request_id: Uuid, stores: &[(String, Uuid)]) -> Result<(), String> {

@@ -17,6 +17,7 @@ mod reaper;
 mod reuse;
 mod sandbox;
 mod sandbox_copies;
+mod sandbox_output;
 mod sandboxes;
 mod scale_down;
 mod state_machine;

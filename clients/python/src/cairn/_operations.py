@@ -147,7 +147,10 @@ OPERATIONS: dict[str, Operation] = {
         id="exec_in_sandbox",
         method="POST",
         path="/api/v1/sandboxes/{sandbox_id}/exec",
-        params=(Param(name="sandbox_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),),
+        params=(
+            Param(name="sandbox_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),
+            Param(name="wait", location="query", required=False, type="boolean"),
+        ),
         body=Body(
             media_type="application/json", model="ExecSpec", optional=False, acknowledgements=(), identity_field=None
         ),
@@ -248,6 +251,20 @@ OPERATIONS: dict[str, Operation] = {
         body=None,
         replies=(Reply(status=200, media_types=("application/json",), model="ActionView"),),
     ),
+    "get_operation_output": Operation(
+        id="get_operation_output",
+        method="GET",
+        path="/api/v1/sandboxes/{sandbox_id}/operations/{operation_id}/output",
+        params=(
+            Param(name="sandbox_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),
+            Param(name="operation_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),
+            Param(name="stream", location="query", required=False, type="string", pattern="^(stdout|stderr)$"),
+            Param(name="follow", location="query", required=False, type="boolean"),
+            Param(name="tail_bytes", location="query", required=False, type="integer", minimum=1, maximum=1048576),
+        ),
+        body=None,
+        replies=(Reply(status=200, media_types=("application/octet-stream", "text/event-stream"), model=None),),
+    ),
     "get_publication": Operation(
         id="get_publication",
         method="GET",
@@ -306,6 +323,17 @@ OPERATIONS: dict[str, Operation] = {
         params=(Param(name="sandbox_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),),
         body=None,
         replies=(Reply(status=200, media_types=("application/json",), model="SandboxView"),),
+    ),
+    "get_sandbox_operation": Operation(
+        id="get_sandbox_operation",
+        method="GET",
+        path="/api/v1/sandboxes/{sandbox_id}/operations/{operation_id}",
+        params=(
+            Param(name="sandbox_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),
+            Param(name="operation_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),
+        ),
+        body=None,
+        replies=(Reply(status=200, media_types=("application/json",), model="OperationView"),),
     ),
     "get_session": Operation(
         id="get_session",

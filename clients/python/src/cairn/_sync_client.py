@@ -192,6 +192,12 @@ class Client:
         `end`. Each chunk's text is in Cairn's escaped form (`cairn.unescape_output`)."""
         params = {"run_id": run_id, "step_key": step_key, "stream": stream, "follow": True}
         prepared = _core.prepare("get_step_output", params, stream=True)
+        for chunk in self._follow(prepared, f"{run_id}/{step_key}"):
+            yield chunk
+
+    def _follow(self, prepared: _core.Prepared, what: str) -> Iterator[_core.OutputChunk]:
+        """The `output` events of a followed output until its `end`; the connection is
+        tried again (bounded) only before the first event."""
         attempt = 0
         started = False
         while True:
@@ -215,7 +221,7 @@ class Client:
                             return
                         started = True
                         yield chunk
-                raise TransportError(f"the output of {run_id}/{step_key} ended before its end event")
+                raise TransportError(f"the output of {what} ended before its end event")
             except httpx.TransportError as error:
                 failure: CairnError = _core.transport_failure(prepared, error, self._settings.server)
                 delay = None if started else _core.retry_delay(prepared, attempt, self._settings, failure, None)
@@ -423,9 +429,35 @@ class Client:
                 return
             cursor = page.next_cursor
 
-    def exec_in_sandbox(self, sandbox_id: str, spec: models.ExecSpec | Body) -> models.OperationView:
-        """Runs one command in the sandbox; its `result` holds the exit and output."""
-        return self._op("exec_in_sandbox", {"sandbox_id": sandbox_id}, spec)
+    def exec_in_sandbox(
+        self, sandbox_id: str, spec: models.ExecSpec | Body, *, wait: bool = True
+    ) -> models.OperationView:
+        """Runs one command in the sandbox, sent once; its `result` holds the exit and
+        the output's tails. `wait=False` answers at once with the operation, to follow
+        its output (`follow_exec_output`) and read its receipt (`get_sandbox_operation`)."""
+        params = {"sandbox_id": sandbox_id, "wait": None if wait else False}
+        return self._op("exec_in_sandbox", params, spec)
+
+    def get_sandbox_operation(self, sandbox_id: str, operation_id: str) -> models.OperationView:
+        """One operation of the sandbox: its intent and, once it ended, its receipt."""
+        return self._op("get_sandbox_operation", {"sandbox_id": sandbox_id, "operation_id": operation_id})
+
+    def get_operation_output(
+        self, sandbox_id: str, operation_id: str, *, stream: str = "stdout", tail_bytes: int | None = None
+    ) -> bytes:
+        """An exec's output so far, as bytes (the last `tail_bytes` only, when given)."""
+        params = {"sandbox_id": sandbox_id, "operation_id": operation_id, "stream": stream, "tail_bytes": tail_bytes}
+        return self._op("get_operation_output", params)
+
+    def follow_exec_output(
+        self, sandbox_id: str, operation_id: str, *, stream: str = "stdout"
+    ) -> Iterator[_core.OutputChunk]:
+        """An exec's output as the command prints it (server-sent `output` events),
+        until the command ends. Each chunk's text is in Cairn's escaped form."""
+        params = {"sandbox_id": sandbox_id, "operation_id": operation_id, "stream": stream, "follow": True}
+        prepared = _core.prepare("get_operation_output", params, stream=True)
+        for chunk in self._follow(prepared, f"exec {operation_id}"):
+            yield chunk
 
     def list_sandbox_files(
         self, sandbox_id: str, path: str | None = None

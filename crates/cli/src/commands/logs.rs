@@ -200,8 +200,8 @@ async fn step_state(
     }))
 }
 
-/// Prints each `output` event's bytes until the `end` event.
-async fn print_events(response: reqwest::Response, stream: Stream) -> Result<(), CallError> {
+/// Prints each `output` event's bytes until the `end` event (of a step or an exec).
+pub async fn print_events(response: reqwest::Response, stream: Stream) -> Result<(), CallError> {
     let mut events = response.bytes_stream().eventsource();
     while let Some(event) = events.next().await {
         let event = event

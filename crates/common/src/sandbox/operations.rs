@@ -52,19 +52,24 @@ pub async fn remember_key(
 }
 
 /// Starts a pending operation at the owner's `epoch` (it counts as the sandbox's
-/// activity); `false` if it was not pending.
+/// activity), with the artifact store its live output goes to (an exec's);
+/// `false` if it was not pending.
 pub async fn start(
     conn: &mut PgConnection,
     id: Uuid,
     epoch: i64,
     sandbox_id: Uuid,
+    output_store: Option<(Uuid, &str)>,
 ) -> Result<bool, sqlx::Error> {
     let started = sqlx::query(
-        "UPDATE sandbox_operations SET state = 'running', lease_epoch = $2, started_at = now()
+        "UPDATE sandbox_operations SET state = 'running', lease_epoch = $2, started_at = now(),
+                output_store = $3, output_store_url = $4
           WHERE id = $1 AND state = 'pending'",
     )
     .bind(id)
     .bind(epoch)
+    .bind(output_store.map(|(store, _)| store))
+    .bind(output_store.map(|(_, url)| url))
     .execute(&mut *conn)
     .await?;
     sqlx::query("UPDATE sandboxes SET last_activity_at = now() WHERE id = $1")
@@ -72,6 +77,20 @@ pub async fn start(
         .execute(conn)
         .await?;
     Ok(started.rows_affected() == 1)
+}
+
+/// Marks the live output of `ids` deleted by retention at `at`.
+pub async fn outputs_reclaimed(
+    conn: &mut PgConnection,
+    ids: &[Uuid],
+    at: chrono::DateTime<chrono::Utc>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE sandbox_operations SET output_reclaimed_at = $2 WHERE id = ANY($1)")
+        .bind(ids)
+        .bind(at)
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 /// Ends a running operation of the owner at `epoch` with its receipt: `done`, on the

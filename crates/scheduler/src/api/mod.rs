@@ -25,6 +25,7 @@ pub mod error;
 pub mod error_codes;
 pub mod idempotency;
 pub mod json;
+pub mod live_output;
 pub mod network_policy;
 pub mod openapi;
 pub mod path;

@@ -22,7 +22,7 @@ use utoipa::{Modify, OpenApi};
         network_policy::show, network_policy::set, session::show, credentials::rotate, workers::list, reaper::show,
         sandboxes::create::create, sandboxes::view::list, sandboxes::view::show, sandboxes::view::operations,
         sandboxes::lifecycle::stop, sandboxes::lifecycle::pause, sandboxes::lifecycle::resume, sandboxes::lifecycle::destroy, sandboxes::lifecycle::extend,
-        sandboxes::operations::exec, sandboxes::operations::list, sandboxes::operations::read, sandboxes::operations::write,
+        sandboxes::operations::exec, sandboxes::output::output, sandboxes::view::show_operation, sandboxes::operations::list, sandboxes::operations::read, sandboxes::operations::write,
         sandboxes::fork::fork, sandboxes::snapshots::create, sandboxes::snapshots::list, sandboxes::snapshots::show,
         sandboxes::snapshots::delete, sandboxes::snapshots::restore,
     ),

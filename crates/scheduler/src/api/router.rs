@@ -181,6 +181,14 @@ fn sandbox_routes() -> Router<AppState> {
             get(sandboxes::view::operations),
         )
         .route(
+            "/api/v1/sandboxes/{sandbox_id}/operations/{operation_id}",
+            get(sandboxes::view::show_operation),
+        )
+        .route(
+            "/api/v1/sandboxes/{sandbox_id}/operations/{operation_id}/output",
+            get(sandboxes::output::output),
+        )
+        .route(
             "/api/v1/sandboxes/{sandbox_id}/fork",
             post(sandboxes::fork::fork),
         )

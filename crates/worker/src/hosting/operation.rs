@@ -11,6 +11,7 @@ use super::tree::{self, SandboxTree, Seal};
 use super::{HostError, SandboxRow};
 use crate::context::Worker;
 use crate::isolation;
+use crate::live_output::LiveOutput;
 use crate::step::{self, StepCommand, StepOutcome};
 use base64::Engine;
 use cairn_common::lease::Lease;
@@ -61,7 +62,9 @@ pub async fn perform(
 ) -> Result<(), HostError> {
     let pool = &host.worker.pool;
     let mut tx = host.lease.begin_fenced(pool).await?;
-    let started = operations::start(&mut tx, id, host.lease.epoch, host.row.id).await?;
+    let settings = &host.worker.custody.settings;
+    let store = Some((settings.store_id, settings.store.store().url()));
+    let started = operations::start(&mut tx, id, host.lease.epoch, host.row.id, store).await?;
     tx.commit().await?;
     if !started {
         return Ok(());
@@ -321,6 +324,7 @@ fn command(
     argv: Vec<String>,
     env: BTreeMap<String, String>,
     spec: Option<&ExecSpec>,
+    live: Option<LiveOutput>,
 ) -> StepCommand {
     let worker = &host.worker;
     let runner = &worker.isolation;
@@ -360,7 +364,7 @@ fn command(
             key,
             host.lease.epoch,
         ),
-        live: None,
+        live,
         max_output: if spec.is_some() {
             worker.settings.output_max_bytes
         } else {
@@ -380,6 +384,13 @@ async fn exec(
     spec: &ExecSpec,
     stop: &CancellationToken,
 ) -> Value {
+    // The output goes live to the store as it is printed, under the operation's id.
+    let live = LiveOutput {
+        store: host.worker.custody.settings.store.store().clone(),
+        request_id: id,
+        epoch: host.lease.epoch,
+        step_index: 0,
+    };
     let command = command(
         host,
         tree,
@@ -387,6 +398,7 @@ async fn exec(
         spec.argv.clone(),
         spec.env.clone(),
         Some(spec),
+        Some(live),
     );
     match host.run_command(&command, stop).await {
         Ok(outcome) => json!({
@@ -423,6 +435,7 @@ async fn file_command(
         &format!("file-{}", id.simple()),
         argv,
         BTreeMap::new(),
+        None,
         None,
     );
     let outcome = host

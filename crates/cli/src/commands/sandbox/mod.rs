@@ -10,8 +10,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 mod create;
+mod exec;
 mod view;
 pub use create::CreateArgs;
+pub use exec::ExecArgs;
 pub use view::{keyed, show};
 use view::{row, HEADER};
 
@@ -103,27 +105,6 @@ pub enum SandboxCommand {
     },
 }
 
-#[derive(Debug, clap::Args)]
-pub struct ExecArgs {
-    /// The sandbox's id (32 lowercase hex characters).
-    pub sandbox: String,
-    /// Working directory, relative to the tree.
-    #[arg(long)]
-    pub cwd: Option<String>,
-    /// `NAME=VALUE`, repeatable.
-    #[arg(long = "env")]
-    pub env: Vec<String>,
-    /// Seconds the command may run before it is stopped, 1 to 86400.
-    #[arg(long, default_value_t = 60)]
-    pub timeout_sec: u32,
-    /// Reach the network (`true`) or not (`false`); default the worker's.
-    #[arg(long)]
-    pub network: Option<bool>,
-    /// The program and its arguments (after `--`).
-    #[arg(required = true, last = true)]
-    pub argv: Vec<String>,
-}
-
 #[derive(Debug, Subcommand)]
 pub enum FilesCommand {
     /// List a directory of the tree (default its root).
@@ -187,7 +168,7 @@ pub async fn sandbox(
             );
             Ok(exit::OK)
         }
-        SandboxCommand::Exec(args) => exec(client, args, json).await,
+        SandboxCommand::Exec(args) => exec::exec(client, args, json).await,
         SandboxCommand::Files(command) => files(client, command, json).await,
         SandboxCommand::Stop { sandbox } => {
             lifecycle(client, Method::POST, &sandbox, "/stop", None, &[], json).await
@@ -348,41 +329,6 @@ async fn operations(client: &Client, sandbox: String, json: bool) -> Result<u8, 
     Ok(exit::OK)
 }
 
-async fn exec(client: &Client, args: ExecArgs, json: bool) -> Result<u8, CallError> {
-    let ExecArgs {
-        sandbox,
-        cwd,
-        env,
-        timeout_sec,
-        network,
-        argv,
-    } = args;
-    let sandbox = id(&sandbox, "the sandbox id")?;
-    let mut vars = serde_json::Map::new();
-    for pair in env {
-        let (name, value) = pair
-            .split_once('=')
-            .ok_or_else(|| usage(format!("--env {pair}: expected NAME=VALUE")))?;
-        vars.insert(name.to_string(), Value::from(value));
-    }
-    let mut body = json!({"argv": argv, "env": vars, "timeout_sec": timeout_sec});
-    if let Some(cwd) = cwd {
-        body["cwd"] = Value::from(cwd);
-    }
-    if let Some(network) = network {
-        body["network"] = Value::from(network);
-    }
-    let answer = client
-        .call(
-            Method::POST,
-            &format!("/api/v1/sandboxes/{sandbox}/exec"),
-            Some(&body),
-            &[],
-        )
-        .await?;
-    exec_result(&answer.body, answer.status.as_u16(), json)
-}
-
 /// A lifecycle call; `202` says the worker has not finished yet.
 async fn lifecycle(
     client: &Client,
@@ -410,34 +356,6 @@ async fn lifecycle(
 }
 
 /// Prints an exec's output and exits with its status (1 when it had none).
-fn exec_result(receipt: &Value, status: u16, json: bool) -> Result<u8, CallError> {
-    if json {
-        output::json(receipt);
-    }
-    if status == 202 {
-        if !json {
-            println!("still running: see `cairnctl sandbox operations`");
-        }
-        return Ok(exit::OK);
-    }
-    let result = &receipt["result"];
-    if let Some(error) = result["error"].as_str() {
-        return Err(CallError::new(exit::ERROR, error.to_string()));
-    }
-    if !json {
-        print!("{}", output::text(&result["stdout"]));
-        eprint!("{}", output::text(&result["stderr"]));
-        let _ = std::io::stdout().flush();
-        if result["truncated"] == true {
-            eprintln!("(output truncated)");
-        }
-    }
-    let code = result["exit_code"].as_i64();
-    Ok(code
-        .and_then(|c| u8::try_from(c).ok())
-        .unwrap_or(exit::ERROR))
-}
-
 async fn files(client: &Client, command: FilesCommand, json: bool) -> Result<u8, CallError> {
     match command {
         FilesCommand::List { sandbox, path } => {

@@ -5,6 +5,7 @@
 //! - [`view`]: one sandbox, a page of them, and its journal of operations.
 //! - [`lifecycle`]: stop, resume, destroy and extend, through the transition table.
 //! - [`operations`]: exec and file operations, carried out by the sandbox's worker.
+//! - [`output`]: an exec's output, as it is printed.
 //! - [`snapshots`]: snapshots as resources: create, list, inspect, delete, restore.
 //! - [`fork`]: one capture, many new sandboxes.
 
@@ -12,5 +13,6 @@ pub mod create;
 pub mod fork;
 pub mod lifecycle;
 pub mod operations;
+pub mod output;
 pub mod snapshots;
 pub mod view;

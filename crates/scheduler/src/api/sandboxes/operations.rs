@@ -114,13 +114,25 @@ pub async fn await_receipt(
     Ok((status, view))
 }
 
+/// How an exec is answered.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ExecQuery {
+    /// `false`: answer `202` with the operation at once, to follow its output as it is
+    /// printed (`…/operations/{operation_id}/output?follow=true`) and read its receipt
+    /// from `…/operations/{operation_id}`. Default `true`: answer with the receipt.
+    pub wait: Option<bool>,
+}
+
 /// Run a command in the sandbox. The reply is its receipt: exit code, signal, timeout,
-/// output tails and usage, and the snapshot holding its effects.
+/// output tails and usage, and the snapshot holding its effects; its whole output is
+/// at `…/operations/{operation_id}/output`, as it is printed.
 #[utoipa::path(post, operation_id = "exec_in_sandbox", tag = "sandboxes", path = "/api/v1/sandboxes/{sandbox_id}/exec",
     request_body = ExecSpec,
-    params(("sandbox_id" = String, Path, description = "32 hex characters")),
+    params(("sandbox_id" = String, Path, description = "32 hex characters"), ExecQuery),
     responses((status = 200, description = "Its receipt (or `interrupted`)", body = OperationView),
-        (status = 202, description = "Still running; read it from the operations", body = OperationView),
+        (status = 202, description = "Still running (or `wait=false`); read it from the operations", body = OperationView),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 404, body = ErrorBody), (status = 409, description = "Not running, and not resumable by an operation", body = ErrorBody),
         (status = 422, body = ErrorBody)),
@@ -129,12 +141,17 @@ pub async fn exec(
     State(state): State<AppState>,
     caller: Caller,
     Path(sandbox_id): Path<String>,
+    StrictQuery(query): StrictQuery<ExecQuery>,
     StrictJson(spec): StrictJson<ExecSpec>,
 ) -> Result<Response, ApiError> {
     caller.require(Role::Operator)?;
     let id = path_id(&sandbox_id, "sandbox_id")?;
     spec.validate()?;
-    let wait = Duration::from_secs(u64::from(spec.timeout_sec)) + MARGIN;
+    let wait = if query.wait.unwrap_or(true) {
+        Duration::from_secs(u64::from(spec.timeout_sec)) + MARGIN
+    } else {
+        Duration::ZERO
+    };
     let (status, view) = submit(&state, id, Operation::Exec(spec), wait).await?;
     Ok((status, Json(view)).into_response())
 }

@@ -414,6 +414,31 @@ pub async fn operation(
     Ok(row.map(operation_view))
 }
 
+/// One operation of a sandbox: its intent and, once it ended, its receipt.
+#[utoipa::path(get, operation_id = "get_sandbox_operation", tag = "sandboxes", path = "/api/v1/sandboxes/{sandbox_id}/operations/{operation_id}",
+    params(("sandbox_id" = String, Path, description = "32 hex characters"),
+        ("operation_id" = String, Path, description = "32 hex characters")),
+    responses((status = 200, body = OperationView), (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody), (status = 404, body = ErrorBody)),
+    security(("bearer" = [])))]
+pub async fn show_operation(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path((sandbox_id, operation_id)): Path<(String, String)>,
+) -> Result<Json<OperationView>, ApiError> {
+    caller.require(Role::Viewer)?;
+    let sandbox = path_id(&sandbox_id, "sandbox_id")?;
+    let id = path_id(&operation_id, "operation_id")?;
+    let row: Option<OperationRow> =
+        sqlx::query_as(&format!("{OPERATION} WHERE id = $1 AND sandbox_id = $2"))
+            .bind(id)
+            .bind(sandbox)
+            .fetch_optional(&state.pool)
+            .await?;
+    row.map(|r| Json(operation_view(r)))
+        .ok_or_else(|| ApiError::not_found("operation"))
+}
+
 /// The journal of a sandbox.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct OperationList {
