@@ -111,3 +111,28 @@ def test_an_execs_output_is_followed_while_it_runs(client: cairn.Client, stack: 
         assert whole == b"one\ntwo\n"
     finally:
         client.destroy_sandbox(created.sandbox_id)
+
+
+def test_a_template_version_starts_a_sandbox_from_its_snapshot(client: cairn.Client, stack: Stack) -> None:
+    source = client.create_sandbox({"agent": "py-template", "timeout_sec": 600})
+    made: list[str] = [source.sandbox_id]
+    try:
+        running(client, source.sandbox_id, stack)
+        client.write_sandbox_file(source.sandbox_id, "base.txt", b"from the template\n")
+        snapshot = client.create_snapshot(source.sandbox_id, {"name": "py base"})
+        assert isinstance(snapshot, models.SnapshotView) and snapshot.status == "ready", snapshot
+        name = f"py-{secrets.token_hex(4)}"
+        version = client.create_template({"name": name, "source": f"snapshot:{snapshot.snapshot_id}"})
+        assert version.version == 1 and version.snapshot_status == "ready", version
+        assert [t.template_id for t in client.list_templates(name=name).templates] == [version.template_id]
+        with pytest.raises(errors.SnapshotInTemplate):
+            client.delete_snapshot(snapshot.snapshot_id)
+        started = client.create_sandbox({"agent": "py-template", "timeout_sec": 600, "template_id": version.template_id})
+        made.append(started.sandbox_id)
+        assert started.template_id == version.template_id
+        running(client, started.sandbox_id, stack)
+        assert client.read_sandbox_file(started.sandbox_id, "base.txt") == b"from the template\n"
+    finally:
+        for sandbox_id in made:
+            running(client, sandbox_id, stack)
+            client.destroy_sandbox(sandbox_id)

@@ -24,6 +24,7 @@ use commands::reaper::{reaper, ReaperCommand};
 use commands::runs::{runs, RunsCommand};
 use commands::sandbox::{sandbox, SandboxCommand};
 use commands::snapshot::{snapshot, SnapshotCommand};
+use commands::template::{template, TemplateCommand};
 use commands::tokens::{tenants, tokens, TenantCommand, TokenCommand};
 use commands::verification;
 use std::path::PathBuf;
@@ -83,6 +84,9 @@ enum Command {
     /// Sandbox snapshots: save, list, info, fork, delete, restore.
     #[command(subcommand)]
     Snapshot(SnapshotCommand),
+    /// Templates: a named snapshot published as immutable versions to start from.
+    #[command(subcommand)]
+    Template(TemplateCommand),
     /// Reviewed continuation of a request stopped at its retained checkpoint.
     #[command(subcommand, name = "checkpoint-continuations")]
     CheckpointContinuations(ContinuationCommand),
@@ -194,6 +198,7 @@ async fn run(cli: Cli) -> Result<u8, CallError> {
         Command::Policy(command) => policy(&client()?, command, json).await,
         Command::Publication(command) => publication(&client()?, command, json).await,
         Command::Qualification(command) => qualification(&client()?, command, json).await,
+        Command::Template(command) => template(&client()?, command, json).await,
         Command::Token(command) => tokens(&client()?, command, json).await,
         Command::Tenant(command) => tenants(&client()?, command, json).await,
         Command::Credentials(command) => credentials(&client()?, command, json).await,

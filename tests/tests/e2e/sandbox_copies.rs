@@ -487,3 +487,74 @@ async fn the_reapers_sandbox_rules_act_on_real_sandbox_snapshots() {
         (200, b"one\ntwo\n".as_slice())
     );
 }
+
+/// A named snapshot published as a template (`cairnctl template create`) starts new
+/// sandboxes with its tree; the next publication is version 2, and version 1 still
+/// starts from what it named.
+#[tokio::test]
+async fn a_template_version_starts_new_sandboxes_from_its_snapshot() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("templates", 1, Settings::default()).await;
+    let json = |args: &[&str]| {
+        let output = cluster
+            .cairnctl()
+            .args(args)
+            .arg("--json")
+            .output()
+            .expect("cairnctl");
+        let out = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "{args:?}: {out}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        serde_json::from_str::<Value>(&out).unwrap_or_else(|e| panic!("{args:?}: {e}: {out}"))
+    };
+    let source = create(&cluster, json!({"agent": "coder", "timeout_sec": 600}));
+    wait_state(&cluster, &source, "running");
+    let (status, _) = exec(&cluster, &source, "echo one > base.txt");
+    assert_eq!(status, 200);
+    let first = json(&["snapshot", "save", &source, "base v1"]);
+    let first_id = first["snapshot_id"].as_str().expect("snapshot").to_string();
+    let v1 = json(&["template", "create", "base", "--source", &first_id]);
+    assert_eq!(v1["version"], 1, "{v1}");
+    let (status, _) = exec(&cluster, &source, "echo two > base.txt");
+    assert_eq!(status, 200);
+    let second = json(&["snapshot", "save", &source, "base v2"]);
+    let v2 = json(&[
+        "template",
+        "create",
+        "base",
+        "--source",
+        second["snapshot_id"].as_str().expect("id"),
+    ]);
+    assert_eq!(v2["version"], 2, "{v2}");
+
+    let v1_id = v1["template_id"].as_str().expect("id");
+    let made = json(&[
+        "sandbox",
+        "create",
+        "--agent",
+        "coder",
+        "--template",
+        v1_id,
+        "--wait",
+    ]);
+    assert_eq!(
+        (&made["state"], &made["template_id"]),
+        (&json!("running"), &json!(v1_id)),
+        "{made}"
+    );
+    let made_id = made["sandbox_id"].as_str().expect("id");
+    assert_eq!(
+        file(&cluster, made_id, "base.txt"),
+        (200, b"one\n".to_vec()),
+        "version 1's tree"
+    );
+    let listed = json(&["template", "list", "--name", "base"]);
+    assert_eq!(
+        listed["templates"].as_array().map(Vec::len),
+        Some(2),
+        "{listed}"
+    );
+}

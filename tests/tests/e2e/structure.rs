@@ -529,6 +529,11 @@ const WRITERS: &[(&str, &str, &[&str])] = &[
     ("sandboxes", "crates/common/src/sandbox/", &[]),
     ("sandbox_operations", "crates/common/src/sandbox/", &[]),
     ("sandbox_idempotency", "crates/common/src/sandbox/", &[]),
+    (
+        "sandbox_templates",
+        "crates/common/src/sandbox/template.rs",
+        &[],
+    ),
     ("recovery_policy", "crates/common/src/policy.rs", &[]),
     ("source_profiles", "crates/common/src/qualification.rs", &[]),
     ("publications", "crates/common/src/publication.rs", &[]),

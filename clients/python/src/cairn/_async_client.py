@@ -502,6 +502,19 @@ class AsyncClient:
         params = {"sandbox_id": sandbox_id, "Idempotency-Key": idempotency_key}
         return await self._op("fork_sandbox", params, spec)
 
+    async def create_template(self, spec: models.TemplateSpec | Body) -> models.TemplateView:
+        """Publishes a ready named snapshot as the next version of a template's name,
+        sent once; a version never changes."""
+        return await self._op("create_template", None, spec)
+
+    async def list_templates(self, *, name: str | None = None) -> models.TemplateList:
+        """Templates' versions, newest first by name (one name's with `name`)."""
+        return await self._op("list_templates", {"name": name})
+
+    async def get_template(self, template_id: str) -> models.TemplateView:
+        """One template version; `template_id` on `create_sandbox` starts from it."""
+        return await self._op("get_template", {"template_id": template_id})
+
     async def create_snapshot(
         self, sandbox_id: str, spec: models.SnapshotSpec | Body | None = None, *, idempotency_key: str | None = None
     ) -> models.SnapshotView | models.OperationView:

@@ -232,6 +232,13 @@ class NoSuchRoute(CairnError):
     STATUS: ClassVar[int | None] = 404
 
 
+class NotANamedSnapshot(CairnError):
+    """A template publishes a named snapshot only. (HTTP 409, `not_a_named_snapshot`)"""
+
+    CODE: ClassVar[str | None] = "not_a_named_snapshot"
+    STATUS: ClassVar[int | None] = 409
+
+
 class NotCaptured(CairnError):
     """The run's workspace was not captured, so there is nothing to publish or restore. (HTTP 409, `not_captured`)"""
 
@@ -299,6 +306,13 @@ class RunFinished(CairnError):
     """The run has finished. (HTTP 409, `run_finished`)"""
 
     CODE: ClassVar[str | None] = "run_finished"
+    STATUS: ClassVar[int | None] = 409
+
+
+class SnapshotInTemplate(CairnError):
+    """A template version names the snapshot, so it is kept. (HTTP 409, `snapshot_in_template`)"""
+
+    CODE: ClassVar[str | None] = "snapshot_in_template"
     STATUS: ClassVar[int | None] = 409
 
 
@@ -412,6 +426,7 @@ ERROR_CLASSES: dict[str, type[CairnError]] = {
     "method_not_allowed": MethodNotAllowed,
     "no_pending_handoff": NoPendingHandoff,
     "no_such_route": NoSuchRoute,
+    "not_a_named_snapshot": NotANamedSnapshot,
     "not_captured": NotCaptured,
     "not_found": NotFound,
     "not_paused": NotPaused,
@@ -422,6 +437,7 @@ ERROR_CLASSES: dict[str, type[CairnError]] = {
     "output_unreachable": OutputUnreachable,
     "request_id_conflict": RequestIdConflict,
     "run_finished": RunFinished,
+    "snapshot_in_template": SnapshotInTemplate,
     "snapshot_not_ready": SnapshotNotReady,
     "snapshot_quarantined": SnapshotQuarantined,
     "stale_candidate": StaleCandidate,
@@ -468,6 +484,7 @@ __all__ = [
     "MethodNotAllowed",
     "NoPendingHandoff",
     "NoSuchRoute",
+    "NotANamedSnapshot",
     "NotCaptured",
     "NotFound",
     "NotPaused",
@@ -478,6 +495,7 @@ __all__ = [
     "OutputUnreachable",
     "RequestIdConflict",
     "RunFinished",
+    "SnapshotInTemplate",
     "SnapshotNotReady",
     "SnapshotQuarantined",
     "StaleCandidate",

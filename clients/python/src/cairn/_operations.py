@@ -93,6 +93,20 @@ OPERATIONS: dict[str, Operation] = {
             Reply(status=202, media_types=("application/json",), model="OperationView"),
         ),
     ),
+    "create_template": Operation(
+        id="create_template",
+        method="POST",
+        path="/api/v1/templates",
+        params=(),
+        body=Body(
+            media_type="application/json",
+            model="TemplateSpec",
+            optional=False,
+            acknowledgements=(),
+            identity_field=None,
+        ),
+        replies=(Reply(status=201, media_types=("application/json",), model="TemplateView"),),
+    ),
     "create_tenant": Operation(
         id="create_tenant",
         method="POST",
@@ -365,6 +379,14 @@ OPERATIONS: dict[str, Operation] = {
         body=None,
         replies=(Reply(status=200, media_types=("application/octet-stream", "text/event-stream"), model=None),),
     ),
+    "get_template": Operation(
+        id="get_template",
+        method="GET",
+        path="/api/v1/templates/{template_id}",
+        params=(Param(name="template_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),),
+        body=None,
+        replies=(Reply(status=200, media_types=("application/json",), model="TemplateView"),),
+    ),
     "get_tenant_network_policy": Operation(
         id="get_tenant_network_policy",
         method="GET",
@@ -474,6 +496,14 @@ OPERATIONS: dict[str, Operation] = {
         ),
         body=None,
         replies=(Reply(status=200, media_types=("application/json",), model="SnapshotList"),),
+    ),
+    "list_templates": Operation(
+        id="list_templates",
+        method="GET",
+        path="/api/v1/templates",
+        params=(Param(name="name", location="query", required=False, type="string", pattern="^[A-Za-z0-9._-]{1,63}$"),),
+        body=None,
+        replies=(Reply(status=200, media_types=("application/json",), model="TemplateList"),),
     ),
     "list_tenants": Operation(
         id="list_tenants",

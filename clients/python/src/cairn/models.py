@@ -358,7 +358,8 @@ class ForkSpec(BaseModel):
     """
     template_id: Annotated[StrictStr | None, Field(pattern="^[^\\u0000]*$")] = None
     """
-    Refused: a sandbox runs on its worker's system, and Cairn has no boot images.
+    Refused: a fork's tree is its source's capture (a template starts a new sandbox:
+    `template_id` on create).
     """
     timeout_sec: Annotated[StrictInt | None, Field(ge=1, le=86400)] = None
     """
@@ -811,6 +812,10 @@ class SandboxView(BaseModel):
     The latest stop snapshot, kept for the sandbox's life.
     """
     stopped_at: AwareDatetime | None = None
+    template_id: StrictStr | None = None
+    """
+    The template version it started from, if any.
+    """
     tenant: StrictStr
     """
     The tenant it belongs to.
@@ -966,6 +971,57 @@ class SweepView(BaseModel):
     summary: dict[str, Any]
     """
     What each rule did, and who led.
+    """
+
+
+class TemplateSpec(BaseModel):
+    """
+    `POST /api/v1/templates`: publish a named snapshot as the next version of `name`.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    description: Annotated[
+        StrictStr | None, Field(max_length=500, pattern="^[^\\u0000]*$")
+    ] = None
+    """
+    At most 500 characters.
+    """
+    name: Annotated[StrictStr, Field(pattern="^[A-Za-z0-9._-]{1,63}$")]
+    """
+    1 to 63 of `A-Za-z0-9._-`.
+    """
+    source: Annotated[StrictStr, Field(pattern="^snapshot:[0-9a-f]{32}$")]
+    """
+    `snapshot:<id>`: a ready named snapshot of the caller's tenant.
+    """
+
+
+class TemplateView(BaseModel):
+    """
+    One version of a template.
+    """
+
+    created_at: AwareDatetime
+    description: StrictStr | None = None
+    name: StrictStr
+    snapshot_status: StrictStr
+    """
+    The snapshot's status: a version whose snapshot is no longer `ready` (retired
+    when its agent's credentials rotated) starts nothing.
+    """
+    source: StrictStr
+    """
+    `snapshot:<id>`, the snapshot new sandboxes start from.
+    """
+    template_id: StrictStr
+    """
+    The version's id: what `template_id` names.
+    """
+    version: StrictInt
+    """
+    1 for the first version of a name, then one more for each.
     """
 
 
@@ -1247,6 +1303,11 @@ class CreateSpec(BaseModel):
     `snapshot:<id>`: start from a ready snapshot's tree (a new sandbox; the snapshot
     is never changed).
     """
+    template_id: Annotated[StrictStr | None, Field(pattern="^[0-9a-f]{32}$")] = None
+    """
+    A template version's id (32 lowercase hex): start from the snapshot it names,
+    instead of a repository or `source`.
+    """
     timeout_sec: Annotated[StrictInt | None, Field(ge=1, le=86400)] = None
     """
     Idle-anchored: seconds from the last activity (an exec or a file operation) until
@@ -1484,6 +1545,10 @@ class SandboxList(BaseModel):
 
 class SnapshotList(BaseModel):
     snapshots: list[SnapshotView]
+
+
+class TemplateList(BaseModel):
+    templates: list[TemplateView]
 
 
 class TenantList(BaseModel):

@@ -11,6 +11,7 @@ pub mod reaper;
 pub mod runs;
 pub mod sandbox;
 pub mod snapshot;
+pub mod template;
 pub mod tokens;
 pub mod verification;
 pub mod watch;

@@ -10,6 +10,7 @@
 //! - [`owner`]: the moves of the worker holding its lease (running, paused, failed,
 //!   destroyed, stopped).
 //! - [`operations`]: operations recorded for the owner, and idempotency keys.
+//! - [`template`]: templates, immutable versions of a named snapshot.
 
 pub mod ask;
 pub mod operations;
@@ -17,6 +18,7 @@ pub mod owner;
 pub mod record;
 pub mod spec;
 pub mod state;
+pub mod template;
 
 pub use spec::{
     valid_metadata_key, CreateSpec, ExecSpec, FileSpec, ForkSpec, Operation, SnapshotSpec,

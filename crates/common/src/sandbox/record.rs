@@ -29,6 +29,8 @@ pub struct NewSandbox<'a> {
     pub network: Option<serde_json::Value>,
     /// Its labels (a fork: its source's), a JSON object of strings.
     pub metadata: serde_json::Value,
+    /// The template version it starts from, if any.
+    pub template_id: Option<Uuid>,
 }
 
 /// Records a new sandbox in `creating` and announces its placement, in the caller's
@@ -38,8 +40,10 @@ pub async fn create(conn: &mut PgConnection, s: &NewSandbox<'_>) -> Result<Uuid,
     sqlx::query(
         "INSERT INTO sandboxes (id, agent, state, persistent, always_on, timeout_sec, idle_timeout_sec,
                                 disk_mb, repository, git_ref, source_snapshot_id, forked_from,
-                                idempotency_key, request_digest, tenant_id, network, metadata)
-         VALUES ($1, $2, 'creating', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+                                idempotency_key, request_digest, tenant_id, network, metadata,
+                                template_id)
+         VALUES ($1, $2, 'creating', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+                 $17)",
     )
     .bind(id)
     .bind(s.agent)
@@ -57,6 +61,7 @@ pub async fn create(conn: &mut PgConnection, s: &NewSandbox<'_>) -> Result<Uuid,
     .bind(s.tenant)
     .bind(&s.network)
     .bind(&s.metadata)
+    .bind(s.template_id)
     .execute(&mut *conn)
     .await?;
     announce_placement(conn, id).await?;

@@ -61,6 +61,11 @@ pub struct CreateSpec {
     /// filtered on them with `?metadata.KEY=VALUE`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<BTreeMap<String, String>>,
+    /// A template version's id (32 lowercase hex): start from the snapshot it names,
+    /// instead of a repository or `source`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(pattern = "^[0-9a-f]{32}$")]
+    pub template_id: Option<String>,
 }
 
 /// The most labels a sandbox has.
@@ -111,6 +116,13 @@ impl CreateSpec {
                 "a sandbox starts from a repository or from a snapshot, not both",
             ));
         }
+        if self.template_id.is_some() && (self.source.is_some() || self.repository.is_some()) {
+            return Err(FieldError::new(
+                "template_id",
+                "a sandbox starts from a template, a repository or a snapshot: one of them",
+            ));
+        }
+        self.template()?;
         self.source_snapshot()?;
         check_timeout(
             self.timeout_sec.unwrap_or(DEFAULT_TIMEOUT_SEC),
@@ -126,6 +138,19 @@ impl CreateSpec {
             check_metadata(metadata)?;
         }
         Ok(())
+    }
+
+    /// The template version named by `template_id`, if any.
+    pub fn template(&self) -> Result<Option<Uuid>, FieldError> {
+        let Some(template) = &self.template_id else {
+            return Ok(None);
+        };
+        template
+            .parse::<Id>()
+            .map(|id| Some(id.uuid()))
+            .map_err(|_| {
+                FieldError::new("template_id", "a template version's id: 32 lowercase hex")
+            })
     }
 
     /// The snapshot named by `source`, if any.
@@ -264,7 +289,8 @@ pub struct ForkSpec {
     /// The forks' disk in MiB: the source's or larger, never smaller.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_mb: Option<u32>,
-    /// Refused: a sandbox runs on its worker's system, and Cairn has no boot images.
+    /// Refused: a fork's tree is its source's capture (a template starts a new sandbox:
+    /// `template_id` on create).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub template_id: Option<String>,
 }
@@ -283,7 +309,7 @@ impl ForkSpec {
         if self.template_id.is_some() {
             return Err(FieldError::new(
                 "template_id",
-                "Cairn has no templates: a sandbox runs on its worker's system view; fork from a sandbox or restore a snapshot instead",
+                "a fork's tree is its source's capture; to start from a template, create a sandbox with template_id",
             ));
         }
         Ok(())

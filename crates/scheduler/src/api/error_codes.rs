@@ -153,6 +153,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     ),
     ("no_such_route", 404, "No route has this path."),
     (
+        "not_a_named_snapshot",
+        409,
+        "A template publishes a named snapshot only.",
+    ),
+    (
         "not_captured",
         409,
         "The run's workspace was not captured, so there is nothing to publish or restore.",
@@ -186,6 +191,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         "The request id was used earlier for another request.",
     ),
     ("run_finished", 409, "The run has finished."),
+    (
+        "snapshot_in_template",
+        409,
+        "A template version names the snapshot, so it is kept.",
+    ),
     ("snapshot_not_ready", 409, "The snapshot is not ready yet."),
     (
         "snapshot_quarantined",

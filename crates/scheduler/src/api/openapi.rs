@@ -25,6 +25,7 @@ use utoipa::{Modify, OpenApi};
         sandboxes::operations::exec, sandboxes::output::output, sandboxes::view::show_operation, sandboxes::operations::list, sandboxes::operations::read, sandboxes::operations::write,
         sandboxes::fork::fork, sandboxes::snapshots::create, sandboxes::snapshots::list, sandboxes::snapshots::show,
         sandboxes::snapshots::delete, sandboxes::snapshots::restore,
+        sandboxes::templates::create, sandboxes::templates::list, sandboxes::templates::show,
     ),
     components(schemas(error::ErrorBody, error::ErrorDetail)),
     tags(

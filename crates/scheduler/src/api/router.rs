@@ -198,6 +198,14 @@ fn sandbox_routes() -> Router<AppState> {
         )
         .route("/api/v1/snapshots", get(sandboxes::snapshots::list))
         .route(
+            "/api/v1/templates",
+            post(sandboxes::templates::create).get(sandboxes::templates::list),
+        )
+        .route(
+            "/api/v1/templates/{template_id}",
+            get(sandboxes::templates::show),
+        )
+        .route(
             "/api/v1/snapshots/{snapshot_id}",
             get(sandboxes::snapshots::show).delete(sandboxes::snapshots::delete),
         )

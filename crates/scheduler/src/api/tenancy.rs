@@ -20,6 +20,7 @@ enum Owned {
     Run,
     Sandbox,
     Snapshot,
+    Template,
     Token,
 }
 
@@ -29,6 +30,7 @@ impl Owned {
             "run_id" => Some(Owned::Run),
             "sandbox_id" => Some(Owned::Sandbox),
             "snapshot_id" => Some(Owned::Snapshot),
+            "template_id" => Some(Owned::Template),
             "token_id" => Some(Owned::Token),
             _ => None,
         }
@@ -40,6 +42,7 @@ impl Owned {
             Owned::Run => "run",
             Owned::Sandbox => "sandbox",
             Owned::Snapshot => "snapshot",
+            Owned::Template => "template",
             Owned::Token => "token",
         }
     }
@@ -54,6 +57,7 @@ impl Owned {
                 "SELECT s.tenant_id FROM project_snapshots p JOIN sandboxes s ON s.id = p.sandbox_id
                   WHERE p.id = $1"
             }
+            Owned::Template => "SELECT tenant_id FROM sandbox_templates WHERE id = $1",
             Owned::Token => "SELECT tenant_id FROM api_tokens WHERE id = $1",
         };
         let row: Option<Option<String>> = sqlx::query_scalar(sql)

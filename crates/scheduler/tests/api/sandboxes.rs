@@ -437,3 +437,139 @@ async fn bad_labels_and_bad_list_filters_are_refused() {
         );
     }
 }
+
+/// A snapshot row of `sandbox`, of `kind`, ready.
+async fn ready_snapshot(api: &Api, sandbox: &str, kind: &str) -> String {
+    let id = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO project_snapshots (id, kind, status, agent, backend, store_url, sandbox_id)
+         VALUES ($1, $2, 'ready', 'coder', 'local', 'file:///nowhere', $3)",
+    )
+    .bind(id)
+    .bind(kind)
+    .bind(Uuid::parse_str(sandbox).expect("id"))
+    .execute(api.pool())
+    .await
+    .expect("snapshot");
+    id.simple().to_string()
+}
+
+/// A template publishes a ready named snapshot as versions 1, 2, …; each version is its
+/// own id and never changes; its snapshot cannot be deleted; a sandbox created with a
+/// version's id starts from its snapshot and says so.
+#[tokio::test]
+async fn templates_publish_named_snapshots_as_immutable_versions() {
+    let api = Api::new().await;
+    let source = sandbox_in(&api, "stopped", true).await;
+    let named = ready_snapshot(&api, &source, "named").await;
+    let stop = ready_snapshot(&api, &source, "stop").await;
+    let publish = |body: Value| api.post("/api/v1/templates", &api.operator, Some(body));
+    let spec = json!({"name": "base", "source": format!("snapshot:{named}"), "description": "v"});
+    let (status, first) = publish(spec.clone()).await;
+    assert_eq!(
+        (status, &first["version"]),
+        (StatusCode::CREATED, &json!(1)),
+        "{first}"
+    );
+    let (status, second) = publish(spec).await;
+    assert_eq!(
+        (status, &second["version"]),
+        (StatusCode::CREATED, &json!(2)),
+        "{second}"
+    );
+    assert_ne!(first["template_id"], second["template_id"]);
+    let (_, list) = api.get("/api/v1/templates?name=base", &api.viewer).await;
+    let versions: Vec<&Value> = list["templates"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .map(|t| &t["version"])
+        .collect();
+    assert_eq!(versions, [&json!(2), &json!(1)], "{list}");
+    let one = first["template_id"].as_str().expect("id");
+    let (status, read) = api
+        .get(&format!("/api/v1/templates/{one}"), &api.viewer)
+        .await;
+    assert_eq!(
+        (status, &read["version"], &read["snapshot_status"]),
+        (StatusCode::OK, &json!(1), &json!("ready"))
+    );
+
+    for (body, status, code) in [
+        (
+            json!({"name": "base", "source": format!("snapshot:{stop}")}),
+            StatusCode::CONFLICT,
+            "not_a_named_snapshot",
+        ),
+        (
+            json!({"name": "bad name", "source": format!("snapshot:{named}")}),
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "validation_failed",
+        ),
+        (
+            json!({"name": "base", "source": format!("snapshot:{}", "0".repeat(32))}),
+            StatusCode::NOT_FOUND,
+            "not_found",
+        ),
+        (
+            json!({"name": "base", "source": format!("snapshot:{named}"), "extra": 1}),
+            StatusCode::BAD_REQUEST,
+            "invalid_body",
+        ),
+    ] {
+        let (got, answer) = publish(body).await;
+        assert_eq!(
+            (got, answer["error"]["code"].as_str()),
+            (status, Some(code)),
+            "{answer}"
+        );
+    }
+    let (status, _) = api
+        .post(
+            "/api/v1/templates",
+            &api.viewer,
+            Some(json!({"name": "x", "source": format!("snapshot:{named}")})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, kept) = api
+        .call(
+            "DELETE",
+            &format!("/api/v1/snapshots/{named}"),
+            Some(&api.operator),
+            None,
+        )
+        .await;
+    assert_eq!(
+        (status, kept["error"]["code"].as_str()),
+        (StatusCode::CONFLICT, Some("snapshot_in_template")),
+        "{kept}"
+    );
+
+    let create = json!({"agent": "coder", "template_id": one});
+    let (status, made) = api
+        .post("/api/v1/sandboxes", &api.operator, Some(create))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    assert_eq!(
+        (&made["template_id"], &made["source"]),
+        (&json!(one), &json!(format!("snapshot:{named}")))
+    );
+    let both = json!({"agent": "coder", "template_id": one, "source": format!("snapshot:{named}")});
+    let (status, answer) = api
+        .post("/api/v1/sandboxes", &api.operator, Some(both))
+        .await;
+    assert_eq!(
+        (status, answer["error"]["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("template_id"))
+    );
+    let unknown = json!({"agent": "coder", "template_id": "0".repeat(32)});
+    let (status, answer) = api
+        .post("/api/v1/sandboxes", &api.operator, Some(unknown))
+        .await;
+    assert_eq!(
+        (status, answer["error"]["field"].as_str()),
+        (StatusCode::NOT_FOUND, Some("template_id")),
+        "{answer}"
+    );
+}

@@ -125,6 +125,7 @@ pub async fn provision(
                 tenant: &tenant,
                 network: network.clone(),
                 metadata: metadata.clone(),
+                template_id: None,
             },
         )
         .await?;

@@ -23,6 +23,9 @@ pub struct CreateArgs {
     /// Start from a snapshot: `snapshot:<id>`.
     #[arg(long)]
     pub source: Option<String>,
+    /// Start from a template version (its id, as `cairnctl template list` prints it).
+    #[arg(long, conflicts_with_all = ["source", "repository"])]
+    pub template: Option<String>,
     /// Idle-anchored timeout, 1 to 86400 seconds (default 3600).
     #[arg(long)]
     pub timeout_sec: Option<u32>,
@@ -58,6 +61,7 @@ pub async fn create(client: &Client, args: CreateArgs, json: bool) -> Result<u8,
         repository,
         git_ref,
         source,
+        template,
         timeout_sec,
         idle_timeout_sec,
         always_on,
@@ -74,6 +78,7 @@ pub async fn create(client: &Client, args: CreateArgs, json: bool) -> Result<u8,
         ("repository", repository.map(Value::from)),
         ("ref", git_ref.map(Value::from)),
         ("source", source.map(Value::from)),
+        ("template_id", template.map(Value::from)),
         ("timeout_sec", timeout_sec.map(Value::from)),
         ("idle_timeout_sec", idle_timeout_sec.map(Value::from)),
         ("disk_mb", disk_mb.map(Value::from)),

@@ -61,6 +61,11 @@ pub async fn admit(
     if let Some(snapshot) = spec.source_snapshot()? {
         restorable(&mut tx, snapshot, tenant).await?;
     }
+    let template = spec.template()?;
+    let from_template = match template {
+        Some(id) => Some(template_source(&mut tx, id, tenant).await?),
+        None => None,
+    };
     let created = record::create(
         &mut tx,
         &NewSandbox {
@@ -73,7 +78,7 @@ pub async fn admit(
             disk_mb: to_i32(spec.disk_mb),
             repository: spec.repository.as_deref(),
             git_ref: spec.git_ref.as_deref(),
-            source_snapshot_id: spec.source_snapshot()?,
+            source_snapshot_id: spec.source_snapshot()?.or(from_template),
             forked_from: None,
             idempotency_key: key.as_deref(),
             request_digest: &digest,
@@ -82,6 +87,7 @@ pub async fn admit(
                 .as_ref()
                 .and_then(|n| serde_json::to_value(n).ok()),
             metadata: serde_json::json!(spec.metadata.clone().unwrap_or_default()),
+            template_id: template,
         },
     )
     .await;
@@ -105,6 +111,22 @@ pub async fn admit(
         response.headers_mut().insert("location", location);
     }
     Ok(response)
+}
+
+/// The snapshot a template version of `tenant` names, restorable; another tenant's
+/// template is as unknown as none.
+async fn template_source(
+    conn: &mut PgConnection,
+    id: Uuid,
+    tenant: &str,
+) -> Result<Uuid, ApiError> {
+    match cairn_common::sandbox::template::source(&mut *conn, id).await? {
+        Some((snapshot, owner)) if owner == tenant => {
+            restorable(conn, snapshot, tenant).await?;
+            Ok(snapshot)
+        }
+        _ => Err(ApiError::not_found("template").with_field("template_id")),
+    }
 }
 
 fn to_i32(value: Option<u32>) -> i32 {

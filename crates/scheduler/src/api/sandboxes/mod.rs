@@ -8,6 +8,7 @@
 //! - [`output`]: an exec's output, as it is printed.
 //! - [`snapshots`]: snapshots as resources: create, list, inspect, delete, restore.
 //! - [`fork`]: one capture, many new sandboxes.
+//! - [`templates`]: named snapshots published as immutable versions to start from.
 
 pub mod create;
 pub mod fork;
@@ -15,4 +16,5 @@ pub mod lifecycle;
 pub mod operations;
 pub mod output;
 pub mod snapshots;
+pub mod templates;
 pub mod view;

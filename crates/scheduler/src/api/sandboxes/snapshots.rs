@@ -300,7 +300,7 @@ pub async fn show(
     params(("snapshot_id" = String, Path, description = "32 hex characters")),
     responses((status = 200, body = SnapshotView), (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody), (status = 403, body = ErrorBody), (status = 404, body = ErrorBody),
-        (status = 409, description = "Still being captured, or deleted already", body = ErrorBody)),
+        (status = 409, description = "Still being captured, deleted already, or named by a template", body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn delete(
     State(state): State<AppState>,
@@ -323,6 +323,12 @@ pub async fn delete(
             ),
         )
         .with_field("status"));
+    }
+    if cairn_common::sandbox::template::names_snapshot(&mut tx, id).await? {
+        return Err(ApiError::conflict(
+            "snapshot_in_template",
+            "a template version names this snapshot, and a version never changes: it is kept",
+        ));
     }
     let now = chrono::Utc::now();
     cairn_common::lineage::retention::retire(&mut tx, &[id], ("retired", "deleted"), now).await?;
@@ -399,6 +405,7 @@ pub async fn restore(
         disk_mb: spec.disk_mb,
         network: network.map(|n| n.0),
         metadata: Some(metadata.0),
+        template_id: None,
     };
     admit(&state, &tenant, key, create).await
 }
