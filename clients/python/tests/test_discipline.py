@@ -282,3 +282,20 @@ def test_the_server_and_token_come_from_the_environment(recorder: Recorder, monk
         with pytest.raises(cairn.TransportError):
             client.get_session()
     assert b"authorization: bearer from-the-environment" in recorder.received[0].lower()
+
+
+def test_a_call_the_scheduler_holds_is_given_the_time_it_may_be_held() -> None:
+    """An exec waits for its command (timeout_sec plus the scheduler's minute), a file
+    operation for the minute: a client that gave up sooner would take a slow answer for
+    a lost one (a false OutcomeUnknown)."""
+    from cairn import _core
+
+    settings = _core.Settings.make("http://127.0.0.1:1", "t", 30.0, 3, 0.25)
+    sandbox = "a" * 32
+    exec_call = _core.prepare("exec_in_sandbox", {"sandbox_id": sandbox}, {"argv": ["true"], "timeout_sec": 120})
+    assert exec_call.timeout(settings).read == 30 + 120 + 60
+    at_once = _core.prepare("exec_in_sandbox", {"sandbox_id": sandbox, "wait": False}, {"argv": ["true"]})
+    assert at_once.timeout(settings).read == 30
+    read = _core.prepare("read_sandbox_file", {"sandbox_id": sandbox, "path": "a.txt"})
+    assert read.timeout(settings).read == 30 + 60
+    assert _core.prepare("get_run", {"run_id": sandbox}).timeout(settings).read == 30

@@ -165,3 +165,12 @@ def test_a_write_whose_answer_is_lost_tells_the_agent_to_read_and_not_to_resend(
         assert len(runs) == 1, runs
         again = direct.submit_run(spec, idempotency_key="mcp-lost-1")
         assert again.run_id == runs[0].run_id
+
+
+def test_printable_is_the_schedulers_escaped_form() -> None:
+    """A literal backslash is doubled, so printed text never passes for an escape; C0
+    and C1 controls and bytes that are not UTF-8 are escaped; newline and tab stay."""
+    from cairn.mcp import printable
+
+    assert printable(b"\\x1b") == "\\\\x1b"
+    assert printable(b"a\x00\xff\x1b[2J\xc2\x9b\n\t\xe2\x82\xac") == "a\\x00\\xff\\x1b[2J\\xc2\\x9b\n\t\u20ac"

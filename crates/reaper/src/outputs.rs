@@ -97,6 +97,7 @@ impl Sweep<'_> {
             .fetch_all(&mut *tx)
             .await?;
             let mut reclaimed = Vec::new();
+            let (mut first_error, mut failures) = (None, 0u64);
             for (id, url, store) in &due {
                 if self.dry_run {
                     reclaimed.push(*id);
@@ -105,16 +106,21 @@ impl Sweep<'_> {
                 match delete_everywhere(*id, &[(url.clone(), *store)]).await {
                     Ok(()) => reclaimed.push(*id),
                     Err(e) => {
-                        tracing::warn!(operation = %id.simple(), error = %e, "exec output not reclaimed; retried at the next sweep");
+                        first_error.get_or_insert(e);
+                        failures += 1;
                         failed.push(*id);
                     }
                 }
+            }
+            // One line per batch: stores this reaper never reaches would drown the log.
+            if let Some(error) = first_error {
+                tracing::warn!(failed = failures, first = %error, "exec output not reclaimed; retried at the next sweep");
             }
             cairn_common::sandbox::operations::outputs_reclaimed(&mut tx, &reclaimed, self.now)
                 .await?;
             tx.commit().await?;
             report.outputs_reclaimed += reclaimed.len() as u64;
-            report.outputs_failed += failed.len() as u64;
+            report.outputs_failed += failures;
             if (due.len() as i64) < self.batch {
                 return Ok(());
             }

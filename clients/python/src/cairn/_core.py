@@ -134,8 +134,9 @@ class Prepared:
     def timeout(self, settings: Settings) -> httpx.Timeout:
         if self.stream:
             # A followed output may be quiet for long; the server sends a keep-alive
-            # comment every 15 s, so a minute of silence is a lost connection.
-            return httpx.Timeout(max(settings.timeout, 60.0), connect=settings.timeout)
+            # comment every 15 s once it answers, and may first wait up to a minute for
+            # an exec to start: ninety seconds of silence is a lost connection.
+            return httpx.Timeout(max(settings.timeout, 90.0), connect=settings.timeout)
         return httpx.Timeout(settings.timeout + self.server_wait)
 
 
@@ -199,6 +200,7 @@ def prepare(
     if action_id is None and operation.body is not None and operation.body.identity_field and isinstance(value, dict):
         action_id = value.get(operation.body.identity_field)
     wait = params.get("wait_seconds") if params else None
+    held = _held_for(operation_id, params, value)
     return Prepared(
         operation=operation,
         path=path,
@@ -208,9 +210,36 @@ def prepare(
         body=value,
         action_id=action_id,
         idempotency_key=headers.get("Idempotency-Key"),
-        server_wait=float(wait) if isinstance(wait, int) else 0.0,
+        server_wait=float(wait) if isinstance(wait, int) else held,
         stream=stream,
     )
+
+
+# How long the scheduler may hold a sandbox operation before it answers (its MARGIN):
+# a client that gave up sooner would take a slow answer for a lost one.
+_OPERATION_MARGIN = 60.0
+_HELD_OPERATIONS = frozenset(
+    {
+        "fork_sandbox",
+        "create_snapshot",
+        "restore_snapshot",
+        "list_sandbox_files",
+        "read_sandbox_file",
+        "write_sandbox_file",
+    }
+)
+
+
+def _held_for(operation_id: str, params: Mapping[str, object] | None, body: Any) -> float:
+    """Seconds the scheduler may hold this call before answering: an exec waits for its
+    command (`timeout_sec`, default 60) plus the margin, unless `wait=False`; the other
+    sandbox operations, the margin."""
+    if operation_id == "exec_in_sandbox":
+        if params and params.get("wait") is False:
+            return 0.0
+        limit = body.get("timeout_sec", 60) if isinstance(body, dict) else 60
+        return float(limit if isinstance(limit, int) else 60) + _OPERATION_MARGIN
+    return _OPERATION_MARGIN if operation_id in _HELD_OPERATIONS else 0.0
 
 
 def _text_or_none(params: Mapping[str, object] | None, name: str) -> str | None:

@@ -11,6 +11,7 @@ never from a tool's arguments, so an agent cannot pick another identity.
 from __future__ import annotations
 
 import os
+import unicodedata
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -51,13 +52,24 @@ def _plain(value: Any) -> Any:
 
 
 def printable(data: bytes) -> str:
-    """A step's bytes as text an agent can read: valid UTF-8 as it is, every other byte
-    and every control character but newline and tab as an escape, so nothing a hostile
-    step prints can end or forge the answer around it."""
-    text = data.decode("utf-8", errors="backslashreplace")
-    return "".join(
-        c if c in "\n\t" or not (ord(c) < 0x20 or ord(c) == 0x7F) else f"\\x{ord(c):02x}" for c in text
-    )
+    """A step's bytes in Cairn's escaped text form (the scheduler's own): valid UTF-8 as
+    it is, a backslash doubled, and every byte that is not UTF-8 and every control
+    character but newline and tab (C1 controls included) as `\\xNN` escapes of its bytes,
+    so nothing a hostile step prints can pass for an escape, end or forge the answer."""
+    out: list[str] = []
+    for c in data.decode("utf-8", errors="surrogateescape"):
+        code = ord(c)
+        if 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif c == "\\":
+            out.append("\\\\")
+        elif c in "\n\t":
+            out.append(c)
+        elif unicodedata.category(c) == "Cc":
+            out.extend(f"\\x{b:02x}" for b in c.encode())
+        else:
+            out.append(c)
+    return "".join(out)
 
 
 def _refusal(error: CairnError, status_hint: str | None) -> ToolError:
@@ -187,7 +199,7 @@ def build(client_factory: Callable[[], AsyncClient]) -> MCPServer:
     async def get_sandbox(sandbox_id: str) -> Any:
         return await _call(client().get_sandbox(sandbox_id))
 
-    @server.tool(description="Run one command in a sandbox (spec: argv, optional env, cwd, timeout_seconds) and return its exit and output. Sent once." )
+    @server.tool(description="Run one command in a sandbox (spec: argv, optional env, cwd, timeout_sec, network) and return its exit and output. Sent once." )
     async def sandbox_exec(sandbox_id: str, spec: dict[str, Any]) -> Any:
         return await _call(client().exec_in_sandbox(sandbox_id, spec), "get_sandbox")
 

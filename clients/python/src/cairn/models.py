@@ -1008,8 +1008,8 @@ class TemplateView(BaseModel):
     name: StrictStr
     snapshot_status: StrictStr
     """
-    The snapshot's status: a version whose snapshot is no longer `ready` (retired
-    when its agent's credentials rotated) starts nothing.
+    The snapshot's status: a version whose snapshot is no longer `ready` (`deleted`
+    once retired, as when its agent's credentials rotated) starts nothing.
     """
     source: StrictStr
     """

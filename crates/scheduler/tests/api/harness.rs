@@ -169,6 +169,7 @@ impl Api {
             "publications",
             "delivery_holds",
             "source_profiles",
+            "sandbox_templates",
         ] {
             counts.push(self.count(table).await);
         }

@@ -478,6 +478,8 @@ async fn templates_publish_named_snapshots_as_immutable_versions() {
         "{second}"
     );
     assert_ne!(first["template_id"], second["template_id"]);
+    let (status, _) = api.get("/api/v1/templates?name=", &api.viewer).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "an empty name is no name");
     let (_, list) = api.get("/api/v1/templates?name=base", &api.viewer).await;
     let versions: Vec<&Value> = list["templates"]
         .as_array()

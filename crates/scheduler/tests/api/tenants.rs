@@ -16,6 +16,8 @@ struct Owned {
     sandbox_id: String,
     snapshot_id: String,
     token_id: String,
+    template_id: String,
+    operation_id: String,
 }
 
 impl Owned {
@@ -40,6 +42,18 @@ impl Owned {
         .execute(api.pool())
         .await
         .expect("snapshot");
+        let source = json!({"name": "base", "source": format!("snapshot:{}", snapshot.simple())});
+        let (status, template) = api
+            .post("/api/v1/templates", &api.operator, Some(source))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{template}");
+        let mut conn = api.pool().acquire().await.expect("connection");
+        let exec = json!({"kind": "exec", "argv": ["true"], "env": {}, "timeout_sec": 60});
+        let sandbox_uuid = Uuid::parse_str(&sandbox_id).expect("id");
+        let operation =
+            cairn_common::sandbox::operations::record(&mut conn, sandbox_uuid, "exec", &exec)
+                .await
+                .expect("operation");
         let token: Uuid = sqlx::query_scalar("SELECT id FROM api_tokens WHERE name = 'operator'")
             .fetch_one(api.pool())
             .await
@@ -50,6 +64,8 @@ impl Owned {
             sandbox_id,
             snapshot_id: snapshot.simple().to_string(),
             token_id: token.simple().to_string(),
+            template_id: template["template_id"].as_str().expect("id").to_string(),
+            operation_id: operation.simple().to_string(),
         }
     }
 
@@ -68,6 +84,8 @@ impl Owned {
             .replace("{sandbox_id}", &id(&self.sandbox_id))
             .replace("{snapshot_id}", &id(&self.snapshot_id))
             .replace("{token_id}", &id(&self.token_id))
+            .replace("{template_id}", &id(&self.template_id))
+            .replace("{operation_id}", &id(&self.operation_id))
             .replace(
                 "{tenant_id}",
                 if fresh { "no-such-tenant" } else { "default" },
@@ -111,6 +129,7 @@ async fn owned_routes(api: &Api) -> Vec<(String, String)> {
             "{snapshot_id}",
             "{token_id}",
             "{tenant_id}",
+            "{template_id}",
         ]
         .iter()
         .any(|p| path.contains(p));
@@ -148,6 +167,10 @@ async fn another_tenants_ids_answer_as_unknown_ones_on_every_route() {
         assert_eq!(status, StatusCode::NOT_FOUND, "{method} {unknown}: {none}");
         assert_eq!(answer, none, "{method} {route}");
     }
+    // Another tenant's template starts nothing, as an unknown one.
+    let from = json!({"agent": "coder", "template_id": owned.template_id});
+    let (status, answer) = api.post("/api/v1/sandboxes", &beta, Some(from)).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
     assert_eq!(
         api.footprint().await,
         before,
@@ -159,6 +182,11 @@ async fn another_tenants_ids_answer_as_unknown_ones_on_every_route() {
         format!("/api/v1/runs/{}", owned.run_id),
         format!("/api/v1/sandboxes/{}", owned.sandbox_id),
         format!("/api/v1/snapshots/{}", owned.snapshot_id),
+        format!("/api/v1/templates/{}", owned.template_id),
+        format!(
+            "/api/v1/sandboxes/{}/operations/{}",
+            owned.sandbox_id, owned.operation_id
+        ),
     ] {
         let (status, body) = api.get(&path, &api.viewer).await;
         assert_eq!(status, StatusCode::OK, "{path}: {body}");

@@ -69,20 +69,31 @@ pub async fn exec(client: &Client, args: ExecArgs, json: bool) -> Result<u8, Cal
     let operation = output::text(&answer.body["operation_id"]);
     let base = format!("/api/v1/sandboxes/{sandbox}/operations/{operation}");
     let streamed = stream_output(client, &base).await;
-    let receipt = until_ended(client, &base).await?;
+    // The scheduler waits a minute for a worker to start the exec, then the command
+    // has its timeout: after both and a margin, its end is not coming.
+    let limit = Duration::from_secs(60 + u64::from(timeout_sec) + 60);
+    let receipt = until_ended(client, &base, limit).await?;
     match streamed {
         Ok(()) => exec_status(&receipt),
-        // Where the output cannot be followed (a store this scheduler does not reach),
-        // the receipt's tails are what there is.
-        Err(e) => {
+        // Where the output could not be followed at all (a store this scheduler does
+        // not reach), the receipt's tails are what there is.
+        Err((e, false)) => {
             eprintln!("(the output could not be followed: {e}; its receipt's tails follow)");
             exec_result(&receipt, 200, json)
+        }
+        // Part of it was printed: the tails would print it twice.
+        Err((e, true)) => {
+            eprintln!(
+                "(the output stream broke: {e}; the rest is in `cairnctl sandbox operations`)"
+            );
+            exec_status(&receipt)
         }
     }
 }
 
 /// Prints the exec's stdout and stderr, each to its own stream, as they are printed.
-async fn stream_output(client: &Client, base: &str) -> Result<(), CallError> {
+/// An error says whether any of it was printed before.
+async fn stream_output(client: &Client, base: &str) -> Result<(), (CallError, bool)> {
     let mut printing = Vec::new();
     for stream in [Stream::Stdout, Stream::Stderr] {
         let name = if stream == Stream::Stdout {
@@ -92,21 +103,31 @@ async fn stream_output(client: &Client, base: &str) -> Result<(), CallError> {
         };
         let response = client
             .open_stream(&format!("{base}/output?stream={name}&follow=true"))
-            .await?;
+            .await
+            .map_err(|e| (e, false))?;
         printing.push(print_events(response, stream));
     }
     for ended in futures::future::join_all(printing).await {
-        ended?;
+        ended.map_err(|e| (e, true))?;
     }
     Ok(())
 }
 
-/// The operation once it has ended (its receipt, or `interrupted`).
-async fn until_ended(client: &Client, base: &str) -> Result<Value, CallError> {
+/// The operation once it has ended (its receipt, or `interrupted`), waited for at most
+/// `limit`.
+async fn until_ended(client: &Client, base: &str, limit: Duration) -> Result<Value, CallError> {
+    let started = std::time::Instant::now();
     loop {
         let operation = client.get(base).await?;
         if !matches!(operation["state"].as_str(), Some("pending" | "running")) {
             return Ok(operation);
+        }
+        if started.elapsed() >= limit {
+            let state = output::text(&operation["state"]);
+            return Err(CallError::new(
+                exit::NOT_COMPLETED,
+                format!("the exec is still {state} after {} s; follow it with: cairnctl sandbox operations", limit.as_secs()),
+            ));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

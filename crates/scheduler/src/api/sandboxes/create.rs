@@ -122,7 +122,10 @@ async fn template_source(
 ) -> Result<Uuid, ApiError> {
     match cairn_common::sandbox::template::source(&mut *conn, id).await? {
         Some((snapshot, owner)) if owner == tenant => {
-            restorable(conn, snapshot, tenant).await?;
+            // The caller named the template: a snapshot that starts nothing blames it.
+            restorable(conn, snapshot, tenant)
+                .await
+                .map_err(|e| e.with_field("template_id"))?;
             Ok(snapshot)
         }
         _ => Err(ApiError::not_found("template").with_field("template_id")),

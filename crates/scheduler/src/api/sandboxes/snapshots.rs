@@ -310,6 +310,11 @@ pub async fn delete(
     caller.require(Role::Operator)?;
     let id = path_id(&snapshot_id, "snapshot_id")?;
     let mut tx = state.pool.begin().await?;
+    // Exclusive of a template's publication (which takes it for share).
+    sqlx::query("SELECT 1 FROM project_snapshots WHERE id = $1 FOR UPDATE")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
     let current = load(&mut tx, id).await?;
     if matches!(
         current.status.as_str(),

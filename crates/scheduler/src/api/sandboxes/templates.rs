@@ -47,8 +47,8 @@ pub struct TemplateView {
     pub version: i32,
     /// `snapshot:<id>`, the snapshot new sandboxes start from.
     pub source: String,
-    /// The snapshot's status: a version whose snapshot is no longer `ready` (retired
-    /// when its agent's credentials rotated) starts nothing.
+    /// The snapshot's status: a version whose snapshot is no longer `ready` (`deleted`
+    /// once retired, as when its agent's credentials rotated) starts nothing.
     pub snapshot_status: String,
     pub description: Option<String>,
     pub created_at: DateTime<Utc>,
@@ -78,8 +78,10 @@ type Row = (
     DateTime<Utc>,
 );
 
-const SELECT: &str =
-    "SELECT t.id, t.name, t.version, t.snapshot_id, p.status, t.description, t.created_at
+// A retired snapshot (deleted, or its agent's credentials rotated) is `deleted` here
+// whatever its bytes' status, as in the snapshots' own view.
+const SELECT: &str = "SELECT t.id, t.name, t.version, t.snapshot_id,
+        CASE WHEN p.retention = 'current' THEN p.status ELSE 'deleted' END, t.description, t.created_at
    FROM sandbox_templates t JOIN project_snapshots p ON p.id = t.snapshot_id";
 
 fn view((id, name, version, snapshot, status, description, created_at): Row) -> TemplateView {
@@ -140,6 +142,12 @@ pub async fn create(
         .uuid();
     let tenant = caller.home();
     let mut tx = state.pool.begin().await?;
+    // Shared with other publications, exclusive of a delete (which takes it for update):
+    // a version never names a snapshot deleted meanwhile.
+    sqlx::query("SELECT 1 FROM project_snapshots WHERE id = $1 FOR SHARE")
+        .bind(snapshot)
+        .execute(&mut *tx)
+        .await?;
     restorable(&mut tx, snapshot, tenant).await?;
     let kind: Option<String> =
         sqlx::query_scalar("SELECT kind FROM project_snapshots WHERE id = $1")
@@ -166,7 +174,8 @@ pub async fn create(
     Ok((StatusCode::CREATED, Json(made)))
 }
 
-/// List templates' versions, newest first (of one name with `name`).
+/// List templates' versions, by name, each name's newest version first (of one name
+/// with `name`); at most 500.
 #[utoipa::path(get, operation_id = "list_templates", tag = "sandboxes", path = "/api/v1/templates",
     params(TemplateQuery),
     responses((status = 200, body = TemplateList), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)),
@@ -177,6 +186,14 @@ pub async fn list(
     StrictQuery(query): StrictQuery<TemplateQuery>,
 ) -> Result<Json<TemplateList>, ApiError> {
     caller.require(Role::Viewer)?;
+    if query
+        .name
+        .as_deref()
+        .is_some_and(|n| !template::valid_name(n))
+    {
+        let message = "name is 1 to 63 letters, digits, '.', '_' or '-'";
+        return Err(ApiError::bad_request("invalid_query", message).with_field("name"));
+    }
     let rows: Vec<Row> = sqlx::query_as(&format!(
         "{SELECT} WHERE ($1::text IS NULL OR t.name = $1) AND ($2::text IS NULL OR t.tenant_id = $2)
           ORDER BY t.name, t.version DESC LIMIT 500"
