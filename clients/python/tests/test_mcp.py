@@ -24,6 +24,7 @@ WRITE_TOOLS = {
     "adopt_verification_handoff",
     "create_sandbox",
     "sandbox_exec",
+    "sandbox_exec_start",
     "sandbox_write_file",
 }
 READ_TOOLS = {
@@ -39,6 +40,8 @@ READ_TOOLS = {
     "get_verification_candidates",
     "get_verification_adoption",
     "get_sandbox",
+    "get_sandbox_operation",
+    "get_exec_output",
     "list_sandboxes",
     "sandbox_list_files",
     "sandbox_read_file",
@@ -174,3 +177,44 @@ def test_printable_is_the_schedulers_escaped_form() -> None:
 
     assert printable(b"\\x1b") == "\\\\x1b"
     assert printable(b"a\x00\xff\x1b[2J\xc2\x9b\n\t\xe2\x82\xac") == "a\\x00\\xff\\x1b[2J\\xc2\\x9b\n\t\u20ac"
+
+
+def test_an_agent_starts_a_long_command_and_reads_its_output_while_it_runs(stack: Stack) -> None:
+    """`sandbox_exec_start` answers at once; `get_exec_output` reads what the command
+    printed so far while it still runs; `get_sandbox_operation` then shows its end."""
+
+    async def long_command() -> None:
+        async with stdio_client(_params(stack)) as (read, write), ClientSession(read, write) as session:
+            await session.initialize()
+            spec = {"agent": "py-mcp-exec", "timeout_sec": 600}
+            failed, sandbox = await _tool(session, "create_sandbox", {"spec": spec, "idempotency_key": "mcp-exec-1"})
+            assert not failed, sandbox
+            sandbox_id = sandbox["sandbox_id"]
+            with anyio.fail_after(60):
+                while sandbox["state"] != "running" or sandbox.get("pending"):
+                    await anyio.sleep(0.2)
+                    _, sandbox = await _tool(session, "get_sandbox", {"sandbox_id": sandbox_id})
+            script = {"argv": ["sh", "-c", "echo started; sleep 4; echo finished"], "timeout_sec": 60}
+            failed, started = await _tool(session, "sandbox_exec_start", {"sandbox_id": sandbox_id, "spec": script})
+            assert not failed and started["state"] in ("pending", "running"), started
+            where = {"sandbox_id": sandbox_id, "operation_id": started["operation_id"]}
+            with anyio.fail_after(30):
+                text = ""
+                while text != "started\n":
+                    await anyio.sleep(0.2)
+                    failed, text = await _tool(session, "get_exec_output", where)
+                    if failed and "not_found" in str(text):
+                        text = ""  # not started yet
+            _, operation = await _tool(session, "get_sandbox_operation", where)
+            assert operation["state"] == "running", operation
+            with anyio.fail_after(30):
+                while operation["state"] != "done":
+                    await anyio.sleep(0.3)
+                    _, operation = await _tool(session, "get_sandbox_operation", where)
+            assert operation["result"]["exit_code"] == 0, operation
+            failed, text = await _tool(session, "get_exec_output", where)
+            assert not failed and text == "started\nfinished\n", text
+            with cairn.Client(stack.url, stack.admin) as direct:
+                direct.destroy_sandbox(sandbox_id)
+
+    anyio.run(long_command)

@@ -203,6 +203,23 @@ def build(client_factory: Callable[[], AsyncClient]) -> MCPServer:
     async def sandbox_exec(sandbox_id: str, spec: dict[str, Any]) -> Any:
         return await _call(client().exec_in_sandbox(sandbox_id, spec), "get_sandbox")
 
+    @server.tool(description="Start one command in a sandbox (spec as for sandbox_exec) and return its operation at once, for a command that runs long: read its output so far with get_exec_output and its end with get_sandbox_operation. Sent once.")
+    async def sandbox_exec_start(sandbox_id: str, spec: dict[str, Any]) -> Any:
+        return await _call(client().exec_in_sandbox(sandbox_id, spec, wait=False), "get_sandbox_operation")
+
+    @server.tool(description="A sandbox operation: its state (pending, running, done, interrupted) and, once done, its receipt (an exec's exit code and output tails).")
+    async def get_sandbox_operation(sandbox_id: str, operation_id: str) -> Any:
+        return await _call(client().get_sandbox_operation(sandbox_id, operation_id))
+
+    @server.tool(description="The last tail_bytes (1 to 1048576) of an exec's output so far (stream stdout or stderr), while it runs or after; bytes that are not UTF-8 text, and control characters, appear escaped (\\xNN).")
+    async def get_exec_output(
+        sandbox_id: str, operation_id: str, stream: str = "stdout", tail_bytes: int = 16384
+    ) -> str:
+        if not 1 <= tail_bytes <= MAX_LOG_BYTES:
+            raise ToolError(f"tail_bytes must be from 1 to {MAX_LOG_BYTES}")
+        call = client().get_operation_output(sandbox_id, operation_id, stream=stream, tail_bytes=tail_bytes)
+        return printable(await _call(call))
+
     @server.tool(description="List a directory of a sandbox's workspace (path relative to it; the root by default).")
     async def sandbox_list_files(sandbox_id: str, path: str | None = None) -> Any:
         return await _call(client().list_sandbox_files(sandbox_id, path))
