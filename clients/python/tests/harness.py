@@ -283,21 +283,14 @@ def verified_run(agent: str = "py") -> dict[str, Any]:
 # Sockets between the client and a server.
 
 
-class Recorder:
-    """A listening socket that records every connection and what it received, and
-    never answers: it closes each connection once the request has arrived (or after
-    `hold` seconds of holding it open). With `answer`, it sends those bytes first."""
+class _Listener:
+    """A socket listening on a free local port, handing each connection to `_take` on
+    a thread of its own until `close`."""
 
-    def __init__(self, hold: float = 0.0, answer: bytes | None = None) -> None:
-        self.answer = answer
+    def __init__(self) -> None:
         self._server = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
-        self.hold = hold
-        self.connections = 0
-        self.received: list[bytes] = []
-        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
 
     def _serve(self) -> None:
         while True:
@@ -305,9 +298,36 @@ class Recorder:
                 conn, _ = self._server.accept()
             except OSError:
                 return
-            with self._lock:
-                self.connections += 1
+            self._accepted()
             threading.Thread(target=self._take, args=(conn,), daemon=True).start()
+
+    def _accepted(self) -> None:
+        """Called on each connection, before it is handled."""
+
+    def _take(self, conn: socket.socket) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        self._server.close()
+
+
+class Recorder(_Listener):
+    """A listening socket that records every connection and what it received, and
+    never answers: it closes each connection once the request has arrived (or after
+    `hold` seconds of holding it open). With `answer`, it sends those bytes first."""
+
+    def __init__(self, hold: float = 0.0, answer: bytes | None = None) -> None:
+        super().__init__()
+        self.answer = answer
+        self.hold = hold
+        self.connections = 0
+        self.received: list[bytes] = []
+        self._lock = threading.Lock()
+        self._thread.start()
+
+    def _accepted(self) -> None:
+        with self._lock:
+            self.connections += 1
 
     def _take(self, conn: socket.socket) -> None:
         with conn:
@@ -318,9 +338,6 @@ class Recorder:
                 conn.sendall(self.answer)
             if self.hold:
                 time.sleep(self.hold)
-
-    def close(self) -> None:
-        self._server.close()
 
 
 def _content_length(head: bytes) -> int:
@@ -352,32 +369,22 @@ def read_request(conn: socket.socket) -> bytes:
         return data
 
 
-class DroppingProxy:
+class DroppingProxy(_Listener):
     """Forwards each request to `upstream`, lets it answer in full, and closes the
     client's connection instead of passing the answer on: the request was applied and
     its answer lost."""
 
     def __init__(self, upstream_port: int) -> None:
+        super().__init__()
         self.upstream_port = upstream_port
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
         self.answers: list[bytes] = []
-        self._thread = threading.Thread(target=self._serve, daemon=True)
         self._thread.start()
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._server.accept()
-            except OSError:
-                return
-            with conn:
-                request = read_request(conn)
-                with socket.create_connection(("127.0.0.1", self.upstream_port), timeout=30) as upstream:
-                    upstream.sendall(request)
-                    # read_request reads any HTTP/1.1 message: here, the whole answer.
-                    self.answers.append(read_request(upstream))
-                # The connection closes with nothing sent back.
-
-    def close(self) -> None:
-        self._server.close()
+    def _take(self, conn: socket.socket) -> None:
+        with conn:
+            request = read_request(conn)
+            with socket.create_connection(("127.0.0.1", self.upstream_port), timeout=30) as upstream:
+                upstream.sendall(request)
+                # read_request reads any HTTP/1.1 message: here, the whole answer.
+                self.answers.append(read_request(upstream))
+            # The connection closes with nothing sent back.

@@ -144,6 +144,24 @@ fn usage(message: impl Into<String>) -> CallError {
     CallError::new(exit::USAGE, message)
 }
 
+/// A repeated `--flag NAME=VALUE` as a map; a pair without `=`, or a name given twice,
+/// is a usage error.
+fn pairs(
+    flag: &str,
+    given: &[String],
+) -> Result<std::collections::BTreeMap<String, String>, CallError> {
+    let mut map = std::collections::BTreeMap::new();
+    for pair in given {
+        let (name, value) = pair
+            .split_once('=')
+            .ok_or_else(|| usage(format!("--{flag} {pair}: expected NAME=VALUE")))?;
+        if map.insert(name.to_string(), value.to_string()).is_some() {
+            return Err(usage(format!("--{flag} {name}: given twice")));
+        }
+    }
+    Ok(map)
+}
+
 fn id(text: &str, what: &str) -> Result<String, CallError> {
     text.parse::<Id>().map(|id| id.to_string()).map_err(|_| {
         usage(format!(

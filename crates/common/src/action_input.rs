@@ -166,3 +166,34 @@ action_input_from!(
     FinalOutcomeContinuationInputV1,
     acknowledge_already_consumed_final_output
 );
+
+/// The acknowledgements of a version-1 body: its kind's own (a checkpoint's, or a final
+/// outcome's), then those both share.
+pub fn acknowledgements(checkpoint: bool) -> [&'static str; 4] {
+    let own = if checkpoint {
+        "acknowledge_retained_response_consumed_once"
+    } else {
+        "acknowledge_already_consumed_final_output"
+    };
+    let [a, b, c] = SHARED_ACKNOWLEDGEMENTS;
+    [own, a, b, c]
+}
+
+/// Checks a JSON body of a checkpoint's (or a final outcome's) action as the scheduler
+/// reads it: exactly its fields, of their JSON types (`1` or `"true"` is no
+/// acknowledgement), then its rules.
+pub fn check(checkpoint: bool, body: &serde_json::Value) -> Result<ActionInput, String> {
+    fn read<T>(body: &serde_json::Value) -> Result<ActionInput, String>
+    where
+        T: serde::de::DeserializeOwned,
+        ActionInput: TryFrom<T, Error = InputError>,
+    {
+        let typed = serde_json::from_value::<T>(body.clone()).map_err(|e| e.to_string())?;
+        ActionInput::try_from(typed).map_err(|e| e.to_string())
+    }
+    if checkpoint {
+        read::<CheckpointContinuationInputV1>(body)
+    } else {
+        read::<FinalOutcomeContinuationInputV1>(body)
+    }
+}

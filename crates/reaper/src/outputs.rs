@@ -9,17 +9,20 @@ use crate::retention::{Batches, Sweep, SweepReport};
 use cairn_snapshot::store::ArtifactStore;
 use uuid::Uuid;
 
-impl Sweep<'_> {
-    pub(crate) async fn reclaim_outputs(
-        &self,
-        batches: &mut Batches<'_>,
-        report: &mut SweepReport,
-    ) -> Result<(), sqlx::Error> {
-        // Requests whose stores failed this sweep are not picked again in it.
-        let mut failed: Vec<Uuid> = Vec::new();
-        loop {
-            let mut tx = batches.begin().await?;
-            let rows: Vec<(Uuid, String, Uuid)> = sqlx::query_as(
+/// Whose live output a pass reclaims: finished requests' steps, or ended execs.
+#[derive(Clone, Copy)]
+enum Owners {
+    Requests,
+    Execs,
+}
+
+impl Owners {
+    /// `(id, store URL, store identity)` of the outputs due (`$1` the cutoff, `$2` the
+    /// batch, `$3` the ids that failed this sweep), each owner's rows locked; a request
+    /// has a row per store its steps wrote to.
+    fn due(self) -> &'static str {
+        match self {
+            Owners::Requests => {
                 "SELECT DISTINCT e.id, i.output_store_url, i.output_store
                    FROM execution_requests e JOIN journal_intents i ON i.request_id = e.id
                   WHERE e.id IN (SELECT x.id FROM execution_requests x
@@ -29,81 +32,80 @@ impl Sweep<'_> {
                                     AND EXISTS (SELECT 1 FROM journal_intents j
                                                  WHERE j.request_id = x.id AND j.output_store_url IS NOT NULL)
                                   LIMIT $2 FOR UPDATE OF x SKIP LOCKED)
-                    AND i.output_store_url IS NOT NULL AND i.output_store IS NOT NULL",
-            )
-            .bind(self.now - self.durations.reclaim_after)
-            .bind(self.batch)
-            .bind(&failed)
-            .fetch_all(&mut *tx)
-            .await?;
-            let mut due: Vec<(Uuid, Vec<(String, Uuid)>)> = Vec::new();
-            for (request_id, url, store) in rows {
-                match due.iter_mut().find(|(id, _)| *id == request_id) {
-                    Some((_, stores)) => stores.push((url, store)),
-                    None => due.push((request_id, vec![(url, store)])),
-                }
+                    AND i.output_store_url IS NOT NULL AND i.output_store IS NOT NULL"
             }
-            let mut reclaimed = Vec::new();
-            let mut first_error = None;
-            for (request_id, stores) in &due {
-                if self.dry_run {
-                    reclaimed.push(*request_id);
-                    continue;
-                }
-                match delete_everywhere(*request_id, stores).await {
-                    Ok(()) => reclaimed.push(*request_id),
-                    Err(e) => {
-                        first_error.get_or_insert(e);
-                        failed.push(*request_id);
-                    }
-                }
+            Owners::Execs => {
+                "SELECT id, output_store_url, output_store FROM sandbox_operations
+                  WHERE output_store_url IS NOT NULL AND output_store IS NOT NULL
+                    AND output_reclaimed_at IS NULL AND finished_at <= $1 AND id <> ALL($3)
+                  LIMIT $2 FOR UPDATE SKIP LOCKED"
             }
-            // One line per batch: with stores this reaper never reaches (each worker's
-            // own directory), a line per request would drown the log.
-            if let Some(error) = first_error {
-                tracing::warn!(failed = failed.len(), first = %error, "step output not reclaimed; retried at the next sweep");
+        }
+    }
+
+    /// Marks the owners' output deleted, through each table's owner.
+    async fn mark(
+        self,
+        conn: &mut sqlx::PgConnection,
+        ids: &[Uuid],
+        at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<(), sqlx::Error> {
+        match self {
+            Owners::Requests => {
+                cairn_common::request::marks::outputs_reclaimed(conn, ids, at).await
             }
-            cairn_common::request::marks::outputs_reclaimed(&mut tx, &reclaimed, self.now).await?;
-            tx.commit().await?;
-            report.outputs_reclaimed += reclaimed.len() as u64;
-            report.outputs_failed = failed.len() as u64;
-            if (due.len() as i64) < self.batch {
-                return Ok(());
+            Owners::Execs => {
+                cairn_common::sandbox::operations::outputs_reclaimed(conn, ids, at).await
             }
         }
     }
 }
 
 impl Sweep<'_> {
-    /// Deletes the live output of execs that ended `reclaim_after` ago, batch by batch;
-    /// an exec whose store did not answer is tried again at the next sweep.
-    pub(crate) async fn reclaim_operation_outputs(
+    /// Deletes the live output of requests and of execs that ended `reclaim_after` ago.
+    pub(crate) async fn reclaim_outputs(
         &self,
+        batches: &mut Batches<'_>,
+        report: &mut SweepReport,
+    ) -> Result<(), sqlx::Error> {
+        self.reclaim_outputs_of(Owners::Requests, batches, report)
+            .await?;
+        self.reclaim_outputs_of(Owners::Execs, batches, report)
+            .await
+    }
+
+    /// One kind of owner's due outputs, batch by batch; an owner whose store did not
+    /// answer is tried again at the next sweep, not in this one.
+    async fn reclaim_outputs_of(
+        &self,
+        owners: Owners,
         batches: &mut Batches<'_>,
         report: &mut SweepReport,
     ) -> Result<(), sqlx::Error> {
         let mut failed: Vec<Uuid> = Vec::new();
         loop {
             let mut tx = batches.begin().await?;
-            let due: Vec<(Uuid, String, Uuid)> = sqlx::query_as(
-                "SELECT id, output_store_url, output_store FROM sandbox_operations
-                  WHERE output_store_url IS NOT NULL AND output_store IS NOT NULL
-                    AND output_reclaimed_at IS NULL AND finished_at <= $1 AND id <> ALL($3)
-                  LIMIT $2 FOR UPDATE SKIP LOCKED",
-            )
-            .bind(self.now - self.durations.reclaim_after)
-            .bind(self.batch)
-            .bind(&failed)
-            .fetch_all(&mut *tx)
-            .await?;
+            let rows: Vec<(Uuid, String, Uuid)> = sqlx::query_as(owners.due())
+                .bind(self.now - self.durations.reclaim_after)
+                .bind(self.batch)
+                .bind(&failed)
+                .fetch_all(&mut *tx)
+                .await?;
+            let mut due: Vec<(Uuid, Vec<(String, Uuid)>)> = Vec::new();
+            for (id, url, store) in rows {
+                match due.iter_mut().find(|(owner, _)| *owner == id) {
+                    Some((_, stores)) => stores.push((url, store)),
+                    None => due.push((id, vec![(url, store)])),
+                }
+            }
             let mut reclaimed = Vec::new();
             let (mut first_error, mut failures) = (None, 0u64);
-            for (id, url, store) in &due {
+            for (id, stores) in &due {
                 if self.dry_run {
                     reclaimed.push(*id);
                     continue;
                 }
-                match delete_everywhere(*id, &[(url.clone(), *store)]).await {
+                match delete_everywhere(*id, stores).await {
                     Ok(()) => reclaimed.push(*id),
                     Err(e) => {
                         first_error.get_or_insert(e);
@@ -112,12 +114,12 @@ impl Sweep<'_> {
                     }
                 }
             }
-            // One line per batch: stores this reaper never reaches would drown the log.
+            // One line per batch: with stores this reaper never reaches (each worker's
+            // own directory), a line per owner would drown the log.
             if let Some(error) = first_error {
-                tracing::warn!(failed = failures, first = %error, "exec output not reclaimed; retried at the next sweep");
+                tracing::warn!(failed = failures, first = %error, "live output not reclaimed; retried at the next sweep");
             }
-            cairn_common::sandbox::operations::outputs_reclaimed(&mut tx, &reclaimed, self.now)
-                .await?;
+            owners.mark(&mut tx, &reclaimed, self.now).await?;
             tx.commit().await?;
             report.outputs_reclaimed += reclaimed.len() as u64;
             report.outputs_failed += failures;

@@ -133,7 +133,6 @@ impl Sweep<'_> {
         report.holds_ended = self.repeat(batches, Rule::Holds).await?;
         self.reclaim(batches, &mut report).await?;
         self.reclaim_outputs(batches, &mut report).await?;
-        self.reclaim_operation_outputs(batches, &mut report).await?;
         Ok(report)
     }
 

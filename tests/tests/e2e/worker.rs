@@ -581,7 +581,8 @@ fn restart_redis() {
 }
 
 /// RabbitMQ restarted while runs are being admitted and executed: every admitted run
-/// still completes.
+/// still completes, and a sandbox created while the broker was down is placed once it
+/// is back (each worker's two consumers, of jobs and of sandboxes, reconnect alone).
 #[tokio::test]
 async fn a_rabbitmq_restart_mid_run_loses_nothing() {
     let _services = ServiceLock::exclusive().await;
@@ -609,12 +610,15 @@ async fn a_rabbitmq_restart_mid_run_loses_nothing() {
                 .0,
         );
     }
+    let sandbox =
+        cairn_e2e::sandboxes::create(&cluster, json!({"agent": "coder", "timeout_sec": 600}));
     std::thread::sleep(Duration::from_secs(2));
     cairn_e2e::testing::rabbitmqctl(&["start_app"]);
     cairn_e2e::testing::rabbitmqctl(&["await_startup"]);
     for run_id in &runs {
         cluster.wait_for_state(run_id, &["completed"], Duration::from_secs(120));
     }
+    cairn_e2e::sandboxes::wait_state(&cluster, &sandbox, "running");
     let lines = cluster.lines("effects");
     for i in 0..20 {
         assert_eq!(count(&lines, &format!("r{i}")), 1, "run {i}: {lines:?}");

@@ -94,6 +94,14 @@ async def _call(call: Awaitable[T], status_hint: str | None = None) -> Any:
         raise _refusal(error, status_hint) from error
 
 
+async def _tail(read: Callable[[int], Awaitable[bytes]], tail_bytes: int) -> str:
+    """The last `tail_bytes` of an output `read` returns, escaped; a size out of bounds
+    is refused before anything is sent."""
+    if not 1 <= tail_bytes <= MAX_LOG_BYTES:
+        raise ToolError(f"tail_bytes must be from 1 to {MAX_LOG_BYTES}")
+    return printable(await _call(read(tail_bytes)))
+
+
 def build(client_factory: Callable[[], AsyncClient]) -> MCPServer:
     """The server with its tools; `client_factory` makes the one client they share, on
     first use (inside the server's event loop)."""
@@ -127,10 +135,7 @@ def build(client_factory: Callable[[], AsyncClient]) -> MCPServer:
 
     @server.tool(description="The last tail_bytes (1 to 1048576) of a step's output (stream stdout or stderr); bytes that are not UTF-8 text, and control characters, appear escaped (\\xNN).")
     async def get_run_logs(run_id: str, step_key: str, stream: str = "stdout", tail_bytes: int = 16384) -> str:
-        if not 1 <= tail_bytes <= MAX_LOG_BYTES:
-            raise ToolError(f"tail_bytes must be from 1 to {MAX_LOG_BYTES}")
-        data = await _call(client().get_step_output(run_id, step_key, stream=stream, tail_bytes=tail_bytes))
-        return printable(data)
+        return await _tail(lambda n: client().get_step_output(run_id, step_key, stream=stream, tail_bytes=n), tail_bytes)
 
     @server.tool(description="Cancel a run: at once when no worker holds it, else the worker is signalled.")
     async def cancel_run(run_id: str) -> Any:
@@ -215,10 +220,8 @@ def build(client_factory: Callable[[], AsyncClient]) -> MCPServer:
     async def get_exec_output(
         sandbox_id: str, operation_id: str, stream: str = "stdout", tail_bytes: int = 16384
     ) -> str:
-        if not 1 <= tail_bytes <= MAX_LOG_BYTES:
-            raise ToolError(f"tail_bytes must be from 1 to {MAX_LOG_BYTES}")
-        call = client().get_operation_output(sandbox_id, operation_id, stream=stream, tail_bytes=tail_bytes)
-        return printable(await _call(call))
+        read = client().get_operation_output
+        return await _tail(lambda n: read(sandbox_id, operation_id, stream=stream, tail_bytes=n), tail_bytes)
 
     @server.tool(description="List a directory of a sandbox's workspace (path relative to it; the root by default).")
     async def sandbox_list_files(sandbox_id: str, path: str | None = None) -> Any:

@@ -124,22 +124,10 @@ pub async fn continuation(
 /// fields, of their JSON types (`1` or `"true"` is not an acknowledgement), each value
 /// in range and every acknowledgement `true`.
 fn validate(kind: &str, body: &Value) -> Result<(), String> {
-    use cairn_common::action_input::{
-        ActionInput, CheckpointContinuationInputV1, FinalOutcomeContinuationInputV1,
-    };
     if !body.is_object() {
         return Err("the document must be a JSON object".into());
     }
-    let checked = if kind == "checkpoint_continuation" {
-        serde_json::from_value::<CheckpointContinuationInputV1>(body.clone())
-            .map_err(|e| e.to_string())
-            .and_then(|b| ActionInput::try_from(b).map_err(|e| e.to_string()))
-    } else {
-        serde_json::from_value::<FinalOutcomeContinuationInputV1>(body.clone())
-            .map_err(|e| e.to_string())
-            .and_then(|b| ActionInput::try_from(b).map_err(|e| e.to_string()))
-    };
-    checked.map(|_| ())
+    cairn_common::action_input::check(kind == "checkpoint_continuation", body).map(|_| ())
 }
 
 /// Prints a version-1 body for the current candidate of `kind`, every acknowledgement
@@ -156,22 +144,13 @@ async fn print_template(client: &Client, path: &str, kind: &str) -> Result<u8, C
         .as_u64()
         .unwrap_or(300)
         .clamp(1, 300);
-    let own = if kind == "checkpoint_continuation" {
-        "acknowledge_retained_response_consumed_once"
-    } else {
-        "acknowledge_already_consumed_final_output"
-    };
     let mut body = serde_json::json!({
         "version": 1,
         "candidate_digest": digest,
         "valid_for_seconds": window,
     });
-    for acknowledgement in [
-        own,
-        "acknowledge_no_completed_effect_replay",
-        "acknowledge_same_request_attempt_and_budgets",
-        "acknowledge_finite_ownership_lease",
-    ] {
+    let checkpoint = kind == "checkpoint_continuation";
+    for acknowledgement in cairn_common::action_input::acknowledgements(checkpoint) {
         body[acknowledgement] = Value::Bool(true);
     }
     validate(kind, &body).map_err(|e| CallError::new(exit::ERROR, e))?;

@@ -3,10 +3,9 @@
 
 use super::view::{keyed, show};
 use crate::client::{exit, CallError, Client};
-use crate::{output, usage};
+use crate::output;
 use reqwest::Method;
 use serde_json::{json, Value};
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 #[derive(Debug, clap::Args)]
@@ -72,7 +71,7 @@ pub async fn create(client: &Client, args: CreateArgs, json: bool) -> Result<u8,
         wait,
         wait_seconds,
     } = args;
-    let labels = labels(&metadata)?;
+    let labels = crate::pairs("metadata", &metadata)?;
     let mut body = json!({"agent": agent, "always_on": always_on, "persistent": !not_persistent});
     for (name, value) in [
         ("repository", repository.map(Value::from)),
@@ -113,21 +112,6 @@ pub async fn create(client: &Client, args: CreateArgs, json: bool) -> Result<u8,
     } else {
         exit::ERROR
     })
-}
-
-/// `KEY=VALUE` labels as a map; a key given twice, or a pair without `=`, is a usage
-/// error (the scheduler checks the keys and values themselves).
-pub fn labels(pairs: &[String]) -> Result<BTreeMap<String, String>, CallError> {
-    let mut labels = BTreeMap::new();
-    for pair in pairs {
-        let (key, value) = pair
-            .split_once('=')
-            .ok_or_else(|| usage(format!("--metadata {pair}: expected KEY=VALUE")))?;
-        if labels.insert(key.to_string(), value.to_string()).is_some() {
-            return Err(usage(format!("--metadata {key}: given twice")));
-        }
-    }
-    Ok(labels)
 }
 
 /// Polls the sandbox until it leaves `creating` (running, or failed: `error`,

@@ -3,7 +3,7 @@
 
 use crate::client::{exit, CallError, Client};
 use crate::commands::logs::{print_events, Stream};
-use crate::{id, output, usage};
+use crate::{id, output};
 use reqwest::Method;
 use serde_json::{json, Value};
 use std::io::Write;
@@ -40,13 +40,7 @@ pub async fn exec(client: &Client, args: ExecArgs, json: bool) -> Result<u8, Cal
         argv,
     } = args;
     let sandbox = id(&sandbox, "the sandbox id")?;
-    let mut vars = serde_json::Map::new();
-    for pair in env {
-        let (name, value) = pair
-            .split_once('=')
-            .ok_or_else(|| usage(format!("--env {pair}: expected NAME=VALUE")))?;
-        vars.insert(name.to_string(), Value::from(value));
-    }
+    let vars = crate::pairs("env", &env)?;
     let mut body = json!({"argv": argv, "env": vars, "timeout_sec": timeout_sec});
     if let Some(cwd) = cwd {
         body["cwd"] = Value::from(cwd);

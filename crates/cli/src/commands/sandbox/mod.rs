@@ -221,7 +221,7 @@ async fn list(client: &Client, filters: Filters, limit: u32, json: bool) -> Resu
             query.append_pair(name, &value);
         }
     }
-    for (key, value) in create::labels(&filters.metadata)? {
+    for (key, value) in crate::pairs("metadata", &filters.metadata)? {
         query.append_pair(&format!("metadata.{key}"), &value);
     }
     let list = client

@@ -81,7 +81,8 @@ async fn locate(
         .await?;
         row.ok_or_else(|| ApiError::not_found("operation"))
     };
-    let pending = |row: &Row| row.1 == "pending";
+    // Only an exec still pending is waited for: another kind has no output to follow.
+    let pending = |row: &Row| row.0 == "exec" && row.1 == "pending";
     let every = Duration::from_millis(50);
     let ((kind, _, epoch, store_id, url, reclaimed_at), _) =
         crate::api::poll::until(started, every, read, |row| !pending(row)).await?;
