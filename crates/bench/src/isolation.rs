@@ -103,6 +103,7 @@ fn true_command(
             home: home.to_path_buf(),
             network: cairn_common::egress::Effective::flag(network),
             limits: sandbox.limits(None),
+            identity: None,
         },
         timeout: Duration::from_secs(30),
         output_base,

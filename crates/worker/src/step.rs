@@ -511,6 +511,7 @@ mod tests {
                 home: dir.to_path_buf(),
                 network: cairn_common::egress::Effective::flag(true),
                 limits: Default::default(),
+                identity: None,
             },
             timeout,
             output_base: dir.join("out").join("step"),

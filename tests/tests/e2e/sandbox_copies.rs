@@ -170,8 +170,28 @@ async fn forks_and_snapshots_make_new_sandboxes_and_leave_the_source_alone() {
         "three forks from one capture, once"
     );
 
+    // Each sandbox's own machine id, host name and SSH host key, in its `/etc`.
+    let identity_of = |id: &str| {
+        let script = "cat /etc/machine-id; uname -n; cat /etc/ssh/ssh_host_ed25519_key.pub";
+        let (status, seen) = exec(&cluster, id, script);
+        assert_eq!(status, 200, "{seen}");
+        let out = seen["result"]["stdout"]
+            .as_str()
+            .expect("stdout")
+            .to_string();
+        assert_eq!(out.lines().count(), 3, "{out}");
+        assert!(
+            out.lines()
+                .nth(2)
+                .is_some_and(|l| l.starts_with("ssh-ed25519 ")),
+            "{out}"
+        );
+        out
+    };
+    let mut identities = vec![identity_of(&source)];
     for (i, fork) in forks.iter().enumerate() {
         wait_state(&cluster, fork, "running");
+        identities.push(identity_of(fork));
         let (_, base) = file(&cluster, fork, "a.txt");
         assert_eq!(base, b"base\n");
         let (status, _) = file(&cluster, fork, "etc/machine-id");
@@ -196,6 +216,28 @@ async fn forks_and_snapshots_make_new_sandboxes_and_leave_the_source_alone() {
     assert_eq!(status, 404, "the source is unchanged");
     let (_, identity) = file(&cluster, &source, "etc/machine-id");
     assert_eq!(identity, b"source-id\n");
+    for (i, a) in identities.iter().enumerate() {
+        for b in &identities[i + 1..] {
+            for (x, y) in a.lines().zip(b.lines()) {
+                assert_ne!(
+                    x, y,
+                    "each fork has its own machine id, host name and host key"
+                );
+            }
+        }
+    }
+    // A stop and a resume keep the sandbox's identity (the worker may differ).
+    for verb in ["stop", "resume"] {
+        let (status, body) =
+            cluster.call("POST", &format!("/api/v1/sandboxes/{source}/{verb}"), None);
+        assert_eq!(status, 200, "{verb}: {body}");
+    }
+    wait_state(&cluster, &source, "running");
+    assert_eq!(
+        identity_of(&source),
+        identities[0],
+        "kept across a stop and a resume"
+    );
 
     // Restore the named snapshot into a new sandbox; then delete the snapshot.
     let snapshot = named["snapshot_id"].as_str().expect("id");
@@ -242,7 +284,7 @@ async fn forks_and_snapshots_make_new_sandboxes_and_leave_the_source_alone() {
         .iter()
         .filter_map(|s| s["kind"].as_str())
         .collect();
-    assert_eq!(kinds, ["fork", "named"], "{listed}");
+    assert_eq!(kinds, ["stop", "fork", "named"], "{listed}");
 }
 
 /// `cairnctl sandbox` and `cairnctl snapshot` drive every sandbox route.

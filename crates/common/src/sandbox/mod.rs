@@ -11,8 +11,10 @@
 //!   destroyed, stopped).
 //! - [`operations`]: operations recorded for the owner, and idempotency keys.
 //! - [`template`]: templates, immutable versions of a named snapshot.
+//! - [`identity`]: the machine id, host name and SSH host key a sandbox keeps for its life.
 
 pub mod ask;
+pub mod identity;
 pub mod operations;
 pub mod owner;
 pub mod record;

@@ -135,3 +135,20 @@ pub async fn stopped(
     tree_released(conn, id, "sandbox_stopped").await?;
     Ok(())
 }
+
+/// The sandbox's identity: the one it has kept, or `made` where it has none yet (its
+/// first run), in the owner's fenced transaction.
+pub async fn keep_identity(
+    conn: &mut PgConnection,
+    id: Uuid,
+    made: &super::identity::Identity,
+) -> Result<super::identity::Identity, Error> {
+    let (kept,): (sqlx::types::Json<super::identity::Identity>,) = sqlx::query_as(
+        "UPDATE sandboxes SET identity = COALESCE(identity, $2) WHERE id = $1 RETURNING identity",
+    )
+    .bind(id)
+    .bind(sqlx::types::Json(made))
+    .fetch_one(conn)
+    .await?;
+    Ok(kept.0)
+}

@@ -10,6 +10,7 @@ use crate::isolation;
 use crate::workspace;
 use cairn_common::lease::{Lease, LeaseError};
 use cairn_common::retry::Delays;
+use cairn_common::sandbox::identity::Identity;
 use cairn_common::sandbox::owner;
 use cairn_common::workspace as workspace_row;
 use std::sync::Arc;
@@ -82,8 +83,16 @@ impl Host {
                 .row
                 .effective_network(self.worker.isolation.network_default()),
             limits: self.worker.isolation.limits(None),
+            identity: None,
         };
-        self.session = match self.worker.isolation.start_session(&spec).await {
+        let identity = match self.identity().await {
+            Ok(identity) => identity,
+            Err(e) => {
+                self.lapse().await;
+                return Err(e);
+            }
+        };
+        self.session = match self.worker.isolation.start_session(&spec, &identity).await {
             Ok(session) => session,
             Err(reason) => {
                 self.failed(&reason).await?;
@@ -102,6 +111,15 @@ impl Host {
             session.end(&self.worker.isolation).await;
         }
         left
+    }
+
+    /// The identity the sandbox keeps for its life: made here on its first run.
+    async fn identity(&self) -> Result<Identity, HostError> {
+        let made = isolation::identity::make(self.row.id).map_err(HostError::Transient)?;
+        let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
+        let kept = owner::keep_identity(&mut tx, self.row.id, &made).await?;
+        tx.commit().await?;
+        Ok(kept)
     }
 
     /// Serves the running sandbox: its operations in order, and what is asked of it.

@@ -354,6 +354,7 @@ fn command(
                 ..host.row.effective_network(runner.network_default())
             },
             limits: runner.limits(None),
+            identity: None,
         },
         timeout: spec.map_or(FILE_TIMEOUT, |s| {
             Duration::from_secs(u64::from(s.timeout_sec))

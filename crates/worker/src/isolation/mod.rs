@@ -21,6 +21,7 @@
 
 pub mod cgroup;
 mod descriptors;
+pub mod identity;
 pub mod network;
 pub mod probe;
 mod running;
@@ -102,6 +103,9 @@ pub struct Spec {
     /// worker's policy (host names resolved when it starts).
     pub network: Effective,
     pub limits: StepLimits,
+    /// A sandbox resource's identity files ([`identity::IdentityDir`]), shown in its
+    /// `/etc` with its own host name; a run's steps have none.
+    pub identity: Option<PathBuf>,
 }
 
 /// The sandbox of this worker process: its settings and what the host allows.
@@ -137,6 +141,8 @@ impl Isolation {
             .cgroups
             .then(cgroup::Hierarchy::delegated)
             .flatten();
+        // Identity files a worker that died left behind.
+        let _ = std::fs::remove_dir_all(settings.etc_dir.with_extension("identities"));
         let view = view::View {
             system: view::system_view(),
             etc: view::EtcView::copy(&settings.etc_dir, settings.uid, settings.gid)

@@ -9,11 +9,13 @@
 //! `no_new_privs`, in the session's cgroup and under its rlimits.
 
 use super::cgroup::Group;
+use super::identity::IdentityDir;
 use super::running::Running;
 use super::spawn::{Launch, Started};
 use super::view;
 use super::{network, CommandError, Isolation, Spec, WORKSPACE};
 use cairn_common::egress::Layer;
+use cairn_common::sandbox::identity::Identity;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
@@ -34,6 +36,8 @@ pub struct Session {
     /// A network namespace of the sandbox's with only a loopback, for commands that do
     /// not ask for the network while the held one has the NAT, and its pid.
     offline: Option<(Started, i32)>,
+    /// Its identity files, shown in its `/etc` (removed when the session ends).
+    identity: Option<super::identity::IdentityDir>,
 }
 
 impl Session {
@@ -56,6 +60,7 @@ impl Session {
             sandbox.disconnect(link);
         }
         drop(self.offline.take());
+        drop(self.identity.take());
         if let Some(group) = self.running.group.clone() {
             group.remove().await;
         }
@@ -65,10 +70,19 @@ impl Session {
 impl Isolation {
     /// Starts the held namespaces of a sandbox resource, or `None` where processes do
     /// not run in namespaces here (each command then runs on its own).
-    pub async fn start_session(&self, spec: &Spec) -> Result<Option<Session>, String> {
+    pub async fn start_session(
+        &self,
+        spec: &Spec,
+        identity: &Identity,
+    ) -> Result<Option<Session>, String> {
         if !self.isolates() {
             return Ok(None);
         }
+        let identity = IdentityDir::write(
+            &self.settings.etc_dir.with_extension("identities"),
+            identity,
+        )
+        .map_err(|e| format!("cannot write the sandbox's identity: {e}"))?;
         // The held namespace has the NAT where this worker gives one and the sandbox
         // asks for the network (its filter narrowed by the sandbox's allow list); a
         // command that asks for no network enters a second namespace with only a loopback.
@@ -78,6 +92,7 @@ impl Isolation {
                 ..spec.network.clone()
             },
             cwd: None,
+            identity: Some(identity.path.clone()),
             ..spec.clone()
         };
         let argv = ["sleep".to_string(), "infinity".to_string()];
@@ -96,21 +111,7 @@ impl Isolation {
                 return Err(format!("cannot start the sandbox's namespaces: {e}"));
             }
         };
-        let pid = holder.pid;
-        let running = Arc::new(Running {
-            pid,
-            isolated: true,
-            group: group.map(Arc::new),
-            cpu_limit_ms: None,
-            keeps_leftovers: false,
-        });
-        let mut session = Session {
-            holder,
-            running,
-            init: 0,
-            link: None,
-            offline: None,
-        };
+        let mut session = self.hold(holder, group, identity);
         if let Some(hold) = hold {
             match self.connect(hold).await {
                 Ok(link) => session.link = Some(link),
@@ -121,7 +122,7 @@ impl Isolation {
                 }
             }
         }
-        match started_init(pid).await {
+        match started_init(session.holder.pid).await {
             Some(init) => session.init = init,
             None => {
                 session.end(self).await;
@@ -138,6 +139,25 @@ impl Isolation {
             }
         }
         Ok(Some(session))
+    }
+
+    /// The session of a started holder, before its network and init are known.
+    fn hold(&self, holder: Started, group: Option<Group>, identity: IdentityDir) -> Session {
+        let running = Arc::new(Running {
+            pid: holder.pid,
+            isolated: true,
+            group: group.map(Arc::new),
+            cpu_limit_ms: None,
+            keeps_leftovers: false,
+        });
+        Session {
+            holder,
+            running,
+            init: 0,
+            link: None,
+            offline: None,
+            identity: Some(identity),
+        }
     }
 
     /// A process in a network namespace of its own with only a loopback (bubblewrap
@@ -183,7 +203,7 @@ impl Isolation {
         // Found once at start on the worker's own PATH, never on the command's.
         let mut cmd = Launch::new(&self.nsenter);
         cmd.arg(format!("--target={}", session.init))
-            .args(["--user", "--mount", "--pid", "--ipc"]);
+            .args(["--user", "--mount", "--pid", "--ipc", "--uts"]);
         // Always a namespace of the sandbox's: the held one (with the NAT, if any), or
         // the offline one; never the host's.
         match (&session.offline, spec.network.enabled) {

@@ -122,6 +122,9 @@ pub(super) fn bwrap(
     cmd.args(&view.system);
     // One mount for all of /etc: a bind per entry costs a step a few milliseconds.
     cmd.arg("--ro-bind").arg(&view.etc.path).arg("/etc");
+    if let Some(identity) = &spec.identity {
+        identity_args(&mut cmd, identity)?;
+    }
     // The devices a program expects, bound one by one: a whole `--dev` costs a step
     // about a millisecond more.
     for device in DEVICES {
@@ -162,6 +165,19 @@ pub(super) fn bwrap(
     // bwrap's own working directory (`Launch::new`'s `/`): anything it could be started
     // from.
     Ok((cmd, hold))
+}
+
+/// A sandbox resource's own names over the host's: its UTS name, and its identity
+/// files bound over the view's placeholders (their mount points).
+fn identity_args(cmd: &mut Launch, identity: &Path) -> io::Result<()> {
+    let hostname = std::fs::read_to_string(identity.join("hostname"))?;
+    cmd.args(["--unshare-uts", "--hostname", hostname.trim()]);
+    for name in ["machine-id", "hostname", "ssh"] {
+        cmd.arg("--ro-bind")
+            .arg(identity.join(name))
+            .arg(Path::new("/etc").join(name));
+    }
+    Ok(())
 }
 
 /// `--setenv NAME VALUE` for each variable, NUL-separated, in a memory file read from
@@ -353,6 +369,12 @@ impl EtcView {
         )?;
         name_if_unknown(&view.path.join("group"), gid, &format!("cairn:x:{gid}:"))?;
         resolve_through_nat(&view.path.join("resolv.conf"))?;
+        // Mount points for a sandbox resource's identity: a run's steps see them empty.
+        std::fs::write(view.path.join("machine-id"), "")?;
+        std::fs::create_dir_all(view.path.join("ssh"))?;
+        if !view.path.join("hostname").exists() {
+            std::fs::write(view.path.join("hostname"), "")?;
+        }
         Ok(view)
     }
 }

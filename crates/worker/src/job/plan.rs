@@ -521,6 +521,7 @@ fn command(
                 runner.network_default(),
             ),
             limits: runner.limits(step.limits),
+            identity: None,
         },
         timeout: step_timeout.min(wall_left),
         output_base: crate::step_output::output_base(

@@ -159,6 +159,7 @@ fn command(
             home: plan.scratch.clone(),
             network: cairn_common::egress::Effective::flag(false),
             limits: sandbox.limits(None),
+            identity: None,
         },
         timeout: Duration::from_secs(u64::from(plan.check.timeout_seconds)).min(
             Duration::from_millis(u64::try_from(wall_left_ms).unwrap_or(0)),

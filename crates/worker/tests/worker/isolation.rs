@@ -64,6 +64,7 @@ impl Scratch {
                 home: self.dir.join("home"),
                 network: cairn_common::egress::Effective::flag(false),
                 limits: StepLimits::default(),
+                identity: None,
             },
             timeout: Duration::from_secs(30),
             output_base: self
@@ -98,7 +99,10 @@ async fn sh(sandbox: &Isolation, scratch: &Scratch, script: &str) -> StepOutcome
 /// The held namespaces of a sandbox resource, at `command`'s place.
 async fn session(sandbox: &Isolation, command: &StepCommand) -> isolation::Session {
     sandbox
-        .start_session(&command.place)
+        .start_session(
+            &command.place,
+            &isolation::identity::make(uuid::Uuid::new_v4()).expect("an identity"),
+        )
         .await
         .expect("a session")
         .expect("namespaces here")
@@ -656,4 +660,52 @@ async fn step_cgroups_a_dead_worker_left_are_removed_at_start() {
     std::fs::create_dir_all(stale.join("step-7")).expect("a stale step cgroup");
     let _sandbox = sandbox();
     assert!(!stale.exists(), "{} was left", stale.display());
+}
+
+/// A sandbox resource's commands see its own machine id, host name and SSH host key,
+/// not the host's and not another sandbox's; a run's step sees none of them.
+#[tokio::test]
+async fn a_sandbox_sees_its_own_identity_and_a_step_none() {
+    let sandbox = sandbox();
+    let scratch = Scratch::new();
+    let script = "cat /etc/machine-id; uname -n; cat /etc/hostname; \
+                  cat /etc/ssh/ssh_host_ed25519_key.pub; \
+                  head -c 35 /etc/ssh/ssh_host_ed25519_key; echo";
+    let command = scratch.command(&["sh", "-c", script]);
+    let stop = CancellationToken::new();
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let identity = isolation::identity::make(uuid::Uuid::new_v4()).expect("an identity");
+        let session = sandbox
+            .start_session(&command.place, &identity)
+            .await
+            .expect("a session")
+            .expect("namespaces here");
+        let out = step::run_in(&command, &session, &sandbox, &stop)
+            .await
+            .expect("the command starts");
+        session.end(&sandbox).await;
+        assert!(out.succeeded(), "{out:?}");
+        let stdout = std::fs::read_to_string(&out.stdout_path).expect("stdout");
+        let expected = format!(
+            "{}\n{}\n{}\n{}-----BEGIN OPENSSH PRIVATE KEY-----\n",
+            identity.machine_id,
+            identity.hostname,
+            identity.hostname,
+            identity.ssh_host_ed25519_key_pub
+        );
+        assert_eq!(stdout, expected);
+        seen.push(identity.machine_id);
+    }
+    assert_ne!(seen[0], seen[1]);
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname");
+    let step = sh(
+        &sandbox,
+        &scratch,
+        "cat /etc/machine-id; ls -A /etc/ssh; uname -n",
+    )
+    .await;
+    assert!(step.succeeded(), "{step:?}");
+    let stdout = std::fs::read_to_string(&step.stdout_path).expect("stdout");
+    assert_eq!(stdout, host, "a run's step: no machine id, no host key");
 }
