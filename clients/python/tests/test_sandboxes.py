@@ -136,3 +136,27 @@ def test_a_template_version_starts_a_sandbox_from_its_snapshot(client: cairn.Cli
         for sandbox_id in made:
             running(client, sandbox_id, stack)
             client.destroy_sandbox(sandbox_id)
+
+
+def test_a_preview_answers_with_the_sandboxs_own_response(client: cairn.Client, stack: Stack) -> None:
+    sandbox_id = client.create_sandbox({"agent": "py-preview", "ports": [8080]}).sandbox_id
+    try:
+        running(client, sandbox_id, stack)
+        client.write_sandbox_file(sandbox_id, "site/hello.txt", b"hello\n")
+        script = "cd site && nohup python3 -m http.server 8080 --bind 127.0.0.1 >/dev/null 2>&1 &"
+        client.exec_in_sandbox(sandbox_id, {"argv": ["sh", "-c", script], "timeout_sec": 60})
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                answer = client.get_sandbox_preview(sandbox_id, 8080, "/hello.txt")
+                break
+            except errors.PreviewUnreachable:
+                assert time.monotonic() < deadline, "the server never answered"
+                time.sleep(0.1)
+        assert (answer.status_code, answer.content) == (200, b"hello\n")
+        missing = client.get_sandbox_preview(sandbox_id, 8080, "nothing-here")
+        assert missing.status_code == 404, "the sandbox's own 404 is an answer, not an error"
+        with pytest.raises(errors.PortNotExposed):
+            client.get_sandbox_preview(sandbox_id, 9999)
+    finally:
+        client.destroy_sandbox(sandbox_id)

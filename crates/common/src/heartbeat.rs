@@ -74,6 +74,24 @@ pub async fn advertise_slots(
     Ok(())
 }
 
+/// Where the scheduler sends this worker's preview requests, and the key they carry
+/// (`None`: it takes none).
+pub async fn advertise_previews(
+    pool: &PgPool,
+    worker_id: &str,
+    preview: Option<(&str, &str)>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE worker_heartbeats SET preview_url = $2, preview_key = $3 WHERE worker_id = $1",
+    )
+    .bind(worker_id)
+    .bind(preview.map(|p| p.0))
+    .bind(preview.map(|p| p.1))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// How long after its announcement a request still queued counts as parked, when a live
 /// worker has waited for work all that time: far above a healthy delivery (milliseconds),
 /// below the takeover bound.

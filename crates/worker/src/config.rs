@@ -23,6 +23,10 @@ pub struct Config {
     /// Address of the probes (`/healthz`, `/readyz`) and `/metrics`.
     #[arg(long, env = "CAIRN_METRICS_LISTEN", default_value = "127.0.0.1:9091")]
     pub metrics_listen: SocketAddr,
+    /// Where the scheduler reaches this worker's previews, at the probes' listener
+    /// (`http://POD_IP:9091`). Default: that listener's address unless it is a wildcard.
+    #[arg(long, env = "CAIRN_PREVIEW_URL")]
+    pub preview_url: Option<String>,
     /// Apply pending migrations at start (they serialize on an advisory lock).
     #[arg(long, env = "CAIRN_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
     pub migrate: bool,

@@ -45,4 +45,6 @@ pub struct Worker {
     pub draining: tokio_util::sync::CancellationToken,
     /// Wakes a job's keeper when its request's cancel or pause request changes.
     pub signals: Arc<crate::signals::Signals>,
+    /// The hosted sandboxes whose ports previews reach.
+    pub previews: Arc<crate::preview::Previews>,
 }

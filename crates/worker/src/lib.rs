@@ -43,6 +43,7 @@ pub mod keeper;
 pub mod live_output;
 pub mod metrics;
 pub mod pause;
+pub mod preview;
 pub mod publication;
 pub mod report;
 pub mod scope;
@@ -111,16 +112,18 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         active: Arc::new(janitor::ActiveRequests::default()),
         draining: shutdown.clone(),
         signals: Arc::new(signals::Signals::default()),
+        previews: Arc::new(preview::Previews::default()),
     });
     lapse_previous(&worker.leases, &worker_id).await?;
-    announce(&pool, &worker_id, &config).await?;
+    announce(&pool, &worker_id, &config, (&listener, &worker.previews)).await?;
     let starving = consumer::Starving::default();
     let amqp_status = AmqpStatus::default();
     let jobs = TaskTracker::new();
     let drain = CancellationToken::new();
     let leases = worker.leases.clone();
     let readiness = readiness(&pool, redis, &amqp_status, details, dependency_gauge);
-    let probes = health::router(readiness, registry);
+    let probes =
+        health::router(readiness, registry).merge(preview::router(worker.previews.clone()));
     let background = Background::start(&worker, &config, listener, probes, directory_id, &starving);
     let consumers = consumers_of(worker, &config, amqp_status, jobs.clone(), starving);
     tracing::info!(worker_id = %worker_id, listen = %config.metrics_listen, "worker started");
@@ -144,12 +147,37 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     Ok(())
 }
 
-/// The first beat of this process, and the slots it offers.
-async fn announce(pool: &sqlx::PgPool, worker_id: &str, config: &Config) -> anyhow::Result<()> {
+/// The first beat of this process, the slots it offers and where it takes previews.
+async fn announce(
+    pool: &sqlx::PgPool,
+    worker_id: &str,
+    config: &Config,
+    (listener, previews): (&tokio::net::TcpListener, &preview::Previews),
+) -> anyhow::Result<()> {
+    let url = preview_url(config, listener)?;
+    let preview = url.as_deref().map(|url| (url, previews.key()));
     cairn_common::heartbeat::beat(pool, worker_id, true, None).await?;
     let (jobs, sandboxes) = (config.concurrency, config.sandbox_slots);
     cairn_common::heartbeat::advertise_slots(pool, worker_id, jobs, sandboxes).await?;
+    cairn_common::heartbeat::advertise_previews(pool, worker_id, preview).await?;
     Ok(())
+}
+
+/// Where the scheduler reaches this worker's previews: `CAIRN_PREVIEW_URL`, else the
+/// probes' listener when it has one address (not a wildcard, where it cannot be told).
+fn preview_url(
+    config: &Config,
+    listener: &tokio::net::TcpListener,
+) -> anyhow::Result<Option<String>> {
+    if let Some(url) = &config.preview_url {
+        return Ok(Some(url.trim_end_matches('/').to_string()));
+    }
+    let bound = listener.local_addr()?;
+    if bound.ip().is_unspecified() {
+        tracing::warn!(listen = %bound, "CAIRN_PREVIEW_URL is not set and the probes listen on every address: this worker takes no previews");
+        return Ok(None);
+    }
+    Ok(Some(format!("http://{bound}")))
 }
 
 /// What `/readyz` reports. A worker serves no traffic: it is ready once started, and

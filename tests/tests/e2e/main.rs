@@ -18,6 +18,7 @@ mod reuse;
 mod sandbox;
 mod sandbox_copies;
 mod sandbox_output;
+mod sandbox_previews;
 mod sandboxes;
 mod scale_down;
 mod state_machine;

@@ -459,6 +459,28 @@ class AsyncClient:
         async for chunk in self._follow(prepared, f"exec {operation_id}"):
             yield chunk
 
+    async def get_sandbox_preview(
+        self,
+        sandbox_id: str,
+        port: int,
+        path: str = "",
+        *,
+        method: str = "GET",
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx.Response:
+        """Sends a request to an exposed port of the sandbox (`ports` on create) and returns
+        the sandbox's own answer, whatever its status. A stopped or paused persistent
+        sandbox is woken and the request held up to 10 s, then `SandboxWaking` (retry after
+        its `Retry-After`). Cairn's own refusals raise; the sandbox's never do. Sent once:
+        the sandbox's server decides what a repeat means."""
+        prepared = _core.prepare("get_sandbox_preview", {"sandbox_id": sandbox_id, "port": port, "path": "-"})
+        url = prepared.path[: -len("-")] + path.lstrip("/")
+        response = await self._http.request(method, url, content=content, headers=dict(headers or {}))
+        if response.headers.get(_core.PREVIEW_REFUSED) is not None:
+            _core.read_reply(prepared, response.status_code, response.headers.get("content-type"), response.content)
+        return response
+
     async def list_sandbox_files(
         self, sandbox_id: str, path: str | None = None
     ) -> dict[str, Any] | models.OperationView:

@@ -383,6 +383,10 @@ def _at(value: Any, path: tuple[str, ...], where: str = "") -> list[tuple[str, A
 # Answers.
 
 
+# The header on Cairn's own refusal of a preview, telling it from the sandbox's answer.
+PREVIEW_REFUSED = "cairn-preview-refused"
+
+
 def read_reply(prepared: Prepared, status: int, content_type: str | None, content: bytes) -> Any:
     """The value of a success answer (a model of `cairn.models`, a dict, or bytes), or
     the error an error answer stands for (raised)."""

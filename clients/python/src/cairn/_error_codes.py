@@ -162,6 +162,13 @@ class InvalidLimit(CairnError):
     STATUS: ClassVar[int | None] = 400
 
 
+class InvalidPort(CairnError):
+    """A preview's port is not a number from 1 to 65535. (HTTP 400, `invalid_port`)"""
+
+    CODE: ClassVar[str | None] = "invalid_port"
+    STATUS: ClassVar[int | None] = 400
+
+
 class InvalidProfileDigest(CairnError):
     """A source profile digest is not 64 lowercase hexadecimal characters. (HTTP 400, `invalid_profile_digest`)"""
 
@@ -295,6 +302,20 @@ class OutputUnreachable(CairnError):
     STATUS: ClassVar[int | None] = 409
 
 
+class PortNotExposed(CairnError):
+    """The port is not one of the sandbox's `ports` (set on create; a preview reaches no other). (HTTP 404, `port_not_exposed`)"""
+
+    CODE: ClassVar[str | None] = "port_not_exposed"
+    STATUS: ClassVar[int | None] = 404
+
+
+class PreviewUnreachable(CairnError):
+    """The sandbox is running and nothing answers on the port (or its worker takes no previews). (HTTP 502, `preview_unreachable`)"""
+
+    CODE: ClassVar[str | None] = "preview_unreachable"
+    STATUS: ClassVar[int | None] = 502
+
+
 class RequestIdConflict(CairnError):
     """The request id was used earlier for another request. (HTTP 409, `request_id_conflict`)"""
 
@@ -307,6 +328,13 @@ class RunFinished(CairnError):
 
     CODE: ClassVar[str | None] = "run_finished"
     STATUS: ClassVar[int | None] = 409
+
+
+class SandboxWaking(CairnError):
+    """The sandbox is still waking, or its port not yet answering, after the 10 s hold: retry after `Retry-After`. (HTTP 503, `sandbox_waking`)"""
+
+    CODE: ClassVar[str | None] = "sandbox_waking"
+    STATUS: ClassVar[int | None] = 503
 
 
 class SnapshotInTemplate(CairnError):
@@ -416,6 +444,7 @@ ERROR_CLASSES: dict[str, type[CairnError]] = {
     "invalid_id": InvalidId,
     "invalid_idempotency_key": InvalidIdempotencyKey,
     "invalid_limit": InvalidLimit,
+    "invalid_port": InvalidPort,
     "invalid_profile_digest": InvalidProfileDigest,
     "invalid_query": InvalidQuery,
     "invalid_state": InvalidState,
@@ -435,8 +464,11 @@ ERROR_CLASSES: dict[str, type[CairnError]] = {
     "not_running": NotRunning,
     "output_reclaimed": OutputReclaimed,
     "output_unreachable": OutputUnreachable,
+    "port_not_exposed": PortNotExposed,
+    "preview_unreachable": PreviewUnreachable,
     "request_id_conflict": RequestIdConflict,
     "run_finished": RunFinished,
+    "sandbox_waking": SandboxWaking,
     "snapshot_in_template": SnapshotInTemplate,
     "snapshot_not_ready": SnapshotNotReady,
     "snapshot_quarantined": SnapshotQuarantined,
@@ -474,6 +506,7 @@ __all__ = [
     "InvalidId",
     "InvalidIdempotencyKey",
     "InvalidLimit",
+    "InvalidPort",
     "InvalidProfileDigest",
     "InvalidQuery",
     "InvalidState",
@@ -493,8 +526,11 @@ __all__ = [
     "NotRunning",
     "OutputReclaimed",
     "OutputUnreachable",
+    "PortNotExposed",
+    "PreviewUnreachable",
     "RequestIdConflict",
     "RunFinished",
+    "SandboxWaking",
     "SnapshotInTemplate",
     "SnapshotNotReady",
     "SnapshotQuarantined",

@@ -349,6 +349,18 @@ OPERATIONS: dict[str, Operation] = {
         body=None,
         replies=(Reply(status=200, media_types=("application/json",), model="OperationView"),),
     ),
+    "get_sandbox_preview": Operation(
+        id="get_sandbox_preview",
+        method="GET",
+        path="/api/v1/sandboxes/{sandbox_id}/preview/{port}/{path}",
+        params=(
+            Param(name="sandbox_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),
+            Param(name="port", location="path", required=True, type="integer", minimum=1, maximum=65535),
+            Param(name="path", location="path", required=True, type="string"),
+        ),
+        body=None,
+        replies=(Reply(status=200, media_types=(), model=None),),
+    ),
     "get_session": Operation(
         id="get_session",
         method="GET",

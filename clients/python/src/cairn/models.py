@@ -11,6 +11,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    RootModel,
     StrictBool,
     StrictInt,
     StrictStr,
@@ -117,6 +118,10 @@ class CheckpointContinuationInputV1(BaseModel):
 MetadataAdditionalProperty = TypeAliasType(
     "MetadataAdditionalProperty", Annotated[StrictStr, Field(pattern="^[^\\u0000]*$")]
 )
+
+
+class Port(RootModel[StrictInt]):
+    root: Annotated[StrictInt, Field(ge=0)]
 
 
 class CurrentProfile(BaseModel):
@@ -791,6 +796,10 @@ class SandboxView(BaseModel):
     absent.
     """
     persistent: StrictBool
+    ports: list[Port]
+    """
+    The ports a preview reaches.
+    """
     ref: StrictStr | None = None
     repository: StrictStr | None = None
     sandbox_id: StrictStr
@@ -1292,6 +1301,11 @@ class CreateSpec(BaseModel):
     persistent: StrictBool | None = None
     """
     Whether the sandbox survives a stop (its disk is kept). Default true.
+    """
+    ports: Annotated[list[Port] | None, Field(max_length=16)] = None
+    """
+    The ports a preview reaches (`/api/v1/sandboxes/{id}/preview/{port}/…`): at most
+    16, each 1 to 65535, distinct. Copied to forks. Default none.
     """
     ref: Annotated[StrictStr | None, Field(pattern="^[^\\u0000]*$")] = None
     repository: Annotated[StrictStr | None, Field(pattern="^[^\\u0000]*$")] = None

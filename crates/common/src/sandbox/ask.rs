@@ -96,3 +96,12 @@ pub async fn place_again(
     sqlx::query(sql).bind(id).execute(&mut *conn).await?;
     super::record::announce_placement(conn, id).await
 }
+
+/// A use of the sandbox (a preview's request) counts as activity.
+pub async fn touch(conn: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE sandboxes SET last_activity_at = now() WHERE id = $1")
+        .bind(id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}

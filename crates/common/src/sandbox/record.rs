@@ -31,6 +31,8 @@ pub struct NewSandbox<'a> {
     pub metadata: serde_json::Value,
     /// The template version it starts from, if any.
     pub template_id: Option<Uuid>,
+    /// The ports a preview reaches (a fork: its source's).
+    pub ports: Vec<i32>,
 }
 
 /// Records a new sandbox in `creating` and announces its placement, in the caller's
@@ -41,9 +43,9 @@ pub async fn create(conn: &mut PgConnection, s: &NewSandbox<'_>) -> Result<Uuid,
         "INSERT INTO sandboxes (id, agent, state, persistent, always_on, timeout_sec, idle_timeout_sec,
                                 disk_mb, repository, git_ref, source_snapshot_id, forked_from,
                                 idempotency_key, request_digest, tenant_id, network, metadata,
-                                template_id)
+                                template_id, ports)
          VALUES ($1, $2, 'creating', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-                 $17)",
+                 $17, $18)",
     )
     .bind(id)
     .bind(s.agent)
@@ -62,6 +64,7 @@ pub async fn create(conn: &mut PgConnection, s: &NewSandbox<'_>) -> Result<Uuid,
     .bind(&s.network)
     .bind(&s.metadata)
     .bind(s.template_id)
+    .bind(&s.ports)
     .execute(&mut *conn)
     .await?;
     announce_placement(conn, id).await?;

@@ -66,6 +66,34 @@ pub struct CreateSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(pattern = "^[0-9a-f]{32}$")]
     pub template_id: Option<String>,
+    /// The ports a preview reaches (`/api/v1/sandboxes/{id}/preview/{port}/…`): at most
+    /// 16, each 1 to 65535, distinct. Copied to forks. Default none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_items = 16, value_type = Option<Vec<u16>>)]
+    pub ports: Option<Vec<u16>>,
+}
+
+/// The most ports a sandbox exposes to previews.
+pub const MAX_PORTS: usize = 16;
+
+/// Checks the exposed ports: how many, none 0, none twice.
+pub fn check_ports(ports: &[u16]) -> Result<(), FieldError> {
+    if ports.len() > MAX_PORTS {
+        return Err(FieldError::new("ports", "at most 16 ports"));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for port in ports {
+        if *port == 0 {
+            return Err(FieldError::new("ports", "each port from 1 to 65535"));
+        }
+        if !seen.insert(port) {
+            return Err(FieldError::new(
+                "ports",
+                format!("port {port} is listed twice"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The most labels a sandbox has.
@@ -136,6 +164,9 @@ impl CreateSpec {
         }
         if let Some(metadata) = &self.metadata {
             check_metadata(metadata)?;
+        }
+        if let Some(ports) = &self.ports {
+            check_ports(ports)?;
         }
         Ok(())
     }

@@ -110,6 +110,7 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         "The Idempotency-Key header is empty, too long or not printable ASCII.",
     ),
     ("invalid_limit", 400, "`limit` is out of its range."),
+    ("invalid_port", 400, "A preview's port is not a number from 1 to 65535."),
     (
         "invalid_profile_digest",
         400,
@@ -185,12 +186,15 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         409,
         "The output's store is not reachable from the scheduler.",
     ),
+    ("port_not_exposed", 404, "The port is not one of the sandbox's `ports` (set on create; a preview reaches no other)."),
+    ("preview_unreachable", 502, "The sandbox is running and nothing answers on the port (or its worker takes no previews)."),
     (
         "request_id_conflict",
         409,
         "The request id was used earlier for another request.",
     ),
     ("run_finished", 409, "The run has finished."),
+    ("sandbox_waking", 503, "The sandbox is still waking, or its port not yet answering, after the 10 s hold: retry after `Retry-After`."),
     (
         "snapshot_in_template",
         409,

@@ -23,7 +23,7 @@ use utoipa::{Modify, OpenApi};
         sandboxes::create::create, sandboxes::view::list, sandboxes::view::show, sandboxes::view::operations,
         sandboxes::lifecycle::stop, sandboxes::lifecycle::pause, sandboxes::lifecycle::resume, sandboxes::lifecycle::destroy, sandboxes::lifecycle::extend,
         sandboxes::operations::exec, sandboxes::output::output, sandboxes::view::show_operation, sandboxes::operations::list, sandboxes::operations::read, sandboxes::operations::write,
-        sandboxes::fork::fork, sandboxes::snapshots::create, sandboxes::snapshots::list, sandboxes::snapshots::show,
+        sandboxes::fork::fork, sandboxes::preview::preview, sandboxes::snapshots::create, sandboxes::snapshots::list, sandboxes::snapshots::show,
         sandboxes::snapshots::delete, sandboxes::snapshots::restore,
         sandboxes::templates::create, sandboxes::templates::list, sandboxes::templates::show,
     ),
@@ -162,6 +162,20 @@ fn status_meaning(status: &str) -> &'static str {
     }
 }
 
+/// The schema of a path parameter, by its name.
+fn path_schema(name: &str) -> serde_json::Value {
+    let pattern = match name {
+        // A preview's port, and the path in the sandbox's server (any).
+        "port" => return serde_json::json!({"type": "integer", "minimum": 1, "maximum": 65535}),
+        "path" => return serde_json::json!({"type": "string"}),
+        "agent" => "^[A-Za-z0-9._-]{1,128}$",
+        "step_key" => "^[A-Za-z0-9._-]{1,64}$",
+        "profile_digest" => "^[0-9a-f]{64}$",
+        _ => "^[0-9a-f]{32}$",
+    };
+    serde_json::json!({"type": "string", "pattern": pattern})
+}
+
 /// Adds what the handlers' annotations leave implicit, so that a client generated from
 /// the document meets the server: the statuses every operation can answer (a bad
 /// token 401, a role too low 403, an unreadable or too large body 413, a body that is
@@ -214,13 +228,7 @@ fn complete(doc: &mut serde_json::Value) {
                     if param["in"] != "path" {
                         continue;
                     }
-                    let pattern = match name.as_str() {
-                        "agent" => "^[A-Za-z0-9._-]{1,128}$",
-                        "step_key" => "^[A-Za-z0-9._-]{1,64}$",
-                        "profile_digest" => "^[0-9a-f]{64}$",
-                        _ => "^[0-9a-f]{32}$",
-                    };
-                    param["schema"] = json!({"type": "string", "pattern": pattern});
+                    param["schema"] = path_schema(&name);
                 }
             }
             let Some(responses) = operation

@@ -6,7 +6,7 @@ use super::{
     reaper, runs, sandboxes, session, tenancy, tenants, tokens, verification, workers, AppState,
 };
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post, put};
+use axum::routing::{any, get, post, put};
 use axum::Router;
 
 async fn not_found() -> ApiError {
@@ -138,8 +138,24 @@ fn continuation_routes() -> Router<AppState> {
 }
 
 /// Sandboxes, their operations and snapshots.
+/// Previews: every method, at a port's root (with or without its `/`) and beneath it.
+fn preview_routes() -> Router<AppState> {
+    let root = any(sandboxes::preview::preview_root);
+    Router::new()
+        .route(
+            "/api/v1/sandboxes/{sandbox_id}/preview/{port}",
+            root.clone(),
+        )
+        .route("/api/v1/sandboxes/{sandbox_id}/preview/{port}/", root)
+        .route(
+            "/api/v1/sandboxes/{sandbox_id}/preview/{port}/{*path}",
+            any(sandboxes::preview::preview),
+        )
+}
+
 fn sandbox_routes() -> Router<AppState> {
     Router::new()
+        .merge(preview_routes())
         .route(
             "/api/v1/sandboxes",
             post(sandboxes::create::create).get(sandboxes::view::list),

@@ -88,16 +88,26 @@ pub async fn provision(
         String,
         Option<serde_json::Value>,
         serde_json::Value,
+        Vec<i32>,
     );
-    let (agent, persistent, timeout_sec, idle_timeout_sec, disk_mb, tenant, network, metadata): Source =
-        sqlx::query_as(
-            "SELECT agent, persistent, timeout_sec, idle_timeout_sec, disk_mb, tenant_id, network,
-                    metadata
+    let (
+        agent,
+        persistent,
+        timeout_sec,
+        idle_timeout_sec,
+        disk_mb,
+        tenant,
+        network,
+        metadata,
+        ports,
+    ): Source = sqlx::query_as(
+        "SELECT agent, persistent, timeout_sec, idle_timeout_sec, disk_mb, tenant_id, network,
+                    metadata, ports
                FROM sandboxes WHERE id = $1",
-        )
-        .bind(source)
-        .fetch_one(&mut *conn)
-        .await?;
+    )
+    .bind(source)
+    .fetch_one(&mut *conn)
+    .await?;
     let timeout_sec = spec
         .timeout_sec
         .map_or(timeout_sec, |t| i32::try_from(t).unwrap_or(i32::MAX));
@@ -126,6 +136,7 @@ pub async fn provision(
                 network: network.clone(),
                 metadata: metadata.clone(),
                 template_id: None,
+                ports: ports.clone(),
             },
         )
         .await?;

@@ -7,6 +7,7 @@ use super::tree::{self, SandboxTree, Seal, Unacquired};
 use super::{HostError, SandboxRow, POLL};
 use crate::context::Worker;
 use crate::isolation;
+use crate::preview;
 use crate::workspace;
 use cairn_common::lease::{Lease, LeaseError};
 use cairn_common::retry::Delays;
@@ -105,12 +106,23 @@ impl Host {
             held = self.session.is_some(),
             "sandbox running"
         );
+        self.open_previews();
         let left = self.serve(&mut tree, shutdown, drain).await;
+        self.worker.previews.close(self.row.id);
         // Whatever happened, no process of the sandbox outlives its hosting here.
         if let Some(session) = self.session.take() {
             session.end(&self.worker.isolation).await;
         }
         left
+    }
+
+    /// Previews reach the running sandbox's ports (in its namespaces, where it has them).
+    fn open_previews(&self) {
+        let target = match &self.session {
+            Some(session) => preview::Target::Namespaces(session.namespaces()),
+            None => preview::Target::Host,
+        };
+        self.worker.previews.open(self.row.id, target);
     }
 
     /// The identity the sandbox keeps for its life: made here on its first run.
@@ -195,6 +207,10 @@ impl Host {
     /// Freezes every process of the sandbox in place and records it paused, or thaws
     /// them and records it running.
     async fn pause(&self, tree: &SandboxTree, frozen: bool) -> Result<(), HostError> {
+        if frozen {
+            // A frozen process would hold a preview's connection unanswered.
+            self.worker.previews.close(self.row.id);
+        }
         if let Some(session) = &self.session {
             session.freeze(frozen);
         }
@@ -202,6 +218,9 @@ impl Host {
         owner::paused(&mut tx, self.row.id, frozen).await?;
         workspace_row::set_paused(&mut tx, tree.live.workspace_id, frozen).await?;
         tx.commit().await?;
+        if !frozen {
+            self.open_previews();
+        }
         tracing::info!(frozen, "sandbox paused or thawed in place");
         Ok(())
     }

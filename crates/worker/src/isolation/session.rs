@@ -46,6 +46,14 @@ impl Session {
         self.running.freeze(frozen);
     }
 
+    /// A process in each of its network namespaces (the held one first): where a
+    /// preview connects from.
+    pub fn namespaces(&self) -> Vec<i32> {
+        let mut pids = vec![self.init];
+        pids.extend(self.offline.as_ref().map(|(_, pid)| *pid));
+        pids
+    }
+
     fn group(&self) -> Option<&Group> {
         self.running.group.as_deref()
     }

@@ -46,6 +46,9 @@ pub struct CreateArgs {
     /// A label, `KEY=VALUE` (repeatable; at most 32).
     #[arg(long = "metadata", value_name = "KEY=VALUE")]
     pub metadata: Vec<String>,
+    /// A port previews reach (`cairnctl sandbox preview`; repeatable, at most 16).
+    #[arg(long = "port", value_name = "PORT")]
+    pub ports: Vec<u16>,
     /// Wait until the sandbox runs (exit 0) or fails (exit 1), at most --wait-seconds.
     #[arg(long)]
     pub wait: bool,
@@ -68,6 +71,7 @@ pub async fn create(client: &Client, args: CreateArgs, json: bool) -> Result<u8,
         disk_mb,
         idempotency_key,
         metadata,
+        ports,
         wait,
         wait_seconds,
     } = args;
@@ -88,6 +92,9 @@ pub async fn create(client: &Client, args: CreateArgs, json: bool) -> Result<u8,
     }
     if !labels.is_empty() {
         body["metadata"] = json!(labels);
+    }
+    if !ports.is_empty() {
+        body["ports"] = json!(ports);
     }
     let answer = client
         .call(

@@ -98,6 +98,17 @@ pub enum SandboxCommand {
         /// The sandbox's id (32 lowercase hex characters).
         sandbox: String,
     },
+    /// GET a path of the server on one of the sandbox's ports (a stopped or paused
+    /// persistent sandbox is woken first) and print the sandbox's answer.
+    Preview {
+        /// The sandbox's id (32 lowercase hex characters).
+        sandbox: String,
+        /// One of the ports it was created with (`--port`).
+        port: u16,
+        /// The path in the sandbox's server, with its query (default `/`).
+        #[arg(default_value = "/")]
+        path: String,
+    },
     /// The journal: every exec and file operation, with its receipt.
     Operations {
         /// The sandbox's id (32 lowercase hex characters).
@@ -198,7 +209,29 @@ pub async fn sandbox(
             idempotency_key,
         } => fork(client, sandbox, count, timeout_sec, idempotency_key, json).await,
         SandboxCommand::Operations { sandbox } => operations(client, sandbox, json).await,
+        SandboxCommand::Preview {
+            sandbox,
+            port,
+            path,
+        } => preview(client, &sandbox, port, &path).await,
     }
+}
+
+/// Prints the sandbox's answer to a GET of `path` on `port`.
+async fn preview(client: &Client, sandbox: &str, port: u16, path: &str) -> Result<u8, CallError> {
+    let sandbox = id(sandbox, "the sandbox id")?;
+    let path = path.trim_start_matches('/');
+    let (_, bytes) = client
+        .call_bytes(
+            Method::GET,
+            &format!("/api/v1/sandboxes/{sandbox}/preview/{port}/{path}"),
+            None,
+        )
+        .await?;
+    std::io::stdout()
+        .write_all(&bytes)
+        .map_err(|e| CallError::new(exit::ERROR, format!("writing stdout: {e}")))?;
+    Ok(exit::OK)
 }
 
 /// What a list keeps, and where its page starts.

@@ -88,6 +88,7 @@ pub async fn admit(
                 .and_then(|n| serde_json::to_value(n).ok()),
             metadata: serde_json::json!(spec.metadata.clone().unwrap_or_default()),
             template_id: template,
+            ports: spec.ports.iter().flatten().map(|p| i32::from(*p)).collect(),
         },
     )
     .await;

@@ -9,12 +9,14 @@
 //! - [`snapshots`]: snapshots as resources: create, list, inspect, delete, restore.
 //! - [`fork`]: one capture, many new sandboxes.
 //! - [`templates`]: named snapshots published as immutable versions to start from.
+//! - [`preview`]: requests to an exposed port, through its worker; waking it first.
 
 pub mod create;
 pub mod fork;
 pub mod lifecycle;
 pub mod operations;
 pub mod output;
+pub mod preview;
 pub mod snapshots;
 pub mod templates;
 pub mod view;

@@ -28,7 +28,7 @@ use uuid::Uuid;
 pub const MARGIN: Duration = Duration::from_secs(60);
 
 /// Whether the sandbox takes an operation now (resuming it first when it may).
-fn takes(row: &Locked) -> Result<bool, ApiError> {
+pub(super) fn takes(row: &Locked) -> Result<bool, ApiError> {
     let leaving = row.desired == "stopped" || row.desired == "destroyed";
     match row.state {
         SandboxState::Running | SandboxState::Creating if leaving || row.desired == "paused" => {

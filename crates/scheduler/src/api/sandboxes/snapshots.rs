@@ -382,17 +382,18 @@ pub async fn restore(
         String,
         Option<sqlx::types::Json<cairn_common::egress::NetworkSpec>>,
         sqlx::types::Json<std::collections::BTreeMap<String, String>>,
+        Vec<i32>,
     );
     let found: Option<Found> = sqlx::query_as(&format!(
-        "SELECT p.agent, s.tenant_id, s.network, s.metadata FROM project_snapshots p JOIN sandboxes s ON s.id = p.sandbox_id
+        "SELECT p.agent, s.tenant_id, s.network, s.metadata, s.ports FROM project_snapshots p JOIN sandboxes s ON s.id = p.sandbox_id
           WHERE p.id = $1 AND {KINDS}"
     ))
     .bind(id)
     .fetch_optional(&mut *conn)
     .await?;
     // The new sandbox keeps its source's network policy (a restore never widens it) and
-    // its labels.
-    let (agent, tenant, network, metadata) =
+    // its labels and exposed ports.
+    let (agent, tenant, network, metadata, ports) =
         found.ok_or_else(|| ApiError::not_found("snapshot"))?;
     restorable(&mut conn, id, &tenant).await?;
     drop(conn);
@@ -411,6 +412,12 @@ pub async fn restore(
         network: network.map(|n| n.0),
         metadata: Some(metadata.0),
         template_id: None,
+        ports: Some(
+            ports
+                .iter()
+                .filter_map(|p| u16::try_from(*p).ok())
+                .collect(),
+        ),
     };
     admit(&state, &tenant, key, create).await
 }

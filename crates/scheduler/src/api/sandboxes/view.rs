@@ -70,6 +70,8 @@ pub struct SandboxView {
     /// The template version it started from, if any.
     #[schema(value_type = Option<String>)]
     pub template_id: Option<Id>,
+    /// The ports a preview reaches.
+    pub ports: Vec<u16>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -100,12 +102,13 @@ struct Row {
     destroyed_at: Option<DateTime<Utc>>,
     metadata: sqlx::types::Json<BTreeMap<String, String>>,
     template_id: Option<Uuid>,
+    ports: Vec<i32>,
 }
 
 const SELECT: &str = "SELECT s.id, s.tenant_id, s.agent, s.state, s.desired, s.persistent, s.always_on, s.timeout_sec,
         s.idle_timeout_sec, s.disk_mb, s.network, s.repository, s.git_ref, s.source_snapshot_id, s.stop_reason,
         s.error_reason, s.stop_snapshot_id, s.last_activity_at, s.created_at, s.updated_at, s.stopped_at,
-        s.destroyed_at, s.metadata, s.template_id,
+        s.destroyed_at, s.metadata, s.template_id, s.ports,
         (SELECT p.store_url FROM project_snapshots p WHERE p.sandbox_id = s.id AND p.status = 'ready'
           ORDER BY p.created_at DESC LIMIT 1) AS store_url,
         np.network AS tenant_network
@@ -160,6 +163,11 @@ impl From<Row> for SandboxView {
             destroyed_at: r.destroyed_at,
             metadata: r.metadata.0,
             template_id: r.template_id.map(Id::from),
+            ports: r
+                .ports
+                .iter()
+                .filter_map(|p| u16::try_from(*p).ok())
+                .collect(),
         }
     }
 }

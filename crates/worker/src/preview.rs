@@ -1,0 +1,304 @@
+//! Previews: the scheduler's requests to a port of a sandbox this worker hosts,
+//! forwarded into the sandbox's own network namespace.
+//!
+//! They arrive on the probes' listener under `/preview/{sandbox}/{port}/{path}` with
+//! this process's key (random at start, advertised with its address in its heartbeat
+//! row, so only a holder of the database can send one). The connection to the port is
+//! made from a thread that has entered the sandbox's network namespace: a socket keeps
+//! the namespace it was made in, so the worker's own namespace is never opened to the
+//! sandbox, and the sandbox's loopback is reached as the sandbox sees it.
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use axum::{Json, Router};
+use std::collections::HashMap;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use uuid::Uuid;
+
+/// The header on this worker's own refusals, telling them from the sandbox's answers
+/// (the scheduler's `preview::REFUSED_HEADER`).
+const REFUSED_HEADER: &str = "cairn-preview-refused";
+
+/// How long a connection to the sandbox's port may take.
+const CONNECT: Duration = Duration::from_secs(3);
+
+/// Where a hosted sandbox's ports are reached.
+#[derive(Debug, Clone)]
+pub enum Target {
+    /// From inside these network namespaces, tried in order (given by a process in each).
+    Namespaces(Vec<i32>),
+    /// On the host's loopback: the sandbox runs without namespaces here.
+    Host,
+}
+
+/// The sandboxes whose ports this worker forwards to, and the key requests must carry.
+#[derive(Debug)]
+pub struct Previews {
+    key: String,
+    targets: Mutex<HashMap<Uuid, Target>>,
+}
+
+impl Default for Previews {
+    fn default() -> Self {
+        Previews {
+            key: format!("{}{}", Uuid::new_v4().simple(), Uuid::new_v4().simple()),
+            targets: Mutex::new(HashMap::new()),
+        }
+    }
+}
+
+impl Previews {
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The sandbox is running here: its ports are reached through `target`.
+    pub fn open(&self, id: Uuid, target: Target) {
+        self.lock().insert(id, target);
+    }
+
+    /// The sandbox is paused, stopped or gone from here.
+    pub fn close(&self, id: Uuid) {
+        self.lock().remove(&id);
+    }
+
+    fn target(&self, id: Uuid) -> Option<Target> {
+        self.lock().get(&id).cloned()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Target>> {
+        // A panic while holding it leaves the map whole (each change is one call).
+        self.targets.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether `headers` carry this worker's key, compared in constant time.
+    fn authorized(&self, headers: &HeaderMap) -> bool {
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        given.len() == self.key.len()
+            && given
+                .bytes()
+                .zip(self.key.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    }
+}
+
+/// The routes the probes' listener adds for previews.
+pub fn router(previews: Arc<Previews>) -> Router {
+    Router::new()
+        .route("/preview/{sandbox}/{port}", any(forward_root))
+        .route("/preview/{sandbox}/{port}/", any(forward_root))
+        .route("/preview/{sandbox}/{port}/{*path}", any(forward))
+        .with_state(previews)
+}
+
+/// Why a preview was not forwarded, in the body the scheduler reads.
+fn refusal(status: StatusCode, code: &str, message: String) -> Response {
+    let body = serde_json::json!({"error": code, "message": message});
+    let mut response = (status, Json(body)).into_response();
+    if let Ok(code) = HeaderValue::from_str(code) {
+        response.headers_mut().insert(REFUSED_HEADER, code);
+    }
+    response
+}
+
+async fn forward_root(
+    State(previews): State<Arc<Previews>>,
+    Path((sandbox, port)): Path<(Uuid, u16)>,
+    request: Request,
+) -> Response {
+    relay(&previews, sandbox, port, request).await
+}
+
+async fn forward(
+    State(previews): State<Arc<Previews>>,
+    Path((sandbox, port, _path)): Path<(Uuid, u16, String)>,
+    request: Request,
+) -> Response {
+    relay(&previews, sandbox, port, request).await
+}
+
+async fn relay(previews: &Previews, sandbox: Uuid, port: u16, request: Request) -> Response {
+    if !previews.authorized(request.headers()) {
+        return refusal(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "not this worker's key".into(),
+        );
+    }
+    let Some(target) = previews.target(sandbox) else {
+        return refusal(
+            StatusCode::NOT_FOUND,
+            "not_hosted",
+            "the sandbox is not running on this worker".into(),
+        );
+    };
+    let stream = match tokio::task::spawn_blocking(move || connect(&target, port)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionRefused => {
+            return refusal(
+                StatusCode::BAD_GATEWAY,
+                "nothing_listens",
+                format!("nothing listens on port {port} in the sandbox"),
+            )
+        }
+        Ok(Err(e)) => {
+            return refusal(
+                StatusCode::BAD_GATEWAY,
+                "unreachable",
+                format!("port {port} in the sandbox: {e}"),
+            )
+        }
+        Err(e) => return refusal(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
+    };
+    match send(stream, port, request).await {
+        Ok(response) => response,
+        Err(e) => refusal(
+            StatusCode::BAD_GATEWAY,
+            "upstream_failed",
+            format!("port {port} in the sandbox answered no HTTP response: {e}"),
+        ),
+    }
+}
+
+/// A connection to `port` on the sandbox's loopback: from each of its namespaces in
+/// turn until one has a listener.
+fn connect(target: &Target, port: u16) -> io::Result<TcpStream> {
+    let address = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    match target {
+        Target::Host => TcpStream::connect_timeout(&address, CONNECT),
+        Target::Namespaces(pids) => {
+            let mut last = io::Error::from(io::ErrorKind::ConnectionRefused);
+            for pid in pids {
+                match connect_in(*pid, address) {
+                    Ok(stream) => return Ok(stream),
+                    Err(e) => last = e,
+                }
+            }
+            Err(last)
+        }
+    }
+}
+
+/// Connects from a thread of its own that enters `pid`'s network namespace first (the
+/// change is that thread's alone, and it ends with the connection made).
+fn connect_in(pid: i32, address: SocketAddr) -> io::Result<TcpStream> {
+    let namespace = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                nix::sched::setns(&namespace, nix::sched::CloneFlags::CLONE_NEWNET)
+                    .map_err(io::Error::from)?;
+                TcpStream::connect_timeout(&address, CONNECT)
+            })
+            .join()
+            .unwrap_or_else(|_| Err(io::Error::other("the connecting thread panicked")))
+    })
+}
+
+/// Headers that belong to one connection, never forwarded (RFC 9110, 7.6.1).
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    for name in HOP_BY_HOP {
+        headers.remove(*name);
+    }
+}
+
+/// Sends the request, at the path after the port, over `stream` and answers with the
+/// sandbox's response, streamed.
+async fn send(stream: TcpStream, port: u16, request: Request) -> Result<Response, String> {
+    stream.set_nonblocking(true).map_err(|e| e.to_string())?;
+    let stream = tokio::net::TcpStream::from_std(stream).map_err(|e| e.to_string())?;
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(io)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(async move {
+        let _ = connection.await;
+    });
+    let (mut parts, body) = request.into_parts();
+    parts.uri = upstream_uri(&parts.uri, port)
+        .parse()
+        .map_err(|e: axum::http::uri::InvalidUri| e.to_string())?;
+    strip_hop_by_hop(&mut parts.headers);
+    parts.headers.remove(header::AUTHORIZATION);
+    let host = HeaderValue::from_str(&format!("localhost:{port}")).map_err(|e| e.to_string())?;
+    parts.headers.insert(header::HOST, host);
+    let response = sender
+        .send_request(Request::from_parts(parts, body))
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// The sandbox's own path: what follows `/preview/{sandbox}/{port}`, with the query.
+fn upstream_uri(uri: &axum::http::Uri, port: u16) -> String {
+    let path = uri.path();
+    let marker = format!("/{port}");
+    let rest = path
+        .strip_prefix("/preview/")
+        .and_then(|p| p.split_once('/'))
+        .and_then(|(_, after)| after.strip_prefix(&marker[1..]))
+        .unwrap_or("");
+    let rest = if rest.is_empty() { "/" } else { rest };
+    match uri.query() {
+        Some(query) => format!("{rest}?{query}"),
+        None => rest.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_upstream_path_is_what_follows_the_port() {
+        let id = Uuid::new_v4().simple().to_string();
+        let cases = [
+            (format!("/preview/{id}/8080"), "/"),
+            (format!("/preview/{id}/8080/"), "/"),
+            (format!("/preview/{id}/8080/a/b.html"), "/a/b.html"),
+            (format!("/preview/{id}/8080/a?x=1&y=%2F"), "/a?x=1&y=%2F"),
+            (format!("/preview/{id}/8080?q"), "/?q"),
+        ];
+        for (uri, expected) in cases {
+            let uri: axum::http::Uri = uri.parse().expect("uri");
+            assert_eq!(upstream_uri(&uri, 8080), expected, "{uri}");
+        }
+    }
+
+    #[test]
+    fn only_the_key_is_authorized() {
+        let previews = Previews::default();
+        let mut headers = HeaderMap::new();
+        assert!(!previews.authorized(&headers));
+        let wrong = format!("Bearer {}", "0".repeat(previews.key().len()));
+        headers.insert(header::AUTHORIZATION, wrong.parse().expect("header"));
+        assert!(!previews.authorized(&headers));
+        let right = format!("Bearer {}", previews.key());
+        headers.insert(header::AUTHORIZATION, right.parse().expect("header"));
+        assert!(previews.authorized(&headers));
+    }
+}

@@ -1,0 +1,188 @@
+//! Previews end to end: a request to a sandbox's exposed port reaches the server its
+//! exec started, through the worker, with the sandbox's own answer; a paused sandbox is
+//! woken and the request held until it answers; a stopped one whose server is gone is
+//! held, then `503` with `Retry-After`; a non-persistent one is never woken.
+
+use cairn_e2e::cluster::{Cluster, Settings, ADMIN};
+use cairn_e2e::sandboxes::*;
+use cairn_e2e::ServiceLock;
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+/// A server that answers every request with its own line, headers and body (201).
+const ECHO: &str = r#"
+import http.server
+class H(http.server.BaseHTTPRequestHandler):
+    def handle_one(self):
+        n = int(self.headers.get('Content-Length') or 0)
+        body = self.rfile.read(n)
+        head = ''.join(f'{k.lower()}: {v}\n' for k, v in self.headers.items())
+        out = f'{self.command} {self.path}\n{head}\n'.encode() + body
+        self.send_response(201)
+        self.send_header('Content-Length', str(len(out)))
+        self.send_header('X-App', 'echo')
+        self.end_headers()
+        self.wfile.write(out)
+    do_GET = do_POST = do_PUT = handle_one
+    def log_message(self, *args):
+        pass
+http.server.HTTPServer(('127.0.0.1', 8080), H).serve_forever()
+"#;
+
+struct Previewer {
+    client: reqwest::Client,
+    base: String,
+}
+
+impl Previewer {
+    fn new(cluster: &Cluster) -> Previewer {
+        Previewer {
+            client: reqwest::Client::new(),
+            base: format!("http://{}", cluster.api),
+        }
+    }
+
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: &'static str,
+    ) -> (u16, reqwest::header::HeaderMap, String) {
+        let response = self
+            .client
+            .request(method, format!("{}{path}", self.base))
+            .bearer_auth(ADMIN)
+            .body(body)
+            .send()
+            .await
+            .expect("the API answers");
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        (status, headers, response.text().await.expect("body"))
+    }
+
+    async fn get(&self, path: &str) -> (u16, reqwest::header::HeaderMap, String) {
+        self.send(reqwest::Method::GET, path, "").await
+    }
+}
+
+fn start_echo(cluster: &Cluster, id: &str) {
+    let (status, written) = raw(
+        cluster,
+        "PUT",
+        &format!("/api/v1/sandboxes/{id}/files/content?path=echo.py"),
+        ECHO.as_bytes(),
+    );
+    assert_eq!(status, 200, "{}", String::from_utf8_lossy(&written));
+    let (status, started) = exec(cluster, id, "nohup python3 echo.py >/dev/null 2>&1 &");
+    assert_eq!(status, 200, "{started}");
+}
+
+#[tokio::test]
+async fn a_preview_reaches_the_sandboxs_port_and_wakes_it() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("sandbox-preview", 1, Settings::default()).await;
+    let previews = Previewer::new(&cluster);
+    let id = create(&cluster, json!({"agent": "coder", "ports": [8080, 8081]}));
+    let view = wait_state(&cluster, &id, "running");
+    assert_eq!(view["ports"], json!([8080, 8081]), "{view}");
+    let root = format!("/api/v1/sandboxes/{id}/preview");
+
+    // Nothing listens yet on a running sandbox: said at once, not held.
+    let (status, _, body) = previews.get(&format!("{root}/8081/")).await;
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("preview_unreachable"), "{body}");
+    let (status, headers, body) = previews.get(&format!("{root}/9999/")).await;
+    assert_eq!(status, 404, "{body}");
+    assert_eq!(headers["cairn-preview-refused"], "port_not_exposed");
+    assert!(body.contains("port_not_exposed"), "{body}");
+    let (status, _, body) = previews.get(&format!("{root}/http/")).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("invalid_port"), "{body}");
+
+    start_echo(&cluster, &id);
+    let mut answered = (0, Default::default(), String::new());
+    for _ in 0..100 {
+        answered = previews
+            .send(
+                reqwest::Method::POST,
+                &format!("{root}/8080/a/b%20c?x=1&y=2"),
+                "payload",
+            )
+            .await;
+        if answered.0 != 502 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, headers, body) = answered;
+    assert_eq!(status, 201, "the sandbox's own status: {body}");
+    assert_eq!(headers["x-app"], "echo");
+    assert!(!headers.contains_key("cairn-preview-refused"));
+    assert!(body.starts_with("POST /a/b%20c?x=1&y=2\n"), "{body}");
+    assert!(body.contains("host: localhost:8080\n"), "{body}");
+    assert!(body.ends_with("\n\npayload"), "{body}");
+    assert!(
+        !body.contains("authorization") && !body.contains(ADMIN),
+        "the caller's token never reaches the sandbox: {body}"
+    );
+
+    // `cairnctl sandbox preview` prints the sandbox's answer.
+    let printed = std::process::Command::new(cairn_e2e::binary("cairnctl"))
+        .args(["sandbox", "preview", &id, "8080", "/cli?z=1"])
+        .env("CAIRN_SERVER", format!("http://{}", cluster.api))
+        .env("CAIRN_TOKEN", ADMIN)
+        .output()
+        .expect("cairnctl");
+    let stdout = String::from_utf8_lossy(&printed.stdout);
+    assert!(printed.status.success(), "{printed:?}");
+    assert!(stdout.starts_with("GET /cli?z=1\n"), "{stdout}");
+
+    // Paused: its processes wait, frozen; a preview wakes it and is served.
+    let (status, paused) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/pause"), None);
+    assert_eq!(status, 200, "{paused}");
+    wait_state(&cluster, &id, "paused");
+    let (status, _, body) = previews.get(&format!("{root}/8080/woken")).await;
+    assert_eq!(status, 201, "{body}");
+    assert!(body.starts_with("GET /woken\n"), "{body}");
+    assert_eq!(show(&cluster, &id)["state"], "running");
+
+    // Stopped: its server is gone with its processes; the preview wakes it, is held,
+    // then told to come back.
+    let (status, stopped) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/stop"), None);
+    assert_eq!(status, 200, "{stopped}");
+    let started = Instant::now();
+    let (status, headers, body) = previews.get(&format!("{root}/8080/")).await;
+    let held = started.elapsed();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("sandbox_waking"), "{body}");
+    assert_eq!(headers["retry-after"], "2");
+    assert!(held >= Duration::from_secs(5), "held for {held:?}");
+    wait_state(&cluster, &id, "running");
+    start_echo(&cluster, &id);
+    let mut status = 0;
+    for _ in 0..100 {
+        status = previews.get(&format!("{root}/8080/again")).await.0;
+        if status != 502 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, 201);
+
+    // Not persistent: never woken by a preview.
+    let once = create(
+        &cluster,
+        json!({"agent": "coder", "ports": [8080], "persistent": false}),
+    );
+    wait_state(&cluster, &once, "running");
+    let (status, _) = cluster.call("POST", &format!("/api/v1/sandboxes/{once}/pause"), None);
+    assert_eq!(status, 200);
+    wait_state(&cluster, &once, "paused");
+    let (status, _, body) = previews
+        .get(&format!("/api/v1/sandboxes/{once}/preview/8080/"))
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert!(body.contains("not_persistent"), "{body}");
+    assert_eq!(show(&cluster, &once)["state"], "paused");
+}
