@@ -160,3 +160,21 @@ def test_a_preview_answers_with_the_sandboxs_own_response(client: cairn.Client, 
             client.get_sandbox_preview(sandbox_id, 9999)
     finally:
         client.destroy_sandbox(sandbox_id)
+
+
+def test_a_service_is_set_started_and_deleted(client: cairn.Client, stack: Stack) -> None:
+    sandbox_id = client.create_sandbox({"agent": "py-service", "ports": [8080]}).sandbox_id
+    try:
+        running(client, sandbox_id, stack)
+        serve = {"argv": ["python3", "-m", "http.server", "8080", "--bind", "127.0.0.1", "--directory", "/workspace"]}
+        started = client.set_sandbox_service(sandbox_id, "web", serve)
+        assert started.result is not None and started.result["started"] is True, started
+        assert client.get_sandbox(sandbox_id).services["web"].argv[0] == "python3"
+        ended = client.delete_sandbox_service(sandbox_id, "web")
+        assert ended.result is not None and ended.result["started"] is False, ended
+        with pytest.raises(errors.NotFound):
+            client.delete_sandbox_service(sandbox_id, "web")
+        with pytest.raises(cairn.InvalidInput):
+            client.set_sandbox_service(sandbox_id, "a b", serve)
+    finally:
+        client.destroy_sandbox(sandbox_id)

@@ -5,6 +5,11 @@
 //!   beside it, the restore of a named snapshot of the same tree → running;
 //! - a stop (processes ended, the stop snapshot captured), then a resume on another
 //!   worker (the first is stopped) → running.
+//!
+//! First, on small trees: create → first exec (p50 of 20), 20 forks from one capture →
+//! all running, and a preview's wake of a stopped sandbox whose service serves the
+//! port → its answer (p50 of 10), each beside its goal and the anchors' published
+//! figures.
 
 use crate::snapshot::generate_tree;
 use crate::stack::{Stack, StackSettings};
@@ -37,7 +42,11 @@ impl Lifecycle<'_> {
             postgres: self.postgres,
             workers: 2,
             concurrency: 4,
-            worker_env: vec![("CAIRN_SANDBOX_READ_ONLY".into(), read_only)],
+            worker_env: vec![
+                ("CAIRN_SANDBOX_READ_ONLY".into(), read_only),
+                // Room for a source and its 20 forks at once.
+                ("CAIRN_SANDBOX_SLOTS".into(), "16".into()),
+            ],
         })
         .await?;
         let mut stack = stack;
@@ -62,6 +71,8 @@ impl Lifecycle<'_> {
             token: stack.token.clone(),
             http: stack.http.clone(),
         };
+        starts(&api).await?;
+        println!();
         let source = api.create().await?;
         api.exec(&source, &format!("cp -a '{}/.' .", tree.display()))
             .await?;
@@ -124,6 +135,85 @@ impl Lifecycle<'_> {
     }
 }
 
+/// The middle of the samples.
+fn p50(mut samples: Vec<Duration>) -> Duration {
+    samples.sort();
+    samples.get(samples.len() / 2).copied().unwrap_or_default()
+}
+
+/// Create → first exec, 20 forks → all running, and a preview's wake of a stopped
+/// sandbox, on small trees.
+async fn starts(api: &Api) -> anyhow::Result<()> {
+    let mut first_exec = Vec::new();
+    for _ in 0..20 {
+        let started = Instant::now();
+        let id = api.create_only(json!({"agent": "bench"})).await?;
+        api.exec(&id, "true").await?;
+        first_exec.push(started.elapsed());
+        api.destroy(&id).await?;
+    }
+
+    let source = api.create().await?;
+    api.exec(&source, "seq 1000 > numbers.txt").await?;
+    let started = Instant::now();
+    let forked = api
+        .post(
+            &format!("/api/v1/sandboxes/{source}/fork"),
+            json!({"count": 20}),
+        )
+        .await?;
+    let forks: Vec<String> = forked["sandboxes"]
+        .as_array()
+        .context("forks")?
+        .iter()
+        .filter_map(|s| s["sandbox_id"].as_str().map(String::from))
+        .collect();
+    for fork in &forks {
+        api.wait(fork, "running").await?;
+    }
+    let all_forks = started.elapsed();
+    for id in forks.iter().chain([&source]) {
+        api.destroy(id).await?;
+    }
+
+    let serve = json!({"argv": ["python3", "-m", "http.server", "8080", "--bind", "127.0.0.1",
+                                "--directory", "/workspace"]});
+    let body = json!({"agent": "bench", "ports": [8080], "services": {"web": serve}});
+    let served = api.create_only(body).await?;
+    api.wait(&served, "running").await?;
+    api.exec(&served, "echo ok > ok.txt").await?;
+    let page = format!("/api/v1/sandboxes/{served}/preview/8080/ok.txt");
+    api.preview(&page).await?;
+    let mut wakes = Vec::new();
+    for _ in 0..10 {
+        api.post(&format!("/api/v1/sandboxes/{served}/stop"), json!({}))
+            .await?;
+        api.wait(&served, "stopped").await?;
+        let started = Instant::now();
+        api.preview(&page).await?;
+        wakes.push(started.elapsed());
+    }
+    api.destroy(&served).await?;
+
+    let ms = |d: Duration| format!("{:.0} ms", d.as_secs_f64() * 1000.0);
+    println!("sandbox starts (small trees, 2 workers):");
+    println!("| measure | figure | goal | anchors |");
+    println!("|---|---|---|---|");
+    println!(
+        "| create → first exec, p50 of 20 | {} | ≤ 300 ms | Fly Sprites ~1 s, CodeSandbox fork 0.5 s |",
+        ms(p50(first_exec))
+    );
+    println!(
+        "| 20 forks from one capture → all running | {} | ≤ 5 s | |",
+        ms(all_forks)
+    );
+    println!(
+        "| preview wake of a stopped sandbox (its service restarted) → answer, p50 of 10 | {} | ≤ 2 s | |",
+        ms(p50(wakes))
+    );
+    Ok(())
+}
+
 struct Api {
     base: String,
     token: String,
@@ -162,15 +252,53 @@ impl Api {
     }
 
     async fn create(&self) -> anyhow::Result<String> {
-        let created = self
-            .post(
-                "/api/v1/sandboxes",
-                json!({"agent": "bench", "always_on": true}),
-            )
+        let id = self
+            .create_only(json!({"agent": "bench", "always_on": true}))
             .await?;
-        let id = created["sandbox_id"].as_str().context("id")?.to_string();
         self.wait(&id, "running").await?;
         Ok(id)
+    }
+
+    /// Creates a sandbox; its id, at once (it is `creating`).
+    async fn create_only(&self, body: Value) -> anyhow::Result<String> {
+        let created = self.post("/api/v1/sandboxes", body).await?;
+        Ok(created["sandbox_id"].as_str().context("id")?.to_string())
+    }
+
+    async fn destroy(&self, id: &str) -> anyhow::Result<()> {
+        let response = self
+            .http
+            .delete(format!("{}/api/v1/sandboxes/{id}", self.base))
+            .bearer_auth(&self.token)
+            .timeout(LONG)
+            .send()
+            .await?;
+        if !response.status().is_success() {
+            bail!("DELETE sandbox {id}: {}", response.status());
+        }
+        Ok(())
+    }
+
+    /// GETs a preview until the sandbox's server answers `200` (a `503` asks again).
+    async fn preview(&self, path: &str) -> anyhow::Result<()> {
+        let started = Instant::now();
+        loop {
+            let response = self
+                .http
+                .get(format!("{}{path}", self.base))
+                .bearer_auth(&self.token)
+                .timeout(LONG)
+                .send()
+                .await?;
+            let status = response.status().as_u16();
+            if status == 200 {
+                return Ok(());
+            }
+            if !matches!(status, 502 | 503) || started.elapsed() > Duration::from_secs(60) {
+                bail!("preview {path}: {status}: {}", response.text().await?);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     async fn exec(&self, id: &str, script: &str) -> anyhow::Result<()> {

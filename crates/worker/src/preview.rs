@@ -41,7 +41,8 @@ pub enum Target {
 #[derive(Debug)]
 pub struct Previews {
     key: String,
-    targets: Mutex<HashMap<Uuid, Target>>,
+    /// By sandbox: the lease epoch of the hosting that opened it, and where.
+    targets: Mutex<HashMap<Uuid, (i64, Target)>>,
 }
 
 impl Default for Previews {
@@ -58,21 +59,26 @@ impl Previews {
         &self.key
     }
 
-    /// The sandbox is running here: its ports are reached through `target`.
-    pub fn open(&self, id: Uuid, target: Target) {
-        self.lock().insert(id, target);
+    /// The sandbox runs here, hosted under lease `epoch`: its ports are reached through
+    /// `target`.
+    pub fn open(&self, id: Uuid, epoch: i64, target: Target) {
+        self.lock().insert(id, (epoch, target));
     }
 
-    /// The sandbox is paused, stopped or gone from here.
-    pub fn close(&self, id: Uuid) {
-        self.lock().remove(&id);
+    /// The hosting under lease `epoch` paused, stopped or left; a later hosting of the
+    /// same sandbox here (resumed before this one finished leaving) keeps its own.
+    pub fn close(&self, id: Uuid, epoch: i64) {
+        let mut targets = self.lock();
+        if targets.get(&id).is_some_and(|(opened, _)| *opened == epoch) {
+            targets.remove(&id);
+        }
     }
 
     fn target(&self, id: Uuid) -> Option<Target> {
-        self.lock().get(&id).cloned()
+        self.lock().get(&id).map(|(_, target)| target.clone())
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Target>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, (i64, Target)>> {
         // A panic while holding it leaves the map whole (each change is one call).
         self.targets.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -287,6 +293,19 @@ mod tests {
             let uri: axum::http::Uri = uri.parse().expect("uri");
             assert_eq!(upstream_uri(&uri, 8080), expected, "{uri}");
         }
+    }
+
+    #[test]
+    fn a_hosting_closes_only_what_it_opened() {
+        let previews = Previews::default();
+        let id = Uuid::new_v4();
+        previews.open(id, 1, Target::Host);
+        // Resumed here under a new lease before the first hosting finished leaving.
+        previews.open(id, 2, Target::Namespaces(vec![7]));
+        previews.close(id, 1);
+        assert!(matches!(previews.target(id), Some(Target::Namespaces(_))));
+        previews.close(id, 2);
+        assert!(previews.target(id).is_none());
     }
 
     #[test]

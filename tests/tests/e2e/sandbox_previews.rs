@@ -186,3 +186,112 @@ async fn a_preview_reaches_the_sandboxs_port_and_wakes_it() {
     assert!(body.contains("not_persistent"), "{body}");
     assert_eq!(show(&cluster, &once)["state"], "paused");
 }
+
+/// Polls a preview until it answers other than `502` (a server starting), at most 10 s.
+async fn answered(previews: &Previewer, path: &str) -> (u16, String) {
+    let mut last = (0, String::new());
+    for _ in 0..100 {
+        let (status, _, body) = previews.get(path).await;
+        last = (status, body);
+        if status != 502 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    last
+}
+
+/// A service starts with the sandbox and again on every resume, so a preview wakes a
+/// stopped sandbox into an answer; setting it again restarts it, deleting it ends it.
+#[tokio::test]
+async fn services_start_on_every_resume_and_a_preview_wakes_a_stopped_sandbox() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("sandbox-services", 1, Settings::default()).await;
+    let previews = Previewer::new(&cluster);
+    let serve = |dir: &str| {
+        json!({"argv": ["python3", "-m", "http.server", "8080", "--bind", "127.0.0.1",
+                        "--directory", dir]})
+    };
+    let id = create(
+        &cluster,
+        json!({"agent": "coder", "ports": [8080], "services": {"web": serve("/workspace")}}),
+    );
+    let view = wait_state(&cluster, &id, "running");
+    assert_eq!(view["services"]["web"]["argv"][0], "python3", "{view}");
+    let (status, _) = exec(
+        &cluster,
+        &id,
+        "echo root > hello.txt; mkdir sub; echo sub > sub/hello.txt",
+    );
+    assert_eq!(status, 200);
+    let page = format!("/api/v1/sandboxes/{id}/preview/8080/hello.txt");
+    assert_eq!(
+        answered(&previews, &page).await,
+        (200, "root\n".to_string())
+    );
+    let (_, journal) = cluster.call("GET", &format!("/api/v1/sandboxes/{id}/operations"), None);
+    let started: Vec<&serde_json::Value> = journal["operations"]
+        .as_array()
+        .expect("operations")
+        .iter()
+        .filter(|o| o["kind"] == "service")
+        .collect();
+    assert_eq!(started.len(), 1, "{journal}");
+    assert_eq!(started[0]["result"]["started"], true, "{journal}");
+
+    // Stopped: every process ends; the preview wakes it, its service starts again, and
+    // the held request is answered.
+    let (status, _) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/stop"), None);
+    assert_eq!(status, 200);
+    wait_state(&cluster, &id, "stopped");
+    let (status, _, body) = previews.get(&page).await;
+    assert_eq!((status, body.as_str()), (200, "root\n"), "woken and served");
+
+    // Set again (with cairnctl): restarted with the new command.
+    let path = format!("/api/v1/sandboxes/{id}/services/web");
+    let set = std::process::Command::new(cairn_e2e::binary("cairnctl"))
+        .args([
+            "sandbox", "service", "set", &id, "web", "--", "python3", "-m",
+        ])
+        .args(["http.server", "8080", "--bind", "127.0.0.1", "--directory"])
+        .arg("/workspace/sub")
+        .env("CAIRN_SERVER", format!("http://{}", cluster.api))
+        .env("CAIRN_TOKEN", ADMIN)
+        .output()
+        .expect("cairnctl");
+    let said = String::from_utf8_lossy(&set.stdout);
+    assert!(set.status.success(), "{set:?}");
+    assert!(said.starts_with("service web started"), "{said}");
+    let mut body = String::new();
+    for _ in 0..100 {
+        body = answered(&previews, &page).await.1;
+        if body == "sub\n" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(body, "sub\n", "the service runs its new command");
+
+    // Deleted: it ends and is gone from the sandbox.
+    let (status, deleted) = cluster.call("DELETE", &path, None);
+    assert_eq!(status, 200, "{deleted}");
+    assert_eq!(deleted["result"]["started"], false, "{deleted}");
+    let mut status = 0;
+    for _ in 0..100 {
+        status = previews.get(&page).await.0;
+        if status == 502 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, 502, "nothing listens once it is deleted");
+    assert_eq!(show(&cluster, &id)["services"], json!({}));
+    let (status, missing) = cluster.call("DELETE", &path, None);
+    assert_eq!(status, 404, "{missing}");
+    let (status, refused) = cluster.call(
+        "PUT",
+        &format!("/api/v1/sandboxes/{id}/services/a%20b"),
+        Some(&serve("/workspace")),
+    );
+    assert_eq!(status, 422, "{refused}");
+}

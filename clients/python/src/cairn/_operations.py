@@ -135,6 +135,20 @@ OPERATIONS: dict[str, Operation] = {
         ),
         replies=(Reply(status=201, media_types=("application/json",), model="CreatedToken"),),
     ),
+    "delete_sandbox_service": Operation(
+        id="delete_sandbox_service",
+        method="DELETE",
+        path="/api/v1/sandboxes/{sandbox_id}/services/{name}",
+        params=(
+            Param(name="sandbox_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),
+            Param(name="name", location="path", required=True, type="string", pattern="^[A-Za-z0-9._-]{1,63}$"),
+        ),
+        body=None,
+        replies=(
+            Reply(status=200, media_types=("application/json",), model="OperationView"),
+            Reply(status=202, media_types=("application/json",), model="OperationView"),
+        ),
+    ),
     "delete_snapshot": Operation(
         id="delete_snapshot",
         method="DELETE",
@@ -764,6 +778,22 @@ OPERATIONS: dict[str, Operation] = {
             identity_field=None,
         ),
         replies=(Reply(status=200, media_types=("application/json",), model="DeliveryHold"),),
+    ),
+    "set_sandbox_service": Operation(
+        id="set_sandbox_service",
+        method="PUT",
+        path="/api/v1/sandboxes/{sandbox_id}/services/{name}",
+        params=(
+            Param(name="sandbox_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),
+            Param(name="name", location="path", required=True, type="string", pattern="^[A-Za-z0-9._-]{1,63}$"),
+        ),
+        body=Body(
+            media_type="application/json", model="ServiceSpec", optional=False, acknowledgements=(), identity_field=None
+        ),
+        replies=(
+            Reply(status=200, media_types=("application/json",), model="OperationView"),
+            Reply(status=202, media_types=("application/json",), model="OperationView"),
+        ),
     ),
     "set_source_profile": Operation(
         id="set_source_profile",

@@ -481,6 +481,18 @@ class Client:
             _core.read_reply(prepared, response.status_code, response.headers.get("content-type"), response.content)
         return response
 
+    def set_sandbox_service(
+        self, sandbox_id: str, name: str, spec: models.ServiceSpec | Body
+    ) -> models.OperationView:
+        """Sets a service (a deploy): kept for every later start and resume, and
+        (re)started now, a stopped or paused persistent sandbox resumed first. The
+        receipt's `result.started` says whether it started."""
+        return self._op("set_sandbox_service", {"sandbox_id": sandbox_id, "name": name}, spec)
+
+    def delete_sandbox_service(self, sandbox_id: str, name: str) -> models.OperationView:
+        """Deletes a service: it ends now and is not started again."""
+        return self._op("delete_sandbox_service", {"sandbox_id": sandbox_id, "name": name})
+
     def list_sandbox_files(
         self, sandbox_id: str, path: str | None = None
     ) -> dict[str, Any] | models.OperationView:

@@ -764,74 +764,42 @@ class RunCounts(BaseModel):
     """
 
 
-class SandboxView(BaseModel):
+class ServiceSpec(BaseModel):
     """
-    A sandbox.
+    `PUT /api/v1/sandboxes/{id}/services/{name}`, and each of `services` on create.
     """
 
-    agent: StrictStr
-    always_on: StrictBool
-    created_at: AwareDatetime
-    destroyed_at: AwareDatetime | None = None
-    disk_mb: StrictInt
-    durability: StrictStr
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    argv: Annotated[
+        list[Annotated[str, StringConstraints(pattern=r"^[^\u0000]*$", strict=True)]],
+        Field(min_length=1),
+    ]
     """
-    `local_only` while its snapshots stay on one host's store; `replicated` when
-    they are in a shared object store.
+    The program and its arguments; it runs until it exits, the sandbox stops, or the
+    service is set again or deleted. Its output goes to
+    `$HOME/.cairn-services/NAME.log` in the sandbox.
     """
-    error_reason: StrictStr | None = None
+    cwd: Annotated[StrictStr | None, Field(pattern="^[^\\u0000]*$")] = None
     """
-    Why it is in `error`.
+    Relative to the sandbox's tree.
     """
-    idle_timeout_sec: StrictInt
-    last_activity_at: AwareDatetime
-    metadata: dict[StrictStr, StrictStr]
+    env: Annotated[
+        dict[
+            Annotated[str, StringConstraints(pattern=r"^[^\u0000]*$", strict=True)],
+            EnvAdditionalProperty,
+        ]
+        | None,
+        Field(max_length=1000),
+    ] = None
     """
-    Its labels, as created (a fork: its source's).
+    The command's variables, at most 1,000 (names to values), on top of the few the runner sets (such as PATH and HOME); nothing else is inherited.
     """
-    network: StrictBool | AllowList | None = None
-    pending: StrictStr | None = None
+    network: StrictBool | None = None
     """
-    What was asked of it and is not done yet (`stopped` while a stop captures), or
-    absent.
+    Whether it reaches the network. Absent: the worker's default.
     """
-    persistent: StrictBool
-    ports: list[Port]
-    """
-    The ports a preview reaches.
-    """
-    ref: StrictStr | None = None
-    repository: StrictStr | None = None
-    sandbox_id: StrictStr
-    source: StrictStr | None = None
-    """
-    `snapshot:<id>` when it started from a snapshot.
-    """
-    state: Literal["creating", "running", "stopped", "paused", "error", "destroyed"]
-    """
-    The public states of a sandbox.
-    """
-    stop_reason: StrictStr | None = None
-    """
-    Why it stopped: `requested`, `timeout`, `pause_expired`, `worker_lost`,
-    `worker_drained`.
-    """
-    stop_snapshot_id: StrictStr | None = None
-    """
-    The latest stop snapshot, kept for the sandbox's life.
-    """
-    stopped_at: AwareDatetime | None = None
-    template_id: StrictStr | None = None
-    """
-    The template version it started from, if any.
-    """
-    tenant: StrictStr
-    """
-    The tenant it belongs to.
-    """
-    tenant_network: StrictBool | AllowList | None = None
-    timeout_sec: StrictInt
-    updated_at: AwareDatetime
 
 
 class SessionView(BaseModel):
@@ -1312,6 +1280,17 @@ class CreateSpec(BaseModel):
     """
     A repository to clone into the new tree.
     """
+    services: (
+        dict[
+            Annotated[str, StringConstraints(pattern=r"^[^\u0000]*$", strict=True)],
+            ServiceSpec,
+        ]
+        | None
+    ) = None
+    """
+    Services by name (at most 8): each started in the background on every start and
+    resume. Copied to forks.
+    """
     source: Annotated[StrictStr | None, Field(pattern="^[^\\u0000]*$")] = None
     """
     `snapshot:<id>`: start from a ready snapshot's tree (a new sandbox; the snapshot
@@ -1354,26 +1333,6 @@ class ErrorBody(BaseModel):
 
 class ExecutionRequestList(BaseModel):
     execution_requests: list[ExecutionRequestView]
-
-
-class ForkView(SandboxView):
-    """
-    What a fork made: the new sandbox (the first, when `count` made several), with the
-    capture it started from and every sandbox the fork made.
-    """
-
-    sandboxes: list[SandboxView]
-    """
-    The new sandboxes, `creating` until a worker has restored each.
-    """
-    snapshot_id: StrictStr
-    """
-    The one capture every fork starts from.
-    """
-    source_frozen_ms: StrictInt
-    """
-    How long the source took no operation while it was captured.
-    """
 
 
 class HandoffCandidate(BaseModel):
@@ -1545,16 +1504,78 @@ class RunView(BaseModel):
     usage: Usage
 
 
-class SandboxList(BaseModel):
+class SandboxView(BaseModel):
     """
-    A page of sandboxes.
+    A sandbox.
     """
 
-    next_cursor: StrictStr | None = None
+    agent: StrictStr
+    always_on: StrictBool
+    created_at: AwareDatetime
+    destroyed_at: AwareDatetime | None = None
+    disk_mb: StrictInt
+    durability: StrictStr
     """
-    Pass as `cursor` for the next page; absent on the last page.
+    `local_only` while its snapshots stay on one host's store; `replicated` when
+    they are in a shared object store.
     """
-    sandboxes: list[SandboxView]
+    error_reason: StrictStr | None = None
+    """
+    Why it is in `error`.
+    """
+    idle_timeout_sec: StrictInt
+    last_activity_at: AwareDatetime
+    metadata: dict[StrictStr, StrictStr]
+    """
+    Its labels, as created (a fork: its source's).
+    """
+    network: StrictBool | AllowList | None = None
+    pending: StrictStr | None = None
+    """
+    What was asked of it and is not done yet (`stopped` while a stop captures), or
+    absent.
+    """
+    persistent: StrictBool
+    ports: list[Port]
+    """
+    The ports a preview reaches.
+    """
+    ref: StrictStr | None = None
+    repository: StrictStr | None = None
+    sandbox_id: StrictStr
+    services: dict[StrictStr, ServiceSpec]
+    """
+    Its services by name, started on every start and resume.
+    """
+    source: StrictStr | None = None
+    """
+    `snapshot:<id>` when it started from a snapshot.
+    """
+    state: Literal["creating", "running", "stopped", "paused", "error", "destroyed"]
+    """
+    The public states of a sandbox.
+    """
+    stop_reason: StrictStr | None = None
+    """
+    Why it stopped: `requested`, `timeout`, `pause_expired`, `worker_lost`,
+    `worker_drained`.
+    """
+    stop_snapshot_id: StrictStr | None = None
+    """
+    The latest stop snapshot, kept for the sandbox's life.
+    """
+    stopped_at: AwareDatetime | None = None
+    template_id: StrictStr | None = None
+    """
+    The template version it started from, if any.
+    """
+    tenant: StrictStr
+    """
+    The tenant it belongs to.
+    """
+    tenant_network: StrictBool | AllowList | None = None
+    timeout_sec: StrictInt
+    updated_at: AwareDatetime
 
 
 class SnapshotList(BaseModel):
@@ -1671,12 +1692,44 @@ class Candidate(BaseModel):
     """
 
 
+class ForkView(SandboxView):
+    """
+    What a fork made: the new sandbox (the first, when `count` made several), with the
+    capture it started from and every sandbox the fork made.
+    """
+
+    sandboxes: list[SandboxView]
+    """
+    The new sandboxes, `creating` until a worker has restored each.
+    """
+    snapshot_id: StrictStr
+    """
+    The one capture every fork starts from.
+    """
+    source_frozen_ms: StrictInt
+    """
+    How long the source took no operation while it was captured.
+    """
+
+
 class RunPage(BaseModel):
     next_cursor: StrictStr | None = None
     """
     Pass as `cursor` for the next page; absent on the last page.
     """
     runs: list[RunView]
+
+
+class SandboxList(BaseModel):
+    """
+    A page of sandboxes.
+    """
+
+    next_cursor: StrictStr | None = None
+    """
+    Pass as `cursor` for the next page; absent on the last page.
+    """
+    sandboxes: list[SandboxView]
 
 
 class AdoptionList(BaseModel):

@@ -97,6 +97,27 @@ pub async fn place_again(
     super::record::announce_placement(conn, id).await
 }
 
+/// Sets the service `name` (or deletes it: `None`), counting as activity.
+pub async fn set_service(
+    conn: &mut PgConnection,
+    id: Uuid,
+    name: &str,
+    service: Option<&super::service::ServiceSpec>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE sandboxes SET last_activity_at = now(),
+                services = CASE WHEN $3::jsonb IS NULL THEN services - $2
+                                ELSE jsonb_set(services, ARRAY[$2], $3::jsonb) END
+          WHERE id = $1",
+    )
+    .bind(id)
+    .bind(name)
+    .bind(service.map(sqlx::types::Json))
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// A use of the sandbox (a preview's request) counts as activity.
 pub async fn touch(conn: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Error> {
     sqlx::query("UPDATE sandboxes SET last_activity_at = now() WHERE id = $1")

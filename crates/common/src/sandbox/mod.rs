@@ -11,6 +11,7 @@
 //!   destroyed, stopped).
 //! - [`operations`]: operations recorded for the owner, and idempotency keys.
 //! - [`template`]: templates, immutable versions of a named snapshot.
+//! - [`service`]: commands started in the background on every start and resume.
 //! - [`identity`]: the machine id, host name and SSH host key a sandbox keeps for its life.
 
 pub mod ask;
@@ -18,6 +19,7 @@ pub mod identity;
 pub mod operations;
 pub mod owner;
 pub mod record;
+pub mod service;
 pub mod spec;
 pub mod state;
 pub mod template;

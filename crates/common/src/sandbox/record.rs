@@ -33,6 +33,8 @@ pub struct NewSandbox<'a> {
     pub template_id: Option<Uuid>,
     /// The ports a preview reaches (a fork: its source's).
     pub ports: Vec<i32>,
+    /// Its services, a JSON object of `ServiceSpec`s by name (a fork: its source's).
+    pub services: serde_json::Value,
 }
 
 /// Records a new sandbox in `creating` and announces its placement, in the caller's
@@ -43,9 +45,9 @@ pub async fn create(conn: &mut PgConnection, s: &NewSandbox<'_>) -> Result<Uuid,
         "INSERT INTO sandboxes (id, agent, state, persistent, always_on, timeout_sec, idle_timeout_sec,
                                 disk_mb, repository, git_ref, source_snapshot_id, forked_from,
                                 idempotency_key, request_digest, tenant_id, network, metadata,
-                                template_id, ports)
+                                template_id, ports, services)
          VALUES ($1, $2, 'creating', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-                 $17, $18)",
+                 $17, $18, $19)",
     )
     .bind(id)
     .bind(s.agent)
@@ -65,6 +67,7 @@ pub async fn create(conn: &mut PgConnection, s: &NewSandbox<'_>) -> Result<Uuid,
     .bind(&s.metadata)
     .bind(s.template_id)
     .bind(&s.ports)
+    .bind(&s.services)
     .execute(&mut *conn)
     .await?;
     announce_placement(conn, id).await?;

@@ -71,6 +71,10 @@ pub struct CreateSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schema(max_items = 16, value_type = Option<Vec<u16>>)]
     pub ports: Option<Vec<u16>>,
+    /// Services by name (at most 8): each started in the background on every start and
+    /// resume. Copied to forks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub services: Option<BTreeMap<String, super::service::ServiceSpec>>,
 }
 
 /// The most ports a sandbox exposes to previews.
@@ -167,6 +171,9 @@ impl CreateSpec {
         }
         if let Some(ports) = &self.ports {
             check_ports(ports)?;
+        }
+        if let Some(services) = &self.services {
+            super::service::check_services(services)?;
         }
         Ok(())
     }
@@ -392,6 +399,11 @@ pub enum Operation {
     Snapshot(SnapshotSpec),
     /// One capture, then `count` new sandboxes from it.
     Fork(ForkSpec),
+    /// (Re)starts the service `name`, or ends it (`service` absent: it was deleted).
+    Service {
+        name: String,
+        service: Option<super::service::ServiceSpec>,
+    },
 }
 
 impl Operation {
@@ -403,6 +415,7 @@ impl Operation {
             Operation::List(_) => "list",
             Operation::Snapshot(_) => "snapshot",
             Operation::Fork(_) => "fork",
+            Operation::Service { .. } => "service",
         }
     }
 

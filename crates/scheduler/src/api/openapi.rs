@@ -23,7 +23,7 @@ use utoipa::{Modify, OpenApi};
         sandboxes::create::create, sandboxes::view::list, sandboxes::view::show, sandboxes::view::operations,
         sandboxes::lifecycle::stop, sandboxes::lifecycle::pause, sandboxes::lifecycle::resume, sandboxes::lifecycle::destroy, sandboxes::lifecycle::extend,
         sandboxes::operations::exec, sandboxes::output::output, sandboxes::view::show_operation, sandboxes::operations::list, sandboxes::operations::read, sandboxes::operations::write,
-        sandboxes::fork::fork, sandboxes::preview::preview, sandboxes::snapshots::create, sandboxes::snapshots::list, sandboxes::snapshots::show,
+        sandboxes::fork::fork, sandboxes::preview::preview, sandboxes::services::set, sandboxes::services::delete, sandboxes::snapshots::create, sandboxes::snapshots::list, sandboxes::snapshots::show,
         sandboxes::snapshots::delete, sandboxes::snapshots::restore,
         sandboxes::templates::create, sandboxes::templates::list, sandboxes::templates::show,
     ),
@@ -168,6 +168,7 @@ fn path_schema(name: &str) -> serde_json::Value {
         // A preview's port, and the path in the sandbox's server (any).
         "port" => return serde_json::json!({"type": "integer", "minimum": 1, "maximum": 65535}),
         "path" => return serde_json::json!({"type": "string"}),
+        "name" => "^[A-Za-z0-9._-]{1,63}$",
         "agent" => "^[A-Za-z0-9._-]{1,128}$",
         "step_key" => "^[A-Za-z0-9._-]{1,64}$",
         "profile_digest" => "^[0-9a-f]{64}$",

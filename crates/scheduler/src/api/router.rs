@@ -151,6 +151,10 @@ fn preview_routes() -> Router<AppState> {
             "/api/v1/sandboxes/{sandbox_id}/preview/{port}/{*path}",
             any(sandboxes::preview::preview),
         )
+        .route(
+            "/api/v1/sandboxes/{sandbox_id}/services/{name}",
+            put(sandboxes::services::set).delete(sandboxes::services::delete),
+        )
 }
 
 fn sandbox_routes() -> Router<AppState> {

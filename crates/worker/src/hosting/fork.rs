@@ -89,6 +89,7 @@ pub async fn provision(
         Option<serde_json::Value>,
         serde_json::Value,
         Vec<i32>,
+        serde_json::Value,
     );
     let (
         agent,
@@ -100,9 +101,10 @@ pub async fn provision(
         network,
         metadata,
         ports,
+        services,
     ): Source = sqlx::query_as(
         "SELECT agent, persistent, timeout_sec, idle_timeout_sec, disk_mb, tenant_id, network,
-                    metadata, ports
+                    metadata, ports, services
                FROM sandboxes WHERE id = $1",
     )
     .bind(source)
@@ -137,6 +139,7 @@ pub async fn provision(
                 metadata: metadata.clone(),
                 template_id: None,
                 ports: ports.clone(),
+                services: services.clone(),
             },
         )
         .await?;

@@ -12,8 +12,10 @@ use crate::workspace;
 use cairn_common::lease::{Lease, LeaseError};
 use cairn_common::retry::Delays;
 use cairn_common::sandbox::identity::Identity;
-use cairn_common::sandbox::owner;
+use cairn_common::sandbox::service::ServiceSpec;
+use cairn_common::sandbox::{operations, owner, Operation};
 use cairn_common::workspace as workspace_row;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -53,27 +55,8 @@ impl Host {
             }
         };
         if tree.origin == "source" {
-            // A copy of another sandbox: its identity goes, and its tree becomes this
-            // sandbox's own first checkpoint.
-            let root = tree.live.workspace.root.clone();
-            match tokio::task::spawn_blocking(move || super::fork::scrub(&root)).await {
-                Ok(Ok(removed)) if removed > 0 => tracing::info!(removed, "identity files removed"),
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => {
-                    self.failed(&format!("scrubbing the copied tree: {e}"))
-                        .await?;
-                    return Ok("failed_to_start");
-                }
-                Err(e) => return Err(HostError::Transient(e.to_string())),
-            }
-            let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
-            tree::record_in_use(&mut tx, &self.worker, &self.row, &tree).await?;
-            tx.commit().await?;
-            if let Err(e) =
-                tree::commit(&self.worker, &self.lease, &self.row, &mut tree, Seal::Start).await
-            {
-                self.lapse().await;
-                return Err(e);
+            if let Some(left) = self.adopt_copy(&mut tree).await? {
+                return Ok(left);
             }
         }
         let spec = isolation::Spec {
@@ -107,13 +90,44 @@ impl Host {
             "sandbox running"
         );
         self.open_previews();
-        let left = self.serve(&mut tree, shutdown, drain).await;
-        self.worker.previews.close(self.row.id);
+        let left = match self.enable_services().await {
+            Ok(()) => self.serve(&mut tree, shutdown, drain).await,
+            Err(e) => Err(e),
+        };
+        self.worker.previews.close(self.row.id, self.lease.epoch);
         // Whatever happened, no process of the sandbox outlives its hosting here.
         if let Some(session) = self.session.take() {
             session.end(&self.worker.isolation).await;
         }
         left
+    }
+
+    /// A copy of another sandbox: its identity goes, and its tree becomes this sandbox's
+    /// own first checkpoint. `Some` when it cannot start.
+    async fn adopt_copy(
+        &mut self,
+        tree: &mut SandboxTree,
+    ) -> Result<Option<&'static str>, HostError> {
+        let root = tree.live.workspace.root.clone();
+        match tokio::task::spawn_blocking(move || super::fork::scrub(&root)).await {
+            Ok(Ok(removed)) if removed > 0 => tracing::info!(removed, "identity files removed"),
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                self.failed(&format!("scrubbing the copied tree: {e}"))
+                    .await?;
+                return Ok(Some("failed_to_start"));
+            }
+            Err(e) => return Err(HostError::Transient(e.to_string())),
+        }
+        let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
+        tree::record_in_use(&mut tx, &self.worker, &self.row, tree).await?;
+        tx.commit().await?;
+        if let Err(e) = tree::commit(&self.worker, &self.lease, &self.row, tree, Seal::Start).await
+        {
+            self.lapse().await;
+            return Err(e);
+        }
+        Ok(None)
     }
 
     /// Previews reach the running sandbox's ports (in its namespaces, where it has them).
@@ -122,7 +136,31 @@ impl Host {
             Some(session) => preview::Target::Namespaces(session.namespaces()),
             None => preview::Target::Host,
         };
-        self.worker.previews.open(self.row.id, target);
+        self.worker
+            .previews
+            .open(self.row.id, self.lease.epoch, target);
+    }
+
+    /// Queues the start of each of the sandbox's services, as operations of its journal
+    /// (a stop ended their processes; these start them again).
+    async fn enable_services(&self) -> Result<(), HostError> {
+        let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
+        let services: sqlx::types::Json<BTreeMap<String, ServiceSpec>> =
+            sqlx::query_scalar("SELECT services FROM sandboxes WHERE id = $1")
+                .bind(self.row.id)
+                .fetch_one(&mut *tx)
+                .await?;
+        for (name, service) in services.0 {
+            let operation = Operation::Service {
+                name,
+                service: Some(service),
+            };
+            let body = serde_json::to_value(&operation)
+                .map_err(|e| HostError::Transient(e.to_string()))?;
+            operations::record(&mut tx, self.row.id, operation.kind(), &body).await?;
+        }
+        tx.commit().await?;
+        Ok(())
     }
 
     /// The identity the sandbox keeps for its life: made here on its first run.
@@ -209,7 +247,7 @@ impl Host {
     async fn pause(&self, tree: &SandboxTree, frozen: bool) -> Result<(), HostError> {
         if frozen {
             // A frozen process would hold a preview's connection unanswered.
-            self.worker.previews.close(self.row.id);
+            self.worker.previews.close(self.row.id, self.lease.epoch);
         }
         if let Some(session) = &self.session {
             session.freeze(frozen);

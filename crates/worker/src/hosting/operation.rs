@@ -16,6 +16,7 @@ use crate::step::{self, StepCommand, StepOutcome};
 use base64::Engine;
 use cairn_common::lease::Lease;
 use cairn_common::retry::Delays;
+use cairn_common::sandbox::service::{ServiceSpec, LAUNCHER};
 use cairn_common::sandbox::spec::MAX_FILE_BYTES;
 use cairn_common::sandbox::{operations, ExecSpec, Operation};
 use serde_json::{json, Value};
@@ -262,6 +263,9 @@ async fn run(
             }
         }
         Operation::Snapshot(_) | Operation::Fork(_) => json!({"error": "not a command"}),
+        Operation::Service { name, service } => {
+            start_service(host, tree, id, name, service.as_ref(), stop).await
+        }
         Operation::List(file) => {
             let argv = [
                 "find",
@@ -417,6 +421,41 @@ async fn exec(
             "sandbox": outcome.sandbox,
         }),
         Err(e) => json!({"exit_code": null, "error": e.to_string()}),
+    }
+}
+
+/// (Re)starts a service in the background, or ends it (`None`), with the launcher
+/// script: the receipt says whether it started.
+async fn start_service(
+    host: &Owner<'_>,
+    tree: &SandboxTree,
+    id: Uuid,
+    name: &str,
+    service: Option<&ServiceSpec>,
+    stop: &CancellationToken,
+) -> Value {
+    let mut argv = ["sh", "-c", LAUNCHER, "cairn-service", name]
+        .map(String::from)
+        .to_vec();
+    argv.extend(service.iter().flat_map(|s| s.argv.iter().cloned()));
+    let spec = ExecSpec {
+        argv: argv.clone(),
+        env: service.map(|s| s.env.clone()).unwrap_or_default(),
+        cwd: service.and_then(|s| s.cwd.clone()),
+        timeout_sec: 60,
+        network: service.and_then(|s| s.network),
+    };
+    let key = format!("service-{}", id.simple());
+    let command = command(host, tree, &key, argv, spec.env.clone(), Some(&spec), None);
+    match host.run_command(&command, stop).await {
+        Ok(outcome) => json!({
+            "name": name,
+            "started": service.is_some() && outcome.succeeded(),
+            "exit_code": outcome.exit_code,
+            "stderr": outcome.stderr_tail,
+            "log": format!("$HOME/.cairn-services/{name}.log"),
+        }),
+        Err(e) => json!({"name": name, "started": false, "error": e.to_string()}),
     }
 }
 

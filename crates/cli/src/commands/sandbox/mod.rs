@@ -11,6 +11,7 @@ use std::path::PathBuf;
 
 mod create;
 mod exec;
+mod service;
 mod view;
 pub use create::CreateArgs;
 pub use exec::ExecArgs;
@@ -98,6 +99,9 @@ pub enum SandboxCommand {
         /// The sandbox's id (32 lowercase hex characters).
         sandbox: String,
     },
+    /// Set or delete a service (started in the background on every start and resume).
+    #[command(subcommand)]
+    Service(service::ServiceCommand),
     /// GET a path of the server on one of the sandbox's ports (a stopped or paused
     /// persistent sandbox is woken first) and print the sandbox's answer.
     Preview {
@@ -209,6 +213,7 @@ pub async fn sandbox(
             idempotency_key,
         } => fork(client, sandbox, count, timeout_sec, idempotency_key, json).await,
         SandboxCommand::Operations { sandbox } => operations(client, sandbox, json).await,
+        SandboxCommand::Service(command) => service::service(client, command, json).await,
         SandboxCommand::Preview {
             sandbox,
             port,

@@ -89,6 +89,7 @@ pub async fn admit(
             metadata: serde_json::json!(spec.metadata.clone().unwrap_or_default()),
             template_id: template,
             ports: spec.ports.iter().flatten().map(|p| i32::from(*p)).collect(),
+            services: serde_json::json!(spec.services.clone().unwrap_or_default()),
         },
     )
     .await;

@@ -9,6 +9,7 @@
 //! - [`snapshots`]: snapshots as resources: create, list, inspect, delete, restore.
 //! - [`fork`]: one capture, many new sandboxes.
 //! - [`templates`]: named snapshots published as immutable versions to start from.
+//! - [`services`]: set (a deploy) and delete a sandbox's services.
 //! - [`preview`]: requests to an exposed port, through its worker; waking it first.
 
 pub mod create;
@@ -17,6 +18,7 @@ pub mod lifecycle;
 pub mod operations;
 pub mod output;
 pub mod preview;
+pub mod services;
 pub mod snapshots;
 pub mod templates;
 pub mod view;

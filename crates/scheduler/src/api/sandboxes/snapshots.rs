@@ -19,6 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cairn_common::digest;
 use cairn_common::ids::Id;
+use cairn_common::sandbox::service::ServiceSpec;
 use cairn_common::sandbox::{CreateSpec, Operation, SandboxState, SnapshotSpec};
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -383,17 +384,18 @@ pub async fn restore(
         Option<sqlx::types::Json<cairn_common::egress::NetworkSpec>>,
         sqlx::types::Json<std::collections::BTreeMap<String, String>>,
         Vec<i32>,
+        sqlx::types::Json<std::collections::BTreeMap<String, ServiceSpec>>,
     );
     let found: Option<Found> = sqlx::query_as(&format!(
-        "SELECT p.agent, s.tenant_id, s.network, s.metadata, s.ports FROM project_snapshots p JOIN sandboxes s ON s.id = p.sandbox_id
+        "SELECT p.agent, s.tenant_id, s.network, s.metadata, s.ports, s.services FROM project_snapshots p JOIN sandboxes s ON s.id = p.sandbox_id
           WHERE p.id = $1 AND {KINDS}"
     ))
     .bind(id)
     .fetch_optional(&mut *conn)
     .await?;
     // The new sandbox keeps its source's network policy (a restore never widens it) and
-    // its labels and exposed ports.
-    let (agent, tenant, network, metadata, ports) =
+    // its labels, exposed ports and services.
+    let (agent, tenant, network, metadata, ports, services) =
         found.ok_or_else(|| ApiError::not_found("snapshot"))?;
     restorable(&mut conn, id, &tenant).await?;
     drop(conn);
@@ -418,6 +420,7 @@ pub async fn restore(
                 .filter_map(|p| u16::try_from(*p).ok())
                 .collect(),
         ),
+        services: Some(services.0),
     };
     admit(&state, &tenant, key, create).await
 }

@@ -8,6 +8,7 @@ use crate::api::AppState;
 use axum::extract::{Path, Query, RawQuery, State};
 use axum::Json;
 use cairn_common::ids::Id;
+use cairn_common::sandbox::service::ServiceSpec;
 use cairn_common::sandbox::SandboxState;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -72,6 +73,8 @@ pub struct SandboxView {
     pub template_id: Option<Id>,
     /// The ports a preview reaches.
     pub ports: Vec<u16>,
+    /// Its services by name, started on every start and resume.
+    pub services: BTreeMap<String, ServiceSpec>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -103,12 +106,13 @@ struct Row {
     metadata: sqlx::types::Json<BTreeMap<String, String>>,
     template_id: Option<Uuid>,
     ports: Vec<i32>,
+    services: sqlx::types::Json<BTreeMap<String, ServiceSpec>>,
 }
 
 const SELECT: &str = "SELECT s.id, s.tenant_id, s.agent, s.state, s.desired, s.persistent, s.always_on, s.timeout_sec,
         s.idle_timeout_sec, s.disk_mb, s.network, s.repository, s.git_ref, s.source_snapshot_id, s.stop_reason,
         s.error_reason, s.stop_snapshot_id, s.last_activity_at, s.created_at, s.updated_at, s.stopped_at,
-        s.destroyed_at, s.metadata, s.template_id, s.ports,
+        s.destroyed_at, s.metadata, s.template_id, s.ports, s.services,
         (SELECT p.store_url FROM project_snapshots p WHERE p.sandbox_id = s.id AND p.status = 'ready'
           ORDER BY p.created_at DESC LIMIT 1) AS store_url,
         np.network AS tenant_network
@@ -168,6 +172,7 @@ impl From<Row> for SandboxView {
                 .iter()
                 .filter_map(|p| u16::try_from(*p).ok())
                 .collect(),
+            services: r.services.0,
         }
     }
 }
