@@ -1,11 +1,12 @@
 // The console's entry: sign-in, the navigation and the routes (#/runs, #/runs/ID/TAB,
-// #/operations, #/connections).
+// #/sandboxes, #/sandboxes/ID, #/operations, #/connections).
 
 import { api, errorText, forgetToken, h, keepToken, session, storedToken, can } from "./core.js";
 import { runsPage } from "./runs.js";
 import { runPage } from "./run.js";
 import { operationsPage } from "./operations.js";
 import { connectionsPage } from "./connections.js";
+import { sandboxesPage, sandboxPage } from "./sandboxes.js";
 
 const main = document.getElementById("main");
 const nav = document.getElementById("nav");
@@ -88,6 +89,13 @@ async function route() {
       h("p", {}, "Run ids are 32 lowercase hexadecimal characters. "), h("a", { href: "#/runs" }, "All runs")));
   } else if (section === "runs" && id) {
     show(`Run ${id}`, runPage(id, tab || "overview"));
+  } else if (section === "sandboxes" && id && !/^[0-9a-f]{32}$/.test(id)) {
+    show("Not a sandbox", h("section", { class: "page" }, h("h1", {}, "Not a sandbox id"),
+      h("p", {}, "Sandbox ids are 32 lowercase hexadecimal characters. "), h("a", { href: "#/sandboxes" }, "All sandboxes")));
+  } else if (section === "sandboxes" && id) {
+    show(`Sandbox ${id}`, sandboxPage(id));
+  } else if (section === "sandboxes") {
+    show("Sandboxes", sandboxesPage(new URLSearchParams(query || "")));
   } else if (section === "operations") {
     show("Operations", operationsPage());
   } else if (section === "connections") {

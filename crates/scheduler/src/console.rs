@@ -73,6 +73,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("../console/operations.js"),
     ),
     (
+        "sandboxes.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../console/sandboxes.js"),
+    ),
+    (
         "connections.js",
         "text/javascript; charset=utf-8",
         include_str!("../console/connections.js"),

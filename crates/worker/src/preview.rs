@@ -1,12 +1,15 @@
 //! Previews: the scheduler's requests to a port of a sandbox this worker hosts,
 //! forwarded into the sandbox's own network namespace.
 //!
-//! They arrive on the probes' listener under `/preview/{sandbox}/{port}/{path}` with
-//! this process's key (random at start, advertised with its address in its heartbeat
-//! row, so only a holder of the database can send one). The connection to the port is
-//! made from a thread that has entered the sandbox's network namespace: a socket keeps
-//! the namespace it was made in, so the worker's own namespace is never opened to the
-//! sandbox, and the sandbox's loopback is reached as the sandbox sees it.
+//! They arrive on the probes' listener at `/preview/{sandbox}/{port}` with this
+//! process's key (random at start, advertised with its address in its heartbeat row, so
+//! only a holder of the database can send one) and the sandbox's path and query in a
+//! header (never in this URL, which a path could otherwise lead elsewhere in). The
+//! connection to the port is made from a thread that has entered the sandbox's network
+//! namespace: a socket keeps the namespace it was made in, so the worker's own
+//! namespace is never opened to the sandbox, and the sandbox's loopback is reached as
+//! the sandbox sees it. Entering it takes `CAP_SYS_ADMIN` (a root worker), as loading a
+//! step's egress filter does.
 
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
@@ -24,6 +27,10 @@ use uuid::Uuid;
 /// The header on this worker's own refusals, telling them from the sandbox's answers
 /// (the scheduler's `preview::REFUSED_HEADER`).
 const REFUSED_HEADER: &str = "cairn-preview-refused";
+/// The header with the sandbox's path and query (the scheduler's `PATH_HEADER`).
+const PATH_HEADER: &str = "cairn-preview-path";
+/// How long the sandbox's server may take to send its answer's head.
+const ANSWER: Duration = Duration::from_secs(30);
 
 /// How long a connection to the sandbox's port may take.
 const CONNECT: Duration = Duration::from_secs(3);
@@ -31,8 +38,9 @@ const CONNECT: Duration = Duration::from_secs(3);
 /// Where a hosted sandbox's ports are reached.
 #[derive(Debug, Clone)]
 pub enum Target {
-    /// From inside these network namespaces, tried in order (given by a process in each).
-    Namespaces(Vec<i32>),
+    /// From inside these network namespaces, tried in order (each opened while the
+    /// sandbox's process in it was known to be its, so a reused pid leads nowhere).
+    Namespaces(Vec<Arc<std::fs::File>>),
     /// On the host's loopback: the sandbox runs without namespaces here.
     Host,
 }
@@ -102,9 +110,7 @@ impl Previews {
 /// The routes the probes' listener adds for previews.
 pub fn router(previews: Arc<Previews>) -> Router {
     Router::new()
-        .route("/preview/{sandbox}/{port}", any(forward_root))
-        .route("/preview/{sandbox}/{port}/", any(forward_root))
-        .route("/preview/{sandbox}/{port}/{*path}", any(forward))
+        .route("/preview/{sandbox}/{port}", any(forward))
         .with_state(previews)
 }
 
@@ -118,17 +124,9 @@ fn refusal(status: StatusCode, code: &str, message: String) -> Response {
     response
 }
 
-async fn forward_root(
-    State(previews): State<Arc<Previews>>,
-    Path((sandbox, port)): Path<(Uuid, u16)>,
-    request: Request,
-) -> Response {
-    relay(&previews, sandbox, port, request).await
-}
-
 async fn forward(
     State(previews): State<Arc<Previews>>,
-    Path((sandbox, port, _path)): Path<(Uuid, u16, String)>,
+    Path((sandbox, port)): Path<(Uuid, u16)>,
     request: Request,
 ) -> Response {
     relay(&previews, sandbox, port, request).await
@@ -149,6 +147,19 @@ async fn relay(previews: &Previews, sandbox: Uuid, port: u16, request: Request) 
             "the sandbox is not running on this worker".into(),
         );
     };
+    let Some(path) = request
+        .headers()
+        .get(PATH_HEADER)
+        .and_then(|p| p.to_str().ok())
+        .filter(|p| p.starts_with('/'))
+        .and_then(|p| p.parse::<axum::http::uri::PathAndQuery>().ok())
+    else {
+        return refusal(
+            StatusCode::BAD_REQUEST,
+            "invalid_path",
+            "no sandbox path in the request".into(),
+        );
+    };
     let stream = match tokio::task::spawn_blocking(move || connect(&target, port)).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionRefused => {
@@ -156,6 +167,15 @@ async fn relay(previews: &Previews, sandbox: Uuid, port: u16, request: Request) 
                 StatusCode::BAD_GATEWAY,
                 "nothing_listens",
                 format!("nothing listens on port {port} in the sandbox"),
+            )
+        }
+        Ok(Err(e)) if e.kind() == io::ErrorKind::PermissionDenied => {
+            return refusal(
+                StatusCode::BAD_GATEWAY,
+                "unreachable",
+                "this worker may not enter the sandbox's network namespace: previews need a \
+                 root worker (CAP_SYS_ADMIN), as a step's network does"
+                    .into(),
             )
         }
         Ok(Err(e)) => {
@@ -167,7 +187,7 @@ async fn relay(previews: &Previews, sandbox: Uuid, port: u16, request: Request) 
         }
         Err(e) => return refusal(StatusCode::INTERNAL_SERVER_ERROR, "internal", e.to_string()),
     };
-    match send(stream, port, request).await {
+    match send(stream, port, path, request).await {
         Ok(response) => response,
         Err(e) => refusal(
             StatusCode::BAD_GATEWAY,
@@ -183,10 +203,10 @@ fn connect(target: &Target, port: u16) -> io::Result<TcpStream> {
     let address = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     match target {
         Target::Host => TcpStream::connect_timeout(&address, CONNECT),
-        Target::Namespaces(pids) => {
+        Target::Namespaces(namespaces) => {
             let mut last = io::Error::from(io::ErrorKind::ConnectionRefused);
-            for pid in pids {
-                match connect_in(*pid, address) {
+            for namespace in namespaces {
+                match connect_in(namespace, address) {
                     Ok(stream) => return Ok(stream),
                     Err(e) => last = e,
                 }
@@ -196,14 +216,13 @@ fn connect(target: &Target, port: u16) -> io::Result<TcpStream> {
     }
 }
 
-/// Connects from a thread of its own that enters `pid`'s network namespace first (the
+/// Connects from a thread of its own that enters the network namespace first (the
 /// change is that thread's alone, and it ends with the connection made).
-fn connect_in(pid: i32, address: SocketAddr) -> io::Result<TcpStream> {
-    let namespace = std::fs::File::open(format!("/proc/{pid}/ns/net"))?;
+fn connect_in(namespace: &std::fs::File, address: SocketAddr) -> io::Result<TcpStream> {
     std::thread::scope(|scope| {
         scope
             .spawn(|| {
-                nix::sched::setns(&namespace, nix::sched::CloneFlags::CLONE_NEWNET)
+                nix::sched::setns(namespace, nix::sched::CloneFlags::CLONE_NEWNET)
                     .map_err(io::Error::from)?;
                 TcpStream::connect_timeout(&address, CONNECT)
             })
@@ -224,15 +243,36 @@ const HOP_BY_HOP: &[&str] = &[
     "upgrade",
 ];
 
+/// Removes [`HOP_BY_HOP`], the headers `Connection` names, and Cairn's own preview
+/// headers (a sandbox's server may not forge a refusal).
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    for name in HOP_BY_HOP {
-        headers.remove(*name);
+    let named: Vec<String> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|name| name.trim().to_ascii_lowercase())
+        .filter(|name| !name.is_empty())
+        .collect();
+    let own = [REFUSED_HEADER, PATH_HEADER];
+    for name in HOP_BY_HOP
+        .iter()
+        .chain(&own)
+        .copied()
+        .chain(named.iter().map(String::as_str))
+    {
+        headers.remove(name);
     }
 }
 
-/// Sends the request, at the path after the port, over `stream` and answers with the
-/// sandbox's response, streamed.
-async fn send(stream: TcpStream, port: u16, request: Request) -> Result<Response, String> {
+/// Sends the request, at `path`, over `stream` and answers with the sandbox's response,
+/// streamed.
+async fn send(
+    stream: TcpStream,
+    port: u16,
+    path: axum::http::uri::PathAndQuery,
+    request: Request,
+) -> Result<Response, String> {
     stream.set_nonblocking(true).map_err(|e| e.to_string())?;
     let stream = tokio::net::TcpStream::from_std(stream).map_err(|e| e.to_string())?;
     let io = hyper_util::rt::TokioIo::new(stream);
@@ -243,36 +283,19 @@ async fn send(stream: TcpStream, port: u16, request: Request) -> Result<Response
         let _ = connection.await;
     });
     let (mut parts, body) = request.into_parts();
-    parts.uri = upstream_uri(&parts.uri, port)
-        .parse()
-        .map_err(|e: axum::http::uri::InvalidUri| e.to_string())?;
+    parts.uri = path.into();
     strip_hop_by_hop(&mut parts.headers);
     parts.headers.remove(header::AUTHORIZATION);
     let host = HeaderValue::from_str(&format!("localhost:{port}")).map_err(|e| e.to_string())?;
     parts.headers.insert(header::HOST, host);
-    let response = sender
-        .send_request(Request::from_parts(parts, body))
+    let sent = sender.send_request(Request::from_parts(parts, body));
+    let response = tokio::time::timeout(ANSWER, sent)
         .await
+        .map_err(|_| "no answer within 30 s".to_string())?
         .map_err(|e| e.to_string())?;
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     Ok(Response::from_parts(parts, Body::new(body)))
-}
-
-/// The sandbox's own path: what follows `/preview/{sandbox}/{port}`, with the query.
-fn upstream_uri(uri: &axum::http::Uri, port: u16) -> String {
-    let path = uri.path();
-    let marker = format!("/{port}");
-    let rest = path
-        .strip_prefix("/preview/")
-        .and_then(|p| p.split_once('/'))
-        .and_then(|(_, after)| after.strip_prefix(&marker[1..]))
-        .unwrap_or("");
-    let rest = if rest.is_empty() { "/" } else { rest };
-    match uri.query() {
-        Some(query) => format!("{rest}?{query}"),
-        None => rest.to_string(),
-    }
 }
 
 #[cfg(test)]
@@ -280,28 +303,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_upstream_path_is_what_follows_the_port() {
-        let id = Uuid::new_v4().simple().to_string();
-        let cases = [
-            (format!("/preview/{id}/8080"), "/"),
-            (format!("/preview/{id}/8080/"), "/"),
-            (format!("/preview/{id}/8080/a/b.html"), "/a/b.html"),
-            (format!("/preview/{id}/8080/a?x=1&y=%2F"), "/a?x=1&y=%2F"),
-            (format!("/preview/{id}/8080?q"), "/?q"),
-        ];
-        for (uri, expected) in cases {
-            let uri: axum::http::Uri = uri.parse().expect("uri");
-            assert_eq!(upstream_uri(&uri, 8080), expected, "{uri}");
-        }
-    }
-
-    #[test]
     fn a_hosting_closes_only_what_it_opened() {
         let previews = Previews::default();
         let id = Uuid::new_v4();
         previews.open(id, 1, Target::Host);
         // Resumed here under a new lease before the first hosting finished leaving.
-        previews.open(id, 2, Target::Namespaces(vec![7]));
+        let namespace = std::fs::File::open("/proc/self/ns/net").expect("own namespace");
+        previews.open(id, 2, Target::Namespaces(vec![Arc::new(namespace)]));
         previews.close(id, 1);
         assert!(matches!(previews.target(id), Some(Target::Namespaces(_))));
         previews.close(id, 2);

@@ -742,3 +742,55 @@ fn allow_final_outcomes(cluster: &Cluster) {
     );
     assert_eq!(status, 200);
 }
+
+/// Sandboxes: the list shows one created behind the page's back; its page shows its
+/// services and ports, runs a command whose output appears as it is printed, and lists
+/// the command in its journal.
+#[tokio::test]
+async fn a_sandbox_page_runs_a_command_and_shows_its_output_as_it_is_printed() {
+    let _one = ONE_BROWSER.lock().await;
+    let cluster = Cluster::start("console-sandbox", 1, Settings::default()).await;
+    let browser = Browser::start(cluster.api).await;
+    browser.sign_in(ADMIN).await;
+    browser.open("#/sandboxes").await;
+    browser
+        .wait_text("#sandbox-list", "No sandboxes match")
+        .await;
+    let serve = json!({"argv": ["python3", "-m", "http.server", "8080", "--bind", "127.0.0.1"]});
+    let (status, created) = cluster.call(
+        "POST",
+        "/api/v1/sandboxes",
+        Some(&json!({"agent": "console", "ports": [8080], "services": {"web": serve}})),
+    );
+    assert_eq!(status, 201, "{created}");
+    let id = created["sandbox_id"].as_str().expect("id").to_string();
+    browser.wait_text("#sandbox-list", &id).await;
+    browser
+        .wait_text_for("#sandbox-list", "running", Duration::from_secs(60))
+        .await;
+    browser.check_page("sandboxes").await;
+
+    browser.open(&format!("#/sandboxes/{id}")).await;
+    browser
+        .wait_text("main", "python3 -m http.server 8080")
+        .await;
+    browser.wait_text("main", "web started").await;
+    let command = browser.wait_for("#exec-command").await;
+    command
+        .send_keys("for i in 1 2 3; do echo line$i; sleep 1; done; echo oops >&2")
+        .await
+        .expect("command");
+    browser.click("Run").await;
+    // The first line shows while the command still runs.
+    let early = browser.wait_text("#exec-stdout", "line1").await;
+    assert!(
+        !early.contains("line3"),
+        "not shown as it was printed: {early}"
+    );
+    browser.wait_text("#exec-stdout", "line3").await;
+    browser.wait_text("#exec-stderr", "oops").await;
+    browser.wait_text("main", "Exited 0.").await;
+    browser.wait_text("main", "exit 0").await;
+    browser.check_page("sandbox").await;
+    browser.close().await;
+}

@@ -537,6 +537,17 @@ async fn the_worker_reports_what_the_host_allows() {
         .status()
         .is_ok_and(|s| s.success());
     assert_eq!(sandbox["isolated"], installed && userns, "{body}");
+    // A pause keeps processes in place; why there are no memory checkpoints, as the
+    // host is: CRIU absent, failing its own check, or passing it.
+    assert_eq!(sandbox["pause"]["keeps_processes"], "in_place", "{body}");
+    let criu = std::process::Command::new("criu").arg("check").output();
+    let why = sandbox["pause"]["memory_checkpoint"].as_str().unwrap_or("");
+    let expected = match &criu {
+        Err(_) => "criu is not installed",
+        Ok(out) if out.status.success() => "criu check passes here",
+        Ok(_) => "criu check fails on this kernel",
+    };
+    assert!(why.starts_with(expected), "{why}");
     if let Ok(out) = &bwrap {
         assert_eq!(
             sandbox["mechanism"],

@@ -21,6 +21,9 @@ class H(http.server.BaseHTTPRequestHandler):
         self.send_response(201)
         self.send_header('Content-Length', str(len(out)))
         self.send_header('X-App', 'echo')
+        if 'forge' in self.path:
+            self.send_header('cairn-preview-refused', 'not_hosted')
+            self.send_header('Set-Cookie', 'session=stolen')
         self.end_headers()
         self.wfile.write(out)
     do_GET = do_POST = do_PUT = handle_one
@@ -126,6 +129,42 @@ async fn a_preview_reaches_the_sandboxs_port_and_wakes_it() {
         !body.contains("authorization") && !body.contains(ADMIN),
         "the caller's token never reaches the sandbox: {body}"
     );
+
+    // A path never leaves the sandbox's own server: dot segments reach it as written.
+    let other = uuid::Uuid::new_v4().simple().to_string();
+    // (Sent as raw bytes: an HTTP client would resolve the segments itself.)
+    let sneaky = format!("{root}/8080/%2e%2e/%2e%2e/{other}/22/metrics");
+    let answer = cairn_e2e::exchange(
+        cluster.api,
+        "GET",
+        &sneaky,
+        &[format!("Authorization: Bearer {ADMIN}")],
+        None,
+        b"",
+    )
+    .expect("the API answers");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    assert!(
+        answer.contains(&format!("GET /%2e%2e/%2e%2e/{other}/22/metrics\n")),
+        "{answer}"
+    );
+    // The sandbox cannot forge Cairn's refusal nor set a cookie on the API's origin,
+    // and its answer is an opaque origin.
+    let (status, headers, body) = previews.get(&format!("{root}/8080/forge")).await;
+    assert_eq!(status, 201, "{body}");
+    assert!(
+        !headers.contains_key("cairn-preview-refused"),
+        "{headers:?}"
+    );
+    assert!(!headers.contains_key("set-cookie"), "{headers:?}");
+    assert_eq!(headers["content-security-policy"], "sandbox");
+    // Cairn's refusals before the handler (no token) are marked too.
+    let anonymous = reqwest::get(format!("{}{root}/8080/", previews.base))
+        .await
+        .expect("the API answers");
+    assert_eq!(anonymous.status().as_u16(), 401);
+    assert_eq!(anonymous.headers()["cairn-preview-refused"], "unauthorized");
 
     // `cairnctl sandbox preview` prints the sandbox's answer.
     let printed = std::process::Command::new(cairn_e2e::binary("cairnctl"))
@@ -288,6 +327,28 @@ async fn services_start_on_every_resume_and_a_preview_wakes_a_stopped_sandbox() 
     assert_eq!(show(&cluster, &id)["services"], json!({}));
     let (status, missing) = cluster.call("DELETE", &path, None);
     assert_eq!(status, 404, "{missing}");
+    // A program that is not there does not start, and the receipt says so.
+    let (status, failed) = cluster.call("PUT", &path, Some(&json!({"argv": ["no-such-program"]})));
+    assert_eq!(status, 200, "{failed}");
+    assert_eq!(failed["result"]["started"], false, "{failed}");
+    assert!(
+        failed["result"]["stderr"]
+            .as_str()
+            .unwrap_or("")
+            .contains("no-such-program: not found"),
+        "{failed}"
+    );
+    // Deleted from a stopped sandbox: only its record changes; it is not resumed.
+    let (status, _) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/stop"), None);
+    assert_eq!(status, 200);
+    wait_state(&cluster, &id, "stopped");
+    let (status, _) = cluster.call("DELETE", &path, None);
+    assert_eq!(status, 204);
+    let view = show(&cluster, &id);
+    assert_eq!(
+        (view["state"].as_str(), &view["services"]),
+        (Some("stopped"), &json!({}))
+    );
     let (status, refused) = cluster.call(
         "PUT",
         &format!("/api/v1/sandboxes/{id}/services/a%20b"),

@@ -489,9 +489,11 @@ class AsyncClient:
         receipt's `result.started` says whether it started."""
         return await self._op("set_sandbox_service", {"sandbox_id": sandbox_id, "name": name}, spec)
 
-    async def delete_sandbox_service(self, sandbox_id: str, name: str) -> models.OperationView:
-        """Deletes a service: it ends now and is not started again."""
-        return await self._op("delete_sandbox_service", {"sandbox_id": sandbox_id, "name": name})
+    async def delete_sandbox_service(self, sandbox_id: str, name: str) -> models.OperationView | None:
+        """Deletes a service: it ends now and is not started again (the receipt of its
+        end). On a stopped sandbox only its record changes: `None`."""
+        ended = await self._op("delete_sandbox_service", {"sandbox_id": sandbox_id, "name": name})
+        return ended if isinstance(ended, models.OperationView) else None
 
     async def list_sandbox_files(
         self, sandbox_id: str, path: str | None = None

@@ -147,6 +147,7 @@ OPERATIONS: dict[str, Operation] = {
         replies=(
             Reply(status=200, media_types=("application/json",), model="OperationView"),
             Reply(status=202, media_types=("application/json",), model="OperationView"),
+            Reply(status=204, media_types=(), model=None),
         ),
     ),
     "delete_snapshot": Operation(

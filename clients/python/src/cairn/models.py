@@ -476,7 +476,7 @@ class OperationView(BaseModel):
     finished_at: AwareDatetime | None = None
     kind: StrictStr
     """
-    `exec`, `read`, `write` or `list`.
+    `exec`, `read`, `write`, `list`, `snapshot`, `fork` or `service`.
     """
     lease_epoch: StrictInt | None = None
     operation_id: StrictStr

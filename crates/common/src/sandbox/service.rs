@@ -77,9 +77,13 @@ if [ -s "$dir/$name.pid" ]; then
 fi
 rm -f "$dir/$name.pid"
 [ "$#" -eq 0 ] && exit 0
+command -v "$1" >/dev/null || { echo "$1: not found" >&2; exit 127; }
 setsid sh -c 'echo $$ > "$0"; exec "$@"' "$dir/$name.pid" "$@" >>"$dir/$name.log" 2>&1 </dev/null &
-for _ in $(seq 100); do [ -s "$dir/$name.pid" ] && exit 0; sleep 0.01; done
-echo "the service did not start" >&2; exit 1
+for _ in $(seq 100); do [ -s "$dir/$name.pid" ] && break; sleep 0.01; done
+[ -s "$dir/$name.pid" ] || { echo "the service did not start" >&2; exit 1; }
+sleep 0.1
+kill -0 "$(cat "$dir/$name.pid")" 2>/dev/null && exit 0
+echo "the service exited at once; its log: $dir/$name.log" >&2; tail -n 5 "$dir/$name.log" >&2; exit 1
 "#;
 
 #[cfg(test)]

@@ -45,6 +45,8 @@ pub fn router(state: AppState) -> Router {
         .merge(guarded)
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        // Outside the guard, so that its refusals on a preview route are marked too.
+        .layer(axum::middleware::from_fn(sandboxes::preview::mark_refusals))
         .layer(DefaultBodyLimit::max(8 * 1024 * 1024))
         .with_state(state)
 }

@@ -133,7 +133,14 @@ impl Host {
     /// Previews reach the running sandbox's ports (in its namespaces, where it has them).
     fn open_previews(&self) {
         let target = match &self.session {
-            Some(session) => preview::Target::Namespaces(session.namespaces()),
+            Some(session) => preview::Target::Namespaces(
+                session
+                    .namespaces()
+                    .into_iter()
+                    .filter_map(|pid| std::fs::File::open(format!("/proc/{pid}/ns/net")).ok())
+                    .map(Arc::new)
+                    .collect(),
+            ),
             None => preview::Target::Host,
         };
         self.worker
@@ -142,7 +149,8 @@ impl Host {
     }
 
     /// Queues the start of each of the sandbox's services, as operations of its journal
-    /// (a stop ended their processes; these start them again).
+    /// (a stop ended their processes; these start them again), but for one whose start
+    /// is queued already (set while the sandbox was stopped, which resumed it).
     async fn enable_services(&self) -> Result<(), HostError> {
         let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
         let services: sqlx::types::Json<BTreeMap<String, ServiceSpec>> =
@@ -150,7 +158,17 @@ impl Host {
                 .bind(self.row.id)
                 .fetch_one(&mut *tx)
                 .await?;
+        let queued: Vec<String> = sqlx::query_scalar(
+            "SELECT body->>'name' FROM sandbox_operations
+              WHERE sandbox_id = $1 AND kind = 'service' AND state = 'pending'",
+        )
+        .bind(self.row.id)
+        .fetch_all(&mut *tx)
+        .await?;
         for (name, service) in services.0 {
+            if queued.contains(&name) {
+                continue;
+            }
             let operation = Operation::Service {
                 name,
                 service: Some(service),

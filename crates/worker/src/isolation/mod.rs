@@ -149,6 +149,7 @@ impl Isolation {
                 .map_err(|e| format!("cannot copy /etc for steps: {e}"))?,
         };
         let mut report = probe::probe(&settings, &view, cgroups.as_ref());
+        report.pause.memory_checkpoint = probe::memory_checkpoints(&path);
         if let Err(why) = &egress {
             if report.isolated {
                 report.missing.push(format!(

@@ -30,6 +30,65 @@ pub struct Report {
     pub egress: bool,
     /// What keeps the sandbox from being whole, in words.
     pub missing: Vec<String>,
+    /// How a sandbox's pause keeps its processes.
+    pub pause: Pause,
+}
+
+/// A pause here: its processes frozen in place, resident, for at most the pause limit
+/// (then it behaves like a stop). A pause that writes memory to the disk (a CRIU
+/// checkpoint, which would outlive the worker) is not made: `memory_checkpoint` says why.
+#[derive(Debug, Clone, Serialize)]
+pub struct Pause {
+    /// `in_place`.
+    pub keeps_processes: &'static str,
+    /// Why there are no memory checkpoints on this worker.
+    pub memory_checkpoint: String,
+}
+
+/// Whether CRIU could checkpoint here (`criu check`, at most 10 s); in either case the
+/// reason this worker makes no memory checkpoints.
+pub fn memory_checkpoints(path: &std::ffi::OsStr) -> String {
+    let Some(criu) = super::spawn::find("criu".as_ref(), path) else {
+        return "criu is not installed".into();
+    };
+    let child = std::process::Command::new(&criu)
+        .arg("check")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn();
+    let mut child = match child {
+        Ok(child) => child,
+        Err(e) => return format!("criu does not start: {e}"),
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) if status.success() => {
+                return "criu check passes here, but Cairn does not make memory checkpoints yet"
+                    .into()
+            }
+            Ok(Some(_)) => break,
+            Ok(None) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return "criu check did not answer within 10 s".into();
+            }
+        }
+    }
+    let mut said = String::new();
+    if let Some(mut stderr) = child.stderr.take() {
+        let _ = stderr.read_to_string(&mut said);
+    }
+    let last = said
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("");
+    format!("criu check fails on this kernel: {}", last.trim())
 }
 
 impl Report {
@@ -70,6 +129,10 @@ pub fn probe(settings: &Settings, view: &View, cgroups: Option<&Hierarchy>) -> R
         isolated: false,
         egress: false,
         missing: Vec::new(),
+        pause: Pause {
+            keeps_processes: "in_place",
+            memory_checkpoint: String::new(),
+        },
     };
     if !settings.cgroups {
         report.missing.push(

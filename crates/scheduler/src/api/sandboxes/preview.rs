@@ -5,6 +5,12 @@
 //! request held up to [`HOLD`] while it starts and until its port answers, then `503`
 //! with `Retry-After`; a non-persistent one is never woken: `409`. The caller's token
 //! never reaches the sandbox. Each request counts as activity.
+//!
+//! The sandbox's path goes to the worker in a header, never in the worker's URL: a URL
+//! is normalised (`..` resolved), and a path could then name another sandbox or another
+//! route of the worker. The sandbox's answer is served as an opaque origin
+//! (`Content-Security-Policy: sandbox`) without cookies: it shares its host with the
+//! API and the console.
 
 use super::lifecycle::{lock, resume_in};
 use super::operations::takes;
@@ -33,11 +39,23 @@ const POLL: Duration = Duration::from_millis(50);
 
 /// The header a worker's own refusal carries, telling it from the sandbox's answer.
 pub const REFUSED_HEADER: &str = "cairn-preview-refused";
+/// The header that carries the sandbox's path and query to the worker.
+pub const PATH_HEADER: &str = "cairn-preview-path";
+/// How long the sandbox's server may take to answer (its headers; the body streams).
+const ANSWER: Duration = Duration::from_secs(30);
+/// The most of a worker's refusal read (a JSON error body).
+const MAX_REFUSAL: usize = 4096;
+
+/// Marks a response the sandbox gave (the rest are Cairn's, see [`mark_refusals`]).
+#[derive(Debug, Clone, Copy)]
+struct Forwarded;
 
 /// Headers that belong to one connection, never forwarded (RFC 9110, 7.6.1), and the
 /// caller's credentials, which are Cairn's and never the sandbox's.
 const NOT_FORWARDED: &[&str] = &[
     "authorization",
+    "cairn-preview-path",
+    "cairn-preview-refused",
     "connection",
     "host",
     "keep-alive",
@@ -48,6 +66,48 @@ const NOT_FORWARDED: &[&str] = &[
     "transfer-encoding",
     "upgrade",
 ];
+
+/// Removes [`NOT_FORWARDED`] and the headers `Connection` names for this hop.
+fn strip(headers: &mut HeaderMap) {
+    let named: Vec<String> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|name| name.trim().to_ascii_lowercase())
+        .filter(|name| !name.is_empty())
+        .collect();
+    for name in NOT_FORWARDED
+        .iter()
+        .copied()
+        .chain(named.iter().map(String::as_str))
+    {
+        headers.remove(name);
+    }
+}
+
+/// Every answer on a preview route that the sandbox did not give (the tenancy guard's,
+/// a token's refusal, this module's) carries [`REFUSED_HEADER`] with its code.
+pub async fn mark_refusals(request: Request, next: axum::middleware::Next) -> Response {
+    let preview = request.uri().path().contains("/preview/");
+    let mut response = next.run(request).await;
+    if preview
+        && response.extensions().get::<Forwarded>().is_none()
+        && !response.headers().contains_key(REFUSED_HEADER)
+    {
+        let code = match response.status() {
+            StatusCode::UNAUTHORIZED => "unauthorized",
+            StatusCode::FORBIDDEN => "forbidden",
+            StatusCode::NOT_FOUND => "not_found",
+            StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+            _ => "refused",
+        };
+        response
+            .headers_mut()
+            .insert(REFUSED_HEADER, HeaderValue::from_static(code));
+    }
+    response
+}
 
 fn client() -> &'static reqwest::Client {
     static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
@@ -121,10 +181,15 @@ async fn forward(
 ) -> Result<Response, ApiError> {
     caller.require(Role::Operator)?;
     let id = path_id(sandbox_id, "sandbox_id")?;
-    let port: u16 = port.parse().ok().filter(|p| *p > 0).ok_or_else(|| {
-        ApiError::bad_request("invalid_port", "port must be a number from 1 to 65535")
-            .with_field("port")
-    })?;
+    // Digits only: `+80` would parse, and then not be found in the path.
+    let port: u16 = Some(port)
+        .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|p| p.parse().ok())
+        .filter(|p| *p > 0)
+        .ok_or_else(|| {
+            ApiError::bad_request("invalid_port", "port must be a number from 1 to 65535")
+                .with_field("port")
+        })?;
     let (parts, body) = request.into_parts();
     let body = axum::body::to_bytes(body, MAX_BODY).await.map_err(|_| {
         ApiError::new(
@@ -133,10 +198,18 @@ async fn forward(
             "a preview's body is at most 16 MiB",
         )
     })?;
+    let mut path = format!("/{}", sandbox_path(parts.uri.path(), port));
+    if let Some(query) = parts.uri.query() {
+        path.push('?');
+        path.push_str(query);
+    }
+    let path = HeaderValue::from_bytes(path.as_bytes()).map_err(|_| {
+        ApiError::bad_request("invalid_query", "the path is not a valid request target")
+            .with_field("path")
+    })?;
     let outgoing = Outgoing {
         method: parts.method,
-        path: sandbox_path(parts.uri.path(), port),
-        query: parts.uri.query().map(str::to_string),
+        path,
         headers: parts.headers,
         body,
     };
@@ -192,8 +265,8 @@ fn sandbox_path(path: &str, port: u16) -> String {
 
 struct Outgoing {
     method: axum::http::Method,
-    path: String,
-    query: Option<String>,
+    /// The sandbox's path and query, as the caller wrote them.
+    path: HeaderValue,
     headers: HeaderMap,
     body: Bytes,
 }
@@ -273,36 +346,50 @@ enum Sent {
 
 /// Sends the request to the worker; the sandbox's answer, or why there is none yet.
 async fn send(url: &str, key: &str, id: Uuid, port: u16, out: &Outgoing) -> Sent {
-    let mut target = format!("{url}/preview/{}/{port}/{}", id.simple(), out.path);
-    if let Some(query) = &out.query {
-        target.push('?');
-        target.push_str(query);
-    }
     let mut headers = out.headers.clone();
-    for name in NOT_FORWARDED {
-        headers.remove(*name);
-    }
+    strip(&mut headers);
+    headers.insert(PATH_HEADER, out.path.clone());
     let sent = client()
-        .request(out.method.clone(), target)
+        .request(
+            out.method.clone(),
+            format!("{url}/preview/{}/{port}", id.simple()),
+        )
         .headers(headers)
         .bearer_auth(key)
         .body(out.body.clone())
-        .send()
-        .await;
-    let response = match sent {
-        Ok(response) => response,
-        Err(e) => {
+        .send();
+    let mut response = match tokio::time::timeout(ANSWER, sent).await {
+        Ok(Ok(response)) => response,
+        // The worker's address stays out of the message: it is the installation's.
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "a preview's worker did not answer");
+            let why = if e.is_connect() {
+                "the sandbox's worker could not be reached"
+            } else {
+                "the sandbox's worker did not answer"
+            };
             return Sent::NotYet {
-                why: format!("the sandbox's worker did not answer: {e}"),
+                why: why.into(),
                 hosted: false,
+            };
+        }
+        Err(_) => {
+            return Sent::NotYet {
+                why: format!("port {port} in the sandbox answered nothing within 30 s"),
+                hosted: true,
             }
         }
     };
     if let Some(code) = response.headers().get(REFUSED_HEADER) {
         let hosted = code.as_bytes() != b"not_hosted";
-        let why = response
-            .json::<serde_json::Value>()
-            .await
+        let mut body = Vec::new();
+        while let Ok(Some(chunk)) = response.chunk().await {
+            body.extend_from_slice(&chunk);
+            if body.len() >= MAX_REFUSAL {
+                break;
+            }
+        }
+        let why = serde_json::from_slice::<serde_json::Value>(&body)
             .ok()
             .and_then(|v| v["message"].as_str().map(str::to_string))
             .unwrap_or_else(|| "the sandbox's worker refused the preview".into());
@@ -310,12 +397,17 @@ async fn send(url: &str, key: &str, id: Uuid, port: u16, out: &Outgoing) -> Sent
     }
     let status = response.status();
     let mut headers = response.headers().clone();
-    for name in NOT_FORWARDED {
-        headers.remove(*name);
-    }
+    strip(&mut headers);
+    // Served beside the API and the console: an opaque origin, and no cookies.
+    headers.remove(header::SET_COOKIE);
+    headers.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("sandbox"),
+    );
     let mut answer = Response::new(Body::from_stream(response.bytes_stream()));
     *answer.status_mut() = status;
     *answer.headers_mut() = headers;
+    answer.extensions_mut().insert(Forwarded);
     Sent::Answered(answer)
 }
 

@@ -12,10 +12,11 @@ use crate::api::json::StrictJson;
 use crate::api::path_id;
 use crate::api::AppState;
 use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cairn_common::sandbox::service::{check_service_name, ServiceSpec, MAX_SERVICES};
-use cairn_common::sandbox::Operation;
+use cairn_common::sandbox::{Operation, SandboxState};
 use std::time::Duration;
 use uuid::Uuid;
 
@@ -46,12 +47,14 @@ pub async fn set(
     change(&state, id, name, Some(spec)).await
 }
 
-/// Delete a service: it ends now and is not started again.
+/// Delete a service: it ends now and is not started again. On a stopped sandbox, whose
+/// processes a stop ended, only the sandbox's record changes (`204`).
 #[utoipa::path(delete, operation_id = "delete_sandbox_service", tag = "sandboxes",
     path = "/api/v1/sandboxes/{sandbox_id}/services/{name}",
     params(("sandbox_id" = String, Path, description = "32 hex characters"),
         ("name" = String, Path, description = "1 to 63 of `A-Za-z0-9._-`")),
     responses((status = 200, description = "Its end's receipt", body = OperationView),
+        (status = 204, description = "Deleted from a stopped sandbox: nothing ran to end"),
         (status = 202, description = "Not ended yet; read it from the operations", body = OperationView),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
         (status = 404, description = "No such sandbox, or no such service", body = ErrorBody),
@@ -90,6 +93,11 @@ async fn change(
             return Err(ApiError::unprocessable("services", "at most 8 services"));
         }
         _ => {}
+    }
+    if service.is_none() && row.state == SandboxState::Stopped && row.desired == "stopped" {
+        cairn_common::sandbox::ask::set_service(&mut tx, id, &name, None).await?;
+        tx.commit().await?;
+        return Ok(StatusCode::NO_CONTENT.into_response());
     }
     if takes(&row)? {
         resume_in(&mut tx, id, &row).await?;

@@ -364,7 +364,7 @@ pub struct OperationView {
     #[schema(value_type = String)]
     pub operation_id: Id,
     pub seq: i64,
-    /// `exec`, `read`, `write` or `list`.
+    /// `exec`, `read`, `write`, `list`, `snapshot`, `fork` or `service`.
     pub kind: String,
     /// `pending`, `running`, `done` or `interrupted` (no receipt: its worker was lost,
     /// or the sandbox stopped first).
