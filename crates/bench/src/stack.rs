@@ -99,6 +99,14 @@ impl Stack {
         let url = format!("{base}/readyz");
         wait_started(&mut processes.0[0], &http, &url, "cairn-scheduler").await?;
         let mut metrics_ports = Vec::new();
+        // The smallest pool a worker accepts: a connection per job and sandbox slot, and
+        // four for its keepers (the worker's default sandbox slots are 4).
+        let sandbox_slots: u32 = settings
+            .worker_env
+            .iter()
+            .find(|(name, _)| name == "CAIRN_SANDBOX_SLOTS")
+            .and_then(|(_, value)| value.parse().ok())
+            .unwrap_or(4);
         for i in 0..settings.workers {
             let metrics = free_port()?;
             metrics_ports.push(metrics);
@@ -110,7 +118,7 @@ impl Stack {
                 .env("CAIRN_WORKER_CONCURRENCY", settings.concurrency.to_string())
                 .env(
                     "CAIRN_DATABASE_MAX_CONNECTIONS",
-                    (settings.concurrency + 4).to_string(),
+                    (settings.concurrency + sandbox_slots + 4).to_string(),
                 )
                 .env("CAIRN_WORKSPACES_DIR", work.join(format!("workspaces-{i}")))
                 .env("CAIRN_ARTIFACTS_URL", work.join("artifacts"))
