@@ -99,14 +99,7 @@ impl Stack {
         let url = format!("{base}/readyz");
         wait_started(&mut processes.0[0], &http, &url, "cairn-scheduler").await?;
         let mut metrics_ports = Vec::new();
-        // The smallest pool a worker accepts: a connection per job and sandbox slot, and
-        // four for its keepers (the worker's default sandbox slots are 4).
-        let sandbox_slots: u32 = settings
-            .worker_env
-            .iter()
-            .find(|(name, _)| name == "CAIRN_SANDBOX_SLOTS")
-            .and_then(|(_, value)| value.parse().ok())
-            .unwrap_or(4);
+        let sandbox_slots = sandbox_slots(&settings.worker_env);
         for i in 0..settings.workers {
             let metrics = free_port()?;
             metrics_ports.push(metrics);
@@ -257,4 +250,13 @@ async fn wait_started(
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     bail!("{name}: {url} never answered 200")
+}
+
+/// A worker's sandbox slots as `env` sets them (its default is 4): its pool must hold a
+/// connection per job and sandbox slot, and four for its keepers.
+fn sandbox_slots(env: &[(String, String)]) -> u32 {
+    env.iter()
+        .find(|(name, _)| name == "CAIRN_SANDBOX_SLOTS")
+        .and_then(|(_, value)| value.parse().ok())
+        .unwrap_or(4)
 }

@@ -118,7 +118,11 @@ function summaryOf(o) {
   const r = o.result || {};
   if (r.error) return r.error;
   if (o.kind === "exec") return r.exit_code === null || r.exit_code === undefined ? "—" : `exit ${r.exit_code}`;
-  if (o.kind === "service") return r.started ? `${r.name} started` : `${r.name} ended`;
+  if (o.kind === "service") {
+    if (r.started) return `${r.name} started`;
+    if (r.exit_code) return `${r.name} did not start (exit ${r.exit_code}): ${r.stderr || ""}`;
+    return `${r.name} ended`;
+  }
   return o.state === "done" ? "done" : "—";
 }
 
@@ -152,7 +156,12 @@ function execForm(id) {
 
 async function follow(id, operation, stdout, stderr, status) {
   const base = `/api/v1/sandboxes/${id}/operations/${operation}`;
-  for (;;) {
+  // Until the page is left; a hidden tab asks less often.
+  while (stdout.isConnected) {
+    if (document.hidden) {
+      await new Promise((resolve) => setTimeout(resolve, OUTPUT_MS * 5));
+      continue;
+    }
     const op = await api("GET", base);
     // Until the worker starts it, the exec has no output to read.
     for (const [stream, el] of op.started_at ? [["stdout", stdout], ["stderr", stderr]] : []) {

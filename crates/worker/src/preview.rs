@@ -41,7 +41,9 @@ pub enum Target {
     /// From inside these network namespaces, tried in order (each opened while the
     /// sandbox's process in it was known to be its, so a reused pid leads nowhere).
     Namespaces(Vec<Arc<std::fs::File>>),
-    /// On the host's loopback: the sandbox runs without namespaces here.
+    /// None: the sandbox runs without namespaces here, and its port would be the host's
+    /// own loopback (this worker's listener, other tenants' servers), so previews are
+    /// refused.
     Host,
 }
 
@@ -160,6 +162,15 @@ async fn relay(previews: &Previews, sandbox: Uuid, port: u16, request: Request) 
             "no sandbox path in the request".into(),
         );
     };
+    if matches!(target, Target::Host) {
+        return refusal(
+            StatusCode::BAD_GATEWAY,
+            "no_isolation",
+            "this worker runs sandboxes without namespaces: a preview would reach the host's \
+             own loopback, so it is refused"
+                .into(),
+        );
+    }
     let stream = match tokio::task::spawn_blocking(move || connect(&target, port)).await {
         Ok(Ok(stream)) => stream,
         Ok(Err(e)) if e.kind() == io::ErrorKind::ConnectionRefused => {
@@ -202,7 +213,7 @@ async fn relay(previews: &Previews, sandbox: Uuid, port: u16, request: Request) 
 fn connect(target: &Target, port: u16) -> io::Result<TcpStream> {
     let address = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     match target {
-        Target::Host => TcpStream::connect_timeout(&address, CONNECT),
+        Target::Host => Err(io::Error::from(io::ErrorKind::PermissionDenied)),
         Target::Namespaces(namespaces) => {
             let mut last = io::Error::from(io::ErrorKind::ConnectionRefused);
             for namespace in namespaces {
@@ -293,6 +304,10 @@ async fn send(
         .await
         .map_err(|_| "no answer within 30 s".to_string())?
         .map_err(|e| e.to_string())?;
+    // A switch of protocols (or any 1xx) is not relayed: no upgrade was forwarded.
+    if response.status().is_informational() {
+        return Err(format!("it answered {}", response.status()));
+    }
     let (mut parts, body) = response.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     Ok(Response::from_parts(parts, Body::new(body)))

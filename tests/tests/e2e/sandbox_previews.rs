@@ -89,6 +89,15 @@ async fn a_preview_reaches_the_sandboxs_port_and_wakes_it() {
     let id = create(&cluster, json!({"agent": "coder", "ports": [8080, 8081]}));
     let view = wait_state(&cluster, &id, "running");
     assert_eq!(view["ports"], json!([8080, 8081]), "{view}");
+    // The sandbox's view names no host, worker, store or lease of the installation's.
+    for key in view.as_object().expect("an object").keys() {
+        assert!(
+            !["worker", "host", "store", "lease", "node", "provider", "identity"]
+                .iter()
+                .any(|internal| key.contains(internal)),
+            "an internal field in the view: {key}"
+        );
+    }
     let root = format!("/api/v1/sandboxes/{id}/preview");
 
     // Nothing listens yet on a running sandbox: said at once, not held.

@@ -65,10 +65,12 @@ pub fn check_services(services: &BTreeMap<String, ServiceSpec>) -> Result<(), Fi
 /// The script that (re)starts a service in the sandbox: the earlier instance's process
 /// group ends first (`TERM`, up to 5 s, then `KILL`, so its port is free); the new one
 /// leads a group of its own, its id in a file beside its log, both in the sandbox's
-/// home (the sandbox writes them itself). `sh` is whatever the view has (`dash` here),
-/// so the script keeps to POSIX.
-pub const LAUNCHER: &str = r#"name=$1; shift
-dir="$HOME/.cairn-services"; mkdir -p "$dir"
+/// home (the sandbox writes them itself), at `CAIRN_SERVICE_DIR`, which the owner sets
+/// after the service's own variables. `sh` is whatever the view has (`dash` here), so
+/// the script keeps to POSIX.
+pub const LAUNCHER: &str = r#"unset IFS
+name=$1; shift
+dir=$CAIRN_SERVICE_DIR; mkdir -p "$dir"
 if [ -s "$dir/$name.pid" ]; then
   group=$(cat "$dir/$name.pid")
   kill -TERM "-$group" 2>/dev/null
@@ -77,7 +79,7 @@ if [ -s "$dir/$name.pid" ]; then
 fi
 rm -f "$dir/$name.pid"
 [ "$#" -eq 0 ] && exit 0
-command -v "$1" >/dev/null || { echo "$1: not found" >&2; exit 127; }
+command -v -- "$1" >/dev/null || { printf '%s: not found\n' "$1" >&2; exit 127; }
 setsid sh -c 'echo $$ > "$0"; exec "$@"' "$dir/$name.pid" "$@" >>"$dir/$name.log" 2>&1 </dev/null &
 for _ in $(seq 100); do [ -s "$dir/$name.pid" ] && break; sleep 0.01; done
 [ -s "$dir/$name.pid" ] || { echo "the service did not start" >&2; exit 1; }

@@ -438,9 +438,15 @@ async fn start_service(
         .map(String::from)
         .to_vec();
     argv.extend(service.iter().flat_map(|s| s.argv.iter().cloned()));
+    // Where the launcher keeps the service's pid and log: after the service's own
+    // variables, so that one setting `HOME` still finds its earlier instance.
+    let home = host.worker.isolation.home_path(&tree.live.workspace.home);
+    let dir = format!("{}/.cairn-services", home.display());
+    let mut env = service.map(|s| s.env.clone()).unwrap_or_default();
+    env.insert("CAIRN_SERVICE_DIR".into(), dir.clone());
     let spec = ExecSpec {
         argv: argv.clone(),
-        env: service.map(|s| s.env.clone()).unwrap_or_default(),
+        env,
         cwd: service.and_then(|s| s.cwd.clone()),
         timeout_sec: 60,
         network: service.and_then(|s| s.network),
@@ -453,7 +459,7 @@ async fn start_service(
             "started": service.is_some() && outcome.succeeded(),
             "exit_code": outcome.exit_code,
             "stderr": outcome.stderr_tail,
-            "log": format!("$HOME/.cairn-services/{name}.log"),
+            "log": format!("{dir}/{name}.log"),
         }),
         Err(e) => json!({"name": name, "started": false, "error": e.to_string()}),
     }

@@ -61,6 +61,14 @@ pub fn memory_checkpoints(path: &std::ffi::OsStr) -> String {
         Ok(child) => child,
         Err(e) => return format!("criu does not start: {e}"),
     };
+    // Drained beside the wait, so that a long report never blocks it.
+    let reader = child.stderr.take().map(|mut stderr| {
+        std::thread::spawn(move || {
+            let mut said = String::new();
+            let _ = stderr.read_to_string(&mut said);
+            said
+        })
+    });
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         match child.try_wait() {
@@ -72,17 +80,15 @@ pub fn memory_checkpoints(path: &std::ffi::OsStr) -> String {
             Ok(None) if std::time::Instant::now() < deadline => {
                 std::thread::sleep(std::time::Duration::from_millis(20));
             }
-            _ => {
+            Ok(None) => {
                 let _ = child.kill();
                 let _ = child.wait();
                 return "criu check did not answer within 10 s".into();
             }
+            Err(e) => return format!("criu check could not be waited for: {e}"),
         }
     }
-    let mut said = String::new();
-    if let Some(mut stderr) = child.stderr.take() {
-        let _ = stderr.read_to_string(&mut said);
-    }
+    let said = reader.and_then(|r| r.join().ok()).unwrap_or_default();
     let last = said
         .lines()
         .rev()

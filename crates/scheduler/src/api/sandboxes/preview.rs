@@ -89,9 +89,10 @@ fn strip(headers: &mut HeaderMap) {
 /// Every answer on a preview route that the sandbox did not give (the tenancy guard's,
 /// a token's refusal, this module's) carries [`REFUSED_HEADER`] with its code.
 pub async fn mark_refusals(request: Request, next: axum::middleware::Next) -> Response {
-    let preview = request.uri().path().contains("/preview/");
+    let preview = raw_segments(request.uri().path()).is_some();
     let mut response = next.run(request).await;
     if preview
+        && !response.status().is_success()
         && response.extensions().get::<Forwarded>().is_none()
         && !response.headers().contains_key(REFUSED_HEADER)
     {
@@ -138,20 +139,20 @@ fn client() -> &'static reqwest::Client {
 pub async fn preview(
     State(state): State<AppState>,
     caller: Caller,
-    Path((sandbox_id, port, _path)): Path<(String, String, String)>,
+    Path((sandbox_id, _port, _path)): Path<(String, String, String)>,
     request: Request,
 ) -> Response {
-    marked(forward(&state, &caller, &sandbox_id, &port, request).await)
+    marked(forward(&state, &caller, &sandbox_id, request).await)
 }
 
 /// The same, at the port's root (`…/preview/{port}`).
 pub async fn preview_root(
     State(state): State<AppState>,
     caller: Caller,
-    Path((sandbox_id, port)): Path<(String, String)>,
+    Path((sandbox_id, _port)): Path<(String, String)>,
     request: Request,
 ) -> Response {
-    marked(forward(&state, &caller, &sandbox_id, &port, request).await)
+    marked(forward(&state, &caller, &sandbox_id, request).await)
 }
 
 /// Cairn's own refusals carry [`REFUSED_HEADER`] with their code, so a client tells
@@ -176,12 +177,15 @@ async fn forward(
     state: &AppState,
     caller: &Caller,
     sandbox_id: &str,
-    port: &str,
     request: Request,
 ) -> Result<Response, ApiError> {
     caller.require(Role::Operator)?;
     let id = path_id(sandbox_id, "sandbox_id")?;
-    // Digits only: `+80` would parse, and then not be found in the path.
+    // The port and the sandbox's path as the caller wrote them (still encoded): the
+    // router's parameters are decoded, and `%38%30` must not stand for `80`.
+    let raw = request.uri().path().to_string();
+    let (port, rest) = raw_segments(&raw).unwrap_or_default();
+    // Digits only: `+80` would parse.
     let port: u16 = Some(port)
         .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
         .and_then(|p| p.parse().ok())
@@ -198,7 +202,7 @@ async fn forward(
             "a preview's body is at most 16 MiB",
         )
     })?;
-    let mut path = format!("/{}", sandbox_path(parts.uri.path(), port));
+    let mut path = format!("/{rest}");
     if let Some(query) = parts.uri.query() {
         path.push('?');
         path.push_str(query);
@@ -214,32 +218,51 @@ async fn forward(
         body,
     };
     let deadline = Instant::now() + HOLD;
+    let mut conn = state.pool.acquire().await?;
+    cairn_common::sandbox::ask::touch(&mut conn, id).await?;
+    drop(conn);
     let mut woken = false;
+    let mut pause = POLL;
     loop {
-        let waking = match locate(state, id, port).await? {
-            Located::Running { url, key } => match send(&url, &key, id, port, &outgoing).await {
-                Sent::Answered(response) => return Ok(response),
-                // A sandbox that was running all along and has nothing on the port says
-                // so at once; one being woken gets the hold to start its server.
-                Sent::NotYet { why, hosted: true } if !woken => {
-                    return Err(ApiError::new(
-                        StatusCode::BAD_GATEWAY,
-                        "preview_unreachable",
-                        why,
-                    ))
+        let waking = match locate(state, id, port, !woken).await? {
+            Located::Running { url, key, starting } => {
+                match send(&url, &key, id, port, &outgoing).await {
+                    Sent::Answered(response) => return Ok(response),
+                    // Nothing reached the sandbox's server yet: a sandbox woken by this
+                    // request or lately started (its services starting) gets the hold;
+                    // one running all along with nothing on the port says so at once.
+                    Sent::NotYet { why, hosted: true } if !woken && !starting => {
+                        return Err(unreachable(why))
+                    }
+                    Sent::NotYet { why, .. } => why,
+                    // The request may have reached the server: it is never sent again.
+                    Sent::Failed(why) => return Err(unreachable(why)),
                 }
-                Sent::NotYet { why, .. } => why,
-            },
+            }
             Located::Waking(why) => {
                 woken = true;
                 why
             }
         };
-        if Instant::now() + POLL >= deadline {
+        if Instant::now() + pause >= deadline {
             return Err(retry_later(waking));
         }
-        tokio::time::sleep(POLL).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(400));
     }
+}
+
+fn unreachable(why: String) -> ApiError {
+    ApiError::new(StatusCode::BAD_GATEWAY, "preview_unreachable", why)
+}
+
+/// The port and the rest of a preview route's raw path
+/// (`/api/v1/sandboxes/{id}/preview/{port}[/{rest}]`), or `None` for another route.
+fn raw_segments(path: &str) -> Option<(&str, &str)> {
+    let rest = path.strip_prefix("/api/v1/sandboxes/")?;
+    let (_, rest) = rest.split_once('/')?;
+    let rest = rest.strip_prefix("preview/")?;
+    Some(rest.split_once('/').unwrap_or((rest, "")))
 }
 
 /// A `503` asking the client to come back after [`RETRY_AFTER`] seconds.
@@ -251,18 +274,6 @@ fn retry_later(why: String) -> ApiError {
     )
 }
 
-/// What follows `/preview/{port}` in the request's own (still encoded) path.
-fn sandbox_path(path: &str, port: u16) -> String {
-    let marker = format!("/preview/{port}");
-    match path.find(&marker) {
-        Some(at) => {
-            let rest = &path[at + marker.len()..];
-            rest.strip_prefix('/').unwrap_or(rest).to_string()
-        }
-        None => String::new(),
-    }
-}
-
 struct Outgoing {
     method: axum::http::Method,
     /// The sandbox's path and query, as the caller wrote them.
@@ -272,8 +283,13 @@ struct Outgoing {
 }
 
 enum Located {
-    /// Running, on a worker that takes previews at `url` with `key`.
-    Running { url: String, key: String },
+    /// Running, on a worker that takes previews at `url` with `key`; `starting` while its
+    /// services are being started, or were within the hold.
+    Running {
+        url: String,
+        key: String,
+        starting: bool,
+    },
     /// Starting or resuming (woken by this request or another).
     Waking(String),
 }
@@ -284,20 +300,25 @@ type Found = (
     Vec<i32>,
     Option<String>,
     Option<String>,
+    bool,
 );
 
-/// Where the sandbox's port is reached now; wakes it if it is stopped or paused and
-/// persistent. Counts as activity.
-async fn locate(state: &AppState, id: Uuid, port: u16) -> Result<Located, ApiError> {
+/// Where the sandbox's port is reached now; with `wake`, wakes it if it is stopped or
+/// paused and persistent.
+async fn locate(state: &AppState, id: Uuid, port: u16, wake: bool) -> Result<Located, ApiError> {
     let found: Option<Found> = sqlx::query_as(
-        "SELECT s.state, s.desired, s.ports, h.preview_url, h.preview_key
+        "SELECT s.state, s.desired, s.ports, h.preview_url, h.preview_key,
+                EXISTS (SELECT 1 FROM sandbox_operations o
+                         WHERE o.sandbox_id = s.id AND o.kind = 'service'
+                           AND (o.state IN ('pending', 'running')
+                                OR o.finished_at > now() - interval '10 seconds'))
            FROM sandboxes s LEFT JOIN worker_heartbeats h ON h.worker_id = s.worker_id
           WHERE s.id = $1",
     )
     .bind(id)
     .fetch_optional(&state.pool)
     .await?;
-    let (sandbox_state, desired, ports, url, key) =
+    let (sandbox_state, desired, ports, url, key, starting) =
         found.ok_or_else(|| ApiError::not_found("sandbox"))?;
     if !ports.contains(&i32::from(port)) {
         return Err(ApiError::new(
@@ -309,18 +330,20 @@ async fn locate(state: &AppState, id: Uuid, port: u16) -> Result<Located, ApiErr
         )
         .with_field("port"));
     }
-    let mut conn = state.pool.acquire().await?;
-    cairn_common::sandbox::ask::touch(&mut conn, id).await?;
-    drop(conn);
     if sandbox_state == SandboxState::Running && desired == "running" {
         return match (url, key) {
-            (Some(url), Some(key)) => Ok(Located::Running { url, key }),
+            (Some(url), Some(key)) => Ok(Located::Running { url, key, starting }),
             _ => Err(ApiError::new(
                 StatusCode::BAD_GATEWAY,
                 "preview_unreachable",
                 "the sandbox's worker takes no previews (its CAIRN_PREVIEW_URL is not set)",
             )),
         };
+    }
+    if !wake {
+        return Ok(Located::Waking(format!(
+            "the sandbox is waking (it is {sandbox_state})"
+        )));
     }
     let mut tx = state.pool.begin().await?;
     let row = lock(&mut tx, id).await?;
@@ -336,12 +359,14 @@ async fn locate(state: &AppState, id: Uuid, port: u16) -> Result<Located, ApiErr
 
 enum Sent {
     Answered(Response),
-    /// The worker does not hold it yet (`hosted` false), or nothing listens on the
-    /// port yet.
+    /// Nothing reached the sandbox's server: the worker does not hold it yet (`hosted`
+    /// false), or nothing listens on the port yet.
     NotYet {
         why: String,
         hosted: bool,
     },
+    /// The request may have reached the server, and got no answer.
+    Failed(String),
 }
 
 /// Sends the request to the worker; the sandbox's answer, or why there is none yet.
@@ -361,27 +386,31 @@ async fn send(url: &str, key: &str, id: Uuid, port: u16, out: &Outgoing) -> Sent
     let mut response = match tokio::time::timeout(ANSWER, sent).await {
         Ok(Ok(response)) => response,
         // The worker's address stays out of the message: it is the installation's.
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "a preview's worker did not answer");
-            let why = if e.is_connect() {
-                "the sandbox's worker could not be reached"
-            } else {
-                "the sandbox's worker did not answer"
-            };
+        Ok(Err(e)) if e.is_connect() => {
+            tracing::warn!(error = %e, "a preview's worker could not be reached");
             return Sent::NotYet {
-                why: why.into(),
+                why: "the sandbox's worker could not be reached".into(),
                 hosted: false,
             };
         }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "a preview's worker did not answer");
+            return Sent::Failed("the sandbox's worker did not answer".into());
+        }
         Err(_) => {
-            return Sent::NotYet {
-                why: format!("port {port} in the sandbox answered nothing within 30 s"),
-                hosted: true,
-            }
+            return Sent::Failed(format!(
+                "port {port} in the sandbox answered nothing within 30 s"
+            ))
         }
     };
     if let Some(code) = response.headers().get(REFUSED_HEADER) {
-        let hosted = code.as_bytes() != b"not_hosted";
+        let code = code.as_bytes().to_vec();
+        let hosted = code != b"not_hosted";
+        // Before the sandbox's server: no host yet, nothing listening, no connection.
+        let undelivered = matches!(
+            &code[..],
+            b"not_hosted" | b"nothing_listens" | b"unreachable"
+        );
         let mut body = Vec::new();
         while let Ok(Some(chunk)) = response.chunk().await {
             body.extend_from_slice(&chunk);
@@ -393,9 +422,16 @@ async fn send(url: &str, key: &str, id: Uuid, port: u16, out: &Outgoing) -> Sent
             .ok()
             .and_then(|v| v["message"].as_str().map(str::to_string))
             .unwrap_or_else(|| "the sandbox's worker refused the preview".into());
-        return Sent::NotYet { why, hosted };
+        return if undelivered {
+            Sent::NotYet { why, hosted }
+        } else {
+            Sent::Failed(why)
+        };
     }
     let status = response.status();
+    if status.is_informational() {
+        return Sent::Failed(format!("port {port} in the sandbox answered {status}"));
+    }
     let mut headers = response.headers().clone();
     strip(&mut headers);
     // Served beside the API and the console: an opaque origin, and no cookies.
@@ -413,14 +449,29 @@ async fn send(url: &str, key: &str, id: Uuid, port: u16, out: &Outgoing) -> Sent
 
 #[cfg(test)]
 mod tests {
-    use super::sandbox_path;
+    use super::raw_segments;
 
     #[test]
-    fn the_sandbox_path_is_what_follows_the_port() {
-        let base = "/api/v1/sandboxes/0123456789abcdef0123456789abcdef/preview/8080";
-        assert_eq!(sandbox_path(base, 8080), "");
-        assert_eq!(sandbox_path(&format!("{base}/"), 8080), "");
-        assert_eq!(sandbox_path(&format!("{base}/a/b%20c"), 8080), "a/b%20c");
-        assert_eq!(sandbox_path(&format!("{base}//x"), 8080), "/x");
+    fn the_port_and_the_path_are_taken_as_written() {
+        let base = "/api/v1/sandboxes/0123456789abcdef0123456789abcdef/preview";
+        assert_eq!(raw_segments(&format!("{base}/8080")), Some(("8080", "")));
+        assert_eq!(raw_segments(&format!("{base}/8080/")), Some(("8080", "")));
+        assert_eq!(
+            raw_segments(&format!("{base}/8080/a/b%20c")),
+            Some(("8080", "a/b%20c"))
+        );
+        assert_eq!(
+            raw_segments(&format!("{base}/8080//x")),
+            Some(("8080", "/x"))
+        );
+        assert_eq!(
+            raw_segments(&format!("{base}/%38%30/a")),
+            Some(("%38%30", "a"))
+        );
+        assert_eq!(raw_segments("/api/v1/runs/0123/steps/preview/output"), None);
+        assert_eq!(
+            raw_segments("/api/v1/agents/preview/credentials/rotate"),
+            None
+        );
     }
 }
