@@ -171,7 +171,7 @@ def test_a_service_is_set_started_and_deleted(client: cairn.Client, stack: Stack
         assert started.result is not None and started.result["started"] is True, started
         assert client.get_sandbox(sandbox_id).services["web"].argv[0] == "python3"
         ended = client.delete_sandbox_service(sandbox_id, "web")
-        assert ended.result is not None and ended.result["started"] is False, ended
+        assert ended is not None and ended.result is not None and ended.result["started"] is False, ended
         with pytest.raises(errors.NotFound):
             client.delete_sandbox_service(sandbox_id, "web")
         with pytest.raises(cairn.InvalidInput):
