@@ -141,7 +141,9 @@ OPERATIONS: dict[str, Operation] = {
         path="/api/v1/sandboxes/{sandbox_id}/services/{name}",
         params=(
             Param(name="sandbox_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),
-            Param(name="name", location="path", required=True, type="string", pattern="^[A-Za-z0-9._-]{1,63}$"),
+            Param(
+                name="name", location="path", required=True, type="string", pattern="^(?!\\.+$)[A-Za-z0-9._-]{1,63}$"
+            ),
         ),
         body=None,
         replies=(
@@ -786,7 +788,9 @@ OPERATIONS: dict[str, Operation] = {
         path="/api/v1/sandboxes/{sandbox_id}/services/{name}",
         params=(
             Param(name="sandbox_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),
-            Param(name="name", location="path", required=True, type="string", pattern="^[A-Za-z0-9._-]{1,63}$"),
+            Param(
+                name="name", location="path", required=True, type="string", pattern="^(?!\\.+$)[A-Za-z0-9._-]{1,63}$"
+            ),
         ),
         body=Body(
             media_type="application/json", model="ServiceSpec", optional=False, acknowledgements=(), identity_field=None

@@ -40,9 +40,10 @@ impl ServiceSpec {
     }
 }
 
-/// A service's name: 1 to 63 of `A-Za-z0-9._-`.
+/// A service's name: 1 to 63 of `A-Za-z0-9._-`, not only dots (`.` and `..` are path
+/// segments every client resolves).
 pub fn check_service_name(name: &str) -> Result<(), FieldError> {
-    if valid_name(name, 63) {
+    if valid_name(name, 63) && !name.bytes().all(|b| b == b'.') {
         Ok(())
     } else {
         Err(FieldError::new(
@@ -102,8 +103,10 @@ mod tests {
         };
         let ok = BTreeMap::from([("web".to_string(), spec(&["python3", "-m", "http.server"]))]);
         assert_eq!(check_services(&ok), Ok(()));
-        let unnamed = BTreeMap::from([("a b".to_string(), spec(&["x"]))]);
-        assert!(check_services(&unnamed).is_err());
+        for name in ["a b", ".", "..", ""] {
+            let unnamed = BTreeMap::from([(name.to_string(), spec(&["x"]))]);
+            assert!(check_services(&unnamed).is_err(), "{name:?}");
+        }
         let empty = BTreeMap::from([("web".to_string(), spec(&[]))]);
         assert_eq!(
             check_services(&empty).map_err(|e| e.field),

@@ -168,7 +168,8 @@ fn path_schema(name: &str) -> serde_json::Value {
         // A preview's port, and the path in the sandbox's server (any).
         "port" => return serde_json::json!({"type": "integer", "minimum": 1, "maximum": 65535}),
         "path" => return serde_json::json!({"type": "string"}),
-        "name" => "^[A-Za-z0-9._-]{1,63}$",
+        // Not only dots: `.` and `..` are path segments clients resolve.
+        "name" => "^(?!\\.+$)[A-Za-z0-9._-]{1,63}$",
         "agent" => "^[A-Za-z0-9._-]{1,128}$",
         "step_key" => "^[A-Za-z0-9._-]{1,64}$",
         "profile_digest" => "^[0-9a-f]{64}$",

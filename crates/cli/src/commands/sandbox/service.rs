@@ -64,6 +64,9 @@ pub async fn service(
         ServiceCommand::Delete { sandbox, name } => (sandbox, name, Method::DELETE, None),
     };
     let sandbox = id(&sandbox, "the sandbox id")?;
+    // Checked before it goes into a URL, where `..` would lead elsewhere.
+    cairn_common::sandbox::service::check_service_name(&name)
+        .map_err(|e| CallError::new(exit::USAGE, e.message))?;
     let path = format!("/api/v1/sandboxes/{sandbox}/services/{name}");
     let answer = client.call(method, &path, body.as_ref(), &[]).await?;
     if json_out {
