@@ -6,7 +6,6 @@
 use cairn_common::sandbox::identity::Identity;
 use ssh_key::{rand_core::OsRng, Algorithm, LineEnding, PrivateKey};
 use std::io;
-use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 /// A new identity for sandbox `id`: a random machine id and SSH host key.
@@ -36,16 +35,25 @@ pub struct IdentityDir {
 }
 
 impl IdentityDir {
-    /// Writes `identity`'s files in a new directory under `base`: readable by the
-    /// sandbox's user (the worker's uid inside its namespace), the private key by it
-    /// alone, as sshd requires.
+    /// Writes `identity`'s files in a new directory under `base`, each made with its
+    /// mode (never readable by another host user, not even for a moment): the sandbox's
+    /// user is this worker's uid inside its namespace, so owner-only suffices, and the
+    /// private key stays its alone, as sshd requires.
     pub fn write(base: &Path, identity: &Identity) -> io::Result<IdentityDir> {
-        std::fs::create_dir_all(base)?;
+        use std::io::Write;
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+        let private = |path: &Path| {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(path)
+        };
+        private(base)?;
         let dir = IdentityDir {
             path: base.join(uuid::Uuid::new_v4().simple().to_string()),
         };
         let ssh = dir.path.join("ssh");
-        std::fs::create_dir_all(&ssh)?;
+        private(&ssh)?;
         let files = [
             (
                 dir.path.join("machine-id"),
@@ -69,11 +77,12 @@ impl IdentityDir {
             ),
         ];
         for (path, content, mode) in files {
-            std::fs::write(&path, content)?;
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))?;
-        }
-        for path in [&ssh, &dir.path] {
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755))?;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(mode)
+                .open(&path)?
+                .write_all(content.as_bytes())?;
         }
         Ok(dir)
     }
@@ -103,6 +112,10 @@ mod tests {
         let dir = IdentityDir::write(&base, &a).expect("write");
         let written = std::fs::read_to_string(dir.path.join("machine-id")).expect("read");
         assert_eq!(written.trim(), a.machine_id);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).expect("stat").permissions().mode() & 0o777;
+        assert_eq!(mode(&dir.path.join("ssh/ssh_host_ed25519_key")), 0o600);
+        assert_eq!(mode(&dir.path), 0o700, "no other host user looks in");
         let path = dir.path.clone();
         drop(dir);
         assert!(!path.exists());
