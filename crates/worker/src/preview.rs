@@ -17,6 +17,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use axum::{Json, Router};
+use cairn_common::sandbox::preview::{strip_hop, PATH_HEADER, REFUSED_HEADER};
 use std::collections::HashMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
@@ -24,11 +25,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use uuid::Uuid;
 
-/// The header on this worker's own refusals, telling them from the sandbox's answers
-/// (the scheduler's `preview::REFUSED_HEADER`).
-const REFUSED_HEADER: &str = "cairn-preview-refused";
-/// The header with the sandbox's path and query (the scheduler's `PATH_HEADER`).
-const PATH_HEADER: &str = "cairn-preview-path";
 /// How long the sandbox's server may take to send its answer's head.
 const ANSWER: Duration = Duration::from_secs(30);
 
@@ -242,40 +238,6 @@ fn connect_in(namespace: &std::fs::File, address: SocketAddr) -> io::Result<TcpS
     })
 }
 
-/// Headers that belong to one connection, never forwarded (RFC 9110, 7.6.1).
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
-/// Removes [`HOP_BY_HOP`], the headers `Connection` names, and Cairn's own preview
-/// headers (a sandbox's server may not forge a refusal).
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    let named: Vec<String> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|name| name.trim().to_ascii_lowercase())
-        .filter(|name| !name.is_empty())
-        .collect();
-    let own = [REFUSED_HEADER, PATH_HEADER];
-    for name in HOP_BY_HOP
-        .iter()
-        .chain(&own)
-        .copied()
-        .chain(named.iter().map(String::as_str))
-    {
-        headers.remove(name);
-    }
-}
-
 /// Sends the request, at `path`, over `stream` and answers with the sandbox's response,
 /// streamed.
 async fn send(
@@ -295,7 +257,7 @@ async fn send(
     });
     let (mut parts, body) = request.into_parts();
     parts.uri = path.into();
-    strip_hop_by_hop(&mut parts.headers);
+    strip_hop(&mut parts.headers);
     parts.headers.remove(header::AUTHORIZATION);
     let host = HeaderValue::from_str(&format!("localhost:{port}")).map_err(|e| e.to_string())?;
     parts.headers.insert(header::HOST, host);
@@ -309,7 +271,7 @@ async fn send(
         return Err(format!("it answered {}", response.status()));
     }
     let (mut parts, body) = response.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
+    strip_hop(&mut parts.headers);
     Ok(Response::from_parts(parts, Body::new(body)))
 }
 

@@ -118,11 +118,15 @@ pub async fn set_service(
     Ok(())
 }
 
-/// A use of the sandbox (a preview's request) counts as activity.
+/// A use of the sandbox (a preview's request) counts as activity: written at most once
+/// a second, so that a page of many requests is not a write each.
 pub async fn touch(conn: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE sandboxes SET last_activity_at = now() WHERE id = $1")
-        .bind(id)
-        .execute(conn)
-        .await?;
+    sqlx::query(
+        "UPDATE sandboxes SET last_activity_at = now()
+          WHERE id = $1 AND last_activity_at < now() - interval '1 second'",
+    )
+    .bind(id)
+    .execute(conn)
+    .await?;
     Ok(())
 }

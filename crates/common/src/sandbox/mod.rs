@@ -11,6 +11,7 @@
 //!   destroyed, stopped).
 //! - [`operations`]: operations recorded for the owner, and idempotency keys.
 //! - [`template`]: templates, immutable versions of a named snapshot.
+//! - [`preview`]: the headers of a preview's hop from the scheduler to the worker.
 //! - [`service`]: commands started in the background on every start and resume.
 //! - [`identity`]: the machine id, host name and SSH host key a sandbox keeps for its life.
 
@@ -18,6 +19,7 @@ pub mod ask;
 pub mod identity;
 pub mod operations;
 pub mod owner;
+pub mod preview;
 pub mod record;
 pub mod service;
 pub mod spec;

@@ -122,8 +122,14 @@ impl From<sqlx::Error> for ApiError {
     }
 }
 
+/// The code of an error answer, kept on the response for the layers around the
+/// handlers (a preview route names it in a header).
+#[derive(Debug, Clone, Copy)]
+pub struct ErrorCode(pub &'static str);
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        let code = ErrorCode(self.code);
         let body = ErrorBody {
             error: ErrorDetail {
                 code: self.code.to_string(),
@@ -131,6 +137,8 @@ impl IntoResponse for ApiError {
                 field: self.field,
             },
         };
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        response.extensions_mut().insert(code);
+        response
     }
 }

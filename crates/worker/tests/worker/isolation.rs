@@ -663,14 +663,18 @@ async fn step_cgroups_a_dead_worker_left_are_removed_at_start() {
 }
 
 /// A sandbox resource's commands see its own machine id, host name and SSH host key,
-/// not the host's and not another sandbox's; a run's step sees none of them.
+/// not the host's and not another sandbox's, and cannot change them (invariant 10: the
+/// files are the worker's); a run's step sees none of them.
 #[tokio::test]
 async fn a_sandbox_sees_its_own_identity_and_a_step_none() {
     let sandbox = sandbox();
     let scratch = Scratch::new();
     let script = "cat /etc/machine-id; uname -n; cat /etc/hostname; \
                   cat /etc/ssh/ssh_host_ed25519_key.pub; \
-                  head -c 35 /etc/ssh/ssh_host_ed25519_key; echo";
+                  head -c 35 /etc/ssh/ssh_host_ed25519_key; echo; \
+                  (echo x > /etc/machine-id) 2>/dev/null && echo wrote the machine id; \
+                  (echo x > /etc/ssh/ssh_host_ed25519_key) 2>/dev/null && echo wrote the key; \
+                  true";
     let command = scratch.command(&["sh", "-c", script]);
     let stop = CancellationToken::new();
     let mut seen = Vec::new();

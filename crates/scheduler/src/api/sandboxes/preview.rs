@@ -15,13 +15,14 @@
 use super::lifecycle::{lock, resume_in};
 use super::operations::takes;
 use crate::api::auth::{Caller, Role};
-use crate::api::error::{ApiError, ErrorBody};
+use crate::api::error::{ApiError, ErrorBody, ErrorCode};
 use crate::api::path_id;
 use crate::api::AppState;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
+use cairn_common::sandbox::preview::{strip_hop, PATH_HEADER, REFUSED_HEADER};
 use cairn_common::sandbox::SandboxState;
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -37,10 +38,6 @@ const MAX_BODY: usize = 16 * 1024 * 1024;
 /// How often a held request looks again.
 const POLL: Duration = Duration::from_millis(50);
 
-/// The header a worker's own refusal carries, telling it from the sandbox's answer.
-pub const REFUSED_HEADER: &str = "cairn-preview-refused";
-/// The header that carries the sandbox's path and query to the worker.
-pub const PATH_HEADER: &str = "cairn-preview-path";
 /// How long the sandbox's server may take to answer (its headers; the body streams).
 const ANSWER: Duration = Duration::from_secs(30);
 /// The most of a worker's refusal read (a JSON error body).
@@ -50,62 +47,38 @@ const MAX_REFUSAL: usize = 4096;
 #[derive(Debug, Clone, Copy)]
 struct Forwarded;
 
-/// Headers that belong to one connection, never forwarded (RFC 9110, 7.6.1), and the
-/// caller's credentials, which are Cairn's and never the sandbox's.
-const NOT_FORWARDED: &[&str] = &[
-    "authorization",
-    "cairn-preview-path",
-    "cairn-preview-refused",
-    "connection",
-    "host",
-    "keep-alive",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-];
-
-/// Removes [`NOT_FORWARDED`] and the headers `Connection` names for this hop.
+/// Removes what never crosses a hop, and the caller's credentials and host, which are
+/// Cairn's and never the sandbox's.
 fn strip(headers: &mut HeaderMap) {
-    let named: Vec<String> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(|name| name.trim().to_ascii_lowercase())
-        .filter(|name| !name.is_empty())
-        .collect();
-    for name in NOT_FORWARDED
-        .iter()
-        .copied()
-        .chain(named.iter().map(String::as_str))
-    {
-        headers.remove(name);
-    }
+    strip_hop(headers);
+    headers.remove(header::AUTHORIZATION);
+    headers.remove(header::HOST);
 }
 
 /// Every answer on a preview route that the sandbox did not give (the tenancy guard's,
-/// a token's refusal, this module's) carries [`REFUSED_HEADER`] with its code.
+/// a token's refusal, the handler's) carries [`REFUSED_HEADER`] with its code, and a
+/// `503` asks to come back after [`RETRY_AFTER`] seconds.
 pub async fn mark_refusals(request: Request, next: axum::middleware::Next) -> Response {
     let preview = raw_segments(request.uri().path()).is_some();
     let mut response = next.run(request).await;
-    if preview
-        && !response.status().is_success()
-        && response.extensions().get::<Forwarded>().is_none()
-        && !response.headers().contains_key(REFUSED_HEADER)
+    if !preview
+        || response.status().is_success()
+        || response.extensions().get::<Forwarded>().is_some()
     {
-        let code = match response.status() {
-            StatusCode::UNAUTHORIZED => "unauthorized",
-            StatusCode::FORBIDDEN => "forbidden",
-            StatusCode::NOT_FOUND => "not_found",
-            StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
-            _ => "refused",
-        };
+        return response;
+    }
+    // An error of the API's names its code; another (a body the router refused) its
+    // status's.
+    let code = match response.extensions().get::<ErrorCode>() {
+        Some(ErrorCode(code)) => code,
+        None => response.status().canonical_reason().unwrap_or("refused"),
+    };
+    let code = HeaderValue::from_str(code).unwrap_or(HeaderValue::from_static("refused"));
+    response.headers_mut().insert(REFUSED_HEADER, code);
+    if response.status() == StatusCode::SERVICE_UNAVAILABLE {
         response
             .headers_mut()
-            .insert(REFUSED_HEADER, HeaderValue::from_static(code));
+            .insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER));
     }
     response
 }
@@ -141,8 +114,8 @@ pub async fn preview(
     caller: Caller,
     Path((sandbox_id, _port, _path)): Path<(String, String, String)>,
     request: Request,
-) -> Response {
-    marked(forward(&state, &caller, &sandbox_id, request).await)
+) -> Result<Response, ApiError> {
+    forward(&state, &caller, &sandbox_id, request).await
 }
 
 /// The same, at the port's root (`…/preview/{port}`).
@@ -151,26 +124,8 @@ pub async fn preview_root(
     caller: Caller,
     Path((sandbox_id, _port)): Path<(String, String)>,
     request: Request,
-) -> Response {
-    marked(forward(&state, &caller, &sandbox_id, request).await)
-}
-
-/// Cairn's own refusals carry [`REFUSED_HEADER`] with their code, so a client tells
-/// them from the sandbox's answers (whose bodies and statuses are its own).
-fn marked(result: Result<Response, ApiError>) -> Response {
-    match result {
-        Ok(response) => response,
-        Err(error) => {
-            let code = error.code;
-            let mut response = error.into_response();
-            let headers = response.headers_mut();
-            headers.insert(REFUSED_HEADER, HeaderValue::from_static(code));
-            if code == "sandbox_waking" {
-                headers.insert(header::RETRY_AFTER, HeaderValue::from_static(RETRY_AFTER));
-            }
-            response
-        }
-    }
+) -> Result<Response, ApiError> {
+    forward(&state, &caller, &sandbox_id, request).await
 }
 
 async fn forward(
