@@ -178,3 +178,28 @@ def test_a_service_is_set_started_and_deleted(client: cairn.Client, stack: Stack
             client.set_sandbox_service(sandbox_id, "a b", serve)
     finally:
         client.destroy_sandbox(sandbox_id)
+
+
+def test_a_volume_keeps_its_files_across_a_stop_and_is_attached_once(client: cairn.Client, stack: Stack) -> None:
+    name = f"py-{secrets.token_hex(4)}"
+    volume = client.create_volume({"name": name, "size_mb": 16})
+    assert (volume.state, volume.attached_to) == ("available", None), volume
+    with pytest.raises(errors.VolumeExists):
+        client.create_volume({"name": name})
+    sandbox_id = client.create_sandbox({"agent": "py-volume", "volumes": [name]}).sandbox_id
+    try:
+        with pytest.raises(errors.VolumeAttached):
+            client.create_sandbox({"agent": "py-volume", "volumes": [name]})
+        running(client, sandbox_id, stack)
+        client.exec_in_sandbox(sandbox_id, {"argv": ["sh", "-c", f"echo kept > /volumes/{name}/a"], "timeout_sec": 60})
+        client.stop_sandbox(sandbox_id, wait_seconds=30)
+        client.resume_sandbox(sandbox_id, wait_seconds=30)
+        running(client, sandbox_id, stack)
+        read = client.exec_in_sandbox(sandbox_id, {"argv": ["cat", f"/volumes/{name}/a"], "timeout_sec": 60})
+        assert read.result is not None and read.result["stdout"] == "kept\n", read
+        assert client.get_volume(volume.volume_id).attached_to == sandbox_id
+        with pytest.raises(errors.VolumeAttached):
+            client.delete_volume(volume.volume_id)
+    finally:
+        client.destroy_sandbox(sandbox_id, wait_seconds=30)
+    assert client.delete_volume(volume.volume_id).state in ("deleting", "deleted")

@@ -104,6 +104,7 @@ fn true_command(
             network: cairn_common::egress::Effective::flag(network),
             limits: sandbox.limits(None),
             identity: None,
+            volumes: Vec::new(),
         },
         timeout: Duration::from_secs(30),
         output_base,

@@ -27,6 +27,7 @@ use commands::snapshot::{snapshot, SnapshotCommand};
 use commands::template::{template, TemplateCommand};
 use commands::tokens::{tenants, tokens, TenantCommand, TokenCommand};
 use commands::verification;
+use commands::volume::{volume, VolumeCommand};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -87,6 +88,10 @@ enum Command {
     /// Templates: a named snapshot published as immutable versions to start from.
     #[command(subcommand)]
     Template(TemplateCommand),
+    /// Volumes: storage on one worker's disk that a sandbox attaches, kept across its
+    /// restarts.
+    #[command(subcommand)]
+    Volume(VolumeCommand),
     /// Reviewed continuation of a request stopped at its retained checkpoint.
     #[command(subcommand, name = "checkpoint-continuations")]
     CheckpointContinuations(ContinuationCommand),
@@ -217,6 +222,7 @@ async fn run(cli: Cli) -> Result<u8, CallError> {
         Command::Publication(command) => publication(&client()?, command, json).await,
         Command::Qualification(command) => qualification(&client()?, command, json).await,
         Command::Template(command) => template(&client()?, command, json).await,
+        Command::Volume(command) => volume(&client()?, command, json).await,
         Command::Token(command) => tokens(&client()?, command, json).await,
         Command::Tenant(command) => tenants(&client()?, command, json).await,
         Command::Credentials(command) => credentials(&client()?, command, json).await,

@@ -52,8 +52,10 @@ pub struct Consumer {
     pub topology: Topology,
     /// The queues it takes from ([`JobQueue::JOBS`] or [`JobQueue::SANDBOXES`]).
     pub queues: &'static [JobQueue],
-    /// Its slots: deliveries of its queues running at once.
+    /// Its slots: deliveries of its queues running at once (`slots` holds them; what
+    /// else takes work in them shares it).
     pub concurrency: usize,
+    pub slots: Arc<Semaphore>,
     pub prefetch: u16,
     /// The AMQP heartbeat: a stalled worker's deliveries go back to their queues after
     /// about this long.
@@ -66,7 +68,7 @@ pub struct Consumer {
 impl Consumer {
     /// Takes deliveries until `stop_consuming`; running jobs stop early on `drain`.
     pub async fn run(self, stop_consuming: CancellationToken, drain: CancellationToken) {
-        let permits = Arc::new(Semaphore::new(self.concurrency));
+        let permits = self.slots.clone();
         let mut backoff = Delays::forever(Duration::from_millis(200), Duration::from_secs(5));
         while !stop_consuming.is_cancelled() {
             match self.session(&permits, &stop_consuming, &drain).await {

@@ -193,6 +193,49 @@ impl Disk {
     }
 }
 
+/// Where volumes are, in the workspaces directory: never a request's tree, so neither
+/// the janitor nor a tree's reset ever touches them.
+const VOLUMES: &str = ".volumes";
+
+impl Disk {
+    /// A volume's directory, made on its first use with room for `quota_mb` MiB and
+    /// kept as it is after (its room set again: a size never changes, but a volume
+    /// made before quotas is a plain directory and stays one).
+    pub fn volume(&self, id: uuid::Uuid, quota_mb: u64) -> std::io::Result<PathBuf> {
+        let parent = self.root.join(VOLUMES);
+        std::fs::create_dir_all(&parent)?;
+        let name = id.simple().to_string();
+        let path = parent.join(&name);
+        if !self.enforced {
+            std::fs::create_dir_all(&path)?;
+            return Ok(path);
+        }
+        let parent = open_directory(&parent)?;
+        let volume = match open_beneath(&parent, name.as_bytes()) {
+            Ok(volume) => volume,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                create_subvolume(&parent, name.as_bytes())?;
+                open_beneath(&parent, name.as_bytes())?
+            }
+            Err(e) => return Err(e),
+        };
+        use std::os::unix::fs::MetadataExt;
+        if File::from(volume.try_clone()?).metadata()?.ino() == SUBVOLUME_ROOT_INODE {
+            limit(&volume, quota_mb.saturating_mul(MIB))?;
+        }
+        Ok(path)
+    }
+
+    /// Removes a volume's directory and everything in it (nothing there is followed).
+    pub fn remove_volume(&self, id: uuid::Uuid) -> std::io::Result<()> {
+        let path = self.root.join(VOLUMES).join(id.simple().to_string());
+        match std::fs::remove_dir_all(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Makes a tree with [`Disk::make`] off the runtime's threads.
 pub async fn make(disk: &Disk, path: &Path, quota_mb: u64) -> std::io::Result<()> {
     let (disk, path) = (disk.clone(), path.to_path_buf());

@@ -125,11 +125,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let probes =
         health::router(readiness, registry).merge(preview::router(worker.previews.clone()));
     let background = Background::start(&worker, &config, listener, probes, directory_id, &starving);
-    let consumers = consumers_of(worker, &config, amqp_status, jobs.clone(), starving);
+    let (consumers, sandbox_slots) =
+        consumers_of(worker.clone(), &config, amqp_status, jobs.clone(), starving);
     tracing::info!(worker_id = %worker_id, listen = %config.metrics_listen, "worker started");
 
-    let running = consumers.into_iter();
-    futures::future::join_all(running.map(|c| c.run(shutdown.clone(), drain.clone()))).await;
+    take_work(worker, (consumers, sandbox_slots), &jobs, &shutdown, &drain).await;
 
     let grace = Duration::from_secs(config.kill_grace_seconds);
     drain_jobs(
@@ -145,6 +145,27 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     pool.close().await;
     tracing::info!("worker stopped");
     Ok(())
+}
+
+/// Takes work until `shutdown`: deliveries of its queues, and the sandboxes whose
+/// volumes are on this worker's disk (in the same sandbox slots).
+async fn take_work(
+    worker: Arc<context::Worker>,
+    (consumers, sandbox_slots): (Vec<consumer::Consumer>, Option<Arc<tokio::sync::Semaphore>>),
+    jobs: &TaskTracker,
+    shutdown: &CancellationToken,
+    drain: &CancellationToken,
+) {
+    let running = consumers.into_iter();
+    let consuming =
+        futures::future::join_all(running.map(|c| c.run(shutdown.clone(), drain.clone())));
+    let volumes = async {
+        if let Some(slots) = sandbox_slots {
+            let stop = (shutdown.clone(), drain.clone());
+            hosting::volumes::run(worker, slots, jobs.clone(), stop.0, stop.1).await;
+        }
+    };
+    tokio::join!(consuming, volumes);
 }
 
 /// The first beat of this process, the slots it offers and where it takes previews.
@@ -222,20 +243,24 @@ async fn connect(config: &Config) -> anyhow::Result<(sqlx::PgPool, redis::aio::C
 
 /// The consumers of this worker's queues: one of the job queues in its job slots (its
 /// status and its waiting are what the probes and heartbeats report), and, when it has
-/// sandbox slots, one of sandbox placements in them.
+/// sandbox slots, one of sandbox placements in them (whose semaphore is returned: the
+/// sandboxes placed from the database take the same slots).
 fn consumers_of(
     worker: Arc<context::Worker>,
     config: &Config,
     status: AmqpStatus,
     jobs: TaskTracker,
     starving: consumer::Starving,
-) -> Vec<consumer::Consumer> {
+) -> (Vec<consumer::Consumer>, Option<Arc<tokio::sync::Semaphore>>) {
     let consumer = |queues, slots: u32, status, starving| consumer::Consumer {
         worker: worker.clone(),
         amqp_url: config.amqp.amqp_url.clone(),
         topology: Topology::new(&config.amqp.queue_prefix, config.amqp.delivery_limit),
         queues,
         concurrency: usize::try_from(slots).unwrap_or(1),
+        slots: Arc::new(tokio::sync::Semaphore::new(
+            usize::try_from(slots).unwrap_or(1),
+        )),
         prefetch: config.prefetch(),
         heartbeat_seconds: config.amqp_heartbeat_seconds,
         status,
@@ -248,17 +273,15 @@ fn consumers_of(
         status,
         starving,
     )];
+    let mut sandbox_slots = None;
     if config.sandbox_slots > 0 {
         // A worker waiting for a sandbox is not evidence that a run is parked elsewhere.
         let own = (AmqpStatus::default(), consumer::Starving::default());
-        consumers.push(consumer(
-            &JobQueue::SANDBOXES[..],
-            config.sandbox_slots,
-            own.0,
-            own.1,
-        ));
+        let placements = consumer(&JobQueue::SANDBOXES[..], config.sandbox_slots, own.0, own.1);
+        sandbox_slots = Some(placements.slots.clone());
+        consumers.push(placements);
     }
-    consumers
+    (consumers, sandbox_slots)
 }
 
 /// What every job of this worker shares of its settings.

@@ -512,6 +512,7 @@ mod tests {
                 network: cairn_common::egress::Effective::flag(true),
                 limits: Default::default(),
                 identity: None,
+                volumes: Vec::new(),
             },
             timeout,
             output_base: dir.join("out").join("step"),

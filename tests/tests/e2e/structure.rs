@@ -534,6 +534,7 @@ const WRITERS: &[(&str, &str, &[&str])] = &[
         "crates/common/src/sandbox/template.rs",
         &[],
     ),
+    ("volumes", "crates/common/src/sandbox/volume.rs", &[]),
     ("recovery_policy", "crates/common/src/policy.rs", &[]),
     ("source_profiles", "crates/common/src/qualification.rs", &[]),
     ("publications", "crates/common/src/publication.rs", &[]),

@@ -421,6 +421,27 @@ class ValidationFailed(CairnError):
     STATUS: ClassVar[int | None] = 422
 
 
+class VolumeAttached(CairnError):
+    """The volume is attached to another sandbox: it is attached to one at a time; destroy that sandbox first. (HTTP 409, `volume_attached`)"""
+
+    CODE: ClassVar[str | None] = "volume_attached"
+    STATUS: ClassVar[int | None] = 409
+
+
+class VolumeExists(CairnError):
+    """The tenant has a volume of that name already. (HTTP 409, `volume_exists`)"""
+
+    CODE: ClassVar[str | None] = "volume_exists"
+    STATUS: ClassVar[int | None] = 409
+
+
+class VolumesApart(CairnError):
+    """The volumes named are on different workers' disks: a sandbox attaches volumes of one worker. (HTTP 409, `volumes_apart`)"""
+
+    CODE: ClassVar[str | None] = "volumes_apart"
+    STATUS: ClassVar[int | None] = 409
+
+
 ERROR_CLASSES: dict[str, type[CairnError]] = {
     "acknowledgement_required": AcknowledgementRequired,
     "action_id_conflict": ActionIdConflict,
@@ -481,6 +502,9 @@ ERROR_CLASSES: dict[str, type[CairnError]] = {
     "unknown_command_digest": UnknownCommandDigest,
     "unsupported_media_type": UnsupportedMediaType,
     "validation_failed": ValidationFailed,
+    "volume_attached": VolumeAttached,
+    "volume_exists": VolumeExists,
+    "volumes_apart": VolumesApart,
 }
 
 __all__ = [
@@ -543,4 +567,7 @@ __all__ = [
     "UnknownCommandDigest",
     "UnsupportedMediaType",
     "ValidationFailed",
+    "VolumeAttached",
+    "VolumeExists",
+    "VolumesApart",
 ]

@@ -135,6 +135,16 @@ OPERATIONS: dict[str, Operation] = {
         ),
         replies=(Reply(status=201, media_types=("application/json",), model="CreatedToken"),),
     ),
+    "create_volume": Operation(
+        id="create_volume",
+        method="POST",
+        path="/api/v1/volumes",
+        params=(),
+        body=Body(
+            media_type="application/json", model="VolumeSpec", optional=False, acknowledgements=(), identity_field=None
+        ),
+        replies=(Reply(status=201, media_types=("application/json",), model="VolumeView"),),
+    ),
     "delete_sandbox_service": Operation(
         id="delete_sandbox_service",
         method="DELETE",
@@ -159,6 +169,14 @@ OPERATIONS: dict[str, Operation] = {
         params=(Param(name="snapshot_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),),
         body=None,
         replies=(Reply(status=200, media_types=("application/json",), model="SnapshotView"),),
+    ),
+    "delete_volume": Operation(
+        id="delete_volume",
+        method="DELETE",
+        path="/api/v1/volumes/{volume_id}",
+        params=(Param(name="volume_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),),
+        body=None,
+        replies=(Reply(status=200, media_types=("application/json",), model="VolumeView"),),
     ),
     "destroy_sandbox": Operation(
         id="destroy_sandbox",
@@ -435,6 +453,14 @@ OPERATIONS: dict[str, Operation] = {
         body=None,
         replies=(Reply(status=200, media_types=("application/json",), model="AdoptionView"),),
     ),
+    "get_volume": Operation(
+        id="get_volume",
+        method="GET",
+        path="/api/v1/volumes/{volume_id}",
+        params=(Param(name="volume_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),),
+        body=None,
+        replies=(Reply(status=200, media_types=("application/json",), model="VolumeView"),),
+    ),
     "list_execution_requests": Operation(
         id="list_execution_requests",
         method="GET",
@@ -568,6 +594,14 @@ OPERATIONS: dict[str, Operation] = {
         ),
         body=None,
         replies=(Reply(status=200, media_types=("application/json",), model="HandoffCandidate"),),
+    ),
+    "list_volumes": Operation(
+        id="list_volumes",
+        method="GET",
+        path="/api/v1/volumes",
+        params=(),
+        body=None,
+        replies=(Reply(status=200, media_types=("application/json",), model="VolumeList"),),
     ),
     "list_workers": Operation(
         id="list_workers",

@@ -551,6 +551,23 @@ class Client:
         """One template version; `template_id` on `create_sandbox` starts from it."""
         return self._op("get_template", {"template_id": template_id})
 
+    def create_volume(self, spec: models.VolumeSpec | Body) -> models.VolumeView:
+        """Creates a volume, attached at `/volumes/<name>` by `create_sandbox(volumes=[...])`;
+        it takes room on a worker's disk when a sandbox first attaches it."""
+        return self._op("create_volume", None, spec)
+
+    def list_volumes(self) -> models.VolumeList:
+        """Volumes not deleted, by name."""
+        return self._op("list_volumes", None)
+
+    def get_volume(self, volume_id: str) -> models.VolumeView:
+        return self._op("get_volume", {"volume_id": volume_id})
+
+    def delete_volume(self, volume_id: str) -> models.VolumeView:
+        """Deletes a volume and its data (`deleting` until its worker removed it); refused
+        with `VolumeAttached` while a sandbox has it attached."""
+        return self._op("delete_volume", {"volume_id": volume_id})
+
     def create_snapshot(
         self, sandbox_id: str, spec: models.SnapshotSpec | Body | None = None, *, idempotency_key: str | None = None
     ) -> models.SnapshotView | models.OperationView:

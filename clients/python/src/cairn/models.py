@@ -1105,6 +1105,46 @@ class VerificationAdoptionInput(BaseModel):
     source_digest: Annotated[StrictStr, Field(pattern="^[^\\u0000]*$")]
 
 
+class VolumeSpec(BaseModel):
+    """
+    `POST /api/v1/volumes`.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    name: Annotated[StrictStr, Field(pattern="^[a-z0-9][a-z0-9._-]{0,62}$")]
+    """
+    1 to 63 of `a-z0-9._-`, starting with a letter or digit: the sandbox sees it at
+    `/volumes/<name>`. Unique among the tenant's volumes not deleted.
+    """
+    size_mb: Annotated[StrictInt | None, Field(ge=1, le=1048576)] = None
+    """
+    Its room in MiB, 1 to 1048576; default 1024. Writes past it fail with "Disk quota
+    exceeded" where the worker's disk has quotas.
+    """
+
+
+class VolumeView(BaseModel):
+    """
+    A volume. Where it lives is the worker's: no host is shown.
+    """
+
+    attached_to: StrictStr | None = None
+    """
+    The sandbox that has it attached, if any.
+    """
+    created_at: AwareDatetime
+    deleted_at: AwareDatetime | None = None
+    name: StrictStr
+    size_mb: StrictInt
+    state: StrictStr
+    """
+    `available`, `deleting` (its worker removes its data) or `deleted`.
+    """
+    volume_id: StrictStr
+
+
 class WorkerView(BaseModel):
     alive: StrictBool
     """
@@ -1306,6 +1346,16 @@ class CreateSpec(BaseModel):
     Idle-anchored: seconds from the last activity (an exec or a file operation) until
     a persistent sandbox is stopped and a non-persistent one destroyed. 1 to 86400,
     default 3600.
+    """
+    volumes: Annotated[
+        list[Annotated[str, StringConstraints(pattern=r"^[^\u0000]*$", strict=True)]]
+        | None,
+        Field(max_length=4),
+    ] = None
+    """
+    The names of the tenant's volumes to attach (at most 4), each at
+    `/volumes/<name>`. A volume is attached to one sandbox at a time and is never
+    copied to forks, snapshots or templates.
     """
 
 
@@ -1576,6 +1626,10 @@ class SandboxView(BaseModel):
     tenant_network: StrictBool | AllowList | None = None
     timeout_sec: StrictInt
     updated_at: AwareDatetime
+    volumes: list[StrictStr]
+    """
+    The names of the volumes it has attached, each at `/volumes/<name>`.
+    """
 
 
 class SnapshotList(BaseModel):
@@ -1592,6 +1646,10 @@ class TenantList(BaseModel):
 
 class TokenList(BaseModel):
     tokens: list[TokenView]
+
+
+class VolumeList(BaseModel):
+    volumes: list[VolumeView]
 
 
 class WorkerList(BaseModel):

@@ -14,4 +14,5 @@ pub mod snapshot;
 pub mod template;
 pub mod tokens;
 pub mod verification;
+pub mod volume;
 pub mod watch;

@@ -14,6 +14,8 @@
 //! - [`preview`]: the headers of a preview's hop from the scheduler to the worker.
 //! - [`service`]: commands started in the background on every start and resume.
 //! - [`identity`]: the machine id, host name and SSH host key a sandbox keeps for its life.
+//! - [`volume`]: storage on one worker's disk that a sandbox attaches, kept across its
+//!   restarts and never snapshotted.
 
 pub mod ask;
 pub mod identity;
@@ -25,6 +27,7 @@ pub mod service;
 pub mod spec;
 pub mod state;
 pub mod template;
+pub mod volume;
 
 pub use spec::{
     valid_metadata_key, CreateSpec, ExecSpec, FileSpec, ForkSpec, Operation, SnapshotSpec,

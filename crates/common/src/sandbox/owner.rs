@@ -104,6 +104,7 @@ pub async fn destroyed(conn: &mut PgConnection, id: Uuid) -> Result<(), Error> {
         .await?;
     interrupt_operations(conn, id, "the sandbox was destroyed first").await?;
     super::record::end_holds(conn, id, "sandbox_destroyed").await?;
+    super::volume::detach_all(conn, id).await?;
     crate::workspace::destroy_of_sandbox(conn, id).await?;
     Ok(())
 }

@@ -83,8 +83,13 @@ pub async fn transition(
     apply::<SandboxState>(conn, id, event).await
 }
 
-/// Announces the sandbox's placement: a worker claims it from `cairn.sandboxes`.
+/// Announces the sandbox's placement: a worker claims it from `cairn.sandboxes`. A
+/// sandbox whose volumes are on one worker's disk is announced to no queue: that
+/// worker finds it in the database (see [`super::volume::waiting`]).
 pub async fn announce_placement(conn: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Error> {
+    if super::volume::directory_of(conn, id).await?.is_some() {
+        return Ok(());
+    }
     outbox::announce(
         conn,
         &JobMessage {
@@ -171,6 +176,7 @@ pub async fn destroy_unowned(
     .await?;
     interrupt_operations(conn, id, "the sandbox was destroyed first").await?;
     end_holds(conn, id, "sandbox_destroyed").await?;
+    super::volume::detach_all(conn, id).await?;
     crate::workspace::destroy_of_sandbox(conn, id).await?;
     Ok(())
 }

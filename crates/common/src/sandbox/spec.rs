@@ -75,6 +75,36 @@ pub struct CreateSpec {
     /// resume. Copied to forks.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub services: Option<BTreeMap<String, super::service::ServiceSpec>>,
+    /// The names of the tenant's volumes to attach (at most 4), each at
+    /// `/volumes/<name>`. A volume is attached to one sandbox at a time and is never
+    /// copied to forks, snapshots or templates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(max_items = 4)]
+    pub volumes: Option<Vec<String>>,
+}
+
+/// Checks the volumes to attach: how many, their names, none twice.
+pub fn check_volumes(names: &[String]) -> Result<(), FieldError> {
+    use super::volume::{valid_name, MAX_PER_SANDBOX};
+    if names.len() > MAX_PER_SANDBOX {
+        return Err(FieldError::new("volumes", "at most 4 volumes"));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for name in names {
+        if !valid_name(name) {
+            return Err(FieldError::new(
+                "volumes",
+                format!("{name:?} is not a volume name: 1 to 63 of a-z, 0-9, '.', '_' or '-', starting with a letter or digit"),
+            ));
+        }
+        if !seen.insert(name) {
+            return Err(FieldError::new(
+                "volumes",
+                format!("{name} is listed twice"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The most ports a sandbox exposes to previews.
@@ -174,6 +204,9 @@ impl CreateSpec {
         }
         if let Some(services) = &self.services {
             super::service::check_services(services)?;
+        }
+        if let Some(volumes) = &self.volumes {
+            check_volumes(volumes)?;
         }
         Ok(())
     }

@@ -243,6 +243,21 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         422,
         "The body is well formed but a value breaks a rule; `field` names it.",
     ),
+    (
+        "volume_attached",
+        409,
+        "The volume is attached to another sandbox: it is attached to one at a time; destroy that sandbox first.",
+    ),
+    (
+        "volume_exists",
+        409,
+        "The tenant has a volume of that name already.",
+    ),
+    (
+        "volumes_apart",
+        409,
+        "The volumes named are on different workers' disks: a sandbox attaches volumes of one worker.",
+    ),
 ];
 
 #[cfg(test)]

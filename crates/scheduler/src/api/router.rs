@@ -159,9 +159,22 @@ fn preview_routes() -> Router<AppState> {
         )
 }
 
+fn volume_routes() -> Router<AppState> {
+    Router::new()
+        .route(
+            "/api/v1/volumes",
+            post(sandboxes::volumes::create).get(sandboxes::volumes::list),
+        )
+        .route(
+            "/api/v1/volumes/{volume_id}",
+            get(sandboxes::volumes::show).delete(sandboxes::volumes::delete),
+        )
+}
+
 fn sandbox_routes() -> Router<AppState> {
     Router::new()
         .merge(preview_routes())
+        .merge(volume_routes())
         .route(
             "/api/v1/sandboxes",
             post(sandboxes::create::create).get(sandboxes::view::list),

@@ -22,6 +22,7 @@ enum Owned {
     Snapshot,
     Template,
     Token,
+    Volume,
 }
 
 impl Owned {
@@ -32,6 +33,7 @@ impl Owned {
             "snapshot_id" => Some(Owned::Snapshot),
             "template_id" => Some(Owned::Template),
             "token_id" => Some(Owned::Token),
+            "volume_id" => Some(Owned::Volume),
             _ => None,
         }
     }
@@ -44,6 +46,7 @@ impl Owned {
             Owned::Snapshot => "snapshot",
             Owned::Template => "template",
             Owned::Token => "token",
+            Owned::Volume => "volume",
         }
     }
 
@@ -59,6 +62,7 @@ impl Owned {
             }
             Owned::Template => "SELECT tenant_id FROM sandbox_templates WHERE id = $1",
             Owned::Token => "SELECT tenant_id FROM api_tokens WHERE id = $1",
+            Owned::Volume => "SELECT tenant_id FROM volumes WHERE id = $1",
         };
         let row: Option<Option<String>> = sqlx::query_scalar(sql)
             .bind(id)

@@ -13,7 +13,7 @@ use cairn_common::lease::{Lease, LeaseError};
 use cairn_common::retry::Delays;
 use cairn_common::sandbox::identity::Identity;
 use cairn_common::sandbox::service::ServiceSpec;
-use cairn_common::sandbox::{operations, owner, Operation};
+use cairn_common::sandbox::{operations, owner, volume, Operation};
 use cairn_common::workspace as workspace_row;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,6 +23,16 @@ use uuid::Uuid;
 
 /// How many times a stop's capture is tried before the sandbox fails.
 const STOP_TRIES: usize = 4;
+
+/// Where a sandbox's volumes are.
+enum Mounted {
+    /// On this worker's disk: each directory and its name.
+    Here(Vec<(std::path::PathBuf, String)>),
+    /// On another worker's disk: the lease went back for that worker to place it.
+    Elsewhere,
+    /// It cannot start here, for this reason.
+    Refused(String),
+}
 
 /// A claimed sandbox on this worker.
 pub struct Host {
@@ -42,6 +52,18 @@ impl Host {
         shutdown: &CancellationToken,
         drain: &CancellationToken,
     ) -> Result<&'static str, HostError> {
+        let volumes = match self.volumes().await {
+            Ok(Mounted::Here(volumes)) => volumes,
+            Ok(Mounted::Elsewhere) => return Ok("volumes_elsewhere"),
+            Ok(Mounted::Refused(reason)) => {
+                self.failed(&reason).await?;
+                return Ok("failed_to_start");
+            }
+            Err(e) => {
+                self.lapse().await;
+                return Err(e);
+            }
+        };
         let mut tree = match tree::acquire(&self.worker, &self.row).await {
             Ok(tree) => tree,
             Err(Unacquired::Failed(reason)) => {
@@ -68,6 +90,7 @@ impl Host {
                 .effective_network(self.worker.isolation.network_default()),
             limits: self.worker.isolation.limits(None),
             identity: None,
+            volumes,
         };
         let identity = match self.identity().await {
             Ok(identity) => identity,
@@ -188,6 +211,44 @@ impl Host {
         let kept = owner::keep_identity(&mut tx, self.row.id, &made).await?;
         tx.commit().await?;
         Ok(kept)
+    }
+
+    /// Binds the sandbox's volumes to this worker's disk and makes their directories;
+    /// a volume already on another worker's disk makes the sandbox that worker's to
+    /// place: this one gives its lease back, changing nothing else.
+    async fn volumes(&self) -> Result<Mounted, HostError> {
+        let directory = self.worker.custody.directory.id;
+        let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
+        let Some(mounts) = volume::bind(&mut tx, self.row.id, directory).await? else {
+            tracing::info!(
+                "the sandbox's volumes are on another worker's disk: its lease goes back"
+            );
+            self.release_and_commit(tx).await?;
+            return Ok(Mounted::Elsewhere);
+        };
+        if mounts.is_empty() {
+            return Ok(Mounted::Here(Vec::new()));
+        }
+        if !self.worker.isolation.isolates() {
+            return Ok(Mounted::Refused(
+                "volumes are mounted in the step sandbox, which this worker does not run (CAIRN_SANDBOX=off)".into(),
+            ));
+        }
+        tx.commit().await?;
+        let disk = self.worker.custody.disk.clone();
+        let made = tokio::task::spawn_blocking(move || {
+            mounts
+                .into_iter()
+                .map(|m| {
+                    let room = u64::try_from(m.size_mb).unwrap_or(1);
+                    disk.volume(m.id, room).map(|path| (path, m.name))
+                })
+                .collect::<std::io::Result<Vec<_>>>()
+        })
+        .await
+        .map_err(|e| HostError::Transient(e.to_string()))?;
+        made.map(Mounted::Here)
+            .map_err(|e| HostError::Transient(format!("preparing a volume: {e}")))
     }
 
     /// Serves the running sandbox: its operations in order, and what is asked of it.

@@ -8,17 +8,20 @@
 //! - [`operation`]: one exec or file operation in the step sandbox, journaled.
 //! - [`lifecycle`]: the moves its owner makes: running, stopped, destroyed, failed.
 //! - [`fork`]: the sandboxes a fork provisions, and the identity a copy must not keep.
+//! - [`volumes`]: placing the sandboxes whose volumes are on this worker's disk, and
+//!   removing deleted volumes' data.
 
 pub mod fork;
 pub mod lifecycle;
 pub mod operation;
 mod staged;
 pub mod tree;
+pub mod volumes;
 
 use crate::context::Worker;
 use cairn_common::egress::{Effective, Layer, NetworkSpec};
 use cairn_common::lease::{Lease, LeaseError};
-use cairn_common::sandbox::SandboxState;
+use cairn_common::sandbox::{volume, SandboxState};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -152,6 +155,13 @@ pub async fn claim(worker: &Worker, id: Uuid, tenant: &str) -> Result<Placement,
     }
     if !row.wants_placing() {
         return Ok(Placement::Dropped("the sandbox needs no placement"));
+    }
+    // Its volumes' worker alone places it (see `volumes`).
+    let bound = volume::directory_of(&mut *worker.pool.acquire().await?, id).await?;
+    if bound.is_some_and(|d| d != worker.custody.directory.id) {
+        return Ok(Placement::Dropped(
+            "its volumes are on another worker's disk",
+        ));
     }
     let leases = worker.leases.for_sandboxes();
     let Some(lease) = leases.claim(id, &worker.settings.worker_id).await? else {

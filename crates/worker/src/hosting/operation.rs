@@ -359,6 +359,7 @@ fn command(
             },
             limits: runner.limits(None),
             identity: None,
+            volumes: Vec::new(),
         },
         timeout: spec.map_or(FILE_TIMEOUT, |s| {
             Duration::from_secs(u64::from(s.timeout_sec))

@@ -46,6 +46,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const WORKSPACE: &str = "/workspace";
 /// Its private home (also its `TMPDIR` for checks).
 pub const HOME: &str = "/home/cairn";
+/// Where a sandbox resource sees its volumes, each under its name.
+pub const VOLUMES: &str = "/volumes";
 /// A PATH for steps that set none: the environment is cleared, not empty-handed.
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -106,6 +108,9 @@ pub struct Spec {
     /// A sandbox resource's identity files ([`identity::IdentityDir`]), shown in its
     /// `/etc` with its own host name; a run's steps have none.
     pub identity: Option<PathBuf>,
+    /// A sandbox resource's volumes: each directory on the host, and the name it is
+    /// seen under at `/volumes/<name>`; a run's steps have none.
+    pub volumes: Vec<(PathBuf, String)>,
 }
 
 /// The sandbox of this worker process: its settings and what the host allows.

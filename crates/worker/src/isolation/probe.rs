@@ -248,6 +248,7 @@ fn whole(settings: &Settings, view: &View) -> Result<(), String> {
             network: cairn_common::egress::Effective::flag(false),
             limits: Default::default(),
             identity: None,
+            volumes: Vec::new(),
         };
         // Started as a step is (its variables through bubblewrap's `--args`, the
         // spawn's descriptors and death signal), but in no cgroup: the probe asks what

@@ -5,7 +5,7 @@
 use super::descriptors::memory_file;
 use super::network;
 use super::spawn::{Launch, FILE_FD};
-use super::{Settings, Spec, HOME, WORKSPACE};
+use super::{Settings, Spec, HOME, VOLUMES, WORKSPACE};
 use cairn_common::run::StepLimits;
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -122,9 +122,7 @@ pub(super) fn bwrap(
     cmd.args(&view.system);
     // One mount for all of /etc: a bind per entry costs a step a few milliseconds.
     cmd.arg("--ro-bind").arg(&view.etc.path).arg("/etc");
-    if let Some(identity) = &spec.identity {
-        identity_args(&mut cmd, identity)?;
-    }
+    resource_args(&mut cmd, spec)?;
     // The devices a program expects, bound one by one: a whole `--dev` costs a step
     // about a millisecond more.
     for device in DEVICES {
@@ -165,6 +163,20 @@ pub(super) fn bwrap(
     // bwrap's own working directory (`Launch::new`'s `/`): anything it could be started
     // from.
     Ok((cmd, hold))
+}
+
+/// What a sandbox resource has and a run's step has not: its identity and its volumes,
+/// each at `/volumes/<name>` (outside every other mount of the view).
+fn resource_args(cmd: &mut Launch, spec: &Spec) -> io::Result<()> {
+    if let Some(identity) = &spec.identity {
+        identity_args(cmd, identity)?;
+    }
+    for (path, name) in &spec.volumes {
+        cmd.arg("--bind")
+            .arg(path)
+            .arg(Path::new(VOLUMES).join(name));
+    }
+    Ok(())
 }
 
 /// A sandbox resource's own names over the host's: its UTS name, and its identity

@@ -522,6 +522,7 @@ fn command(
             ),
             limits: runner.limits(step.limits),
             identity: None,
+            volumes: Vec::new(),
         },
         timeout: step_timeout.min(wall_left),
         output_base: crate::step_output::output_base(

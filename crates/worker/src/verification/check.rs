@@ -160,6 +160,7 @@ fn command(
             network: cairn_common::egress::Effective::flag(false),
             limits: sandbox.limits(None),
             identity: None,
+            volumes: Vec::new(),
         },
         timeout: Duration::from_secs(u64::from(plan.check.timeout_seconds)).min(
             Duration::from_millis(u64::try_from(wall_left_ms).unwrap_or(0)),

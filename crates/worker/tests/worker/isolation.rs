@@ -65,6 +65,7 @@ impl Scratch {
                 network: cairn_common::egress::Effective::flag(false),
                 limits: StepLimits::default(),
                 identity: None,
+                volumes: Vec::new(),
             },
             timeout: Duration::from_secs(30),
             output_base: self

@@ -49,6 +49,10 @@ pub struct CreateArgs {
     /// A port previews reach (`cairnctl sandbox preview`; repeatable, at most 16).
     #[arg(long = "port", value_name = "PORT")]
     pub ports: Vec<u16>,
+    /// A volume to attach at `/volumes/NAME` (`cairnctl volume create`; repeatable, at
+    /// most 4).
+    #[arg(long = "volume", value_name = "NAME")]
+    pub volumes: Vec<String>,
     /// Wait until the sandbox runs (exit 0) or fails (exit 1), at most --wait-seconds.
     #[arg(long)]
     pub wait: bool,
@@ -72,6 +76,7 @@ pub async fn create(client: &Client, args: CreateArgs, json: bool) -> Result<u8,
         idempotency_key,
         metadata,
         ports,
+        volumes,
         wait,
         wait_seconds,
     } = args;
@@ -95,6 +100,9 @@ pub async fn create(client: &Client, args: CreateArgs, json: bool) -> Result<u8,
     }
     if !ports.is_empty() {
         body["ports"] = json!(ports);
+    }
+    if !volumes.is_empty() {
+        body["volumes"] = json!(volumes);
     }
     let answer = client
         .call(

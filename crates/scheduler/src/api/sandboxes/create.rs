@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cairn_common::digest;
 use cairn_common::sandbox::record::{self, NewSandbox};
-use cairn_common::sandbox::CreateSpec;
+use cairn_common::sandbox::{volume, CreateSpec};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -25,8 +25,8 @@ use uuid::Uuid;
         (status = 201, description = "Recorded and queued for placement", body = SandboxView),
         (status = 200, description = "Replay of an earlier create with the same Idempotency-Key", body = SandboxView),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 403, body = ErrorBody),
-        (status = 404, description = "The source snapshot does not exist", body = ErrorBody),
-        (status = 409, description = "Idempotency-Key reused with another body, or the source snapshot is not ready", body = ErrorBody),
+        (status = 404, description = "The source snapshot, template or a volume does not exist", body = ErrorBody),
+        (status = 409, description = "Idempotency-Key reused with another body, the source snapshot is not ready, or a volume is attached to another sandbox", body = ErrorBody),
         (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn create(
@@ -105,6 +105,11 @@ pub async fn admit(
         }
         Err(e) => return Err(e.into()),
     };
+    if let Some(names) = spec.volumes.as_deref().filter(|n| !n.is_empty()) {
+        volume::attach(&mut tx, tenant, id, names)
+            .await
+            .map_err(refused_attach)?;
+    }
     let view = view::require(&mut tx, id).await?;
     tx.commit().await?;
     state.metrics.sandboxes_created.inc();
@@ -132,6 +137,19 @@ async fn template_source(
         }
         _ => Err(ApiError::not_found("template").with_field("template_id")),
     }
+}
+
+/// Why the volumes named on create could not be attached, as the API answers it.
+fn refused_attach(e: volume::AttachError) -> ApiError {
+    use volume::AttachError;
+    let message = e.to_string();
+    let refused = match e {
+        AttachError::Missing(_) => ApiError::new(StatusCode::NOT_FOUND, "not_found", message),
+        AttachError::Attached(_) => ApiError::conflict("volume_attached", message),
+        AttachError::Apart => ApiError::conflict("volumes_apart", message),
+        AttachError::Db(e) => return e.into(),
+    };
+    refused.with_field("volumes")
 }
 
 fn to_i32(value: Option<u32>) -> i32 {

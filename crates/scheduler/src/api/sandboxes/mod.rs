@@ -11,6 +11,7 @@
 //! - [`templates`]: named snapshots published as immutable versions to start from.
 //! - [`services`]: set (a deploy) and delete a sandbox's services.
 //! - [`preview`]: requests to an exposed port, through its worker; waking it first.
+//! - [`volumes`]: storage on one worker's disk that a sandbox attaches.
 
 pub mod create;
 pub mod fork;
@@ -22,3 +23,4 @@ pub mod services;
 pub mod snapshots;
 pub mod templates;
 pub mod view;
+pub mod volumes;

@@ -421,6 +421,8 @@ pub async fn restore(
                 .collect(),
         ),
         services: Some(services.0),
+        // Volumes stay with the sandbox that has them: a restore attaches none.
+        volumes: None,
     };
     admit(&state, &tenant, key, create).await
 }

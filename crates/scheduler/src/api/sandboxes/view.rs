@@ -75,6 +75,8 @@ pub struct SandboxView {
     pub ports: Vec<u16>,
     /// Its services by name, started on every start and resume.
     pub services: BTreeMap<String, ServiceSpec>,
+    /// The names of the volumes it has attached, each at `/volumes/<name>`.
+    pub volumes: Vec<String>,
 }
 
 #[derive(sqlx::FromRow)]
@@ -107,6 +109,7 @@ struct Row {
     template_id: Option<Uuid>,
     ports: Vec<i32>,
     services: sqlx::types::Json<BTreeMap<String, ServiceSpec>>,
+    volumes: Vec<String>,
 }
 
 const SELECT: &str = "SELECT s.id, s.tenant_id, s.agent, s.state, s.desired, s.persistent, s.always_on, s.timeout_sec,
@@ -115,7 +118,8 @@ const SELECT: &str = "SELECT s.id, s.tenant_id, s.agent, s.state, s.desired, s.p
         s.destroyed_at, s.metadata, s.template_id, s.ports, s.services,
         (SELECT p.store_url FROM project_snapshots p WHERE p.sandbox_id = s.id AND p.status = 'ready'
           ORDER BY p.created_at DESC LIMIT 1) AS store_url,
-        np.network AS tenant_network
+        np.network AS tenant_network,
+        ARRAY(SELECT v.name FROM volumes v WHERE v.attached_to = s.id ORDER BY v.name) AS volumes
    FROM sandboxes s LEFT JOIN network_policy np ON np.tenant_id = s.tenant_id";
 
 /// Whether a store keeps its objects off the host that wrote them.
@@ -173,6 +177,7 @@ impl From<Row> for SandboxView {
                 .filter_map(|p| u16::try_from(*p).ok())
                 .collect(),
             services: r.services.0,
+            volumes: r.volumes,
         }
     }
 }
