@@ -203,3 +203,37 @@ def test_a_volume_keeps_its_files_across_a_stop_and_is_attached_once(client: cai
     finally:
         client.destroy_sandbox(sandbox_id, wait_seconds=30)
     assert client.delete_volume(volume.volume_id).state in ("deleting", "deleted")
+
+
+def test_an_exec_takes_input_and_is_killed(client: cairn.Client, stack: Stack) -> None:
+    sandbox_id = client.create_sandbox({"agent": "py-input"}).sandbox_id
+    try:
+        running(client, sandbox_id, stack)
+        started = client.exec_in_sandbox(
+            sandbox_id, {"argv": ["sh", "-c", "tr a-z A-Z"], "stdin": True, "timeout_sec": 60}, wait=False
+        )
+        operation_id = started.operation_id
+        deadline = time.monotonic() + 30
+        while client.get_sandbox_operation(sandbox_id, operation_id).state == "pending":
+            assert time.monotonic() < deadline, "the exec never started"
+            time.sleep(0.05)
+        assert client.send_sandbox_input(sandbox_id, operation_id, b"abc\n").written == 4
+        with pytest.raises(errors.NotATerminal):
+            client.resize_sandbox_terminal(sandbox_id, operation_id, 30, 100)
+        client.send_sandbox_input(sandbox_id, operation_id, b"", eof=True)
+        while (done := client.get_sandbox_operation(sandbox_id, operation_id)).state != "done":
+            assert time.monotonic() < deadline, "the exec never ended"
+            time.sleep(0.05)
+        assert done.result is not None and done.result["stdout"] == "ABC\n", done
+
+        sleeper = client.exec_in_sandbox(sandbox_id, {"argv": ["sleep", "300"], "timeout_sec": 600}, wait=False)
+        while client.get_sandbox_operation(sandbox_id, sleeper.operation_id).state == "pending":
+            time.sleep(0.05)
+        with pytest.raises(errors.NoInput):
+            client.send_sandbox_input(sandbox_id, sleeper.operation_id, b"x")
+        client.kill_sandbox_operation(sandbox_id, sleeper.operation_id)
+        while (killed := client.get_sandbox_operation(sandbox_id, sleeper.operation_id)).state != "done":
+            time.sleep(0.05)
+        assert killed.result is not None and killed.result["killed"] is True, killed
+    finally:
+        client.destroy_sandbox(sandbox_id)

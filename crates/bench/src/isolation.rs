@@ -113,5 +113,6 @@ fn true_command(
         tail_bytes: 128,
         redact: true,
         kill_grace: Duration::from_millis(100),
+        input: None,
     }
 }

@@ -53,6 +53,7 @@ impl CallError {
     }
 }
 
+#[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
     server: String,

@@ -47,4 +47,6 @@ pub struct Worker {
     pub signals: Arc<crate::signals::Signals>,
     /// The hosted sandboxes whose ports previews reach.
     pub previews: Arc<crate::preview::Previews>,
+    /// The running execs of hosted sandboxes: their input, terminal and kill.
+    pub controls: Arc<crate::interactive::Controls>,
 }

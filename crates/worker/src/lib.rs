@@ -36,6 +36,7 @@ pub mod disk;
 pub mod error;
 pub mod fault;
 pub mod hosting;
+pub mod interactive;
 pub mod isolation;
 pub mod janitor;
 pub mod job;
@@ -113,6 +114,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         draining: shutdown.clone(),
         signals: Arc::new(signals::Signals::default()),
         previews: Arc::new(preview::Previews::default()),
+        controls: Arc::new(interactive::Controls::default()),
     });
     lapse_previous(&worker.leases, &worker_id).await?;
     announce(&pool, &worker_id, &config, (&listener, &worker.previews)).await?;
@@ -122,8 +124,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let drain = CancellationToken::new();
     let leases = worker.leases.clone();
     let readiness = readiness(&pool, redis, &amqp_status, details, dependency_gauge);
-    let probes =
-        health::router(readiness, registry).merge(preview::router(worker.previews.clone()));
+    let probes = probes(&worker, readiness, registry);
     let background = Background::start(&worker, &config, listener, probes, directory_id, &starving);
     let (consumers, sandbox_slots) =
         consumers_of(worker.clone(), &config, amqp_status, jobs.clone(), starving);
@@ -145,6 +146,19 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     pool.close().await;
     tracing::info!("worker stopped");
     Ok(())
+}
+
+/// The probes listener's routes: health and metrics, then what the scheduler asks of
+/// this worker's sandboxes (previews; a running exec's input, resize and kill).
+fn probes(
+    worker: &context::Worker,
+    readiness: Readiness,
+    registry: Arc<prometheus_client::registry::Registry>,
+) -> axum::Router {
+    let (previews, controls) = (worker.previews.clone(), worker.controls.clone());
+    health::router(readiness, registry)
+        .merge(preview::router(previews.clone()))
+        .merge(interactive::router(previews, controls))
 }
 
 /// Takes work until `shutdown`: deliveries of its queues, and the sandboxes whose

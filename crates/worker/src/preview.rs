@@ -90,7 +90,7 @@ impl Previews {
     }
 
     /// Whether `headers` carry this worker's key, compared in constant time.
-    fn authorized(&self, headers: &HeaderMap) -> bool {
+    pub fn authorized(&self, headers: &HeaderMap) -> bool {
         let given = headers
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())

@@ -37,6 +37,9 @@ pub struct StepCommand {
     /// Redact secrets from the stored output and tails.
     pub redact: bool,
     pub kill_grace: Duration,
+    /// Its standard input or terminal, if it has one (a sandbox's exec); else it reads
+    /// `/dev/null`.
+    pub input: Option<Arc<crate::interactive::Input>>,
 }
 
 /// Why a step stopped early.
@@ -206,6 +209,11 @@ async fn start(
             ),
             None => sandbox.command(&command.argv, env, &command.place)?,
         };
+        let mut cmd = cmd;
+        if let Some(input) = &command.input {
+            cmd.stdin = Some(input.for_child().map_err(StepError::Io)?);
+            cmd.terminal = input.is_terminal();
+        }
         let child = match cmd.spawn() {
             Ok(child) => child,
             Err(source) => {
@@ -267,16 +275,17 @@ async fn run_spawned(
     let (mut child, group, link) = start(command, &env, sandbox, session, program).await?;
     // However the step ends, its network goes once its refusals are counted.
     let _network = Network { sandbox, link };
-    let (stdout, stderr) = match pipes_of(&mut child) {
-        Ok(pipes) => pipes,
-        Err(e) => {
-            drop(child);
-            if let Some(group) = group {
-                group.remove().await;
+    let (stdout, stderr) =
+        match input_started(command, &mut child).and_then(|()| pipes_of(&mut child)) {
+            Ok(pipes) => pipes,
+            Err(e) => {
+                drop(child);
+                if let Some(group) = group {
+                    group.remove().await;
+                }
+                return Err(StepError::Io(e));
             }
-            return Err(StepError::Io(e));
-        }
-    };
+        };
     let pid = child.pid;
     let running = Arc::new(Running {
         pid,
@@ -353,6 +362,15 @@ fn program_of(command: &StepCommand) -> Result<String, StepError> {
             source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty argv"),
         }),
     }
+}
+
+/// The command started: this worker's copy of its input's end goes, and a terminal's
+/// output (relayed into a pipe) is its stdout.
+fn input_started(command: &StepCommand, child: &mut Started) -> std::io::Result<()> {
+    if let Some(Some(relayed)) = command.input.as_ref().map(|i| i.started()).transpose()? {
+        child.stdout = Some(relayed);
+    }
+    Ok(())
 }
 
 /// The child's output pipes, registered with the runtime once the process is ours to
@@ -521,6 +539,7 @@ mod tests {
             tail_bytes: 8,
             redact: true,
             kill_grace: Duration::from_millis(200),
+            input: None,
         }
     }
 

@@ -19,6 +19,7 @@ mod sandbox;
 mod sandbox_copies;
 mod sandbox_output;
 mod sandbox_previews;
+mod sandbox_terminal;
 mod sandbox_volumes;
 mod sandboxes;
 mod scale_down;

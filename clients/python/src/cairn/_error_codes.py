@@ -113,6 +113,13 @@ class IdempotencyKeyConflict(CairnError):
     STATUS: ClassVar[int | None] = 409
 
 
+class InputNotRead(CairnError):
+    """The running command did not read all of the input within 5 s; `message` says how much it took. (HTTP 409, `input_not_read`)"""
+
+    CODE: ClassVar[str | None] = "input_not_read"
+    STATUS: ClassVar[int | None] = 409
+
+
 class Internal(CairnError):
     """A fault inside the scheduler; nothing is known to have changed. (HTTP 500, `internal`)"""
 
@@ -225,6 +232,13 @@ class MethodNotAllowed(CairnError):
     STATUS: ClassVar[int | None] = 405
 
 
+class NoInput(CairnError):
+    """The exec was started without `stdin` or `pty`, or its input was closed: it takes no input. (HTTP 409, `no_input`)"""
+
+    CODE: ClassVar[str | None] = "no_input"
+    STATUS: ClassVar[int | None] = 409
+
+
 class NoPendingHandoff(CairnError):
     """The run has no verification handoff waiting for an adoption. (HTTP 409, `no_pending_handoff`)"""
 
@@ -243,6 +257,13 @@ class NotANamedSnapshot(CairnError):
     """A template publishes a named snapshot only. (HTTP 409, `not_a_named_snapshot`)"""
 
     CODE: ClassVar[str | None] = "not_a_named_snapshot"
+    STATUS: ClassVar[int | None] = 409
+
+
+class NotATerminal(CairnError):
+    """The exec was started without `pty`: it has no terminal to resize. (HTTP 409, `not_a_terminal`)"""
+
+    CODE: ClassVar[str | None] = "not_a_terminal"
     STATUS: ClassVar[int | None] = 409
 
 
@@ -286,6 +307,13 @@ class NotRunning(CairnError):
 
     CODE: ClassVar[str | None] = "not_running"
     STATUS: ClassVar[int | None] = 409
+
+
+class OperationUnreachable(CairnError):
+    """The worker running the operation could not be reached. (HTTP 502, `operation_unreachable`)"""
+
+    CODE: ClassVar[str | None] = "operation_unreachable"
+    STATUS: ClassVar[int | None] = 502
 
 
 class OutputReclaimed(CairnError):
@@ -458,6 +486,7 @@ ERROR_CLASSES: dict[str, type[CairnError]] = {
     "file_too_large": FileTooLarge,
     "forbidden": Forbidden,
     "idempotency_key_conflict": IdempotencyKeyConflict,
+    "input_not_read": InputNotRead,
     "internal": Internal,
     "interrupted": Interrupted,
     "invalid_agent": InvalidAgent,
@@ -474,15 +503,18 @@ ERROR_CLASSES: dict[str, type[CairnError]] = {
     "invalid_wait": InvalidWait,
     "malformed_json": MalformedJson,
     "method_not_allowed": MethodNotAllowed,
+    "no_input": NoInput,
     "no_pending_handoff": NoPendingHandoff,
     "no_such_route": NoSuchRoute,
     "not_a_named_snapshot": NotANamedSnapshot,
+    "not_a_terminal": NotATerminal,
     "not_captured": NotCaptured,
     "not_found": NotFound,
     "not_paused": NotPaused,
     "not_persistent": NotPersistent,
     "not_reusable": NotReusable,
     "not_running": NotRunning,
+    "operation_unreachable": OperationUnreachable,
     "output_reclaimed": OutputReclaimed,
     "output_unreachable": OutputUnreachable,
     "port_not_exposed": PortNotExposed,
@@ -523,6 +555,7 @@ __all__ = [
     "FileTooLarge",
     "Forbidden",
     "IdempotencyKeyConflict",
+    "InputNotRead",
     "Internal",
     "Interrupted",
     "InvalidAgent",
@@ -539,15 +572,18 @@ __all__ = [
     "InvalidWait",
     "MalformedJson",
     "MethodNotAllowed",
+    "NoInput",
     "NoPendingHandoff",
     "NoSuchRoute",
     "NotANamedSnapshot",
+    "NotATerminal",
     "NotCaptured",
     "NotFound",
     "NotPaused",
     "NotPersistent",
     "NotReusable",
     "NotRunning",
+    "OperationUnreachable",
     "OutputReclaimed",
     "OutputUnreachable",
     "PortNotExposed",

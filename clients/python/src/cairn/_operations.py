@@ -461,6 +461,17 @@ OPERATIONS: dict[str, Operation] = {
         body=None,
         replies=(Reply(status=200, media_types=("application/json",), model="VolumeView"),),
     ),
+    "kill_sandbox_operation": Operation(
+        id="kill_sandbox_operation",
+        method="POST",
+        path="/api/v1/sandboxes/{sandbox_id}/operations/{operation_id}/kill",
+        params=(
+            Param(name="sandbox_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),
+            Param(name="operation_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),
+        ),
+        body=None,
+        replies=(Reply(status=202, media_types=("application/json",), model="OperationView"),),
+    ),
     "list_execution_requests": Operation(
         id="list_execution_requests",
         method="GET",
@@ -713,6 +724,19 @@ OPERATIONS: dict[str, Operation] = {
         ),
         replies=(Reply(status=201, media_types=("application/json",), model="PublicationView"),),
     ),
+    "resize_sandbox_terminal": Operation(
+        id="resize_sandbox_terminal",
+        method="POST",
+        path="/api/v1/sandboxes/{sandbox_id}/operations/{operation_id}/resize",
+        params=(
+            Param(name="sandbox_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),
+            Param(name="operation_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),
+        ),
+        body=Body(
+            media_type="application/json", model="PtySize", optional=False, acknowledgements=(), identity_field=None
+        ),
+        replies=(Reply(status=204, media_types=(), model=None),),
+    ),
     "restore_snapshot": Operation(
         id="restore_snapshot",
         method="POST",
@@ -787,6 +811,20 @@ OPERATIONS: dict[str, Operation] = {
         params=(Param(name="agent", location="path", required=True, type="string", pattern="^[A-Za-z0-9._-]{1,128}$"),),
         body=None,
         replies=(Reply(status=200, media_types=("application/json",), model="Rotation"),),
+    ),
+    "send_sandbox_input": Operation(
+        id="send_sandbox_input",
+        method="POST",
+        path="/api/v1/sandboxes/{sandbox_id}/operations/{operation_id}/input",
+        params=(
+            Param(name="sandbox_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),
+            Param(name="operation_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),
+            Param(name="eof", location="query", required=False, type="boolean"),
+        ),
+        body=Body(
+            media_type="application/octet-stream", model=None, optional=False, acknowledgements=(), identity_field=None
+        ),
+        replies=(Reply(status=200, media_types=("application/json",), model="InputWritten"),),
     ),
     "set_continuation_policy": Operation(
         id="set_continuation_policy",

@@ -506,6 +506,24 @@ class Client:
     def write_sandbox_file(self, sandbox_id: str, path: str, content: bytes) -> models.OperationView:
         return self._op("write_sandbox_file", {"sandbox_id": sandbox_id, "path": path}, content)
 
+    def send_sandbox_input(
+        self, sandbox_id: str, operation_id: str, data: bytes, *, eof: bool = False
+    ) -> models.InputWritten:
+        """Writes bytes (at most 64 KiB) to a running exec started with `stdin` or `pty`;
+        `eof` closes its input after them. `InputNotRead` if it did not take them in 5 s."""
+        params = {"sandbox_id": sandbox_id, "operation_id": operation_id, "eof": eof or None}
+        return self._op("send_sandbox_input", params, data)
+
+    def resize_sandbox_terminal(self, sandbox_id: str, operation_id: str, rows: int, cols: int) -> None:
+        """Sets the size of a running exec's terminal (`pty`)."""
+        params = {"sandbox_id": sandbox_id, "operation_id": operation_id}
+        self._op("resize_sandbox_terminal", params, {"rows": rows, "cols": cols})
+
+    def kill_sandbox_operation(self, sandbox_id: str, operation_id: str) -> models.OperationView:
+        """Ends a running exec (SIGTERM, then SIGKILL after the grace); its receipt says
+        `killed`. Answers at once with the operation as it stands."""
+        return self._op("kill_sandbox_operation", {"sandbox_id": sandbox_id, "operation_id": operation_id})
+
     def list_sandbox_operations(self, sandbox_id: str) -> models.OperationList:
         return self._op("list_sandbox_operations", {"sandbox_id": sandbox_id})
 

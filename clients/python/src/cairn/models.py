@@ -213,43 +213,6 @@ EnvAdditionalProperty = TypeAliasType(
 )
 
 
-class ExecSpec(BaseModel):
-    """
-    `POST /api/v1/sandboxes/{id}/exec`: one command in the sandbox's step sandbox.
-    """
-
-    model_config = ConfigDict(
-        extra="forbid",
-    )
-    argv: Annotated[
-        list[Annotated[str, StringConstraints(pattern=r"^[^\u0000]*$", strict=True)]],
-        Field(min_length=1),
-    ]
-    cwd: Annotated[StrictStr | None, Field(pattern="^[^\\u0000]*$")] = None
-    """
-    Relative to the sandbox's tree.
-    """
-    env: Annotated[
-        dict[
-            Annotated[str, StringConstraints(pattern=r"^[^\u0000]*$", strict=True)],
-            EnvAdditionalProperty,
-        ]
-        | None,
-        Field(max_length=1000),
-    ] = None
-    """
-    The command's variables, at most 1,000 (names to values), on top of the few the runner sets (such as PATH and HOME); nothing else is inherited.
-    """
-    network: StrictBool | None = None
-    """
-    Whether the command reaches the network. Absent: the worker's default.
-    """
-    timeout_sec: Annotated[StrictInt | None, Field(ge=1, le=86400)] = None
-    """
-    1 to 86400 seconds, default 60.
-    """
-
-
 class ExecutionRequestView(BaseModel):
     """
     An execution request (ticket) of a run.
@@ -369,6 +332,17 @@ class ForkSpec(BaseModel):
     timeout_sec: Annotated[StrictInt | None, Field(ge=1, le=86400)] = None
     """
     The forks' timeout; default the source's.
+    """
+
+
+class InputWritten(BaseModel):
+    """
+    What an input call wrote.
+    """
+
+    written: Annotated[StrictInt, Field(ge=0)]
+    """
+    Bytes the command took: all of them, or the call is refused.
     """
 
 
@@ -587,6 +561,18 @@ class ProfileUpdate(BaseModel):
     """
     `true` qualifies the profile for continuations; `false` revokes it.
     """
+
+
+class PtySize(BaseModel):
+    """
+    A terminal's size, in characters.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    cols: Annotated[StrictInt, Field(ge=1, le=1000)]
+    rows: Annotated[StrictInt, Field(ge=1, le=1000)]
 
 
 class PublicationInputV1(BaseModel):
@@ -1379,6 +1365,49 @@ class ErrorBody(BaseModel):
     """
 
     error: ErrorDetail
+
+
+class ExecSpec(BaseModel):
+    """
+    `POST /api/v1/sandboxes/{id}/exec`: one command in the sandbox's step sandbox.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    argv: Annotated[
+        list[Annotated[str, StringConstraints(pattern=r"^[^\u0000]*$", strict=True)]],
+        Field(min_length=1),
+    ]
+    cwd: Annotated[StrictStr | None, Field(pattern="^[^\\u0000]*$")] = None
+    """
+    Relative to the sandbox's tree.
+    """
+    env: Annotated[
+        dict[
+            Annotated[str, StringConstraints(pattern=r"^[^\u0000]*$", strict=True)],
+            EnvAdditionalProperty,
+        ]
+        | None,
+        Field(max_length=1000),
+    ] = None
+    """
+    The command's variables, at most 1,000 (names to values), on top of the few the runner sets (such as PATH and HOME); nothing else is inherited.
+    """
+    network: StrictBool | None = None
+    """
+    Whether the command reaches the network. Absent: the worker's default.
+    """
+    pty: PtySize | None = None
+    stdin: StrictBool | None = None
+    """
+    Keep its standard input open for `POST …/operations/{id}/input` while it runs
+    (else it reads `/dev/null`).
+    """
+    timeout_sec: Annotated[StrictInt | None, Field(ge=1, le=86400)] = None
+    """
+    1 to 86400 seconds, default 60.
+    """
 
 
 class ExecutionRequestList(BaseModel):

@@ -287,6 +287,34 @@ pub struct ExecSpec {
     /// Whether the command reaches the network. Absent: the worker's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<bool>,
+    /// Keep its standard input open for `POST …/operations/{id}/input` while it runs
+    /// (else it reads `/dev/null`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<bool>,
+    /// Run it in a terminal of this size: the terminal is its input, output and errors
+    /// (all on `stdout`, with the terminal's own line endings), fed by `…/input` and
+    /// sized by `…/resize`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty: Option<PtySize>,
+}
+
+/// A terminal's size, in characters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PtySize {
+    #[schema(minimum = 1, maximum = 1000)]
+    pub rows: u16,
+    #[schema(minimum = 1, maximum = 1000)]
+    pub cols: u16,
+}
+
+impl PtySize {
+    pub fn validate(&self, field: &str) -> Result<(), FieldError> {
+        if !(1..=1000).contains(&self.rows) || !(1..=1000).contains(&self.cols) {
+            return Err(FieldError::new(field, "rows and cols from 1 to 1000"));
+        }
+        Ok(())
+    }
 }
 
 fn default_exec_timeout() -> u32 {
@@ -295,6 +323,9 @@ fn default_exec_timeout() -> u32 {
 
 impl ExecSpec {
     pub fn validate(&self) -> Result<(), FieldError> {
+        if let Some(pty) = &self.pty {
+            pty.validate("pty")?;
+        }
         check_command(
             &self.argv,
             &self.env,

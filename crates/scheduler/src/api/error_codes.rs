@@ -80,6 +80,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         "The Idempotency-Key was used earlier with another body.",
     ),
     (
+        "input_not_read",
+        409,
+        "The running command did not read all of the input within 5 s; `message` says how much it took.",
+    ),
+    (
         "internal",
         500,
         "A fault inside the scheduler; nothing is known to have changed.",
@@ -148,6 +153,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         "The route exists, not with this method.",
     ),
     (
+        "no_input",
+        409,
+        "The exec was started without `stdin` or `pty`, or its input was closed: it takes no input.",
+    ),
+    (
         "no_pending_handoff",
         409,
         "The run has no verification handoff waiting for an adoption.",
@@ -157,6 +167,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         "not_a_named_snapshot",
         409,
         "A template publishes a named snapshot only.",
+    ),
+    (
+        "not_a_terminal",
+        409,
+        "The exec was started without `pty`: it has no terminal to resize.",
     ),
     (
         "not_captured",
@@ -179,6 +194,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         "not_running",
         409,
         "The run is not running, so it cannot be paused.",
+    ),
+    (
+        "operation_unreachable",
+        502,
+        "The worker running the operation could not be reached.",
     ),
     ("output_reclaimed", 410, "Retention deleted the output."),
     (

@@ -26,6 +26,7 @@ use utoipa::{Modify, OpenApi};
         sandboxes::fork::fork, sandboxes::preview::preview, sandboxes::services::set, sandboxes::services::delete, sandboxes::snapshots::create, sandboxes::snapshots::list, sandboxes::snapshots::show,
         sandboxes::snapshots::delete, sandboxes::snapshots::restore,
         sandboxes::templates::create, sandboxes::templates::list, sandboxes::templates::show,
+        sandboxes::control::input, sandboxes::control::resize, sandboxes::control::kill,
         sandboxes::volumes::create, sandboxes::volumes::list, sandboxes::volumes::show, sandboxes::volumes::delete,
     ),
     components(schemas(error::ErrorBody, error::ErrorDetail)),

@@ -159,8 +159,21 @@ fn preview_routes() -> Router<AppState> {
         )
 }
 
+/// Volumes, and the calls a running exec takes.
 fn volume_routes() -> Router<AppState> {
     Router::new()
+        .route(
+            "/api/v1/sandboxes/{sandbox_id}/operations/{operation_id}/input",
+            post(sandboxes::control::input),
+        )
+        .route(
+            "/api/v1/sandboxes/{sandbox_id}/operations/{operation_id}/resize",
+            post(sandboxes::control::resize),
+        )
+        .route(
+            "/api/v1/sandboxes/{sandbox_id}/operations/{operation_id}/kill",
+            post(sandboxes::control::kill),
+        )
         .route(
             "/api/v1/volumes",
             post(sandboxes::volumes::create).get(sandboxes::volumes::list),

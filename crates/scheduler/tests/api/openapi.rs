@@ -80,7 +80,7 @@ async fn every_operation_is_named_tagged_and_its_errors_listed() {
     let verbs = [
         "get", "list", "count", "create", "submit", "cancel", "pause", "resume", "set", "clear",
         "request", "adopt", "revoke", "rotate", "stop", "destroy", "extend", "exec", "read",
-        "write", "fork", "delete", "restore",
+        "write", "fork", "delete", "restore", "send", "resize", "kill",
     ];
     let mut ids = std::collections::BTreeSet::new();
     for (path, item) in doc["paths"].as_object().into_iter().flatten() {

@@ -380,6 +380,7 @@ fn command(
         // A file's content is the caller's: it is returned as it is, never stored.
         redact: spec.is_some() && worker.settings.redact_output,
         kill_grace: worker.settings.kill_grace,
+        input: None,
     }
 }
 
@@ -397,17 +398,41 @@ async fn exec(
         epoch: host.lease.epoch,
         step_index: 0,
     };
-    let command = command(
+    let input = match open_input(spec) {
+        Ok(input) => input.map(std::sync::Arc::new),
+        Err(e) => {
+            let error = format!("the exec's input could not be made: {e}");
+            return json!({"exit_code": null, "error": error});
+        }
+    };
+    let argv = match (&input, terminal_leader()) {
+        (Some(i), Some(setsid)) if i.is_terminal() => {
+            let mut argv = vec![setsid, "--ctty".into(), "--".into()];
+            argv.extend(spec.argv.iter().cloned());
+            argv
+        }
+        (Some(i), None) if i.is_terminal() => {
+            let error = "a terminal needs util-linux's `setsid` on the worker's PATH";
+            return json!({"exit_code": null, "error": error});
+        }
+        _ => spec.argv.clone(),
+    };
+    let mut command = command(
         host,
         tree,
         &format!("exec-{}", id.simple()),
-        spec.argv.clone(),
+        argv,
         spec.env.clone(),
         Some(spec),
         Some(live),
     );
-    match host.run_command(&command, stop).await {
+    command.input = input.clone();
+    // `POST …/kill` ends it as a stop does; it is reachable while it runs.
+    let kill = stop.child_token();
+    let _control = host.worker.controls.enter(id, input, kill.clone());
+    match host.run_command(&command, &kill).await {
         Ok(outcome) => json!({
+            "killed": kill.is_cancelled() && !stop.is_cancelled(),
             "exit_code": outcome.exit_code,
             "signal": outcome.signal,
             "timed_out": outcome.interrupted == Some(step::Interruption::TimedOut),
@@ -422,6 +447,32 @@ async fn exec(
             "sandbox": outcome.sandbox,
         }),
         Err(e) => json!({"exit_code": null, "error": e.to_string()}),
+    }
+}
+
+/// What leads a terminal's session: util-linux's `setsid --ctty`, run in the sandbox's
+/// own namespaces, so that the command's session, process groups and controlling
+/// terminal are all of its pid namespace (a shell's job control works, and `^C` reaches
+/// its foreground job, never the worker's `nsenter`). Found once on the worker's PATH,
+/// as `nsenter` is; the sandbox's view holds the same `/usr`.
+fn terminal_leader() -> Option<String> {
+    static FOUND: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            let path = std::env::var_os("PATH").unwrap_or_else(|| isolation::DEFAULT_PATH.into());
+            isolation::spawn::find("setsid".as_ref(), &path)
+                .map(|p| p.to_string_lossy().into_owned())
+        })
+        .clone()
+}
+
+/// The input an exec asked for: a terminal, its standard input kept open, or none.
+fn open_input(spec: &ExecSpec) -> std::io::Result<Option<crate::interactive::Input>> {
+    use crate::interactive::Input;
+    match (spec.pty, spec.stdin) {
+        (Some(size), _) => Input::terminal(size.rows, size.cols).map(Some),
+        (None, Some(true)) => Input::pipe().map(Some),
+        _ => Ok(None),
     }
 }
 
@@ -451,6 +502,8 @@ async fn start_service(
         cwd: service.and_then(|s| s.cwd.clone()),
         timeout_sec: 60,
         network: service.and_then(|s| s.network),
+        stdin: None,
+        pty: None,
     };
     let key = format!("service-{}", id.simple());
     let command = command(host, tree, &key, argv, spec.env.clone(), Some(&spec), None);

@@ -56,6 +56,12 @@ pub struct Launch {
     pub no_new_privs: bool,
     /// Its output and errors go to `/dev/null` rather than to pipes.
     pub quiet: bool,
+    /// Its standard input, else `/dev/null`.
+    pub stdin: Option<OwnedFd>,
+    /// `stdin` is a terminal: it is also the process's output and errors (no pipes).
+    /// (The command makes it its controlling terminal itself, in its own namespaces,
+    /// with `setsid --ctty`.)
+    pub terminal: bool,
 }
 
 impl Launch {
@@ -72,6 +78,8 @@ impl Launch {
             rlimits: Vec::new(),
             no_new_privs: false,
             quiet: false,
+            stdin: None,
+            terminal: false,
         }
     }
 
@@ -197,8 +205,9 @@ struct Plan {
 }
 
 impl Launch {
-    /// Starts the process with `/dev/null` as its standard input and its output and
-    /// errors on pipes (or `/dev/null`, [`Launch::quiet`]). An error means nothing runs:
+    /// Starts the process with `/dev/null` (or [`Launch::stdin`]) as its standard input
+    /// and its output and errors on pipes (or `/dev/null`, [`Launch::quiet`]; or its
+    /// terminal, [`Launch::terminal`]). An error means nothing runs:
     /// a program that cannot be found or executed, or a directory, cgroup or limit the
     /// child could not take.
     pub fn spawn(self) -> io::Result<Started> {
@@ -207,14 +216,17 @@ impl Launch {
         // Every descriptor the child moves comes from above the ones it moves to, so
         // that placing one never overwrites another still to be placed.
         let null = above_targets(open_null()?)?;
-        let (out, err) = if self.quiet {
+        let stdin = self.stdin.map(above_targets).transpose()?;
+        let input = stdin.as_ref().map_or(null.as_raw_fd(), AsRawFd::as_raw_fd);
+        let terminal = self.terminal && stdin.is_some();
+        let (out, err) = if self.quiet || terminal {
             (None, None)
         } else {
             (Some(pipe_pair()?), Some(pipe_pair()?))
         };
+        let quiet = if terminal { input } else { null.as_raw_fd() };
         let write_end = |pipe: &Option<(OwnedFd, OwnedFd)>| {
-            pipe.as_ref()
-                .map_or(null.as_raw_fd(), |(_, write)| write.as_raw_fd())
+            pipe.as_ref().map_or(quiet, |(_, write)| write.as_raw_fd())
         };
         let file = self.file.map(above_targets).transpose()?;
         if self.extra_files.len() > (PLACED_MAX - FILE_FD) as usize {
@@ -233,7 +245,7 @@ impl Launch {
             argv: pointers(&strings.argv),
             envp: pointers(&strings.envp),
             cwd: c_string(self.cwd.as_os_str())?,
-            stdio: [null.as_raw_fd(), write_end(&out), write_end(&err)],
+            stdio: [input, write_end(&out), write_end(&err)],
             file: file.as_ref().map(AsRawFd::as_raw_fd),
             extra: extra.iter().map(AsRawFd::as_raw_fd).collect(),
             highest_fd: highest_open_fd(),

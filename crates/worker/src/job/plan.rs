@@ -541,5 +541,6 @@ fn command(
         tail_bytes: job.worker.settings.output_tail_bytes,
         redact: job.worker.settings.redact_output,
         kill_grace: job.worker.settings.kill_grace,
+        input: None,
     }
 }

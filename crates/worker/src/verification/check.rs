@@ -176,6 +176,7 @@ fn command(
         tail_bytes: job.worker.settings.output_tail_bytes,
         redact: job.worker.settings.redact_output,
         kill_grace: job.worker.settings.kill_grace,
+        input: None,
     }
 }
 

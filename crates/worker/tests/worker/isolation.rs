@@ -77,6 +77,7 @@ impl Scratch {
             tail_bytes: 64 * 1024,
             redact: false,
             kill_grace: Duration::from_millis(500),
+            input: None,
         }
     }
 }

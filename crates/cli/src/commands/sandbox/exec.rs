@@ -109,7 +109,11 @@ async fn stream_output(client: &Client, base: &str) -> Result<(), (CallError, bo
 
 /// The operation once it has ended (its receipt, or `interrupted`), waited for at most
 /// `limit`.
-async fn until_ended(client: &Client, base: &str, limit: Duration) -> Result<Value, CallError> {
+pub(super) async fn until_ended(
+    client: &Client,
+    base: &str,
+    limit: Duration,
+) -> Result<Value, CallError> {
     let started = std::time::Instant::now();
     loop {
         let operation = client.get(base).await?;
@@ -153,7 +157,7 @@ fn exec_result(receipt: &Value, status: u16, json: bool) -> Result<u8, CallError
 }
 
 /// The command's exit status as `cairnctl`'s; an exec that could not run is an error.
-fn exec_status(receipt: &Value) -> Result<u8, CallError> {
+pub(super) fn exec_status(receipt: &Value) -> Result<u8, CallError> {
     let result = &receipt["result"];
     if let Some(error) = result["error"].as_str() {
         return Err(CallError::new(exit::ERROR, error.to_string()));

@@ -12,9 +12,11 @@ use std::path::PathBuf;
 mod create;
 mod exec;
 mod service;
+mod shell;
 mod view;
 pub use create::CreateArgs;
 pub use exec::ExecArgs;
+pub use shell::ShellArgs;
 pub use view::{keyed, show};
 use view::{row, HEADER};
 
@@ -112,6 +114,27 @@ pub enum SandboxCommand {
         /// The path in the sandbox's server, with its query (default `/`).
         #[arg(default_value = "/")]
         path: String,
+    },
+    /// An interactive terminal in the sandbox (`sh -i`, or the command after `--`):
+    /// what is typed goes to it, its output is printed as it comes, and cairnctl exits
+    /// with its status.
+    Shell(ShellArgs),
+    /// Send this process's stdin to a running exec started with `stdin` or `pty`.
+    Input {
+        /// The sandbox's id (32 lowercase hex characters).
+        sandbox: String,
+        /// The exec's operation id.
+        operation: String,
+        /// Close the exec's input after it (a terminal gets its end-of-file character).
+        #[arg(long)]
+        eof: bool,
+    },
+    /// End a running exec: SIGTERM, then SIGKILL after the grace.
+    Kill {
+        /// The sandbox's id (32 lowercase hex characters).
+        sandbox: String,
+        /// The exec's operation id.
+        operation: String,
     },
     /// The journal: every exec and file operation, with its receipt.
     Operations {
@@ -213,6 +236,15 @@ pub async fn sandbox(
             idempotency_key,
         } => fork(client, sandbox, count, timeout_sec, idempotency_key, json).await,
         SandboxCommand::Operations { sandbox } => operations(client, sandbox, json).await,
+        SandboxCommand::Shell(args) => shell::shell(client, args).await,
+        SandboxCommand::Input {
+            sandbox,
+            operation,
+            eof,
+        } => shell::input(client, &sandbox, &operation, eof).await,
+        SandboxCommand::Kill { sandbox, operation } => {
+            shell::kill(client, &sandbox, &operation, json).await
+        }
         SandboxCommand::Service(command) => service::service(client, command, json).await,
         SandboxCommand::Preview {
             sandbox,

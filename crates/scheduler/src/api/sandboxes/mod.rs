@@ -12,7 +12,9 @@
 //! - [`services`]: set (a deploy) and delete a sandbox's services.
 //! - [`preview`]: requests to an exposed port, through its worker; waking it first.
 //! - [`volumes`]: storage on one worker's disk that a sandbox attaches.
+//! - [`control`]: a running exec's input, terminal size and end, through its worker.
 
+pub mod control;
 pub mod create;
 pub mod fork;
 pub mod lifecycle;
