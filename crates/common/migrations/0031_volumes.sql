@@ -17,6 +17,9 @@ CREATE TABLE volumes (
 );
 CREATE UNIQUE INDEX volumes_name_idx ON volumes (tenant_id, name) WHERE state <> 'deleted';
 CREATE INDEX volumes_attached_idx ON volumes (attached_to) WHERE attached_to IS NOT NULL;
+-- Each worker's workspaces directory: a volume on a directory no live worker has is
+-- not attached (nothing would place its sandbox).
+ALTER TABLE worker_heartbeats ADD COLUMN directory_id UUID;
 -- What a directory's worker looks for: its sandboxes to place and its volumes to delete.
 CREATE INDEX volumes_directory_idx ON volumes (directory_id)
     WHERE attached_to IS NOT NULL OR state = 'deleting';

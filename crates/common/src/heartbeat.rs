@@ -74,6 +74,20 @@ pub async fn advertise_slots(
     Ok(())
 }
 
+/// The workspaces directory this worker holds (its volumes' disk).
+pub async fn advertise_directory(
+    pool: &PgPool,
+    worker_id: &str,
+    directory: uuid::Uuid,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE worker_heartbeats SET directory_id = $2 WHERE worker_id = $1")
+        .bind(worker_id)
+        .bind(directory)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
 /// Where the scheduler sends this worker's preview requests, and the key they carry
 /// (`None`: it takes none).
 pub async fn advertise_previews(

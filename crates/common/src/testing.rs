@@ -66,6 +66,7 @@ pub fn new_checkpoint(agent: &str, context: Uuid) -> crate::lineage::NewSnapshot
         owner: None,
         predecessor: None,
         name: None,
+        writer_node: None,
     }
 }
 

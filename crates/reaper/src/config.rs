@@ -24,6 +24,10 @@ pub struct Config {
     #[arg(long, env = "CAIRN_DRAIN_SECONDS", default_value_t = 30)]
     pub drain_seconds: u64,
     /// Seconds between sweeps of the leader (and between a standby's leadership tries).
+    /// The node this reaper runs on (default: the host name): it reads snapshots back
+    /// from their stores, and one it reads that another node wrote is off-host.
+    #[arg(long, env = "CAIRN_NODE_NAME")]
+    pub node_name: Option<String>,
     #[arg(long, env = "CAIRN_REAPER_INTERVAL_SECONDS", default_value_t = 60.0)]
     pub interval_seconds: f64,
     /// Rows per batch (one transaction each).

@@ -4,11 +4,13 @@
 //!
 //! - [`config`]: its settings.
 //! - [`retention`]: the rules, each batched, resumable and idempotent.
+//! - [`durability`]: sandbox snapshots read back from another node than their writer's.
 //! - [`status`]: what operators read (the last sweeps, what waits for repair); it lives
 //!   in `cairn_common::reaper_status`, since the scheduler's API reads it too.
 //! - [`run`]: leadership, the sweep loop, probes and metrics.
 
 pub mod config;
+pub mod durability;
 mod outputs;
 mod reclaim;
 pub mod retention;
@@ -107,7 +109,7 @@ pub async fn sweep(
     // One clock for every rule: the database's, which the workers' holds and leases use.
     let now: chrono::DateTime<chrono::Utc> =
         sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
-    retention::Sweep {
+    let mut report = retention::Sweep {
         pool,
         now,
         durations: &durations,
@@ -115,7 +117,15 @@ pub async fn sweep(
         dry_run,
     }
     .run()
-    .await
+    .await?;
+    // Reading back changes only what durability reports: a dry run does not.
+    if !dry_run {
+        let node = cairn_common::component::node_name(config.node_name.as_deref());
+        let done = durability::verify(pool, &node, config.batch).await?;
+        report.snapshots_verified = done.verified;
+        report.verify_failed = done.failed;
+    }
+    Ok(report)
 }
 
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {

@@ -61,6 +61,10 @@ pub struct SweepReport {
     pub outputs_reclaimed: u64,
     /// Finished requests whose output a store did not let go this sweep.
     pub outputs_failed: u64,
+    /// Sandbox snapshots read back from another node than their writer's.
+    pub snapshots_verified: u64,
+    /// Sandbox snapshots that could not be read back whole (tried again next sweep).
+    pub verify_failed: u64,
     pub dry_run: bool,
 }
 

@@ -27,6 +27,10 @@ pub struct Config {
     /// (`http://POD_IP:9091`). Default: that listener's address unless it is a wildcard.
     #[arg(long, env = "CAIRN_PREVIEW_URL")]
     pub preview_url: Option<String>,
+    /// The node this worker runs on (default: the host name): a snapshot counts as
+    /// off-host only once a process on another node has read it back.
+    #[arg(long, env = "CAIRN_NODE_NAME")]
+    pub node_name: Option<String>,
     /// Apply pending migrations at start (they serialize on an advisory lock).
     #[arg(long, env = "CAIRN_MIGRATE", default_value_t = true, action = clap::ArgAction::Set)]
     pub migrate: bool,

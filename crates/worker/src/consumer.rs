@@ -52,10 +52,11 @@ pub struct Consumer {
     pub topology: Topology,
     /// The queues it takes from ([`JobQueue::JOBS`] or [`JobQueue::SANDBOXES`]).
     pub queues: &'static [JobQueue],
-    /// Its slots: deliveries of its queues running at once (`slots` holds them; what
-    /// else takes work in them shares it).
+    /// Its slots: deliveries of its queues running at once.
     pub concurrency: usize,
-    pub slots: Arc<Semaphore>,
+    /// Placements found without the queue (the sandboxes whose volumes are on this
+    /// worker's disk, see `hosting::volumes`): taken in the same slots, as deliveries.
+    pub local: Option<Local>,
     pub prefetch: u16,
     /// The AMQP heartbeat: a stalled worker's deliveries go back to their queues after
     /// about this long.
@@ -68,7 +69,7 @@ pub struct Consumer {
 impl Consumer {
     /// Takes deliveries until `stop_consuming`; running jobs stop early on `drain`.
     pub async fn run(self, stop_consuming: CancellationToken, drain: CancellationToken) {
-        let permits = self.slots.clone();
+        let permits = Arc::new(Semaphore::new(self.concurrency));
         let mut backoff = Delays::forever(Duration::from_millis(200), Duration::from_secs(5));
         while !stop_consuming.is_cancelled() {
             match self.session(&permits, &stop_consuming, &drain).await {
@@ -147,6 +148,10 @@ impl Consumer {
             self.starving.set(true);
             let delivery = tokio::select! {
                 delivery = deliveries.stream.next() => delivery,
+                Some((sandbox, tenant)) = next_local(&self.local) => {
+                    self.start_local(sandbox, tenant, permit, stop, drain);
+                    continue;
+                }
                 _ = stop.cancelled() => break Ok(()),
             };
             self.starving.set(false);
@@ -207,6 +212,34 @@ impl Consumer {
         let (worker, drain) = (self.worker.clone(), drain.clone());
         self.jobs
             .spawn(process(worker, delivery, permit, stop.clone(), drain));
+    }
+
+    /// Hosts a sandbox placed without the queue in the slot `permit` holds.
+    fn start_local(
+        &self,
+        sandbox: uuid::Uuid,
+        tenant: String,
+        permit: OwnedSemaphorePermit,
+        stop: &CancellationToken,
+        drain: &CancellationToken,
+    ) {
+        self.starving.set(false);
+        let (worker, stop, drain) = (self.worker.clone(), stop.clone(), drain.clone());
+        self.jobs.spawn(async move {
+            let _permit = permit;
+            match hosting::claim(&worker, sandbox, &tenant).await {
+                Ok(Placement::Host(claimed)) => {
+                    let (lease, row) = *claimed;
+                    hosting::host(worker, lease, row, stop, drain).await;
+                }
+                Ok(Placement::Dropped(why)) => {
+                    tracing::debug!(sandbox_id = %sandbox.simple(), why, "placement dropped")
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, sandbox_id = %sandbox.simple(), "placement claim failed; the next look tries again")
+                }
+            }
+        });
     }
 
     /// Takes one waiting message, trying the queues in turn from `next` (so none waits
@@ -397,6 +430,17 @@ async fn place(
             tracing::warn!(error = %e, sandbox_id = %sandbox_id.simple(), "placement claim failed; requeueing the delivery");
             redeliver_after(delivery, Duration::from_millis(500)).await;
         }
+    }
+}
+
+/// The receiving end of placements found without the queue.
+pub type Local = Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<(uuid::Uuid, String)>>>;
+
+/// The next placement found without the queue; never, where there are none.
+async fn next_local(local: &Option<Local>) -> Option<(uuid::Uuid, String)> {
+    match local {
+        Some(local) => local.lock().await.recv().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -26,6 +26,8 @@ use uuid::Uuid;
 pub const MAX_INPUT: usize = 64 * 1024;
 /// How long a write waits for the command to read.
 const WRITE_WAIT: Duration = Duration::from_secs(5);
+/// How many times (every 20 ms) a call waits for its exec to be registered.
+const REGISTERING_TRIES: usize = 100;
 /// The header that asks for the input to be closed after this call's bytes.
 pub const EOF_HEADER: &str = "cairn-input-eof";
 
@@ -61,24 +63,32 @@ impl Input {
 
     /// A terminal of `rows` by `cols`: the command's input, output and errors.
     pub fn terminal(rows: u16, cols: u16) -> io::Result<Input> {
-        let size = nix::pty::Winsize {
-            ws_row: rows,
-            ws_col: cols,
-            ws_xpixel: 0,
-            ws_ypixel: 0,
+        use nix::fcntl::OFlag;
+        use std::os::fd::{FromRawFd, IntoRawFd};
+        // Both ends close-on-exec from their first instant: a process the worker starts
+        // meanwhile (another sandbox's command) never inherits either.
+        let master = nix::pty::posix_openpt(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC)?;
+        nix::pty::grantpt(&master)?;
+        nix::pty::unlockpt(&master)?;
+        // SAFETY: the master is a pseudo-terminal master this process owns;
+        // TIOCGPTPEER opens its peer and returns a new descriptor (or -1), which is
+        // owned from here on.
+        #[allow(unsafe_code)]
+        let (master, slave) = unsafe {
+            let master = OwnedFd::from_raw_fd(master.into_raw_fd());
+            let flags = libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC;
+            let slave = libc::ioctl(master.as_raw_fd(), libc::TIOCGPTPEER, flags);
+            if slave < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            (master, OwnedFd::from_raw_fd(slave))
         };
-        let pty = nix::pty::openpty(Some(&size), None)?;
-        for fd in [&pty.master, &pty.slave] {
-            nix::fcntl::fcntl(
-                fd,
-                nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
-            )?;
-        }
-        nonblocking(&pty.master)?;
-        let master = Arc::new(pty.master);
+        set_size(&master, rows, cols)?;
+        nonblocking(&master)?;
+        let master = Arc::new(master);
         let (watch, held) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
         Ok(Input {
-            child_end: Mutex::new(Some(pty.slave)),
+            child_end: Mutex::new(Some(slave)),
             writer: Mutex::new(Some(master.clone())),
             master: Some(master),
             hangup: Some((held, Mutex::new(Some(watch)))),
@@ -139,20 +149,25 @@ impl Input {
         let Some(master) = &self.master else {
             return Err(Refusal::NotATerminal);
         };
-        let size = libc::winsize {
-            ws_row: rows,
-            ws_col: cols,
-            ws_xpixel: 0,
-            ws_ypixel: 0,
-        };
-        // SAFETY: TIOCSWINSZ reads one winsize from the pointer, which outlives the call.
-        #[allow(unsafe_code)]
-        let done = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &size) };
-        if done < 0 {
-            return Err(Refusal::Io(io::Error::last_os_error().to_string()));
-        }
-        Ok(())
+        set_size(master, rows, cols).map_err(|e| Refusal::Io(e.to_string()))
     }
+}
+
+/// Sets a terminal's size (its foreground job gets `SIGWINCH`).
+fn set_size(master: &OwnedFd, rows: u16, cols: u16) -> io::Result<()> {
+    let size = libc::winsize {
+        ws_row: rows,
+        ws_col: cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one winsize from the pointer, which outlives the call.
+    #[allow(unsafe_code)]
+    let done = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &size) };
+    if done < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -244,10 +259,23 @@ impl Controls {
         }
     }
 
-    fn input(&self, operation: Uuid) -> Result<Arc<Input>, Refusal> {
-        let controls = lock(&self.0);
-        let control = controls.get(&operation).ok_or(Refusal::NotRunning)?;
-        control.input.clone().ok_or(Refusal::NoInput)
+    /// The exec's input (if it has one) and its kill. An exec is `running` a moment
+    /// before it is registered here: one not registered yet is waited for, briefly.
+    async fn control(
+        &self,
+        operation: Uuid,
+    ) -> Result<(Option<Arc<Input>>, CancellationToken), Refusal> {
+        for _ in 0..REGISTERING_TRIES {
+            if let Some(control) = lock(&self.0).get(&operation) {
+                return Ok((control.input.clone(), control.kill.clone()));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Err(Refusal::NotRunning)
+    }
+
+    async fn input(&self, operation: Uuid) -> Result<Arc<Input>, Refusal> {
+        self.control(operation).await?.0.ok_or(Refusal::NoInput)
     }
 }
 
@@ -334,7 +362,7 @@ async fn input(
     body: Bytes,
 ) -> Result<Json<serde_json::Value>, Refusal> {
     authorized(&previews, &headers)?;
-    let input = controls.input(operation)?;
+    let input = controls.input(operation).await?;
     let eof = headers.get(EOF_HEADER).is_some_and(|v| v == "true");
     let data = &body[..body.len().min(MAX_INPUT)];
     let written = input.write(data, eof).await?;
@@ -354,7 +382,11 @@ async fn resize(
     Json(size): Json<Size>,
 ) -> Result<StatusCode, Refusal> {
     authorized(&previews, &headers)?;
-    controls.input(operation)?.resize(size.rows, size.cols)?;
+    let input = match controls.input(operation).await {
+        Err(Refusal::NoInput) => Err(Refusal::NotATerminal),
+        found => found,
+    }?;
+    input.resize(size.rows, size.cols)?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -364,8 +396,6 @@ async fn kill(
     request: Request,
 ) -> Result<StatusCode, Refusal> {
     authorized(&previews, request.headers())?;
-    let controls = lock(&controls.0);
-    let control = controls.get(&operation).ok_or(Refusal::NotRunning)?;
-    control.kill.cancel();
+    controls.control(operation).await?.1.cancel();
     Ok(StatusCode::ACCEPTED)
 }

@@ -117,7 +117,9 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         controls: Arc::new(interactive::Controls::default()),
     });
     lapse_previous(&worker.leases, &worker_id).await?;
+    let directory = worker.custody.directory.id;
     announce(&pool, &worker_id, &config, (&listener, &worker.previews)).await?;
+    cairn_common::heartbeat::advertise_directory(&pool, &worker_id, directory).await?;
     let starving = consumer::Starving::default();
     let amqp_status = AmqpStatus::default();
     let jobs = TaskTracker::new();
@@ -126,11 +128,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let readiness = readiness(&pool, redis, &amqp_status, details, dependency_gauge);
     let probes = probes(&worker, readiness, registry);
     let background = Background::start(&worker, &config, listener, probes, directory_id, &starving);
-    let (consumers, sandbox_slots) =
+    let (consumers, local) =
         consumers_of(worker.clone(), &config, amqp_status, jobs.clone(), starving);
     tracing::info!(worker_id = %worker_id, listen = %config.metrics_listen, "worker started");
 
-    take_work(worker, (consumers, sandbox_slots), &jobs, &shutdown, &drain).await;
+    take_work(worker, (consumers, local), &shutdown, &drain).await;
 
     let grace = Duration::from_secs(config.kill_grace_seconds);
     drain_jobs(
@@ -165,8 +167,7 @@ fn probes(
 /// volumes are on this worker's disk (in the same sandbox slots).
 async fn take_work(
     worker: Arc<context::Worker>,
-    (consumers, sandbox_slots): (Vec<consumer::Consumer>, Option<Arc<tokio::sync::Semaphore>>),
-    jobs: &TaskTracker,
+    (consumers, local): (Vec<consumer::Consumer>, Option<Placements>),
     shutdown: &CancellationToken,
     drain: &CancellationToken,
 ) {
@@ -174,9 +175,8 @@ async fn take_work(
     let consuming =
         futures::future::join_all(running.map(|c| c.run(shutdown.clone(), drain.clone())));
     let volumes = async {
-        if let Some(slots) = sandbox_slots {
-            let stop = (shutdown.clone(), drain.clone());
-            hosting::volumes::run(worker, slots, jobs.clone(), stop.0, stop.1).await;
+        if let Some(local) = local {
+            hosting::volumes::run(worker, local, shutdown.clone()).await;
         }
     };
     tokio::join!(consuming, volumes);
@@ -257,24 +257,22 @@ async fn connect(config: &Config) -> anyhow::Result<(sqlx::PgPool, redis::aio::C
 
 /// The consumers of this worker's queues: one of the job queues in its job slots (its
 /// status and its waiting are what the probes and heartbeats report), and, when it has
-/// sandbox slots, one of sandbox placements in them (whose semaphore is returned: the
-/// sandboxes placed from the database take the same slots).
+/// sandbox slots, one of sandbox placements in them, which also takes the placements
+/// found without the queue (the sender of those is returned).
 fn consumers_of(
     worker: Arc<context::Worker>,
     config: &Config,
     status: AmqpStatus,
     jobs: TaskTracker,
     starving: consumer::Starving,
-) -> (Vec<consumer::Consumer>, Option<Arc<tokio::sync::Semaphore>>) {
+) -> (Vec<consumer::Consumer>, Option<Placements>) {
     let consumer = |queues, slots: u32, status, starving| consumer::Consumer {
         worker: worker.clone(),
         amqp_url: config.amqp.amqp_url.clone(),
         topology: Topology::new(&config.amqp.queue_prefix, config.amqp.delivery_limit),
         queues,
         concurrency: usize::try_from(slots).unwrap_or(1),
-        slots: Arc::new(tokio::sync::Semaphore::new(
-            usize::try_from(slots).unwrap_or(1),
-        )),
+        local: None,
         prefetch: config.prefetch(),
         heartbeat_seconds: config.amqp_heartbeat_seconds,
         status,
@@ -287,16 +285,22 @@ fn consumers_of(
         status,
         starving,
     )];
-    let mut sandbox_slots = None;
+    let mut local = None;
     if config.sandbox_slots > 0 {
         // A worker waiting for a sandbox is not evidence that a run is parked elsewhere.
         let own = (AmqpStatus::default(), consumer::Starving::default());
-        let placements = consumer(&JobQueue::SANDBOXES[..], config.sandbox_slots, own.0, own.1);
-        sandbox_slots = Some(placements.slots.clone());
+        let mut placements = consumer(&JobQueue::SANDBOXES[..], config.sandbox_slots, own.0, own.1);
+        let capacity = usize::try_from(config.sandbox_slots).unwrap_or(1);
+        let (sender, receiver) = tokio::sync::mpsc::channel(capacity);
+        placements.local = Some(Arc::new(tokio::sync::Mutex::new(receiver)));
+        local = Some(sender);
         consumers.push(placements);
     }
-    (consumers, sandbox_slots)
+    (consumers, local)
 }
+
+/// Where the sandboxes placed without the queue are handed to the sandbox consumer.
+type Placements = tokio::sync::mpsc::Sender<(uuid::Uuid, String)>;
 
 /// What every job of this worker shares of its settings.
 fn job_settings(
@@ -383,6 +387,7 @@ async fn custody_settings(
         hold_limits: cairn_common::hold::HoldLimits::default(),
         capture_retry: Duration::from_secs(config.capture_retry_seconds),
         worker_id: worker_id.to_string(),
+        node: cairn_common::component::node_name(config.node_name.as_deref()),
     })
 }
 

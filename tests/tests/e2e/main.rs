@@ -17,6 +17,7 @@ mod reaper;
 mod reuse;
 mod sandbox;
 mod sandbox_copies;
+mod sandbox_durability;
 mod sandbox_output;
 mod sandbox_previews;
 mod sandbox_terminal;

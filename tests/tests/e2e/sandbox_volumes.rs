@@ -25,7 +25,14 @@ fn run(cluster: &Cluster, id: &str, script: &str) -> Value {
 #[tokio::test]
 async fn a_volume_outlives_its_sandboxs_worker_and_stays_out_of_copies() {
     let _services = ServiceLock::shared().await;
-    let mut cluster = Cluster::start("sandbox-volumes", 2, Settings::default()).await;
+    let mut cluster = Cluster::start("sandbox-volumes", 0, Settings::default()).await;
+    // One sandbox slot each: the slot a worker's consumer holds while it waits is the
+    // one a sandbox found on its disk must take.
+    cluster
+        .worker_env
+        .push(("CAIRN_SANDBOX_SLOTS".into(), "1".into()));
+    cluster.add_worker();
+    cluster.add_worker();
 
     // Made (by cairnctl), listed, named once per tenant.
     let printed = cluster
@@ -120,6 +127,24 @@ async fn a_volume_outlives_its_sandboxs_worker_and_stays_out_of_copies() {
         "the other worker never takes it: {waiting}"
     );
     assert_eq!(waiting["pending"], "running", "{waiting}");
+    // A volume on a disk no running worker has is not attached: nothing would start
+    // its sandbox.
+    let (status, ghost) = cluster.call("POST", "/api/v1/volumes", Some(&json!({"name": "ghost"})));
+    assert_eq!(status, 201, "{ghost}");
+    sqlx::query("UPDATE volumes SET directory_id = gen_random_uuid() WHERE name = 'ghost'")
+        .execute(&cluster.pool)
+        .await
+        .expect("a gone worker's disk");
+    let (status, refused) = cluster.call(
+        "POST",
+        "/api/v1/sandboxes",
+        Some(&json!({"agent": "coder", "volumes": ["ghost"]})),
+    );
+    assert_eq!(
+        (status, refused["error"]["code"].as_str()),
+        (409, Some("volume_unavailable")),
+        "{refused}"
+    );
     cluster.add_worker_named(&host);
     wait_state(&cluster, &id, "running");
     assert_eq!(

@@ -510,7 +510,7 @@ class AsyncClient:
         self, sandbox_id: str, operation_id: str, data: bytes, *, eof: bool = False
     ) -> models.InputWritten:
         """Writes bytes (at most 64 KiB) to a running exec started with `stdin` or `pty`;
-        `eof` closes its input after them. `InputNotRead` if it did not take them in 5 s."""
+        `eof` closes its input after them. `written` is how many it took within 5 s."""
         params = {"sandbox_id": sandbox_id, "operation_id": operation_id, "eof": eof or None}
         return await self._op("send_sandbox_input", params, data)
 

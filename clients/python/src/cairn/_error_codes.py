@@ -113,13 +113,6 @@ class IdempotencyKeyConflict(CairnError):
     STATUS: ClassVar[int | None] = 409
 
 
-class InputNotRead(CairnError):
-    """The running command did not read all of the input within 5 s; `message` says how much it took. (HTTP 409, `input_not_read`)"""
-
-    CODE: ClassVar[str | None] = "input_not_read"
-    STATUS: ClassVar[int | None] = 409
-
-
 class Internal(CairnError):
     """A fault inside the scheduler; nothing is known to have changed. (HTTP 500, `internal`)"""
 
@@ -303,7 +296,7 @@ class NotReusable(CairnError):
 
 
 class NotRunning(CairnError):
-    """The run is not running, so it cannot be paused. (HTTP 409, `not_running`)"""
+    """The run is not running, so it cannot be paused; or the operation is not a running exec. (HTTP 409, `not_running`)"""
 
     CODE: ClassVar[str | None] = "not_running"
     STATUS: ClassVar[int | None] = 409
@@ -463,6 +456,13 @@ class VolumeExists(CairnError):
     STATUS: ClassVar[int | None] = 409
 
 
+class VolumeUnavailable(CairnError):
+    """The volume is on the disk of a worker that is not running: its sandbox could not start until that worker is back. (HTTP 409, `volume_unavailable`)"""
+
+    CODE: ClassVar[str | None] = "volume_unavailable"
+    STATUS: ClassVar[int | None] = 409
+
+
 class VolumesApart(CairnError):
     """The volumes named are on different workers' disks: a sandbox attaches volumes of one worker. (HTTP 409, `volumes_apart`)"""
 
@@ -486,7 +486,6 @@ ERROR_CLASSES: dict[str, type[CairnError]] = {
     "file_too_large": FileTooLarge,
     "forbidden": Forbidden,
     "idempotency_key_conflict": IdempotencyKeyConflict,
-    "input_not_read": InputNotRead,
     "internal": Internal,
     "interrupted": Interrupted,
     "invalid_agent": InvalidAgent,
@@ -536,6 +535,7 @@ ERROR_CLASSES: dict[str, type[CairnError]] = {
     "validation_failed": ValidationFailed,
     "volume_attached": VolumeAttached,
     "volume_exists": VolumeExists,
+    "volume_unavailable": VolumeUnavailable,
     "volumes_apart": VolumesApart,
 }
 
@@ -555,7 +555,6 @@ __all__ = [
     "FileTooLarge",
     "Forbidden",
     "IdempotencyKeyConflict",
-    "InputNotRead",
     "Internal",
     "Interrupted",
     "InvalidAgent",
@@ -605,5 +604,6 @@ __all__ = [
     "ValidationFailed",
     "VolumeAttached",
     "VolumeExists",
+    "VolumeUnavailable",
     "VolumesApart",
 ]

@@ -342,7 +342,9 @@ class InputWritten(BaseModel):
 
     written: Annotated[StrictInt, Field(ge=0)]
     """
-    Bytes the command took: all of them, or the call is refused.
+    How many of the bytes the command took, from the first: fewer than were sent
+    when it did not read the rest within 5 s (send those again; `eof` then applied
+    to nothing).
     """
 
 
@@ -824,6 +826,10 @@ class SnapshotView(BaseModel):
     created_at: AwareDatetime
     deleted_at: AwareDatetime | None = None
     durability: StrictStr
+    """
+    `replicated` once it was read back whole from its store by a process on another
+    node than the one that wrote it; else `local_only`.
+    """
     kind: StrictStr
     """
     `stop` (taken at a stop), `named` (on request) or `fork` (the capture a fork's
@@ -1595,8 +1601,9 @@ class SandboxView(BaseModel):
     disk_mb: StrictInt
     durability: StrictStr
     """
-    `local_only` while its snapshots stay on one host's store; `replicated` when
-    they are in a shared object store.
+    `replicated` once its latest snapshot was read back whole from its store by a
+    process on another node than the one that wrote it (the reaper); else
+    `local_only`: its bytes may be on one host only.
     """
     error_reason: StrictStr | None = None
     """

@@ -101,6 +101,8 @@ pub struct NewSnapshot<'a> {
     pub predecessor: Option<Uuid>,
     /// A snapshot resource's name.
     pub name: Option<&'a str>,
+    /// The node of the process writing it (see [`crate::component::node_name`]).
+    pub writer_node: Option<&'a str>,
 }
 
 /// The job capturing a snapshot: a request's, or a sandbox's.
@@ -149,8 +151,9 @@ async fn insert(
     sqlx::query(
         "INSERT INTO project_snapshots (id, kind, status, agent, repository, backend, base_image, canonical_ref,
                                         work_context_id, workspace_id, store_url, credential_generation,
-                                        request_id, lease_epoch, store_id, sandbox_id, predecessor_id, name)
-         VALUES ($1, $2, $15, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $16, $17, $18)",
+                                        request_id, lease_epoch, store_id, sandbox_id, predecessor_id, name,
+                                        writer_node)
+         VALUES ($1, $2, $15, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $16, $17, $18, $19)",
     )
     .bind(id)
     .bind(s.kind)
@@ -170,9 +173,23 @@ async fn insert(
     .bind(s.owner.and_then(|o| o.0.sandbox()))
     .bind(s.predecessor)
     .bind(s.name)
+    .bind(s.writer_node)
     .execute(conn)
     .await?;
     Ok(id)
+}
+
+/// A process on `node` read the snapshot back from its store, whole (its manifest and
+/// every pack it names).
+pub async fn verified(conn: &mut PgConnection, id: Uuid, node: &str) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE project_snapshots SET verified_node = $2, verified_at = now() WHERE id = $1",
+    )
+    .bind(id)
+    .bind(node)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// Records what a capture left out of the durable tree.

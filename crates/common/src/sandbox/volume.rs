@@ -106,6 +106,8 @@ pub enum AttachError {
         "the volumes are on different workers' disks: a sandbox attaches volumes of one worker"
     )]
     Apart,
+    #[error("the volume {0} is on the disk of a worker that is not running: nothing could start the sandbox until it is back")]
+    HostDown(String),
     #[error(transparent)]
     Db(#[from] sqlx::Error),
 }
@@ -119,13 +121,19 @@ pub async fn attach(
     names: &[String],
 ) -> Result<(), AttachError> {
     // Locked in name order, so two creations naming the same volumes cannot deadlock.
-    let found: Vec<(String, Option<Uuid>, Option<Uuid>)> = sqlx::query_as(
-        "SELECT name, attached_to, directory_id FROM volumes
-          WHERE tenant_id = $1 AND name = ANY($2) AND state = 'available'
-          ORDER BY name FOR UPDATE",
+    let found: Vec<(String, Option<Uuid>, Option<Uuid>, bool)> = sqlx::query_as(
+        "SELECT v.name, v.attached_to, v.directory_id,
+                v.directory_id IS NULL OR EXISTS (
+                    SELECT 1 FROM worker_heartbeats h
+                     WHERE h.directory_id = v.directory_id
+                       AND h.beat_at > clock_timestamp() - $3 * interval '1 millisecond')
+           FROM volumes v
+          WHERE v.tenant_id = $1 AND v.name = ANY($2) AND v.state = 'available'
+          ORDER BY v.name FOR UPDATE OF v",
     )
     .bind(tenant)
     .bind(names)
+    .bind(crate::heartbeat::lapse_ms())
     .fetch_all(&mut *conn)
     .await?;
     if let Some(missing) = names.iter().find(|n| !found.iter().any(|f| &f.0 == *n)) {
@@ -133,6 +141,9 @@ pub async fn attach(
     }
     if let Some((name, ..)) = found.iter().find(|f| f.1.is_some()) {
         return Err(AttachError::Attached(name.clone()));
+    }
+    if let Some((name, ..)) = found.iter().find(|f| !f.3) {
+        return Err(AttachError::HostDown(name.clone()));
     }
     let mut directories: Vec<Uuid> = found.iter().filter_map(|f| f.2).collect();
     directories.sort();

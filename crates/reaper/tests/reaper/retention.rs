@@ -79,6 +79,7 @@ fn new_snapshot<'a>(
         owner: owner.map(|(request, epoch)| (CapturedBy::Request(request), epoch)),
         predecessor: None,
         name: None,
+        writer_node: None,
     }
 }
 

@@ -80,11 +80,6 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         "The Idempotency-Key was used earlier with another body.",
     ),
     (
-        "input_not_read",
-        409,
-        "The running command did not read all of the input within 5 s; `message` says how much it took.",
-    ),
-    (
         "internal",
         500,
         "A fault inside the scheduler; nothing is known to have changed.",
@@ -193,7 +188,7 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
     (
         "not_running",
         409,
-        "The run is not running, so it cannot be paused.",
+        "The run is not running, so it cannot be paused; or the operation is not a running exec.",
     ),
     (
         "operation_unreachable",
@@ -272,6 +267,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         "volume_exists",
         409,
         "The tenant has a volume of that name already.",
+    ),
+    (
+        "volume_unavailable",
+        409,
+        "The volume is on the disk of a worker that is not running: its sandbox could not start until that worker is back.",
     ),
     (
         "volumes_apart",

@@ -220,6 +220,7 @@ impl Custody {
                 owner: Some((capture.by, lease.epoch)),
                 predecessor: *tree.position,
                 name: capture.name,
+                writer_node: Some(&settings.node),
             },
         )
         .await?;

@@ -1,29 +1,25 @@
-//! What only this worker may do for volumes on its disk: place the sandboxes that
-//! attach them (found in the database, never on the shared queue: another worker could
-//! not mount them) in its sandbox slots, and remove the data of volumes deleted.
+//! What only this worker may do for volumes on its disk: find the sandboxes that
+//! attach them (in the database, never on the shared queue: another worker could not
+//! mount them) for its sandbox consumer to place, and remove the data of volumes
+//! deleted.
 
-use super::{claim, host, HostError, Placement};
+use super::HostError;
 use crate::context::Worker;
 use cairn_common::sandbox::volume;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Semaphore;
+use tokio::sync::mpsc::error::TrySendError;
+use tokio::sync::mpsc::Sender;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
+use uuid::Uuid;
 
 /// How often the database is asked: a resume of such a sandbox waits at most this long
 /// for its worker to notice it.
 const EVERY: Duration = Duration::from_millis(500);
 
-/// Places and deletes until `stop`; hosted sandboxes take a slot of `slots` (the sandbox
-/// consumer's) and stop early on `drain`.
-pub async fn run(
-    worker: Arc<Worker>,
-    slots: Arc<Semaphore>,
-    jobs: TaskTracker,
-    stop: CancellationToken,
-    drain: CancellationToken,
-) {
+/// Finds and deletes until `stop`; the sandboxes found go to `placements`, which the
+/// sandbox consumer takes in its own slots, as it takes deliveries.
+pub async fn run(worker: Arc<Worker>, placements: Sender<(Uuid, String)>, stop: CancellationToken) {
     loop {
         tokio::select! {
             _ = tokio::time::sleep(EVERY) => {}
@@ -32,38 +28,21 @@ pub async fn run(
         if let Err(e) = remove_deleted(&worker).await {
             tracing::warn!(error = %e, "removing deleted volumes failed; trying again");
         }
-        if let Err(e) = place(&worker, &slots, &jobs, &stop, &drain).await {
-            tracing::warn!(error = %e, "placing sandboxes with volumes here failed; trying again");
+        if let Err(e) = find(&worker, &placements).await {
+            tracing::warn!(error = %e, "looking for sandboxes with volumes here failed; trying again");
         }
     }
 }
 
-async fn place(
-    worker: &Arc<Worker>,
-    slots: &Arc<Semaphore>,
-    jobs: &TaskTracker,
-    stop: &CancellationToken,
-    drain: &CancellationToken,
-) -> Result<(), HostError> {
+/// Hands the consumer the sandboxes waiting for this worker, as many as it has room
+/// for (one it takes twice is dropped at its claim: a live worker holds it).
+async fn find(worker: &Worker, placements: &Sender<(Uuid, String)>) -> Result<(), HostError> {
     let directory = worker.custody.directory.id;
     let waiting = volume::waiting(&mut *worker.pool.acquire().await?, directory).await?;
-    for (id, tenant) in waiting {
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            return Ok(());
-        };
-        match claim(worker, id, &tenant).await? {
-            Placement::Dropped(why) => {
-                tracing::debug!(sandbox_id = %id.simple(), why, "placement dropped")
-            }
-            Placement::Host(claimed) => {
-                let (lease, row) = *claimed;
-                let (worker, stop, drain) = (worker.clone(), stop.clone(), drain.clone());
-                jobs.spawn(async move {
-                    // The slot is the sandbox's until it leaves this worker.
-                    let _permit = permit;
-                    host(worker, lease, row, stop, drain).await;
-                });
-            }
+    for found in waiting {
+        match placements.try_send(found) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Closed(_)) => break,
         }
     }
     Ok(())

@@ -49,10 +49,16 @@ impl Running {
         let members = match &self.group {
             Some(group) => group.processes(),
             None if self.isolated => namespace_members(self.pid),
-            None => {
-                let _ = killpg(Pid::from_raw(self.pid), signal);
-                return;
-            }
+            // A command in a terminal leads a session of its own (`setsid --ctty`, below
+            // `nsenter`): the session gets the signal, and `nsenter` waits for it, so a
+            // command that ignores it is still there for the `SIGKILL` after the grace.
+            None => match session_members(self.pid) {
+                Some(session) => session,
+                None => {
+                    let _ = killpg(Pid::from_raw(self.pid), signal);
+                    return;
+                }
+            },
         };
         // Not bubblewrap itself: its end would end the namespace at once, with no grace.
         for pid in members.into_iter().filter(|p| *p != self.pid) {
@@ -63,6 +69,11 @@ impl Running {
     /// Ends every process at once. In the namespace sandbox, the end of bubblewrap ends
     /// its namespace's init, and the kernel then kills everything left in it.
     pub fn kill_all(&self) {
+        if !self.isolated {
+            for pid in session_members(self.pid).unwrap_or_default() {
+                let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+            }
+        }
         let _ = kill(Pid::from_raw(self.pid), Signal::SIGKILL);
         if !self.isolated {
             let _ = killpg(Pid::from_raw(self.pid), Signal::SIGKILL);
@@ -120,6 +131,32 @@ impl Running {
     pub fn cpu_ms(&self) -> Option<i64> {
         self.group.as_ref().and_then(|g| g.cpu_ms())
     }
+}
+
+/// The processes of the session `pid`'s first child leads, if it leads one (a command
+/// in a terminal, under `nsenter`); `None` when it leads none.
+fn session_members(pid: i32) -> Option<Vec<i32>> {
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    let leader: i32 = children.split_whitespace().next()?.parse().ok()?;
+    if session_of(leader)? != leader {
+        return None;
+    }
+    let entries = std::fs::read_dir("/proc").ok()?;
+    Some(
+        entries
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|p| session_of(*p) == Some(leader))
+            .collect(),
+    )
+}
+
+/// The session id of `pid` (`/proc/PID/stat`'s sixth field; its name, the second,
+/// may hold spaces and parentheses, so the fields are counted from its end).
+fn session_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, after) = stat.rsplit_once(')')?;
+    after.split_whitespace().nth(3)?.parse().ok()
 }
 
 /// Every process in the PID namespace of `pid`'s first child (bubblewrap's init).

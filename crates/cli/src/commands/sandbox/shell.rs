@@ -105,12 +105,30 @@ pub async fn shell(client: &Client, args: ShellArgs) -> Result<u8, CallError> {
         .open_stream(&format!("{base}/output?stream=stdout&follow=true"))
         .await?;
     let raw = Raw::enter();
-    let typing = tokio::spawn(send_typing(client.clone(), base.clone()));
+    let mut typing = tokio::spawn(send_typing(client.clone(), base.clone()));
     let sizing = tokio::spawn(follow_size(client.clone(), base.clone()));
-    let printed = print_events(output, Stream::Stdout).await;
+    let stopped = tokio::select! {
+        printed = print_events(output, Stream::Stdout) => Ok(printed),
+        refused = &mut typing => Err(refused.ok().flatten().map_or_else(
+            || "typing stopped".to_string(),
+            |e| format!("the shell stopped taking what is typed ({})", e.message),
+        )),
+        signal = stopped_by_signal() => Err(format!("cairnctl got {signal}")),
+    };
     typing.abort();
     sizing.abort();
+    // This terminal as it was, however the session ended here.
     drop(raw);
+    let printed = match stopped {
+        Ok(printed) => printed,
+        Err(why) => {
+            let hint = format!("cairnctl sandbox kill {sandbox} {operation}");
+            return Err(CallError::new(
+                exit::ERROR,
+                format!("{why}; the shell may still run: {hint}"),
+            ));
+        }
+    };
     let limit = Duration::from_secs(60 + u64::from(args.timeout_sec) + 60);
     let receipt = until_ended(client, &base, limit).await?;
     if let Err(e) = printed {
@@ -120,8 +138,8 @@ pub async fn shell(client: &Client, args: ShellArgs) -> Result<u8, CallError> {
 }
 
 /// Sends what is typed, as it is typed, in order; at the end of this stdin (not a
-/// terminal), closes the command's.
-async fn send_typing(client: Client, base: String) {
+/// terminal), closes the command's. Why it stopped, if the command would not take it.
+async fn send_typing(client: Client, base: String) -> Option<CallError> {
     let (sender, mut typed) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
     std::thread::spawn(move || {
         let mut stdin = std::io::stdin();
@@ -142,15 +160,30 @@ async fn send_typing(client: Client, base: String) {
     });
     while let Some(bytes) = typed.recv().await {
         let eof = bytes.is_empty();
-        let path = format!("{base}/input{}", if eof { "?eof=true" } else { "" });
-        if client
-            .call_bytes(Method::POST, &path, Some(bytes))
-            .await
-            .is_err()
-            || eof
-        {
-            return;
+        if let Err(e) = send_all(&client, &base, &bytes, eof).await {
+            return Some(e);
         }
+        if eof {
+            break;
+        }
+    }
+    // Nothing more to type: the session goes on until the shell ends.
+    std::future::pending().await
+}
+
+/// The signal that stops this process (a `kill`, or its terminal closed): the session
+/// ends here with this terminal restored.
+async fn stopped_by_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut hangup)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::hangup()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = hangup.recv() => "SIGHUP",
     }
 }
 
@@ -183,25 +216,47 @@ pub async fn input(
     std::io::stdin()
         .read_to_end(&mut data)
         .map_err(|e| CallError::new(exit::ERROR, format!("reading stdin: {e}")))?;
-    let base = format!("/api/v1/sandboxes/{sandbox}/operations/{operation}/input");
-    let chunks: Vec<&[u8]> = data.chunks(64 * 1024).collect();
-    let last = chunks.len().saturating_sub(1);
-    if chunks.is_empty() && eof {
-        client
-            .call_bytes(Method::POST, &format!("{base}?eof=true"), Some(Vec::new()))
-            .await?;
-    }
-    for (index, chunk) in chunks.into_iter().enumerate() {
-        let path = if eof && index == last {
-            format!("{base}?eof=true")
-        } else {
-            base.clone()
-        };
-        client
-            .call_bytes(Method::POST, &path, Some(chunk.to_vec()))
-            .await?;
-    }
+    let base = format!("/api/v1/sandboxes/{sandbox}/operations/{operation}");
+    send_all(client, &base, &data, eof).await?;
     Ok(exit::OK)
+}
+
+/// Sends `data` to the exec's input, in calls of at most 64 KiB, again from where the
+/// command stopped taking it; `eof` with the last.
+async fn send_all(client: &Client, base: &str, data: &[u8], eof: bool) -> Result<(), CallError> {
+    let mut sent = 0;
+    let mut stalled = 0;
+    loop {
+        let piece = &data[sent..data.len().min(sent + 64 * 1024)];
+        let last = sent + piece.len() == data.len();
+        let query = if eof && last { "?eof=true" } else { "" };
+        let (_, answer) = client
+            .call_bytes(
+                Method::POST,
+                &format!("{base}/input{query}"),
+                Some(piece.to_vec()),
+            )
+            .await?;
+        let taken: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
+        let taken = taken["written"]
+            .as_u64()
+            .and_then(|n| usize::try_from(n).ok())
+            .unwrap_or(0);
+        sent += taken.min(piece.len());
+        if sent == data.len() && (last || piece.is_empty()) {
+            return Ok(());
+        }
+        stalled = if taken == 0 { stalled + 1 } else { 0 };
+        if stalled == 3 {
+            return Err(CallError::new(
+                exit::ERROR,
+                format!(
+                    "the command took {sent} of {} bytes and reads no more",
+                    data.len()
+                ),
+            ));
+        }
+    }
 }
 
 /// Ends a running exec; its receipt will say `killed`.

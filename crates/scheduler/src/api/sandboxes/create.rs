@@ -147,6 +147,7 @@ fn refused_attach(e: volume::AttachError) -> ApiError {
         AttachError::Missing(_) => ApiError::new(StatusCode::NOT_FOUND, "not_found", message),
         AttachError::Attached(_) => ApiError::conflict("volume_attached", message),
         AttachError::Apart => ApiError::conflict("volumes_apart", message),
+        AttachError::HostDown(_) => ApiError::conflict("volume_unavailable", message),
         AttachError::Db(e) => return e.into(),
     };
     refused.with_field("volumes")

@@ -42,6 +42,8 @@ pub struct SnapshotView {
     /// `deleted`.
     pub status: String,
     pub size_bytes: i64,
+    /// `replicated` once it was read back whole from its store by a process on another
+    /// node than the one that wrote it; else `local_only`.
     pub durability: String,
     pub created_at: DateTime<Utc>,
     pub deleted_at: Option<DateTime<Utc>>,
@@ -55,13 +57,14 @@ type SnapshotRow = (
     String,
     String,
     i64,
-    String,
+    Option<bool>,
     DateTime<Utc>,
     Option<DateTime<Utc>>,
     bool,
 );
 
-const SELECT: &str = "SELECT p.id, p.sandbox_id, p.kind, p.name, p.status, p.retention, p.size_bytes, p.store_url,
+const SELECT: &str = "SELECT p.id, p.sandbox_id, p.kind, p.name, p.status, p.retention, p.size_bytes,
+        p.verified_node <> p.writer_node,
         p.created_at, p.retired_at,
         EXISTS (SELECT 1 FROM sandboxes s WHERE s.source_snapshot_id = p.id AND s.state = 'creating') AS restoring
    FROM project_snapshots p";
@@ -70,7 +73,8 @@ const SELECT: &str = "SELECT p.id, p.sandbox_id, p.kind, p.name, p.status, p.ret
 const KINDS: &str = "p.sandbox_id IS NOT NULL AND p.kind IN ('stop', 'named', 'fork')";
 
 fn snapshot_view(r: SnapshotRow) -> SnapshotView {
-    let (id, sandbox, kind, name, status, retention, size, store, created, retired, restoring) = r;
+    let (id, sandbox, kind, name, status, retention, size, replicated, created, retired, restoring) =
+        r;
     let deleted = status == "deleted" || retention != "current";
     let status = match status.as_str() {
         _ if deleted => "deleted".to_string(),
@@ -84,7 +88,7 @@ fn snapshot_view(r: SnapshotRow) -> SnapshotView {
         name,
         status,
         size_bytes: size,
-        durability: durability(Some(&store)).to_string(),
+        durability: durability(replicated).to_string(),
         created_at: created,
         deleted_at: if deleted { retired } else { None },
     }

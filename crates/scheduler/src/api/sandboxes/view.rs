@@ -55,8 +55,9 @@ pub struct SandboxView {
     pub stop_reason: Option<String>,
     /// Why it is in `error`.
     pub error_reason: Option<String>,
-    /// `local_only` while its snapshots stay on one host's store; `replicated` when
-    /// they are in a shared object store.
+    /// `replicated` once its latest snapshot was read back whole from its store by a
+    /// process on another node than the one that wrote it (the reaper); else
+    /// `local_only`: its bytes may be on one host only.
     pub durability: String,
     /// The latest stop snapshot, kept for the sandbox's life.
     #[schema(value_type = Option<String>)]
@@ -98,7 +99,7 @@ struct Row {
     source_snapshot_id: Option<Uuid>,
     stop_reason: Option<String>,
     error_reason: Option<String>,
-    store_url: Option<String>,
+    replicated: Option<bool>,
     stop_snapshot_id: Option<Uuid>,
     last_activity_at: DateTime<Utc>,
     created_at: DateTime<Utc>,
@@ -116,23 +117,20 @@ const SELECT: &str = "SELECT s.id, s.tenant_id, s.agent, s.state, s.desired, s.p
         s.idle_timeout_sec, s.disk_mb, s.network, s.repository, s.git_ref, s.source_snapshot_id, s.stop_reason,
         s.error_reason, s.stop_snapshot_id, s.last_activity_at, s.created_at, s.updated_at, s.stopped_at,
         s.destroyed_at, s.metadata, s.template_id, s.ports, s.services,
-        (SELECT p.store_url FROM project_snapshots p WHERE p.sandbox_id = s.id AND p.status = 'ready'
-          ORDER BY p.created_at DESC LIMIT 1) AS store_url,
+        (SELECT p.verified_node <> p.writer_node FROM project_snapshots p
+          WHERE p.sandbox_id = s.id AND p.status = 'ready'
+          ORDER BY p.created_at DESC LIMIT 1) AS replicated,
         np.network AS tenant_network,
         ARRAY(SELECT v.name FROM volumes v WHERE v.attached_to = s.id ORDER BY v.name) AS volumes
    FROM sandboxes s LEFT JOIN network_policy np ON np.tenant_id = s.tenant_id";
 
-/// Whether a store keeps its objects off the host that wrote them.
-pub fn durability(store_url: Option<&str>) -> &'static str {
-    match store_url {
-        Some(url)
-            if ["s3://", "gs://", "az://", "azure://", "abfs://"]
-                .iter()
-                .any(|scheme| url.starts_with(scheme)) =>
-        {
-            "replicated"
-        }
-        _ => "local_only",
+/// `replicated` for a snapshot read back by another node than its writer's (the
+/// query's `verified_node <> writer_node`, NULL while either is unknown).
+pub fn durability(replicated: Option<bool>) -> &'static str {
+    if replicated == Some(true) {
+        "replicated"
+    } else {
+        "local_only"
     }
 }
 
@@ -162,7 +160,7 @@ impl From<Row> for SandboxView {
                 .map(|id| format!("snapshot:{}", id.simple())),
             stop_reason: r.stop_reason,
             error_reason: r.error_reason,
-            durability: durability(r.store_url.as_deref()).to_string(),
+            durability: durability(r.replicated).to_string(),
             stop_snapshot_id: r.stop_snapshot_id.map(Id::from),
             last_activity_at: r.last_activity_at,
             created_at: r.created_at,
@@ -491,19 +489,4 @@ pub async fn operations(
     Ok(Json(OperationList {
         operations: rows.into_iter().map(operation_view).collect(),
     }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::durability;
-
-    #[test]
-    fn only_an_object_store_is_replicated() {
-        assert_eq!(durability(None), "local_only");
-        assert_eq!(durability(Some("/var/lib/cairn/artifacts")), "local_only");
-        assert_eq!(durability(Some("file:///data")), "local_only");
-        for url in ["s3://bucket/cairn", "gs://bucket", "az://container/x"] {
-            assert_eq!(durability(Some(url)), "replicated", "{url}");
-        }
-    }
 }
