@@ -17,6 +17,12 @@ CREATE TABLE volumes (
 );
 CREATE UNIQUE INDEX volumes_name_idx ON volumes (tenant_id, name) WHERE state <> 'deleted';
 CREATE INDEX volumes_attached_idx ON volumes (attached_to) WHERE attached_to IS NOT NULL;
+-- A fork's sandboxes go first to the worker whose directory staged their source's tree
+-- (a copy-on-write snapshot, no restore): that directory, until the sweeper places them
+-- anywhere.
+ALTER TABLE sandboxes ADD COLUMN placement_directory UUID;
+CREATE INDEX sandboxes_placement_directory_idx ON sandboxes (placement_directory)
+    WHERE placement_directory IS NOT NULL;
 -- Each worker's workspaces directory: a volume on a directory no live worker has is
 -- not attached (nothing would place its sandbox).
 ALTER TABLE worker_heartbeats ADD COLUMN directory_id UUID;

@@ -94,14 +94,12 @@ where
 }
 
 /// The node this process runs on, as off-host durability compares them: `configured`
-/// (`CAIRN_NODE_NAME`; the chart gives each pod its Kubernetes node's name), else the
-/// host name.
-pub fn node_name(configured: Option<&str>) -> String {
-    match configured.map(str::trim).filter(|n| !n.is_empty()) {
-        Some(node) => node.to_string(),
-        None => nix::unistd::gethostname()
-            .ok()
-            .and_then(|h| h.into_string().ok())
-            .unwrap_or_else(|| "unknown".into()),
-    }
+/// (`CAIRN_NODE_NAME`; the chart gives each pod its Kubernetes node's name). None
+/// without it: a host name is a container's own, and two containers on one host would
+/// pass for two nodes.
+pub fn node_name(configured: Option<&str>) -> Option<String> {
+    configured
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_string)
 }

@@ -24,12 +24,13 @@ pub struct Config {
     #[arg(long, env = "CAIRN_DRAIN_SECONDS", default_value_t = 30)]
     pub drain_seconds: u64,
     /// Seconds between sweeps of the leader (and between a standby's leadership tries).
-    /// The node this reaper runs on (default: the host name): it reads snapshots back
-    /// from their stores, and one it reads that another node wrote is off-host.
-    #[arg(long, env = "CAIRN_NODE_NAME")]
-    pub node_name: Option<String>,
     #[arg(long, env = "CAIRN_REAPER_INTERVAL_SECONDS", default_value_t = 60.0)]
     pub interval_seconds: f64,
+    /// The node this reaper runs on (the chart: the pod's node). It reads back the
+    /// sandbox snapshots other nodes wrote: one it reads whole is off-host. Unset: it
+    /// reads none back.
+    #[arg(long, env = "CAIRN_NODE_NAME")]
+    pub node_name: Option<String>,
     /// Rows per batch (one transaction each).
     #[arg(long, env = "CAIRN_REAPER_BATCH", default_value_t = 1000,
           value_parser = clap::value_parser!(i64).range(1..=100_000))]

@@ -1,24 +1,28 @@
 //! Off-host durability: a sandbox's snapshot counts as `replicated` once a process on a
-//! node other than its writer's has read it back from its store (its manifest and every
-//! pack it names). Until then its bytes may be on one host only, whatever its store's
-//! URL says: an `s3://` store served from the writer's own host is not off-host, and a
-//! directory on a shared volume is.
+//! node other than its writer's has read it back from its store: its manifest read and
+//! decoded, every pack it names there. Until then its bytes may be on one host only.
+//! What this shows is that the snapshot is reachable, whole, from another node; a store
+//! that itself keeps its bytes on the writer's host (a MinIO beside it) is not told
+//! apart.
 //!
-//! The reaper reads back what other nodes wrote, newest first; a snapshot its own node
-//! wrote, it leaves for a reaper elsewhere (or for ever `local_only`, which is true).
+//! Nodes are known only by name (`CAIRN_NODE_NAME`, which the chart sets from the
+//! pod's node): without one, a worker records no node and the reaper reads nothing
+//! back, so nothing is called off-host on a guess. The reaper reads back what other
+//! nodes wrote, newest first; one that could not be read is tried again an hour later.
 
 use cairn_common::lineage;
 use cairn_snapshot::store::ArtifactStore;
-use cairn_snapshot::{manifest_key, pack_key};
+use cairn_snapshot::{load_manifest, pack_key};
 use sqlx::PgPool;
+use std::collections::HashSet;
 use uuid::Uuid;
 
 /// What one pass did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Verified {
     pub verified: u64,
-    /// Read back incompletely (an object missing, or a store that did not answer):
-    /// left unverified, tried again next sweep.
+    /// Not read back whole (an object missing, a store that did not answer): left
+    /// unverified, tried again an hour later.
     pub failed: u64,
 }
 
@@ -28,6 +32,7 @@ pub async fn verify(pool: &PgPool, node: &str, batch: i64) -> Result<Verified, s
         "SELECT id, store_url FROM project_snapshots
           WHERE verified_at IS NULL AND status = 'ready' AND sandbox_id IS NOT NULL
             AND retention = 'current' AND writer_node IS NOT NULL AND writer_node <> $1
+            AND (verify_failed_at IS NULL OR verify_failed_at < now() - interval '1 hour')
           ORDER BY created_at DESC LIMIT $2",
     )
     .bind(node)
@@ -35,31 +40,43 @@ pub async fn verify(pool: &PgPool, node: &str, batch: i64) -> Result<Verified, s
     .fetch_all(pool)
     .await?;
     let mut done = Verified::default();
+    let mut first_failure = None;
     for (id, store_url) in due {
         let packs: Vec<Uuid> =
             sqlx::query_scalar("SELECT pack_id FROM snapshot_packs WHERE snapshot_id = $1")
                 .bind(id)
                 .fetch_all(pool)
                 .await?;
+        let mut conn = pool.acquire().await?;
         match read_back(&store_url, id, &packs).await {
             Ok(()) => {
-                lineage::verified(&mut *pool.acquire().await?, id, node).await?;
+                lineage::verified(&mut conn, id, node).await?;
                 done.verified += 1;
             }
             Err(why) => {
-                tracing::warn!(snapshot_id = %id.simple(), reason = %why, "a snapshot could not be read back; it stays local_only");
+                lineage::verify_failed(&mut conn, id).await?;
+                first_failure.get_or_insert((id, why));
                 done.failed += 1;
             }
         }
     }
+    if let Some((id, why)) = first_failure {
+        tracing::warn!(failed = done.failed, first = %id.simple(), reason = %why, "snapshots could not be read back from their stores; they stay local_only, tried again in an hour");
+    }
     Ok(done)
 }
 
-/// Whether the store holds the snapshot's manifest and every pack it names.
+/// Whether the store holds the snapshot's manifest (decoded, naming exactly the packs
+/// recorded for it) and every one of those packs.
 async fn read_back(store_url: &str, id: Uuid, packs: &[Uuid]) -> Result<(), String> {
     let store = ArtifactStore::open_existing(store_url).map_err(|e| e.to_string())?;
-    let keys = std::iter::once(manifest_key(id)).chain(packs.iter().map(|p| pack_key(*p)));
-    for key in keys {
+    let manifest = load_manifest(&store, id).await.map_err(|e| e.to_string())?;
+    let named: HashSet<Uuid> = manifest.packs.iter().copied().collect();
+    if named != packs.iter().copied().collect::<HashSet<_>>() {
+        return Err("its manifest names other packs than its record".into());
+    }
+    for pack in packs {
+        let key = pack_key(*pack);
         match store.exists(&key).await {
             Ok(true) => {}
             Ok(false) => return Err(format!("{key} is not in {store_url}")),

@@ -93,6 +93,8 @@ impl ReaperMetrics {
         self.count("stale_captures", "failed", report.stale_captures_failed);
         self.count("outputs", "reclaimed", report.outputs_reclaimed);
         self.count("outputs", "failed", report.outputs_failed);
+        self.count("durability", "verified", report.snapshots_verified);
+        self.count("durability", "failed", report.verify_failed);
         self.bytes_reclaimed.inc_by(report.bytes_reclaimed);
         self.sweeps.inc();
         self.sweep_duration_seconds.observe(took.as_secs_f64());
@@ -118,9 +120,12 @@ pub async fn sweep(
     }
     .run()
     .await?;
-    // Reading back changes only what durability reports: a dry run does not.
-    if !dry_run {
-        let node = cairn_common::component::node_name(config.node_name.as_deref());
+    // Reading back changes only what durability reports: a dry run does not. Without
+    // a node name, nothing is read back (see `durability`).
+    if let (false, Some(node)) = (
+        dry_run,
+        cairn_common::component::node_name(config.node_name.as_deref()),
+    ) {
         let done = durability::verify(pool, &node, config.batch).await?;
         report.snapshots_verified = done.verified;
         report.verify_failed = done.failed;

@@ -5,6 +5,8 @@
 //!   restores it on any worker.
 //! - `creating` (or a `stopped` one being resumed): placed again, up to
 //!   [`PLACEMENTS`] times; then a `creating` one ends in `error`.
+//! - A fork still waiting for the worker that staged its source's tree, past
+//!   `record::STAGED_WAIT_MS`: announced to every worker.
 //!
 //! Every change moves the lease epoch on, so a stalled former owner writes nothing.
 
@@ -76,6 +78,8 @@ pub async fn sweep(pool: &PgPool, batch: i64) -> Result<SandboxSweep, sqlx::Erro
         }
         savepoint.commit().await?;
     }
+    // Forks whose staging worker has not taken them in time: anywhere, from the capture.
+    report.placed_again += record::place_anywhere(&mut tx).await?.len() as u64;
     tx.commit().await?;
     Ok(report)
 }

@@ -27,8 +27,9 @@ pub struct Config {
     /// (`http://POD_IP:9091`). Default: that listener's address unless it is a wildcard.
     #[arg(long, env = "CAIRN_PREVIEW_URL")]
     pub preview_url: Option<String>,
-    /// The node this worker runs on (default: the host name): a snapshot counts as
-    /// off-host only once a process on another node has read it back.
+    /// The node this worker runs on (the chart: the pod's node), recorded on its
+    /// snapshots: one counts as off-host once a reaper on another node read it back.
+    /// Unset: its snapshots stay `local_only`.
     #[arg(long, env = "CAIRN_NODE_NAME")]
     pub node_name: Option<String>,
     /// Apply pending migrations at start (they serialize on an advisory lock).

@@ -103,26 +103,16 @@ impl Consumer {
         let mut held: VecDeque<Delivery> = VecDeque::new();
         let mut next_queue = 0;
         let result = loop {
-            // A free slot first, so a delivery is only taken when it can run at once.
-            // With every slot taken the consumers are cancelled: a delivery RabbitMQ
-            // pushed ahead would wait here, where no other worker (a new pod) can take
-            // it, until one of this worker's jobs ended.
-            let permit = match permits.clone().try_acquire_owned() {
-                Ok(permit) => permit,
-                Err(TryAcquireError::Closed) => break Ok(()),
-                Err(TryAcquireError::NoPermits) => {
-                    if let Some(full) = consuming.take() {
-                        held.extend(full.pause(&channel, self.topology.delivery_limit()).await);
-                    }
-                    tokio::select! {
-                        permit = permits.clone().acquire_owned() => match permit {
-                            Ok(permit) => permit,
-                            Err(_) => break Ok(()),
-                        },
-                        _ = stop.cancelled() => break Ok(()),
-                    }
-                }
+            let Some(permit) = self
+                .slot(permits, (&channel, &mut consuming, &mut held), stop)
+                .await
+            else {
+                break Ok(());
             };
+            if let Some(found) = try_local(&self.local) {
+                self.start_local(found, permit, stop, drain);
+                continue;
+            }
             let waiting = match held.pop_front() {
                 Some(delivery) => Some(delivery),
                 // Out of a pause, a backlog is pulled one message per free slot: pushed
@@ -148,8 +138,8 @@ impl Consumer {
             self.starving.set(true);
             let delivery = tokio::select! {
                 delivery = deliveries.stream.next() => delivery,
-                Some((sandbox, tenant)) = next_local(&self.local) => {
-                    self.start_local(sandbox, tenant, permit, stop, drain);
+                Some(found) = next_local(&self.local) => {
+                    self.start_local(found, permit, stop, drain);
                     continue;
                 }
                 _ = stop.cancelled() => break Ok(()),
@@ -214,11 +204,39 @@ impl Consumer {
             .spawn(process(worker, delivery, permit, stop.clone(), drain));
     }
 
+    /// A free slot first, so a delivery is only taken when it can run at once; `None`
+    /// once stopped. With every slot taken the consumers are cancelled: a delivery
+    /// RabbitMQ pushed ahead would wait here, where no other worker (a new pod) can
+    /// take it, until one of this worker's jobs ended.
+    async fn slot(
+        &self,
+        permits: &Arc<Semaphore>,
+        (channel, consuming, held): (
+            &lapin::Channel,
+            &mut Option<Consuming>,
+            &mut VecDeque<Delivery>,
+        ),
+        stop: &CancellationToken,
+    ) -> Option<OwnedSemaphorePermit> {
+        match permits.clone().try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(TryAcquireError::Closed) => None,
+            Err(TryAcquireError::NoPermits) => {
+                if let Some(full) = consuming.take() {
+                    held.extend(full.pause(channel, self.topology.delivery_limit()).await);
+                }
+                tokio::select! {
+                    permit = permits.clone().acquire_owned() => permit.ok(),
+                    _ = stop.cancelled() => None,
+                }
+            }
+        }
+    }
+
     /// Hosts a sandbox placed without the queue in the slot `permit` holds.
     fn start_local(
         &self,
-        sandbox: uuid::Uuid,
-        tenant: String,
+        (sandbox, tenant): (uuid::Uuid, String),
         permit: OwnedSemaphorePermit,
         stop: &CancellationToken,
         drain: &CancellationToken,
@@ -442,6 +460,12 @@ async fn next_local(local: &Option<Local>) -> Option<(uuid::Uuid, String)> {
         Some(local) => local.lock().await.recv().await,
         None => std::future::pending().await,
     }
+}
+
+/// A placement found without the queue, if one waits now: a sandbox only this worker
+/// can place comes before the queues' backlog, which any worker can take.
+fn try_local(local: &Option<Local>) -> Option<(uuid::Uuid, String)> {
+    local.as_ref()?.try_lock().ok()?.try_recv().ok()
 }
 
 /// Nothing was claimed: RabbitMQ redelivers after `wait` (its delivery limit bounds

@@ -26,6 +26,8 @@ pub struct JobSettings {
     /// Whether a draining worker hands runs back at step boundaries: only where other
     /// workers can restore its checkpoints.
     pub hand_back_at_step_boundary: bool,
+    /// Sandboxes this worker hosts at once.
+    pub sandbox_slots: u32,
 }
 
 /// The worker's shared services, which every job holds.
@@ -49,4 +51,7 @@ pub struct Worker {
     pub previews: Arc<crate::preview::Previews>,
     /// The running execs of hosted sandboxes: their input, terminal and kill.
     pub controls: Arc<crate::interactive::Controls>,
+    /// Sandboxes for the sandbox consumer to place without the queue (`None`: this
+    /// worker hosts none).
+    pub placements: Option<tokio::sync::mpsc::Sender<(uuid::Uuid, String)>>,
 }

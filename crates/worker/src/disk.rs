@@ -236,6 +236,83 @@ impl Disk {
     }
 }
 
+/// Where a fork's capture is staged, as a snapshot of its source's tree (see
+/// [`Disk::stage`]).
+const STAGED: &str = ".forks";
+
+impl Disk {
+    /// Stages the tree `tree` (a sandbox's, in this directory) as `.forks/<id>`: a
+    /// copy-on-write snapshot of what it holds now, taken while its processes are
+    /// frozen for the capture `id`, so that a fork of it placed on this worker starts
+    /// from it without a restore. `false` where trees are not subvolumes.
+    pub fn stage(&self, tree: &Path, id: uuid::Uuid) -> std::io::Result<bool> {
+        if !self.enforced || tree.parent() != Some(self.root.as_path()) {
+            return Ok(false);
+        }
+        let Some(name) = tree.file_name() else {
+            return Ok(false);
+        };
+        let staged = self.root.join(STAGED);
+        std::fs::create_dir_all(&staged)?;
+        let staged = open_directory(&staged)?;
+        let root = open_directory(&self.root)?;
+        let source = open_beneath(&root, name.as_encoded_bytes())?;
+        snapshot_subvolume(&staged, &source, id.simple().to_string().as_bytes())?;
+        Ok(true)
+    }
+
+    /// Makes `tree` (a tree path of this directory, empty) a snapshot of the staged
+    /// capture `id`, with room for `quota_mb` MiB; `false` when none is staged here.
+    pub fn from_staged(&self, id: uuid::Uuid, tree: &Path, quota_mb: u64) -> std::io::Result<bool> {
+        let (Some(name), true) = (tree.file_name(), tree.parent() == Some(self.root.as_path()))
+        else {
+            return Ok(false);
+        };
+        if !self.enforced {
+            return Ok(false);
+        }
+        let staged = match open_directory(&self.root.join(STAGED)) {
+            Ok(staged) => staged,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        let source = match open_beneath(&staged, id.simple().to_string().as_bytes()) {
+            Ok(source) => source,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+            Err(e) => return Err(e),
+        };
+        match std::fs::remove_dir_all(tree) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
+        let root = open_directory(&self.root)?;
+        snapshot_subvolume(&root, &source, name.as_encoded_bytes())?;
+        let made = open_beneath(&root, name.as_encoded_bytes())?;
+        limit(&made, quota_mb.saturating_mul(MIB))?;
+        Ok(true)
+    }
+
+    /// The captures staged here.
+    pub fn staged(&self) -> Vec<uuid::Uuid> {
+        let Ok(entries) = std::fs::read_dir(self.root.join(STAGED)) else {
+            return Vec::new();
+        };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse().ok())
+            .collect()
+    }
+
+    /// Removes a staged capture (no fork waits for it here any more).
+    pub fn remove_staged(&self, id: uuid::Uuid) -> std::io::Result<()> {
+        let path = self.root.join(STAGED).join(id.simple().to_string());
+        match std::fs::remove_dir_all(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+}
+
 /// Makes a tree with [`Disk::make`] off the runtime's threads.
 pub async fn make(disk: &Disk, path: &Path, quota_mb: u64) -> std::io::Result<()> {
     let (disk, path) = (disk.clone(), path.to_path_buf());
@@ -387,6 +464,7 @@ const fn ioc(direction: u64, number: u64, size: usize) -> u64 {
 const IOC_WRITE: u64 = 1;
 const IOC_READ: u64 = 2;
 const SUBVOL_CREATE: u64 = ioc(IOC_WRITE, 14, std::mem::size_of::<VolArgs>());
+const SNAP_CREATE: u64 = ioc(IOC_WRITE, 1, std::mem::size_of::<VolArgs>());
 const QUOTA_CTL: u64 = ioc(
     IOC_READ | IOC_WRITE,
     40,
@@ -417,15 +495,27 @@ fn enable_quotas(volume: &File) -> std::io::Result<()> {
 }
 
 fn create_subvolume(parent: &OwnedFd, name: &[u8]) -> std::io::Result<()> {
+    let mut args = vol_args(name, 0)?;
+    ioctl(parent, SUBVOL_CREATE, &mut args)
+}
+
+/// Makes `name` in `parent` a writable snapshot of the subvolume `source`: it shares
+/// every extent with it, at once, whatever its size.
+fn snapshot_subvolume(parent: &OwnedFd, source: &OwnedFd, name: &[u8]) -> std::io::Result<()> {
+    let mut args = vol_args(name, i64::from(source.as_raw_fd()))?;
+    ioctl(parent, SNAP_CREATE, &mut args)
+}
+
+fn vol_args(name: &[u8], fd: i64) -> std::io::Result<VolArgs> {
     if name.len() > BTRFS_PATH_NAME_MAX || name.contains(&b'/') || name.contains(&0) {
         return Err(std::io::Error::other("not a subvolume name"));
     }
     let mut args = VolArgs {
-        fd: 0,
+        fd,
         name: [0; BTRFS_PATH_NAME_MAX + 1],
     };
     args.name[..name.len()].copy_from_slice(name);
-    ioctl(parent, SUBVOL_CREATE, &mut args)
+    Ok(args)
 }
 
 /// Limits the subvolume `volume` is the root of (qgroup id 0: the fd's own).

@@ -86,17 +86,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let metrics = metrics::WorkerMetrics::register(&mut registry);
     metrics::register_isolation(&mut registry, &isolation);
     let dependency_gauge = health::DependencyGauge::register(&mut registry);
-    let details = serde_json::Map::from_iter([
-        (
-            "sandbox".to_string(),
-            serde_json::to_value(isolation.report()).unwrap_or_default(),
-        ),
-        ("disk".to_string(), disk_report),
-    ]);
+    let details = ready_details(&isolation, disk_report);
     let registry = Arc::new(registry);
     let worker_id = config.worker_id();
     let ttl = Duration::from_secs(config.lease_ttl_seconds);
     let directory_id = directory.id;
+    let (placements, placed) = placements(&config);
     let worker = Arc::new(context::Worker {
         pool: pool.clone(),
         leases: Leases::new(pool.clone(), redis.clone(), &config.redis.redis_prefix, ttl),
@@ -115,11 +110,11 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         signals: Arc::new(signals::Signals::default()),
         previews: Arc::new(preview::Previews::default()),
         controls: Arc::new(interactive::Controls::default()),
+        placements,
     });
     lapse_previous(&worker.leases, &worker_id).await?;
-    let directory = worker.custody.directory.id;
-    announce(&pool, &worker_id, &config, (&listener, &worker.previews)).await?;
-    cairn_common::heartbeat::advertise_directory(&pool, &worker_id, directory).await?;
+    let (previews, directory) = (&worker.previews, directory_id);
+    announce(&pool, &worker_id, &config, (&listener, previews, directory)).await?;
     let starving = consumer::Starving::default();
     let amqp_status = AmqpStatus::default();
     let jobs = TaskTracker::new();
@@ -128,11 +123,16 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let readiness = readiness(&pool, redis, &amqp_status, details, dependency_gauge);
     let probes = probes(&worker, readiness, registry);
     let background = Background::start(&worker, &config, listener, probes, directory_id, &starving);
-    let (consumers, local) =
-        consumers_of(worker.clone(), &config, amqp_status, jobs.clone(), starving);
+    let consumers = consumers_of(
+        worker.clone(),
+        &config,
+        (amqp_status, starving),
+        &jobs,
+        placed,
+    );
     tracing::info!(worker_id = %worker_id, listen = %config.metrics_listen, "worker started");
 
-    take_work(worker, (consumers, local), &shutdown, &drain).await;
+    take_work(worker, consumers, &shutdown, &drain).await;
 
     let grace = Duration::from_secs(config.kill_grace_seconds);
     drain_jobs(
@@ -167,10 +167,11 @@ fn probes(
 /// volumes are on this worker's disk (in the same sandbox slots).
 async fn take_work(
     worker: Arc<context::Worker>,
-    (consumers, local): (Vec<consumer::Consumer>, Option<Placements>),
+    consumers: Vec<consumer::Consumer>,
     shutdown: &CancellationToken,
     drain: &CancellationToken,
 ) {
+    let local = worker.placements.clone();
     let running = consumers.into_iter();
     let consuming =
         futures::future::join_all(running.map(|c| c.run(shutdown.clone(), drain.clone())));
@@ -182,12 +183,27 @@ async fn take_work(
     tokio::join!(consuming, volumes);
 }
 
-/// The first beat of this process, the slots it offers and where it takes previews.
+/// What `/readyz` details: the step sandbox and the disk.
+fn ready_details(
+    isolation: &isolation::Isolation,
+    disk: serde_json::Value,
+) -> serde_json::Map<String, serde_json::Value> {
+    serde_json::Map::from_iter([
+        (
+            "sandbox".to_string(),
+            serde_json::to_value(isolation.report()).unwrap_or_default(),
+        ),
+        ("disk".to_string(), disk),
+    ])
+}
+
+/// The first beat of this process, the slots it offers, where it takes previews and
+/// the directory it holds.
 async fn announce(
     pool: &sqlx::PgPool,
     worker_id: &str,
     config: &Config,
-    (listener, previews): (&tokio::net::TcpListener, &preview::Previews),
+    (listener, previews, directory): (&tokio::net::TcpListener, &preview::Previews, uuid::Uuid),
 ) -> anyhow::Result<()> {
     let url = preview_url(config, listener)?;
     let preview = url.as_deref().map(|url| (url, previews.key()));
@@ -195,6 +211,7 @@ async fn announce(
     let (jobs, sandboxes) = (config.concurrency, config.sandbox_slots);
     cairn_common::heartbeat::advertise_slots(pool, worker_id, jobs, sandboxes).await?;
     cairn_common::heartbeat::advertise_previews(pool, worker_id, preview).await?;
+    cairn_common::heartbeat::advertise_directory(pool, worker_id, directory).await?;
     Ok(())
 }
 
@@ -258,14 +275,14 @@ async fn connect(config: &Config) -> anyhow::Result<(sqlx::PgPool, redis::aio::C
 /// The consumers of this worker's queues: one of the job queues in its job slots (its
 /// status and its waiting are what the probes and heartbeats report), and, when it has
 /// sandbox slots, one of sandbox placements in them, which also takes the placements
-/// found without the queue (the sender of those is returned).
+/// found without the queue (`placed`).
 fn consumers_of(
     worker: Arc<context::Worker>,
     config: &Config,
-    status: AmqpStatus,
-    jobs: TaskTracker,
-    starving: consumer::Starving,
-) -> (Vec<consumer::Consumer>, Option<Placements>) {
+    (status, starving): (AmqpStatus, consumer::Starving),
+    jobs: &TaskTracker,
+    placed: Option<tokio::sync::mpsc::Receiver<(uuid::Uuid, String)>>,
+) -> Vec<consumer::Consumer> {
     let consumer = |queues, slots: u32, status, starving| consumer::Consumer {
         worker: worker.clone(),
         amqp_url: config.amqp.amqp_url.clone(),
@@ -285,22 +302,31 @@ fn consumers_of(
         status,
         starving,
     )];
-    let mut local = None;
     if config.sandbox_slots > 0 {
         // A worker waiting for a sandbox is not evidence that a run is parked elsewhere.
         let own = (AmqpStatus::default(), consumer::Starving::default());
         let mut placements = consumer(&JobQueue::SANDBOXES[..], config.sandbox_slots, own.0, own.1);
-        let capacity = usize::try_from(config.sandbox_slots).unwrap_or(1);
-        let (sender, receiver) = tokio::sync::mpsc::channel(capacity);
-        placements.local = Some(Arc::new(tokio::sync::Mutex::new(receiver)));
-        local = Some(sender);
+        placements.local = placed.map(|p| Arc::new(tokio::sync::Mutex::new(p)));
         consumers.push(placements);
     }
-    (consumers, local)
+    consumers
 }
 
-/// Where the sandboxes placed without the queue are handed to the sandbox consumer.
-type Placements = tokio::sync::mpsc::Sender<(uuid::Uuid, String)>;
+/// Where the sandboxes placed without the queue go to the sandbox consumer (none on a
+/// worker without sandbox slots).
+type Placements = (
+    Option<tokio::sync::mpsc::Sender<(uuid::Uuid, String)>>,
+    Option<tokio::sync::mpsc::Receiver<(uuid::Uuid, String)>>,
+);
+
+fn placements(config: &Config) -> Placements {
+    if config.sandbox_slots == 0 {
+        return (None, None);
+    }
+    let capacity = usize::try_from(config.sandbox_slots).unwrap_or(1);
+    let (sender, receiver) = tokio::sync::mpsc::channel(capacity);
+    (Some(sender), Some(receiver))
+}
 
 /// What every job of this worker shares of its settings.
 fn job_settings(
@@ -319,6 +345,7 @@ fn job_settings(
         kill_grace: Duration::from_secs(config.kill_grace_seconds),
         pause_limit: Duration::from_secs(config.pause_limit_seconds),
         hand_back_at_step_boundary: config.snapshots_shared(),
+        sandbox_slots: config.sandbox_slots,
     }
 }
 

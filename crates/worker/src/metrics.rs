@@ -32,6 +32,8 @@ pub struct WorkerMetrics {
     pub sandboxes_hosted: Gauge,
     pub sandbox_operations: Family<KindLabel, Counter>,
     pub sandbox_stops: Family<ReasonLabel, Counter>,
+    /// Forks whose tree was a snapshot of their source's, staged here (no restore).
+    pub forks_staged: Counter,
 }
 
 /// The kind of a sandbox operation.
@@ -74,6 +76,7 @@ impl Default for WorkerMetrics {
             sandboxes_hosted: Gauge::default(),
             sandbox_operations: Family::default(),
             sandbox_stops: Family::default(),
+            forks_staged: Counter::default(),
         }
     }
 }
@@ -104,6 +107,7 @@ impl WorkerMetrics {
             "worker_sandboxes_hosted", "Sandboxes this worker holds now, running or paused (each holds a slot)" => m.sandboxes_hosted;
             "worker_sandbox_operations", "Sandbox operations carried out, by kind (exec, read, write, list, snapshot, fork)" => m.sandbox_operations;
             "worker_sandbox_stops", "Sandboxes that left this worker, by how (stopped, destroyed, pause_expired, worker_drained, failed, lease_lost)" => m.sandbox_stops;
+            "worker_forks_staged", "Forks that started from their source's tree staged on this worker's disk, without a restore" => m.forks_staged;
         );
         m
     }

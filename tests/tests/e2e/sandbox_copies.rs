@@ -600,3 +600,79 @@ async fn a_template_version_starts_new_sandboxes_from_its_snapshot() {
         "{listed}"
     );
 }
+
+/// A fork its source's worker has a slot for starts from the source's tree staged on
+/// that worker's disk (a copy-on-write snapshot taken while the source was frozen for
+/// the capture, no restore), and holds exactly what the capture holds: a file the
+/// capture left out (it holds a secret) is not in it. The forks it has no slot for go to
+/// any worker at once, restored from the capture; the staged tree goes once none waits.
+#[tokio::test]
+async fn a_fork_on_its_sources_worker_starts_from_the_staged_tree() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("sandbox-staged", 0, Settings::default()).await;
+    cluster
+        .worker_env
+        .push(("CAIRN_SANDBOX_SLOTS".into(), "2".into()));
+    cluster.add_worker();
+    cluster.add_worker();
+    let source = create(&cluster, json!({"agent": "coder"}));
+    wait_state(&cluster, &source, "running");
+    let script = "mkdir -p d && echo kept > d/a.txt && echo AKIA1234567890ABCDEF > creds.txt";
+    assert_eq!(exec(&cluster, &source, script).0, 200);
+    let host = worker_of(&cluster, &source).await.expect("hosted");
+    let index = cluster.worker_index(&host);
+    let (status, forked) = cluster.call(
+        "POST",
+        &format!("/api/v1/sandboxes/{source}/fork"),
+        Some(&json!({"count": 3})),
+    );
+    assert_eq!(status, 201, "{forked}");
+    let forks: Vec<String> = forked["sandboxes"]
+        .as_array()
+        .expect("forks")
+        .iter()
+        .map(|f| f["sandbox_id"].as_str().expect("id").to_string())
+        .collect();
+    for fork in &forks {
+        wait_state(&cluster, fork, "running");
+        let (status, seen) = exec(
+            &cluster,
+            fork,
+            "cat d/a.txt; ls creds.txt 2>&1 || echo gone",
+        );
+        assert_eq!(status, 200, "{seen}");
+        let out = seen["result"]["stdout"].as_str().unwrap_or_default();
+        assert!(
+            out.starts_with("kept\n") && out.ends_with("gone\n"),
+            "{out}"
+        );
+    }
+    // One free slot on the source's worker: one fork staged there, two restored.
+    assert_eq!(
+        cluster.metric(index, "cairn_worker_forks_staged_total"),
+        1.0
+    );
+    let mut hosts = Vec::new();
+    for fork in &forks {
+        hosts.push(worker_of(&cluster, fork).await.expect("hosted"));
+    }
+    assert_eq!(hosts.iter().filter(|h| **h == host).count(), 1, "{hosts:?}");
+    // Seen through the worker's own mounts: the staged tree goes once no fork waits.
+    let staged = std::path::PathBuf::from(format!(
+        "/proc/{}/root",
+        cluster.workers[index].process.pid()
+    ))
+    .join(
+        cluster
+            .workspaces(&host)
+            .strip_prefix("/")
+            .expect("absolute"),
+    )
+    .join(".forks");
+    cluster.wait_until("the staged tree removed", LONG, || {
+        std::fs::read_dir(&staged).map_or(true, |mut d| d.next().is_none())
+    });
+    // The source goes on as it was.
+    let (_, kept) = file(&cluster, &source, "creds.txt");
+    assert_eq!(kept, b"AKIA1234567890ABCDEF\n");
+}

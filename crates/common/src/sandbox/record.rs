@@ -35,6 +35,9 @@ pub struct NewSandbox<'a> {
     pub ports: Vec<i32>,
     /// Its services, a JSON object of `ServiceSpec`s by name (a fork: its source's).
     pub services: serde_json::Value,
+    /// The directory whose worker places it first (a fork's, where its source's tree is
+    /// staged); `None`: any worker, through the queue.
+    pub placement_directory: Option<Uuid>,
 }
 
 /// Records a new sandbox in `creating` and announces its placement, in the caller's
@@ -45,9 +48,9 @@ pub async fn create(conn: &mut PgConnection, s: &NewSandbox<'_>) -> Result<Uuid,
         "INSERT INTO sandboxes (id, agent, state, persistent, always_on, timeout_sec, idle_timeout_sec,
                                 disk_mb, repository, git_ref, source_snapshot_id, forked_from,
                                 idempotency_key, request_digest, tenant_id, network, metadata,
-                                template_id, ports, services)
+                                template_id, ports, services, placement_directory)
          VALUES ($1, $2, 'creating', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-                 $17, $18, $19)",
+                 $17, $18, $19, $20)",
     )
     .bind(id)
     .bind(s.agent)
@@ -68,6 +71,7 @@ pub async fn create(conn: &mut PgConnection, s: &NewSandbox<'_>) -> Result<Uuid,
     .bind(s.template_id)
     .bind(&s.ports)
     .bind(&s.services)
+    .bind(s.placement_directory)
     .execute(&mut *conn)
     .await?;
     announce_placement(conn, id).await?;
@@ -84,10 +88,18 @@ pub async fn transition(
 }
 
 /// Announces the sandbox's placement: a worker claims it from `cairn.sandboxes`. A
-/// sandbox whose volumes are on one worker's disk is announced to no queue: that
-/// worker finds it in the database (see [`super::volume::waiting`]).
+/// sandbox whose volumes are on one worker's disk, or a fork meant for the worker that
+/// staged its source's tree, is announced to no queue: that worker finds it in the
+/// database (see [`super::volume::waiting`]).
 pub async fn announce_placement(conn: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Error> {
-    if super::volume::directory_of(conn, id).await?.is_some() {
+    let directed: bool = sqlx::query_scalar(
+        "SELECT placement_directory IS NOT NULL AND state = 'creating' FROM sandboxes WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_optional(&mut *conn)
+    .await?
+    .unwrap_or(false);
+    if directed || super::volume::directory_of(conn, id).await?.is_some() {
         return Ok(());
     }
     outbox::announce(
@@ -103,6 +115,28 @@ pub async fn announce_placement(conn: &mut PgConnection, id: Uuid) -> Result<(),
     )
     .await?;
     Ok(())
+}
+
+/// How long a fork waits for the worker that staged its source's tree.
+pub const STAGED_WAIT_MS: i64 = 3_000;
+
+/// The forks still waiting, past [`STAGED_WAIT_MS`], for the worker that staged their
+/// source's tree (it has no free slot, or is gone): any worker places them now, from
+/// the capture. Their ids.
+pub async fn place_anywhere(conn: &mut PgConnection) -> Result<Vec<Uuid>, sqlx::Error> {
+    let late: Vec<Uuid> = sqlx::query_scalar(
+        "UPDATE sandboxes SET placement_directory = NULL
+          WHERE placement_directory IS NOT NULL AND state = 'creating' AND lease_owner IS NULL
+            AND created_at < now() - $1 * interval '1 millisecond'
+          RETURNING id",
+    )
+    .bind(STAGED_WAIT_MS)
+    .fetch_all(&mut *conn)
+    .await?;
+    for id in &late {
+        announce_placement(conn, *id).await?;
+    }
+    Ok(late)
 }
 
 /// Ends the current owner's lease: the epoch moves on, so it writes nothing more.

@@ -220,7 +220,7 @@ impl Custody {
                 owner: Some((capture.by, lease.epoch)),
                 predecessor: *tree.position,
                 name: capture.name,
-                writer_node: Some(&settings.node),
+                writer_node: settings.node.as_deref(),
             },
         )
         .await?;

@@ -61,8 +61,9 @@ pub struct CustodySettings {
     pub capture_retry: Duration,
     /// This worker's id, recorded on the trees it creates.
     pub worker_id: String,
-    /// The node this worker runs on, recorded on every snapshot it writes.
-    pub node: String,
+    /// The node this worker runs on, recorded on every snapshot it writes (none: its
+    /// snapshots are never called off-host).
+    pub node: Option<String>,
 }
 
 /// Custody of every workspace in this worker's directory.

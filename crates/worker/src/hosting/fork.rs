@@ -70,14 +70,71 @@ pub fn scrub(root: &Path) -> std::io::Result<u64> {
     Ok(removed)
 }
 
+/// Removes from `root` (a staged copy of a capture's tree) every path the capture's
+/// `manifest` does not hold, never following a link: what the capture left out (its
+/// rules' exclusions, sockets) is not in the copy either, as a restore would have it.
+/// How many paths went.
+pub fn prune_to(root: &Path, manifest: &cairn_snapshot::Manifest) -> std::io::Result<u64> {
+    use nix::dir::{Dir, Type};
+    use nix::fcntl::OFlag;
+    use nix::unistd::{unlinkat, UnlinkatFlags};
+    use std::os::unix::ffi::OsStrExt;
+    let kept: std::collections::HashSet<&str> =
+        manifest.entries.iter().map(|e| e.path.as_str()).collect();
+    let mut removed = 0;
+    let mut pending = vec![std::path::PathBuf::new()];
+    while let Some(relative) = pending.pop() {
+        let flags = OFlag::O_DIRECTORY | OFlag::O_RDONLY;
+        let fd = cairn_snapshot::regular::open_beneath(root, &relative, flags)?;
+        let mut dir = Dir::from_fd(fd)?;
+        let mut children = Vec::new();
+        for entry in dir.iter() {
+            let entry = entry?;
+            let name = std::ffi::OsStr::from_bytes(entry.file_name().to_bytes()).to_os_string();
+            if name != "." && name != ".." {
+                children.push((name, entry.file_type()));
+            }
+        }
+        for (name, kind) in children {
+            let path = relative.join(&name);
+            let is_dir = match kind {
+                Some(kind) => kind == Type::Directory,
+                None => {
+                    let at = nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW;
+                    let stat = nix::sys::stat::fstatat(&dir, name.as_os_str(), at)?;
+                    stat.st_mode & libc::S_IFMT == libc::S_IFDIR
+                }
+            };
+            let held = path.to_str().is_some_and(|p| kept.contains(p));
+            match (held, is_dir) {
+                (true, true) => pending.push(path),
+                (true, false) => {}
+                // Every directory on the way is a real one (never a link), walked here.
+                (false, true) => {
+                    std::fs::remove_dir_all(root.join(&path))?;
+                    removed += 1;
+                }
+                (false, false) => {
+                    unlinkat(&dir, name.as_os_str(), UnlinkatFlags::NoRemoveDir)?;
+                    removed += 1;
+                }
+            }
+        }
+    }
+    Ok(removed)
+}
+
 /// Records `spec.count` new sandboxes from the fork's capture, each announced for
 /// placement, in the caller's fenced transaction: the source's tenant, agent,
-/// persistence and timeouts unless the fork sets them.
+/// persistence and timeouts unless the fork sets them. The first `here.1` go first to
+/// the worker of the directory `here.0` (this one), which stages the capture's tree;
+/// the rest to any worker.
 pub async fn provision(
     conn: &mut PgConnection,
     source: Uuid,
     snapshot_id: Uuid,
     spec: &ForkSpec,
+    here: (Uuid, usize),
 ) -> Result<Vec<Uuid>, sqlx::Error> {
     type Source = (
         String,
@@ -118,7 +175,7 @@ pub async fn provision(
     });
     let digest = digest::of(&serde_json::json!({"fork_of": source, "snapshot": snapshot_id}));
     let mut forks = Vec::new();
-    for _ in 0..spec.count() {
+    for index in 0..spec.count() {
         let fork = record::create(
             &mut *conn,
             &NewSandbox {
@@ -140,6 +197,8 @@ pub async fn provision(
                 template_id: None,
                 ports: ports.clone(),
                 services: services.clone(),
+                placement_directory: (usize::try_from(index).unwrap_or(usize::MAX) < here.1)
+                    .then_some(here.0),
             },
         )
         .await?;

@@ -179,8 +179,16 @@ async fn capture(
         session.freeze(true);
     }
     let committed = tree::commit(host.worker, host.lease, host.row, tree, seal).await;
+    // Still frozen: the staged tree is the capture's, to the byte.
+    let staged = match (&committed, fork) {
+        (Ok(snapshot), Some(_)) => stage(host, tree, *snapshot).await,
+        _ => false,
+    };
     if let Some(session) = &host.session {
         session.freeze(false);
+    }
+    if let (true, Ok(snapshot)) = (staged, &committed) {
+        hand_over_forks(host, *snapshot).await;
     }
     match committed {
         Ok(_) => Ok(()),
@@ -193,6 +201,46 @@ async fn capture(
             operations::finish(&mut tx, id, host.lease.epoch, ended).await?;
             tx.commit().await?;
             Ok(())
+        }
+    }
+}
+
+/// Stages the fork capture `snapshot`'s tree on this worker's disk (a copy-on-write
+/// snapshot of the frozen tree), for its forks placed here to start from without a
+/// restore; whether it did. A failure only costs them the restore.
+async fn stage(host: &Owner<'_>, tree: &SandboxTree, snapshot: Uuid) -> bool {
+    let disk = host.worker.custody.disk.clone();
+    let root = tree.live.workspace.root.clone();
+    match tokio::task::spawn_blocking(move || disk.stage(&root, snapshot)).await {
+        Ok(Ok(staged)) => staged,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "staging the fork's tree failed; its forks restore it");
+            false
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "staging the fork's tree failed; its forks restore it");
+            false
+        }
+    }
+}
+
+/// Hands the forks of `snapshot` meant for this worker to its sandbox consumer at once
+/// (the database poll finds any it has no room for now).
+async fn hand_over_forks(host: &Owner<'_>, snapshot: Uuid) {
+    let Some(placements) = &host.worker.placements else {
+        return;
+    };
+    let forks: Result<Vec<(Uuid, String)>, sqlx::Error> = sqlx::query_as(
+        "SELECT id, tenant_id FROM sandboxes
+          WHERE source_snapshot_id = $1 AND placement_directory = $2 AND state = 'creating'",
+    )
+    .bind(snapshot)
+    .bind(host.worker.custody.directory.id)
+    .fetch_all(&host.worker.pool)
+    .await;
+    for fork in forks.unwrap_or_default() {
+        if placements.try_send(fork).is_err() {
+            break;
         }
     }
 }

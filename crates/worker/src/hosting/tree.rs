@@ -88,14 +88,17 @@ pub async fn acquire(worker: &Worker, row: &SandboxRow) -> Result<SandboxTree, U
                 "the source snapshot is {status}; only a ready snapshot is restored"
             )));
         }
-        let index = restore(worker, id, &store_url, &workspace).await?;
+        let index = match from_staged(worker, id, &store_url, &workspace).await? {
+            Some(index) => index,
+            None => restore(worker, id, &store_url, &workspace).await?,
+        };
         return Ok(SandboxTree {
             live: LiveTree {
                 workspace,
                 workspace_id: row.workspace_id.unwrap_or_else(Uuid::new_v4),
                 position: None,
-                // The restored tree's own stats: its first capture reads only what
-                // changed (the identity files the scrub removes), not the whole tree.
+                // The tree's own stats: its first capture reads only what changed (the
+                // identity files the scrub removes), not the whole tree.
                 index: Some(Arc::new(index)),
                 uncaptured: true,
             },
@@ -167,6 +170,57 @@ async fn durable_trees(
         None => None,
     };
     Ok((head, stop, source))
+}
+
+/// The tree of a fork's capture staged on this worker's disk, made this sandbox's tree
+/// as a copy-on-write snapshot of it (no restore): the capture's manifest is its index
+/// (a snapshot keeps every file's inode and times), and what the capture left out is
+/// removed from it. `None` when nothing is staged here, or it could not be used.
+async fn from_staged(
+    worker: &Worker,
+    id: Uuid,
+    store_url: &str,
+    workspace: &Workspace,
+) -> Result<Option<Manifest>, Unacquired> {
+    let disk = worker.custody.disk.clone();
+    let (root, quota) = (workspace.root.clone(), workspace.quota_mb());
+    let made = tokio::task::spawn_blocking(move || disk.from_staged(id, &root, quota)).await;
+    match made {
+        Ok(Ok(true)) => {}
+        Ok(Ok(false)) => return Ok(None),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "the staged tree could not be used; restoring");
+            return Ok(None);
+        }
+        Err(e) => return Err(HostError::Transient(e.to_string()).into()),
+    }
+    let manifest = async {
+        let store = cairn_snapshot::store::ArtifactStore::open_existing(store_url)?;
+        cairn_snapshot::load_manifest(&store, id).await
+    }
+    .await;
+    let manifest = match manifest {
+        Ok(manifest) => manifest,
+        Err(e) => {
+            tracing::warn!(error = %e, "the staged tree's manifest could not be read; restoring");
+            return Ok(None);
+        }
+    };
+    let (root, kept) = (workspace.root.clone(), manifest.clone());
+    let pruned = tokio::task::spawn_blocking(move || super::fork::prune_to(&root, &kept)).await;
+    match pruned {
+        Ok(Ok(removed)) => tracing::debug!(removed, "left-out paths removed from the staged tree"),
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "the staged tree could not be pruned; restoring");
+            return Ok(None);
+        }
+        Err(e) => return Err(HostError::Transient(e.to_string()).into()),
+    }
+    tokio::fs::create_dir_all(&workspace.home)
+        .await
+        .map_err(|e| Unacquired::Failed(format!("preparing the home: {e}")))?;
+    worker.metrics.forks_staged.inc();
+    Ok(Some(manifest))
 }
 
 async fn restore(
@@ -254,6 +308,11 @@ struct SandboxSeal<'a> {
     seal: Seal<'a>,
     lease: &'a Lease,
     row: &'a SandboxRow,
+    /// This worker's directory, and how many of a fork's sandboxes it takes itself,
+    /// from its tree staged there (as many as it has free slots, where trees are
+    /// subvolumes); the rest go to any worker at once.
+    directory: Uuid,
+    takes: usize,
 }
 
 impl custody::Seal for SandboxSeal<'_> {
@@ -279,7 +338,10 @@ impl custody::Seal for SandboxSeal<'_> {
                 id, fork, started, ..
             } => {
                 let forks = match fork {
-                    Some(spec) => super::fork::provision(tx, row.id, snapshot_id, spec).await?,
+                    Some(spec) => {
+                        let here = (self.directory, self.takes);
+                        super::fork::provision(tx, row.id, snapshot_id, spec, here).await?
+                    }
                     None => Vec::new(),
                 };
                 let frozen_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
@@ -333,11 +395,27 @@ pub async fn commit(
     // until its first checkpoint.
     let index_is_position = !tree.live.uncaptured;
     let at = tree.live.at(index_is_position);
-    let seal = SandboxSeal { seal, lease, row };
+    let seal = SandboxSeal {
+        seal,
+        lease,
+        row,
+        directory: worker.custody.directory.id,
+        takes: free_slots(worker),
+    };
     match worker.custody.commit(lease, &capture, at, &seal).await? {
         Checkpoint::Stands(snapshot) => Ok(snapshot),
         Checkpoint::Failed(reason) => Err(HostError::Capture(reason)),
     }
+}
+
+/// The sandbox slots free here now, where a fork's tree can be staged (else none).
+fn free_slots(worker: &Worker) -> usize {
+    if !worker.custody.disk.enforced() || worker.placements.is_none() {
+        return 0;
+    }
+    let hosted = u32::try_from(worker.metrics.sandboxes_hosted.get()).unwrap_or(u32::MAX);
+    let free = worker.settings.sandbox_slots.saturating_sub(hosted);
+    usize::try_from(free).unwrap_or(0)
 }
 
 /// An operation's receipt, on the snapshot holding its effects.

@@ -28,6 +28,9 @@ pub async fn run(worker: Arc<Worker>, placements: Sender<(Uuid, String)>, stop: 
         if let Err(e) = remove_deleted(&worker).await {
             tracing::warn!(error = %e, "removing deleted volumes failed; trying again");
         }
+        if let Err(e) = remove_staged(&worker).await {
+            tracing::warn!(error = %e, "removing staged fork trees failed; trying again");
+        }
         if let Err(e) = find(&worker, &placements).await {
             tracing::warn!(error = %e, "looking for sandboxes with volumes here failed; trying again");
         }
@@ -43,6 +46,33 @@ async fn find(worker: &Worker, placements: &Sender<(Uuid, String)>) -> Result<()
         match placements.try_send(found) {
             Ok(()) => {}
             Err(TrySendError::Full(_) | TrySendError::Closed(_)) => break,
+        }
+    }
+    Ok(())
+}
+
+/// Removes the staged fork trees no fork waits for here any more (each was placed, or
+/// went to another worker).
+async fn remove_staged(worker: &Worker) -> Result<(), HostError> {
+    let disk = worker.custody.disk.clone();
+    let staged = tokio::task::spawn_blocking(move || disk.staged())
+        .await
+        .map_err(|e| HostError::Transient(e.to_string()))?;
+    for id in staged {
+        let waited: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM sandboxes WHERE source_snapshot_id = $1
+                             AND placement_directory = $2 AND state = 'creating')",
+        )
+        .bind(id)
+        .bind(worker.custody.directory.id)
+        .fetch_one(&worker.pool)
+        .await?;
+        if !waited {
+            let disk = worker.custody.disk.clone();
+            tokio::task::spawn_blocking(move || disk.remove_staged(id))
+                .await
+                .map_err(|e| HostError::Transient(e.to_string()))?
+                .map_err(|e| HostError::Transient(format!("removing a staged tree: {e}")))?;
         }
     }
     Ok(())

@@ -160,11 +160,13 @@ async fn send_typing(client: Client, base: String) -> Option<CallError> {
     });
     while let Some(bytes) = typed.recv().await {
         let eof = bytes.is_empty();
-        if let Err(e) = send_all(&client, &base, &bytes, eof).await {
-            return Some(e);
-        }
-        if eof {
-            break;
+        match send_all(&client, &base, &bytes, eof).await {
+            // The shell ended on its own (its end reaches the output just after): what
+            // is left to type has nowhere to go.
+            Err(e) if e.message.starts_with("409 not_running") => break,
+            Err(e) => return Some(e),
+            Ok(()) if eof => break,
+            Ok(()) => {}
         }
     }
     // Nothing more to type: the session goes on until the shell ends.

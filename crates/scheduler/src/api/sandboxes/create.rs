@@ -90,6 +90,7 @@ pub async fn admit(
             template_id: template,
             ports: spec.ports.iter().flatten().map(|p| i32::from(*p)).collect(),
             services: serde_json::json!(spec.services.clone().unwrap_or_default()),
+            placement_directory: None,
         },
     )
     .await;

@@ -118,7 +118,7 @@ const SELECT: &str = "SELECT s.id, s.tenant_id, s.agent, s.state, s.desired, s.p
         s.error_reason, s.stop_snapshot_id, s.last_activity_at, s.created_at, s.updated_at, s.stopped_at,
         s.destroyed_at, s.metadata, s.template_id, s.ports, s.services,
         (SELECT p.verified_node <> p.writer_node FROM project_snapshots p
-          WHERE p.sandbox_id = s.id AND p.status = 'ready'
+          WHERE p.sandbox_id = s.id AND p.status = 'ready' AND p.retention = 'current'
           ORDER BY p.created_at DESC LIMIT 1) AS replicated,
         np.network AS tenant_network,
         ARRAY(SELECT v.name FROM volumes v WHERE v.attached_to = s.id ORDER BY v.name) AS volumes
