@@ -22,65 +22,22 @@ fn is_identity(name: &str) -> bool {
         || (name.starts_with("ssh_host_") && (name.ends_with("_key") || name.ends_with("_key.pub")))
 }
 
-/// Removes the identity files under `root` (never following a link); how many. Each
-/// directory is opened beneath `root` and its files removed through that handle.
-pub fn scrub(root: &Path) -> std::io::Result<u64> {
-    use nix::dir::{Dir, Type};
-    use nix::fcntl::OFlag;
-    use nix::unistd::{unlinkat, UnlinkatFlags};
-    use std::os::unix::ffi::OsStrExt;
-    let mut removed = 0;
-    let mut pending = vec![std::path::PathBuf::new()];
-    while let Some(relative) = pending.pop() {
-        let flags = OFlag::O_DIRECTORY | OFlag::O_RDONLY;
-        let fd = cairn_snapshot::regular::open_beneath(root, &relative, flags)?;
-        let mut dir = Dir::from_fd(fd)?;
-        let mut children = Vec::new();
-        for entry in dir.iter() {
-            let entry = entry?;
-            let name = std::ffi::OsStr::from_bytes(entry.file_name().to_bytes()).to_os_string();
-            if name != "." && name != ".." {
-                children.push((name, entry.file_type()));
-            }
-        }
-        for (name, kind) in children {
-            let kind = match kind {
-                Some(kind) => kind,
-                None => {
-                    let stat = nix::sys::stat::fstatat(
-                        &dir,
-                        name.as_os_str(),
-                        nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-                    )?;
-                    if stat.st_mode & libc::S_IFMT == libc::S_IFDIR {
-                        Type::Directory
-                    } else {
-                        Type::File
-                    }
-                }
-            };
-            if kind == Type::Directory {
-                pending.push(relative.join(&name));
-            } else if name.to_str().is_some_and(is_identity) {
-                unlinkat(&dir, name.as_os_str(), UnlinkatFlags::NoRemoveDir)?;
-                removed += 1;
-            }
-        }
-    }
-    Ok(removed)
+/// What a walk of a tree does with one entry that is not a directory it goes into.
+enum Visit {
+    Keep,
+    Descend,
+    Remove,
 }
 
-/// Removes from `root` (a staged copy of a capture's tree) every path the capture's
-/// `manifest` does not hold, never following a link: what the capture left out (its
-/// rules' exclusions, sockets) is not in the copy either, as a restore would have it.
-/// How many paths went.
-pub fn prune_to(root: &Path, manifest: &cairn_snapshot::Manifest) -> std::io::Result<u64> {
+/// Walks the tree `root` without following a link, each directory opened beneath it,
+/// asking `visit` of each entry (its path relative to `root`, whether it is a
+/// directory); removes the entries it says to (a directory with all it holds); how
+/// many.
+fn walk(root: &Path, visit: impl Fn(&Path, bool) -> Visit) -> std::io::Result<u64> {
     use nix::dir::{Dir, Type};
     use nix::fcntl::OFlag;
     use nix::unistd::{unlinkat, UnlinkatFlags};
     use std::os::unix::ffi::OsStrExt;
-    let kept: std::collections::HashSet<&str> =
-        manifest.entries.iter().map(|e| e.path.as_str()).collect();
     let mut removed = 0;
     let mut pending = vec![std::path::PathBuf::new()];
     while let Some(relative) = pending.pop() {
@@ -96,7 +53,6 @@ pub fn prune_to(root: &Path, manifest: &cairn_snapshot::Manifest) -> std::io::Re
             }
         }
         for (name, kind) in children {
-            let path = relative.join(&name);
             let is_dir = match kind {
                 Some(kind) => kind == Type::Directory,
                 None => {
@@ -105,16 +61,17 @@ pub fn prune_to(root: &Path, manifest: &cairn_snapshot::Manifest) -> std::io::Re
                     stat.st_mode & libc::S_IFMT == libc::S_IFDIR
                 }
             };
-            let held = path.to_str().is_some_and(|p| kept.contains(p));
-            match (held, is_dir) {
-                (true, true) => pending.push(path),
-                (true, false) => {}
+            let path = relative.join(&name);
+            match (visit(&path, is_dir), is_dir) {
+                (Visit::Keep, _) => {}
+                (Visit::Descend, true) => pending.push(path),
+                (Visit::Descend, false) => {}
                 // Every directory on the way is a real one (never a link), walked here.
-                (false, true) => {
+                (Visit::Remove, true) => {
                     std::fs::remove_dir_all(root.join(&path))?;
                     removed += 1;
                 }
-                (false, false) => {
+                (Visit::Remove, false) => {
                     unlinkat(&dir, name.as_os_str(), UnlinkatFlags::NoRemoveDir)?;
                     removed += 1;
                 }
@@ -122,6 +79,34 @@ pub fn prune_to(root: &Path, manifest: &cairn_snapshot::Manifest) -> std::io::Re
         }
     }
     Ok(removed)
+}
+
+/// Removes the identity files under `root` (never following a link); how many.
+pub fn scrub(root: &Path) -> std::io::Result<u64> {
+    walk(root, |path, is_dir| {
+        let name = path.file_name().and_then(|n| n.to_str());
+        match (is_dir, name.is_some_and(is_identity)) {
+            (true, _) => Visit::Descend,
+            (false, true) => Visit::Remove,
+            (false, false) => Visit::Keep,
+        }
+    })
+}
+
+/// Removes from `root` (a staged copy of a capture's tree) every path the capture's
+/// `manifest` does not hold, never following a link: what the capture left out (its
+/// rules' exclusions, sockets) is not in the copy either, as a restore would have it.
+/// How many paths went.
+pub fn prune_to(root: &Path, manifest: &cairn_snapshot::Manifest) -> std::io::Result<u64> {
+    let kept: std::collections::HashSet<&str> =
+        manifest.entries.iter().map(|e| e.path.as_str()).collect();
+    walk(root, |path, _| {
+        if path.to_str().is_some_and(|p| kept.contains(p)) {
+            Visit::Descend
+        } else {
+            Visit::Remove
+        }
+    })
 }
 
 /// Records `spec.count` new sandboxes from the fork's capture, each announced for
