@@ -79,7 +79,7 @@ pub async fn sweep(pool: &PgPool, batch: i64) -> Result<SandboxSweep, sqlx::Erro
         savepoint.commit().await?;
     }
     // Forks whose staging worker has not taken them in time: anywhere, from the capture.
-    report.placed_again += record::place_anywhere(&mut tx).await?.len() as u64;
+    report.placed_again += record::place_anywhere(&mut tx, None).await?.len() as u64;
     tx.commit().await?;
     Ok(report)
 }

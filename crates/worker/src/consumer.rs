@@ -137,11 +137,13 @@ impl Consumer {
             };
             self.starving.set(true);
             let delivery = tokio::select! {
-                delivery = deliveries.stream.next() => delivery,
+                // A placement only this worker can make first (see `try_local`).
+                biased;
                 Some(found) = next_local(&self.local) => {
                     self.start_local(found, permit, stop, drain);
                     continue;
                 }
+                delivery = deliveries.stream.next() => delivery,
                 _ = stop.cancelled() => break Ok(()),
             };
             self.starving.set(false);

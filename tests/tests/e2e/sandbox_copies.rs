@@ -601,8 +601,8 @@ async fn a_template_version_starts_new_sandboxes_from_its_snapshot() {
     );
 }
 
-/// A fork its source's worker has a slot for starts from the source's tree staged on
-/// that worker's disk (a copy-on-write snapshot taken while the source was frozen for
+/// A fork (of a tree of 64 MiB or more) its source's worker has a slot for starts from
+/// the source's tree staged on that worker's disk (a copy-on-write snapshot taken while the source was frozen for
 /// the capture, no restore), and holds exactly what the capture holds: a file the
 /// capture left out (it holds a secret) is not in it. The forks it has no slot for go to
 /// any worker at once, restored from the capture; the staged tree goes once none waits.
@@ -617,7 +617,9 @@ async fn a_fork_on_its_sources_worker_starts_from_the_staged_tree() {
     cluster.add_worker();
     let source = create(&cluster, json!({"agent": "coder"}));
     wait_state(&cluster, &source, "running");
-    let script = "mkdir -p d && echo kept > d/a.txt && echo AKIA1234567890ABCDEF > creds.txt";
+    // Past 64 MiB, a tree is staged rather than restored.
+    let script = "mkdir -p d && echo kept > d/a.txt && echo AKIA1234567890ABCDEF > creds.txt \
+                  && head -c 70000000 /dev/zero > big.bin";
     assert_eq!(exec(&cluster, &source, script).0, 200);
     let host = worker_of(&cluster, &source).await.expect("hosted");
     let index = cluster.worker_index(&host);
@@ -648,9 +650,17 @@ async fn a_fork_on_its_sources_worker_starts_from_the_staged_tree() {
         );
     }
     // One free slot on the source's worker: one fork staged there, two restored.
+    let log = cluster.workers[index].process.log();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| {
+            l.contains("stag") || l.contains("WARN") || l.contains("running") || l.contains("claim")
+        })
+        .collect();
     assert_eq!(
         cluster.metric(index, "cairn_worker_forks_staged_total"),
-        1.0
+        1.0,
+        "{said:#?}"
     );
     let mut hosts = Vec::new();
     for fork in &forks {

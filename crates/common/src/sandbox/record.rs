@@ -48,9 +48,9 @@ pub async fn create(conn: &mut PgConnection, s: &NewSandbox<'_>) -> Result<Uuid,
         "INSERT INTO sandboxes (id, agent, state, persistent, always_on, timeout_sec, idle_timeout_sec,
                                 disk_mb, repository, git_ref, source_snapshot_id, forked_from,
                                 idempotency_key, request_digest, tenant_id, network, metadata,
-                                template_id, ports, services, placement_directory)
+                                template_id, ports, services, placement_directory, created_at)
          VALUES ($1, $2, 'creating', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
-                 $17, $18, $19, $20)",
+                 $17, $18, $19, $20, clock_timestamp())",
     )
     .bind(id)
     .bind(s.agent)
@@ -117,20 +117,28 @@ pub async fn announce_placement(conn: &mut PgConnection, id: Uuid) -> Result<(),
     Ok(())
 }
 
-/// How long a fork waits for the worker that staged its source's tree.
-pub const STAGED_WAIT_MS: i64 = 3_000;
+/// How long a fork may wait for the worker that staged its source's tree, counted from
+/// its record (made before its capture's commit, so it bounds a capture too): that
+/// worker takes it at once, or hands it to every worker itself.
+pub const STAGED_WAIT_MS: i64 = 30_000;
 
-/// The forks still waiting, past [`STAGED_WAIT_MS`], for the worker that staged their
-/// source's tree (it has no free slot, or is gone): any worker places them now, from
-/// the capture. Their ids.
-pub async fn place_anywhere(conn: &mut PgConnection) -> Result<Vec<Uuid>, sqlx::Error> {
+/// Forks meant for the worker that staged their source's tree, which any worker places
+/// now, from the capture: `forks` (that worker cannot take them), or, with `None`,
+/// every one still waiting past [`STAGED_WAIT_MS`] (that worker is gone). Their ids.
+pub async fn place_anywhere(
+    conn: &mut PgConnection,
+    forks: Option<&[Uuid]>,
+) -> Result<Vec<Uuid>, sqlx::Error> {
     let late: Vec<Uuid> = sqlx::query_scalar(
         "UPDATE sandboxes SET placement_directory = NULL
           WHERE placement_directory IS NOT NULL AND state = 'creating' AND lease_owner IS NULL
-            AND created_at < now() - $1 * interval '1 millisecond'
+            AND CASE WHEN $2::uuid[] IS NULL
+                     THEN created_at < clock_timestamp() - $1 * interval '1 millisecond'
+                     ELSE id = ANY($2) END
           RETURNING id",
     )
     .bind(STAGED_WAIT_MS)
+    .bind(forks)
     .fetch_all(&mut *conn)
     .await?;
     for id in &late {

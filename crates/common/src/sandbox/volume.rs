@@ -274,23 +274,18 @@ pub async fn bind(
 }
 
 /// The sandboxes, with their tenants, that want placing and whose volumes are on
-/// `directory`'s disk (only its worker places them), or that are forks meant for it
-/// (it staged their source's tree).
+/// `directory`'s disk: only its worker places them. (A fork meant for it is handed
+/// over when its source's tree is staged, or goes anywhere after
+/// `record::STAGED_WAIT_MS`: found here, it could be taken before its tree is staged.)
 pub async fn waiting(
     conn: &mut PgConnection,
     directory: Uuid,
 ) -> Result<Vec<(Uuid, String)>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT s.id, s.tenant_id FROM volumes v JOIN sandboxes s ON s.id = v.attached_to
+        "SELECT DISTINCT s.id, s.tenant_id FROM volumes v JOIN sandboxes s ON s.id = v.attached_to
           WHERE v.directory_id = $1 AND v.attached_to IS NOT NULL
             AND s.desired = 'running' AND s.state IN ('creating', 'stopped', 'paused')
-            AND s.lease_owner IS NULL
-         UNION
-         SELECT s.id, s.tenant_id FROM sandboxes s
-          WHERE s.placement_directory = $1 AND s.state = 'creating' AND s.desired = 'running'
-            AND s.lease_owner IS NULL AND s.created_at < now() - interval '1 second'",
-        // (A fork's own worker hands it over the moment its tree is staged; this finds
-        // the ones it could not take then.)
+            AND s.lease_owner IS NULL",
     )
     .bind(directory)
     .fetch_all(conn)

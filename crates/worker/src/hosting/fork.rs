@@ -96,30 +96,34 @@ pub fn scrub(root: &Path) -> std::io::Result<u64> {
 /// Removes from `root` (a staged copy of a capture's tree) every path the capture's
 /// `manifest` does not hold, never following a link: what the capture left out (its
 /// rules' exclusions, sockets) is not in the copy either, as a restore would have it.
-/// How many paths went.
+/// The identity files go too (in the same walk: this is the copy's scrub). How many
+/// paths went.
 pub fn prune_to(root: &Path, manifest: &cairn_snapshot::Manifest) -> std::io::Result<u64> {
     let kept: std::collections::HashSet<&str> =
         manifest.entries.iter().map(|e| e.path.as_str()).collect();
-    walk(root, |path, _| {
-        if path.to_str().is_some_and(|p| kept.contains(p)) {
-            Visit::Descend
-        } else {
-            Visit::Remove
+    walk(root, |path, is_dir| {
+        let name = path.file_name().and_then(|n| n.to_str());
+        let held = path.to_str().is_some_and(|p| kept.contains(p));
+        match (held, is_dir) {
+            (true, true) => Visit::Descend,
+            (true, false) if name.is_some_and(is_identity) => Visit::Remove,
+            (true, false) => Visit::Keep,
+            (false, _) => Visit::Remove,
         }
     })
 }
 
 /// Records `spec.count` new sandboxes from the fork's capture, each announced for
 /// placement, in the caller's fenced transaction: the source's tenant, agent,
-/// persistence and timeouts unless the fork sets them. The first `here.1` go first to
-/// the worker of the directory `here.0` (this one), which stages the capture's tree;
-/// the rest to any worker.
+/// persistence and timeouts unless the fork sets them. With `staged_at`, none is
+/// announced: the worker of that directory (this one) stages the capture's tree, takes
+/// the ones it has slots for and announces the rest itself.
 pub async fn provision(
     conn: &mut PgConnection,
     source: Uuid,
     snapshot_id: Uuid,
     spec: &ForkSpec,
-    here: (Uuid, usize),
+    staged_at: Option<Uuid>,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
     type Source = (
         String,
@@ -160,7 +164,7 @@ pub async fn provision(
     });
     let digest = digest::of(&serde_json::json!({"fork_of": source, "snapshot": snapshot_id}));
     let mut forks = Vec::new();
-    for index in 0..spec.count() {
+    for _ in 0..spec.count() {
         let fork = record::create(
             &mut *conn,
             &NewSandbox {
@@ -182,8 +186,7 @@ pub async fn provision(
                 template_id: None,
                 ports: ports.clone(),
                 services: services.clone(),
-                placement_directory: (usize::try_from(index).unwrap_or(usize::MAX) < here.1)
-                    .then_some(here.0),
+                placement_directory: staged_at,
             },
         )
         .await?;

@@ -76,7 +76,7 @@ impl Host {
                 return Err(e);
             }
         };
-        if tree.origin == "source" {
+        if matches!(tree.origin, "source" | "staged") {
             if let Some(left) = self.adopt_copy(&mut tree).await? {
                 return Ok(left);
             }
@@ -132,7 +132,13 @@ impl Host {
         tree: &mut SandboxTree,
     ) -> Result<Option<&'static str>, HostError> {
         let root = tree.live.workspace.root.clone();
-        match tokio::task::spawn_blocking(move || super::fork::scrub(&root)).await {
+        // A staged tree was scrubbed as it was cut to its capture.
+        let staged = tree.origin == "staged";
+        let scrubbed = tokio::task::spawn_blocking(move || match staged {
+            true => Ok(0),
+            false => super::fork::scrub(&root),
+        });
+        match scrubbed.await {
             Ok(Ok(removed)) if removed > 0 => tracing::info!(removed, "identity files removed"),
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {

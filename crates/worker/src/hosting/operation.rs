@@ -179,16 +179,28 @@ async fn capture(
         session.freeze(true);
     }
     let committed = tree::commit(host.worker, host.lease, host.row, tree, seal).await;
-    // Still frozen: the staged tree is the capture's, to the byte.
-    let staged = match (&committed, fork) {
-        (Ok(snapshot), Some(_)) => stage(host, tree, *snapshot).await,
+    // Still frozen: the staged tree is the capture's, to the byte. Only where the
+    // forks were kept for this worker (a large tree, a free slot).
+    let takes = tree::staged_forks(host.worker, tree);
+    let forks = match (&committed, fork) {
+        (Ok(snapshot), Some(_)) => forks_here(host, *snapshot).await,
+        _ => Vec::new(),
+    };
+    let staged = match &committed {
+        Ok(snapshot) if !forks.is_empty() => stage(host, tree, *snapshot).await,
         _ => false,
     };
     if let Some(session) = &host.session {
         session.freeze(false);
     }
-    if let (true, Ok(snapshot)) = (staged, &committed) {
-        hand_over_forks(host, *snapshot).await;
+    // Those it has a slot for are handed over before the rest are announced.
+    let left = if staged {
+        hand_over(host, forks, takes)
+    } else {
+        forks
+    };
+    if !left.is_empty() {
+        release(host, &left).await;
     }
     match committed {
         Ok(_) => Ok(()),
@@ -224,13 +236,9 @@ async fn stage(host: &Owner<'_>, tree: &SandboxTree, snapshot: Uuid) -> bool {
     }
 }
 
-/// Hands the forks of `snapshot` meant for this worker to its sandbox consumer at once
-/// (the database poll finds any it has no room for now).
-async fn hand_over_forks(host: &Owner<'_>, snapshot: Uuid) {
-    let Some(placements) = &host.worker.placements else {
-        return;
-    };
-    let forks: Result<Vec<(Uuid, String)>, sqlx::Error> = sqlx::query_as(
+/// The forks of `snapshot` meant for this worker, with their tenants.
+async fn forks_here(host: &Owner<'_>, snapshot: Uuid) -> Vec<(Uuid, String)> {
+    let forks = sqlx::query_as(
         "SELECT id, tenant_id FROM sandboxes
           WHERE source_snapshot_id = $1 AND placement_directory = $2 AND state = 'creating'",
     )
@@ -238,10 +246,39 @@ async fn hand_over_forks(host: &Owner<'_>, snapshot: Uuid) {
     .bind(host.worker.custody.directory.id)
     .fetch_all(&host.worker.pool)
     .await;
-    for fork in forks.unwrap_or_default() {
-        if placements.try_send(fork).is_err() {
-            break;
+    forks.unwrap_or_default()
+}
+
+/// Hands at most `takes` of `forks` to this worker's sandbox consumer at once; the
+/// others.
+fn hand_over(
+    host: &Owner<'_>,
+    mut forks: Vec<(Uuid, String)>,
+    takes: usize,
+) -> Vec<(Uuid, String)> {
+    let Some(placements) = &host.worker.placements else {
+        return forks;
+    };
+    let mut left = forks.split_off(takes.min(forks.len()));
+    for fork in forks {
+        if let Err(refused) = placements.try_send(fork) {
+            left.push(refused.into_inner());
         }
+    }
+    left
+}
+
+/// The forks kept for this worker that it does not take (their tree was not staged,
+/// or it has no slot for them): announced to every worker now, to be restored.
+async fn release(host: &Owner<'_>, forks: &[(Uuid, String)]) {
+    let ids: Vec<Uuid> = forks.iter().map(|f| f.0).collect();
+    let released = async {
+        let mut tx = host.worker.pool.begin().await?;
+        cairn_common::sandbox::record::place_anywhere(&mut tx, Some(&ids)).await?;
+        tx.commit().await
+    };
+    if let Err(e) = released.await {
+        tracing::warn!(error = %e, "forks not handed to every worker; the sweeper does it");
     }
 }
 

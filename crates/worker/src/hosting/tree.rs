@@ -28,7 +28,9 @@ const HOLD_DAYS: i64 = 14;
 
 pub struct SandboxTree {
     pub live: LiveTree,
-    /// Where it came from: `stop_snapshot`, `checkpoint`, `source`, `cold`.
+    /// Where it came from: `stop_snapshot`, `checkpoint`, `source` (restored from
+    /// another's snapshot), `staged` (a fork's, from its source's tree staged here),
+    /// `cold`.
     pub origin: &'static str,
 }
 
@@ -88,9 +90,9 @@ pub async fn acquire(worker: &Worker, row: &SandboxRow) -> Result<SandboxTree, U
                 "the source snapshot is {status}; only a ready snapshot is restored"
             )));
         }
-        let index = match from_staged(worker, id, &store_url, &workspace).await? {
-            Some(index) => index,
-            None => restore(worker, id, &store_url, &workspace).await?,
+        let (index, origin) = match from_staged(worker, id, &store_url, &workspace).await? {
+            Some(index) => (index, "staged"),
+            None => (restore(worker, id, &store_url, &workspace).await?, "source"),
         };
         return Ok(SandboxTree {
             live: LiveTree {
@@ -102,7 +104,7 @@ pub async fn acquire(worker: &Worker, row: &SandboxRow) -> Result<SandboxTree, U
                 index: Some(Arc::new(index)),
                 uncaptured: true,
             },
-            origin: "source",
+            origin,
         });
     }
     workspace::cold(
@@ -339,8 +341,8 @@ impl custody::Seal for SandboxSeal<'_> {
             } => {
                 let forks = match fork {
                     Some(spec) => {
-                        let here = (self.directory, self.takes);
-                        super::fork::provision(tx, row.id, snapshot_id, spec, here).await?
+                        let staged_at = (self.takes > 0).then_some(self.directory);
+                        super::fork::provision(tx, row.id, snapshot_id, spec, staged_at).await?
                     }
                     None => Vec::new(),
                 };
@@ -394,13 +396,14 @@ pub async fn commit(
     // A tree restored from a stop snapshot or a source is not at its position's index
     // until its first checkpoint.
     let index_is_position = !tree.live.uncaptured;
+    let takes = staged_forks(worker, tree);
     let at = tree.live.at(index_is_position);
     let seal = SandboxSeal {
         seal,
         lease,
         row,
         directory: worker.custody.directory.id,
-        takes: free_slots(worker),
+        takes,
     };
     match worker.custody.commit(lease, &capture, at, &seal).await? {
         Checkpoint::Stands(snapshot) => Ok(snapshot),
@@ -408,9 +411,19 @@ pub async fn commit(
     }
 }
 
-/// The sandbox slots free here now, where a fork's tree can be staged (else none).
-fn free_slots(worker: &Worker) -> usize {
-    if !worker.custody.disk.enforced() || worker.placements.is_none() {
+/// A tree smaller than this is restored faster than a snapshot of it is made (each
+/// btrfs snapshot commits a transaction): its forks are not staged.
+const STAGED_MIN_BYTES: u64 = 64 * 1024 * 1024;
+
+/// How many of a fork's sandboxes this worker takes from its tree staged here: as many
+/// as it has free slots, where trees are subvolumes and the tree is large enough.
+pub(super) fn staged_forks(worker: &Worker, tree: &SandboxTree) -> usize {
+    let size = tree
+        .live
+        .index
+        .as_ref()
+        .map_or(0, |index| index.total_bytes());
+    if !worker.custody.disk.enforced() || worker.placements.is_none() || size < STAGED_MIN_BYTES {
         return 0;
     }
     let hosted = u32::try_from(worker.metrics.sandboxes_hosted.get()).unwrap_or(u32::MAX);
