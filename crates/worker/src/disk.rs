@@ -239,6 +239,8 @@ impl Disk {
 /// Where a fork's capture is staged, as a snapshot of its source's tree (see
 /// [`Disk::stage`]).
 const STAGED: &str = ".forks";
+/// A staged capture being removed.
+const TRASH: &str = "removed-";
 
 impl Disk {
     /// Stages the tree `tree` (a sandbox's, in this directory) as `.forks/<id>`: a
@@ -303,13 +305,23 @@ impl Disk {
             .collect()
     }
 
-    /// Removes a staged capture (no fork waits for it here any more).
+    /// Removes a staged capture (no fork waits for it any more). It is first renamed
+    /// aside, at once, so that a fork finds it whole or not at all; what an earlier
+    /// removal left aside goes too.
     pub fn remove_staged(&self, id: uuid::Uuid) -> std::io::Result<()> {
-        let path = self.root.join(STAGED).join(id.simple().to_string());
-        match std::fs::remove_dir_all(path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
+        let staged = self.root.join(STAGED);
+        let name = id.simple().to_string();
+        let aside = staged.join(format!("{TRASH}{name}"));
+        match std::fs::rename(staged.join(&name), &aside) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
         }
+        for entry in std::fs::read_dir(&staged)?.flatten() {
+            if entry.file_name().to_string_lossy().starts_with(TRASH) {
+                std::fs::remove_dir_all(entry.path())?;
+            }
+        }
+        Ok(())
     }
 }
 

@@ -22,20 +22,24 @@ fn is_identity(name: &str) -> bool {
         || (name.starts_with("ssh_host_") && (name.ends_with("_key") || name.ends_with("_key.pub")))
 }
 
-/// What a walk of a tree does with one entry that is not a directory it goes into.
+/// What a walk of a tree does with one entry.
 enum Visit {
     Keep,
     Descend,
     Remove,
+    /// The tree is not what it should be: the walk stops with an error.
+    Refuse(&'static str),
 }
 
 /// Walks the tree `root` without following a link, each directory opened beneath it,
-/// asking `visit` of each entry (its path relative to `root`, whether it is a
-/// directory); removes the entries it says to (a directory with all it holds); how
-/// many.
-fn walk(root: &Path, visit: impl Fn(&Path, bool) -> Visit) -> std::io::Result<u64> {
-    use nix::dir::{Dir, Type};
-    use nix::fcntl::OFlag;
+/// asking `visit` of each entry (its path relative to `root`, its own stat); removes the
+/// entries it says to (a directory with all it holds); how many.
+fn walk(
+    root: &Path,
+    mut visit: impl FnMut(&Path, &nix::sys::stat::FileStat) -> Visit,
+) -> std::io::Result<u64> {
+    use nix::dir::Dir;
+    use nix::fcntl::{AtFlags, OFlag};
     use nix::unistd::{unlinkat, UnlinkatFlags};
     use std::os::unix::ffi::OsStrExt;
     let mut removed = 0;
@@ -49,23 +53,20 @@ fn walk(root: &Path, visit: impl Fn(&Path, bool) -> Visit) -> std::io::Result<u6
             let entry = entry?;
             let name = std::ffi::OsStr::from_bytes(entry.file_name().to_bytes()).to_os_string();
             if name != "." && name != ".." {
-                children.push((name, entry.file_type()));
+                children.push(name);
             }
         }
-        for (name, kind) in children {
-            let is_dir = match kind {
-                Some(kind) => kind == Type::Directory,
-                None => {
-                    let at = nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW;
-                    let stat = nix::sys::stat::fstatat(&dir, name.as_os_str(), at)?;
-                    stat.st_mode & libc::S_IFMT == libc::S_IFDIR
-                }
-            };
+        for name in children {
+            let stat =
+                nix::sys::stat::fstatat(&dir, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)?;
+            let is_dir = stat.st_mode & libc::S_IFMT == libc::S_IFDIR;
             let path = relative.join(&name);
-            match (visit(&path, is_dir), is_dir) {
-                (Visit::Keep, _) => {}
+            match (visit(&path, &stat), is_dir) {
+                (Visit::Keep, _) | (Visit::Descend, false) => {}
                 (Visit::Descend, true) => pending.push(path),
-                (Visit::Descend, false) => {}
+                (Visit::Refuse(why), _) => {
+                    return Err(std::io::Error::other(format!("{}: {why}", path.display())))
+                }
                 // Every directory on the way is a real one (never a link), walked here.
                 (Visit::Remove, true) => {
                     std::fs::remove_dir_all(root.join(&path))?;
@@ -81,11 +82,15 @@ fn walk(root: &Path, visit: impl Fn(&Path, bool) -> Visit) -> std::io::Result<u6
     Ok(removed)
 }
 
+fn is_dir(stat: &nix::sys::stat::FileStat) -> bool {
+    stat.st_mode & libc::S_IFMT == libc::S_IFDIR
+}
+
 /// Removes the identity files under `root` (never following a link); how many.
 pub fn scrub(root: &Path) -> std::io::Result<u64> {
-    walk(root, |path, is_dir| {
+    walk(root, |path, stat| {
         let name = path.file_name().and_then(|n| n.to_str());
-        match (is_dir, name.is_some_and(is_identity)) {
+        match (is_dir(stat), name.is_some_and(is_identity)) {
             (true, _) => Visit::Descend,
             (false, true) => Visit::Remove,
             (false, false) => Visit::Keep,
@@ -93,24 +98,68 @@ pub fn scrub(root: &Path) -> std::io::Result<u64> {
     })
 }
 
-/// Removes from `root` (a staged copy of a capture's tree) every path the capture's
-/// `manifest` does not hold, never following a link: what the capture left out (its
-/// rules' exclusions, sockets) is not in the copy either, as a restore would have it.
-/// The identity files go too (in the same walk: this is the copy's scrub). How many
-/// paths went.
+/// Cuts `root` (a staged copy of a capture's tree) to the capture's `manifest`, never
+/// following a link: every path the manifest does not hold goes (what the capture left
+/// out: its rules' exclusions, a file holding a secret, sockets), as do the identity
+/// files (this is the copy's scrub). Every other file and link must be the manifest's,
+/// stat for stat (inode, size, mode, times), and every path of the manifest there: the
+/// manifest is then a true index of the copy. Otherwise (the source changed it after
+/// its capture; a nested subvolume a snapshot leaves empty) an error: restore instead.
+/// How many paths went.
 pub fn prune_to(root: &Path, manifest: &cairn_snapshot::Manifest) -> std::io::Result<u64> {
-    let kept: std::collections::HashSet<&str> =
-        manifest.entries.iter().map(|e| e.path.as_str()).collect();
-    walk(root, |path, is_dir| {
+    let entries: std::collections::HashMap<&str, &cairn_snapshot::Entry> = manifest
+        .entries
+        .iter()
+        .filter(|e| !e.path.is_empty())
+        .map(|e| (e.path.as_str(), e))
+        .collect();
+    let mut seen = 0;
+    let removed = walk(root, |path, stat| {
+        let Some(entry) = path.to_str().and_then(|p| entries.get(p)) else {
+            return Visit::Remove;
+        };
+        seen += 1;
         let name = path.file_name().and_then(|n| n.to_str());
-        let held = path.to_str().is_some_and(|p| kept.contains(p));
-        match (held, is_dir) {
-            (true, true) => Visit::Descend,
-            (true, false) if name.is_some_and(is_identity) => Visit::Remove,
-            (true, false) => Visit::Keep,
-            (false, _) => Visit::Remove,
+        if is_dir(stat) {
+            // A subvolume's root (256), or the empty placeholder a snapshot leaves of a
+            // nested one (2): its files are not in the copy.
+            return match stat.st_ino {
+                2 | 256 => Visit::Refuse("a nested subvolume"),
+                _ => Visit::Descend,
+            };
         }
-    })
+        if name.is_some_and(is_identity) {
+            return Visit::Remove;
+        }
+        if same_stat(entry, stat) {
+            Visit::Keep
+        } else {
+            Visit::Refuse("changed since its capture")
+        }
+    })?;
+    if seen != entries.len() {
+        return Err(std::io::Error::other("paths of the capture are missing"));
+    }
+    Ok(removed)
+}
+
+/// Whether a file or link is, by its stat, the manifest's `entry`.
+fn same_stat(entry: &cairn_snapshot::Entry, stat: &nix::sys::stat::FileStat) -> bool {
+    use cairn_snapshot::EntryKind;
+    let nanos = |s: i64, ns: i64| s.saturating_mul(1_000_000_000).saturating_add(ns);
+    let kind = match stat.st_mode & libc::S_IFMT {
+        libc::S_IFREG => EntryKind::File,
+        libc::S_IFLNK => EntryKind::Symlink,
+        _ => return false,
+    };
+    let size_matches =
+        kind != EntryKind::File || u64::try_from(stat.st_size).ok() == Some(entry.size);
+    entry.kind == kind
+        && size_matches
+        && entry.mode == stat.st_mode & 0o7777
+        && entry.inode == stat.st_ino
+        && entry.mtime_ns == nanos(stat.st_mtime, stat.st_mtime_nsec)
+        && entry.ctime_ns == nanos(stat.st_ctime, stat.st_ctime_nsec)
 }
 
 /// Records `spec.count` new sandboxes from the fork's capture, each announced for
@@ -198,6 +247,69 @@ pub async fn provision(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A manifest of `paths` under `root` as they stand (what a capture would record).
+    fn manifest_of(root: &Path, paths: &[&str]) -> cairn_snapshot::Manifest {
+        use cairn_snapshot::{Entry, EntryKind};
+        use std::os::unix::fs::MetadataExt;
+        let entries = paths
+            .iter()
+            .map(|path| {
+                let meta = std::fs::symlink_metadata(root.join(path)).expect("stat");
+                let kind = if meta.is_dir() {
+                    EntryKind::Dir
+                } else {
+                    EntryKind::File
+                };
+                Entry {
+                    path: (*path).to_string(),
+                    kind,
+                    mode: meta.mode() & 0o7777,
+                    size: if meta.is_dir() { 0 } else { meta.size() },
+                    mtime_ns: meta.mtime() * 1_000_000_000 + meta.mtime_nsec(),
+                    ctime_ns: meta.ctime() * 1_000_000_000 + meta.ctime_nsec(),
+                    inode: meta.ino(),
+                    chunks: Vec::new(),
+                    target: None,
+                }
+            })
+            .collect();
+        cairn_snapshot::Manifest {
+            version: cairn_snapshot::manifest::VERSION,
+            packs: Vec::new(),
+            entries,
+        }
+    }
+
+    #[test]
+    fn a_staged_copy_is_cut_to_its_capture_or_refused() {
+        let root = std::env::temp_dir().join(format!("cairn-prune-{}", Uuid::new_v4().simple()));
+        std::fs::create_dir_all(root.join("d/left-out")).expect("dirs");
+        for path in [
+            "a.txt",
+            "d/b.txt",
+            "secret.txt",
+            "d/left-out/x",
+            "machine-id",
+        ] {
+            std::fs::write(root.join(path), path).expect("write");
+        }
+        let captured = ["a.txt", "d", "d/b.txt", "machine-id"];
+        let manifest = manifest_of(&root, &captured);
+        // What the capture left out goes, and the identity file: the rest stays.
+        assert_eq!(prune_to(&root, &manifest).expect("cut"), 3);
+        assert!(root.join("a.txt").exists() && root.join("d/b.txt").exists());
+        assert!(!root.join("secret.txt").exists() && !root.join("d/left-out").exists());
+        assert!(!root.join("machine-id").exists());
+        // A file changed since its capture: refused (its copy is not the capture's).
+        std::fs::write(root.join("a.txt"), "changed").expect("write");
+        assert!(prune_to(&root, &manifest).is_err());
+        // A path of the capture missing: refused.
+        let manifest = manifest_of(&root, &["a.txt", "d", "d/b.txt"]);
+        std::fs::remove_file(root.join("d/b.txt")).expect("remove");
+        assert!(prune_to(&root, &manifest).is_err());
+        std::fs::remove_dir_all(&root).expect("cleanup");
+    }
 
     #[test]
     fn identity_files_go_and_the_rest_stays() {

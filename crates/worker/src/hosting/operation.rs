@@ -179,20 +179,21 @@ async fn capture(
         session.freeze(true);
     }
     let committed = tree::commit(host.worker, host.lease, host.row, tree, seal).await;
-    // Still frozen: the staged tree is the capture's, to the byte. Only where the
-    // forks were kept for this worker (a large tree, a free slot).
+    if let Some(session) = &host.session {
+        session.freeze(false);
+    }
+    // Staged after the thaw (the freeze is the capture's alone): what the source
+    // changes meanwhile, each fork's cut finds against the capture's manifest, and it
+    // restores instead. Only where the forks were kept for this worker.
     let takes = tree::staged_forks(host.worker, tree);
     let forks = match (&committed, fork) {
         (Ok(snapshot), Some(_)) => forks_here(host, *snapshot).await,
         _ => Vec::new(),
     };
     let staged = match &committed {
-        Ok(snapshot) if !forks.is_empty() => stage(host, tree, *snapshot).await,
+        Ok(snapshot) if !forks.is_empty() && takes > 0 => stage(host, tree, *snapshot).await,
         _ => false,
     };
-    if let Some(session) = &host.session {
-        session.freeze(false);
-    }
     // Those it has a slot for are handed over before the rest are announced.
     let left = if staged {
         hand_over(host, forks, takes)

@@ -51,8 +51,9 @@ async fn find(worker: &Worker, placements: &Sender<(Uuid, String)>) -> Result<()
     Ok(())
 }
 
-/// Removes the staged fork trees no fork waits for here any more (each was placed, or
-/// went to another worker).
+/// Removes the staged fork trees no fork of their capture waits for any more (a fork
+/// handed to every worker may still come back here to start from it). One that cannot
+/// be removed is tried again next time; the rest go on.
 async fn remove_staged(worker: &Worker) -> Result<(), HostError> {
     let disk = worker.custody.disk.clone();
     let staged = tokio::task::spawn_blocking(move || disk.staged())
@@ -60,19 +61,18 @@ async fn remove_staged(worker: &Worker) -> Result<(), HostError> {
         .map_err(|e| HostError::Transient(e.to_string()))?;
     for id in staged {
         let waited: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM sandboxes WHERE source_snapshot_id = $1
-                             AND placement_directory = $2 AND state = 'creating')",
+            "SELECT EXISTS (SELECT 1 FROM sandboxes
+                             WHERE source_snapshot_id = $1 AND state = 'creating')",
         )
         .bind(id)
-        .bind(worker.custody.directory.id)
         .fetch_one(&worker.pool)
         .await?;
         if !waited {
             let disk = worker.custody.disk.clone();
-            tokio::task::spawn_blocking(move || disk.remove_staged(id))
-                .await
-                .map_err(|e| HostError::Transient(e.to_string()))?
-                .map_err(|e| HostError::Transient(format!("removing a staged tree: {e}")))?;
+            let removed = tokio::task::spawn_blocking(move || disk.remove_staged(id)).await;
+            if let Ok(Err(e)) | Err(e) = removed.map_err(std::io::Error::other) {
+                tracing::warn!(error = %e, staged = %id.simple(), "a staged tree could not be removed; trying again");
+            }
         }
     }
     Ok(())
