@@ -164,6 +164,19 @@ impl Cluster {
         index
     }
 
+    /// One sweep of a reaper on this cluster's database, with `env` beside its own;
+    /// it must end well.
+    pub fn reap_once(&self, env: &[(&str, &str)]) {
+        let mut all = self.isolation.env();
+        all.push(("CAIRN_METRICS_LISTEN".into(), free_addr().to_string()));
+        all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let mut reaper = Process::start_with_args("cairn-reaper", &all, &["--once"]);
+        let done = reaper
+            .wait_exit(Duration::from_secs(60))
+            .expect("one sweep");
+        assert!(done.success(), "{}", reaper.log());
+    }
+
     /// The workspaces directory of the worker `id`.
     pub fn workspaces(&self, id: &str) -> PathBuf {
         self.dir.join(format!("workspaces-{id}"))

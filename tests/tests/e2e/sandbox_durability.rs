@@ -5,27 +5,9 @@
 
 use cairn_e2e::cluster::{Cluster, Settings};
 use cairn_e2e::sandboxes::*;
-use cairn_e2e::{Process, ServiceLock};
+use cairn_e2e::ServiceLock;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
-
-/// One sweep of a reaper on `node`.
-fn reap(cluster: &Cluster, node: &str) {
-    let mut env = cluster.isolation.env();
-    env.extend([
-        ("CAIRN_NODE_NAME".to_string(), node.to_string()),
-        (
-            "CAIRN_METRICS_LISTEN".to_string(),
-            cairn_e2e::free_addr().to_string(),
-        ),
-    ]);
-    let mut reaper = Process::start_with_args("cairn-reaper", &env, &["--once"]);
-    let done = reaper
-        .wait_exit(Duration::from_secs(60))
-        .expect("one sweep");
-    assert!(done.success(), "{}", reaper.log());
-}
 
 /// A sandbox with a file of its own, stopped: its stop snapshot is its latest.
 fn stopped_sandbox(cluster: &Cluster, content: &str) -> (String, Value) {
@@ -73,11 +55,11 @@ async fn a_snapshot_is_replicated_only_once_another_node_read_it_back() {
     assert_eq!(view["durability"], "local_only", "{view}");
     let stop = view["stop_snapshot_id"].as_str().expect("stop").to_string();
     // Read back on the node that wrote it: nothing shows it left that node.
-    reap(&cluster, "node-a");
+    cluster.reap_once(&[("CAIRN_NODE_NAME", "node-a")]);
     assert_eq!(show(&cluster, &id)["durability"], "local_only");
     assert_eq!(snapshot_durability(&cluster, &stop), "local_only");
     // Read back whole on another node: replicated.
-    reap(&cluster, "node-b");
+    cluster.reap_once(&[("CAIRN_NODE_NAME", "node-b")]);
     assert_eq!(show(&cluster, &id)["durability"], "replicated");
     assert_eq!(snapshot_durability(&cluster, &stop), "replicated");
 
@@ -97,7 +79,7 @@ async fn a_snapshot_is_replicated_only_once_another_node_read_it_back() {
     let pack = own.first().expect("a pack of its own").simple().to_string();
     let file = find(&cluster.dir.join("artifacts"), &pack).expect("the pack's file");
     std::fs::remove_file(&file).expect("remove the pack");
-    reap(&cluster, "node-b");
+    cluster.reap_once(&[("CAIRN_NODE_NAME", "node-b")]);
     assert_eq!(show(&cluster, &second)["durability"], "local_only");
     assert_eq!(snapshot_durability(&cluster, &second_stop), "local_only");
     assert_eq!(show(&cluster, &id)["durability"], "replicated");

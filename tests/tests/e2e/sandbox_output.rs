@@ -4,10 +4,9 @@
 
 use cairn_e2e::cluster::{Cluster, Settings};
 use cairn_e2e::sandboxes::*;
-use cairn_e2e::{Process, ServiceLock};
+use cairn_e2e::ServiceLock;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read};
-use std::time::Duration;
 
 /// The sandbox's latest operation of `kind`.
 fn latest(cluster: &Cluster, sandbox: &str, kind: &str) -> Value {
@@ -140,19 +139,7 @@ async fn the_reaper_reclaims_an_execs_output() {
         .join("outputs")
         .join(&operation);
     assert!(stored.exists(), "{}", stored.display());
-    let mut env = cluster.isolation.env();
-    env.extend([
-        ("CAIRN_RECLAIM_AFTER_SECONDS".to_string(), "0".to_string()),
-        (
-            "CAIRN_METRICS_LISTEN".to_string(),
-            cairn_e2e::free_addr().to_string(),
-        ),
-    ]);
-    let mut reaper = Process::start_with_args("cairn-reaper", &env, &["--once"]);
-    let done = reaper
-        .wait_exit(Duration::from_secs(60))
-        .expect("one sweep");
-    assert!(done.success(), "{}", reaper.log());
+    cluster.reap_once(&[("CAIRN_RECLAIM_AFTER_SECONDS", "0")]);
     assert!(!stored.exists(), "{} is still there", stored.display());
     let (status, body) = raw(&cluster, "GET", &path, b"");
     assert_eq!(status, 410, "{}", String::from_utf8_lossy(&body));

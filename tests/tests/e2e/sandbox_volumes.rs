@@ -153,6 +153,16 @@ async fn a_volume_outlives_its_sandboxs_worker_and_stays_out_of_copies() {
     );
     let read = run(&cluster, &id, "cat /volumes/data/note.txt");
     assert_eq!(stdout(&read), "kept\n");
+    // Links the sandbox leaves in its volume to the worker's own files: the volume's
+    // removal goes through none of them (invariant 10).
+    let host_file = cluster.dir.join("host-file");
+    std::fs::write(&host_file, "the host's").expect("host file");
+    let plant = format!(
+        "ln -s {} /volumes/data/to-file; ln -s {} /volumes/data/to-dir",
+        host_file.display(),
+        cluster.dir.display()
+    );
+    run(&cluster, &id, &plant);
 
     // Attached, it is not deleted; its sandbox destroyed, it is, and its data goes.
     let path = format!("/api/v1/volumes/{volume_id}");
@@ -192,6 +202,7 @@ async fn a_volume_outlives_its_sandboxs_worker_and_stays_out_of_copies() {
         cluster.call("GET", &path, None).1["state"] == "deleted"
     });
     assert!(!data.exists(), "its worker removed the data");
+    assert_eq!(std::fs::read_to_string(&host_file).expect("still there"), "the host's");
     let (status, gone) = cluster.call(
         "POST",
         "/api/v1/sandboxes",

@@ -13,7 +13,12 @@
 //! restored (its lineage retired, or the snapshot itself retired, failed or
 //! quarantined): then the lineage starts again from it.
 
+pub mod credentials;
+pub mod durability;
 pub mod retention;
+
+pub use credentials::{lock_generation, rotate_credentials};
+pub use durability::{verified, verify_failed};
 
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
@@ -177,29 +182,6 @@ async fn insert(
     .execute(conn)
     .await?;
     Ok(id)
-}
-
-/// A process on `node` read the snapshot back from its store (its manifest, decoded,
-/// and every pack it names, there).
-pub async fn verified(conn: &mut PgConnection, id: Uuid, node: &str) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "UPDATE project_snapshots SET verified_node = $2, verified_at = now() WHERE id = $1",
-    )
-    .bind(id)
-    .bind(node)
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-/// The snapshot could not be read back (an object missing, a store that did not
-/// answer): tried again an hour later, not at every sweep.
-pub async fn verify_failed(conn: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE project_snapshots SET verify_failed_at = now() WHERE id = $1")
-        .bind(id)
-        .execute(conn)
-        .await?;
-    Ok(())
 }
 
 /// Records what a capture left out of the durable tree.
@@ -648,56 +630,6 @@ pub async fn restorable_baseline(
     .bind(canonical_ref)
     .fetch_optional(conn)
     .await
-}
-
-/// Locks the agent's generation row for the caller's transaction (creating it at 0)
-/// and returns the generation: captures hold it shared, rotation takes it exclusively.
-pub async fn lock_generation(conn: &mut PgConnection, agent: &str) -> Result<i64, sqlx::Error> {
-    // One round trip: the row this statement makes (held by this transaction until it
-    // ends), or the existing one, locked shared. A row another transaction made after
-    // this statement's snapshot is seen by neither part; the plain read then takes it.
-    let locked: Option<i64> = sqlx::query_scalar(
-        "WITH made AS (INSERT INTO credential_generations (agent) VALUES ($1)
-                         ON CONFLICT DO NOTHING RETURNING generation),
-              held AS (SELECT generation FROM credential_generations WHERE agent = $1 FOR SHARE)
-         SELECT generation FROM made UNION ALL SELECT generation FROM held",
-    )
-    .bind(agent)
-    .fetch_optional(&mut *conn)
-    .await?;
-    match locked {
-        Some(generation) => Ok(generation),
-        None => {
-            sqlx::query_scalar(
-                "SELECT generation FROM credential_generations WHERE agent = $1 FOR SHARE",
-            )
-            .bind(agent)
-            .fetch_one(conn)
-            .await
-        }
-    }
-}
-
-/// Rotates an agent's credentials: every snapshot taken under an older generation is
-/// retired from reuse. The row lock serializes this with captures of the agent.
-pub async fn rotate_credentials(conn: &mut PgConnection, agent: &str) -> Result<i64, sqlx::Error> {
-    let generation: i64 = sqlx::query_scalar(
-        "INSERT INTO credential_generations (agent, generation, rotated_at) VALUES ($1, 1, now())
-         ON CONFLICT (agent) DO UPDATE SET generation = credential_generations.generation + 1, rotated_at = now()
-         RETURNING generation",
-    )
-    .bind(agent)
-    .fetch_one(&mut *conn)
-    .await?;
-    sqlx::query(
-        "UPDATE project_snapshots SET retention = 'retired', retired_at = now(), retire_reason = 'credentials_rotated'
-          WHERE agent = $1 AND credential_generation < $2 AND retention = 'current'",
-    )
-    .bind(agent)
-    .bind(generation)
-    .execute(&mut *conn)
-    .await?;
-    Ok(generation)
 }
 
 /// Records one acquisition attempt.

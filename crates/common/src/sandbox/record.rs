@@ -93,13 +93,15 @@ pub async fn transition(
 /// database (see [`super::volume::waiting`]).
 pub async fn announce_placement(conn: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Error> {
     let directed: bool = sqlx::query_scalar(
-        "SELECT placement_directory IS NOT NULL AND state = 'creating' FROM sandboxes WHERE id = $1",
+        "SELECT placement_directory IS NOT NULL AND state = 'creating'
+                OR EXISTS (SELECT 1 FROM volumes WHERE attached_to = $1 AND directory_id IS NOT NULL)
+           FROM sandboxes WHERE id = $1",
     )
     .bind(id)
     .fetch_optional(&mut *conn)
     .await?
     .unwrap_or(false);
-    if directed || super::volume::directory_of(conn, id).await?.is_some() {
+    if directed {
         return Ok(());
     }
     outbox::announce(

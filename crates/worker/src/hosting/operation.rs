@@ -185,10 +185,13 @@ async fn capture(
     // Staged after the thaw (the freeze is the capture's alone): what the source
     // changes meanwhile, each fork's cut finds against the capture's manifest, and it
     // restores instead. Only where the forks were kept for this worker.
-    let takes = tree::staged_forks(host.worker, tree);
     let forks = match (&committed, fork) {
         (Ok(snapshot), Some(_)) => forks_here(host, *snapshot).await,
         _ => Vec::new(),
+    };
+    let takes = match forks.is_empty() {
+        true => 0,
+        false => tree::staged_forks(host.worker, tree),
     };
     let staged = match &committed {
         Ok(snapshot) if !forks.is_empty() && takes > 0 => stage(host, tree, *snapshot).await,
@@ -546,7 +549,7 @@ fn terminal_leader() -> Option<String> {
     FOUND
         .get_or_init(|| {
             let path = std::env::var_os("PATH").unwrap_or_else(|| isolation::DEFAULT_PATH.into());
-            isolation::spawn::find("setsid".as_ref(), &path)
+            isolation::program::find("setsid".as_ref(), &path)
                 .map(|p| p.to_string_lossy().into_owned())
         })
         .clone()

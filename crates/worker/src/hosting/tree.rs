@@ -396,7 +396,11 @@ pub async fn commit(
     // A tree restored from a stop snapshot or a source is not at its position's index
     // until its first checkpoint.
     let index_is_position = !tree.live.uncaptured;
-    let takes = staged_forks(worker, tree);
+    // (Its sum over the tree is for a fork's capture only, not every checkpoint's.)
+    let takes = match &seal {
+        Seal::Resource { fork: Some(_), .. } => staged_forks(worker, tree),
+        _ => 0,
+    };
     let at = tree.live.at(index_is_position);
     let seal = SandboxSeal {
         seal,

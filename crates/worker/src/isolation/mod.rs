@@ -24,6 +24,7 @@ mod descriptors;
 pub mod identity;
 pub mod network;
 pub mod probe;
+pub mod program;
 mod running;
 mod session;
 pub mod spawn;
@@ -136,11 +137,11 @@ impl Isolation {
     pub fn start(mut settings: Settings) -> Result<Isolation, String> {
         // The host's programs are found once, on the worker's own PATH.
         let path = std::env::var_os("PATH").unwrap_or_else(|| DEFAULT_PATH.into());
-        if let Some(bwrap) = spawn::find(settings.bwrap.as_os_str(), &path) {
+        if let Some(bwrap) = program::find(settings.bwrap.as_os_str(), &path) {
             settings.bwrap = bwrap;
         }
         let nsenter =
-            spawn::find("nsenter".as_ref(), &path).unwrap_or_else(|| "/usr/bin/nsenter".into());
+            program::find("nsenter".as_ref(), &path).unwrap_or_else(|| "/usr/bin/nsenter".into());
         let egress = network::Egress::find(&path, nsenter.clone(), &settings.egress_allow);
         let cgroups = settings
             .cgroups

@@ -138,7 +138,7 @@ impl Egress {
         allowed: &[Allowed],
     ) -> Result<Egress, String> {
         let find = |name: &str, package: &str| {
-            super::spawn::find(name.as_ref(), path).ok_or_else(|| {
+            super::program::find(name.as_ref(), path).ok_or_else(|| {
                 format!("{name} is not installed (Debian: apt-get install {package})")
             })
         };

@@ -48,7 +48,7 @@ pub struct Pause {
 /// Whether CRIU could checkpoint here (`criu check`, at most 10 s); in either case the
 /// reason this worker makes no memory checkpoints.
 pub fn memory_checkpoints(path: &std::ffi::OsStr) -> String {
-    let Some(criu) = super::spawn::find("criu".as_ref(), path) else {
+    let Some(criu) = super::program::find("criu".as_ref(), path) else {
         return "criu is not installed".into();
     };
     let child = std::process::Command::new(&criu)

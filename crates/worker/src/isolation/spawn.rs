@@ -211,7 +211,7 @@ impl Launch {
     /// a program that cannot be found or executed, or a directory, cgroup or limit the
     /// child could not take.
     pub fn spawn(self) -> io::Result<Started> {
-        let program = resolve(&self.program, &self.env)?;
+        let program = super::program::resolve(&self.program, &self.env)?;
         let strings = Strings::new(&program, &self.program, &self.args, &self.env)?;
         // Every descriptor the child moves comes from above the ones it moves to, so
         // that placing one never overwrites another still to be placed.
@@ -323,39 +323,6 @@ fn c_string(text: &OsStr) -> io::Result<CString> {
             "an argument or variable holds a NUL",
         )
     })
-}
-
-/// A program name with no `/` is looked up in the process's own `PATH` (else
-/// [`super::DEFAULT_PATH`]); a path is taken as it is.
-pub fn resolve(program: &OsStr, env: &[(OsString, OsString)]) -> io::Result<PathBuf> {
-    let path = env
-        .iter()
-        .find(|(name, _)| name == "PATH")
-        .map(|(_, value)| value.clone())
-        .unwrap_or_else(|| super::DEFAULT_PATH.into());
-    find(program, &path).ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("{} is not in PATH", program.to_string_lossy()),
-        )
-    })
-}
-
-/// `program` itself if it holds a `/`, else the first executable file of that name in
-/// the directories of `path`.
-pub fn find(program: &OsStr, path: &OsStr) -> Option<PathBuf> {
-    if program.as_bytes().contains(&b'/') {
-        return Some(PathBuf::from(program));
-    }
-    std::env::split_paths(path)
-        .filter(|dir| !dir.as_os_str().is_empty())
-        .map(|dir| dir.join(program))
-        .find(|candidate| executable(candidate))
-}
-
-fn executable(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 fn open_null() -> io::Result<OwnedFd> {

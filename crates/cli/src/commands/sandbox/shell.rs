@@ -232,13 +232,7 @@ async fn send_all(client: &Client, base: &str, data: &[u8], eof: bool) -> Result
         let piece = &data[sent..data.len().min(sent + 64 * 1024)];
         let last = sent + piece.len() == data.len();
         let query = if eof && last { "?eof=true" } else { "" };
-        let (_, answer) = client
-            .call_bytes(
-                Method::POST,
-                &format!("{base}/input{query}"),
-                Some(piece.to_vec()),
-            )
-            .await?;
+        let answer = send_once(client, &format!("{base}/input{query}"), piece).await?;
         let taken: serde_json::Value = serde_json::from_slice(&answer).unwrap_or_default();
         let taken = taken["written"]
             .as_u64()
@@ -257,6 +251,26 @@ async fn send_all(client: &Client, base: &str, data: &[u8], eof: bool) -> Result
                     data.len()
                 ),
             ));
+        }
+    }
+}
+
+/// One input call. A scheduler that could not be reached took nothing: that is tried
+/// again, a few times; an answer lost on the way (the bytes may have been taken) is
+/// not, so that nothing is typed twice.
+async fn send_once(client: &Client, path: &str, piece: &[u8]) -> Result<Vec<u8>, CallError> {
+    let mut tries = 0;
+    loop {
+        match client
+            .call_bytes(Method::POST, path, Some(piece.to_vec()))
+            .await
+        {
+            Ok((_, answer)) => return Ok(answer),
+            Err(e) if e.transient && e.code != exit::UNCERTAIN && tries < 5 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(e),
         }
     }
 }

@@ -17,7 +17,6 @@ use axum::http::StatusCode;
 use axum::Json;
 use cairn_common::sandbox::spec::PtySize;
 use serde::{Deserialize, Serialize};
-use std::sync::OnceLock;
 use std::time::Duration;
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
@@ -43,18 +42,6 @@ pub struct InputWritten {
     /// when it did not read the rest within 5 s (send those again; `eof` then applied
     /// to nothing).
     pub written: usize,
-}
-
-fn client() -> &'static reqwest::Client {
-    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
-    CLIENT.get_or_init(|| {
-        reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(3))
-            .timeout(ANSWER)
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .unwrap_or_default()
-    })
 }
 
 /// The worker running the exec (its address and key), or why none is asked.
@@ -100,8 +87,9 @@ async fn send(
     body: reqwest::Body,
     eof: bool,
 ) -> Result<(StatusCode, Bytes), ApiError> {
-    let mut request = client()
+    let mut request = super::preview::client()
         .post(format!("{url}/operations/{}/{action}", operation.simple()))
+        .timeout(ANSWER)
         .bearer_auth(key)
         .header("content-type", "application/json")
         .body(body);

@@ -83,7 +83,8 @@ pub async fn mark_refusals(request: Request, next: axum::middleware::Next) -> Re
     response
 }
 
-fn client() -> &'static reqwest::Client {
+/// The client of every hop to a worker's probes listener (previews, an exec's calls).
+pub(super) fn client() -> &'static reqwest::Client {
     static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
     CLIENT.get_or_init(|| {
         reqwest::Client::builder()
