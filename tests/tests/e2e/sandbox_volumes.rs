@@ -202,7 +202,10 @@ async fn a_volume_outlives_its_sandboxs_worker_and_stays_out_of_copies() {
         cluster.call("GET", &path, None).1["state"] == "deleted"
     });
     assert!(!data.exists(), "its worker removed the data");
-    assert_eq!(std::fs::read_to_string(&host_file).expect("still there"), "the host's");
+    assert_eq!(
+        std::fs::read_to_string(&host_file).expect("still there"),
+        "the host's"
+    );
     let (status, gone) = cluster.call(
         "POST",
         "/api/v1/sandboxes",
