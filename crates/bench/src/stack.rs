@@ -72,19 +72,32 @@ impl Stack {
         let work = std::env::temp_dir().join(format!("cairn-bench-{}", &stamp[..12]));
         let token = format!("bench-admin-{stamp}");
         let port = free_port()?;
-        let common = |cmd: &mut Command| {
+        // With `CAIRN_BENCH_LOGS=DIR`, each process's log is kept there (at `RUST_LOG`,
+        // or `info`), to explain a figure; otherwise logging would cost the figures.
+        let logs = std::env::var_os("CAIRN_BENCH_LOGS").map(PathBuf::from);
+        let common = |cmd: &mut Command, name: &str| -> anyhow::Result<()> {
             cmd.env("CAIRN_DATABASE_URL", &database_url)
                 .env("CAIRN_QUEUE_PREFIX", &prefix)
                 .env("CAIRN_REDIS_PREFIX", &prefix)
                 .env("CAIRN_LOG_FORMAT", "json")
-                .env("RUST_LOG", "warn")
-                .stdout(Stdio::null())
-                .stderr(Stdio::null());
+                .stdout(Stdio::null());
+            match &logs {
+                Some(dir) => {
+                    std::fs::create_dir_all(dir)?;
+                    let file = std::fs::File::create(dir.join(format!("{name}.log")))?;
+                    let level = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
+                    cmd.env("RUST_LOG", level).stderr(file);
+                }
+                None => {
+                    cmd.env("RUST_LOG", "warn").stderr(Stdio::null());
+                }
+            }
+            Ok(())
         };
         let mut processes = Processes(Vec::new());
         let mut worker_ids = Vec::new();
         let mut scheduler = Command::new(bin.join("cairn-scheduler"));
-        common(&mut scheduler);
+        common(&mut scheduler, "cairn-scheduler")?;
         scheduler
             .env("CAIRN_LISTEN", format!("127.0.0.1:{port}"))
             .env("CAIRN_BOOTSTRAP_ADMIN_TOKEN", &token)
@@ -104,7 +117,7 @@ impl Stack {
             let metrics = free_port()?;
             metrics_ports.push(metrics);
             let mut worker = Command::new(bin.join("cairn-worker"));
-            common(&mut worker);
+            common(&mut worker, &format!("bench-{i}"))?;
             worker
                 .env("CAIRN_WORKER_ID", format!("bench-{i}"))
                 .env("CAIRN_METRICS_LISTEN", format!("127.0.0.1:{metrics}"))

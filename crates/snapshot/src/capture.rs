@@ -491,3 +491,48 @@ fn assemble(
     };
     (manifest, stats, written)
 }
+
+/// Records `manifest` as the capture `snapshot_id` of a tree its caller has verified is
+/// exactly what the manifest describes, stat for stat (a copy-on-write copy of the tree
+/// it was captured from, cut to it): no file is read and nothing is stored but the
+/// manifest, with the packs no entry names any more dropped from it. A pack it names
+/// that is no longer in the store (reclaimed meanwhile) is an error: capture instead.
+pub async fn record_known(
+    repository: &Repository,
+    manifest: Manifest,
+    snapshot_id: Uuid,
+) -> Result<Manifest, SnapshotError> {
+    let handle = Handle::current();
+    let owner = repository.clone();
+    let Manifest {
+        version,
+        packs,
+        mut entries,
+    } = manifest;
+    let manifest = tokio::task::spawn_blocking(move || {
+        let known = lock(owner.catalog()).refresh(&handle, owner.store())?;
+        let packs = PackTable::starting_with(&packs).compact(&mut entries);
+        if let Some(gone) = packs.iter().find(|p| !known.packs.contains(p)) {
+            return Err(SnapshotError::Integrity(format!(
+                "pack {gone} is no longer in the store"
+            )));
+        }
+        Ok(Manifest {
+            version,
+            packs,
+            entries,
+        })
+    })
+    .await
+    .map_err(|e| SnapshotError::Io {
+        path: "manifest".into(),
+        source: std::io::Error::other(e),
+    })??;
+    let store = repository.store();
+    let key = manifest::manifest_key(snapshot_id);
+    store
+        .put(&key, Bytes::from(manifest::encode(&manifest)?))
+        .await?;
+    store.flush_keys(vec![key]).await?;
+    Ok(manifest)
+}

@@ -36,7 +36,7 @@ pub mod secrets;
 pub mod store;
 mod walk;
 
-pub use capture::{capture, capture_scanned, scan, Scan};
+pub use capture::{capture, capture_scanned, record_known, scan, Scan};
 pub use manifest::{
     legacy_chunk_key, legacy_manifest_key, load_manifest, manifest_key, ChunkRef, Entry, EntryKind,
     Manifest,

@@ -618,8 +618,8 @@ async fn a_fork_on_its_sources_worker_starts_from_the_staged_tree() {
     let source = create(&cluster, json!({"agent": "coder"}));
     wait_state(&cluster, &source, "running");
     // Past 64 MiB, a tree is staged rather than restored.
-    let script = "mkdir -p d && echo kept > d/a.txt && echo AKIA1234567890ABCDEF > creds.txt \
-                  && head -c 70000000 /dev/zero > big.bin";
+    let script = "mkdir -p d etc && echo kept > d/a.txt && echo AKIA1234567890ABCDEF > creds.txt \
+                  && echo 0123456789abcdef > etc/machine-id && head -c 70000000 /dev/zero > big.bin";
     assert_eq!(exec(&cluster, &source, script).0, 200);
     let host = worker_of(&cluster, &source).await.expect("hosted");
     let index = cluster.worker_index(&host);
@@ -640,7 +640,7 @@ async fn a_fork_on_its_sources_worker_starts_from_the_staged_tree() {
         let (status, seen) = exec(
             &cluster,
             fork,
-            "cat d/a.txt; ls creds.txt 2>&1 || echo gone",
+            "cat d/a.txt; ls creds.txt etc/machine-id 2>/dev/null || echo gone",
         );
         assert_eq!(status, 200, "{seen}");
         let out = seen["result"]["stdout"].as_str().unwrap_or_default();
@@ -682,6 +682,34 @@ async fn a_fork_on_its_sources_worker_starts_from_the_staged_tree() {
     cluster.wait_until("the staged tree removed", LONG, || {
         std::fs::read_dir(&staged).map_or(true, |mut d| d.next().is_none())
     });
+    // The staged fork's first checkpoint is its cut copy's index, recorded with no
+    // walk: it describes the tree as a capture of it does (its stop snapshot's, the
+    // tree unchanged since), and the tree resumed from it is whole.
+    let staged = &forks[hosts.iter().position(|h| *h == host).expect("staged")];
+    let (status, _) = cluster.call("POST", &format!("/api/v1/sandboxes/{staged}/stop"), None);
+    assert_eq!(status, 200);
+    wait_state(&cluster, staged, "stopped");
+    let digests: Vec<(String, String)> = sqlx::query_as(
+        "SELECT kind, tree_digest FROM project_snapshots
+          WHERE sandbox_id = $1 AND kind IN ('checkpoint', 'stop') ORDER BY created_at",
+    )
+    .bind(uuid::Uuid::parse_str(staged).expect("uuid"))
+    .fetch_all(&cluster.pool)
+    .await
+    .expect("digests");
+    assert_eq!(digests.len(), 2, "{digests:?}");
+    assert_eq!(digests[0].1, digests[1].1, "{digests:?}");
+    let (status, resumed) =
+        cluster.call("POST", &format!("/api/v1/sandboxes/{staged}/resume"), None);
+    assert_eq!(status, 200, "{resumed}");
+    wait_state(&cluster, staged, "running");
+    let (status, seen) = exec(
+        &cluster,
+        staged,
+        "cat d/a.txt; wc -c < big.bin; ls creds.txt etc/machine-id 2>/dev/null || echo gone",
+    );
+    assert_eq!(status, 200, "{seen}");
+    assert_eq!(seen["result"]["stdout"], "kept\n70000000\ngone\n");
     // The source goes on as it was.
     let (_, kept) = file(&cluster, &source, "creds.txt");
     assert_eq!(kept, b"AKIA1234567890ABCDEF\n");

@@ -50,6 +50,9 @@ pub trait Seal {
     ) -> Result<(), Self::Error>;
 }
 
+/// A capture's manifest, what it left out, and what it did.
+type Captured = (Manifest, snapshot::Skipped, snapshot::CaptureStats);
+
 /// What is captured, and how.
 pub struct Capture<'a> {
     /// `checkpoint`, `baseline`, `stop`, `named` or `fork`.
@@ -128,7 +131,64 @@ impl Custody {
             snapshot_id,
         )
         .await;
-        let (manifest, stats) = match captured {
+        let captured = captured.map(|(manifest, stats)| {
+            let secret = snapshot::Exclusion::SecretContent;
+            (stats.secrets.iter()).for_each(|path| skipped.add(secret, path.clone()));
+            (manifest, skipped, stats)
+        });
+        self.conclude(lease, capture, tree, (snapshot_id, hold_id), captured, seal)
+            .await
+    }
+
+    /// Commits `seal` with a tree its caller has verified is exactly `manifest`, stat
+    /// for stat (a fork's copy-on-write copy of its capture's tree, cut to that
+    /// capture): the tree is not walked or read, and only the manifest is stored, under
+    /// a snapshot of its own. `Failed` when a pack it names has been reclaimed: the
+    /// caller captures the tree instead.
+    pub async fn commit_known<S: Seal>(
+        &self,
+        lease: &Lease,
+        capture: &Capture<'_>,
+        tree: TreeAt<'_>,
+        manifest: Manifest,
+        seal: &S,
+    ) -> Result<Checkpoint, S::Error> {
+        if capture.appends {
+            *tree.uncaptured = true;
+        }
+        let Some((snapshot_id, hold_id)) = self.begin_capture(lease, capture, &tree).await? else {
+            return Ok(Checkpoint::Failed(
+                "the snapshot store is being reclaimed".into(),
+            ));
+        };
+        let recorded = snapshot::record_known(&self.settings.store, manifest, snapshot_id).await;
+        let recorded = recorded.map(|manifest| {
+            let files = (manifest.entries.iter())
+                .filter(|e| e.kind == snapshot::EntryKind::File)
+                .count() as u64;
+            let stats = snapshot::CaptureStats {
+                files,
+                files_unchanged: files,
+                ..Default::default()
+            };
+            (manifest, snapshot::Skipped::default(), stats)
+        });
+        self.conclude(lease, capture, tree, (snapshot_id, hold_id), recorded, seal)
+            .await
+    }
+
+    /// Seals a capture (or abandons it when it failed or must not count), and moves the
+    /// tree to it when it appends.
+    async fn conclude<S: Seal>(
+        &self,
+        lease: &Lease,
+        capture: &Capture<'_>,
+        tree: TreeAt<'_>,
+        (snapshot_id, hold_id): (Uuid, Option<Uuid>),
+        captured: Result<Captured, snapshot::SnapshotError>,
+        seal: &S,
+    ) -> Result<Checkpoint, S::Error> {
+        let (manifest, skipped, stats) = match captured {
             Ok(captured) => captured,
             Err(e) => {
                 tracing::warn!(error = %e, snapshot_id = %snapshot_id.simple(), "capture failed; the tree stays held");
@@ -136,8 +196,6 @@ impl Custody {
                 return Ok(Checkpoint::Failed(e.to_string()));
             }
         };
-        let secret = snapshot::Exclusion::SecretContent;
-        (stats.secrets.iter()).for_each(|path| skipped.add(secret, path.clone()));
         let sealed = self
             .seal_capture(
                 lease,

@@ -102,51 +102,84 @@ pub fn scrub(root: &Path) -> std::io::Result<u64> {
 /// following a link: every path the manifest does not hold goes (what the capture left
 /// out: its rules' exclusions, a file holding a secret, sockets), as do the identity
 /// files (this is the copy's scrub). Every other file and link must be the manifest's,
-/// stat for stat (inode, size, mode, times), and every path of the manifest there: the
-/// manifest is then a true index of the copy. Otherwise (the source changed it after
-/// its capture; a nested subvolume a snapshot leaves empty) an error: restore instead.
-/// How many paths went.
-pub fn prune_to(root: &Path, manifest: &cairn_snapshot::Manifest) -> std::io::Result<u64> {
-    let entries: std::collections::HashMap<&str, &cairn_snapshot::Entry> = manifest
-        .entries
-        .iter()
-        .filter(|e| !e.path.is_empty())
-        .map(|e| (e.path.as_str(), e))
-        .collect();
-    let mut seen = 0;
-    let removed = walk(root, |path, stat| {
-        let Some(entry) = path.to_str().and_then(|p| entries.get(p)) else {
-            return Visit::Remove;
+/// stat for stat (inode, size, mode, times), and every path of the manifest there.
+/// Otherwise (the source changed it after its capture; a nested subvolume a snapshot
+/// leaves empty) an error: restore instead. The manifest cut the same way (the identity
+/// files out, the times of its root and of the directories paths left taken again) is then a true
+/// index of the copy, as a capture of it would write it; and how many paths went.
+pub fn prune_to(
+    root: &Path,
+    manifest: cairn_snapshot::Manifest,
+) -> std::io::Result<(cairn_snapshot::Manifest, u64)> {
+    // The copy's root is a new subvolume's, with times of its own.
+    let mut restat = std::collections::BTreeSet::from([String::new()]);
+    let mut identity = std::collections::HashSet::new();
+    let removed = {
+        let entries: std::collections::HashMap<&str, &cairn_snapshot::Entry> = manifest
+            .entries
+            .iter()
+            .filter(|e| !e.path.is_empty())
+            .map(|e| (e.path.as_str(), e))
+            .collect();
+        let mut seen = 0;
+        let mut removes = |path: &Path| {
+            let parent = path.parent().and_then(|p| p.to_str()).unwrap_or_default();
+            restat.insert(parent.to_string());
+            Visit::Remove
         };
-        seen += 1;
-        let name = path.file_name().and_then(|n| n.to_str());
-        if is_dir(stat) {
-            // A subvolume's root (256), or the empty placeholder a snapshot leaves of a
-            // nested one (2): its files are not in the copy.
-            return match stat.st_ino {
-                2 | 256 => Visit::Refuse("a nested subvolume"),
-                _ => Visit::Descend,
+        let removed = walk(root, |path, stat| {
+            let Some(entry) = path.to_str().and_then(|p| entries.get(p)) else {
+                return removes(path);
             };
+            seen += 1;
+            let name = path.file_name().and_then(|n| n.to_str());
+            if is_dir(stat) {
+                // A subvolume's root (256), or the empty placeholder a snapshot leaves
+                // of a nested one (2): its files are not in the copy.
+                return match stat.st_ino {
+                    2 | 256 => Visit::Refuse("a nested subvolume"),
+                    _ => Visit::Descend,
+                };
+            }
+            if name.is_some_and(is_identity) {
+                identity.insert(entry.path.clone());
+                return removes(path);
+            }
+            if same_stat(entry, stat) {
+                Visit::Keep
+            } else {
+                Visit::Refuse("changed since its capture")
+            }
+        })?;
+        if seen != entries.len() {
+            return Err(std::io::Error::other("paths of the capture are missing"));
         }
-        if name.is_some_and(is_identity) {
-            return Visit::Remove;
+        removed
+    };
+    let mut manifest = manifest;
+    manifest.entries.retain(|e| !identity.contains(&e.path));
+    for entry in (manifest.entries.iter_mut()).filter(|e| restat.contains(&e.path)) {
+        let stat = nix::sys::stat::lstat(&root.join(&entry.path))?;
+        if !is_dir(&stat) {
+            return Err(std::io::Error::other(
+                "a directory of the capture is not one",
+            ));
         }
-        if same_stat(entry, stat) {
-            Visit::Keep
-        } else {
-            Visit::Refuse("changed since its capture")
-        }
-    })?;
-    if seen != entries.len() {
-        return Err(std::io::Error::other("paths of the capture are missing"));
+        entry.mtime_ns = nanos(stat.st_mtime, stat.st_mtime_nsec);
+        entry.ctime_ns = nanos(stat.st_ctime, stat.st_ctime_nsec);
     }
-    Ok(removed)
+    Ok((manifest, removed))
+}
+
+fn nanos(seconds: i64, nanoseconds: i64) -> i64 {
+    seconds
+        .saturating_mul(1_000_000_000)
+        .saturating_add(nanoseconds)
 }
 
 /// Whether a file or link is, by its stat, the manifest's `entry`.
 fn same_stat(entry: &cairn_snapshot::Entry, stat: &nix::sys::stat::FileStat) -> bool {
     use cairn_snapshot::EntryKind;
-    let nanos = |s: i64, ns: i64| s.saturating_mul(1_000_000_000).saturating_add(ns);
     let kind = match stat.st_mode & libc::S_IFMT {
         libc::S_IFREG => EntryKind::File,
         libc::S_IFLNK => EntryKind::Symlink,
@@ -294,20 +327,34 @@ mod tests {
         ] {
             std::fs::write(root.join(path), path).expect("write");
         }
-        let captured = ["a.txt", "d", "d/b.txt", "machine-id"];
-        let manifest = manifest_of(&root, &captured);
+        let captured = ["", "a.txt", "d", "d/b.txt", "machine-id"];
+        let mut manifest = manifest_of(&root, &captured);
+        // As if captured before its directories last changed.
+        for entry in manifest
+            .entries
+            .iter_mut()
+            .filter(|e| e.kind == cairn_snapshot::EntryKind::Dir)
+        {
+            (entry.mtime_ns, entry.ctime_ns) = (0, 0);
+        }
         // What the capture left out goes, and the identity file: the rest stays.
-        assert_eq!(prune_to(&root, &manifest).expect("cut"), 3);
+        let (cut, removed) = prune_to(&root, manifest.clone()).expect("cut");
+        assert_eq!(removed, 3);
         assert!(root.join("a.txt").exists() && root.join("d/b.txt").exists());
         assert!(!root.join("secret.txt").exists() && !root.join("d/left-out").exists());
         assert!(!root.join("machine-id").exists());
+        // The cut manifest is the copy as it now stands, the directories' times too.
+        assert_eq!(
+            cut.entries,
+            manifest_of(&root, &["", "a.txt", "d", "d/b.txt"]).entries
+        );
         // A file changed since its capture: refused (its copy is not the capture's).
         std::fs::write(root.join("a.txt"), "changed").expect("write");
-        assert!(prune_to(&root, &manifest).is_err());
+        assert!(prune_to(&root, cut.clone()).is_err());
         // A path of the capture missing: refused.
         let manifest = manifest_of(&root, &["a.txt", "d", "d/b.txt"]);
         std::fs::remove_file(root.join("d/b.txt")).expect("remove");
-        assert!(prune_to(&root, &manifest).is_err());
+        assert!(prune_to(&root, manifest).is_err());
         std::fs::remove_dir_all(&root).expect("cleanup");
     }
 

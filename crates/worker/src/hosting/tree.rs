@@ -208,16 +208,19 @@ async fn from_staged(
             return Ok(None);
         }
     };
-    let (root, kept) = (workspace.root.clone(), manifest.clone());
-    let pruned = tokio::task::spawn_blocking(move || super::fork::prune_to(&root, &kept)).await;
-    match pruned {
-        Ok(Ok(removed)) => tracing::debug!(removed, "left-out paths removed from the staged tree"),
+    let root = workspace.root.clone();
+    let pruned = tokio::task::spawn_blocking(move || super::fork::prune_to(&root, manifest)).await;
+    let manifest = match pruned {
+        Ok(Ok((manifest, removed))) => {
+            tracing::debug!(removed, "left-out paths removed from the staged tree");
+            manifest
+        }
         Ok(Err(e)) => {
             tracing::warn!(error = %e, "the staged tree could not be pruned; restoring");
             return Ok(None);
         }
         Err(e) => return Err(HostError::Transient(e.to_string()).into()),
-    }
+    };
     tokio::fs::create_dir_all(&workspace.home)
         .await
         .map_err(|e| Unacquired::Failed(format!("preparing the home: {e}")))?;
@@ -401,7 +404,12 @@ pub async fn commit(
         Seal::Resource { fork: Some(_), .. } => staged_forks(worker, tree),
         _ => 0,
     };
-    let at = tree.live.at(index_is_position);
+    // A fork's staged copy was verified stat for stat against its index as it was cut
+    // to it, and nothing has run in it since: its first checkpoint is that index.
+    let known = match (&seal, tree.origin, &tree.live.index) {
+        (Seal::Start, "staged", Some(index)) => Some(Manifest::clone(index)),
+        _ => None,
+    };
     let seal = SandboxSeal {
         seal,
         lease,
@@ -409,6 +417,19 @@ pub async fn commit(
         directory: worker.custody.directory.id,
         takes,
     };
+    if let Some(manifest) = known {
+        let at = tree.live.at(index_is_position);
+        match (worker.custody)
+            .commit_known(lease, &capture, at, manifest, &seal)
+            .await?
+        {
+            Checkpoint::Stands(snapshot) => return Ok(snapshot),
+            Checkpoint::Failed(reason) => {
+                tracing::warn!(%reason, "the staged tree's index was not recorded; capturing it")
+            }
+        }
+    }
+    let at = tree.live.at(index_is_position);
     match worker.custody.commit(lease, &capture, at, &seal).await? {
         Checkpoint::Stands(snapshot) => Ok(snapshot),
         Checkpoint::Failed(reason) => Err(HostError::Capture(reason)),
