@@ -37,6 +37,24 @@ pub fn free_port() -> anyhow::Result<u16> {
         .port())
 }
 
+/// Where a process's log goes: with `CAIRN_BENCH_LOGS=DIR`, to `DIR/<name>.log` (at
+/// `RUST_LOG`, or `info`), to explain a figure; otherwise warnings only, and nowhere,
+/// since logging would cost the figures.
+fn log_to(cmd: &mut Command, name: &str) -> anyhow::Result<()> {
+    match std::env::var_os("CAIRN_BENCH_LOGS").map(PathBuf::from) {
+        Some(dir) => {
+            std::fs::create_dir_all(&dir)?;
+            let file = std::fs::File::create(dir.join(format!("{name}.log")))?;
+            let level = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
+            cmd.env("RUST_LOG", level).stderr(file);
+        }
+        None => {
+            cmd.env("RUST_LOG", "warn").stderr(Stdio::null());
+        }
+    }
+    Ok(())
+}
+
 /// What a stack is made of.
 pub struct StackSettings<'a> {
     pub postgres: &'a str,
@@ -72,27 +90,13 @@ impl Stack {
         let work = std::env::temp_dir().join(format!("cairn-bench-{}", &stamp[..12]));
         let token = format!("bench-admin-{stamp}");
         let port = free_port()?;
-        // With `CAIRN_BENCH_LOGS=DIR`, each process's log is kept there (at `RUST_LOG`,
-        // or `info`), to explain a figure; otherwise logging would cost the figures.
-        let logs = std::env::var_os("CAIRN_BENCH_LOGS").map(PathBuf::from);
         let common = |cmd: &mut Command, name: &str| -> anyhow::Result<()> {
             cmd.env("CAIRN_DATABASE_URL", &database_url)
                 .env("CAIRN_QUEUE_PREFIX", &prefix)
                 .env("CAIRN_REDIS_PREFIX", &prefix)
                 .env("CAIRN_LOG_FORMAT", "json")
                 .stdout(Stdio::null());
-            match &logs {
-                Some(dir) => {
-                    std::fs::create_dir_all(dir)?;
-                    let file = std::fs::File::create(dir.join(format!("{name}.log")))?;
-                    let level = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
-                    cmd.env("RUST_LOG", level).stderr(file);
-                }
-                None => {
-                    cmd.env("RUST_LOG", "warn").stderr(Stdio::null());
-                }
-            }
-            Ok(())
+            log_to(cmd, name)
         };
         let mut processes = Processes(Vec::new());
         let mut worker_ids = Vec::new();

@@ -713,3 +713,15 @@ Checks of combinations the schema cannot express. Rendered from validate.yaml.
 {{- fail "worker.keda.minReplicaCount is greater than maxReplicaCount." -}}
 {{- end -}}
 {{- end -}}
+
+{{- /* The PostgreSQL connection of a KEDA trigger, when the chart gives one (else it comes
+whole from the TriggerAuthentication). */}}
+{{- define "cairn.kedaConnection" -}}
+{{- if .host }}
+host: {{ .host | quote }}
+port: {{ .port | toString | quote }}
+userName: {{ .userName | quote }}
+dbName: {{ .dbName | quote }}
+sslmode: {{ .sslmode | quote }}
+{{- end }}
+{{- end }}

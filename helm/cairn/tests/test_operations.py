@@ -36,7 +36,8 @@ from test_rendered import (
 KEDA = ["-f", os.path.join(CI_DIR, "keda-values.yaml")]
 KEDA_AUTH_REF = ["-f", os.path.join(CI_DIR, "keda-auth-ref-values.yaml")]
 PRODUCTION = ["-f", os.path.join(CI_DIR, "production-values.yaml")]
-DEMAND_QUERY = "SELECT demand FROM cairn_worker_demand"
+RUNS_QUERY = "SELECT runs FROM cairn_worker_demand"
+SANDBOXES_QUERY = "SELECT sandboxes FROM cairn_worker_demand"
 # The least KEDA needs besides enabled: where PostgreSQL is, the password's Secret, and
 # snapshots every worker can restore (an autoscaler removes busy workers).
 KEDA_NO_STORE = ["--set", "worker.keda.enabled=true"] + set_args({
@@ -97,18 +98,31 @@ def test_keda_scales_on_the_demand_view():
     behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]["scaleDown"]
     assert behavior == {"stabilizationWindowSeconds": 900,
                         "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}]}
-    (trig,) = spec["triggers"]
-    assert trig["type"] == "postgresql"
-    assert trig["metadata"] == {
-        "query": DEMAND_QUERY,
-        "targetQueryValue": "3",
-        "activationTargetQueryValue": "0",
+    # Runs against the job slots, sandboxes against the sandbox slots (the chart's
+    # default, 4): the HPA takes the larger wish.
+    (trig, sandboxes) = spec["triggers"]
+    connection = {
         "host": "postgres.databases.svc.cluster.local",
         "port": "5432",
         "userName": "keda",
         "dbName": "cairn",
         "sslmode": "verify-full",
     }
+    assert trig["type"] == sandboxes["type"] == "postgresql"
+    assert (trig["name"], sandboxes["name"]) == ("runs", "sandboxes")
+    assert trig["metadata"] == {
+        "query": RUNS_QUERY,
+        "targetQueryValue": "3",
+        "activationTargetQueryValue": "0",
+        **connection,
+    }
+    assert sandboxes["metadata"] == {
+        "query": SANDBOXES_QUERY,
+        "targetQueryValue": "4",
+        "activationTargetQueryValue": "0",
+        **connection,
+    }
+    assert sandboxes["authenticationRef"] == trig["authenticationRef"]
     # The password is a parameter of its own, from a Secret: any character works.
     ta = one(docs, "TriggerAuthentication", trig["authenticationRef"]["name"])
     assert ta["spec"] == {"secretTargetRef": [
@@ -118,10 +132,18 @@ def test_keda_scales_on_the_demand_view():
 
 
 def test_keda_target_defaults_to_the_concurrency():
-    docs = render(KEDA_MINIMAL + ["--set", "worker.concurrency=7"])
+    docs = render(KEDA_MINIMAL + ["--set", "worker.concurrency=7", "--set", "worker.sandboxSlots=5"])
     spec = one(docs, "ScaledObject", worker(docs)["metadata"]["name"])["spec"]
     md = spec["triggers"][0]["metadata"]
     assert (md["targetQueryValue"], md["activationTargetQueryValue"]) == ("7", "0")
+    assert spec["triggers"][1]["metadata"]["targetQueryValue"] == "5"
+    docs = render(KEDA_MINIMAL + ["--set", "worker.keda.targetSandboxesPerReplica=2"])
+    spec = one(docs, "ScaledObject", worker(docs)["metadata"]["name"])["spec"]
+    assert spec["triggers"][1]["metadata"]["targetQueryValue"] == "2"
+    # A worker that hosts no sandboxes is scaled on its runs alone.
+    docs = render(KEDA_MINIMAL + ["--set", "worker.sandboxSlots=0"])
+    (only,) = one(docs, "ScaledObject", worker(docs)["metadata"]["name"])["spec"]["triggers"]
+    assert only["metadata"]["query"] == RUNS_QUERY
     assert (md["port"], md["sslmode"]) == ("5432", "require")
     assert spec["minReplicaCount"] == 1
     assert "fallback" not in spec, "rendered only when fallback.replicas is set"
@@ -132,13 +154,14 @@ def test_keda_target_defaults_to_the_concurrency():
 def test_keda_with_an_existing_trigger_authentication():
     docs = render(KEDA_AUTH_REF)
     assert not of_kind(docs, "TriggerAuthentication"), "the chart's would be unused"
-    (trig,) = one(docs, "ScaledObject", worker(docs)["metadata"]["name"])["spec"]["triggers"]
-    assert trig["authenticationRef"] == {"name": "cairn-keda-postgres"}
-    # Without a host the connection comes whole from that TriggerAuthentication.
-    assert set(trig["metadata"]) == {"query", "targetQueryValue", "activationTargetQueryValue"}
+    triggers = one(docs, "ScaledObject", worker(docs)["metadata"]["name"])["spec"]["triggers"]
+    for trig in triggers:
+        assert trig["authenticationRef"] == {"name": "cairn-keda-postgres"}
+        # Without a host the connection comes whole from that TriggerAuthentication.
+        assert set(trig["metadata"]) == {"query", "targetQueryValue", "activationTargetQueryValue"}
     docs = render(KEDA_AUTH_REF + set_args({"worker.keda.postgresql.host": "pg.example"}))
-    (trig,) = one(docs, "ScaledObject", worker(docs)["metadata"]["name"])["spec"]["triggers"]
-    assert trig["metadata"]["host"] == "pg.example"
+    triggers = one(docs, "ScaledObject", worker(docs)["metadata"]["name"])["spec"]["triggers"]
+    assert [t["metadata"]["host"] for t in triggers] == ["pg.example", "pg.example"]
 
 
 def test_keda_needs_a_password_or_an_authentication_ref():

@@ -1,7 +1,7 @@
 //! A local simulation of KEDA scaling the worker Deployment down (docs/KUBERNETES.md,
 //! "Scaling"), since there is no cluster here. Workers run jobs; KEDA's decision is
-//! computed from the chart's metric, `SELECT demand FROM cairn_worker_demand`, as KEDA
-//! and the HPA compute it; and the workers the ReplicaSet would stop get SIGTERM with
+//! computed from the chart's metrics (`cairn_worker_demand`: its runs against the job
+//! slots, its sandboxes against the sandbox slots), as KEDA and the HPA compute it; and the workers the ReplicaSet would stop get SIGTERM with
 //! the chart's drain. Without a pod-deletion cost the ReplicaSet may pick any pod, so
 //! the simulation picks the busiest: the worst case. No running step may be stopped,
 //! and every run must complete.
@@ -45,8 +45,9 @@ fn keda_replicas(demand: i64, target: i64, current: i64, min: i64, max: i64) -> 
     wanted.clamp(min.max(1), max)
 }
 
+/// What the chart's runs trigger reads.
 async fn demand(cluster: &Cluster) -> i64 {
-    sqlx::query_scalar("SELECT demand FROM cairn_worker_demand")
+    sqlx::query_scalar("SELECT runs FROM cairn_worker_demand")
         .fetch_one(&cluster.pool)
         .await
         .expect("the demand view")
@@ -212,4 +213,50 @@ async fn scaling_down_on_demand_never_stops_a_running_step() {
         assert_eq!(view["state"], "completed", "{view}");
         assert_eq!(view["attempt"], 1, "{view}");
     }
+}
+
+/// Sandboxes are demand against their own slots (the chart's second trigger): three
+/// hosted sandboxes on workers with 4 sandbox slots and 2 job slots ask for one worker,
+/// where their sum with the runs, against the job slots, asked for two. A run counts
+/// against the job slots beside them.
+#[tokio::test]
+async fn sandboxes_are_demand_against_their_own_slots() {
+    use cairn_e2e::sandboxes::{create, wait_state};
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("scale-sandboxes", 0, Settings::default()).await;
+    cluster.worker_env = vec![
+        ("CAIRN_WORKER_CONCURRENCY".into(), CONCURRENCY.to_string()),
+        ("CAIRN_SANDBOX_SLOTS".into(), "4".into()),
+    ];
+    cluster.add_worker();
+    for _ in 0..3 {
+        let id = create(&cluster, json!({"agent": "e2e"}));
+        wait_state(&cluster, &id, "running");
+    }
+    let read = || async {
+        let row: (i64, i64, i64) =
+            sqlx::query_as("SELECT runs, sandboxes, demand FROM cairn_worker_demand")
+                .fetch_one(&cluster.pool)
+                .await
+                .expect("the demand view");
+        row
+    };
+    let wanted = |runs: i64, sandboxes: i64| {
+        keda_replicas(runs, CONCURRENCY, 1, 0, 10).max(keda_replicas(sandboxes, 4, 1, 0, 10))
+    };
+    let (runs, sandboxes, sum) = read().await;
+    assert_eq!((runs, sandboxes, sum), (0, 3, 3));
+    assert_eq!(wanted(runs, sandboxes), 1);
+    assert_eq!(
+        keda_replicas(sum, CONCURRENCY, 1, 0, 10),
+        2,
+        "the sum asked for more"
+    );
+    let submitted = cluster.submit(&json!({
+        "agent": "e2e",
+        "steps": [{"key": "wait", "argv": ["sleep", "30"], "idempotent": true}],
+    }));
+    let (runs, sandboxes, _) = read().await;
+    assert_eq!((runs, sandboxes), (1, 3), "{submitted:?}");
+    assert_eq!(wanted(runs, sandboxes), 1);
 }
