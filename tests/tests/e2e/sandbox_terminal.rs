@@ -130,6 +130,37 @@ async fn an_exec_takes_input_runs_in_a_terminal_and_is_killed() {
     );
     assert!(out.ends_with("got:abc\\x0d\n40 120\\x0d\n"), "{out}");
 
+    // A command in a terminal holds the terminal and nothing else of the worker's: no
+    // pipe, socket or other descriptor leaks into it (the listing's own directory aside).
+    let fds = start(
+        &cluster,
+        &id,
+        json!({"argv": ["ls", "-l", "/proc/self/fd/"], "pty": {"rows": 24, "cols": 200}, "timeout_sec": 60}),
+    );
+    let result = ended(&cluster, &fds);
+    let out = result["stdout"].as_str().unwrap_or_default().to_string();
+    let targets: Vec<(&str, &str)> = out
+        .split("\\x0d\n")
+        .filter_map(|line| line.split_once(" -> "))
+        .map(|(left, target)| (left.rsplit(' ').next().unwrap_or_default(), target))
+        .collect();
+    let terminal_fds: Vec<&str> = targets[..3.min(targets.len())]
+        .iter()
+        .map(|t| t.1)
+        .collect();
+    assert_eq!(
+        targets.iter().map(|t| t.0).collect::<Vec<_>>(),
+        ["0", "1", "2", "3"],
+        "{out}"
+    );
+    assert!(
+        terminal_fds
+            .iter()
+            .all(|t| *t == terminal_fds[0] && t.contains("pts")),
+        "{out}"
+    );
+    assert!(targets[3].1.starts_with("/proc/"), "{out}");
+
     // Killed, a terminal's whole session ends, even what ignores SIGTERM and SIGHUP.
     let stubborn = "trap '' HUP TERM INT; echo ready; while :; do sleep 777; done";
     let session = start(
