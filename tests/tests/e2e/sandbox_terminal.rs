@@ -83,6 +83,25 @@ async fn an_exec_takes_input_runs_in_a_terminal_and_is_killed() {
         "{late}"
     );
 
+    // An exec waiting for input holds up no other operation: they run beside it, in
+    // their turn among themselves, and it goes on taking input.
+    let waiting = start(
+        &cluster,
+        &id,
+        json!({"argv": ["sh", "-c", "read line; echo got:$line; cat beside.txt"], "stdin": true, "timeout_sec": 60}),
+    );
+    let (status, beside) = exec(&cluster, &id, "echo from-beside | tee beside.txt");
+    assert_eq!(status, 200, "{beside}");
+    assert_eq!(beside["result"]["stdout"], "from-beside\n");
+    let (status, content) = file(&cluster, &id, "beside.txt");
+    assert_eq!(
+        (status, content.as_slice()),
+        (200, b"from-beside\n".as_slice())
+    );
+    assert_eq!(send(&cluster, &waiting, "?eof=true", b"typed\n").0, 200);
+    let result = ended(&cluster, &waiting);
+    assert_eq!(result["stdout"], "got:typed\nfrom-beside\n", "{result}");
+
     // Without `stdin`, an exec takes no input; `kill` ends it and its receipt says so.
     let sleeper = start(
         &cluster,
@@ -206,7 +225,28 @@ async fn an_exec_takes_input_runs_in_a_terminal_and_is_killed() {
         "{out} {}",
         String::from_utf8_lossy(&done.stderr)
     );
-    assert!(out.contains("\r\n42\r\n"), "{out}");
+    // (What is typed ahead may be echoed before the first prompt: `$ 42`.)
+    assert!(out.contains("42\r\n"), "{out}");
     let (status, kept) = file(&cluster, &id, "answer");
     assert_eq!((status, kept.as_slice()), (200, b"42\n".as_slice()));
+
+    // A stop ends an exec beside the others, frozen by a pause too, and its receipt
+    // says so.
+    let open = start(
+        &cluster,
+        &id,
+        json!({"argv": ["cat"], "stdin": true, "timeout_sec": 600}),
+    );
+    let (status, _) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/pause"), None);
+    assert_eq!(status, 200);
+    wait_state(&cluster, &id, "paused");
+    let (status, _) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/stop"), None);
+    assert_eq!(status, 200);
+    wait_state(&cluster, &id, "stopped");
+    let (_, op) = cluster.call("GET", &open, None);
+    assert_eq!(
+        (op["state"].as_str(), &op["result"]["stopped"]),
+        (Some("done"), &json!(true)),
+        "{op}"
+    );
 }

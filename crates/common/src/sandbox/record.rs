@@ -163,7 +163,8 @@ pub async fn fence_out(conn: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Er
 }
 
 /// Ends the operations that will not get a receipt from this owner: those never started
-/// (`reason`), and one that was running when its owner was lost (its outcome unknown).
+/// (`reason`), and those that were running when its owner was lost (their outcome
+/// unknown).
 pub async fn interrupt_operations(
     conn: &mut PgConnection,
     id: Uuid,

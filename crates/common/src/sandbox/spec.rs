@@ -447,7 +447,8 @@ impl SnapshotSpec {
     }
 }
 
-/// What the owner of a sandbox carries out for the API, in order.
+/// What the owner of a sandbox carries out for the API: in order, but for an exec that
+/// takes input ([`Operation::takes_input`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Operation {
@@ -486,6 +487,13 @@ impl Operation {
     /// Whether it can change the tree (so it is journaled and committed with a capture).
     pub fn changes_tree(&self) -> bool {
         matches!(self, Operation::Exec(_) | Operation::Write { .. })
+    }
+
+    /// Whether it is an exec that takes input (its standard input, or a terminal): it
+    /// runs beside the sandbox's other operations, which it would otherwise hold up for
+    /// as long as it waits for someone to type.
+    pub fn takes_input(&self) -> bool {
+        matches!(self, Operation::Exec(spec) if spec.stdin == Some(true) || spec.pty.is_some())
     }
 }
 

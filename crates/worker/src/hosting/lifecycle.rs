@@ -2,7 +2,7 @@
 //! acquired here), stopped (with its stop snapshot, its slot released), destroyed, or
 //! failed to start.
 
-use super::operation::{self, Owner};
+use super::operation::{self, Owner, SharedTree};
 use super::tree::{self, SandboxTree, Seal, Unacquired};
 use super::{HostError, SandboxRow, POLL};
 use crate::context::Worker;
@@ -15,6 +15,7 @@ use cairn_common::sandbox::identity::Identity;
 use cairn_common::sandbox::service::ServiceSpec;
 use cairn_common::sandbox::{operations, owner, volume, Operation};
 use cairn_common::workspace as workspace_row;
+use futures::stream::{FuturesUnordered, StreamExt};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,6 +24,29 @@ use uuid::Uuid;
 
 /// How many times a stop's capture is tried before the sandbox fails.
 const STOP_TRIES: usize = 4;
+
+/// How a sandbox leaves this worker: stopped (`how`, and the reason its record keeps),
+/// or destroyed.
+enum Leaving {
+    Stop {
+        how: &'static str,
+        reason: Option<&'static str>,
+    },
+    Destroy,
+}
+
+impl Leaving {
+    /// Whether the worker is draining (not the sandbox's own stop).
+    fn drained(&self) -> bool {
+        matches!(
+            self,
+            Leaving::Stop {
+                how: "worker_drained",
+                ..
+            }
+        )
+    }
+}
 
 /// Where a sandbox's volumes are.
 enum Mounted {
@@ -257,39 +281,58 @@ impl Host {
             .map_err(|e| HostError::Transient(format!("preparing a volume: {e}")))
     }
 
-    /// Serves the running sandbox: its operations in order, and what is asked of it.
+    /// Serves the running sandbox until it leaves this worker, then stops or destroys it.
     async fn serve(
         &mut self,
         tree: &mut SandboxTree,
         shutdown: &CancellationToken,
         drain: &CancellationToken,
     ) -> Result<&'static str, HostError> {
+        let shared = tokio::sync::Mutex::new(tree);
+        let leaving = self.lost.child_token();
+        let left = self
+            .serve_operations(&shared, shutdown, (drain, &leaving))
+            .await?;
+        let tree = shared.into_inner();
+        match left {
+            Leaving::Stop { how, reason } => {
+                self.stop(tree, reason).await?;
+                Ok(how)
+            }
+            Leaving::Destroy => {
+                self.destroy(tree).await?;
+                Ok("destroyed")
+            }
+        }
+    }
+
+    /// Performs the sandbox's operations in order, but for an exec that takes input,
+    /// which runs beside them (an open shell holds nothing up), and does what is asked
+    /// of the sandbox, until it is to leave; the execs beside end first.
+    async fn serve_operations(
+        &self,
+        tree: &SharedTree<'_>,
+        shutdown: &CancellationToken,
+        (drain, leaving): (&CancellationToken, &CancellationToken),
+    ) -> Result<Leaving, HostError> {
+        let owner = self.owner();
+        let mut in_turn = FuturesUnordered::new();
+        let mut beside = FuturesUnordered::new();
         let mut paused: Option<tokio::time::Instant> = None;
-        loop {
+        let left = loop {
+            let idle = in_turn.is_empty();
             tokio::select! {
                 biased;
                 _ = self.lost.cancelled() => return Err(self.lost_error()),
-                _ = shutdown.cancelled() => {
-                    self.stop(tree, Some("worker_drained")).await?;
-                    return Ok("worker_drained");
+                Some(done) = in_turn.next() => { done?; continue; }
+                Some(done) = beside.next() => { done?; continue; }
+                _ = shutdown.cancelled(), if idle => {
+                    break Leaving::Stop { how: "worker_drained", reason: Some("worker_drained") };
                 }
-                _ = tokio::time::sleep(POLL) => {}
+                _ = tokio::time::sleep(POLL), if idle => {}
             }
-            // One row: what is asked of the sandbox, and its next operation if any.
-            let next: Result<(String, Option<Uuid>, Option<serde_json::Value>), sqlx::Error> =
-                sqlx::query_as(
-                    "SELECT s.desired, o.id, o.body FROM sandboxes s
-                       LEFT JOIN LATERAL (SELECT id, body FROM sandbox_operations
-                                           WHERE sandbox_id = s.id AND state = 'pending'
-                                           ORDER BY seq LIMIT 1) o ON TRUE
-                      WHERE s.id = $1",
-                )
-                .bind(self.row.id)
-                .fetch_one(&self.worker.pool)
-                .await;
-            let next = next.map(|(desired, id, body)| (desired, id.zip(body)));
-            let (desired, op) = match next {
-                Ok(next) => next,
+            let (desired, op) = match self.asked().await {
+                Ok(asked) => asked,
                 Err(e) => {
                     tracing::warn!(error = %e, "reading the sandbox failed; trying again");
                     continue;
@@ -297,34 +340,72 @@ impl Host {
             };
             match (desired.as_str(), paused) {
                 ("stopped", _) => {
-                    self.stop(tree, None).await?;
-                    return Ok("stopped");
+                    break Leaving::Stop {
+                        how: "stopped",
+                        reason: None,
+                    }
                 }
-                ("destroyed", _) => {
-                    self.destroy(tree).await?;
-                    return Ok("destroyed");
-                }
+                ("destroyed", _) => break Leaving::Destroy,
                 // A pause lasts at most the limit, then it behaves like a stop.
                 (_, Some(since)) if since.elapsed() >= self.worker.settings.pause_limit => {
-                    self.stop(tree, Some("pause_expired")).await?;
-                    return Ok("pause_expired");
+                    break Leaving::Stop {
+                        how: "pause_expired",
+                        reason: Some("pause_expired"),
+                    };
                 }
                 ("paused", None) => {
-                    self.pause(tree, true).await?;
+                    self.pause(&**tree.lock().await, true).await?;
                     paused = Some(tokio::time::Instant::now());
                     continue;
                 }
                 ("running", Some(_)) => {
-                    self.pause(tree, false).await?;
+                    self.pause(&**tree.lock().await, false).await?;
                     paused = None;
                 }
                 (_, Some(_)) => continue,
                 _ => {}
             }
             if let Some((id, body)) = op {
-                operation::perform(&self.owner(), tree, id, body, drain).await?;
+                let runs_beside = operation::runs_beside(&body);
+                let performing = operation::perform(&owner, tree, id, body, (drain, leaving));
+                match runs_beside {
+                    true => beside.push(performing),
+                    false => in_turn.push(performing),
+                }
             }
+        };
+        // A drain lets them run out its time; a stop or destroy ends them.
+        if !beside.is_empty() && !left.drained() {
+            self.end_beside(leaving, paused.is_some());
         }
+        while let Some(done) = beside.next().await {
+            done?;
+        }
+        Ok(left)
+    }
+
+    /// Ends the execs beside the others (thawed first: a frozen process cannot end).
+    fn end_beside(&self, leaving: &CancellationToken, paused: bool) {
+        leaving.cancel();
+        if let (Some(session), true) = (&self.session, paused) {
+            session.freeze(false);
+        }
+    }
+
+    /// One row: what is asked of the sandbox, and its next operation if any.
+    async fn asked(&self) -> Result<(String, Option<(Uuid, serde_json::Value)>), sqlx::Error> {
+        let next: (String, Option<Uuid>, Option<serde_json::Value>) = sqlx::query_as(
+            "SELECT s.desired, o.id, o.body FROM sandboxes s
+               LEFT JOIN LATERAL (SELECT id, body FROM sandbox_operations
+                                   WHERE sandbox_id = s.id AND state = 'pending'
+                                   ORDER BY seq LIMIT 1) o ON TRUE
+              WHERE s.id = $1",
+        )
+        .bind(self.row.id)
+        .fetch_one(&self.worker.pool)
+        .await?;
+        let (desired, id, body) = next;
+        Ok((desired, id.zip(body)))
     }
 
     /// Freezes every process of the sandbox in place and records it paused, or thaws

@@ -13,12 +13,14 @@ use crate::context::Worker;
 use crate::isolation;
 use crate::live_output::LiveOutput;
 use crate::step::{self, StepCommand, StepOutcome};
+use crate::workspace::Workspace;
 use base64::Engine;
 use cairn_common::lease::Lease;
 use cairn_common::retry::Delays;
 use cairn_common::sandbox::service::{ServiceSpec, LAUNCHER};
 use cairn_common::sandbox::spec::MAX_FILE_BYTES;
 use cairn_common::sandbox::{operations, ExecSpec, Operation};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -53,13 +55,24 @@ impl Owner<'_> {
 const COMMIT_TRIES: usize = 3;
 const FILE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Carries out one operation and writes its receipt.
+/// The sandbox's tree, shared by the operations that run at once: each command runs in
+/// its paths, and each commit has it alone.
+pub type SharedTree<'t> = tokio::sync::Mutex<&'t mut SandboxTree>;
+
+/// Whether an operation runs beside the others rather than in its turn
+/// ([`Operation::takes_input`]).
+pub fn runs_beside(body: &Value) -> bool {
+    Operation::deserialize(body).is_ok_and(|operation| operation.takes_input())
+}
+
+/// Carries out one operation and writes its receipt; `leaving` ends its command (the
+/// sandbox is leaving this worker).
 pub async fn perform(
     host: &Owner<'_>,
-    tree: &mut SandboxTree,
+    tree: &SharedTree<'_>,
     id: Uuid,
     body: Value,
-    drain: &CancellationToken,
+    (drain, leaving): (&CancellationToken, &CancellationToken),
 ) -> Result<(), HostError> {
     let pool = &host.worker.pool;
     let mut tx = host.lease.begin_fenced(pool).await?;
@@ -80,18 +93,20 @@ pub async fn perform(
         })
         .inc();
     if let Ok(Operation::Snapshot(_) | Operation::Fork(_)) = &operation {
-        return capture(host, tree, id, operation.as_ref().ok()).await;
+        let mut tree = tree.lock().await;
+        return capture(host, &mut tree, id, operation.as_ref().ok()).await;
     }
-    let stop = host.lost.child_token();
+    let stop = leaving.child_token();
     let watch = tokio::spawn(watch(
         host.worker.pool.clone(),
         host.row.id,
         stop.clone(),
         drain.clone(),
     ));
+    let workspace = tree.lock().await.live.workspace.clone();
     let (result, changes) = match &operation {
         Ok(operation) => (
-            run(host, tree, id, operation, &stop).await,
+            run(host, &workspace, id, operation, &stop).await,
             operation.changes_tree(),
         ),
         Err(e) => (
@@ -115,7 +130,8 @@ pub async fn perform(
         tx.commit().await?;
         return Ok(());
     }
-    commit_effects(host, tree, id, &result).await
+    let mut tree = tree.lock().await;
+    commit_effects(host, &mut tree, id, &result).await
 }
 
 /// Commits an operation's receipt with the checkpoint of its effects, tried again while
@@ -309,16 +325,16 @@ async fn watch(pool: sqlx::PgPool, id: Uuid, stop: CancellationToken, drain: Can
 
 async fn run(
     host: &Owner<'_>,
-    tree: &SandboxTree,
+    workspace: &Workspace,
     id: Uuid,
     operation: &Operation,
     stop: &CancellationToken,
 ) -> Value {
     match operation {
-        Operation::Exec(spec) => exec(host, tree, id, spec, stop).await,
+        Operation::Exec(spec) => exec(host, workspace, id, spec, stop).await,
         Operation::Read(file) => {
             let argv = ["cat", "--", &file.path];
-            match file_command(host, tree, id, &argv, stop).await {
+            match file_command(host, workspace, id, &argv, stop).await {
                 Ok((outcome, stdout)) if outcome.succeeded() => {
                     if stdout.len() > MAX_FILE_BYTES {
                         json!({"error": format!("the file is larger than {MAX_FILE_BYTES} bytes")})
@@ -335,13 +351,13 @@ async fn run(
                 Ok(bytes) => bytes,
                 Err(e) => return json!({"error": format!("content is not base64: {e}")}),
             };
-            let staged = match Staged::write(&tree.live.workspace.home, &bytes).await {
+            let staged = match Staged::write(&workspace.home, &bytes).await {
                 Ok(staged) => staged,
                 Err(e) => return json!({"error": format!("staging the content: {e}")}),
             };
             let script = "mkdir -p -- \"$(dirname -- \"$1\")\" && cat -- \"$HOME/$2\" > \"$1\"";
             let argv = ["sh", "-c", script, "sh", path, staged.name()];
-            let written = file_command(host, tree, id, &argv, stop).await;
+            let written = file_command(host, workspace, id, &argv, stop).await;
             staged.remove().await;
             match written {
                 Ok((outcome, _)) if outcome.succeeded() => {
@@ -353,7 +369,7 @@ async fn run(
         }
         Operation::Snapshot(_) | Operation::Fork(_) => json!({"error": "not a command"}),
         Operation::Service { name, service } => {
-            start_service(host, tree, id, name, service.as_ref(), stop).await
+            start_service(host, workspace, id, name, service.as_ref(), stop).await
         }
         Operation::List(file) => {
             let argv = [
@@ -366,7 +382,7 @@ async fn run(
                 "-printf",
                 "%y %s %P\\0",
             ];
-            match file_command(host, tree, id, &argv, stop).await {
+            match file_command(host, workspace, id, &argv, stop).await {
                 Ok((outcome, stdout)) if outcome.succeeded() => {
                     json!({"path": file.path, "entries": entries(&stdout)})
                 }
@@ -412,7 +428,7 @@ fn entries(listing: &[u8]) -> Vec<Value> {
 /// The command of an operation, in the sandbox's step sandbox.
 fn command(
     host: &Owner<'_>,
-    tree: &SandboxTree,
+    workspace: &Workspace,
     key: &str,
     argv: Vec<String>,
     env: BTreeMap<String, String>,
@@ -421,7 +437,7 @@ fn command(
 ) -> StepCommand {
     let worker = &host.worker;
     let runner = &worker.isolation;
-    let home = runner.home_path(&tree.live.workspace.home);
+    let home = runner.home_path(&workspace.home);
     let mut all = BTreeMap::from([
         ("HOME".to_string(), home.to_string_lossy().into_owned()),
         (
@@ -434,9 +450,9 @@ fn command(
         argv,
         env: all,
         place: isolation::Spec {
-            workspace: tree.live.workspace.root.clone(),
+            workspace: workspace.root.clone(),
             cwd: spec.and_then(|s| s.cwd.clone()),
-            home: tree.live.workspace.home.clone(),
+            home: workspace.home.clone(),
             // Whether the command asks for the network; the sandbox's layers are those of
             // its held namespace, which the command enters.
             network: cairn_common::egress::Effective {
@@ -475,7 +491,7 @@ fn command(
 
 async fn exec(
     host: &Owner<'_>,
-    tree: &SandboxTree,
+    workspace: &Workspace,
     id: Uuid,
     spec: &ExecSpec,
     stop: &CancellationToken,
@@ -508,7 +524,7 @@ async fn exec(
     };
     let mut command = command(
         host,
-        tree,
+        workspace,
         &format!("exec-{}", id.simple()),
         argv,
         spec.env.clone(),
@@ -569,7 +585,7 @@ fn open_input(spec: &ExecSpec) -> std::io::Result<Option<crate::interactive::Inp
 /// script: the receipt says whether it started.
 async fn start_service(
     host: &Owner<'_>,
-    tree: &SandboxTree,
+    workspace: &Workspace,
     id: Uuid,
     name: &str,
     service: Option<&ServiceSpec>,
@@ -581,7 +597,7 @@ async fn start_service(
     argv.extend(service.iter().flat_map(|s| s.argv.iter().cloned()));
     // Where the launcher keeps the service's pid and log: after the service's own
     // variables, so that one setting `HOME` still finds its earlier instance.
-    let home = host.worker.isolation.home_path(&tree.live.workspace.home);
+    let home = host.worker.isolation.home_path(&workspace.home);
     let dir = format!("{}/.cairn-services", home.display());
     let mut env = service.map(|s| s.env.clone()).unwrap_or_default();
     env.insert("CAIRN_SERVICE_DIR".into(), dir.clone());
@@ -595,7 +611,15 @@ async fn start_service(
         pty: None,
     };
     let key = format!("service-{}", id.simple());
-    let command = command(host, tree, &key, argv, spec.env.clone(), Some(&spec), None);
+    let command = command(
+        host,
+        workspace,
+        &key,
+        argv,
+        spec.env.clone(),
+        Some(&spec),
+        None,
+    );
     match host.run_command(&command, stop).await {
         Ok(outcome) => json!({
             "name": name,
@@ -612,7 +636,7 @@ async fn start_service(
 /// content is not kept as output).
 async fn file_command(
     host: &Owner<'_>,
-    tree: &SandboxTree,
+    workspace: &Workspace,
     id: Uuid,
     argv: &[&str],
     stop: &CancellationToken,
@@ -620,7 +644,7 @@ async fn file_command(
     let argv = argv.iter().map(|a| a.to_string()).collect();
     let command = command(
         host,
-        tree,
+        workspace,
         &format!("file-{}", id.simple()),
         argv,
         BTreeMap::new(),
