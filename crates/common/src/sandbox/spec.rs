@@ -501,6 +501,26 @@ impl Operation {
 mod tests {
     use super::*;
 
+    #[test]
+    fn only_an_exec_that_takes_input_runs_beside() {
+        let operation = |body: serde_json::Value| -> Operation {
+            serde_json::from_value(body).expect("decodes")
+        };
+        let exec = |extra: serde_json::Value| {
+            let mut body = serde_json::json!({"kind": "exec", "argv": ["sh"]});
+            body.as_object_mut()
+                .expect("object")
+                .extend(extra.as_object().expect("object").clone());
+            operation(body)
+        };
+        assert!(exec(serde_json::json!({"stdin": true})).takes_input());
+        assert!(exec(serde_json::json!({"pty": {"rows": 24, "cols": 80}})).takes_input());
+        assert!(!exec(serde_json::json!({"stdin": false})).takes_input());
+        assert!(!exec(serde_json::json!({})).takes_input());
+        let read = operation(serde_json::json!({"kind": "read", "path": "a.txt"}));
+        assert!(!read.takes_input());
+    }
+
     fn create(body: serde_json::Value) -> CreateSpec {
         serde_json::from_value(body).expect("decodes")
     }

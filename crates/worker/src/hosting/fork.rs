@@ -105,14 +105,13 @@ pub fn scrub(root: &Path) -> std::io::Result<u64> {
 /// stat for stat (inode, size, mode, times), and every path of the manifest there.
 /// Otherwise (the source changed it after its capture; a nested subvolume a snapshot
 /// leaves empty) an error: restore instead. The manifest cut the same way (the identity
-/// files out, the times of its root and of the directories paths left taken again) is then a true
-/// index of the copy, as a capture of it would write it; and how many paths went.
+/// files out, each directory's stat taken again once the cut is done: removals change
+/// their times, the copy's root is a new subvolume's) is then a true index of the copy,
+/// as a capture of it would write it; and how many paths went.
 pub fn prune_to(
     root: &Path,
     manifest: cairn_snapshot::Manifest,
 ) -> std::io::Result<(cairn_snapshot::Manifest, u64)> {
-    // The copy's root is a new subvolume's, with times of its own.
-    let mut restat = std::collections::BTreeSet::from([String::new()]);
     let mut identity = std::collections::HashSet::new();
     let removed = {
         let entries: std::collections::HashMap<&str, &cairn_snapshot::Entry> = manifest
@@ -122,14 +121,9 @@ pub fn prune_to(
             .map(|e| (e.path.as_str(), e))
             .collect();
         let mut seen = 0;
-        let mut removes = |path: &Path| {
-            let parent = path.parent().and_then(|p| p.to_str()).unwrap_or_default();
-            restat.insert(parent.to_string());
-            Visit::Remove
-        };
         let removed = walk(root, |path, stat| {
             let Some(entry) = path.to_str().and_then(|p| entries.get(p)) else {
-                return removes(path);
+                return Visit::Remove;
             };
             seen += 1;
             let name = path.file_name().and_then(|n| n.to_str());
@@ -143,7 +137,7 @@ pub fn prune_to(
             }
             if name.is_some_and(is_identity) {
                 identity.insert(entry.path.clone());
-                return removes(path);
+                return Visit::Remove;
             }
             if same_stat(entry, stat) {
                 Visit::Keep
@@ -158,13 +152,17 @@ pub fn prune_to(
     };
     let mut manifest = manifest;
     manifest.entries.retain(|e| !identity.contains(&e.path));
-    for entry in (manifest.entries.iter_mut()).filter(|e| restat.contains(&e.path)) {
+    let dirs = manifest.entries.iter_mut();
+    for entry in dirs.filter(|e| e.kind == cairn_snapshot::EntryKind::Dir) {
+        // Each walked as a real directory, in a tree nothing runs in yet.
         let stat = nix::sys::stat::lstat(&root.join(&entry.path))?;
         if !is_dir(&stat) {
             return Err(std::io::Error::other(
                 "a directory of the capture is not one",
             ));
         }
+        entry.mode = stat.st_mode & 0o7777;
+        entry.inode = stat.st_ino;
         entry.mtime_ns = nanos(stat.st_mtime, stat.st_mtime_nsec);
         entry.ctime_ns = nanos(stat.st_ctime, stat.st_ctime_nsec);
     }
@@ -329,7 +327,10 @@ mod tests {
         }
         let captured = ["", "a.txt", "d", "d/b.txt", "machine-id"];
         let mut manifest = manifest_of(&root, &captured);
-        // As if captured before its directories last changed.
+        // As if captured before its directories last changed (a mode too).
+        use std::os::unix::fs::PermissionsExt;
+        let private = std::fs::Permissions::from_mode(0o700);
+        std::fs::set_permissions(root.join("d"), private).expect("chmod");
         for entry in manifest
             .entries
             .iter_mut()

@@ -308,7 +308,8 @@ impl Host {
 
     /// Performs the sandbox's operations in order, but for an exec that takes input,
     /// which runs beside them (an open shell holds nothing up), and does what is asked
-    /// of the sandbox, until it is to leave; the execs beside end first.
+    /// of the sandbox, until it is to leave; the execs beside end first. The tree's
+    /// lock is only ever awaited by an operation, polled here: never by this loop.
     async fn serve_operations(
         &self,
         tree: &SharedTree<'_>,
@@ -316,8 +317,11 @@ impl Host {
         (drain, leaving): (&CancellationToken, &CancellationToken),
     ) -> Result<Leaving, HostError> {
         let owner = self.owner();
+        let workspace_id = tree.lock().await.live.workspace_id;
         let mut in_turn = FuturesUnordered::new();
         let mut beside = FuturesUnordered::new();
+        // The execs beside, until they end: the next operation is another.
+        let mut launched: Vec<Uuid> = Vec::new();
         let mut paused: Option<tokio::time::Instant> = None;
         let left = loop {
             let idle = in_turn.is_empty();
@@ -325,13 +329,17 @@ impl Host {
                 biased;
                 _ = self.lost.cancelled() => return Err(self.lost_error()),
                 Some(done) = in_turn.next() => { done?; continue; }
-                Some(done) = beside.next() => { done?; continue; }
+                Some((id, done)) = beside.next() => {
+                    launched.retain(|l| *l != id);
+                    done?;
+                    continue;
+                }
                 _ = shutdown.cancelled(), if idle => {
                     break Leaving::Stop { how: "worker_drained", reason: Some("worker_drained") };
                 }
                 _ = tokio::time::sleep(POLL), if idle => {}
             }
-            let (desired, op) = match self.asked().await {
+            let (desired, op) = match self.asked(&launched).await {
                 Ok(asked) => asked,
                 Err(e) => {
                     tracing::warn!(error = %e, "reading the sandbox failed; trying again");
@@ -354,54 +362,74 @@ impl Host {
                     };
                 }
                 ("paused", None) => {
-                    self.pause(&**tree.lock().await, true).await?;
+                    self.pause(workspace_id, true).await?;
                     paused = Some(tokio::time::Instant::now());
                     continue;
                 }
                 ("running", Some(_)) => {
-                    self.pause(&**tree.lock().await, false).await?;
+                    self.pause(workspace_id, false).await?;
                     paused = None;
                 }
                 (_, Some(_)) => continue,
                 _ => {}
             }
-            if let Some((id, body)) = op {
-                let runs_beside = operation::runs_beside(&body);
-                let performing = operation::perform(&owner, tree, id, body, (drain, leaving));
-                match runs_beside {
-                    true => beside.push(performing),
-                    false => in_turn.push(performing),
+            let Some((id, body)) = op else { continue };
+            let runs_beside = operation::runs_beside(&body);
+            let performing = operation::perform(&owner, tree, id, body, (drain, leaving));
+            match runs_beside {
+                true => {
+                    launched.push(id);
+                    beside.push(async move { (id, performing.await) });
                 }
+                false => in_turn.push(performing),
             }
         };
-        // A drain lets them run out its time; a stop or destroy ends them.
-        if !beside.is_empty() && !left.drained() {
-            self.end_beside(leaving, paused.is_some());
-        }
-        while let Some(done) = beside.next().await {
-            done?;
-        }
+        self.end_beside(beside, &left, paused.is_some(), leaving)
+            .await?;
         Ok(left)
     }
 
-    /// Ends the execs beside the others (thawed first: a frozen process cannot end).
-    fn end_beside(&self, leaving: &CancellationToken, paused: bool) {
-        leaving.cancel();
-        if let (Some(session), true) = (&self.session, paused) {
-            session.freeze(false);
+    /// Waits for the execs beside the others to end: a drain lets them run out its
+    /// time, unless the sandbox is paused; a stop or destroy ends them (thawed first:
+    /// a frozen process cannot end).
+    async fn end_beside<F>(
+        &self,
+        mut beside: FuturesUnordered<F>,
+        left: &Leaving,
+        paused: bool,
+        leaving: &CancellationToken,
+    ) -> Result<(), HostError>
+    where
+        F: std::future::Future<Output = (Uuid, Result<(), HostError>)>,
+    {
+        if !beside.is_empty() && (!left.drained() || paused) {
+            leaving.cancel();
+            if let (Some(session), true) = (&self.session, paused) {
+                session.freeze(false);
+            }
         }
+        while let Some((_, done)) = beside.next().await {
+            done?;
+        }
+        Ok(())
     }
 
-    /// One row: what is asked of the sandbox, and its next operation if any.
-    async fn asked(&self) -> Result<(String, Option<(Uuid, serde_json::Value)>), sqlx::Error> {
+    /// One row: what is asked of the sandbox, and its next operation if any (but those
+    /// `launched`, which may not have started yet).
+    async fn asked(
+        &self,
+        launched: &[Uuid],
+    ) -> Result<(String, Option<(Uuid, serde_json::Value)>), sqlx::Error> {
         let next: (String, Option<Uuid>, Option<serde_json::Value>) = sqlx::query_as(
             "SELECT s.desired, o.id, o.body FROM sandboxes s
                LEFT JOIN LATERAL (SELECT id, body FROM sandbox_operations
                                    WHERE sandbox_id = s.id AND state = 'pending'
+                                     AND NOT (id = ANY($2))
                                    ORDER BY seq LIMIT 1) o ON TRUE
               WHERE s.id = $1",
         )
         .bind(self.row.id)
+        .bind(launched)
         .fetch_one(&self.worker.pool)
         .await?;
         let (desired, id, body) = next;
@@ -410,7 +438,7 @@ impl Host {
 
     /// Freezes every process of the sandbox in place and records it paused, or thaws
     /// them and records it running.
-    async fn pause(&self, tree: &SandboxTree, frozen: bool) -> Result<(), HostError> {
+    async fn pause(&self, workspace_id: Uuid, frozen: bool) -> Result<(), HostError> {
         if frozen {
             // A frozen process would hold a preview's connection unanswered.
             self.worker.previews.close(self.row.id, self.lease.epoch);
@@ -420,7 +448,7 @@ impl Host {
         }
         let mut tx = self.lease.begin_fenced(&self.worker.pool).await?;
         owner::paused(&mut tx, self.row.id, frozen).await?;
-        workspace_row::set_paused(&mut tx, tree.live.workspace_id, frozen).await?;
+        workspace_row::set_paused(&mut tx, workspace_id, frozen).await?;
         tx.commit().await?;
         if !frozen {
             self.open_previews();

@@ -169,8 +169,9 @@ async fn commit_effects(
 }
 
 /// A snapshot resource (or a fork's capture and its sandboxes). The sandbox takes no
-/// other operation meanwhile (operations run in order) and its processes are frozen,
-/// so the capture is consistent; its receipt says how long that lasted.
+/// other operation in turn meanwhile, the tree is this capture's alone, and its
+/// processes (an exec beside the others too) are frozen, so the capture is consistent;
+/// its receipt says how long that lasted.
 async fn capture(
     host: &Owner<'_>,
     tree: &mut SandboxTree,
