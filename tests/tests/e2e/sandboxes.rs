@@ -387,7 +387,8 @@ async fn an_exec_in_a_sandbox_has_no_authority_beyond_its_tree() {
 
 /// A worker told to stop (SIGTERM: a rollout, a scale-down) stops the sandboxes it
 /// holds at once, each with its stop snapshot (`worker_drained`), and exits without
-/// waiting out its drain time; another worker resumes them with their files.
+/// waiting out its drain time, even for an exec waiting for input in a paused sandbox;
+/// another worker resumes them with their files.
 #[tokio::test]
 async fn a_draining_worker_stops_its_sandboxes_for_another_to_resume() {
     let _services = ServiceLock::shared().await;
@@ -404,6 +405,23 @@ async fn a_draining_worker_stops_its_sandboxes_for_another_to_resume() {
     wait_state(&cluster, &id, "running");
     let (status, _) = exec(&cluster, &id, "echo kept > kept.txt; (sleep 1000 &)");
     assert_eq!(status, 200);
+    // An exec waiting for input, paused with the rest: it holds up no drain either.
+    let (status, open) = cluster.call(
+        "POST",
+        &format!("/api/v1/sandboxes/{id}/exec?wait=false"),
+        Some(&json!({"argv": ["cat"], "stdin": true, "timeout_sec": 600})),
+    );
+    assert_eq!(status, 202, "{open}");
+    let open = format!(
+        "/api/v1/sandboxes/{id}/operations/{}",
+        open["operation_id"].as_str().expect("id")
+    );
+    cluster.wait_until("the exec runs", LONG, || {
+        cluster.call("GET", &open, None).1["state"] == "running"
+    });
+    let (status, _) = cluster.call("POST", &format!("/api/v1/sandboxes/{id}/pause"), None);
+    assert_eq!(status, 200);
+    wait_state(&cluster, &id, "paused");
     let started = std::time::Instant::now();
     cluster.workers[0]
         .process
@@ -420,6 +438,8 @@ async fn a_draining_worker_stops_its_sandboxes_for_another_to_resume() {
         (Some("stopped"), Some("worker_drained")),
         "{stopped}"
     );
+    let (_, ended) = cluster.call("GET", &open, None);
+    assert_eq!(ended["result"]["stopped"], true, "{ended}");
     cluster.add_worker();
     let (status, content) = file(&cluster, &id, "kept.txt");
     assert_eq!((status, content.as_slice()), (200, b"kept\n".as_slice()));

@@ -35,19 +35,6 @@ enum Leaving {
     Destroy,
 }
 
-impl Leaving {
-    /// Whether the worker is draining (not the sandbox's own stop).
-    fn drained(&self) -> bool {
-        matches!(
-            self,
-            Leaving::Stop {
-                how: "worker_drained",
-                ..
-            }
-        )
-    }
-}
-
 /// Where a sandbox's volumes are.
 enum Mounted {
     /// On this worker's disk: each directory and its name.
@@ -384,25 +371,23 @@ impl Host {
                 false => in_turn.push(performing),
             }
         };
-        self.end_beside(beside, &left, paused.is_some(), leaving)
-            .await?;
+        self.end_beside(beside, paused.is_some(), leaving).await?;
         Ok(left)
     }
 
-    /// Waits for the execs beside the others to end: a drain lets them run out its
-    /// time, unless the sandbox is paused; a stop or destroy ends them (thawed first:
-    /// a frozen process cannot end).
+    /// Ends the execs beside the others, as the sandbox leaves (a stop, a destroy, the
+    /// worker's drain: an open shell would hold any of them up), thawed first (a frozen
+    /// process cannot end), and waits for their receipts.
     async fn end_beside<F>(
         &self,
         mut beside: FuturesUnordered<F>,
-        left: &Leaving,
         paused: bool,
         leaving: &CancellationToken,
     ) -> Result<(), HostError>
     where
         F: std::future::Future<Output = (Uuid, Result<(), HostError>)>,
     {
-        if !beside.is_empty() && (!left.drained() || paused) {
+        if !beside.is_empty() {
             leaving.cancel();
             if let (Some(session), true) = (&self.session, paused) {
                 session.freeze(false);
