@@ -1,6 +1,6 @@
 //! `cairn-bench snapshot`: the snapshot engine beside tar + zstd and restic.
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -135,6 +135,11 @@ fn prepare(
     let src = work.join("tree");
     match &tree {
         Some(dir) => {
+            // The directory itself, never a link to it: `cp -a` copies a link as a link,
+            // and the 1 % change would then be made to the caller's own tree.
+            let dir = dir
+                .canonicalize()
+                .with_context(|| format!("the tree {}", dir.display()))?;
             run_shell(
                 &format!("cp -a '{}' '{}'", dir.display(), src.display()),
                 &[],
