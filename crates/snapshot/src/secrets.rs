@@ -3,7 +3,7 @@
 //! leaves a file that holds one out of the snapshot; a step's output has each one
 //! replaced by `[redacted]` before it is stored.
 
-use regex::bytes::{Regex, RegexSet};
+use regex::bytes::Regex;
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
@@ -11,36 +11,33 @@ use std::sync::OnceLock;
 pub const REDACTED: &[u8] = b"[redacted]";
 
 /// The patterns, each a secret from its first byte to its last. A key block that never
-/// ends (cut by an output bound) is a secret up to the end.
+/// ends (cut by an output bound) is a secret up to the end. Word boundaries are ASCII's
+/// (`(?-u:\b)`): every token is ASCII, and a Unicode boundary takes the engine off its
+/// fast path (the set ran 4× slower on source text).
 const PATTERNS: [&str; 13] = [
     // PEM and OpenSSH private keys, from BEGIN to END.
     r"-----BEGIN[A-Z0-9 ]{0,40} PRIVATE KEY( BLOCK)?-----(?s:.*?)(-----END[A-Z0-9 ]{0,40} PRIVATE KEY( BLOCK)?-----|\z)",
     // AWS access key ids, and a secret access key written beside its name.
-    r"\b(AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}\b",
+    r"(?-u:\b)(AKIA|ASIA|ABIA|ACCA)[0-9A-Z]{16}(?-u:\b)",
     r"(?i)aws_secret_access_key\s*[=:]\s*[A-Za-z0-9/+=]{40}",
     // GitHub: classic and fine-grained tokens.
-    r"\bgh[pousr]_[A-Za-z0-9]{36,255}\b",
-    r"\bgithub_pat_[A-Za-z0-9_]{22,255}\b",
+    r"(?-u:\b)gh[pousr]_[A-Za-z0-9]{36,255}(?-u:\b)",
+    r"(?-u:\b)github_pat_[A-Za-z0-9_]{22,255}(?-u:\b)",
     // GitLab personal, project and runner tokens.
-    r"\bgl(pat|ptt|rt)-[A-Za-z0-9_\-]{20,}",
+    r"(?-u:\b)gl(pat|ptt|rt)-[A-Za-z0-9_\-]{20,}",
     // Slack tokens and incoming webhooks.
-    r"\bxox[abposr]-[A-Za-z0-9-]{10,}",
+    r"(?-u:\b)xox[abposr]-[A-Za-z0-9-]{10,}",
     r"https://hooks\.slack\.com/services/[A-Za-z0-9/_]{20,}",
     // Google API keys.
-    r"\bAIza[0-9A-Za-z_\-]{35}",
+    r"(?-u:\b)AIza[0-9A-Za-z_\-]{35}",
     // Stripe secret and restricted keys.
-    r"\b(sk|rk)_live_[0-9A-Za-z]{24,}",
+    r"(?-u:\b)(sk|rk)_live_[0-9A-Za-z]{24,}",
     // npm and PyPI tokens.
-    r"\bnpm_[A-Za-z0-9]{36}\b",
-    r"\bpypi-AgEIcHlwaS5vcmc[A-Za-z0-9_\-]{50,}",
+    r"(?-u:\b)npm_[A-Za-z0-9]{36}(?-u:\b)",
+    r"(?-u:\b)pypi-AgEIcHlwaS5vcmc[A-Za-z0-9_\-]{50,}",
     // Docker Hub personal access tokens.
-    r"\bdckr_pat_[A-Za-z0-9_\-]{27,}",
+    r"(?-u:\b)dckr_pat_[A-Za-z0-9_\-]{27,}",
 ];
-
-fn set() -> &'static RegexSet {
-    static SET: OnceLock<RegexSet> = OnceLock::new();
-    SET.get_or_init(|| RegexSet::new(PATTERNS).unwrap_or_else(|e| panic!("secret patterns: {e}")))
-}
 
 fn each() -> &'static [Regex] {
     static EACH: OnceLock<Vec<Regex>> = OnceLock::new();
@@ -52,9 +49,10 @@ fn each() -> &'static [Regex] {
     })
 }
 
-/// Whether `bytes` hold a secret.
+/// Whether `bytes` hold a secret: one pattern at a time, each with the literal
+/// prefilter of its own, which a set over all of them lacks (2-4× faster here).
 pub fn holds_secret(bytes: &[u8]) -> bool {
-    set().is_match(bytes)
+    each().iter().any(|pattern| pattern.is_match(bytes))
 }
 
 /// `bytes` with every secret replaced by [`REDACTED`] (borrowed when there is none).
@@ -200,6 +198,21 @@ mod tests {
             let shown = String::from_utf8_lossy(&redacted);
             assert_eq!(shown, "before [redacted] after", "{marker}");
         }
+    }
+
+    /// Beside a letter that is not ASCII (or inside binary bytes), a token is still one:
+    /// its boundaries are ASCII's. Inside a longer ASCII word it is not.
+    #[test]
+    fn a_token_beside_bytes_that_are_not_ascii_is_found() {
+        let key = format!("{}{}", "AKIA", "Z".repeat(16));
+        for text in [format!("é{key}é"), format!("\u{0}\u{ff}{key}\u{fe}")] {
+            assert!(holds_secret(text.as_bytes()), "{text:?}");
+        }
+        let mut binary = vec![0xc3u8, 0x28, 0xff];
+        binary.extend_from_slice(key.as_bytes());
+        binary.push(0x80);
+        assert!(holds_secret(&binary));
+        assert!(!holds_secret(format!("x{key}").as_bytes()));
     }
 
     #[test]
