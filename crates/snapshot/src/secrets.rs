@@ -13,7 +13,7 @@ pub const REDACTED: &[u8] = b"[redacted]";
 /// The patterns, each a secret from its first byte to its last. A key block that never
 /// ends (cut by an output bound) is a secret up to the end. Word boundaries are ASCII's
 /// (`(?-u:\b)`): every token is ASCII, and a Unicode boundary takes the engine off its
-/// fast path (the set ran 4× slower on source text).
+/// fast path (the set ran 2.3× slower on source text with them).
 const PATTERNS: [&str; 13] = [
     // PEM and OpenSSH private keys, from BEGIN to END.
     r"-----BEGIN[A-Z0-9 ]{0,40} PRIVATE KEY( BLOCK)?-----(?s:.*?)(-----END[A-Z0-9 ]{0,40} PRIVATE KEY( BLOCK)?-----|\z)",
@@ -50,7 +50,7 @@ fn each() -> &'static [Regex] {
 }
 
 /// Whether `bytes` hold a secret: one pattern at a time, each with the literal
-/// prefilter of its own, which a set over all of them lacks (2-4× faster here).
+/// prefilter of its own, which a set over all of them lacks (1.6-1.9× faster here).
 pub fn holds_secret(bytes: &[u8]) -> bool {
     each().iter().any(|pattern| pattern.is_match(bytes))
 }
