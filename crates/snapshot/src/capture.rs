@@ -139,9 +139,7 @@ pub async fn capture_scanned(
             source: std::io::Error::other(e),
         })??;
     }
-    let encoded = manifest::encode(&manifest)?;
-    let manifest_key = manifest::manifest_key(snapshot_id);
-    store.put(&manifest_key, Bytes::from(encoded)).await?;
+    let manifest_key = put_manifest(store, &manifest, snapshot_id).await?;
     let mut index_and_manifest: Vec<String> = written
         .iter()
         .map(|(pack, _)| pack::index_key(*pack))
@@ -529,10 +527,20 @@ pub async fn record_known(
         source: std::io::Error::other(e),
     })??;
     let store = repository.store();
-    let key = manifest::manifest_key(snapshot_id);
-    store
-        .put(&key, Bytes::from(manifest::encode(&manifest)?))
-        .await?;
+    let key = put_manifest(store, &manifest, snapshot_id).await?;
     store.flush_keys(vec![key]).await?;
     Ok(manifest)
+}
+
+/// Writes `manifest` as the snapshot `snapshot_id`'s (not yet synced); its key.
+async fn put_manifest(
+    store: &ArtifactStore,
+    manifest: &Manifest,
+    snapshot_id: Uuid,
+) -> Result<String, SnapshotError> {
+    let key = manifest::manifest_key(snapshot_id);
+    store
+        .put(&key, Bytes::from(manifest::encode(manifest)?))
+        .await?;
+    Ok(key)
 }

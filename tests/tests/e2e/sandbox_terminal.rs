@@ -88,7 +88,7 @@ async fn an_exec_takes_input_runs_in_a_terminal_and_is_killed() {
     let waiting = start(
         &cluster,
         &id,
-        json!({"argv": ["sh", "-c", "read line; echo got:$line; cat beside.txt"], "stdin": true, "timeout_sec": 60}),
+        json!({"argv": ["sh", "-c", "read line; echo got:$line; echo $line > typed.txt; cat beside.txt"], "stdin": true, "timeout_sec": 60}),
     );
     let (status, beside) = exec(&cluster, &id, "echo from-beside | tee beside.txt");
     assert_eq!(status, 200, "{beside}");
@@ -101,6 +101,16 @@ async fn an_exec_takes_input_runs_in_a_terminal_and_is_killed() {
     assert_eq!(send(&cluster, &waiting, "?eof=true", b"typed\n").0, 200);
     let result = ended(&cluster, &waiting);
     assert_eq!(result["stdout"], "got:typed\nfrom-beside\n", "{result}");
+    // Its receipt stands on a checkpoint of its own, past the one of the exec in turn
+    // (invariant 9), and its effect is there.
+    let (_, receipt) = cluster.call("GET", &waiting, None);
+    assert!(receipt["snapshot_id"].is_string(), "{receipt}");
+    assert_ne!(
+        receipt["snapshot_id"], beside["snapshot_id"],
+        "{receipt} {beside}"
+    );
+    let (_, typed) = file(&cluster, &id, "typed.txt");
+    assert_eq!(typed, b"typed\n");
 
     // Without `stdin`, an exec takes no input; `kill` ends it and its receipt says so.
     let sleeper = start(

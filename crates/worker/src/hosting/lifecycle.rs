@@ -16,6 +16,7 @@ use cairn_common::sandbox::service::ServiceSpec;
 use cairn_common::sandbox::{operations, owner, volume, Operation};
 use cairn_common::workspace as workspace_row;
 use futures::stream::{FuturesUnordered, StreamExt};
+use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,13 +26,10 @@ use uuid::Uuid;
 /// How many times a stop's capture is tried before the sandbox fails.
 const STOP_TRIES: usize = 4;
 
-/// How a sandbox leaves this worker: stopped (`how`, and the reason its record keeps),
-/// or destroyed.
+/// How a sandbox leaves this worker: stopped (for the reason its record keeps, none
+/// when it was asked to), or destroyed.
 enum Leaving {
-    Stop {
-        how: &'static str,
-        reason: Option<&'static str>,
-    },
+    Stop(Option<&'static str>),
     Destroy,
 }
 
@@ -282,9 +280,9 @@ impl Host {
             .await?;
         let tree = shared.into_inner();
         match left {
-            Leaving::Stop { how, reason } => {
+            Leaving::Stop(reason) => {
                 self.stop(tree, reason).await?;
-                Ok(how)
+                Ok(reason.unwrap_or("stopped"))
             }
             Leaving::Destroy => {
                 self.destroy(tree).await?;
@@ -322,7 +320,7 @@ impl Host {
                     continue;
                 }
                 _ = shutdown.cancelled(), if idle => {
-                    break Leaving::Stop { how: "worker_drained", reason: Some("worker_drained") };
+                    break Leaving::Stop(Some("worker_drained"));
                 }
                 _ = tokio::time::sleep(POLL), if idle => {}
             }
@@ -334,19 +332,11 @@ impl Host {
                 }
             };
             match (desired.as_str(), paused) {
-                ("stopped", _) => {
-                    break Leaving::Stop {
-                        how: "stopped",
-                        reason: None,
-                    }
-                }
+                ("stopped", _) => break Leaving::Stop(None),
                 ("destroyed", _) => break Leaving::Destroy,
                 // A pause lasts at most the limit, then it behaves like a stop.
                 (_, Some(since)) if since.elapsed() >= self.worker.settings.pause_limit => {
-                    break Leaving::Stop {
-                        how: "pause_expired",
-                        reason: Some("pause_expired"),
-                    };
+                    break Leaving::Stop(Some("pause_expired"));
                 }
                 ("paused", None) => {
                     self.pause(workspace_id, true).await?;
@@ -361,9 +351,10 @@ impl Host {
                 _ => {}
             }
             let Some((id, body)) = op else { continue };
-            let runs_beside = operation::runs_beside(&body);
-            let performing = operation::perform(&owner, tree, id, body, (drain, leaving));
-            match runs_beside {
+            let operation = Operation::deserialize(&body);
+            let beside_the_rest = operation.as_ref().is_ok_and(Operation::takes_input);
+            let performing = operation::perform(&owner, tree, id, operation, (drain, leaving));
+            match beside_the_rest {
                 true => {
                     launched.push(id);
                     beside.push(async move { (id, performing.await) });

@@ -20,7 +20,6 @@ use cairn_common::retry::Delays;
 use cairn_common::sandbox::service::{ServiceSpec, LAUNCHER};
 use cairn_common::sandbox::spec::MAX_FILE_BYTES;
 use cairn_common::sandbox::{operations, ExecSpec, Operation};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -59,19 +58,13 @@ const FILE_TIMEOUT: Duration = Duration::from_secs(60);
 /// its paths, and each commit has it alone.
 pub type SharedTree<'t> = tokio::sync::Mutex<&'t mut SandboxTree>;
 
-/// Whether an operation runs beside the others rather than in its turn
-/// ([`Operation::takes_input`]).
-pub fn runs_beside(body: &Value) -> bool {
-    Operation::deserialize(body).is_ok_and(|operation| operation.takes_input())
-}
-
 /// Carries out one operation and writes its receipt; `leaving` ends its command (the
 /// sandbox is leaving this worker).
 pub async fn perform(
     host: &Owner<'_>,
     tree: &SharedTree<'_>,
     id: Uuid,
-    body: Value,
+    operation: Result<Operation, serde_json::Error>,
     (drain, leaving): (&CancellationToken, &CancellationToken),
 ) -> Result<(), HostError> {
     let pool = &host.worker.pool;
@@ -83,7 +76,6 @@ pub async fn perform(
     if !started {
         return Ok(());
     }
-    let operation: Result<Operation, _> = serde_json::from_value(body);
     let kind = operation.as_ref().map_or("undecodable", Operation::kind);
     host.worker
         .metrics
