@@ -6,8 +6,10 @@
 //! admission→completed p50/p99/max, and the median time of each stage, for runs of K
 //! `/bin/true` steps (`--steps 1,10,100`) over W workers
 //! (`--scaling`: 1, 2 and 4); then a `SCENARIO <steps> x<workers>: N runs/s` line each.
-//! With `--peers`, Celery runs as many jobs on the same machine right after, and each
-//! SCENARIO line ends with its ratio to Celery.
+//! With `--compare`, one-step runs with the step's isolation off and on run beside
+//! Celery and apalis-postgres, whose jobs start `/bin/true` plainly and in bubblewrap,
+//! and one table gives each system's jobs/s, its ratio to the best peer, and its cost
+//! to PostgreSQL per job.
 //!
 //! `cairn-bench snapshot` times, on one tree: full capture, capture after 1% of the files
 //! changed, and restore — beside `tar | zstd -1 -T0`, `zstd -d | tar -x`, and restic's
@@ -19,9 +21,11 @@
 //! `cairn-bench steps` prints the per-step overhead (intent → receipt on a durable tree)
 //! on an empty tree and on the 1 GiB tree with 1 % changed per step.
 
+mod compare;
 mod fence;
 mod isolation;
 mod lifecycle;
+mod meter;
 mod peers;
 mod pipeline;
 mod reaper;
@@ -84,11 +88,13 @@ enum Bench {
         /// first seconds (a line `steady …` after the table); 0 for none.
         #[arg(long, default_value_t = 5.0)]
         warmup: f64,
-        /// Also run the peer queues (Celery, installed once from PyPI by
-        /// `crates/bench/peers/celery/run`) with as many jobs, and print each scenario's
-        /// ratio to it.
+        /// One-step runs with the step's isolation off and on, beside Celery and
+        /// apalis-postgres (installed or built once from PyPI and crates.io by
+        /// `crates/bench/peers/*/run`) with as many jobs, each job starting `/bin/true`
+        /// plainly and in bubblewrap: one table, with each system's cost to PostgreSQL
+        /// per job (statements need pg_stat_statements loaded).
         #[arg(long)]
-        peers: bool,
+        compare: bool,
         #[command(flatten)]
         postgres: Postgres,
     },
@@ -205,10 +211,10 @@ async fn main() -> anyhow::Result<()> {
             steps,
             rate,
             warmup,
-            peers,
+            compare,
             postgres,
         } => {
-            pipeline::Pipeline {
+            let pipeline = pipeline::Pipeline {
                 runs,
                 workers: if scaling { vec![1, 2, 4] } else { workers },
                 concurrency,
@@ -216,11 +222,13 @@ async fn main() -> anyhow::Result<()> {
                 steps,
                 rate,
                 warmup,
-                peers,
                 postgres: &postgres.postgres,
+            };
+            if compare {
+                compare::run(&pipeline).await
+            } else {
+                pipeline.run().await
             }
-            .run()
-            .await
         }
         Bench::Steps {
             steps,

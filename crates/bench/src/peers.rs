@@ -1,6 +1,6 @@
 //! The queues people would pick instead, measured in the same run as Cairn: each peer
-//! is a script under `crates/bench/peers/<name>/run` that installs its pinned packages
-//! from the package registries on first use (it says so) and prints one line
+//! is a program under `crates/bench/peers/<name>/run` that installs or builds its pinned
+//! packages from the package registries on first use (it says so) and prints one line
 //! `PEER <name> (<setup>): N jobs in S s: R jobs/s`.
 
 use anyhow::{bail, Context};
@@ -14,25 +14,84 @@ pub struct Peer {
     pub jobs_per_second: f64,
 }
 
-/// Where the peer scripts are: `CAIRN_BENCH_PEERS` or this crate's `peers` directory.
+/// A peer queue.
+#[derive(Clone, Copy)]
+pub enum Queue {
+    /// Celery 5 on RabbitMQ: late acks, publisher confirms, prefork workers.
+    Celery,
+    /// apalis-postgres 1.0: PostgreSQL as the queue, workers in one process.
+    Apalis,
+}
+
+/// What each peer job starts before its durable insert.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Process {
+    /// `/bin/true`, plainly.
+    Plain,
+    /// `/bin/true` in bubblewrap, each namespace fresh.
+    Bwrap,
+}
+
+impl Queue {
+    pub fn name(self) -> &'static str {
+        match self {
+            Queue::Celery => "celery",
+            Queue::Apalis => "apalis",
+        }
+    }
+
+    /// The database the peer makes (and, with `keep_database`, leaves for the caller).
+    pub fn database(self) -> &'static str {
+        match self {
+            Queue::Celery => "cairn_peer_celery",
+            Queue::Apalis => "cairn_peer_apalis",
+        }
+    }
+}
+
+impl Process {
+    pub fn flag(self) -> &'static str {
+        match self {
+            Process::Plain => "plain",
+            Process::Bwrap => "bwrap",
+        }
+    }
+}
+
+/// Where the peer programs are: `CAIRN_BENCH_PEERS` or this crate's `peers` directory.
 fn peers_dir() -> PathBuf {
     std::env::var_os("CAIRN_BENCH_PEERS")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/peers")))
 }
 
-/// Runs the Celery peer: `jobs` jobs, each one durable PostgreSQL insert, through
-/// RabbitMQ with late acks and publisher confirms, on `concurrency` prefork workers.
-pub fn celery(jobs: usize, concurrency: usize, postgres: &str) -> anyhow::Result<Peer> {
-    let script = peers_dir().join("celery/run");
-    let output = Command::new("bash")
-        .arg(&script)
+/// Runs one peer: `jobs` jobs, each starting `process` and then committing one
+/// PostgreSQL insert. Celery runs `concurrency` prefork processes; apalis runs 2 workers
+/// of `concurrency` jobs. With `keep_database`, the peer's database stays for the
+/// caller to read and drop.
+pub fn run(
+    queue: Queue,
+    jobs: usize,
+    concurrency: usize,
+    process: Process,
+    keep_database: bool,
+    postgres: &str,
+) -> anyhow::Result<Peer> {
+    let script = peers_dir().join(queue.name()).join("run");
+    let postgres = postgres.trim_end_matches('/');
+    let mut cmd = Command::new("bash");
+    cmd.arg(&script)
         .args(["--jobs", &jobs.to_string()])
         .args(["--concurrency", &concurrency.to_string()])
-        .args([
-            "--postgres",
-            &format!("{}/postgres", postgres.trim_end_matches('/')),
-        ])
+        .args(["--process", process.flag()]);
+    match queue {
+        Queue::Celery => cmd.args(["--postgres", &format!("{postgres}/postgres")]),
+        Queue::Apalis => cmd.args(["--workers", "2", "--postgres", postgres]),
+    };
+    if keep_database {
+        cmd.arg("--keep-database");
+    }
+    let output = cmd
         .stdin(Stdio::null())
         .stderr(Stdio::inherit())
         .output()

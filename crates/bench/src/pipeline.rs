@@ -2,6 +2,7 @@
 //! in a burst or at a steady rate, over one or more worker counts, with where a run's
 //! time goes (from the timestamps the system records).
 
+use crate::meter::{process_ticks, Cost, Meter};
 use crate::stack::{Stack, StackSettings};
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -18,17 +19,72 @@ pub struct Pipeline<'a> {
     /// With a rate: the latencies are also given without the runs admitted in this
     /// many first seconds, while the stack is still cold.
     pub warmup: f64,
-    /// Also run the peers (Celery) on the same machine, after Cairn, with as many jobs.
-    pub peers: bool,
     pub postgres: &'a str,
 }
 
+/// How a scenario's stack differs from the default.
+#[derive(Default)]
+pub(crate) struct Variant {
+    /// Extra environment of every worker.
+    pub worker_env: Vec<(String, String)>,
+    /// Each step's `network`; absent: the worker's default.
+    pub network: Option<bool>,
+}
+
+/// A metered scenario's cost per run.
+pub(crate) struct Metered {
+    pub cost: Cost,
+    pub cpu: CpuPerRun,
+}
+
+/// Cairn's processes' CPU per run, in ms.
+pub(crate) struct CpuPerRun {
+    pub scheduler: f64,
+    /// The workers' own, without the processes they started.
+    pub workers: f64,
+    /// The processes the workers started and reaped: the steps and their isolation.
+    pub started: f64,
+}
+
+/// CPU ticks of a stack's processes.
+struct Cpu {
+    scheduler: u64,
+    workers: u64,
+    started: u64,
+}
+
+impl Cpu {
+    fn of(stack: &Stack) -> anyhow::Result<Cpu> {
+        let (scheduler, workers) = stack.pids();
+        let mut cpu = Cpu {
+            scheduler: process_ticks(scheduler)?.0,
+            workers: 0,
+            started: 0,
+        };
+        for pid in workers {
+            let (own, reaped) = process_ticks(pid)?;
+            cpu.workers += own;
+            cpu.started += reaped;
+        }
+        Ok(cpu)
+    }
+
+    fn since(&self, before: &Cpu, runs: usize, ms_per_tick: f64) -> CpuPerRun {
+        let per = |a: u64, b: u64| a.saturating_sub(b) as f64 * ms_per_tick / runs as f64;
+        CpuPerRun {
+            scheduler: per(self.scheduler, before.scheduler),
+            workers: per(self.workers, before.workers),
+            started: per(self.started, before.started),
+        }
+    }
+}
+
 /// One scenario's figures.
-struct Figures {
+pub(crate) struct Figures {
     label: String,
     workers: usize,
-    runs: usize,
-    wall: Duration,
+    pub runs: usize,
+    pub wall: Duration,
     not_completed: i64,
     /// Messages announced per run: above 1, the sweeper announced runs again (taken for
     /// parked on a worker), and each duplicate cost a publish, a delivery and a claim.
@@ -110,8 +166,8 @@ impl Pipeline<'_> {
         let mut all = Vec::new();
         for &steps in &self.steps {
             for &workers in &self.workers {
-                let scenario = match self.scenario(steps, workers).await {
-                    Ok(scenario) => scenario,
+                let scenario = match self.scenario(steps, workers, &Variant::default(), None).await {
+                    Ok((scenario, _)) => scenario,
                     // Each worker may open concurrency + 4 connections and the scheduler
                     // 20: many workers of many jobs exhaust a default server.
                     Err(e) if out_of_connections(&e) => {
@@ -127,37 +183,48 @@ impl Pipeline<'_> {
         }
         print_table(&all);
         print_latencies(&all, self.warmup);
-        let peer = if self.peers {
-            // Two prefork processes: one per core, as a Celery user would run here.
-            let peer = crate::peers::celery(self.runs, 2, self.postgres)?;
-            println!("{}", peer.line);
-            Some(peer)
-        } else {
-            None
-        };
         for figures in &all {
             let rate = figures.runs as f64 / figures.wall.as_secs_f64();
-            let ratio = peer.as_ref().map_or(String::new(), |p| {
-                format!(" ({:.2}× celery)", rate / p.jobs_per_second)
-            });
             println!(
-                "SCENARIO {} x{}: {rate:.0} runs/s{ratio}",
+                "SCENARIO {} x{}: {rate:.0} runs/s",
                 figures.label, figures.workers
             );
         }
         Ok(())
     }
 
-    async fn scenario(&self, steps: usize, workers: usize) -> anyhow::Result<Figures> {
-        let stack = Stack::start(StackSettings {
+    /// One scenario: with a meter, also what it cost PostgreSQL and Cairn's processes.
+    pub(crate) async fn scenario(
+        &self,
+        steps: usize,
+        workers: usize,
+        variant: &Variant,
+        meter: Option<&Meter>,
+    ) -> anyhow::Result<(Figures, Option<Metered>)> {
+        let mut stack = Stack::start(StackSettings {
             postgres: self.postgres,
             workers,
             concurrency: self.concurrency,
-            worker_env: Vec::new(),
+            worker_env: variant.worker_env.clone(),
         })
         .await?;
+        let before = match meter {
+            Some(meter) => {
+                // An idle backend may hold its statistics up to 10 s before it flushes
+                // them: the start's must be in the reading before, not the one after.
+                tokio::time::sleep(Duration::from_secs(11)).await;
+                Some((meter.read(stack.database(), false).await?, Cpu::of(&stack)?))
+            }
+            None => None,
+        };
         let plan: Vec<_> = (0..steps)
-            .map(|i| json!({"key": format!("s{i}"), "argv": ["/bin/true"]}))
+            .map(|i| {
+                let mut step = json!({"key": format!("s{i}"), "argv": ["/bin/true"]});
+                if let Some(network) = variant.network {
+                    step["network"] = json!(network);
+                }
+                step
+            })
             .collect();
         let spec = json!({
             "agent": "bench",
@@ -170,10 +237,23 @@ impl Pipeline<'_> {
             .wait_ended(self.runs, Duration::from_secs(1800))
             .await?;
         let wall = started.elapsed();
+        let metered = match (meter, before) {
+            (Some(meter), Some((reading, cpu))) => {
+                let spent = Cpu::of(&stack)?.since(&cpu, self.runs, meter.ms_per_tick());
+                stack.halt().await;
+                let after = meter.read(stack.database(), true).await?;
+                stack.reconnect().await?;
+                Some(Metered {
+                    cost: meter.cost(reading, after, self.runs, stack.own_transactions()),
+                    cpu: spent,
+                })
+            }
+            _ => None,
+        };
         let warmup = self.rate.map(|_| self.warmup).filter(|w| *w > 0.0);
         let figures = measure(&stack, steps, workers, self.runs, wall, warmup).await?;
         stack.stop().await?;
-        Ok(figures)
+        Ok((figures, metered))
     }
 
     /// Submits every run: in batches as fast as admission takes them, or at the rate.

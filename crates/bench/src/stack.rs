@@ -11,6 +11,13 @@ struct Processes(Vec<Child>);
 
 impl Drop for Processes {
     fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl Processes {
+    /// SIGTERM to each, then waits for each; the list is empty after.
+    fn stop(&mut self) {
         for child in &mut self.0 {
             // SIGTERM via kill(1) keeps this crate free of unsafe code.
             // One stopped already (`stop_worker`) is gone: say nothing about it.
@@ -23,6 +30,7 @@ impl Drop for Processes {
         for child in &mut self.0 {
             let _ = child.wait();
         }
+        self.0.clear();
     }
 }
 
@@ -77,6 +85,9 @@ pub struct Stack {
     database: String,
     prefix: String,
     processes: Processes,
+    /// Transactions the bench itself made on the stack's database (waiting for runs),
+    /// which a scenario's cost leaves out.
+    own_transactions: std::sync::atomic::AtomicU64,
 }
 
 impl Stack {
@@ -156,6 +167,7 @@ impl Stack {
             database,
             prefix,
             processes,
+            own_transactions: Default::default(),
         })
     }
 
@@ -186,11 +198,14 @@ impl Stack {
     pub async fn wait_ended(&self, count: usize, timeout: Duration) -> anyhow::Result<()> {
         let started = std::time::Instant::now();
         loop {
-            let done: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM execution_requests WHERE state IN ('completed', 'failed', 'needs_reconciliation', 'stopped_at_checkpoint', 'cancelled')",
-            )
+            let done: i64 = sqlx::query_scalar(&format!(
+                "SELECT count(*) {} FROM execution_requests WHERE state IN ('completed', 'failed', 'needs_reconciliation', 'stopped_at_checkpoint', 'cancelled')",
+                crate::meter::OWN
+            ))
             .fetch_one(&self.pool)
             .await?;
+            self.own_transactions
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if done as usize >= count {
                 return Ok(());
             }
@@ -214,6 +229,37 @@ impl Stack {
             .arg(child.id().to_string())
             .status()?;
         child.wait()?;
+        Ok(())
+    }
+
+    /// The database the stack runs on.
+    pub fn database(&self) -> &str {
+        &self.database
+    }
+
+    /// The transactions the bench made on the stack's database so far.
+    pub fn own_transactions(&self) -> u64 {
+        self.own_transactions
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The scheduler's process id and the workers'.
+    pub fn pids(&self) -> (u32, Vec<u32>) {
+        let mut pids = self.processes.0.iter().map(Child::id);
+        let scheduler = pids.next().unwrap_or(0);
+        (scheduler, pids.collect())
+    }
+
+    /// Stops the scheduler and the workers and closes the bench's connections, keeping
+    /// the database: their backends exit, and with them flush their statistics.
+    /// `reconnect` opens the bench's pool again.
+    pub async fn halt(&mut self) {
+        self.pool.close().await;
+        self.processes.stop();
+    }
+
+    pub async fn reconnect(&mut self) -> anyhow::Result<()> {
+        self.pool = sqlx::PgPool::connect(&format!("{}/{}", self.postgres, self.database)).await?;
         Ok(())
     }
 

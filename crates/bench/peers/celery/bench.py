@@ -22,6 +22,12 @@ from kombu import Queue
 DB_NAME = "cairn_peer_celery"
 QUEUE = os.environ.get("CAIRN_PEER_CELERY_QUEUE", "cairn-peer-celery")
 DSN = os.environ.get("CAIRN_PEER_CELERY_DSN", "")
+# What each job starts before its insert: nothing, `/bin/true`, or `/bin/true` in bubblewrap.
+PROCESS = os.environ.get("CAIRN_PEER_CELERY_PROCESS", "none")
+# A fresh namespace of each kind (the network's empty), the host's root read-only: what a
+# job queue that isolated its jobs would do, and no more than Cairn does for a step.
+BWRAP = ["bwrap", "--die-with-parent", "--new-session", "--unshare-all", "--ro-bind", "/", "/",
+         "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
 
 app = Celery("bench", broker=os.environ.get("CAIRN_PEER_CELERY_AMQP"))
 app.conf.update(
@@ -46,6 +52,9 @@ def effect(job_id):
     global _conn
     if _conn is None:
         _conn = psycopg.connect(DSN)
+    if PROCESS != "none":
+        argv = (BWRAP if PROCESS == "bwrap" else []) + ["/bin/true"]
+        subprocess.run(argv, check=True, stdin=subprocess.DEVNULL)
     _conn.execute("INSERT INTO effects (id) VALUES (%s) ON CONFLICT DO NOTHING", (job_id,))
     _conn.commit()
 
@@ -139,13 +148,15 @@ def run(args, admin):
     return (t1 - t0).total_seconds()
 
 
-def cleanup(admin):
+def cleanup(admin, keep_database):
     try:
         with app.connection_for_write() as conn:
             conn.default_channel.queue_delete(QUEUE)
             conn.default_channel.exchange_delete(QUEUE)
     except Exception as e:
         log(f"could not delete queue and exchange {QUEUE}: {e}")
+    if keep_database:
+        return
     try:
         admin.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
     except Exception as e:
@@ -158,16 +169,23 @@ def main():
     p.add_argument("--concurrency", type=int, default=2)
     p.add_argument("--postgres", default="postgres://postgres@127.0.0.1:5432/postgres")
     p.add_argument("--amqp", default="amqp://guest:guest@127.0.0.1:5672/%2f")
+    p.add_argument("--process", choices=["none", "plain", "bwrap"], default="none",
+                   help="what each job starts before its insert: nothing, /bin/true, "
+                        "or /bin/true in bubblewrap")
+    p.add_argument("--keep-database", action="store_true",
+                   help=f"leave {DB_NAME} after a run that succeeded, for the caller to "
+                        "read its statistics and drop it")
     args = p.parse_args()
     if args.jobs < 1 or args.concurrency < 1:
         p.error("--jobs and --concurrency must be positive")
 
     # The worker imports this module afresh: it reads these from the environment.
-    global QUEUE, DSN
+    global QUEUE, DSN, PROCESS
     QUEUE = f"cairn-peer-celery-{os.getpid()}"
     DSN = psycopg.conninfo.make_conninfo(args.postgres, dbname=DB_NAME)
+    PROCESS = args.process
     os.environ.update(CAIRN_PEER_CELERY_QUEUE=QUEUE, CAIRN_PEER_CELERY_DSN=DSN,
-                      CAIRN_PEER_CELERY_AMQP=args.amqp)
+                      CAIRN_PEER_CELERY_AMQP=args.amqp, CAIRN_PEER_CELERY_PROCESS=PROCESS)
     app.conf.broker_url = args.amqp
     app.conf.task_queues = [Queue(QUEUE, durable=True)]
     app.conf.task_default_queue = QUEUE
@@ -179,18 +197,21 @@ def main():
     except Exception as e:
         log(f"error: cannot connect to PostgreSQL at {args.postgres}: {e}")
         return 1
+    succeeded = False
     try:
         secs = run(args, admin)
+        succeeded = True
     except Exception as e:
         log(f"error: {e}")
         return 1
     finally:
-        cleanup(admin)
+        cleanup(admin, args.keep_database and succeeded)
         admin.close()
 
+    started = {"none": "", "plain": "/bin/true and ", "bwrap": "/bin/true in bubblewrap and "}
     print(f"PEER celery (RabbitMQ, acks_late, publisher confirms, {args.concurrency} prefork "
-          f"workers, PostgreSQL insert per job): {args.jobs} jobs in {secs:.2f} s: "
-          f"{round(args.jobs / secs)} jobs/s", flush=True)
+          f"workers, {started[args.process]}a PostgreSQL insert per job): {args.jobs} jobs in "
+          f"{secs:.2f} s: {round(args.jobs / secs)} jobs/s", flush=True)
     return 0
 
 

@@ -1,0 +1,236 @@
+//! What a scenario cost the machine, read before and after it: of one database, the
+//! transactions (`pg_stat_database`) and statements (`pg_stat_statements`, when the
+//! server loads it); of the whole server, WAL flushes (`pg_stat_wal`) and CPU time (every
+//! `postgres` process, and what the postmaster reaped). Statistics a backend has not
+//! yet flushed are not counted: read after the scenario's connections are closed.
+
+use anyhow::Context;
+
+/// The marker in the bench's own queries, which statement counts leave out. It sits
+/// inside the statement: `pg_stat_statements` keeps no leading comment.
+pub const OWN: &str = "/* cairn-bench */";
+
+/// One reading of the counters.
+#[derive(Clone, Copy, Default)]
+pub struct Reading {
+    transactions: i64,
+    statements: Option<i64>,
+    wal_flushes: i64,
+    postgres_ticks: u64,
+}
+
+/// A scenario's cost per job.
+pub struct Cost {
+    pub transactions: f64,
+    /// `None` without `pg_stat_statements`.
+    pub statements: Option<f64>,
+    pub wal_flushes: f64,
+    pub postgres_cpu_ms: f64,
+}
+
+/// Reads the counters through `admin` (a connection to the `postgres` database).
+pub struct Meter {
+    admin: sqlx::PgPool,
+    statements: bool,
+    ms_per_tick: f64,
+}
+
+impl Meter {
+    pub async fn connect(postgres: &str) -> anyhow::Result<Meter> {
+        let admin =
+            sqlx::PgPool::connect(&format!("{}/postgres", postgres.trim_end_matches('/'))).await?;
+        let preloaded: String = sqlx::query_scalar("SHOW shared_preload_libraries")
+            .fetch_one(&admin)
+            .await?;
+        let statements = preloaded
+            .split(',')
+            .any(|l| l.trim() == "pg_stat_statements");
+        if statements {
+            sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                .execute(&admin)
+                .await?;
+        }
+        Ok(Meter {
+            admin,
+            statements,
+            ms_per_tick: 1000.0 / clock_ticks()?,
+        })
+    }
+
+    /// Why statements are not counted, if they are not.
+    pub fn statements_missing(&self) -> Option<&'static str> {
+        (!self.statements).then_some(
+            "statements not counted: this PostgreSQL does not load pg_stat_statements (ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements', then restart it)",
+        )
+    }
+
+    /// The counters now; `database` need not exist yet. With `settle`, after its
+    /// backends have gone.
+    pub async fn read(&self, database: &str, settle: bool) -> anyhow::Result<Reading> {
+        if settle {
+            self.settle(database).await?;
+        }
+        let transactions: Option<i64> = sqlx::query_scalar(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1",
+        )
+        .bind(database)
+        .fetch_optional(&self.admin)
+        .await?;
+        let statements = if self.statements {
+            let calls: Option<i64> = sqlx::query_scalar(&format!(
+                "SELECT sum(calls)::int8 FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+                  WHERE d.datname = $1 AND s.query NOT LIKE '%{OWN}%'"
+            ))
+            .bind(database)
+            .fetch_one(&self.admin)
+            .await?;
+            Some(calls.unwrap_or(0))
+        } else {
+            None
+        };
+        let wal_flushes: i64 = sqlx::query_scalar("SELECT wal_sync FROM pg_stat_wal")
+            .fetch_one(&self.admin)
+            .await?;
+        Ok(Reading {
+            transactions: transactions.unwrap_or(0),
+            statements,
+            wal_flushes,
+            postgres_ticks: postgres_ticks()?,
+        })
+    }
+
+    /// Waits (up to 10 s) until no backend is connected to `database`: a backend
+    /// flushes its statistics when it exits.
+    async fn settle(&self, database: &str) -> anyhow::Result<()> {
+        for _ in 0..100 {
+            let backends: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()",
+            )
+            .bind(database)
+            .fetch_one(&self.admin)
+            .await?;
+            if backends == 0 {
+                // A backend leaves pg_stat_activity just before it flushes.
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        Ok(())
+    }
+
+    /// The cost per job between two readings, less `own_transactions` the bench made.
+    pub fn cost(
+        &self,
+        before: Reading,
+        after: Reading,
+        jobs: usize,
+        own_transactions: u64,
+    ) -> Cost {
+        let per = |n: i64| n as f64 / jobs as f64;
+        Cost {
+            transactions: per(after.transactions - before.transactions - own_transactions as i64),
+            statements: after
+                .statements
+                .zip(before.statements)
+                .map(|(a, b)| per(a - b)),
+            wal_flushes: per(after.wal_flushes - before.wal_flushes),
+            postgres_cpu_ms: per((after.postgres_ticks - before.postgres_ticks) as i64)
+                * self.ms_per_tick,
+        }
+    }
+
+    pub async fn drop_database(&self, database: &str) -> anyhow::Result<()> {
+        sqlx::query(&format!(
+            "DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"
+        ))
+        .execute(&self.admin)
+        .await?;
+        Ok(())
+    }
+
+    pub fn ms_per_tick(&self) -> f64 {
+        self.ms_per_tick
+    }
+
+    pub async fn close(self) {
+        self.admin.close().await;
+    }
+}
+
+/// Clock ticks per second, the unit of `/proc/<pid>/stat`'s times.
+fn clock_ticks() -> anyhow::Result<f64> {
+    let out = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .context("getconf CLK_TCK")?;
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .context("getconf CLK_TCK printed no number")
+}
+
+/// A process's CPU ticks from `/proc/<pid>/stat`: its own (user + system) and its
+/// reaped children's.
+pub fn process_ticks(pid: u32) -> anyhow::Result<(u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let (_, fields) = split_stat(&stat).context("a /proc stat line")?;
+    let field = |i: usize| -> u64 { fields.get(i).and_then(|f| f.parse().ok()).unwrap_or(0) };
+    // After the command: state is 0, ppid 1, … utime 11, stime 12, cutime 13, cstime 14.
+    Ok((field(11) + field(12), field(13) + field(14)))
+}
+
+/// `(comm, the fields after it)` of a stat line; the command may hold spaces and ')'.
+fn split_stat(stat: &str) -> Option<(&str, Vec<&str>)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let comm = stat.get(open + 1..close)?;
+    Some((comm, stat.get(close + 1..)?.split_whitespace().collect()))
+}
+
+/// PostgreSQL's CPU ticks: every `postgres` process's own, and the children the
+/// postmaster (the one whose parent is not `postgres`) reaped: backends that exited.
+fn postgres_ticks() -> anyhow::Result<u64> {
+    let mut processes = Vec::new();
+    for entry in std::fs::read_dir("/proc")? {
+        let Ok(pid) = entry?.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        // A process may exit between the listing and the read.
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        if let Some((comm, fields)) = split_stat(&stat) {
+            if comm == "postgres" {
+                let field =
+                    |i: usize| -> u64 { fields.get(i).and_then(|f| f.parse().ok()).unwrap_or(0) };
+                let ppid = fields
+                    .get(1)
+                    .and_then(|f| f.parse::<u32>().ok())
+                    .unwrap_or(0);
+                processes.push((pid, ppid, field(11) + field(12), field(13) + field(14)));
+            }
+        }
+    }
+    let pids: std::collections::HashSet<u32> = processes.iter().map(|p| p.0).collect();
+    Ok(processes
+        .iter()
+        .map(|&(_, ppid, own, reaped)| own + if pids.contains(&ppid) { 0 } else { reaped })
+        .sum())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_stat;
+
+    #[test]
+    fn a_command_with_spaces_and_parentheses_is_read_whole() {
+        let (comm, fields) =
+            split_stat("42 (a b) c) S 1 42 42 0 -1 0 0 0 0 0 7 3 5 1 20").expect("parsed");
+        assert_eq!(comm, "a b) c");
+        assert_eq!(
+            (fields[0], fields[1], fields[11], fields[14]),
+            ("S", "1", "7", "1")
+        );
+    }
+}
