@@ -26,7 +26,8 @@ pub fn validated<C: Settings>(config: C) -> C {
 }
 
 /// Connects to PostgreSQL with a pool of `pool_size` (see [`crate::db::connect`] for
-/// `idle_in_transaction`) and, when `migrate`, applies pending migrations.
+/// `idle_in_transaction`; it opens the pool's warm connections) and, when `migrate`,
+/// applies pending migrations.
 pub async fn database(
     args: &DatabaseArgs,
     pool_size: u32,

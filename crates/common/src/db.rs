@@ -60,7 +60,8 @@ pub async fn create_if_missing(url: &str) -> Result<(), DbError> {
     Ok(())
 }
 
-/// Connects with retry, creating the database if missing. Migrations are separate:
+/// Connects with retry, creating the database if missing, and opens the pool's
+/// [`WARM_CONNECTIONS`] (sqlx opens a pool's minimum before `connect` returns). Migrations are separate:
 /// see [`migrate`]. `idle_in_transaction`: PostgreSQL ends a session that sits that long
 /// inside a transaction without a statement (a process stalled mid-transaction would
 /// otherwise hold its row locks, and so its requests, until its connection died).
@@ -80,6 +81,7 @@ pub async fn connect(
     let pool = (|| {
         PgPoolOptions::new()
             .max_connections(max_connections)
+            .min_connections(WARM_CONNECTIONS.min(max_connections))
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options.clone())
     })
@@ -88,6 +90,11 @@ pub async fn connect(
     .await?;
     Ok(pool)
 }
+
+/// The connections [`connect`] opens before it returns (so before the process reports
+/// ready), and the pool keeps open while idle: PostgreSQL takes milliseconds to start a
+/// backend, which the first jobs after a start would otherwise wait for.
+pub const WARM_CONNECTIONS: u32 = 8;
 
 /// Connects once to a database that must exist (no creation, no retry): for a tool that
 /// only reads, such as the reaper's dry run.

@@ -18,3 +18,32 @@ async fn processes_racing_to_create_the_database_all_come_up() {
         }
     }
 }
+
+/// A process's pool has its warm connections open once `connect` returns (before the
+/// process reports ready), each a PostgreSQL backend that has started, and keeps them
+/// while idle.
+#[tokio::test]
+async fn a_pool_opens_its_warm_connections_before_it_is_used() {
+    let test = testing::TestDb::new().await;
+    let pool = db::connect(&test.url, 20, None).await.expect("connect");
+    assert_eq!(pool.size(), db::WARM_CONNECTIONS);
+    let backends: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'cairn'",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("count backends");
+    // At least: the connection that checked the database exists may still be leaving.
+    assert!(
+        backends >= i64::from(db::WARM_CONNECTIONS),
+        "{backends} backends"
+    );
+    // A small pool warms what it may hold.
+    let small = db::connect(&test.url, 2, None).await.expect("connect");
+    assert_eq!(small.size(), 2);
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    // sqlx's upkeep of the minimum may open one more than it.
+    assert!(pool.num_idle() >= db::WARM_CONNECTIONS as usize);
+    pool.close().await;
+    small.close().await;
+}
