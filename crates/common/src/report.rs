@@ -56,31 +56,34 @@ pub async fn retain(
     Ok(())
 }
 
-/// Whether the request has a retained report not yet accepted.
-pub async fn awaits_acceptance(
-    conn: &mut PgConnection,
-    request_id: Uuid,
-) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM final_reports f WHERE f.request_id = $1
-                          AND NOT EXISTS (SELECT 1 FROM report_consumptions c WHERE c.request_id = f.request_id))",
-    )
-    .bind(request_id)
-    .fetch_one(conn)
-    .await
+/// Where a request's retained report stands at its completion; all `false` without one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Standing {
+    /// Retained and not yet accepted.
+    pub awaits_acceptance: bool,
+    /// It asks for more than completion (blocked, a clarification, or a follow-up):
+    /// the task then stays open.
+    pub asks_for_more: bool,
 }
 
-/// Whether the retained report asks for more than completion (blocked, a
-/// clarification, or a follow-up): the task then stays open.
-pub async fn asks_for_more(conn: &mut PgConnection, request_id: Uuid) -> Result<bool, sqlx::Error> {
-    let report: Option<(String, Option<String>)> =
-        sqlx::query_as("SELECT outcome, followup_kind FROM final_reports WHERE request_id = $1")
-            .bind(request_id)
-            .fetch_optional(conn)
-            .await?;
-    Ok(report.is_some_and(|(outcome, followup)| {
-        outcome == "blocked" || outcome == "clarification" || followup.is_some()
-    }))
+/// Reads the [`Standing`] of the request's retained report, in one statement.
+pub async fn standing(conn: &mut PgConnection, request_id: Uuid) -> Result<Standing, sqlx::Error> {
+    let row: Option<(bool, bool)> = sqlx::query_as(
+        "SELECT NOT EXISTS (SELECT 1 FROM report_consumptions c WHERE c.request_id = f.request_id),
+                f.outcome IN ('blocked', 'clarification') OR f.followup_kind IS NOT NULL
+           FROM final_reports f WHERE f.request_id = $1",
+    )
+    .bind(request_id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(
+        row.map_or_else(Standing::default, |(awaits_acceptance, asks_for_more)| {
+            Standing {
+                awaits_acceptance,
+                asks_for_more,
+            }
+        }),
+    )
 }
 
 /// How an acceptance ended.

@@ -49,6 +49,7 @@ struct RequestRow {
     admission_kind: Option<String>,
     window_ends_at: Option<chrono::DateTime<chrono::Utc>>,
     tenant_network: Option<sqlx::types::Json<NetworkSpec>>,
+    journaled: bool,
 }
 
 impl RequestRow {
@@ -204,7 +205,8 @@ async fn read_row(conn: &mut PgConnection, request_id: Uuid) -> Result<RequestRo
                 EXTRACT(EPOCH FROM clock_timestamp() - e.queued_at)::float8 AS queued_for_seconds,
                 r.agent, r.work_context_id, r.deadline,
                 a.id AS admission_id, a.kind AS admission_kind, a.window_ends_at,
-                {} AS tenant_network
+                {} AS tenant_network,
+                EXISTS (SELECT 1 FROM journal_intents j WHERE j.request_id = e.id) AS journaled
            FROM execution_requests e JOIN runs r ON r.id = e.run_id
            LEFT JOIN LATERAL (
                 (SELECT id, kind, window_ends_at, created_at FROM continuation_actions
@@ -298,6 +300,7 @@ fn claimed(
         work_context: row.work_context_id,
         deadline: row.deadline,
         tenant_network: row.tenant_network.map(|n| n.0),
+        journaled: row.journaled,
     }
 }
 

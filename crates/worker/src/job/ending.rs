@@ -142,18 +142,19 @@ async fn complete_once(job: &Job, tree: Option<(&Subject, &Tree)>) -> Result<Com
     if let Some(breach) = current.breach(Moment::Completion) {
         return Ok(Completion::Breached(breach));
     }
+    let report = report::standing(&mut tx, request_id).await?;
     if let Some((subject, tree)) = tree {
         // A task is done (its lineage retired) when it completed without asking for
         // more: a blocked or clarification report pauses it, and its checkpoint stays
         // current.
-        let retire = !report::asks_for_more(&mut tx, request_id).await?;
+        let retire = !report.asks_for_more;
         let how = Release::Ended { retire };
         job.worker
             .custody
             .release_rows(&mut tx, subject, tree, how)
             .await?;
     }
-    let outcome = if report::awaits_acceptance(&mut tx, request_id).await? {
+    let outcome = if report.awaits_acceptance {
         let acceptance = report::accept(
             &mut tx,
             job.lease(),

@@ -63,6 +63,9 @@ pub struct Claimed {
     /// The tenant's layer of the egress policy as it stood at the claim (`None`: it
     /// narrows nothing).
     pub tenant_network: Option<cairn_common::egress::NetworkSpec>,
+    /// Whether the request had a journaled intent when it was claimed. The lease keeps
+    /// every other writer out of its journal, so without one its standings are empty.
+    pub journaled: bool,
 }
 
 impl Claimed {

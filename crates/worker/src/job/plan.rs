@@ -155,9 +155,13 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
     let worker = &job.worker;
     let claimed = &job.claimed;
     let request_id = job.request_id();
-    let mut conn = worker.pool.acquire().await?;
-    let standings = journal::standings(&mut conn, request_id, tree.live.position).await?;
-    drop(conn);
+    // A request claimed with an empty journal has no standings to read.
+    let standings = if claimed.journaled {
+        let mut conn = worker.pool.acquire().await?;
+        journal::standings(&mut conn, request_id, tree.live.position).await?
+    } else {
+        HashMap::new()
+    };
     if !standings.is_empty() {
         record_standings(job, tree, &standings).await?;
     }
