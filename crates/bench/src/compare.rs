@@ -3,7 +3,7 @@
 //! and in bubblewrap before their durable insert: one run, one table, with what each
 //! cost PostgreSQL and its own processes.
 
-use crate::meter::{process_ticks, Cost, Meter};
+use crate::meter::{process_ticks, Cost, Meter, Statement};
 use crate::peers::{self, Process, Queue};
 use crate::pipeline::{CpuPerRun, Pipeline, Variant};
 use anyhow::Context;
@@ -42,6 +42,7 @@ pub async fn run(pipeline: &Pipeline<'_>) -> anyhow::Result<()> {
             cost: metered.cost,
             cpu_ms: cpu.scheduler + cpu.workers + cpu.started,
         });
+        print_statements(process, &metered.statements);
         cairn_cpu.push((process, metered.cpu));
     }
     for queue in [Queue::Celery, Queue::Apalis] {
@@ -88,6 +89,22 @@ async fn peer(
         cost: meter.cost(before, after?, jobs, 0),
         cpu_ms: spent as f64 * meter.ms_per_tick() / jobs as f64,
     })
+}
+
+/// Cairn's statements in one mode, each with its calls per run and mean time.
+fn print_statements(process: Process, statements: &[Statement]) {
+    if statements.is_empty() {
+        return;
+    }
+    let mode = if process == Process::Bwrap {
+        "bubblewrap"
+    } else {
+        "plain"
+    };
+    println!("cairn, {mode}: its statements called once a run or more, by PostgreSQL's time (calls per run, mean µs):");
+    for s in statements {
+        println!("  {:>5.2} {:>7.0}  {}", s.calls, s.mean_us, s.text);
+    }
 }
 
 fn print(rows: &[Row], cairn_cpu: &[(Process, CpuPerRun)], jobs: usize, missing: Option<&str>) {

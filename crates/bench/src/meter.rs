@@ -28,6 +28,15 @@ pub struct Cost {
     pub postgres_cpu_ms: f64,
 }
 
+/// One statement's share of a scenario, per job.
+pub struct Statement {
+    pub calls: f64,
+    /// PostgreSQL's execution time per call, in µs.
+    pub mean_us: f64,
+    /// The statement's text, its white space folded, cut to 70 characters.
+    pub text: String,
+}
+
 /// Reads the counters through `admin` (a connection to the `postgres` database).
 pub struct Meter {
     admin: sqlx::PgPool,
@@ -97,6 +106,39 @@ impl Meter {
             wal_flushes,
             postgres_ticks: postgres_ticks()?,
         })
+    }
+
+    /// The statements of `database` called at least once per two of `jobs` (so the
+    /// start's are left out), by total execution time; empty without
+    /// `pg_stat_statements`.
+    pub async fn statements(&self, database: &str, jobs: usize) -> anyhow::Result<Vec<Statement>> {
+        if !self.statements {
+            return Ok(Vec::new());
+        }
+        let rows: Vec<(i64, f64, String)> = sqlx::query_as(&format!(
+            "SELECT s.calls, s.total_exec_time, s.query
+               FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+              WHERE d.datname = $1 AND s.calls >= $2 AND s.query NOT LIKE '%{OWN}%'
+              ORDER BY s.total_exec_time DESC"
+        ))
+        .bind(database)
+        .bind((jobs / 2) as i64)
+        .fetch_all(&self.admin)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(calls, total_ms, query)| Statement {
+                calls: calls as f64 / jobs as f64,
+                mean_us: total_ms * 1000.0 / calls as f64,
+                text: query
+                    .split_whitespace()
+                    .collect::<Vec<_>>()
+                    .join(" ")
+                    .chars()
+                    .take(70)
+                    .collect(),
+            })
+            .collect())
     }
 
     /// Waits (up to 10 s) until no backend is connected to `database`: a backend

@@ -2,7 +2,7 @@
 //! in a burst or at a steady rate, over one or more worker counts, with where a run's
 //! time goes (from the timestamps the system records).
 
-use crate::meter::{process_ticks, Cost, Meter};
+use crate::meter::{process_ticks, Cost, Meter, Statement};
 use crate::stack::{Stack, StackSettings};
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -35,6 +35,8 @@ pub(crate) struct Variant {
 pub(crate) struct Metered {
     pub cost: Cost,
     pub cpu: CpuPerRun,
+    /// The statements run about once a run or more, by PostgreSQL's time.
+    pub statements: Vec<Statement>,
 }
 
 /// Cairn's processes' CPU per run, in ms.
@@ -242,10 +244,12 @@ impl Pipeline<'_> {
                 let spent = Cpu::of(&stack)?.since(&cpu, self.runs, meter.ms_per_tick());
                 stack.halt().await;
                 let after = meter.read(stack.database(), true).await?;
+                let statements = meter.statements(stack.database(), self.runs).await?;
                 stack.reconnect().await?;
                 Some(Metered {
                     cost: meter.cost(reading, after, self.runs, stack.own_transactions()),
                     cpu: spent,
+                    statements,
                 })
             }
             _ => None,
