@@ -83,6 +83,18 @@ pub async fn connect(
             .max_connections(max_connections)
             .min_connections(WARM_CONNECTIONS.min(max_connections))
             .acquire_timeout(Duration::from_secs(10))
+            // sqlx pings a connection each time it comes back to the pool; pinging it
+            // again at every checkout cost a round trip per transaction. One used within
+            // the second is taken as it is (a fault then is retried as any other).
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= Duration::from_secs(1) {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_with(options.clone())
     })
     .retry(retry_policy())
