@@ -92,7 +92,8 @@ enum Bench {
         /// apalis-postgres (installed or built once from PyPI and crates.io by
         /// `crates/bench/peers/*/run`) with as many jobs, each job starting `/bin/true`
         /// plainly and in bubblewrap: one table, with each system's cost to PostgreSQL
-        /// per job (statements need pg_stat_statements loaded).
+        /// per job (statements need pg_stat_statements loaded). One-step bursts on the
+        /// first --workers count: --steps, --rate and --scaling do not apply.
         #[arg(long)]
         compare: bool,
         #[command(flatten)]
