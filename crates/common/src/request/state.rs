@@ -29,12 +29,20 @@ pub async fn transition(
 ) -> Result<RequestState, Error> {
     let (sources, state) = guard::<RequestState>(event);
     let terminal = state.is_terminal();
-    let run_id: Option<Uuid> = sqlx::query_scalar(
-        "UPDATE execution_requests
-            SET state = $2, stop_reason = $3, reconciliation_step = $4, updated_at = now(),
-                finished_at = CASE WHEN $5 THEN now() ELSE finished_at END
-          WHERE id = $1 AND state = ANY($6)
-      RETURNING run_id",
+    // One statement moves both: a run's own request moves its run too (a publication,
+    // a request of its own kind, does not).
+    let moved: Option<Uuid> = sqlx::query_scalar(
+        "WITH moved AS (
+           UPDATE execution_requests
+              SET state = $2, stop_reason = $3, reconciliation_step = $4, updated_at = now(),
+                  finished_at = CASE WHEN $5 THEN now() ELSE finished_at END
+            WHERE id = $1 AND state = ANY($6)
+        RETURNING run_id, kind),
+              run AS (
+           UPDATE runs SET state = $7, updated_at = now(),
+                  finished_at = CASE WHEN $5 THEN now() ELSE finished_at END
+            WHERE id = (SELECT run_id FROM moved WHERE kind = 'run'))
+         SELECT run_id FROM moved",
     )
     .bind(request_id)
     .bind(state)
@@ -42,22 +50,12 @@ pub async fn transition(
     .bind(step)
     .bind(terminal)
     .bind(&sources)
+    .bind(state.run_state())
     .fetch_optional(&mut *conn)
     .await?;
-    let Some(run_id) = run_id else {
+    if moved.is_none() {
         return Err(refusal::<RequestState>(conn, request_id, event).await);
-    };
-    sqlx::query(
-        "UPDATE runs SET state = $2, updated_at = now(),
-                finished_at = CASE WHEN $3 THEN now() ELSE finished_at END
-          WHERE id = $1 AND EXISTS (SELECT 1 FROM execution_requests WHERE id = $4 AND kind = 'run')",
-    )
-    .bind(run_id)
-    .bind(state.run_state())
-    .bind(terminal)
-    .bind(request_id)
-    .execute(&mut *conn)
-    .await?;
+    }
     retire_ended_task(conn, request_id, state).await?;
     Ok(state)
 }
