@@ -34,6 +34,13 @@ pub async fn run(pipeline: &Pipeline<'_>) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("cairn with CAIRN_SANDBOX={sandbox}"))?;
         let metered = metered.context("a metered scenario has its cost")?;
+        if figures.not_completed > 0 {
+            anyhow::bail!(
+                "cairn with CAIRN_SANDBOX={sandbox}: {} of {} runs did not complete",
+                figures.not_completed,
+                figures.runs
+            );
+        }
         let cpu = &metered.cpu;
         rows.push(Row {
             system: format!("cairn ({workers} workers × {})", pipeline.concurrency),
@@ -46,6 +53,7 @@ pub async fn run(pipeline: &Pipeline<'_>) -> anyhow::Result<()> {
         cairn_cpu.push((process, metered.cpu));
     }
     for queue in [Queue::Celery, Queue::Apalis] {
+        tokio::task::spawn_blocking(move || peers::prepare(queue)).await??;
         for process in [Process::Plain, Process::Bwrap] {
             rows.push(peer(&meter, queue, process, pipeline).await?);
         }
@@ -63,6 +71,8 @@ async fn peer(
     pipeline: &Pipeline<'_>,
 ) -> anyhow::Result<Row> {
     let database = queue.database();
+    // One a crashed run left would be counted from its own start.
+    meter.drop_database(database).await?;
     let before = meter.read(database, false).await?;
     let reaped = process_ticks(std::process::id())?.1;
     // Celery: two prefork processes, one per core, as a Celery user would run here;
@@ -101,7 +111,7 @@ fn print_statements(process: Process, statements: &[Statement]) {
     } else {
         "plain"
     };
-    println!("cairn, {mode}: its statements called once a run or more, by PostgreSQL's time (calls per run, mean µs):");
+    println!("cairn, {mode}: its statements called at least once per two runs, by PostgreSQL's time (calls per run and mean µs, since the stack started):");
     for s in statements {
         println!("  {:>5.2} {:>7.0}  {}", s.calls, s.mean_us, s.text);
     }
@@ -155,7 +165,7 @@ fn print(rows: &[Row], cairn_cpu: &[(Process, CpuPerRun)], jobs: usize, missing:
             row.cpu_ms
         );
     }
-    println!("(×best peer: against the faster peer starting its processes the same way; xacts and stmts: of the system's own database, BEGIN and COMMIT counted as statements; WAL: the server's WAL flushes; PG ms: the CPU of every PostgreSQL process; own ms: the CPU of the system's processes, its jobs' processes included; all per job)");
+    println!("(×best peer: against the faster peer starting its processes the same way; xacts and stmts: of the system's own database, BEGIN and COMMIT counted as statements, the bench's and the peer drivers' polling left out, a peer's setup (its table, apalis's migrations) in; WAL: the server's WAL flushes; PG ms: the CPU of every PostgreSQL process; own ms: the CPU of the system's processes, its jobs' processes in, a peer's start (Python, Celery's processes, the driver) in, RabbitMQ's and Redis's out; all per job)");
     if let Some(missing) = missing {
         println!("({missing})");
     }

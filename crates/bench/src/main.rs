@@ -93,8 +93,8 @@ enum Bench {
         /// `crates/bench/peers/*/run`) with as many jobs, each job starting `/bin/true`
         /// plainly and in bubblewrap: one table, with each system's cost to PostgreSQL
         /// per job (statements need pg_stat_statements loaded). One-step bursts on the
-        /// first --workers count: --steps, --rate and --scaling do not apply.
-        #[arg(long)]
+        /// first --workers count: --steps, --rate and --scaling are refused with it.
+        #[arg(long, conflicts_with_all = ["steps", "rate", "scaling"])]
         compare: bool,
         #[command(flatten)]
         postgres: Postgres,

@@ -6,8 +6,10 @@
 
 use anyhow::Context;
 
-/// The marker in the bench's own queries, which statement counts leave out. It sits
-/// inside the statement: `pg_stat_statements` keeps no leading comment.
+/// The marker in the bench's own queries (and the peer drivers' polling), which
+/// statement counts leave out and transaction counts subtract (each is a transaction of
+/// its own). It sits inside the statement: `pg_stat_statements` keeps no leading
+/// comment.
 pub const OWN: &str = "/* cairn-bench */";
 
 /// One reading of the counters.
@@ -15,6 +17,8 @@ pub const OWN: &str = "/* cairn-bench */";
 pub struct Reading {
     transactions: i64,
     statements: Option<i64>,
+    /// Calls of the marked statements.
+    own: Option<i64>,
     wal_flushes: i64,
     postgres_ticks: u64,
 }
@@ -85,17 +89,19 @@ impl Meter {
         .bind(database)
         .fetch_optional(&self.admin)
         .await?;
-        let statements = if self.statements {
-            let calls: Option<i64> = sqlx::query_scalar(&format!(
-                "SELECT sum(calls)::int8 FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
-                  WHERE d.datname = $1 AND s.query NOT LIKE '%{OWN}%'"
+        let (statements, own) = if self.statements {
+            let (calls, own): (Option<i64>, Option<i64>) = sqlx::query_as(&format!(
+                "SELECT sum(calls) FILTER (WHERE s.query NOT LIKE '%{OWN}%')::int8,
+                        sum(calls) FILTER (WHERE s.query LIKE '%{OWN}%')::int8
+                   FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid
+                  WHERE d.datname = $1"
             ))
             .bind(database)
             .fetch_one(&self.admin)
             .await?;
-            Some(calls.unwrap_or(0))
+            (Some(calls.unwrap_or(0)), Some(own.unwrap_or(0)))
         } else {
-            None
+            (None, None)
         };
         let wal_flushes: i64 = sqlx::query_scalar("SELECT wal_sync FROM pg_stat_wal")
             .fetch_one(&self.admin)
@@ -103,14 +109,15 @@ impl Meter {
         Ok(Reading {
             transactions: transactions.unwrap_or(0),
             statements,
+            own,
             wal_flushes,
             postgres_ticks: postgres_ticks()?,
         })
     }
 
     /// The statements of `database` called at least once per two of `jobs` (so the
-    /// start's are left out), by total execution time; empty without
-    /// `pg_stat_statements`.
+    /// start's are left out), by total execution time, counted since the database was
+    /// made (its start included); empty without `pg_stat_statements`.
     pub async fn statements(&self, database: &str, jobs: usize) -> anyhow::Result<Vec<Statement>> {
         if !self.statements {
             return Ok(Vec::new());
@@ -154,14 +161,16 @@ impl Meter {
             if backends == 0 {
                 // A backend leaves pg_stat_activity just before it flushes.
                 tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-                break;
+                return Ok(());
             }
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;
         }
+        eprintln!("cairn-bench: backends of {database} still connected after 10 s: their statistics may be missing");
         Ok(())
     }
 
-    /// The cost per job between two readings, less `own_transactions` the bench made.
+    /// The cost per job between two readings, less the transactions of the marked
+    /// statements (without `pg_stat_statements`: less `own_transactions`).
     pub fn cost(
         &self,
         before: Reading,
@@ -170,14 +179,18 @@ impl Meter {
         own_transactions: u64,
     ) -> Cost {
         let per = |n: i64| n as f64 / jobs as f64;
+        let own = match (after.own, before.own) {
+            (Some(after), Some(before)) => after - before,
+            _ => own_transactions as i64,
+        };
         Cost {
-            transactions: per(after.transactions - before.transactions - own_transactions as i64),
+            transactions: per(after.transactions - before.transactions - own),
             statements: after
                 .statements
                 .zip(before.statements)
                 .map(|(a, b)| per(a - b)),
             wal_flushes: per(after.wal_flushes - before.wal_flushes),
-            postgres_cpu_ms: per((after.postgres_ticks - before.postgres_ticks) as i64)
+            postgres_cpu_ms: per(after.postgres_ticks.saturating_sub(before.postgres_ticks) as i64)
                 * self.ms_per_tick,
         }
     }

@@ -108,6 +108,27 @@ pub fn run(
     parse(line)
 }
 
+/// Installs or builds a peer (what its script does on first use), outside any
+/// measurement: the script with `--help`.
+pub fn prepare(queue: Queue) -> anyhow::Result<()> {
+    let script = peers_dir().join(queue.name()).join("run");
+    let status = Command::new("bash")
+        .arg(&script)
+        .arg("--help")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .status()
+        .with_context(|| format!("running {}", script.display()))?;
+    if !status.success() {
+        bail!(
+            "{} --help failed ({status}): the peer could not be installed or built",
+            script.display()
+        );
+    }
+    Ok(())
+}
+
 /// The rate from `…: R jobs/s`.
 fn parse(line: &str) -> anyhow::Result<Peer> {
     let rate = line

@@ -87,7 +87,7 @@ pub(crate) struct Figures {
     workers: usize,
     pub runs: usize,
     pub wall: Duration,
-    not_completed: i64,
+    pub not_completed: i64,
     /// Messages announced per run: above 1, the sweeper announced runs again (taken for
     /// parked on a worker), and each duplicate cost a publish, a delivery and a claim.
     messages_per_run: f64,

@@ -133,7 +133,8 @@ def run(args, admin):
 
         deadline = time.monotonic() + 600
         while True:
-            done = db.execute("SELECT count(*) FROM effects").fetchone()[0]
+            # Marked: cairn-bench leaves its own statements out of a system's count.
+            done = db.execute("SELECT count(*) /* cairn-bench */ FROM effects").fetchone()[0]
             if done >= args.jobs:
                 break
             if worker.poll() is not None:

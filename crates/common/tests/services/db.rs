@@ -26,7 +26,8 @@ async fn processes_racing_to_create_the_database_all_come_up() {
 async fn a_pool_opens_its_warm_connections_before_it_is_used() {
     let test = testing::TestDb::new().await;
     let pool = db::connect(&test.url, 20, None).await.expect("connect");
-    assert_eq!(pool.size(), db::WARM_CONNECTIONS);
+    // sqlx's upkeep of the minimum may open one more than it, at the same time.
+    assert!(pool.size() >= db::WARM_CONNECTIONS, "{} open", pool.size());
     let backends: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND application_name = 'cairn'",
     )
