@@ -196,13 +196,16 @@ pub async fn charge_interrupted(
            RETURNING (EXTRACT(EPOCH FROM (ended_at - started_at)) * 1000)::bigint AS ms),
               charged AS (SELECT COALESCE(sum(ms), 0)::bigint AS ms FROM ended)
          UPDATE execution_requests SET used_wall_ms = used_wall_ms + (SELECT ms FROM charged)
-          WHERE id = $1
+          WHERE id = $1 AND EXISTS (SELECT 1 FROM ended)
       RETURNING (SELECT ms FROM charged)",
     )
     .bind(request_id)
     .bind(until)
-    .fetch_one(conn)
+    .fetch_optional(conn)
     .await
+    // Nothing ended, nothing charged: the request's row is left as it is (every claim
+    // of a fresh request would otherwise write a new version of it for nothing).
+    .map(|charged| charged.unwrap_or(0))
 }
 
 /// Writes another journal entry (an acceptance, a reuse intent or receipt, a
