@@ -61,10 +61,11 @@ pub async fn create_if_missing(url: &str) -> Result<(), DbError> {
 }
 
 /// Connects with retry, creating the database if missing, and opens the pool's
-/// [`WARM_CONNECTIONS`] (sqlx opens a pool's minimum before `connect` returns). Migrations are separate:
-/// see [`migrate`]. `idle_in_transaction`: PostgreSQL ends a session that sits that long
-/// inside a transaction without a statement (a process stalled mid-transaction would
-/// otherwise hold its row locks, and so its requests, until its connection died).
+/// [`WARM_CONNECTIONS`] (sqlx opens a pool's minimum before `connect` returns).
+/// Migrations are separate: see [`migrate`]. `idle_in_transaction`: PostgreSQL ends a
+/// session that sits that long inside a transaction without a statement (a process
+/// stalled mid-transaction would otherwise hold its row locks, and so its requests,
+/// until its connection died).
 pub async fn connect(
     url: &str,
     max_connections: u32,
@@ -85,7 +86,8 @@ pub async fn connect(
             .acquire_timeout(Duration::from_secs(10))
             // sqlx pings a connection each time it comes back to the pool; pinging it
             // again at every checkout cost a round trip per transaction. One used within
-            // the second is taken as it is (a fault then is retried as any other).
+            // the second is taken as it is: if it broke since, its first statement fails,
+            // as it would had it broken in use.
             .test_before_acquire(false)
             .before_acquire(|conn, meta| {
                 Box::pin(async move {
