@@ -11,6 +11,8 @@ use anyhow::Context;
 /// One line of the table.
 struct Row {
     system: String,
+    /// A peer's row, not Cairn's.
+    peer: bool,
     process: Process,
     jobs_per_second: f64,
     cost: Cost,
@@ -44,6 +46,7 @@ pub async fn run(pipeline: &Pipeline<'_>) -> anyhow::Result<()> {
         let cpu = &metered.cpu;
         rows.push(Row {
             system: format!("cairn ({workers} workers × {})", pipeline.concurrency),
+            peer: false,
             process,
             jobs_per_second: figures.runs as f64 / figures.wall.as_secs_f64(),
             cost: metered.cost,
@@ -94,6 +97,7 @@ async fn peer(
     println!("{}", peer.line);
     Ok(Row {
         system,
+        peer: true,
         process,
         jobs_per_second: peer.jobs_per_second,
         cost: meter.cost(before, after?, jobs, 0),
@@ -106,11 +110,7 @@ fn print_statements(process: Process, statements: &[Statement]) {
     if statements.is_empty() {
         return;
     }
-    let mode = if process == Process::Bwrap {
-        "bubblewrap"
-    } else {
-        "plain"
-    };
+    let mode = process.label();
     println!("cairn, {mode}: its statements called at least once per two runs, by PostgreSQL's time (calls per run and mean µs, since the stack started):");
     for s in statements {
         println!("  {:>5.2} {:>7.0}  {}", s.calls, s.mean_us, s.text);
@@ -120,13 +120,9 @@ fn print_statements(process: Process, statements: &[Statement]) {
 fn print(rows: &[Row], cairn_cpu: &[(Process, CpuPerRun)], jobs: usize, missing: Option<&str>) {
     let best = |process: Process| {
         rows.iter()
-            .filter(|r| r.process == process && !r.system.starts_with("cairn"))
+            .filter(|r| r.process == process && r.peer)
             .map(|r| r.jobs_per_second)
             .fold(f64::NAN, f64::max)
-    };
-    let mode = |process: Process| match process {
-        Process::Bwrap => "bubblewrap",
-        _ => "plain",
     };
     println!();
     println!("compare: {jobs} jobs each, one system after another on this machine; each job starts one /bin/true and records its effect durably");
@@ -143,10 +139,10 @@ fn print(rows: &[Row], cairn_cpu: &[(Process, CpuPerRun)], jobs: usize, missing:
         "own ms"
     );
     for row in rows {
-        let ratio = if row.system.starts_with("cairn") {
-            format!("{:.2}×", row.jobs_per_second / best(row.process))
-        } else {
+        let ratio = if row.peer {
             String::new()
+        } else {
+            format!("{:.2}×", row.jobs_per_second / best(row.process))
         };
         let statements = row
             .cost
@@ -155,7 +151,7 @@ fn print(rows: &[Row], cairn_cpu: &[(Process, CpuPerRun)], jobs: usize, missing:
         println!(
             "{:<26} {:<10} {:>8.0} {:>10} {:>9.2} {:>9} {:>9.2} {:>8.2} {:>8.2}",
             row.system,
-            mode(row.process),
+            row.process.label(),
             row.jobs_per_second,
             ratio,
             row.cost.transactions,
@@ -172,16 +168,16 @@ fn print(rows: &[Row], cairn_cpu: &[(Process, CpuPerRun)], jobs: usize, missing:
     for (process, cpu) in cairn_cpu {
         println!(
             "cairn, {}: per run, the workers {:.2} ms of CPU without the processes they started (goal 1 ms), those processes {:.2} ms, the scheduler {:.2} ms",
-            mode(*process),
+            process.label(),
             cpu.workers,
             cpu.started,
             cpu.scheduler
         );
     }
-    for row in rows.iter().filter(|r| r.system.starts_with("cairn")) {
+    for row in rows.iter().filter(|r| !r.peer) {
         println!(
             "COMPARE cairn {}: {:.0} runs/s, {:.2}× the best peer ({:.0} jobs/s)",
-            mode(row.process),
+            row.process.label(),
             row.jobs_per_second,
             row.jobs_per_second / best(row.process),
             best(row.process)

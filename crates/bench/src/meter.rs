@@ -225,22 +225,36 @@ fn clock_ticks() -> anyhow::Result<f64> {
         .context("getconf CLK_TCK printed no number")
 }
 
-/// A process's CPU ticks from `/proc/<pid>/stat`: its own (user + system) and its
-/// reaped children's.
-pub fn process_ticks(pid: u32) -> anyhow::Result<(u64, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let (_, fields) = split_stat(&stat).context("a /proc stat line")?;
-    let field = |i: usize| -> u64 { fields.get(i).and_then(|f| f.parse().ok()).unwrap_or(0) };
-    // After the command: state is 0, ppid 1, … utime 11, stime 12, cutime 13, cstime 14.
-    Ok((field(11) + field(12), field(13) + field(14)))
+/// What `/proc/<pid>/stat` says of a process.
+struct Stat {
+    comm: String,
+    ppid: u32,
+    /// Its own CPU ticks, user and system.
+    own: u64,
+    /// The CPU ticks of the children it reaped.
+    reaped: u64,
 }
 
-/// `(comm, the fields after it)` of a stat line; the command may hold spaces and ')'.
-fn split_stat(stat: &str) -> Option<(&str, Vec<&str>)> {
+/// Reads a stat line; the command may hold spaces and ')'.
+fn parse_stat(stat: &str) -> Option<Stat> {
     let open = stat.find('(')?;
     let close = stat.rfind(')')?;
-    let comm = stat.get(open + 1..close)?;
-    Some((comm, stat.get(close + 1..)?.split_whitespace().collect()))
+    let fields: Vec<&str> = stat.get(close + 1..)?.split_whitespace().collect();
+    // After the command: state is 0, ppid 1, … utime 11, stime 12, cutime 13, cstime 14.
+    let field = |i: usize| -> u64 { fields.get(i).and_then(|f| f.parse().ok()).unwrap_or(0) };
+    Some(Stat {
+        comm: stat.get(open + 1..close)?.to_string(),
+        ppid: u32::try_from(field(1)).unwrap_or(0),
+        own: field(11) + field(12),
+        reaped: field(13) + field(14),
+    })
+}
+
+/// A process's CPU ticks: its own (user + system) and its reaped children's.
+pub fn process_ticks(pid: u32) -> anyhow::Result<(u64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let stat = parse_stat(&stat).context("a /proc stat line")?;
+    Ok((stat.own, stat.reaped))
 }
 
 /// PostgreSQL's CPU ticks: every `postgres` process's own, and the children the
@@ -255,37 +269,26 @@ fn postgres_ticks() -> anyhow::Result<u64> {
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
             continue;
         };
-        if let Some((comm, fields)) = split_stat(&stat) {
-            if comm == "postgres" {
-                let field =
-                    |i: usize| -> u64 { fields.get(i).and_then(|f| f.parse().ok()).unwrap_or(0) };
-                let ppid = fields
-                    .get(1)
-                    .and_then(|f| f.parse::<u32>().ok())
-                    .unwrap_or(0);
-                processes.push((pid, ppid, field(11) + field(12), field(13) + field(14)));
-            }
+        if let Some(stat) = parse_stat(&stat).filter(|s| s.comm == "postgres") {
+            processes.push((pid, stat));
         }
     }
     let pids: std::collections::HashSet<u32> = processes.iter().map(|p| p.0).collect();
     Ok(processes
         .iter()
-        .map(|&(_, ppid, own, reaped)| own + if pids.contains(&ppid) { 0 } else { reaped })
+        .map(|(_, s)| s.own + if pids.contains(&s.ppid) { 0 } else { s.reaped })
         .sum())
 }
 
 #[cfg(test)]
 mod tests {
-    use super::split_stat;
+    use super::parse_stat;
 
     #[test]
     fn a_command_with_spaces_and_parentheses_is_read_whole() {
-        let (comm, fields) =
-            split_stat("42 (a b) c) S 1 42 42 0 -1 0 0 0 0 0 7 3 5 1 20").expect("parsed");
-        assert_eq!(comm, "a b) c");
-        assert_eq!(
-            (fields[0], fields[1], fields[11], fields[14]),
-            ("S", "1", "7", "1")
-        );
+        let stat = parse_stat("42 (a b) c) S 1 42 42 0 -1 0 0 0 0 0 7 3 5 1 20").expect("parsed");
+        assert_eq!(stat.comm, "a b) c");
+        // utime 7 + stime 3; cutime 5 + cstime 1.
+        assert_eq!((stat.ppid, stat.own, stat.reaped), (1, 10, 6));
     }
 }

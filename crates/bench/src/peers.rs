@@ -50,6 +50,14 @@ impl Queue {
 }
 
 impl Process {
+    /// How the table names it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Process::Plain => "plain",
+            Process::Bwrap => "bubblewrap",
+        }
+    }
+
     pub fn flag(self) -> &'static str {
         match self {
             Process::Plain => "plain",
