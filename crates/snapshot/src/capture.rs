@@ -5,7 +5,7 @@ use super::pack::{self, ChunkId, Location, PackBuilder, Sealed, Written};
 use super::walk::walk;
 use super::{io, CaptureRules, CaptureStats, Skipped, SnapshotError, MAX_CHUNK, MIN_CHUNK};
 use crate::repository::Repository;
-use crate::ArtifactStore;
+use crate::{ArtifactStore, StoreError};
 use bytes::Bytes;
 use rayon::prelude::*;
 use std::collections::{HashMap, HashSet};
@@ -119,7 +119,8 @@ pub async fn capture_scanned(
         source: std::io::Error::other(e),
     })??;
     // Packs are durable before an index names them, and everything is durable before
-    // the caller marks the snapshot ready. Only what this capture wrote is synced.
+    // the caller marks the snapshot ready. Only what this capture wrote is synced: the
+    // packs' bytes were already, as they were written; this syncs their directories.
     store
         .flush_keys(
             written
@@ -238,28 +239,25 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 type Captured = (Manifest, CaptureStats, Vec<Written>);
 
-/// The previous manifest's stat index and chunks, by path and by id, where its packs
-/// are still in this store (a reclaimed pack's index is gone; a manifest of another
-/// store names none of them). Both borrow the manifest: nothing copied.
+/// The previous manifest's stat index by path, where its chunks' packs are still in
+/// this store (a reclaimed pack's index is gone; a manifest of another store names none
+/// of them). It borrows the manifest: nothing copied. A changed file's chunk that the
+/// previous manifest held is found in the store's catalog, which lists it too.
 fn reusable_from<'m>(
     previous: Option<&'m Manifest>,
     packs_in_store: &HashSet<Uuid>,
-) -> (HashMap<&'m str, &'m Entry>, HashMap<ChunkId, ChunkRef>) {
+) -> HashMap<&'m str, &'m Entry> {
     let Some(previous) = previous else {
-        return (HashMap::new(), HashMap::new());
+        return HashMap::new();
     };
     let reusable: Vec<bool> = (previous.packs.iter())
         .map(|p| packs_in_store.contains(p))
         .collect();
     let in_store = |chunks: &[ChunkRef]| chunks.iter().all(|c| reusable[c.pack as usize]);
-    let entries: HashMap<&str, &Entry> = (previous.entries.iter())
-        .filter(|e| in_store(&e.chunks))
+    (previous.entries.iter())
+        .filter(|e| e.kind == EntryKind::File && in_store(&e.chunks))
         .map(|e| (e.path.as_str(), e))
-        .collect();
-    let chunks = (entries.values())
-        .flat_map(|e| e.chunks.iter().map(|c| (c.id, *c)))
-        .collect();
-    (entries, chunks)
+        .collect()
 }
 
 /// A file's chunks, each stored by `store_chunk` (which may keep a known one); `None`
@@ -326,14 +324,13 @@ fn capture_blocking(
 ) -> Result<Captured, SnapshotError> {
     let store = repository.store();
     let known = lock(repository.catalog()).refresh(handle, store)?;
-    let (previous_entries, previous_chunks) = reusable_from(previous, &known.packs);
+    let previous_entries = reusable_from(previous, &known.packs);
     let run = Run {
         handle,
         store,
         root,
         stored: known.chunks,
         previous_entries,
-        previous_chunks,
         shared: Mutex::new(Shared {
             table: PackTable::starting_with(previous.map_or(&[][..], |m| &m.packs)),
             builder: PackBuilder::default(),
@@ -341,16 +338,74 @@ fn capture_blocking(
         }),
         stats: Mutex::new(CaptureStats::default()),
         secrets: Mutex::new(Vec::new()),
+        syncer: PackSyncer::default(),
     };
     entries
         .par_iter_mut()
         .try_for_each(|entry| run.entry(entry))?;
     let last = lock(&run.shared).builder.finish();
     if let Some(sealed) = last {
+        // The closing flush syncs the last pack.
         run.write(sealed)?;
     }
+    run.syncer.finish()?;
     let (shared, stats, secrets) = (inner(run.shared), inner(run.stats), inner(run.secrets));
     Ok(assemble(entries, shared, stats, secrets))
+}
+
+/// Syncs each full pack as soon as it is written, beside the reading, so that the
+/// capture's closing flush waits for its last pack, not for every pack's bytes. Its
+/// thread starts with the first full pack: a capture of one pack (most checkpoints)
+/// starts none. On an error the capture drops the sender, and the thread ends.
+#[derive(Default)]
+struct PackSyncer(Mutex<Option<Syncing>>);
+
+type Syncing = (
+    std::sync::mpsc::Sender<Uuid>,
+    std::thread::JoinHandle<Result<(), StoreError>>,
+);
+
+impl PackSyncer {
+    fn sync(&self, store: &ArtifactStore, pack: Uuid) -> Result<(), SnapshotError> {
+        let mut syncing = lock(&self.0);
+        if syncing.is_none() {
+            let (to_sync, packs) = std::sync::mpsc::channel::<Uuid>();
+            let store = store.clone();
+            let thread = std::thread::Builder::new()
+                .name("cairn-pack-sync".into())
+                .spawn(move || {
+                    let mut first_error = None;
+                    for pack in packs {
+                        if let Err(e) = store.sync_object_blocking(&pack::pack_key(pack)) {
+                            first_error.get_or_insert(e);
+                        }
+                    }
+                    first_error.map_or(Ok(()), Err)
+                })
+                .map_err(|e| io(Path::new("pack syncer"), e))?;
+            *syncing = Some((to_sync, thread));
+        }
+        if let Some((to_sync, _)) = syncing.as_ref() {
+            // Its thread ends only once the sender is dropped: this send is received.
+            let _ = to_sync.send(pack);
+        }
+        Ok(())
+    }
+
+    /// Waits until every pack handed over is synced.
+    fn finish(&self) -> Result<(), SnapshotError> {
+        let Some((to_sync, thread)) = lock(&self.0).take() else {
+            return Ok(());
+        };
+        drop(to_sync);
+        let synced = thread.join().map_err(|_| {
+            io(
+                Path::new("pack syncer"),
+                std::io::Error::other("the pack syncer panicked"),
+            )
+        })?;
+        Ok(synced?)
+    }
 }
 
 /// One capture's state, shared by the threads that read its files.
@@ -361,11 +416,11 @@ struct Run<'a> {
     /// Every chunk the store holds, where.
     stored: Arc<HashMap<ChunkId, Location>>,
     previous_entries: HashMap<&'a str, &'a Entry>,
-    previous_chunks: HashMap<ChunkId, ChunkRef>,
     shared: Mutex<Shared>,
     stats: Mutex<CaptureStats>,
     /// Files left out for holding a secret.
     secrets: Mutex<Vec<String>>,
+    syncer: PackSyncer,
 }
 
 impl Run<'_> {
@@ -427,9 +482,6 @@ impl Run<'_> {
         path: &Path,
     ) -> Result<(ChunkRef, Option<u64>), SnapshotError> {
         let id = ChunkId::of(data);
-        if let Some(known) = self.previous_chunks.get(&id) {
-            return Ok((*known, None));
-        }
         if let Some(location) = self.stored.get(&id) {
             return Ok((lock(&self.shared).table.place(id, *location), None));
         }
@@ -453,7 +505,9 @@ impl Run<'_> {
         })
         .map_err(|e| io(path, e))?;
         if let Some(sealed) = sealed {
+            let pack = sealed.id;
             self.write(sealed)?;
+            self.syncer.sync(self.store, pack)?;
         }
         Ok((chunk, new))
     }

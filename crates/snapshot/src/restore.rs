@@ -232,6 +232,20 @@ fn with_read_at<T>(
     })
 }
 
+/// Creates a file to restore into. Its directory was made with the manifest's
+/// directories; one the manifest does not list (a parent it leaves implicit) is made now.
+fn create_file(full: &Path) -> Result<std::fs::File, SnapshotError> {
+    match std::fs::File::create(full) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if let Some(parent) = full.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
+            }
+            std::fs::File::create(full).map_err(|e| io(full, e))
+        }
+        created => created.map_err(|e| io(full, e)),
+    }
+}
+
 fn restore_blocking(
     reader: &PackReader,
     entries: &[(PathBuf, Entry)],
@@ -247,17 +261,14 @@ fn restore_blocking(
         .filter(|(_, e)| e.kind == EntryKind::File)
         .try_for_each(|(path, entry)| -> Result<(), SnapshotError> {
             let full = target.join(path);
-            if let Some(parent) = full.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| io(parent, e))?;
-            }
-            let mut out = std::fs::File::create(&full).map_err(|e| io(&full, e))?;
+            let mut out = create_file(&full)?;
             for chunk in &entry.chunks {
                 reader
                     .with_chunk(chunk, |data| out.write_all(data))?
                     .map_err(|e| io(&full, e))?;
             }
-            drop(out);
-            std::fs::set_permissions(&full, std::fs::Permissions::from_mode(entry.mode))
+            // On the open file: no second lookup of its path.
+            out.set_permissions(std::fs::Permissions::from_mode(entry.mode))
                 .map_err(|e| io(&full, e))?;
             let mut s = stats.lock().unwrap_or_else(PoisonError::into_inner);
             s.files += 1;

@@ -351,6 +351,15 @@ impl ArtifactStore {
         }
     }
 
+    /// Syncs one local object's bytes, from a blocking thread; its directory entry is
+    /// made durable by [`Self::flush_keys`]. A remote store's object is durable once put.
+    pub fn sync_object_blocking(&self, key: &str) -> Result<(), StoreError> {
+        if let Some(root) = &self.local {
+            std::fs::File::open(root.join(key))?.sync_all()?;
+        }
+        Ok(())
+    }
+
     /// Makes the named objects durable: for a local store each file and every directory
     /// between it and the store's root is synced (one `syncfs` instead when there are
     /// many); a remote store's puts are durable once acknowledged. Unlike `syncfs`, this
