@@ -100,7 +100,7 @@ fn line(label: &str, took: Duration, bytes: u64) {
 }
 
 /// `tar | zstd -1` of the tree, made durable: the baseline of a full capture.
-fn tar_zstd(src: &std::path::Path, work: &std::path::Path, bytes: u64) -> anyhow::Result<()> {
+fn tar_zstd(src: &std::path::Path, work: &std::path::Path, bytes: u64) -> anyhow::Result<Duration> {
     let (s, w) = (src.display(), work.display());
     run_shell("sync", &[])?;
     let tar = run_shell(
@@ -108,7 +108,16 @@ fn tar_zstd(src: &std::path::Path, work: &std::path::Path, bytes: u64) -> anyhow
         &[],
     )?;
     line("tar | zstd -1 -T0 (+ sync)", tar, bytes);
-    Ok(())
+    Ok(tar)
+}
+
+/// How many times faster Cairn was than its baseline, under Cairn's figure.
+fn ratio(baseline_name: &str, baseline: Duration, cairn: Duration) {
+    println!(
+        "{:>42}  cairn is {:.2}x {baseline_name}",
+        "",
+        baseline.as_secs_f64() / cairn.as_secs_f64().max(1e-9)
+    );
 }
 
 /// Whether restic is there to compare with.
@@ -179,6 +188,7 @@ async fn restores(
     cairn_snapshot::restore(store, full, &work.join("restored")).await?;
     let restored = started.elapsed();
     let synced = run_shell("sync", &[])?;
+    let (cairn_restoring, cairn_synced) = (restored, synced);
     line("cairn restore (verified, + sync)", restored + synced, bytes);
     println!(
         "{:>42}  {:.2} s restoring, {:.2} s sync",
@@ -199,6 +209,16 @@ async fn restores(
         "",
         untarred.as_secs_f64(),
         synced.as_secs_f64()
+    );
+    ratio(
+        "zstd -d | tar -x, each with its sync",
+        untarred + synced,
+        cairn_restoring + cairn_synced,
+    );
+    ratio(
+        "zstd -d | tar -x, without the syncs",
+        untarred,
+        cairn_restoring,
     );
     if let Some(restic_env) = restic_env {
         line(
@@ -226,7 +246,7 @@ pub async fn run(tree: Option<PathBuf>, files: usize, size_mib: u64) -> anyhow::
     let w = work.display();
 
     // Every figure includes making its output durable (sync), as a snapshot must be.
-    tar_zstd(&src, &work, bytes)?;
+    let tar = tar_zstd(&src, &work, bytes)?;
     let store = Repository::open(&work.join("store").to_string_lossy())?;
     let rules = CaptureRules::default();
     run_shell("sync", &[])?;
@@ -234,11 +254,9 @@ pub async fn run(tree: Option<PathBuf>, files: usize, size_mib: u64) -> anyhow::
     let (full, stats) = snapshot::capture(&store, &src, &rules, None, uuid::Uuid::new_v4()).await?;
     // Shared with the next capture, as a worker shares its last manifest.
     let full = std::sync::Arc::new(full);
-    line(
-        "cairn full capture (durable: fsync)",
-        started.elapsed(),
-        bytes,
-    );
+    let captured = started.elapsed();
+    line("cairn full capture (durable: fsync)", captured, bytes);
+    ratio("tar | zstd -1 -T0", tar, captured);
     let stored = stats.bytes_uploaded as f64 / 1048576.0;
     let (chunks, packs) = (stats.chunks_new, stats.packs_new);
     println!(
