@@ -214,7 +214,7 @@ impl Meter {
 }
 
 /// Clock ticks per second, the unit of `/proc/<pid>/stat`'s times.
-fn clock_ticks() -> anyhow::Result<f64> {
+pub fn clock_ticks() -> anyhow::Result<f64> {
     let out = std::process::Command::new("getconf")
         .arg("CLK_TCK")
         .output()

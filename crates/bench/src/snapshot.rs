@@ -99,15 +99,58 @@ fn line(label: &str, took: Duration, bytes: u64) {
     );
 }
 
+/// CPU seconds, user and system, of this process (every thread) and of the children
+/// it reaped, from `/proc/self/stat`: what a phase cost beside its wall time.
+struct CpuClock {
+    seconds_per_tick: f64,
+}
+
+impl CpuClock {
+    fn new() -> anyhow::Result<CpuClock> {
+        Ok(CpuClock {
+            seconds_per_tick: 1.0 / crate::meter::clock_ticks()?,
+        })
+    }
+
+    /// This process's own CPU seconds so far, and its reaped children's.
+    fn read(&self) -> anyhow::Result<(f64, f64)> {
+        let (own, reaped) = crate::meter::process_ticks(std::process::id())?;
+        Ok((
+            own as f64 * self.seconds_per_tick,
+            reaped as f64 * self.seconds_per_tick,
+        ))
+    }
+
+    /// Prints the CPU used since `before`: this process's (`children` false) or the
+    /// processes it started and reaped.
+    fn since(&self, before: (f64, f64), children: bool) -> anyhow::Result<()> {
+        let now = self.read()?;
+        let used = if children {
+            now.1 - before.1
+        } else {
+            now.0 - before.0
+        };
+        println!("{:>42}  {used:.2} s of CPU, user + system", "");
+        Ok(())
+    }
+}
+
 /// `tar | zstd -1` of the tree, made durable: the baseline of a full capture.
-fn tar_zstd(src: &std::path::Path, work: &std::path::Path, bytes: u64) -> anyhow::Result<Duration> {
+fn tar_zstd(
+    src: &std::path::Path,
+    work: &std::path::Path,
+    bytes: u64,
+    clock: &CpuClock,
+) -> anyhow::Result<Duration> {
     let (s, w) = (src.display(), work.display());
     run_shell("sync", &[])?;
+    let before = clock.read()?;
     let tar = run_shell(
         &format!("tar -C '{s}' -cf - . | zstd -q -1 -T0 -o '{w}/tree.tar.zst' && sync"),
         &[],
     )?;
     line("tar | zstd -1 -T0 (+ sync)", tar, bytes);
+    clock.since(before, true)?;
     Ok(tar)
 }
 
@@ -179,14 +222,17 @@ async fn restores(
     work: &std::path::Path,
     bytes: u64,
     restic_env: Option<&[(&str, &str); 2]>,
+    clock: &CpuClock,
 ) -> anyhow::Result<()> {
     let w = work.display();
     // Restores are shown with and without the final sync: the sync (the disk writing a
     // 1 GiB tree back) varies several-fold from run to run on a shared disk.
     run_shell("sync", &[])?;
+    let before = clock.read()?;
     let started = Instant::now();
     cairn_snapshot::restore(store, full, &work.join("restored")).await?;
     let restored = started.elapsed();
+    let cpu_restoring = clock.read()?;
     let synced = run_shell("sync", &[])?;
     let (cairn_restoring, cairn_synced) = (restored, synced);
     line("cairn restore (verified, + sync)", restored + synced, bytes);
@@ -196,12 +242,19 @@ async fn restores(
         restored.as_secs_f64(),
         synced.as_secs_f64()
     );
+    println!(
+        "{:>42}  {:.2} s of CPU restoring, user + system",
+        "",
+        cpu_restoring.0 - before.0
+    );
     std::fs::create_dir_all(work.join("untarred"))?;
     run_shell("sync", &[])?;
+    let before = clock.read()?;
     let untarred = run_shell(
         &format!("zstd -q -d -c '{w}/tree.tar.zst' | tar -C '{w}/untarred' -xf -"),
         &[],
     )?;
+    let cpu_untarring = clock.read()?;
     let synced = run_shell("sync", &[])?;
     line("zstd -d | tar -x (+ sync)", untarred + synced, bytes);
     println!(
@@ -209,6 +262,11 @@ async fn restores(
         "",
         untarred.as_secs_f64(),
         synced.as_secs_f64()
+    );
+    println!(
+        "{:>42}  {:.2} s of CPU extracting, user + system",
+        "",
+        cpu_untarring.1 - before.1
     );
     ratio(
         "zstd -d | tar -x, each with its sync",
@@ -238,6 +296,48 @@ async fn restores(
     Ok(())
 }
 
+/// A capture after 1 % of the files changed, against the full capture's manifest,
+/// beside restic's incremental backup when restic is installed.
+async fn incremental(
+    store: &cairn_snapshot::Repository,
+    src: &std::path::Path,
+    full: &std::sync::Arc<cairn_snapshot::Manifest>,
+    bytes: u64,
+    restic_env: Option<&[(&str, &str); 2]>,
+    clock: &CpuClock,
+) -> anyhow::Result<()> {
+    let changed = change_one_percent(src)?;
+    run_shell("sync", &[])?;
+    println!("{:>42}  changed {changed} files (1%)", "");
+    let rules = cairn_snapshot::CaptureRules::default();
+    let before = clock.read()?;
+    let started = Instant::now();
+    let (_, inc) =
+        cairn_snapshot::capture(store, src, &rules, Some(full.clone()), uuid::Uuid::new_v4())
+            .await?;
+    let incremental = started.elapsed();
+    line("cairn capture after 1% changed", incremental, bytes);
+    clock.since(before, false)?;
+    println!(
+        "{:>42}  {} files re-read, {} new chunks",
+        "",
+        inc.files - inc.files_unchanged,
+        inc.chunks_new
+    );
+    if let Some(restic_env) = restic_env {
+        run_shell("sync", &[])?;
+        let s = src.display();
+        let took = run_shell(&format!("restic backup -q '{s}' && sync"), restic_env)?;
+        line("restic incremental backup (+ sync)", took, bytes);
+        println!(
+            "{:>42}  cairn is {:.1}x faster",
+            "",
+            took.as_secs_f64() / incremental.as_secs_f64().max(1e-9)
+        );
+    }
+    Ok(())
+}
+
 pub async fn run(tree: Option<PathBuf>, files: usize, size_mib: u64) -> anyhow::Result<()> {
     use cairn_snapshot::Repository;
     use cairn_snapshot::{self as snapshot, CaptureRules};
@@ -246,16 +346,19 @@ pub async fn run(tree: Option<PathBuf>, files: usize, size_mib: u64) -> anyhow::
     let w = work.display();
 
     // Every figure includes making its output durable (sync), as a snapshot must be.
-    let tar = tar_zstd(&src, &work, bytes)?;
+    let clock = CpuClock::new()?;
+    let tar = tar_zstd(&src, &work, bytes, &clock)?;
     let store = Repository::open(&work.join("store").to_string_lossy())?;
     let rules = CaptureRules::default();
     run_shell("sync", &[])?;
+    let before = clock.read()?;
     let started = Instant::now();
     let (full, stats) = snapshot::capture(&store, &src, &rules, None, uuid::Uuid::new_v4()).await?;
     // Shared with the next capture, as a worker shares its last manifest.
     let full = std::sync::Arc::new(full);
     let captured = started.elapsed();
     line("cairn full capture (durable: fsync)", captured, bytes);
+    clock.since(before, false)?;
     ratio("tar | zstd -1 -T0", tar, captured);
     let stored = stats.bytes_uploaded as f64 / 1048576.0;
     let (chunks, packs) = (stats.chunks_new, stats.packs_new);
@@ -279,38 +382,24 @@ pub async fn run(tree: Option<PathBuf>, files: usize, size_mib: u64) -> anyhow::
         );
     }
 
-    let changed = change_one_percent(&src)?;
-    run_shell("sync", &[])?;
-    println!("{:>42}  changed {changed} files (1%)", "");
-    let started = Instant::now();
-    let (_, inc) = snapshot::capture(
+    incremental(
         &store,
         &src,
-        &rules,
-        Some(full.clone()),
-        uuid::Uuid::new_v4(),
+        &full,
+        bytes,
+        restic.then_some(&restic_env),
+        &clock,
     )
     .await?;
-    let incremental = started.elapsed();
-    line("cairn capture after 1% changed", incremental, bytes);
-    println!(
-        "{:>42}  {} files re-read, {} new chunks",
-        "",
-        inc.files - inc.files_unchanged,
-        inc.chunks_new
-    );
-    if restic {
-        run_shell("sync", &[])?;
-        let took = run_shell(&format!("restic backup -q '{s}' && sync"), &restic_env)?;
-        line("restic incremental backup (+ sync)", took, bytes);
-        println!(
-            "{:>42}  cairn is {:.1}x faster",
-            "",
-            took.as_secs_f64() / incremental.as_secs_f64().max(1e-9)
-        );
-    }
-
-    restores(&store, &full, &work, bytes, restic.then_some(&restic_env)).await?;
+    restores(
+        &store,
+        &full,
+        &work,
+        bytes,
+        restic.then_some(&restic_env),
+        &clock,
+    )
+    .await?;
     let _ = std::fs::remove_dir_all(&work);
     Ok(())
 }
