@@ -120,7 +120,8 @@ pub async fn capture_scanned(
     })??;
     // Packs are durable before an index names them, and everything is durable before
     // the caller marks the snapshot ready. Only what this capture wrote is synced: the
-    // packs' bytes were already, as they were written; this syncs their directories.
+    // full packs were synced as they were written, and this makes every pack and its
+    // directories durable (the last pack's bytes too).
     store
         .flush_keys(
             written
@@ -182,6 +183,10 @@ impl PackTable {
         }
     }
 
+    fn holds(&self, pack: Uuid) -> bool {
+        self.positions.contains_key(&pack)
+    }
+
     fn place(&mut self, id: ChunkId, location: Location) -> ChunkRef {
         let next = u32::try_from(self.ids.len()).unwrap_or(u32::MAX);
         let pack = *self.positions.entry(location.pack).or_insert_with(|| {
@@ -241,8 +246,7 @@ type Captured = (Manifest, CaptureStats, Vec<Written>);
 
 /// The previous manifest's stat index by path, where its chunks' packs are still in
 /// this store (a reclaimed pack's index is gone; a manifest of another store names none
-/// of them). It borrows the manifest: nothing copied. A changed file's chunk that the
-/// previous manifest held is found in the store's catalog, which lists it too.
+/// of them). It borrows the manifest: nothing copied.
 fn reusable_from<'m>(
     previous: Option<&'m Manifest>,
     packs_in_store: &HashSet<Uuid>,
@@ -339,6 +343,7 @@ fn capture_blocking(
         stats: Mutex::new(CaptureStats::default()),
         secrets: Mutex::new(Vec::new()),
         syncer: PackSyncer::default(),
+        previous_chunks: std::sync::OnceLock::new(),
     };
     entries
         .par_iter_mut()
@@ -367,6 +372,10 @@ type Syncing = (
 
 impl PackSyncer {
     fn sync(&self, store: &ArtifactStore, pack: Uuid) -> Result<(), SnapshotError> {
+        // A remote store's object is durable once put.
+        if store.local_path(&pack::pack_key(pack)).is_none() {
+            return Ok(());
+        }
         let mut syncing = lock(&self.0);
         if syncing.is_none() {
             let (to_sync, packs) = std::sync::mpsc::channel::<Uuid>();
@@ -421,6 +430,8 @@ struct Run<'a> {
     /// Files left out for holding a secret.
     secrets: Mutex<Vec<String>>,
     syncer: PackSyncer,
+    /// The previous manifest's chunks by id, made the first time they are asked for.
+    previous_chunks: std::sync::OnceLock<HashMap<ChunkId, ChunkRef>>,
 }
 
 impl Run<'_> {
@@ -483,6 +494,14 @@ impl Run<'_> {
     ) -> Result<(ChunkRef, Option<u64>), SnapshotError> {
         let id = ChunkId::of(data);
         if let Some(location) = self.stored.get(&id) {
+            // A store may hold a chunk in two packs (two lineages stored it at once), and
+            // the catalog knows one of them: where that one is new to this manifest,
+            // the previous manifest's place of the chunk keeps its pack list as it was.
+            if !lock(&self.shared).table.holds(location.pack) {
+                if let Some(chunk) = self.previous_place(&id) {
+                    return Ok((chunk, None));
+                }
+            }
             return Ok((lock(&self.shared).table.place(id, *location), None));
         }
         {
@@ -510,6 +529,17 @@ impl Run<'_> {
             self.syncer.sync(self.store, pack)?;
         }
         Ok((chunk, new))
+    }
+
+    /// Where the previous manifest keeps a chunk (its packs come first in this
+    /// manifest's table, at the same positions), if it is still in the store.
+    fn previous_place(&self, id: &ChunkId) -> Option<ChunkRef> {
+        let chunks = self.previous_chunks.get_or_init(|| {
+            (self.previous_entries.values())
+                .flat_map(|e| e.chunks.iter().map(|c| (c.id, *c)))
+                .collect()
+        });
+        chunks.get(id).copied()
     }
 
     /// Writes a sealed pack (then its index) and keeps its buffer for the next one.

@@ -214,6 +214,51 @@ async fn a_changed_file_with_content_already_stored_adds_no_chunk() {
     }
 }
 
+/// Copies every file under `from` into `to`, at the same relative paths.
+fn copy_tree(from: &Path, to: &Path) {
+    for entry in std::fs::read_dir(from).expect("read_dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.file_type().expect("type").is_dir() {
+            std::fs::create_dir_all(&target).expect("dir");
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+        }
+    }
+}
+
+/// A store may hold one chunk in two packs (two lineages stored it at once), and its
+/// catalog knows either. A changed file with that content keeps to the pack the
+/// previous manifest holds it in: the new manifest names no other pack. Six stores,
+/// since the catalog's pick goes either way.
+#[tokio::test]
+async fn a_chunk_held_in_two_packs_keeps_the_previous_manifests_pack() {
+    for _ in 0..6 {
+        let (src, elsewhere, store_dir, other_dir) = (
+            scratch("src"),
+            scratch("other-src"),
+            scratch("store"),
+            scratch("other-store"),
+        );
+        write(&src, "a.txt", b"shared content");
+        write(&src, "b.txt", b"its own content");
+        let (first, _) = capture(&open(&store_dir), &src, None).await;
+        // The same chunk, stored by a capture that did not see the first one's pack.
+        write(&elsewhere, "c.txt", b"shared content");
+        capture(&open(&other_dir), &elsewhere, None).await;
+        copy_tree(&other_dir.join("packs"), &store_dir.join("packs"));
+        copy_tree(&other_dir.join("index"), &store_dir.join("index"));
+        write(&src, "b.txt", b"shared content");
+        let (second, stats) = capture(&open(&store_dir), &src, Some(&first)).await;
+        assert_eq!(stats.chunks_new, 0);
+        assert_eq!(
+            second.packs, first.packs,
+            "no pack named beyond the first's"
+        );
+    }
+}
+
 /// A manifest need not list a file's directories: the restore makes them.
 #[tokio::test]
 async fn a_restore_makes_the_directories_a_manifest_leaves_implicit() {
