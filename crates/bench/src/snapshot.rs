@@ -121,18 +121,21 @@ impl CpuClock {
         ))
     }
 
-    /// Prints the CPU used since `before`: this process's (`children` false) or the
+    /// The CPU seconds used since `before`: this process's (`children` false) or the
     /// processes it started and reaped.
-    fn since(&self, before: (f64, f64), children: bool) -> anyhow::Result<()> {
+    fn used(&self, before: (f64, f64), children: bool) -> anyhow::Result<f64> {
         let now = self.read()?;
-        let used = if children {
+        Ok(if children {
             now.1 - before.1
         } else {
             now.0 - before.0
-        };
-        println!("{:>42}  {used:.2} s of CPU, user + system", "");
-        Ok(())
+        })
     }
+}
+
+/// The CPU line under a figure; `doing` names the part it covers, if not all of it.
+fn cpu_line(seconds: f64, doing: &str) {
+    println!("{:>42}  {seconds:.2} s of CPU{doing}, user + system", "");
 }
 
 /// `tar | zstd -1` of the tree, made durable: the baseline of a full capture.
@@ -150,7 +153,7 @@ fn tar_zstd(
         &[],
     )?;
     line("tar | zstd -1 -T0 (+ sync)", tar, bytes);
-    clock.since(before, true)?;
+    cpu_line(clock.used(before, true)?, "");
     Ok(tar)
 }
 
@@ -232,7 +235,7 @@ async fn restores(
     let started = Instant::now();
     cairn_snapshot::restore(store, full, &work.join("restored")).await?;
     let restored = started.elapsed();
-    let cpu_restoring = clock.read()?;
+    let cpu_restoring = clock.used(before, false)?;
     let synced = run_shell("sync", &[])?;
     let (cairn_restoring, cairn_synced) = (restored, synced);
     line("cairn restore (verified, + sync)", restored + synced, bytes);
@@ -242,11 +245,7 @@ async fn restores(
         restored.as_secs_f64(),
         synced.as_secs_f64()
     );
-    println!(
-        "{:>42}  {:.2} s of CPU restoring, user + system",
-        "",
-        cpu_restoring.0 - before.0
-    );
+    cpu_line(cpu_restoring, " restoring");
     std::fs::create_dir_all(work.join("untarred"))?;
     run_shell("sync", &[])?;
     let before = clock.read()?;
@@ -254,7 +253,7 @@ async fn restores(
         &format!("zstd -q -d -c '{w}/tree.tar.zst' | tar -C '{w}/untarred' -xf -"),
         &[],
     )?;
-    let cpu_untarring = clock.read()?;
+    let cpu_untarring = clock.used(before, true)?;
     let synced = run_shell("sync", &[])?;
     line("zstd -d | tar -x (+ sync)", untarred + synced, bytes);
     println!(
@@ -263,11 +262,7 @@ async fn restores(
         untarred.as_secs_f64(),
         synced.as_secs_f64()
     );
-    println!(
-        "{:>42}  {:.2} s of CPU extracting, user + system",
-        "",
-        cpu_untarring.1 - before.1
-    );
+    cpu_line(cpu_untarring, " extracting");
     ratio(
         "zstd -d | tar -x, each with its sync",
         untarred + synced,
@@ -317,7 +312,7 @@ async fn incremental(
             .await?;
     let incremental = started.elapsed();
     line("cairn capture after 1% changed", incremental, bytes);
-    clock.since(before, false)?;
+    cpu_line(clock.used(before, false)?, "");
     println!(
         "{:>42}  {} files re-read, {} new chunks",
         "",
@@ -358,7 +353,7 @@ pub async fn run(tree: Option<PathBuf>, files: usize, size_mib: u64) -> anyhow::
     let full = std::sync::Arc::new(full);
     let captured = started.elapsed();
     line("cairn full capture (durable: fsync)", captured, bytes);
-    clock.since(before, false)?;
+    cpu_line(clock.used(before, false)?, "");
     ratio("tar | zstd -1 -T0", tar, captured);
     let stored = stats.bytes_uploaded as f64 / 1048576.0;
     let (chunks, packs) = (stats.chunks_new, stats.packs_new);
