@@ -201,14 +201,23 @@ impl Browser {
     /// Clicks the visible button labelled exactly `label`.
     pub async fn click(&self, label: &str) {
         let xpath = format!("//button[normalize-space(.)='{label}']");
-        let button = self
-            .client
-            .wait()
-            .at_most(Duration::from_secs(20))
-            .for_element(Locator::XPath(&xpath))
-            .await
-            .unwrap_or_else(|e| panic!("no button {label:?}: {e}"));
-        button.click().await.expect("click");
+        // The console re-renders as it polls: a button found just before a render is
+        // gone by the click, and the new one is found again.
+        for _ in 0..5 {
+            let button = self
+                .client
+                .wait()
+                .at_most(Duration::from_secs(20))
+                .for_element(Locator::XPath(&xpath))
+                .await
+                .unwrap_or_else(|e| panic!("no button {label:?}: {e}"));
+            match button.click().await {
+                Err(fantoccini::error::CmdError::Standard(e))
+                    if e.error == fantoccini::error::ErrorStatus::StaleElementReference => {}
+                clicked => return clicked.expect("click"),
+            }
+        }
+        panic!("the button {label:?} was re-rendered under each of 5 clicks");
     }
 
     /// What Chromium's console said since the last read, errors and warnings only.
