@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 pub mod browser;
 pub mod cluster;
 pub mod handoff;
+pub mod interrupted;
 pub mod sandboxes;
 
 pub use cairn_common::testing::{self, ServiceLock};

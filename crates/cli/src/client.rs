@@ -15,8 +15,13 @@ pub mod exit {
     pub const CONFLICT: u8 = 4;
     pub const REJECTED: u8 = 5;
     pub const DENIED: u8 = 6;
-    /// The run ended without completing (watch).
+    /// The watched run failed; or what was waited for did not finish in time.
     pub const NOT_COMPLETED: u8 = 8;
+    /// The watched run was cancelled.
+    pub const CANCELLED: u8 = 9;
+    /// The watched run needs a person: `needs_reconciliation`,
+    /// `stopped_at_checkpoint` or `awaiting_verification`.
+    pub const NEEDS_PERSON: u8 = 10;
     /// The request may or may not have taken effect: read its status.
     pub const UNCERTAIN: u8 = 75;
 }

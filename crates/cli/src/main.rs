@@ -2,8 +2,9 @@
 //!
 //! Tables by default, `--json` for scripts. Exit codes: 0 success, 1 error (an
 //! unreachable scheduler included: nothing was sent), 2 invalid usage, 3 not found,
-//! 4 conflict, 5 rejected input, 6 access denied, 8 a watched run ended without
-//! completing, 75 the outcome of a write is unknown (read its status).
+//! 4 conflict, 5 rejected input, 6 access denied, 8 a watched run failed, 9 it was
+//! cancelled, 10 it needs a person, 75 the outcome of a write is unknown (read its
+//! status).
 
 mod actions;
 mod client;
@@ -21,6 +22,7 @@ use commands::policy::{policy, PolicyCommand};
 use commands::publication::{publication, PublicationCommand};
 use commands::qualification::{qualification, QualificationCommand};
 use commands::reaper::{reaper, ReaperCommand};
+use commands::reconciliation::{reconciliation, ReconciliationCommand};
 use commands::runs::{runs, RunsCommand};
 use commands::sandbox::{sandbox, SandboxCommand};
 use commands::snapshot::{snapshot, SnapshotCommand};
@@ -28,6 +30,7 @@ use commands::template::{template, TemplateCommand};
 use commands::tokens::{tenants, tokens, TenantCommand, TokenCommand};
 use commands::verification;
 use commands::volume::{volume, VolumeCommand};
+use nix::sys::signal::{signal, SigHandler, Signal};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -38,7 +41,7 @@ use std::time::Duration;
     name = "cairnctl",
     version,
     about,
-    after_help = "A run file is YAML or JSON: see \"A run\" in the README, or `cairnctl runs submit --help`.\nExit codes: 0 success, 1 error (the scheduler unreachable included), 2 usage, 3 not found,\n4 conflict, 5 rejected input, 6 access denied, 8 a watched run did not complete,\n75 a write whose outcome is unknown (read its status before trying again)."
+    after_help = "A run file is YAML or JSON: see \"A run\" in the README, or `cairnctl runs submit --help`.\nExit codes: 0 success, 1 error (the scheduler unreachable included), 2 usage, 3 not found,\n4 conflict, 5 rejected input, 6 access denied, 8 a watched run failed, 9 it was cancelled,\n10 it needs a person (needs_reconciliation, stopped_at_checkpoint, awaiting_verification),\n75 a write whose outcome is unknown (read its status before trying again)."
 )]
 struct Cli {
     #[command(flatten)]
@@ -54,6 +57,8 @@ struct ApiArgs {
         long,
         global = true,
         env = "CAIRN_SERVER",
+        // A URL may carry credentials: help names the variable, never its value.
+        hide_env_values = true,
         default_value = "http://127.0.0.1:8080"
     )]
     server: String,
@@ -63,14 +68,14 @@ struct ApiArgs {
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
-    /// Seconds to wait for an answer.
+    /// Seconds to wait for the scheduler's answer to each call.
     #[arg(
         long,
         global = true,
-        env = "CAIRN_TIMEOUT_SECONDS",
+        env = "CAIRN_HTTP_TIMEOUT_SECONDS",
         default_value_t = 30
     )]
-    timeout_seconds: u64,
+    http_timeout_seconds: u64,
 }
 
 #[derive(Debug, Subcommand)]
@@ -78,6 +83,10 @@ enum Command {
     /// Submit, list, show, watch and cancel runs.
     #[command(subcommand)]
     Runs(RunsCommand),
+    /// A run that needs a person: its uncertain steps, and a decision on each (mark done,
+    /// mark not done, fail the run).
+    #[command(subcommand)]
+    Reconciliation(ReconciliationCommand),
     /// Sandboxes: create, list, show, exec, files, stop, pause, resume, extend, fork,
     /// destroy.
     #[command(subcommand)]
@@ -135,6 +144,12 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // Rust ignores SIGPIPE, so a print to a closed pipe (`cairnctl … | head`) would
+    // panic; like any Unix filter, cairnctl ends quietly instead.
+    // SAFETY: SIG_DFL installs no handler of ours, and nothing else in this process
+    // sets SIGPIPE's disposition.
+    #[allow(unsafe_code)]
+    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
     let cli: Cli = parse_or_exit();
     match run(cli).await {
         Ok(code) => ExitCode::from(code),
@@ -192,13 +207,13 @@ async fn run(cli: Cli) -> Result<u8, CallError> {
         server,
         token,
         json,
-        timeout_seconds,
+        http_timeout_seconds,
     } = cli.api;
     let client = || {
         Client::new(
             &server,
             token.clone(),
-            Duration::from_secs(timeout_seconds.max(1)),
+            Duration::from_secs(http_timeout_seconds.max(1)),
         )
     };
     match cli.command {
@@ -209,6 +224,7 @@ async fn run(cli: Cli) -> Result<u8, CallError> {
             Ok(exit::OK)
         }
         Command::Runs(command) => runs(&client()?, command, json).await,
+        Command::Reconciliation(command) => reconciliation(&client()?, command, json).await,
         Command::Sandbox(command) => sandbox(&client()?, command, json).await,
         Command::Snapshot(command) => snapshot(&client()?, command, json).await,
         Command::CheckpointContinuations(command) => {
@@ -232,7 +248,37 @@ async fn run(cli: Cli) -> Result<u8, CallError> {
 #[cfg(test)]
 mod tests {
     use super::Cli;
-    use clap::CommandFactory;
+    use clap::{CommandFactory, Parser};
+
+    /// Every duration flag is spelled `--…-seconds` (the API's `timeout_sec` is taken
+    /// as an alias where it is the field's name).
+    #[test]
+    fn every_duration_flag_is_in_seconds_by_one_spelling() {
+        fn walk(command: &clap::Command, path: &str, found: &mut Vec<String>) {
+            for arg in command.get_arguments() {
+                let Some(long) = arg.get_long() else { continue };
+                let timed = ["timeout", "interval", "wait", "window"]
+                    .iter()
+                    .any(|w| long.contains(w))
+                    && arg.get_action().takes_values();
+                if long.ends_with("-sec") || (timed && !long.ends_with("-seconds")) {
+                    found.push(format!("{path} --{long}"));
+                }
+            }
+            for sub in command.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), found);
+            }
+        }
+        let mut found = Vec::new();
+        walk(&Cli::command(), "cairnctl", &mut found);
+        assert!(found.is_empty(), "{found:?}");
+        let id = "0123456789abcdef0123456789abcdef";
+        for flag in ["--timeout-seconds", "--timeout-sec"] {
+            let parsed =
+                Cli::try_parse_from(["cairnctl", "sandbox", "exec", id, flag, "5", "--", "true"]);
+            assert!(parsed.is_ok(), "{flag}: {parsed:?}");
+        }
+    }
 
     /// Every argument of every command says what it is in `--help`.
     #[test]

@@ -2,9 +2,10 @@
 
 use serde_json::Value;
 
-/// Prints rows as aligned columns under a header.
+/// Prints rows as aligned columns under a header, fitted to the terminal's width (see
+/// [`width`]): the widest columns give way first, their cells cut with `…`.
 pub fn table(header: &[&str], rows: &[Vec<String>]) {
-    let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    let mut widths: Vec<usize> = header.iter().map(|h| h.chars().count()).collect();
     for row in rows {
         for (i, cell) in row.iter().enumerate() {
             if let Some(w) = widths.get_mut(i) {
@@ -12,11 +13,17 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) {
             }
         }
     }
+    if let Some(limit) = width() {
+        fit(&mut widths, limit);
+    }
     let line = |cells: Vec<String>| {
         let padded: Vec<String> = cells
             .iter()
             .enumerate()
-            .map(|(i, c)| format!("{c:<width$}", width = widths.get(i).copied().unwrap_or(0)))
+            .map(|(i, c)| {
+                let width = widths.get(i).copied().unwrap_or(0);
+                format!("{:<width$}", cut(c, width))
+            })
             .collect();
         println!("{}", padded.join("  ").trim_end());
     };
@@ -24,6 +31,47 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) {
     for row in rows {
         line(row.clone());
     }
+}
+
+/// The narrowest a column is cut to.
+const MIN_COLUMN: usize = 6;
+
+/// The width to fit tables to: `COLUMNS` when set, else the terminal's when stdout is
+/// one; `None` (no limit) when piped, so scripts read whole cells.
+pub fn width() -> Option<usize> {
+    let columns = std::env::var("COLUMNS")
+        .ok()
+        .and_then(|c| c.parse::<usize>().ok());
+    columns.filter(|c| *c > 0).or_else(|| {
+        terminal_size::terminal_size_of(std::io::stdout()).map(|(w, _)| usize::from(w.0))
+    })
+}
+
+/// Narrows `widths` (two spaces between columns) to `limit` in all, the widest column
+/// first, none below [`MIN_COLUMN`] (or its own width, if less).
+pub fn fit(widths: &mut [usize], limit: usize) {
+    let gaps = 2 * widths.len().saturating_sub(1);
+    while widths.iter().sum::<usize>() + gaps > limit {
+        let widest = widths
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, w)| **w)
+            .map(|(i, _)| i);
+        match widest {
+            Some(i) if widths[i] > MIN_COLUMN => widths[i] -= 1,
+            _ => return,
+        }
+    }
+}
+
+/// `text` cut to `width` characters, its last one `…` when it was longer.
+fn cut(text: &str, width: usize) -> String {
+    if text.chars().count() <= width {
+        return text.to_string();
+    }
+    let mut kept: String = text.chars().take(width.saturating_sub(1)).collect();
+    kept.push('…');
+    kept
 }
 
 /// One row per item of a JSON array (none when it is not one).
@@ -63,4 +111,30 @@ pub fn json(value: &Value) {
         "{}",
         serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
     );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{cut, fit};
+
+    #[test]
+    fn a_table_too_wide_gives_way_from_its_widest_column() {
+        let mut widths = vec![32, 8, 40, 25];
+        fit(&mut widths, 80);
+        assert_eq!(widths.iter().sum::<usize>() + 6, 80, "{widths:?}");
+        assert_eq!(widths[1], 8, "a narrow column keeps its width: {widths:?}");
+        let mut narrow = vec![32, 32, 32];
+        fit(&mut narrow, 10);
+        assert_eq!(narrow, [6, 6, 6], "never below the minimum");
+        let mut fits = vec![4, 5];
+        fit(&mut fits, 80);
+        assert_eq!(fits, [4, 5]);
+    }
+
+    #[test]
+    fn a_cut_cell_ends_with_an_ellipsis_and_keeps_its_width() {
+        assert_eq!(cut("6f1c0e0b3f3c4f0e", 8), "6f1c0e0…");
+        assert_eq!(cut("héllo", 5), "héllo");
+        assert_eq!(cut("héllo wörld", 6).chars().count(), 6);
+    }
 }

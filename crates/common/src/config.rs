@@ -196,6 +196,10 @@ fn exit_usage(command: &clap::Command, error: &clap::Error) -> ! {
             line.push_str(&format!("; did you mean '{}'?", suggested.join("' or '")));
         }
     }
+    // An invalid value of a closed set says which values there are.
+    if let Some(ContextValue::Strings(valid)) = error.get(ContextKind::ValidValue) {
+        line.push_str(&format!("; one of: {}", valid.join(", ")));
+    }
     eprintln!("{line}");
     let usage = rendered.lines().find(|l| l.starts_with("Usage:"));
     // The command that failed: the usage line's words before its arguments.

@@ -216,16 +216,103 @@ pub async fn entry(
     kind: &str,
     body: &serde_json::Value,
 ) -> Result<i64, sqlx::Error> {
+    entry_at(conn, lease.request_id, lease.epoch, kind, body).await
+}
+
+/// Writes a journal entry of `request_id` under `epoch`, for a writer that holds no
+/// lease but has locked and fenced the request (a person's reconciliation decision).
+pub async fn entry_at(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+    epoch: i64,
+    kind: &str,
+    body: &serde_json::Value,
+) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(
         "INSERT INTO journal_entries (request_id, entry_kind, lease_epoch, body) VALUES ($1, $2, $3, $4)
       RETURNING id",
     )
-    .bind(lease.request_id)
+    .bind(request_id)
     .bind(kind)
-    .bind(lease.epoch)
+    .bind(epoch)
     .bind(body)
     .fetch_one(conn)
     .await
+}
+
+/// Steps of a request a person must decide: each started and has no receipt, and
+/// `stopped_on` (the step its request stopped on) when its receipt stands on a tree the
+/// successor lacked, unless a person already recorded it done. In plan order.
+pub async fn undecided(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+    stopped_on: Option<&str>,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT i.step_key FROM journal_intents i
+           LEFT JOIN journal_receipts r ON r.request_id = i.request_id AND r.step_key = i.step_key
+          WHERE i.request_id = $1
+            AND (r.step_key IS NULL OR (i.step_key = $2 AND r.decision_id IS NULL))
+          ORDER BY i.step_index",
+    )
+    .bind(request_id)
+    .bind(stopped_on)
+    .fetch_all(conn)
+    .await
+}
+
+/// A person decided the step's effect happened: its receipt says so and names the
+/// decision, with no exit, output or snapshot of its own (replacing a receipt on a tree
+/// the successor lacked). Inside the caller's transaction, on a locked, fenced request.
+pub async fn record_marked_done(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+    step_key: &str,
+    epoch: i64,
+    decision_id: Uuid,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "WITH receipt AS (
+           INSERT INTO journal_receipts (request_id, step_key, lease_epoch, attempt, wall_ms, cpu_ms,
+                                         output_digest, decision_id)
+           SELECT request_id, step_key, $3, attempt, 0, 0, '', $4 FROM journal_intents
+            WHERE request_id = $1 AND step_key = $2
+           ON CONFLICT (request_id, step_key) DO UPDATE
+              SET lease_epoch = EXCLUDED.lease_epoch, exit_code = NULL, signal = NULL, timed_out = FALSE,
+                  wall_ms = 0, cpu_ms = 0, output_digest = '', stdout_tail = '', stderr_tail = '',
+                  output_artifact = NULL, snapshot_id = NULL, tree_tier = NULL, sandbox = NULL,
+                  limit_breached = NULL, cancelled = FALSE, decision_id = EXCLUDED.decision_id,
+                  finished_at = now())
+         UPDATE journal_intents SET ended_at = COALESCE(ended_at, now())
+          WHERE request_id = $1 AND step_key = $2",
+    )
+    .bind(request_id)
+    .bind(step_key)
+    .bind(epoch)
+    .bind(decision_id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// A person decided the step's effect did not happen: its intent (and a receipt on a
+/// tree the successor lacked) leave the journal, so the step runs again on the same
+/// request. What it was charged stays charged; the decision's journal entry keeps what
+/// was removed.
+pub async fn forget_step(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+    step_key: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "WITH receipt AS (DELETE FROM journal_receipts WHERE request_id = $1 AND step_key = $2)
+         DELETE FROM journal_intents WHERE request_id = $1 AND step_key = $2",
+    )
+    .bind(request_id)
+    .bind(step_key)
+    .execute(conn)
+    .await?;
+    Ok(())
 }
 
 /// Steps (or checks) that started and have no receipt, in plan order, with whether each
@@ -285,6 +372,9 @@ pub enum Standing {
     /// A receipt the tree does not hold: it stands on another snapshot (or on none), so
     /// its effects are not in this tree.
     Behind { snapshot: Option<Uuid> },
+    /// A person decided its effect happened (`mark_done`): it is done on the tree its
+    /// run continues from, as long as no earlier step runs again first.
+    MarkedDone,
 }
 
 impl Standing {
@@ -293,6 +383,7 @@ impl Standing {
             Standing::Done { .. } => "on_tree",
             Standing::Unknown => "unknown_outcome",
             Standing::Behind { .. } => "tree_behind_journal",
+            Standing::MarkedDone => "marked_done",
         }
     }
 }
@@ -304,8 +395,8 @@ pub async fn standings(
     request_id: Uuid,
     position: Option<Uuid>,
 ) -> Result<HashMap<String, Standing>, sqlx::Error> {
-    let rows: Vec<(String, bool, Option<Uuid>)> = sqlx::query_as(
-        "SELECT i.step_key, r.step_key IS NOT NULL, r.snapshot_id
+    let rows: Vec<(String, bool, Option<Uuid>, bool)> = sqlx::query_as(
+        "SELECT i.step_key, r.step_key IS NOT NULL, r.snapshot_id, r.decision_id IS NOT NULL
            FROM journal_intents i
            LEFT JOIN journal_receipts r ON r.request_id = i.request_id AND r.step_key = i.step_key
           WHERE i.request_id = $1",
@@ -319,8 +410,9 @@ pub async fn standings(
     };
     Ok(rows
         .into_iter()
-        .map(|(key, receipt, snapshot)| {
+        .map(|(key, receipt, snapshot, decided)| {
             let standing = match (receipt, snapshot) {
+                _ if decided => Standing::MarkedDone,
                 (false, _) => Standing::Unknown,
                 (true, Some(s)) if held.contains(&s) => Standing::Done { snapshot: s },
                 (true, snapshot) => Standing::Behind { snapshot },

@@ -18,6 +18,7 @@ const SAYS = {
   finishing_round: (b) => `Finishing round: ${b.usage?.commands ?? 0} commands, files written: ${list(b.usage?.files_written)}; retained source ${short(b.usage?.retained_source?.source_digest)}`,
   terminal_acceptance: (b) => `Terminal acceptance: final-result receipt #${b.final_result_receipt}, ${(b.command_receipts || []).length} command receipts, source ${short(b.source_digest)}`,
   finishing_round_held: (b) => `Finishing round held: ${list((b.holds || []).map((x) => x.reason.replaceAll("_", " ")))}`,
+  reconciliation_decision: (b) => `Step ${b.step_key} ${String(b.decision).replaceAll("_", " ")} by ${b.decided_by_name}: “${b.reason}”; the run ${b.outcome === "queued" ? "continued" : b.outcome}`,
   inspection_snapshot: (b) => `Step ${b.step_key} failed; its tree is kept for inspection as snapshot ${b.snapshot_id}`,
 };
 

@@ -6,6 +6,7 @@
 import { api, can, errorText, every, facts, h, notice, rerender, say, seconds, stateBadge, table, when } from "./core.js";
 import { planTab } from "./plan.js";
 import { questionsTab } from "./questions.js";
+import { loadReconciliation, reconciliation } from "./reconcile.js";
 import { verificationTab } from "./verification.js";
 
 const TERMINAL = ["completed", "failed", "cancelled"];
@@ -126,6 +127,7 @@ function overview(runId) {
         api("GET", `/api/v1/runs/${runId}/execution-requests`),
         api("GET", `/api/v1/runs/${runId}/pause`),
       ]);
+      const reconciling = await loadReconciliation(run);
       const request = requests.execution_requests.find((r) => r.request_id === run.request_id) || {};
       const reused = new Set((request.resume_context?.receipts || [])
         .filter((r) => r.standing === "on_tree").map((r) => r.step_key));
@@ -142,7 +144,7 @@ function overview(runId) {
         failing = false;
         say(status, "");
       }
-      rerender(content, { run, journal, requests, pause, live }, () => [
+      rerender(content, { run, journal, requests, pause, live, reconciling }, () => [
         facts([
           ["State", stateBadge(run.state)],
           ["Stop reason", run.stop_reason || "—"],
@@ -159,6 +161,7 @@ function overview(runId) {
           ["Finished", when(run.finished_at)],
         ]),
         actions(run, pause, status, load) || "",
+        reconciliation(run, reconciling, status, load) || "",
         h("h2", {}, "Timeline"),
         table("Steps in plan order", ["Step", "Outcome", "How", "Wall", "Started", "Tree"],
           run.steps.map((spec) => {

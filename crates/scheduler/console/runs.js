@@ -3,10 +3,10 @@
 
 import { api, errorText, every, h, notice, rerender, say, stateBadge, table, when } from "./core.js";
 
-const STATES = ["queued", "running", "awaiting_verification", "stopped_at_checkpoint",
+const STATES = ["queued", "running", "paused", "awaiting_verification", "stopped_at_checkpoint",
   "needs_reconciliation", "completed", "failed", "cancelled"];
 const NEEDS_A_PERSON = {
-  needs_reconciliation: "A step's outcome is unknown or a final report waits: see its stop reason; a retained report can be accepted (Plan tab).",
+  needs_reconciliation: "A step's outcome is unknown or a final report waits: decide each uncertain step (Overview), or accept a retained report (Plan tab).",
   stopped_at_checkpoint: "It stopped at a retained checkpoint: review a saved continuation (Plan tab).",
   awaiting_verification: "Its report asks for verification: adopt the frozen checks.",
 };

@@ -63,6 +63,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("../console/records.js"),
     ),
     (
+        "reconcile.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../console/reconcile.js"),
+    ),
+    (
         "verification.js",
         "text/javascript; charset=utf-8",
         include_str!("../console/verification.js"),

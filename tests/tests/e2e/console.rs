@@ -794,3 +794,52 @@ async fn a_sandbox_page_runs_a_command_and_shows_its_output_as_it_is_printed() {
     browser.check_page("sandbox").await;
     browser.close().await;
 }
+
+/// A run that needs a person shows its uncertain step and what is known of it; a viewer
+/// is offered no decision, an operator marks the step not done with a reason, the run
+/// completes, and the journal's records say who decided and why.
+#[tokio::test]
+async fn an_operator_decides_an_uncertain_step_in_the_console() {
+    let _one = ONE_BROWSER.lock().await;
+    let (cluster, run_id) =
+        cairn_e2e::interrupted::die_after_second_intent("console-reconcile").await;
+    let viewer = token(&cluster, "ada-viewer", "viewer");
+    let operator = token(&cluster, "otto-operator", "operator");
+    cluster.wait_for_state(&run_id, &["needs_reconciliation"], LONG);
+
+    let browser = Browser::start(cluster.api).await;
+    browser.sign_in(&viewer).await;
+    browser.open(&format!("#/runs/{run_id}")).await;
+    browser
+        .wait_text("main", "An operator decides this step.")
+        .await;
+    let offered = browser.buttons().await;
+    for decision in ["Mark done", "Mark not done", "Fail run"] {
+        assert!(!offered.iter().any(|b| b == decision), "{offered:?}");
+    }
+
+    browser.sign_in(&operator).await;
+    browser.open(&format!("#/runs/{run_id}")).await;
+    browser.wait_text("main", "Needs a person").await;
+    browser.check_page("run-needs-a-person").await;
+    let reason = browser
+        .wait_for("input[aria-label='Why, for step s2']")
+        .await;
+    reason
+        .send_keys("s2 never wrote its line")
+        .await
+        .expect("type the reason");
+    browser.click("Mark not done").await;
+    cluster.wait_for_state(&run_id, &["completed"], LONG);
+    assert_eq!(
+        cluster.lines("effects"),
+        ["s1", "s2"],
+        "s2 ran once, after the decision"
+    );
+    browser.open(&format!("#/runs/{run_id}/plan")).await;
+    let said = browser
+        .wait_text("#records", "Step s2 mark not done by otto-operator")
+        .await;
+    assert!(said.contains("s2 never wrote its line"), "{said}");
+    browser.close().await;
+}

@@ -6,6 +6,7 @@
 
 mod binaries;
 mod cli;
+mod cli_newcomer;
 mod console;
 mod custody;
 mod deployment;
@@ -14,6 +15,7 @@ mod finishing;
 mod output;
 mod pause;
 mod reaper;
+mod reconciliation;
 mod reuse;
 mod sandbox;
 mod sandbox_copies;

@@ -90,6 +90,27 @@ async fn a_pause_captures_before_its_reply_and_resume_continues_the_step() {
     .await
     .expect("snapshot");
     assert_eq!((status_of.as_str(), head), ("ready", snapshot_id));
+    // The run shows as paused, and the list filters by it.
+    assert_eq!(cluster.run(&run_id)["state"], "paused");
+    let listed = |state: &str| -> Vec<Value> {
+        let (status, page) = cluster.call("GET", &format!("/api/v1/runs?state={state}"), None);
+        assert_eq!(status, 200, "{page}");
+        page["runs"].as_array().cloned().unwrap_or_default()
+    };
+    assert_eq!(listed("paused").len(), 1);
+    assert!(
+        listed("running").is_empty(),
+        "a paused run is not listed as running"
+    );
+    let (_, counts) = cluster.call("GET", "/api/v1/runs/counts", None);
+    assert_eq!(
+        (
+            counts["counts"]["paused"].as_i64(),
+            counts["counts"]["running"].as_i64()
+        ),
+        (Some(1), Some(0)),
+        "{counts}"
+    );
     let at_pause = count(&cluster);
     let store = ArtifactStore::open(&cluster.dir.join("artifacts").to_string_lossy())
         .expect("the cluster's artifact store");
@@ -149,6 +170,7 @@ async fn a_pause_captures_before_its_reply_and_resume_continues_the_step() {
         "{resumed}"
     );
     cluster.wait_until("counting to go on", LONG, || count(&cluster) > at_pause);
+    assert_eq!(cluster.run(&run_id)["state"], "running");
     let run = cluster.wait_for_state(&run_id, &["completed"], LONG);
     assert_eq!(count(&cluster), 60, "{run}");
     assert_eq!(cluster.metric(0, "cairn_worker_pauses_total"), 1.0);

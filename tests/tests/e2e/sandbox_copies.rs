@@ -317,7 +317,7 @@ async fn cairnctl_drives_sandboxes_and_snapshots() {
         "create",
         "--agent",
         "coder",
-        "--timeout-sec",
+        "--timeout-seconds",
         "600",
         "--metadata",
         "team=cli",
@@ -403,7 +403,14 @@ async fn cairnctl_drives_sandboxes_and_snapshots() {
         "--json",
     ]);
     assert_eq!(resumed["state"], "running", "{resumed}");
-    let extended = json(&["sandbox", "extend", &id, "--timeout-sec", "900", "--json"]);
+    let extended = json(&[
+        "sandbox",
+        "extend",
+        &id,
+        "--timeout-seconds",
+        "900",
+        "--json",
+    ]);
     assert_eq!(extended["timeout_sec"], 900);
     let (code, out, _) = ctl(&["sandbox", "operations", &id]);
     assert!(

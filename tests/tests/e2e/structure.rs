@@ -499,6 +499,11 @@ const WRITERS: &[(&str, &str, &[&str])] = &[
     ("runs", "crates/common/src/request/", &[]),
     ("continuation_actions", "crates/common/src/request/", &[]),
     ("batch_admissions", "crates/common/src/request/", &[]),
+    (
+        "reconciliation_decisions",
+        "crates/common/src/request/",
+        &[],
+    ),
     ("journal_intents", "crates/common/src/journal.rs", &[]),
     ("journal_receipts", "crates/common/src/journal.rs", &[]),
     ("journal_entries", "crates/common/src/journal.rs", &[]),

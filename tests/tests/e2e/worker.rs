@@ -2,6 +2,7 @@
 //! drained, against real PostgreSQL, Redis and RabbitMQ.
 
 use cairn_e2e::cluster::{append_step, run_spec, Cluster, Settings};
+use cairn_e2e::interrupted::{die_after_second_intent, kill_during_second_step};
 use cairn_e2e::ServiceLock;
 use nix::sys::signal::Signal;
 use serde_json::json;
@@ -11,36 +12,6 @@ const LONG: Duration = Duration::from_secs(60);
 
 fn count(lines: &[String], line: &str) -> usize {
     lines.iter().filter(|l| l.as_str() == line).count()
-}
-
-/// Submits s1 (quick), s2 (slow, killed mid-way), s3, and kills the worker holding the
-/// run while s2 runs. Returns the cluster, run id and request id.
-async fn kill_during_second_step(
-    label: &str,
-    idempotent: bool,
-    max_attempts: u32,
-) -> (Cluster, String, String) {
-    let cluster = Cluster::start(label, 2, Settings::default()).await;
-    let file = cluster.path("effects");
-    let spec = run_spec(
-        vec![
-            append_step("s1", &file, "s1", 0.0, false),
-            json!({"key": "s2", "argv": ["sh", "-c", format!("echo s2-start >> {file}; sleep 4; echo s2-end >> {file}")], "idempotent": idempotent}),
-            append_step("s3", &file, "s3", 0.0, false),
-        ],
-        max_attempts,
-    );
-    let (run_id, request_id) = cluster.submit(&spec);
-    cluster.wait_until("s2 to start", LONG, || {
-        cluster.lines("effects").contains(&"s2-start".to_string())
-    });
-    let holder = cluster
-        .holder(&request_id)
-        .await
-        .expect("a worker holds the run");
-    let victim = cluster.worker_index(&holder);
-    cluster.workers[victim].process.signal(Signal::SIGKILL);
-    (cluster, run_id, request_id)
 }
 
 #[tokio::test]
@@ -144,22 +115,7 @@ async fn sigkill_mid_step_reuses_completed_steps_and_reruns_an_idempotent_one() 
 #[tokio::test]
 async fn a_kill_between_a_steps_intent_and_its_start_needs_reconciliation() {
     let _services = ServiceLock::shared().await;
-    let mut cluster = Cluster::start("after-intent", 0, Settings::default()).await;
-    let file = cluster.path("effects");
-    let spec = run_spec(
-        vec![
-            append_step("s1", &file, "s1", 0.0, false),
-            append_step("s2", &file, "s2", 0.0, false),
-        ],
-        3,
-    );
-    // s1's intent is the first to pass the point, s2's the second.
-    cluster.add_faulty_worker("w1", "after_intent@2");
-    let (run_id, _) = cluster.submit(&spec);
-    if cluster.workers[0].process.wait_exit(LONG).is_none() {
-        panic!("never killed itself after s2's intent\n{}", cluster.logs());
-    }
-    cluster.add_worker();
+    let (cluster, run_id) = die_after_second_intent("after-intent").await;
     let run = cluster.wait_for_state(&run_id, &["needs_reconciliation"], LONG);
     assert_eq!(run["reconciliation_step"], "s2", "{run}");
     assert_eq!(run["stop_reason"], "unknown_outcome");

@@ -64,6 +64,13 @@ class CheckpointAlreadyAdmitted(CairnError):
     STATUS: ClassVar[int | None] = 409
 
 
+class DecisionIdConflict(CairnError):
+    """The decision id was used earlier for another decision: read that decision back, or use a new id. (HTTP 409, `decision_id_conflict`)"""
+
+    CODE: ClassVar[str | None] = "decision_id_conflict"
+    STATUS: ClassVar[int | None] = 409
+
+
 class DeliveryHeld(CairnError):
     """A delivery hold stands on the run: publication waits for its release. (HTTP 409, `delivery_held`)"""
 
@@ -260,6 +267,13 @@ class NotATerminal(CairnError):
     STATUS: ClassVar[int | None] = 409
 
 
+class NotAwaitingReconciliation(CairnError):
+    """The run does not need a person now: nothing was decided. (HTTP 409, `not_awaiting_reconciliation`)"""
+
+    CODE: ClassVar[str | None] = "not_awaiting_reconciliation"
+    STATUS: ClassVar[int | None] = 409
+
+
 class NotCaptured(CairnError):
     """The run's workspace was not captured, so there is nothing to publish or restore. (HTTP 409, `not_captured`)"""
 
@@ -393,6 +407,13 @@ class StateChanged(CairnError):
     STATUS: ClassVar[int | None] = 409
 
 
+class StepNotUndecided(CairnError):
+    """The step has no outcome left to decide (decided already, or never uncertain); the message lists the undecided steps. (HTTP 409, `step_not_undecided`)"""
+
+    CODE: ClassVar[str | None] = "step_not_undecided"
+    STATUS: ClassVar[int | None] = 409
+
+
 class StoreUnavailable(CairnError):
     """The artifact store did not answer; nothing was changed, try again. (HTTP 503, `store_unavailable`)"""
 
@@ -479,6 +500,7 @@ ERROR_CLASSES: dict[str, type[CairnError]] = {
     "candidate_digest_mismatch": CandidateDigestMismatch,
     "candidate_held": CandidateHeld,
     "checkpoint_already_admitted": CheckpointAlreadyAdmitted,
+    "decision_id_conflict": DecisionIdConflict,
     "delivery_held": DeliveryHeld,
     "disk_shrink": DiskShrink,
     "duplicate_selection": DuplicateSelection,
@@ -507,6 +529,7 @@ ERROR_CLASSES: dict[str, type[CairnError]] = {
     "no_such_route": NoSuchRoute,
     "not_a_named_snapshot": NotANamedSnapshot,
     "not_a_terminal": NotATerminal,
+    "not_awaiting_reconciliation": NotAwaitingReconciliation,
     "not_captured": NotCaptured,
     "not_found": NotFound,
     "not_paused": NotPaused,
@@ -526,6 +549,7 @@ ERROR_CLASSES: dict[str, type[CairnError]] = {
     "snapshot_quarantined": SnapshotQuarantined,
     "stale_candidate": StaleCandidate,
     "state_changed": StateChanged,
+    "step_not_undecided": StepNotUndecided,
     "store_unavailable": StoreUnavailable,
     "tenant_exists": TenantExists,
     "unauthorized": Unauthorized,
@@ -548,6 +572,7 @@ __all__ = [
     "CandidateDigestMismatch",
     "CandidateHeld",
     "CheckpointAlreadyAdmitted",
+    "DecisionIdConflict",
     "DeliveryHeld",
     "DiskShrink",
     "DuplicateSelection",
@@ -576,6 +601,7 @@ __all__ = [
     "NoSuchRoute",
     "NotANamedSnapshot",
     "NotATerminal",
+    "NotAwaitingReconciliation",
     "NotCaptured",
     "NotFound",
     "NotPaused",
@@ -595,6 +621,7 @@ __all__ = [
     "SnapshotQuarantined",
     "StaleCandidate",
     "StateChanged",
+    "StepNotUndecided",
     "StoreUnavailable",
     "TenantExists",
     "Unauthorized",

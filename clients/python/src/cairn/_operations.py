@@ -50,6 +50,26 @@ OPERATIONS: dict[str, Operation] = {
         body=None,
         replies=(Reply(status=200, media_types=("application/json",), model="RunCounts"),),
     ),
+    "create_reconciliation_decision": Operation(
+        id="create_reconciliation_decision",
+        method="POST",
+        path="/api/v1/runs/{run_id}/reconciliation/decisions/{decision_id}",
+        params=(
+            Param(name="run_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),
+            Param(name="decision_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),
+        ),
+        body=Body(
+            media_type="application/json",
+            model="DecisionInput",
+            optional=False,
+            acknowledgements=(),
+            identity_field=None,
+        ),
+        replies=(
+            Reply(status=200, media_types=("application/json",), model="DecisionView"),
+            Reply(status=201, media_types=("application/json",), model="DecisionView"),
+        ),
+    ),
     "create_sandbox": Operation(
         id="create_sandbox",
         method="POST",
@@ -341,6 +361,17 @@ OPERATIONS: dict[str, Operation] = {
         body=None,
         replies=(Reply(status=200, media_types=("application/json",), model="ReaperView"),),
     ),
+    "get_reconciliation_decision": Operation(
+        id="get_reconciliation_decision",
+        method="GET",
+        path="/api/v1/runs/{run_id}/reconciliation/decisions/{decision_id}",
+        params=(
+            Param(name="run_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),
+            Param(name="decision_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),
+        ),
+        body=None,
+        replies=(Reply(status=200, media_types=("application/json",), model="DecisionView"),),
+    ),
     "get_run": Operation(
         id="get_run",
         method="GET",
@@ -364,6 +395,14 @@ OPERATIONS: dict[str, Operation] = {
         params=(Param(name="run_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),),
         body=None,
         replies=(Reply(status=200, media_types=("application/json",), model="PauseView"),),
+    ),
+    "get_run_reconciliation": Operation(
+        id="get_run_reconciliation",
+        method="GET",
+        path="/api/v1/runs/{run_id}/reconciliation",
+        params=(Param(name="run_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),),
+        body=None,
+        replies=(Reply(status=200, media_types=("application/json",), model="Reconciliation"),),
     ),
     "get_sandbox": Operation(
         id="get_sandbox",
@@ -480,6 +519,14 @@ OPERATIONS: dict[str, Operation] = {
         body=None,
         replies=(Reply(status=200, media_types=("application/json",), model="ExecutionRequestList"),),
     ),
+    "list_reconciliation_decisions": Operation(
+        id="list_reconciliation_decisions",
+        method="GET",
+        path="/api/v1/runs/{run_id}/reconciliation/decisions",
+        params=(Param(name="run_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),),
+        body=None,
+        replies=(Reply(status=200, media_types=("application/json",), model="DecisionList"),),
+    ),
     "list_runs": Operation(
         id="list_runs",
         method="GET",
@@ -490,7 +537,7 @@ OPERATIONS: dict[str, Operation] = {
                 location="query",
                 required=False,
                 type="string",
-                pattern="^(queued|running|awaiting_verification|stopped_at_checkpoint|needs_reconciliation|completed|failed|cancelled)$",
+                pattern="^(queued|running|executing|paused|awaiting_verification|stopped_at_checkpoint|needs_reconciliation|completed|failed|cancelled)$",
             ),
             Param(name="agent", location="query", required=False, type="string", pattern="^[A-Za-z0-9._-]{1,128}$"),
             Param(name="limit", location="query", required=False, type="integer", minimum=1, maximum=500),

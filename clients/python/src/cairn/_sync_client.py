@@ -178,6 +178,27 @@ class Client:
         """The run's execution requests: its own, publications, continuations."""
         return self._op("list_execution_requests", {"run_id": run_id})
 
+    def get_run_reconciliation(self, run_id: str) -> models.Reconciliation:
+        """What a run that needs a person waits for: each uncertain step (its intent, what
+        is known of it) and the decisions taken."""
+        return self._op("get_run_reconciliation", {"run_id": run_id})
+
+    def decide_reconciliation_step(
+        self, run_id: str, decision_id: str, body: models.DecisionInput | Body
+    ) -> models.DecisionView:
+        """Decides one uncertain step (`mark_done`, `mark_not_done` or `fail_run`, with a
+        reason) under the caller's `decision_id` (32 lowercase hex), sent once. The same id
+        and body read the same decision; another body under it is `DecisionIdConflict`."""
+        params = {"run_id": run_id, "decision_id": decision_id}
+        return self._op("create_reconciliation_decision", params, body)
+
+    def list_reconciliation_decisions(self, run_id: str) -> models.DecisionList:
+        return self._op("list_reconciliation_decisions", {"run_id": run_id})
+
+    def get_reconciliation_decision(self, run_id: str, decision_id: str) -> models.DecisionView:
+        params = {"run_id": run_id, "decision_id": decision_id}
+        return self._op("get_reconciliation_decision", params)
+
     def get_step_output(
         self, run_id: str, step_key: str, *, stream: str = "stdout", tail_bytes: int | None = None
     ) -> bytes:

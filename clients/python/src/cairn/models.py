@@ -367,6 +367,12 @@ class JournalStep(BaseModel):
     """
 
     cpu_ms: StrictInt | None = None
+    decision_id: StrictStr | None = None
+    """
+    The reconciliation decision that recorded this receipt (`marked_done`): who
+    decided and why are in its journal entry and at
+    `GET /api/v1/runs/{run}/reconciliation/decisions/{id}`.
+    """
     exit_code: StrictInt | None = None
     finished_at: AwareDatetime | None = None
     idempotent: StrictBool
@@ -402,8 +408,9 @@ class JournalStep(BaseModel):
     """
     From its receipt: `completed` (exit 0), `failed` (another exit, a signal, its
     timeout or a sandbox limit) or `cancelled` (stopped because its run was
-    cancelled); without a receipt, `unknown_outcome` (it started and its end was not
-    recorded).
+    cancelled), `marked_done` (a person decided its effect happened: see
+    `decision_id`); without a receipt, `unknown_outcome` (it started and its end was
+    not recorded).
     """
     stderr_tail: StrictStr | None = None
     stdout_tail: StrictStr | None = None
@@ -1066,6 +1073,42 @@ class TokenView(BaseModel):
     token_id: StrictStr
 
 
+class UncertainStep(BaseModel):
+    """
+    One step a person must decide, and what is known of it.
+    """
+
+    attempt: StrictInt
+    ended_at: AwareDatetime | None = None
+    """
+    When its interruption was charged (its end as far as anyone knows).
+    """
+    exit_code: StrictInt | None = None
+    """
+    What its receipt said, when it has one on a tree the successor lacked.
+    """
+    idempotent: StrictBool
+    intent_epoch: StrictInt
+    """
+    Its intent: the epoch and attempt that started it, the worker, when.
+    """
+    output_url: StrictStr
+    """
+    Where its output so far is read (`?stream=stderr`, `?tail_bytes=N`).
+    """
+    standing: StrictStr
+    """
+    `unknown_outcome` (it started and its end was never recorded) or
+    `tree_behind_journal` (its receipt stands on a tree its successor lacked).
+    """
+    started_at: AwareDatetime
+    stderr_tail: StrictStr | None = None
+    stdout_tail: StrictStr | None = None
+    step_index: StrictInt
+    step_key: StrictStr
+    worker: StrictStr | None = None
+
+
 class Usage(BaseModel):
     """
     Charged usage of a request, across all its attempts and continuations.
@@ -1365,6 +1408,56 @@ class CreatedToken(BaseModel):
     token_id: StrictStr
 
 
+class DecisionInput(BaseModel):
+    """
+    A decision on one uncertain step.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    decision: Literal["mark_done", "mark_not_done", "fail_run"]
+    """
+    What a person decided about an uncertain step.
+    """
+    reason: Annotated[StrictStr, Field(pattern="^[^\\u0000]*$")]
+    """
+    Why, for the journal: 1 to 2000 characters.
+    """
+    step_key: Annotated[StrictStr, Field(pattern="^[^\\u0000]*$")]
+
+
+class DecisionView(BaseModel):
+    """
+    A decision as saved.
+    """
+
+    created_at: AwareDatetime
+    decided_by: StrictStr
+    """
+    The token that decided, and its name.
+    """
+    decided_by_name: StrictStr
+    decision: Literal["mark_done", "mark_not_done", "fail_run"]
+    """
+    What a person decided about an uncertain step.
+    """
+    decision_id: StrictStr
+    fenced_epoch: StrictInt
+    """
+    The lease epoch the decision fenced out: no holder of it can write again.
+    """
+    outcome: Literal["queued", "waiting", "failed"]
+    """
+    What the run did next: `queued` (it continues), `waiting` (other steps still need
+    a decision) or `failed`.
+    """
+    reason: StrictStr
+    request_id: StrictStr
+    run_id: StrictStr
+    step_key: StrictStr
+
+
 class ErrorBody(BaseModel):
     """
     The error body every failing route returns.
@@ -1520,6 +1613,25 @@ class ReaperView(BaseModel):
     """
 
 
+class Reconciliation(BaseModel):
+    """
+    What a run needs a person for.
+    """
+
+    decisions: list[DecisionView]
+    """
+    Every decision taken on this run, oldest first.
+    """
+    request_id: StrictStr
+    run_id: StrictStr
+    state: StrictStr
+    stop_reason: StrictStr | None = None
+    uncertain_steps: list[UncertainStep]
+    """
+    The steps still to decide, in plan order; empty unless the run needs a person.
+    """
+
+
 class RunSpec(BaseModel):
     """
     What a client submits to `POST /api/v1/runs`.
@@ -1575,8 +1687,9 @@ class RunView(BaseModel):
     run_id: Annotated[StrictStr, Field(examples=["6f1c0e0b3f3c4f0e9a1d2b3c4d5e6f70"])]
     state: StrictStr
     """
-    `queued`, `running`, `awaiting_verification`, `stopped_at_checkpoint`,
-    `needs_reconciliation`, `completed`, `failed` or `cancelled`.
+    `queued`, `running`, `paused` (its worker paused it: `POST .../resume`),
+    `awaiting_verification`, `stopped_at_checkpoint`, `needs_reconciliation`,
+    `completed`, `failed` or `cancelled`.
     """
     steps: list[StepSpec]
     stop_reason: StrictStr | None = None
@@ -1784,6 +1897,14 @@ class Candidate(BaseModel):
     The digest of the current implementation's source profile
     (`GET /api/v1/qualification`).
     """
+
+
+class DecisionList(BaseModel):
+    """
+    The list of a run's decisions.
+    """
+
+    decisions: list[DecisionView]
 
 
 class ForkView(SandboxView):

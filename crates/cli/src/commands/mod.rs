@@ -8,6 +8,7 @@ pub mod policy;
 pub mod publication;
 pub mod qualification;
 pub mod reaper;
+pub mod reconciliation;
 pub mod runs;
 pub mod sandbox;
 pub mod snapshot;

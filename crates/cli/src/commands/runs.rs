@@ -6,7 +6,7 @@ use super::watch;
 use crate::client::{exit, CallError, Client};
 use crate::{id, output, read_document, usage};
 use cairn_common::run::RunSpec;
-use clap::Subcommand;
+use clap::{Subcommand, ValueEnum};
 use reqwest::Method;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -24,9 +24,12 @@ pub enum RunsCommand {
     },
     /// List runs, newest first.
     List {
-        /// Only runs in this state (`queued`, `executing`, `completed`, `failed`, …).
+        /// Only runs in this state (`executing` is accepted for `running`).
+        #[arg(long, value_enum)]
+        state: Option<RunState>,
+        /// Only runs of this agent.
         #[arg(long)]
-        state: Option<String>,
+        agent: Option<String>,
         /// Runs per page.
         #[arg(long, default_value_t = 50)]
         limit: u32,
@@ -40,7 +43,8 @@ pub enum RunsCommand {
         run: String,
     },
     /// Follow a run until it ends: one line per step (state, time, executed or reused),
-    /// then its stop reason; exit 0 only when it completed, 8 otherwise.
+    /// then its stop reason; exit 0 when it completed, 8 failed, 9 cancelled, 10 when it
+    /// needs a person.
     Watch {
         /// The run's id (32 lowercase hex characters).
         run: String,
@@ -97,6 +101,23 @@ pub enum RunsCommand {
         /// The run's id (32 lowercase hex characters).
         run: String,
     },
+}
+
+/// The states a run shows, as `--state` takes them.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+#[value(rename_all = "snake_case")]
+pub enum RunState {
+    Queued,
+    #[value(alias = "executing")]
+    Running,
+    /// Running, its step's processes stopped by a pause.
+    Paused,
+    AwaitingVerification,
+    StoppedAtCheckpoint,
+    NeedsReconciliation,
+    Completed,
+    Failed,
+    Cancelled,
 }
 
 pub fn run_row(run: &Value) -> Vec<String> {
@@ -180,9 +201,19 @@ pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u
         } => submit(client, file, idempotency_key, json).await,
         RunsCommand::List {
             state,
+            agent,
             limit,
             cursor,
-        } => list(client, state, limit, cursor, json).await,
+        } => {
+            let state = state.and_then(|s| s.to_possible_value());
+            let filter = Filter {
+                state: state.as_ref().map(|s| s.get_name()),
+                agent: agent.as_deref(),
+                limit,
+                cursor: cursor.as_deref(),
+            };
+            list(client, &filter, json).await
+        }
         RunsCommand::Show { run } => {
             let run = of_run(client, &run, "").await?;
             if json {
@@ -252,19 +283,25 @@ async fn submit(
     Ok(exit::OK)
 }
 
-async fn list(
-    client: &Client,
-    state: Option<String>,
+/// What `runs list` asks for.
+struct Filter<'a> {
+    state: Option<&'a str>,
+    agent: Option<&'a str>,
     limit: u32,
-    cursor: Option<String>,
-    json: bool,
-) -> Result<u8, CallError> {
-    let mut query = format!("?limit={limit}");
-    if let Some(state) = state {
-        query.push_str(&format!("&state={state}"));
-    }
-    if let Some(cursor) = cursor {
-        query.push_str(&format!("&cursor={cursor}"));
+    cursor: Option<&'a str>,
+}
+
+async fn list(client: &Client, filter: &Filter<'_>, json: bool) -> Result<u8, CallError> {
+    let mut query = format!("?limit={}", filter.limit);
+    for (name, value) in [
+        ("state", filter.state),
+        ("agent", filter.agent),
+        ("cursor", filter.cursor),
+    ] {
+        if let Some(value) = value {
+            let value: String = url::form_urlencoded::byte_serialize(value.as_bytes()).collect();
+            query.push_str(&format!("&{name}={value}"));
+        }
     }
     let page = client.get(&format!("/api/v1/runs{query}")).await?;
     if json {

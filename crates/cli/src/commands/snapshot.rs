@@ -47,7 +47,7 @@ pub enum SnapshotCommand {
         /// The snapshot's id (32 lowercase hex characters).
         snapshot: String,
         /// The new sandbox's timeout in seconds, 1 to 86400 (default 3600).
-        #[arg(long)]
+        #[arg(long = "timeout-seconds", alias = "timeout-sec")]
         timeout_sec: Option<u32>,
         /// Same key and body: the same new sandbox; same key, other snapshot or body: refused.
         #[arg(long)]

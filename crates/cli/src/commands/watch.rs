@@ -2,7 +2,8 @@
 //! per step (its state, a spinner and its elapsed time while it runs, whether it was
 //! executed or reused from a receipt), redrawn in place; elsewhere, a plain line per
 //! change. Then the stop reason. A run that waits queued with no worker alive to take
-//! it says so. Exit 0 when it completed, 8 when it ended otherwise.
+//! it says so. Exit 0 when it completed, 8 when it failed, 9 when it was cancelled, 10
+//! when it needs a person.
 
 use super::logs::ENDED;
 use crate::client::{exit, CallError, Client};
@@ -294,10 +295,11 @@ fn say_ended(view: &Value, state: &str, json: bool) -> u8 {
             _ => println!("run {state}"),
         }
     }
-    if state == "completed" {
-        exit::OK
-    } else {
-        exit::NOT_COMPLETED
+    match state {
+        "completed" => exit::OK,
+        "cancelled" => exit::CANCELLED,
+        "failed" => exit::NOT_COMPLETED,
+        _ => exit::NEEDS_PERSON,
     }
 }
 

@@ -23,6 +23,8 @@
 //! - [`cancel`]: cancellation, requested or immediate.
 //! - [`pause`]: pause and resume requests and what the worker records of them.
 //! - [`action`]: reviewed continuation actions.
+//! - [`reconciliation`]: a person's decisions on the uncertain steps of a run that
+//!   needs one.
 //! - [`resume`]: the resume context a worker records of the tree it acquired.
 //! - [`marks`]: what is recorded beside the state (output reclaimed, announced again).
 
@@ -33,6 +35,7 @@ pub mod fence;
 pub mod limits;
 pub mod marks;
 pub mod pause;
+pub mod reconciliation;
 pub mod requeue;
 pub mod resume;
 pub mod state;

@@ -61,6 +61,11 @@ crate::text_enum! {
         StopAtCheckpoint => "stop_at_checkpoint",
         /// A person decides (unknown outcome, tree behind its journal, report unaccepted).
         Reconcile => "reconcile",
+        /// A person decided every uncertain step: it continues from its journal, on the
+        /// same attempt and budgets.
+        ContinueReconciled => "continue_reconciled",
+        /// A person decided the run fails rather than decide its uncertain steps.
+        FailReconciled => "fail_reconciled",
         /// Its report was accepted and asks for verification (or a verification's
         /// attempts were spent).
         AwaitVerification => "await_verification",
@@ -135,6 +140,8 @@ impl Machine for RequestState {
             RequestEvent::QueueFinishingRound => (&[Executing], Queued),
             RequestEvent::StopAtCheckpoint => (LIVE, StoppedAtCheckpoint),
             RequestEvent::Reconcile => (LIVE, NeedsReconciliation),
+            RequestEvent::ContinueReconciled => (&[NeedsReconciliation], Queued),
+            RequestEvent::FailReconciled => (&[NeedsReconciliation], Failed),
             RequestEvent::AwaitVerification => (LIVE, AwaitingVerification),
             RequestEvent::Complete => (LIVE, Completed),
             RequestEvent::Fail => (LIVE, Failed),

@@ -45,6 +45,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         "Another action was already saved for this checkpoint, or for this request's retained final result: read the status.",
     ),
     (
+        "decision_id_conflict",
+        409,
+        "The decision id was used earlier for another decision: read that decision back, or use a new id.",
+    ),
+    (
         "delivery_held",
         409,
         "A delivery hold stands on the run: publication waits for its release.",
@@ -169,6 +174,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         "The exec was started without `pty`: it has no terminal to resize.",
     ),
     (
+        "not_awaiting_reconciliation",
+        409,
+        "The run does not need a person now: nothing was decided.",
+    ),
+    (
         "not_captured",
         409,
         "The run's workspace was not captured, so there is nothing to publish or restore.",
@@ -230,6 +240,11 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         "state_changed",
         409,
         "The resource changed state meanwhile; nothing was changed.",
+    ),
+    (
+        "step_not_undecided",
+        409,
+        "The step has no outcome left to decide (decided already, or never uncertain); the message lists the undecided steps.",
     ),
     (
         "store_unavailable",

@@ -12,7 +12,8 @@ use utoipa::{Modify, OpenApi};
     info(title = "Cairn scheduler API", description = "Admission of runs, reviewed continuations and verification handoffs; sandboxes."),
     paths(
         runs::admission::submit, runs::admission::submit_batch, runs::view::list, runs::view::counts,
-        runs::view::show, runs::cancel, runs::view::execution_requests, runs::journal::journal, runs::output::output, pause::pause, pause::resume, pause::show,
+        runs::view::show, runs::cancel, runs::view::execution_requests, runs::journal::journal, runs::output::output,
+        runs::reconciliation::show, runs::reconciliation::list, runs::reconciliation::read, runs::reconciliation::decide, pause::pause, pause::resume, pause::show,
         policy::get_policy, policy::put_policy, qualification::show, qualification::set,
         publication::request, publication::show, publication::hold, publication::set_hold, publication::clear_hold,
         continuation::checkpoint_candidate, continuation::checkpoint_action, continuation::checkpoint_status,

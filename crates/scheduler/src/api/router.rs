@@ -73,6 +73,18 @@ fn run_routes() -> Router<AppState> {
         )
         .route("/api/v1/runs/{run_id}/journal", get(runs::journal::journal))
         .route(
+            "/api/v1/runs/{run_id}/reconciliation",
+            get(runs::reconciliation::show),
+        )
+        .route(
+            "/api/v1/runs/{run_id}/reconciliation/decisions",
+            get(runs::reconciliation::list),
+        )
+        .route(
+            "/api/v1/runs/{run_id}/reconciliation/decisions/{decision_id}",
+            post(runs::reconciliation::decide).get(runs::reconciliation::read),
+        )
+        .route(
             "/api/v1/runs/{run_id}/publications",
             post(publication::request),
         )

@@ -175,6 +175,10 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
                 tracing::info!(step = %step.key, snapshot = %snapshot.simple(), "step reused from its receipt");
                 continue;
             }
+            Decision::MarkedDone => {
+                tracing::info!(step = %step.key, "step recorded done by a person's decision");
+                continue;
+            }
             Decision::Reconcile(ending) => {
                 if matches!(
                     &ending,
@@ -224,6 +228,8 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
 enum Decision {
     /// Its receipt stands on a snapshot this tree holds.
     Reuse(uuid::Uuid),
+    /// A person recorded it done, and no earlier step of this attempt ran.
+    MarkedDone,
     Run,
     /// A non-idempotent step started and has no receipt this tree can use.
     Reconcile(Ending),
@@ -234,6 +240,7 @@ enum Decision {
 fn decide(step: &StepSpec, standing: Option<&Standing>, ran: bool, tree: &Tree) -> Decision {
     match standing {
         Some(Standing::Done { snapshot }) if !ran => Decision::Reuse(*snapshot),
+        Some(Standing::MarkedDone) if !ran => Decision::MarkedDone,
         None => Decision::Run,
         Some(Standing::Unknown) if !step.idempotent => Decision::Reconcile(Ending::Reconcile {
             message: format!(
@@ -442,7 +449,7 @@ async fn record_standings(
             let snapshot = match standing {
                 Standing::Done { snapshot } => Some(*snapshot),
                 Standing::Behind { snapshot } => *snapshot,
-                Standing::Unknown => None,
+                Standing::Unknown | Standing::MarkedDone => None,
             };
             Some(json!({"step_key": step.key, "standing": standing.as_str(), "snapshot_id": snapshot}))
         })

@@ -26,10 +26,10 @@ pub struct CreateArgs {
     #[arg(long, conflicts_with_all = ["source", "repository"])]
     pub template: Option<String>,
     /// Idle-anchored timeout, 1 to 86400 seconds (default 3600).
-    #[arg(long)]
+    #[arg(long = "timeout-seconds", alias = "timeout-sec")]
     pub timeout_sec: Option<u32>,
     /// Idle auto-stop in seconds; 0 disables it (default 1800).
-    #[arg(long)]
+    #[arg(long = "idle-timeout-seconds", alias = "idle-timeout-sec")]
     pub idle_timeout_sec: Option<u32>,
     /// No timeout or idle stop until an explicit lifecycle action.
     #[arg(long)]

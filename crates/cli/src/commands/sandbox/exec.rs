@@ -20,7 +20,7 @@ pub struct ExecArgs {
     #[arg(long = "env")]
     pub env: Vec<String>,
     /// Seconds the command may run before it is stopped, 1 to 86400.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long = "timeout-seconds", alias = "timeout-sec", default_value_t = 60)]
     pub timeout_sec: u32,
     /// Reach the network (`true`) or not (`false`); default the worker's.
     #[arg(long)]

@@ -74,12 +74,12 @@ pub enum SandboxCommand {
         #[arg(long)]
         idempotency_key: Option<String>,
     },
-    /// Replace the timeout (not added to it); without --timeout-sec it is kept.
+    /// Replace the timeout (not added to it); without --timeout-seconds it is kept.
     Extend {
         /// The sandbox's id (32 lowercase hex characters).
         sandbox: String,
         /// The new timeout in seconds, 1 to 86400; it replaces the current one.
-        #[arg(long)]
+        #[arg(long = "timeout-seconds", alias = "timeout-sec")]
         timeout_sec: Option<u32>,
     },
     /// Fork a running sandbox into new ones from one capture.
@@ -90,7 +90,7 @@ pub enum SandboxCommand {
         #[arg(long)]
         count: Option<u32>,
         /// The forks' timeout in seconds, 1 to 86400 (default the source's).
-        #[arg(long)]
+        #[arg(long = "timeout-seconds", alias = "timeout-sec")]
         timeout_sec: Option<u32>,
         /// Same key and body: the same forks; same key, other sandbox or body: refused.
         #[arg(long)]

@@ -19,7 +19,11 @@ pub struct ShellArgs {
     /// The sandbox's id (32 lowercase hex characters).
     pub sandbox: String,
     /// Seconds the session may last, 1 to 86400.
-    #[arg(long, default_value_t = 3600)]
+    #[arg(
+        long = "timeout-seconds",
+        alias = "timeout-sec",
+        default_value_t = 3600
+    )]
     pub timeout_sec: u32,
     /// The program and its arguments (after `--`); default `sh -i`.
     #[arg(last = true)]

@@ -24,8 +24,9 @@ pub struct JournalStep {
     pub idempotent: bool,
     /// From its receipt: `completed` (exit 0), `failed` (another exit, a signal, its
     /// timeout or a sandbox limit) or `cancelled` (stopped because its run was
-    /// cancelled); without a receipt, `unknown_outcome` (it started and its end was not
-    /// recorded).
+    /// cancelled), `marked_done` (a person decided its effect happened: see
+    /// `decision_id`); without a receipt, `unknown_outcome` (it started and its end was
+    /// not recorded).
     pub status: String,
     pub intent_epoch: i64,
     pub intent_attempt: i32,
@@ -61,6 +62,11 @@ pub struct JournalStep {
     /// or `cpu_limit`.
     #[sqlx(rename = "limit_breached")]
     pub limit: Option<String>,
+    /// The reconciliation decision that recorded this receipt (`marked_done`): who
+    /// decided and why are in its journal entry and at
+    /// `GET /api/v1/runs/{run}/reconciliation/decisions/{id}`.
+    #[schema(value_type = Option<String>)]
+    pub decision_id: Option<Id>,
 }
 
 /// Any other journal record (checkpoints, acceptances, reuse intents and receipts).
@@ -105,13 +111,14 @@ pub async fn journal(
     let steps: Vec<JournalStep> = sqlx::query_as(
         "SELECT i.request_id, i.step_key, i.step_index, i.idempotent,
                 CASE WHEN r.step_key IS NULL THEN 'unknown_outcome'
+                     WHEN r.decision_id IS NOT NULL THEN 'marked_done'
                      WHEN r.cancelled THEN 'cancelled'
                      WHEN r.exit_code = 0 AND NOT r.timed_out AND r.limit_breached IS NULL THEN 'completed'
                      ELSE 'failed' END AS status,
                 i.lease_epoch AS intent_epoch, i.attempt AS intent_attempt, i.worker_id AS worker, i.started_at,
                 r.exit_code, r.signal, r.timed_out, r.wall_ms, r.cpu_ms, r.output_digest,
                 r.stdout_tail, r.stderr_tail, r.output_artifact, r.lease_epoch AS receipt_epoch, r.finished_at,
-                r.snapshot_id, r.tree_tier, r.sandbox, r.limit_breached
+                r.snapshot_id, r.tree_tier, r.sandbox, r.limit_breached, r.decision_id
            FROM journal_intents i
            JOIN execution_requests e ON e.id = i.request_id
            LEFT JOIN journal_receipts r ON r.request_id = i.request_id AND r.step_key = i.step_key

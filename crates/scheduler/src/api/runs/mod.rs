@@ -5,10 +5,12 @@
 //! - [`view`]: reading runs and their execution requests.
 //! - [`journal`](mod@journal): a run's journal.
 //! - [`output`](mod@output): a step's output, read or followed.
+//! - [`reconciliation`]: a run that needs a person, and the decisions on its steps.
 
 pub mod admission;
 pub mod journal;
 pub mod output;
+pub mod reconciliation;
 pub mod view;
 
 use crate::api::auth::{Caller, Role};

@@ -39,8 +39,9 @@ pub struct RunView {
     pub repository: Option<String>,
     #[serde(rename = "ref")]
     pub git_ref: Option<String>,
-    /// `queued`, `running`, `awaiting_verification`, `stopped_at_checkpoint`,
-    /// `needs_reconciliation`, `completed`, `failed` or `cancelled`.
+    /// `queued`, `running`, `paused` (its worker paused it: `POST .../resume`),
+    /// `awaiting_verification`, `stopped_at_checkpoint`, `needs_reconciliation`,
+    /// `completed`, `failed` or `cancelled`.
     pub state: String,
     pub steps: Vec<StepSpec>,
     /// The tenant's layer of the egress policy as it stands (absent: it narrows
@@ -89,7 +90,8 @@ struct RunRow {
 }
 
 const RUN_SELECT: &str =
-    "SELECT r.id, e.id AS request_id, r.tenant_id, r.agent, r.repository, r.git_ref, r.state,
+    "SELECT r.id, e.id AS request_id, r.tenant_id, r.agent, r.repository, r.git_ref,
+        CASE WHEN r.state = 'running' AND e.paused_at IS NOT NULL THEN 'paused' ELSE r.state END AS state,
         r.steps, r.max_commands, r.max_wall_seconds, r.max_attempts, r.deadline, e.attempt,
         e.used_commands, e.used_wall_ms, e.used_cpu_ms, e.stop_reason, e.reconciliation_step,
         r.cancel_requested_at, r.created_at, r.updated_at, r.finished_at,
@@ -146,9 +148,10 @@ pub async fn load_run(
 #[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ListQuery {
-    /// Only runs in this state.
+    /// Only runs in this state (`executing`, the request's name for it, is `running`;
+    /// `running` leaves out `paused` runs).
     #[param(
-        pattern = "^(queued|running|awaiting_verification|stopped_at_checkpoint|needs_reconciliation|completed|failed|cancelled)$"
+        pattern = "^(queued|running|executing|paused|awaiting_verification|stopped_at_checkpoint|needs_reconciliation|completed|failed|cancelled)$"
     )]
     pub state: Option<String>,
     /// Only runs of this agent.
@@ -188,24 +191,14 @@ pub async fn list(
             ApiError::bad_request("invalid_query", "limit is from 1 to 500").with_field("limit"),
         );
     }
-    let run_state = match &query.state {
-        Some(s) => {
-            let known = RequestState::ALL.iter().any(|r| r.run_state() == s);
-            if !known {
-                return Err(
-                    ApiError::bad_request("invalid_query", format!("unknown state {s:?}"))
-                        .with_field("state"),
-                );
-            }
-            Some(s.clone())
-        }
-        None => None,
-    };
+    let run_state = query.state.as_deref().map(shown_state).transpose()?;
     check_agent_filter(query.agent.as_deref())?;
     let cursor = cursor::from_query(query.cursor.as_deref())?;
     let rows: Vec<RunRow> = sqlx::query_as(&format!(
         "{RUN_SELECT}
-          WHERE ($1::text IS NULL OR r.state = $1)
+          WHERE ($1::text IS NULL OR r.state = CASE WHEN $1 = 'paused' THEN 'running' ELSE $1 END)
+            AND ($1::text IS DISTINCT FROM 'paused' OR e.paused_at IS NOT NULL)
+            AND ($1::text IS DISTINCT FROM 'running' OR e.paused_at IS NULL)
             AND ($5::text IS NULL OR r.agent = $5)
             AND ($6::text IS NULL OR r.tenant_id = $6)
             AND ($2::timestamptz IS NULL OR (r.created_at, r.id) < ($2, $3))
@@ -228,6 +221,35 @@ pub async fn list(
         None
     };
     Ok(Json(RunPage { runs, next_cursor }))
+}
+
+/// Every state a run shows: its request's, with `executing` as `running`, and
+/// `paused` for a running run whose worker paused it.
+pub fn run_states() -> Vec<&'static str> {
+    let mut states: Vec<&'static str> = RequestState::ALL.iter().map(|s| s.run_state()).collect();
+    states.insert(2, "paused");
+    states
+}
+
+/// The run state a list filter names (`executing` is `running`), or a 400 that lists
+/// them all.
+fn shown_state(asked: &str) -> Result<String, ApiError> {
+    let asked = if asked == "executing" {
+        "running"
+    } else {
+        asked
+    };
+    if run_states().contains(&asked) {
+        return Ok(asked.to_string());
+    }
+    Err(ApiError::bad_request(
+        "invalid_query",
+        format!(
+            "unknown state {asked:?}: one of {}",
+            run_states().join(", ")
+        ),
+    )
+    .with_field("state"))
 }
 
 fn check_agent_filter(agent: Option<&str>) -> Result<(), ApiError> {
@@ -269,17 +291,19 @@ pub async fn counts(
     let Query(query) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
     check_agent_filter(query.agent.as_deref())?;
     let rows: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT state, count(*) FROM runs
-          WHERE ($1::text IS NULL OR agent = $1) AND ($2::text IS NULL OR tenant_id = $2)
-          GROUP BY state",
+        "SELECT CASE WHEN r.state = 'running' AND e.paused_at IS NOT NULL THEN 'paused' ELSE r.state END,
+                count(*)
+           FROM runs r JOIN execution_requests e ON e.run_id = r.id AND e.kind = 'run'
+          WHERE ($1::text IS NULL OR r.agent = $1) AND ($2::text IS NULL OR r.tenant_id = $2)
+          GROUP BY 1",
     )
     .bind(&query.agent)
     .bind(caller.scope())
     .fetch_all(&state.pool)
     .await?;
-    let mut counts: std::collections::BTreeMap<String, i64> = RequestState::ALL
-        .iter()
-        .map(|s| (s.run_state().to_string(), 0))
+    let mut counts: std::collections::BTreeMap<String, i64> = run_states()
+        .into_iter()
+        .map(|s| (s.to_string(), 0))
         .collect();
     counts.extend(rows);
     Ok(Json(RunCounts { counts }))
