@@ -254,13 +254,14 @@ async fn effects_and_receipts(
 /// the same request.
 async fn stale_writes(f: &mut Findings, pool: &PgPool) -> anyhow::Result<()> {
     // Stale writes: a receipt committed after a newer epoch had already started a step
-    // of the same request.
+    // of the same request. A receipt a person recorded (a reconciliation decision) is
+    // no worker's write.
     let stale: Vec<(Uuid, String)> = sqlx::query_as(
         "SELECT r.request_id, r.step_key FROM journal_receipts r
-          WHERE EXISTS (SELECT 1 FROM journal_intents i
+          WHERE r.decision_id IS NULL AND EXISTS (SELECT 1 FROM journal_intents i
                          WHERE i.request_id = r.request_id AND i.lease_epoch > r.lease_epoch
                            AND i.started_at < r.finished_at)
-             OR NOT EXISTS (SELECT 1 FROM journal_intents i
+             OR r.decision_id IS NULL AND NOT EXISTS (SELECT 1 FROM journal_intents i
                              WHERE i.request_id = r.request_id AND i.step_key = r.step_key
                                AND i.lease_epoch = r.lease_epoch)",
     )

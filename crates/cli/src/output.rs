@@ -48,18 +48,19 @@ pub fn width() -> Option<usize> {
 }
 
 /// Narrows `widths` (two spaces between columns) to `limit` in all, the widest column
-/// first, none below [`MIN_COLUMN`] (or its own width, if less).
+/// first, none below [`MIN_COLUMN`]. The first column (an id, to act on) gives way only
+/// when every other is at the minimum. A table that cannot fit stays at the minimum.
 pub fn fit(widths: &mut [usize], limit: usize) {
     let gaps = 2 * widths.len().saturating_sub(1);
     while widths.iter().sum::<usize>() + gaps > limit {
-        let widest = widths
-            .iter()
-            .enumerate()
-            .max_by_key(|(_, w)| **w)
-            .map(|(i, _)| i);
-        match widest {
-            Some(i) if widths[i] > MIN_COLUMN => widths[i] -= 1,
-            _ => return,
+        let widest = |from: usize| {
+            (from..widths.len())
+                .filter(|i| widths[*i] > MIN_COLUMN)
+                .max_by_key(|i| widths[*i])
+        };
+        match widest(1).or_else(|| widest(0)) {
+            Some(i) => widths[i] -= 1,
+            None => return,
         }
     }
 }
@@ -122,7 +123,14 @@ mod tests {
         let mut widths = vec![32, 8, 40, 25];
         fit(&mut widths, 80);
         assert_eq!(widths.iter().sum::<usize>() + 6, 80, "{widths:?}");
+        assert_eq!(
+            widths[0], 32,
+            "the id keeps its width while others can give: {widths:?}"
+        );
         assert_eq!(widths[1], 8, "a narrow column keeps its width: {widths:?}");
+        let mut tight = vec![32, 8, 40, 25];
+        fit(&mut tight, 40);
+        assert_eq!(tight, [16, 6, 6, 6], "then the id gives way too");
         let mut narrow = vec![32, 32, 32];
         fit(&mut narrow, 10);
         assert_eq!(narrow, [6, 6, 6], "never below the minimum");

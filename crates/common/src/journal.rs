@@ -149,7 +149,7 @@ pub async fn record_receipt(
                   output_artifact = EXCLUDED.output_artifact, snapshot_id = EXCLUDED.snapshot_id,
                   tree_tier = EXCLUDED.tree_tier, sandbox = EXCLUDED.sandbox,
                   limit_breached = EXCLUDED.limit_breached, cancelled = EXCLUDED.cancelled,
-                  finished_at = now()),
+                  decision_id = NULL, finished_at = now()),
          ended AS (UPDATE journal_intents SET ended_at = now()
                     WHERE request_id = $1 AND step_key = $2 AND ended_at IS NULL)
          UPDATE execution_requests SET used_wall_ms = used_wall_ms + $8, used_cpu_ms = used_cpu_ms + $9,
@@ -240,9 +240,11 @@ pub async fn entry_at(
     .await
 }
 
-/// Steps of a request a person must decide: each started and has no receipt, and
-/// `stopped_on` (the step its request stopped on) when its receipt stands on a tree the
-/// successor lacked, unless a person already recorded it done. In plan order.
+/// Plan steps of a request a person must decide, in plan order: `stopped_on` (the step
+/// its request stopped on: no receipt, or one on a tree its successor lacked, or one a
+/// person recorded before an earlier step ran again), and each other step that may not
+/// run again and started without a receipt. A verification's checks (`verify:…`) are
+/// not plan steps: they are not decided here.
 pub async fn undecided(
     conn: &mut PgConnection,
     request_id: Uuid,
@@ -251,8 +253,8 @@ pub async fn undecided(
     sqlx::query_scalar(
         "SELECT i.step_key FROM journal_intents i
            LEFT JOIN journal_receipts r ON r.request_id = i.request_id AND r.step_key = i.step_key
-          WHERE i.request_id = $1
-            AND (r.step_key IS NULL OR (i.step_key = $2 AND r.decision_id IS NULL))
+          WHERE i.request_id = $1 AND strpos(i.step_key, ':') = 0
+            AND (i.step_key = $2 OR (r.step_key IS NULL AND NOT i.idempotent))
           ORDER BY i.step_index",
     )
     .bind(request_id)

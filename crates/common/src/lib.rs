@@ -51,6 +51,7 @@ pub mod heartbeat;
 pub mod hold;
 pub mod ids;
 pub mod journal;
+pub mod labels;
 pub mod leader;
 pub mod lease;
 pub mod lineage;

@@ -194,6 +194,10 @@ pub struct RunSpec {
     #[serde(default)]
     #[schema(minimum = 1, maximum = 20)]
     pub max_attempts: Option<u32>,
+    /// Labels to find the run by (`team: search`): up to 32; keys of 1 to 63 of
+    /// `a-z 0-9 . _ - /`, values of 0 to 63 of `A-Z a-z 0-9 . _ -`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
 }
 
 /// A name of letters, digits, `.`, `_` and `-`, 1 to `max` long (agents, step keys).
@@ -303,6 +307,8 @@ impl RunSpec {
             self.git_ref.as_deref(),
             field,
         )?;
+        crate::labels::check(&self.labels, &field("labels"))
+            .map_err(|e| FieldError::new(e.field, e.message))?;
         if self.steps.is_empty() {
             // A run with nothing to do is a mistake, not a run that completes at once.
             return Err(FieldError::new(field("steps"), "at least one step"));

@@ -107,13 +107,17 @@ async fn list_filters_fit_the_terminal_and_watch_exits_by_how_the_run_ended() {
     // A table fits the terminal's width; piped, it keeps whole cells.
     let narrow = cluster
         .cairnctl()
-        .env("COLUMNS", "50")
+        .env("COLUMNS", "80")
         .args(["runs", "list"])
         .output()
         .expect("cairnctl");
     let text = String::from_utf8_lossy(&narrow.stdout);
-    assert!(text.lines().all(|l| l.chars().count() <= 50), "{text}");
+    assert!(text.lines().all(|l| l.chars().count() <= 80), "{text}");
     assert!(text.contains('…'), "{text}");
+    assert!(
+        text.contains(&slow_id),
+        "the id is kept whole while others give way: {text}"
+    );
     let piped = String::from_utf8_lossy(&ctl(&cluster, &["runs", "list"]).stdout).into_owned();
     assert!(piped.contains(&slow_id), "{piped}");
 

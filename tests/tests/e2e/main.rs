@@ -5,6 +5,7 @@
 //! --test e2e`) after `cargo build --workspace --bins`.
 
 mod binaries;
+mod bulk;
 mod cli;
 mod cli_newcomer;
 mod console;

@@ -428,6 +428,13 @@ class TenantExists(CairnError):
     STATUS: ClassVar[int | None] = 409
 
 
+class TooManyMatches(CairnError):
+    """More runs match a bulk action's filter than one action takes (1000): narrow the filter. (HTTP 409, `too_many_matches`)"""
+
+    CODE: ClassVar[str | None] = "too_many_matches"
+    STATUS: ClassVar[int | None] = 409
+
+
 class Unauthorized(CairnError):
     """A valid bearer token is required. (HTTP 401, `unauthorized`)"""
 
@@ -440,6 +447,13 @@ class Unavailable(CairnError):
 
     CODE: ClassVar[str | None] = "unavailable"
     STATUS: ClassVar[int | None] = 503
+
+
+class UnderContinuation(CairnError):
+    """The run's uncertain step ran under a reviewed continuation: a decision would not keep its window. (HTTP 409, `under_continuation`)"""
+
+    CODE: ClassVar[str | None] = "under_continuation"
+    STATUS: ClassVar[int | None] = 409
 
 
 class UnknownCommandDigest(CairnError):
@@ -552,8 +566,10 @@ ERROR_CLASSES: dict[str, type[CairnError]] = {
     "step_not_undecided": StepNotUndecided,
     "store_unavailable": StoreUnavailable,
     "tenant_exists": TenantExists,
+    "too_many_matches": TooManyMatches,
     "unauthorized": Unauthorized,
     "unavailable": Unavailable,
+    "under_continuation": UnderContinuation,
     "unknown_command_digest": UnknownCommandDigest,
     "unsupported_media_type": UnsupportedMediaType,
     "validation_failed": ValidationFailed,
@@ -624,8 +640,10 @@ __all__ = [
     "StepNotUndecided",
     "StoreUnavailable",
     "TenantExists",
+    "TooManyMatches",
     "Unauthorized",
     "Unavailable",
+    "UnderContinuation",
     "UnknownCommandDigest",
     "UnsupportedMediaType",
     "ValidationFailed",

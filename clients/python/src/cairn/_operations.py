@@ -70,6 +70,24 @@ OPERATIONS: dict[str, Operation] = {
             Reply(status=201, media_types=("application/json",), model="DecisionView"),
         ),
     ),
+    "create_run_rerun": Operation(
+        id="create_run_rerun",
+        method="POST",
+        path="/api/v1/runs/{run_id}/rerun",
+        params=(Param(name="run_id", location="path", required=True, type="string", pattern="^[0-9a-f]{32}$"),),
+        body=None,
+        replies=(Reply(status=201, media_types=("application/json",), model="RunView"),),
+    ),
+    "create_runs_bulk_action": Operation(
+        id="create_runs_bulk_action",
+        method="POST",
+        path="/api/v1/runs/bulk",
+        params=(),
+        body=Body(
+            media_type="application/json", model="BulkRequest", optional=False, acknowledgements=(), identity_field=None
+        ),
+        replies=(Reply(status=200, media_types=("application/json",), model="BulkResponse"),),
+    ),
     "create_sandbox": Operation(
         id="create_sandbox",
         method="POST",
@@ -540,6 +558,7 @@ OPERATIONS: dict[str, Operation] = {
                 pattern="^(queued|running|executing|paused|awaiting_verification|stopped_at_checkpoint|needs_reconciliation|completed|failed|cancelled)$",
             ),
             Param(name="agent", location="query", required=False, type="string", pattern="^[A-Za-z0-9._-]{1,128}$"),
+            Param(name="label", location="query", required=False, type="string"),
             Param(name="limit", location="query", required=False, type="integer", minimum=1, maximum=500),
             Param(
                 name="cursor",

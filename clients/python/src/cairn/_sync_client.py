@@ -136,11 +136,13 @@ class Client:
         *,
         state: str | None = None,
         agent: str | None = None,
+        label: str | None = None,
         limit: int | None = None,
         cursor: str | None = None,
     ) -> models.RunPage:
-        """One page of runs, newest first; pass `next_cursor` as `cursor` for the next."""
-        params = {"state": state, "agent": agent, "limit": limit, "cursor": cursor}
+        """One page of runs, newest first; pass `next_cursor` as `cursor` for the next.
+        `label` is `key=value[,key=value…]`: all must match."""
+        params = {"state": state, "agent": agent, "label": label, "limit": limit, "cursor": cursor}
         return self._op("list_runs", params)
 
     def iter_runs(
@@ -177,6 +179,25 @@ class Client:
     def execution_requests(self, run_id: str) -> models.ExecutionRequestList:
         """The run's execution requests: its own, publications, continuations."""
         return self._op("list_execution_requests", {"run_id": run_id})
+
+    def rerun_run(self, run_id: str) -> models.RunView:
+        """A new run from this run's spec, linked to it by `rerun_of`."""
+        return self._op("create_run_rerun", {"run_id": run_id})
+
+    def bulk_runs(
+        self,
+        action: str,
+        filter: models.BulkFilter | Body,
+        *,
+        dry_run: bool = True,
+    ) -> models.BulkResponse:
+        """Cancels (`"cancel"`) or reruns (`"retry"`) every run the filter matches (at
+        least one of `state`, `agent`, `labels`, `created_within_seconds`); by default a
+        dry run, which counts and lists them and changes nothing."""
+        if isinstance(filter, models.BulkFilter):
+            filter = filter.model_dump(exclude_none=True)
+        body = {"action": action, "filter": filter, "dry_run": dry_run}
+        return self._op("create_runs_bulk_action", None, body)
 
     def get_run_reconciliation(self, run_id: str) -> models.Reconciliation:
         """What a run that needs a person waits for: each uncertain step (its intent, what

@@ -71,6 +71,89 @@ class Budgets(BaseModel):
     """
 
 
+LabelsAdditionalProperty = TypeAliasType(
+    "LabelsAdditionalProperty", Annotated[StrictStr, Field(pattern="^[^\\u0000]*$")]
+)
+
+
+class BulkFilter(BaseModel):
+    """
+    Which runs: every given criterion must hold, and at least one is given.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    agent: Annotated[StrictStr | None, Field(pattern="^[^\\u0000]*$")] = None
+    created_within_seconds: Annotated[StrictInt | None, Field(ge=1, le=31622400)] = None
+    """
+    Only runs created within this many seconds before now (1 to 31622400).
+    """
+    labels: (
+        dict[
+            Annotated[str, StringConstraints(pattern=r"^[^\u0000]*$", strict=True)],
+            LabelsAdditionalProperty,
+        ]
+        | None
+    ) = None
+    """
+    Labels the runs carry, all of them.
+    """
+    state: Annotated[StrictStr | None, Field(pattern="^[^\\u0000]*$")] = None
+    """
+    A run state (as runs show it; `executing` is `running`).
+    """
+
+
+class BulkOutcome(BaseModel):
+    """
+    What a bulk action did to one run.
+    """
+
+    new_run_id: StrictStr | None = None
+    outcome: StrictStr
+    """
+    `cancelled`, `cancel_requested` (a worker stops it within one renewal),
+    `already_ended` (left as it was), or `rerun` (see `new_run_id`).
+    """
+    run_id: StrictStr
+
+
+class BulkRequest(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    action: Literal["cancel", "retry"]
+    """
+    What a bulk action does to each matching run.
+    """
+    dry_run: StrictBool | None = None
+    """
+    Count and list the matching runs; change nothing.
+    """
+    filter: BulkFilter
+
+
+class BulkResponse(BaseModel):
+    action: Literal["cancel", "retry"]
+    """
+    What a bulk action does to each matching run.
+    """
+    dry_run: StrictBool
+    matched: StrictInt
+    """
+    How many runs match the filter.
+    """
+    outcomes: list[BulkOutcome]
+    """
+    What was done to each (empty on a dry run).
+    """
+    run_ids: list[StrictStr]
+    """
+    The matching runs, oldest first (at most 1000).
+    """
+
+
 class ChargedUsage(BaseModel):
     commands: StrictInt
     cpu_ms: StrictInt
@@ -1649,6 +1732,17 @@ class RunSpec(BaseModel):
     """
     After this instant no further attempt or continuation starts.
     """
+    labels: (
+        dict[
+            Annotated[str, StringConstraints(pattern=r"^[^\u0000]*$", strict=True)],
+            LabelsAdditionalProperty,
+        ]
+        | None
+    ) = None
+    """
+    Labels to find the run by (`team: search`): up to 32; keys of 1 to 63 of
+    `a-z 0-9 . _ - /`, values of 0 to 63 of `A-Z a-z 0-9 . _ -`.
+    """
     max_attempts: Annotated[StrictInt | None, Field(ge=1, le=20)] = None
     """
     Automatic attempts after lost leases, 1..=20 (default 3).
@@ -1676,6 +1770,10 @@ class RunView(BaseModel):
     created_at: AwareDatetime
     deadline: AwareDatetime | None = None
     finished_at: AwareDatetime | None = None
+    labels: dict[StrictStr, StrictStr]
+    """
+    The labels it was submitted with.
+    """
     max_attempts: StrictInt
     reconciliation_step: StrictStr | None = None
     ref: StrictStr | None = None
@@ -1683,6 +1781,10 @@ class RunView(BaseModel):
     request_id: StrictStr
     """
     The run's execution request (its ticket).
+    """
+    rerun_of: StrictStr | None = None
+    """
+    The run this one reruns (`POST /api/v1/runs/{run_id}/rerun`), if any.
     """
     run_id: Annotated[StrictStr, Field(examples=["6f1c0e0b3f3c4f0e9a1d2b3c4d5e6f70"])]
     state: StrictStr

@@ -1,5 +1,6 @@
 //! One module per `cairnctl` command.
 
+pub mod bulk;
 pub mod continuation;
 pub mod credentials;
 pub mod logs;
@@ -9,6 +10,7 @@ pub mod publication;
 pub mod qualification;
 pub mod reaper;
 pub mod reconciliation;
+pub mod run_view;
 pub mod runs;
 pub mod sandbox;
 pub mod snapshot;

@@ -1,7 +1,9 @@
 //! `cairnctl runs`: submit, list, show, watch, pause and cancel runs, and read their
 //! requests and journal.
 
+use super::bulk::{self, BulkArgs};
 use super::logs::{self, Stream};
+use super::run_view::{label_selector, run_row, show_run, RunState, RUN_HEADER};
 use super::watch;
 use crate::client::{exit, CallError, Client};
 use crate::{id, output, read_document, usage};
@@ -30,6 +32,9 @@ pub enum RunsCommand {
         /// Only runs of this agent.
         #[arg(long)]
         agent: Option<String>,
+        /// Only runs with this label (`KEY=VALUE`, repeatable: all must match).
+        #[arg(long = "label", value_name = "KEY=VALUE")]
+        labels: Vec<String>,
         /// Runs per page.
         #[arg(long, default_value_t = 50)]
         limit: u32,
@@ -55,6 +60,14 @@ pub enum RunsCommand {
         #[arg(long, default_value_t = 10)]
         unclaimed_seconds: u64,
     },
+    /// Start a new run from this run's spec, linked to it (`rerun_of`).
+    Rerun {
+        /// The run's id (32 lowercase hex characters).
+        run: String,
+    },
+    /// Cancel or retry (rerun) every run a filter matches. Without --yes it only counts
+    /// and lists them.
+    Bulk(BulkArgs),
     /// Cancel a run: a running step is stopped, and its receipt keeps its output so far.
     Cancel {
         /// The run's id (32 lowercase hex characters).
@@ -103,96 +116,6 @@ pub enum RunsCommand {
     },
 }
 
-/// The states a run shows, as `--state` takes them.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-#[value(rename_all = "snake_case")]
-pub enum RunState {
-    Queued,
-    #[value(alias = "executing")]
-    Running,
-    /// Running, its step's processes stopped by a pause.
-    Paused,
-    AwaitingVerification,
-    StoppedAtCheckpoint,
-    NeedsReconciliation,
-    Completed,
-    Failed,
-    Cancelled,
-}
-
-pub fn run_row(run: &Value) -> Vec<String> {
-    vec![
-        output::text(&run["run_id"]),
-        output::text(&run["state"]),
-        output::text(&run["agent"]),
-        format!(
-            "{}/{}",
-            output::text(&run["attempt"]),
-            output::text(&run["max_attempts"])
-        ),
-        format!(
-            "{}/{}",
-            output::text(&run["usage"]["commands"]),
-            output::text(&run["budgets"]["max_commands"])
-        ),
-        output::text(&run["created_at"]),
-    ]
-}
-
-const RUN_HEADER: [&str; 6] = ["run", "state", "agent", "attempt", "commands", "created"];
-
-pub fn show_run(run: &Value) {
-    output::fields(
-        run,
-        &[
-            "run_id",
-            "request_id",
-            "state",
-            "agent",
-            "repository",
-            "ref",
-            "attempt",
-            "max_attempts",
-            "deadline",
-            "stop_reason",
-            "reconciliation_step",
-            "cancel_requested_at",
-            "created_at",
-            "finished_at",
-        ],
-    );
-    println!(
-        "usage         {} commands of {}, {} ms wall of {} s, {} ms cpu",
-        output::text(&run["usage"]["commands"]),
-        output::text(&run["budgets"]["max_commands"]),
-        output::text(&run["usage"]["wall_ms"]),
-        output::text(&run["budgets"]["max_wall_seconds"]),
-        output::text(&run["usage"]["cpu_ms"]),
-    );
-    let steps: Vec<Vec<String>> = run["steps"]
-        .as_array()
-        .map(|steps| {
-            steps
-                .iter()
-                .map(|s| {
-                    vec![
-                        output::text(&s["key"]),
-                        s["argv"]
-                            .as_array()
-                            .map(|a| a.iter().map(output::text).collect::<Vec<_>>().join(" "))
-                            .unwrap_or_default(),
-                        output::text(&s["idempotent"]),
-                    ]
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    if !steps.is_empty() {
-        println!();
-        output::table(&["step", "command", "idempotent"], &steps);
-    }
-}
-
 pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u8, CallError> {
     match command {
         RunsCommand::Submit {
@@ -202,13 +125,16 @@ pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u
         RunsCommand::List {
             state,
             agent,
+            labels,
             limit,
             cursor,
         } => {
             let state = state.and_then(|s| s.to_possible_value());
+            let labels = label_selector(&labels)?;
             let filter = Filter {
                 state: state.as_ref().map(|s| s.get_name()),
                 agent: agent.as_deref(),
+                labels: labels.as_deref(),
                 limit,
                 cursor: cursor.as_deref(),
             };
@@ -229,6 +155,8 @@ pub async fn runs(client: &Client, command: RunsCommand, json: bool) -> Result<u
             unclaimed_seconds,
         } => watch::watch(client, &run, interval_seconds, unclaimed_seconds, json).await,
         RunsCommand::Cancel { run } => cancel(client, run, json).await,
+        RunsCommand::Rerun { run } => bulk::rerun(client, &run, json).await,
+        RunsCommand::Bulk(args) => bulk::bulk(client, args, json).await,
         RunsCommand::Pause { run, wait_seconds } => pause(client, run, wait_seconds, json).await,
         RunsCommand::Resume { run, wait_seconds } => resume(client, run, wait_seconds, json).await,
         RunsCommand::Logs {
@@ -284,11 +212,13 @@ async fn submit(
 }
 
 /// What `runs list` asks for.
-struct Filter<'a> {
-    state: Option<&'a str>,
-    agent: Option<&'a str>,
-    limit: u32,
-    cursor: Option<&'a str>,
+pub struct Filter<'a> {
+    pub state: Option<&'a str>,
+    pub agent: Option<&'a str>,
+    /// `key=value[,key=value…]`.
+    pub labels: Option<&'a str>,
+    pub limit: u32,
+    pub cursor: Option<&'a str>,
 }
 
 async fn list(client: &Client, filter: &Filter<'_>, json: bool) -> Result<u8, CallError> {
@@ -296,6 +226,7 @@ async fn list(client: &Client, filter: &Filter<'_>, json: bool) -> Result<u8, Ca
     for (name, value) in [
         ("state", filter.state),
         ("agent", filter.agent),
+        ("label", filter.labels),
         ("cursor", filter.cursor),
     ] {
         if let Some(value) = value {

@@ -304,13 +304,10 @@ fn say_ended(view: &Value, state: &str, json: bool) -> u8 {
 }
 
 /// Replaces the `drawn` lines printed last with `lines`, each cut to the terminal's
-/// width (`COLUMNS`, else 100): a wrapped line would shift every later redraw.
+/// width (`COLUMNS`, else the terminal's, else 100): a wrapped line would shift every
+/// later redraw.
 fn redraw(lines: &[String], drawn: &mut usize) {
-    let width = std::env::var("COLUMNS")
-        .ok()
-        .and_then(|c| c.parse::<usize>().ok())
-        .filter(|w| *w >= 20)
-        .unwrap_or(100);
+    let width = output::width().filter(|w| *w >= 20).unwrap_or(100);
     let mut out = std::io::stdout().lock();
     if *drawn > 0 {
         let _ = write!(out, "\x1b[{drawn}A");

@@ -36,6 +36,10 @@ pub async fn admit(
         .collect();
     let max_attempts: Vec<i32> = specs.iter().map(|s| clamp_i32(s.max_attempts())).collect();
     let deadlines: Vec<Option<DateTime<Utc>>> = specs.iter().map(|s| s.deadline).collect();
+    let labels: Vec<serde_json::Value> = specs
+        .iter()
+        .map(|s| serde_json::to_value(&s.labels).unwrap_or_default())
+        .collect();
     let digests: Vec<String> = specs.iter().map(input_digest).collect();
     let keys: Vec<Option<String>> = specs
         .iter()
@@ -44,13 +48,13 @@ pub async fn admit(
     sqlx::query(
         "INSERT INTO runs (id, root_run_id, work_context_id, agent, operator_id, repository, git_ref, steps,
                            max_commands, max_wall_seconds, max_attempts, deadline, state,
-                           idempotency_key, request_digest, tenant_id)
+                           idempotency_key, request_digest, tenant_id, labels)
          SELECT id, id, id, agent, $12, repository, git_ref, steps, max_commands, max_wall_seconds,
-                max_attempts, deadline, 'queued', idempotency_key, request_digest, $13
+                max_attempts, deadline, 'queued', idempotency_key, request_digest, $13, labels
            FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::int[],
-                       $7::int[], $8::int[], $9::timestamptz[], $10::text[], $11::text[])
+                       $7::int[], $8::int[], $9::timestamptz[], $10::text[], $11::text[], $14::jsonb[])
              AS t(id, agent, repository, git_ref, steps, max_commands, max_wall_seconds,
-                  max_attempts, deadline, idempotency_key, request_digest)",
+                  max_attempts, deadline, idempotency_key, request_digest, labels)",
     )
     .bind(&run_ids)
     .bind(&agents)
@@ -65,6 +69,7 @@ pub async fn admit(
     .bind(&digests)
     .bind(operator)
     .bind(tenant)
+    .bind(&labels)
     .execute(&mut *conn)
     .await?;
     tickets(conn, &run_ids, &max_attempts, &max_commands, &max_wall).await?;
@@ -106,6 +111,21 @@ async fn tickets(
         })
         .collect();
     outbox::announce_many(conn, JobKind::Run, &messages).await?;
+    Ok(())
+}
+
+/// Records that `run_id` was admitted as a rerun of `earlier`, in the caller's
+/// transaction.
+pub async fn link_rerun(
+    conn: &mut PgConnection,
+    run_id: Uuid,
+    earlier: Uuid,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE runs SET rerun_of = $2 WHERE id = $1")
+        .bind(run_id)
+        .bind(earlier)
+        .execute(conn)
+        .await?;
     Ok(())
 }
 

@@ -91,6 +91,10 @@ pub enum Refused {
     /// The run does not need a person now.
     #[error("the run is {0}, not needs_reconciliation")]
     NotAwaiting(RequestState),
+    /// The uncertain step ran under a reviewed continuation, whose window a decision
+    /// would not keep.
+    #[error("the run's uncertain step ran under a reviewed continuation")]
+    UnderContinuation,
     /// The step is not one a person must decide (already decided, or never uncertain).
     #[error("step {step:?} is not undecided; undecided: {undecided:?}")]
     NotUndecided {
@@ -158,6 +162,9 @@ pub async fn decide(
     if state != RequestState::NeedsReconciliation {
         return Err(Refused::NotAwaiting(state));
     }
+    if under_continuation(&mut *conn, request_id).await? {
+        return Err(Refused::UnderContinuation);
+    }
     let undecided = journal::undecided(&mut *conn, request_id, stopped_on.as_deref()).await?;
     if !undecided.iter().any(|s| s == new.step_key) {
         return Err(Refused::NotUndecided {
@@ -176,6 +183,13 @@ pub async fn decide(
     let saved = save(&mut *conn, new, request_id, fenced_epoch, outcome).await?;
     let epoch = fenced_epoch + 1;
     apply(&mut *conn, new, request_id, epoch).await?;
+    if stopped_on.as_deref() == Some(new.step_key) {
+        // Decided: a later stop on it (after an earlier step ran again) names it anew.
+        sqlx::query("UPDATE execution_requests SET reconciliation_step = NULL WHERE id = $1")
+            .bind(request_id)
+            .execute(&mut *conn)
+            .await?;
+    }
     let body = serde_json::json!({
         "decision_id": new.id.simple().to_string(),
         "step_key": new.step_key,
@@ -235,6 +249,20 @@ async fn apply(
     Ok(())
 }
 
+/// Whether the request's latest reviewed continuation ended needing a person.
+async fn under_continuation(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM continuation_actions
+                         WHERE request_id = $1 AND status = 'needs_reconciliation')",
+    )
+    .bind(request_id)
+    .fetch_one(conn)
+    .await
+}
+
 async fn epoch(conn: &mut PgConnection, request_id: Uuid) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar("SELECT lease_epoch FROM execution_requests WHERE id = $1")
         .bind(request_id)
@@ -271,7 +299,7 @@ async fn save(
     request_id: Uuid,
     fenced_epoch: i64,
     outcome: Outcome,
-) -> Result<Saved, sqlx::Error> {
+) -> Result<Saved, Refused> {
     sqlx::query_as(&format!(
         "INSERT INTO reconciliation_decisions (id, run_id, request_id, step_key, decision, reason,
                 decided_by, decided_by_name, fenced_epoch, outcome)
@@ -290,6 +318,11 @@ async fn save(
     .bind(outcome)
     .fetch_one(conn)
     .await
+    .map_err(|e| match e {
+        // The same id, saved at once for another run's decision.
+        sqlx::Error::Database(d) if d.is_unique_violation() => Refused::IdReused(new.id),
+        e => Refused::Db(e),
+    })
 }
 
 /// The decision with this id.

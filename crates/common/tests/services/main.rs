@@ -5,4 +5,5 @@ mod db;
 mod lease;
 mod lineage;
 mod outbox;
+mod reconciliation;
 mod transition;

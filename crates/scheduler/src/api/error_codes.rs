@@ -252,11 +252,21 @@ pub const ERROR_CODES: &[(&str, u16, &str)] = &[
         "The artifact store did not answer; nothing was changed, try again.",
     ),
     ("tenant_exists", 409, "The tenant exists already."),
+    (
+        "too_many_matches",
+        409,
+        "More runs match a bulk action's filter than one action takes (1000): narrow the filter.",
+    ),
     ("unauthorized", 401, "A valid bearer token is required."),
     (
         "unavailable",
         503,
         "The database did not answer; nothing was changed, try again.",
+    ),
+    (
+        "under_continuation",
+        409,
+        "The run's uncertain step ran under a reviewed continuation: a decision would not keep its window.",
     ),
     (
         "unknown_command_digest",

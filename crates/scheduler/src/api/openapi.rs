@@ -13,7 +13,7 @@ use utoipa::{Modify, OpenApi};
     paths(
         runs::admission::submit, runs::admission::submit_batch, runs::view::list, runs::view::counts,
         runs::view::show, runs::cancel, runs::view::execution_requests, runs::journal::journal, runs::output::output,
-        runs::reconciliation::show, runs::reconciliation::list, runs::reconciliation::read, runs::reconciliation::decide, pause::pause, pause::resume, pause::show,
+        runs::rerun::rerun, runs::bulk::bulk, runs::reconciliation::show, runs::reconciliation::list, runs::reconciliation::read, runs::reconciliation::decide, pause::pause, pause::resume, pause::show,
         policy::get_policy, policy::put_policy, qualification::show, qualification::set,
         publication::request, publication::show, publication::hold, publication::set_hold, publication::clear_hold,
         continuation::checkpoint_candidate, continuation::checkpoint_action, continuation::checkpoint_status,

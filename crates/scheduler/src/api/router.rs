@@ -59,9 +59,11 @@ fn run_routes() -> Router<AppState> {
             post(runs::admission::submit).get(runs::view::list),
         )
         .route("/api/v1/runs/batch", post(runs::admission::submit_batch))
+        .route("/api/v1/runs/bulk", post(runs::bulk::bulk))
         .route("/api/v1/runs/counts", get(runs::view::counts))
         .route("/api/v1/runs/{run_id}", get(runs::view::show))
         .route("/api/v1/runs/{run_id}/cancel", post(runs::cancel))
+        .route("/api/v1/runs/{run_id}/rerun", post(runs::rerun::rerun))
         .route(
             "/api/v1/runs/{run_id}/pause",
             post(pause::pause).get(pause::show),

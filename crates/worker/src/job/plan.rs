@@ -250,6 +250,14 @@ fn decide(step: &StepSpec, standing: Option<&Standing>, ran: bool, tree: &Tree) 
             step: step.key.clone(),
             reason: "unknown_outcome",
         }),
+        Some(Standing::MarkedDone) if !step.idempotent => Decision::Reconcile(Ending::Reconcile {
+            message: format!(
+                "step {} was marked done by a person, but an earlier step ran again first: decide it again",
+                step.key
+            ),
+            step: step.key.clone(),
+            reason: "tree_behind_journal",
+        }),
         Some(_) if !step.idempotent => Decision::Reconcile(Ending::Reconcile {
             message: format!(
                 "step {} has a receipt on a snapshot this tree (from tier {}) does not hold: its effects are not here",

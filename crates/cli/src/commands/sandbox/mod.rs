@@ -33,7 +33,7 @@ pub enum SandboxCommand {
         #[arg(long)]
         agent: Option<String>,
         /// Only sandboxes labelled `KEY=VALUE` (repeatable: every pair must match).
-        #[arg(long = "metadata", value_name = "KEY=VALUE")]
+        #[arg(long = "metadata", visible_alias = "label", value_name = "KEY=VALUE")]
         metadata: Vec<String>,
         /// At most this many sandboxes, 1 to 500.
         #[arg(long, default_value_t = 100)]

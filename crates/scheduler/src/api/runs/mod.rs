@@ -6,11 +6,15 @@
 //! - [`journal`](mod@journal): a run's journal.
 //! - [`output`](mod@output): a step's output, read or followed.
 //! - [`reconciliation`]: a run that needs a person, and the decisions on its steps.
+//! - [`rerun`]: a new run from an earlier run's spec; [`bulk`]: cancel or retry every
+//!   run a filter matches.
 
 pub mod admission;
+pub mod bulk;
 pub mod journal;
 pub mod output;
 pub mod reconciliation;
+pub mod rerun;
 pub mod view;
 
 use crate::api::auth::{Caller, Role};

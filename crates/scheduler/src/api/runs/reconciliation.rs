@@ -290,6 +290,10 @@ fn refusal(refused: Refused) -> ApiError {
                 state.run_state()
             ),
         ),
+        Refused::UnderContinuation => ApiError::conflict(
+            "under_continuation",
+            "the uncertain step ran under a reviewed continuation; a decision would not keep its window: cancel the run, or review its checkpoint again",
+        ),
         Refused::NotUndecided { step, undecided } => ApiError::conflict(
             "step_not_undecided",
             format!(

@@ -44,6 +44,11 @@ pub struct RunView {
     /// `completed`, `failed` or `cancelled`.
     pub state: String,
     pub steps: Vec<StepSpec>,
+    /// The labels it was submitted with.
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// The run this one reruns (`POST /api/v1/runs/{run_id}/rerun`), if any.
+    #[schema(value_type = Option<String>)]
+    pub rerun_of: Option<Id>,
     /// The tenant's layer of the egress policy as it stands (absent: it narrows
     /// nothing). A step's network is the operator's policy, narrowed by this, then by the
     /// step's own `network`; each receipt's `sandbox.egress` says what the step had.
@@ -72,6 +77,8 @@ struct RunRow {
     git_ref: Option<String>,
     state: String,
     steps: serde_json::Value,
+    labels: serde_json::Value,
+    rerun_of: Option<Uuid>,
     tenant_network: Option<sqlx::types::Json<NetworkSpec>>,
     max_commands: i32,
     max_wall_seconds: i32,
@@ -92,7 +99,7 @@ struct RunRow {
 const RUN_SELECT: &str =
     "SELECT r.id, e.id AS request_id, r.tenant_id, r.agent, r.repository, r.git_ref,
         CASE WHEN r.state = 'running' AND e.paused_at IS NOT NULL THEN 'paused' ELSE r.state END AS state,
-        r.steps, r.max_commands, r.max_wall_seconds, r.max_attempts, r.deadline, e.attempt,
+        r.steps, r.labels, r.rerun_of, r.max_commands, r.max_wall_seconds, r.max_attempts, r.deadline, e.attempt,
         e.used_commands, e.used_wall_ms, e.used_cpu_ms, e.stop_reason, e.reconciliation_step,
         r.cancel_requested_at, r.created_at, r.updated_at, r.finished_at,
         np.network AS tenant_network
@@ -110,6 +117,8 @@ impl From<RunRow> for RunView {
             git_ref: row.git_ref,
             state: row.state,
             steps: serde_json::from_value(row.steps).unwrap_or_default(),
+            labels: serde_json::from_value(row.labels).unwrap_or_default(),
+            rerun_of: row.rerun_of.map(Id::from),
             tenant_network: row.tenant_network.map(|n| n.0),
             budgets: Budgets {
                 max_commands: u32::try_from(row.max_commands).unwrap_or(0),
@@ -157,6 +166,8 @@ pub struct ListQuery {
     /// Only runs of this agent.
     #[param(pattern = "^[A-Za-z0-9._-]{1,128}$")]
     pub agent: Option<String>,
+    /// Only runs with all these labels: `key=value[,key=value…]`.
+    pub label: Option<String>,
     /// Page size, 1..=500 (default 50).
     #[param(minimum = 1, maximum = 500)]
     pub limit: Option<i64>,
@@ -193,6 +204,7 @@ pub async fn list(
     }
     let run_state = query.state.as_deref().map(shown_state).transpose()?;
     check_agent_filter(query.agent.as_deref())?;
+    let labels = label_filter(query.label.as_deref())?;
     let cursor = cursor::from_query(query.cursor.as_deref())?;
     let rows: Vec<RunRow> = sqlx::query_as(&format!(
         "{RUN_SELECT}
@@ -201,6 +213,7 @@ pub async fn list(
             AND ($1::text IS DISTINCT FROM 'running' OR e.paused_at IS NULL)
             AND ($5::text IS NULL OR r.agent = $5)
             AND ($6::text IS NULL OR r.tenant_id = $6)
+            AND ($7::jsonb IS NULL OR r.labels @> $7)
             AND ($2::timestamptz IS NULL OR (r.created_at, r.id) < ($2, $3))
           ORDER BY r.created_at DESC, r.id DESC
           LIMIT $4"
@@ -211,6 +224,7 @@ pub async fn list(
     .bind(limit + 1)
     .bind(&query.agent)
     .bind(caller.scope())
+    .bind(labels)
     .fetch_all(&state.pool)
     .await?;
     let mut runs: Vec<RunView> = rows.into_iter().map(RunView::from).collect();
@@ -250,6 +264,15 @@ fn shown_state(asked: &str) -> Result<String, ApiError> {
         ),
     )
     .with_field("state"))
+}
+
+/// A `label` filter as the JSON its rows must contain; a 400 naming what is wrong.
+pub fn label_filter(text: Option<&str>) -> Result<Option<serde_json::Value>, ApiError> {
+    let Some(text) = text else { return Ok(None) };
+    let wanted = cairn_common::labels::selector(text).map_err(|why| {
+        ApiError::bad_request("invalid_query", format!("label: {why}")).with_field("label")
+    })?;
+    Ok(Some(serde_json::to_value(wanted).unwrap_or_default()))
 }
 
 fn check_agent_filter(agent: Option<&str>) -> Result<(), ApiError> {
