@@ -119,6 +119,9 @@ enum Command {
     /// The source profiles continuations may run on: show, qualify, revoke.
     #[command(subcommand)]
     Qualification(QualificationCommand),
+    /// The runs' queue and flow control: held, queued, executing, the workers' slots,
+    /// and each concurrency or rate key.
+    Queues,
     /// Manage API tokens.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -239,6 +242,7 @@ async fn run(cli: Cli) -> Result<u8, CallError> {
         Command::Qualification(command) => qualification(&client()?, command, json).await,
         Command::Template(command) => template(&client()?, command, json).await,
         Command::Volume(command) => volume(&client()?, command, json).await,
+        Command::Queues => commands::queues::queues(&client()?, json).await,
         Command::Token(command) => tokens(&client()?, command, json).await,
         Command::Tenant(command) => tenants(&client()?, command, json).await,
         Command::Credentials(command) => credentials(&client()?, command, json).await,

@@ -117,7 +117,8 @@ pub const PARKED_AFTER: Duration = Duration::from_secs(3);
 pub const STARVED_FOR: Duration = Duration::from_secs(1);
 
 /// The SQL condition (over `execution_requests e`, `$parked` [`PARKED_AFTER`] in ms)
-/// under which a queued request's delivery is parked on a worker that does not take it:
+/// under which a queued request's delivery is parked on a worker that does not take it
+/// (a request the flow-control gate still holds was never announced):
 /// it was announced (`updated_at`) more than `$parked` ago and its message left the
 /// outbox, yet
 /// - a worker waited for any delivery, with a free slot, for [`STARVED_FOR`] after the
@@ -127,7 +128,7 @@ pub const STARVED_FOR: Duration = Duration::from_secs(1);
 ///   queue is first in, first out, so its message was delivered and not claimed).
 pub fn parked_sql(parked: &str) -> String {
     format!(
-        "e.state = 'queued' AND e.lease_owner IS NULL
+        "e.state = 'queued' AND e.lease_owner IS NULL AND NOT e.held_by_gate
          AND e.updated_at < clock_timestamp() - {parked} * interval '1 millisecond'
          AND NOT EXISTS (SELECT 1 FROM outbox o WHERE o.published_at IS NULL
                           AND o.payload->>'request_id' = e.id::text)

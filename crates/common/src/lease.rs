@@ -214,9 +214,10 @@ impl Leases {
         let table = self.table();
         // A delivery for a request no longer queued (a duplicate, or one announced
         // again) means no work: it takes no lease, so it neither moves the epoch nor
-        // releases a lapsed owner's lease that the sweeper has yet to find.
+        // releases a lapsed owner's lease that the sweeper has yet to find. Nor does one
+        // for a request flow control still holds: only the gate lets it start.
         let claimable = match self.of {
-            Leased::Request => "AND e.state = 'queued'",
+            Leased::Request => "AND e.state = 'queued' AND NOT e.held_by_gate",
             Leased::Sandbox => "",
         };
         let claimed: Option<(i64, DateTime<Utc>, Option<DateTime<Utc>>)> =

@@ -198,6 +198,93 @@ pub struct RunSpec {
     /// `a-z 0-9 . _ - /`, values of 0 to 63 of `A-Z a-z 0-9 . _ -`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
+    /// Flow control: at most `concurrency_limit` runs with this key run at once, across
+    /// every worker; the others wait, by priority then admission. 1 to 128 of
+    /// `A-Za-z0-9._-:/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
+    /// How many runs of `concurrency_key` may run at once: 1 to 1000 (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = 1, maximum = 1000)]
+    pub concurrency_limit: Option<u32>,
+    /// When workers are busy, a waiting run of higher priority is released to them
+    /// first: -100 to 100 (a run that names none is not held for flow control at all).
+    /// A waiting run gains 1 for every 10 s it waits, so none starves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(minimum = -100, maximum = 100)]
+    pub priority: Option<i32>,
+    /// At most `per_second` runs with this key start in any one second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// A per-key start rate.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    /// 1 to 128 of `A-Za-z0-9._-:/`.
+    pub key: String,
+    /// 1 to 10000.
+    #[schema(minimum = 1, maximum = 10000)]
+    pub per_second: u32,
+}
+
+/// A flow-control key: 1 to 128 of `A-Za-z0-9._-:/`.
+pub fn valid_flow_key(key: &str) -> bool {
+    !key.is_empty()
+        && key.len() <= 128
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-' | b':' | b'/'))
+}
+
+impl RunSpec {
+    /// Whether the scheduler's gate holds the run until its flow control lets it start.
+    pub fn flow_controlled(&self) -> bool {
+        self.concurrency_key.is_some() || self.rate_limit.is_some() || self.priority.is_some()
+    }
+
+    /// Checks the flow-control fields; `field` names one in an error.
+    fn check_flow(&self, field: impl Fn(&str) -> String) -> Result<(), FieldError> {
+        if let Some(key) = &self.concurrency_key {
+            if !valid_flow_key(key) {
+                return Err(FieldError::new(
+                    field("concurrency_key"),
+                    "1 to 128 of A-Z a-z 0-9 . _ - : /",
+                ));
+            }
+        }
+        match self.concurrency_limit {
+            Some(_) if self.concurrency_key.is_none() => {
+                return Err(FieldError::new(
+                    field("concurrency_limit"),
+                    "needs a concurrency_key",
+                ))
+            }
+            Some(n) if !(1..=1000).contains(&n) => {
+                return Err(FieldError::new(field("concurrency_limit"), "1 to 1000"))
+            }
+            _ => {}
+        }
+        if self.priority.is_some_and(|p| !(-100..=100).contains(&p)) {
+            return Err(FieldError::new(field("priority"), "-100 to 100"));
+        }
+        if let Some(rate) = &self.rate_limit {
+            if !valid_flow_key(&rate.key) {
+                return Err(FieldError::new(
+                    field("rate_limit.key"),
+                    "1 to 128 of A-Z a-z 0-9 . _ - : /",
+                ));
+            }
+            if !(1..=10_000).contains(&rate.per_second) {
+                return Err(FieldError::new(
+                    field("rate_limit.per_second"),
+                    "1 to 10000",
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A name of letters, digits, `.`, `_` and `-`, 1 to `max` long (agents, step keys).
@@ -309,6 +396,7 @@ impl RunSpec {
         )?;
         crate::labels::check(&self.labels, &field("labels"))
             .map_err(|e| FieldError::new(e.field, e.message))?;
+        self.check_flow(field)?;
         if self.steps.is_empty() {
             // A run with nothing to do is a mistake, not a run that completes at once.
             return Err(FieldError::new(field("steps"), "at least one step"));

@@ -38,6 +38,10 @@ pub struct Config {
     /// windows). Part of the takeover time after a worker dies.
     #[arg(long, env = "CAIRN_SWEEP_INTERVAL_SECONDS", default_value_t = 1.0)]
     pub sweep_interval_seconds: f64,
+    /// Seconds between passes of the flow-control gate, which releases runs held by
+    /// their concurrency key, rate limit or priority.
+    #[arg(long, env = "CAIRN_GATE_INTERVAL_SECONDS", default_value_t = 0.1)]
+    pub gate_interval_seconds: f64,
     /// Seconds to let background work finish after SIGTERM.
     #[arg(long, env = "CAIRN_DRAIN_SECONDS", default_value_t = 10)]
     pub drain_seconds: u64,
@@ -48,6 +52,9 @@ impl Settings for Config {
     fn validate(&self) -> Result<(), String> {
         if !(0.05..=3600.0).contains(&self.sweep_interval_seconds) {
             return Err("CAIRN_SWEEP_INTERVAL_SECONDS: from 0.05 to 3600".into());
+        }
+        if !(0.01..=60.0).contains(&self.gate_interval_seconds) {
+            return Err("CAIRN_GATE_INTERVAL_SECONDS: from 0.01 to 60".into());
         }
         if let Some(token) = &self.bootstrap_admin_token {
             if token.trim().len() < 16 {

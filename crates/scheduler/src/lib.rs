@@ -4,6 +4,7 @@
 //! - [`config`]: its settings.
 //! - [`console`]: the operator console's static files, served at `/`.
 //! - [`sweeper`]: the lease sweeper (one leader at a time).
+//! - [`gate`]: the flow-control gate (one leader at a time).
 //! - [`sandbox_sweep`]: sandboxes whose owner's lease lapsed.
 //! - [`sandbox_expiry`]: sandbox timeouts (idle-anchored stop or destroy).
 //! - [`run`]: runs until the shutdown token is cancelled, then drains.
@@ -11,6 +12,7 @@
 pub mod api;
 pub mod config;
 pub mod console;
+pub mod gate;
 pub mod parked;
 pub mod sandbox_expiry;
 pub mod sandbox_sweep;
@@ -63,6 +65,7 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let outbox_metrics = OutboxMetrics::register(&mut registry);
     let api_metrics = api::ApiMetrics::register(&mut registry);
     let sweeper_metrics = sweeper::SweeperMetrics::register(&mut registry);
+    let gate_metrics = gate::GateMetrics::register(&mut registry);
     let dependency_gauge = health::DependencyGauge::register(&mut registry);
     let registry = Arc::new(registry);
     let amqp_status = AmqpStatus::default();
@@ -78,6 +81,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     )
     .with_batch_size(config.outbox_batch_size);
     tasks.spawn(relay.run(shutdown.clone()));
+    tasks.spawn(gate::run(
+        pool.clone(),
+        Duration::from_secs_f64(config.gate_interval_seconds),
+        gate_metrics,
+        shutdown.clone(),
+    ));
     tasks.spawn(sweeper::run(
         pool.clone(),
         Duration::from_secs_f64(config.sweep_interval_seconds),

@@ -13,6 +13,7 @@ mod custody;
 mod deployment;
 mod faults;
 mod finishing;
+mod flow_control;
 mod output;
 mod pause;
 mod reaper;

@@ -180,6 +180,11 @@ class AsyncClient:
         """The run's execution requests: its own, publications, continuations."""
         return await self._op("list_execution_requests", {"run_id": run_id})
 
+    async def get_queues(self) -> models.Queues:
+        """Runs held by flow control, queued and executing, the workers' run slots, and
+        how each concurrency or rate key stands (platform tokens)."""
+        return await self._op("get_queues")
+
     async def rerun_run(self, run_id: str) -> models.RunView:
         """A new run from this run's spec, linked to it by `rerun_of`."""
         return await self._op("create_run_rerun", {"run_id": run_id})

@@ -371,6 +371,14 @@ OPERATIONS: dict[str, Operation] = {
         body=None,
         replies=(Reply(status=200, media_types=("application/json",), model="QualificationView"),),
     ),
+    "get_queues": Operation(
+        id="get_queues",
+        method="GET",
+        path="/api/v1/queues",
+        params=(),
+        body=None,
+        replies=(Reply(status=200, media_types=("application/json",), model="Queues"),),
+    ),
     "get_reaper": Operation(
         id="get_reaper",
         method="GET",

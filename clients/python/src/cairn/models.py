@@ -512,6 +512,31 @@ class JournalStep(BaseModel):
     """
 
 
+class KeyStanding(BaseModel):
+    """
+    How flow control stands for one key.
+    """
+
+    in_flight: StrictInt
+    """
+    Out of the gate and not ended (concurrency), or released in the last second
+    (rate).
+    """
+    key: StrictStr
+    kind: StrictStr
+    """
+    `concurrency` or `rate`.
+    """
+    limit: StrictInt | None = None
+    """
+    The largest concurrency limit (or rate per second) its runs name.
+    """
+    waiting: StrictInt
+    """
+    Held, waiting for the gate.
+    """
+
+
 class LeaseView(BaseModel):
     lease_deadline: AwareDatetime | None = None
     """
@@ -706,6 +731,24 @@ class PublicationView(BaseModel):
     stop_reason: StrictStr | None = None
 
 
+class RateLimit(BaseModel):
+    """
+    A per-key start rate.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    key: Annotated[StrictStr, Field(pattern="^[^\\u0000]*$")]
+    """
+    1 to 128 of `A-Za-z0-9._-:/`.
+    """
+    per_second: Annotated[StrictInt, Field(ge=1, le=10000)]
+    """
+    1 to 10000.
+    """
+
+
 class Registered(BaseModel):
     """
     A registered profile, as the API shows it.
@@ -839,6 +882,26 @@ class RunCounts(BaseModel):
     counts: dict[StrictStr, StrictInt]
     """
     Every run state, with how many runs are in it (0 included).
+    """
+
+
+class RunQueue(BaseModel):
+    """
+    The runs' requests by where they stand.
+    """
+
+    executing: StrictInt
+    held: StrictInt
+    """
+    Held by flow control (concurrency key, rate limit or priority).
+    """
+    queued: StrictInt
+    """
+    Released to the workers, not yet claimed.
+    """
+    slots: StrictInt
+    """
+    The live workers' run slots.
     """
 
 
@@ -1685,6 +1748,14 @@ class QualificationView(BaseModel):
     profiles: list[Registered]
 
 
+class Queues(BaseModel):
+    keys: list[KeyStanding]
+    """
+    Each key with runs waiting or in flight.
+    """
+    runs: RunQueue
+
+
 class ReaperView(BaseModel):
     pending_repairs: list[RepairView]
     """
@@ -1728,6 +1799,16 @@ class RunSpec(BaseModel):
     Which agent the run is for (part of workspace and snapshot ownership).
     """
     budgets: Budgets | None = None
+    concurrency_key: Annotated[StrictStr | None, Field(pattern="^[^\\u0000]*$")] = None
+    """
+    Flow control: at most `concurrency_limit` runs with this key run at once, across
+    every worker; the others wait, by priority then admission. 1 to 128 of
+    `A-Za-z0-9._-:/`.
+    """
+    concurrency_limit: Annotated[StrictInt | None, Field(ge=1, le=1000)] = None
+    """
+    How many runs of `concurrency_key` may run at once: 1 to 1000 (default 1).
+    """
     deadline: AwareDatetime | None = None
     """
     After this instant no further attempt or continuation starts.
@@ -1747,6 +1828,13 @@ class RunSpec(BaseModel):
     """
     Automatic attempts after lost leases, 1..=20 (default 3).
     """
+    priority: Annotated[StrictInt | None, Field(ge=-100, le=100)] = None
+    """
+    When workers are busy, a waiting run of higher priority is released to them
+    first: -100 to 100 (a run that names none is not held for flow control at all).
+    A waiting run gains 1 for every 10 s it waits, so none starves.
+    """
+    rate_limit: RateLimit | None = None
     ref: Annotated[StrictStr | None, Field(pattern="^[^\\u0000]*$")] = None
     """
     Git ref to check out (default: the repository's HEAD).
@@ -1767,14 +1855,27 @@ class RunView(BaseModel):
     attempt: StrictInt
     budgets: Budgets
     cancel_requested_at: AwareDatetime | None = None
+    concurrency_key: StrictStr | None = None
+    """
+    Flow control: its concurrency key and limit, priority and rate limit, as
+    submitted.
+    """
+    concurrency_limit: StrictInt | None = None
     created_at: AwareDatetime
     deadline: AwareDatetime | None = None
     finished_at: AwareDatetime | None = None
+    held_by_flow_control: StrictBool
+    """
+    Queued and held by flow control: its key, rate or the workers' free slots do not
+    let it start yet (`cairnctl queues`).
+    """
     labels: dict[StrictStr, StrictStr]
     """
     The labels it was submitted with.
     """
     max_attempts: StrictInt
+    priority: StrictInt | None = None
+    rate_limit: RateLimit | None = None
     reconciliation_step: StrictStr | None = None
     ref: StrictStr | None = None
     repository: StrictStr | None = None

@@ -8,6 +8,7 @@ pub mod migrate;
 pub mod policy;
 pub mod publication;
 pub mod qualification;
+pub mod queues;
 pub mod reaper;
 pub mod reconciliation;
 pub mod run_view;

@@ -40,6 +40,7 @@ pub async fn admit(
         .iter()
         .map(|s| serde_json::to_value(&s.labels).unwrap_or_default())
         .collect();
+    let flow = Flow::of(specs);
     let digests: Vec<String> = specs.iter().map(input_digest).collect();
     let keys: Vec<Option<String>> = specs
         .iter()
@@ -48,13 +49,17 @@ pub async fn admit(
     sqlx::query(
         "INSERT INTO runs (id, root_run_id, work_context_id, agent, operator_id, repository, git_ref, steps,
                            max_commands, max_wall_seconds, max_attempts, deadline, state,
-                           idempotency_key, request_digest, tenant_id, labels)
+                           idempotency_key, request_digest, tenant_id, labels, concurrency_key,
+                           concurrency_limit, priority, rate_key, rate_per_second)
          SELECT id, id, id, agent, $12, repository, git_ref, steps, max_commands, max_wall_seconds,
-                max_attempts, deadline, 'queued', idempotency_key, request_digest, $13, labels
+                max_attempts, deadline, 'queued', idempotency_key, request_digest, $13, labels,
+                concurrency_key, concurrency_limit, priority, rate_key, rate_per_second
            FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::jsonb[], $6::int[],
-                       $7::int[], $8::int[], $9::timestamptz[], $10::text[], $11::text[], $14::jsonb[])
+                       $7::int[], $8::int[], $9::timestamptz[], $10::text[], $11::text[], $14::jsonb[],
+                       $15::text[], $16::int[], $17::int[], $18::text[], $19::int[])
              AS t(id, agent, repository, git_ref, steps, max_commands, max_wall_seconds,
-                  max_attempts, deadline, idempotency_key, request_digest, labels)",
+                  max_attempts, deadline, idempotency_key, request_digest, labels, concurrency_key,
+                  concurrency_limit, priority, rate_key, rate_per_second)",
     )
     .bind(&run_ids)
     .bind(&agents)
@@ -70,38 +75,96 @@ pub async fn admit(
     .bind(operator)
     .bind(tenant)
     .bind(&labels)
+    .bind(&flow.concurrency_key)
+    .bind(&flow.concurrency_limit)
+    .bind(&flow.priority)
+    .bind(&flow.rate_key)
+    .bind(&flow.rate_per_second)
     .execute(&mut *conn)
     .await?;
-    tickets(conn, &run_ids, &max_attempts, &max_commands, &max_wall).await?;
+    let limits = Limits {
+        max_attempts: &max_attempts,
+        max_commands: &max_commands,
+        max_wall: &max_wall,
+    };
+    tickets(conn, &run_ids, &limits, &flow.held).await?;
     Ok(run_ids)
 }
 
-/// The runs' execution requests, queued, and their announcements.
+/// The flow control of each run, as columns.
+struct Flow {
+    concurrency_key: Vec<Option<String>>,
+    concurrency_limit: Vec<Option<i32>>,
+    priority: Vec<Option<i32>>,
+    rate_key: Vec<Option<String>>,
+    rate_per_second: Vec<Option<i32>>,
+    /// Whether the gate holds it.
+    held: Vec<bool>,
+}
+
+impl Flow {
+    fn of(specs: &[RunSpec]) -> Flow {
+        Flow {
+            concurrency_key: specs.iter().map(|s| s.concurrency_key.clone()).collect(),
+            concurrency_limit: specs
+                .iter()
+                .map(|s| {
+                    s.concurrency_key
+                        .as_ref()
+                        .map(|_| clamp_i32(s.concurrency_limit.unwrap_or(1)))
+                })
+                .collect(),
+            priority: specs.iter().map(|s| s.priority).collect(),
+            rate_key: specs
+                .iter()
+                .map(|s| s.rate_limit.as_ref().map(|r| r.key.clone()))
+                .collect(),
+            rate_per_second: specs
+                .iter()
+                .map(|s| s.rate_limit.as_ref().map(|r| clamp_i32(r.per_second)))
+                .collect(),
+            held: specs.iter().map(RunSpec::flow_controlled).collect(),
+        }
+    }
+}
+
+/// Each run's limits, as columns.
+struct Limits<'a> {
+    max_attempts: &'a [i32],
+    max_commands: &'a [i32],
+    max_wall: &'a [i32],
+}
+
+/// The runs' execution requests, queued, and the announcements of those the gate does
+/// not hold (it announces the others when their flow control lets them start).
 async fn tickets(
     conn: &mut PgConnection,
     run_ids: &[Uuid],
-    max_attempts: &[i32],
-    max_commands: &[i32],
-    max_wall: &[i32],
+    limits: &Limits<'_>,
+    held: &[bool],
 ) -> Result<(), sqlx::Error> {
     let request_ids: Vec<Uuid> = run_ids.iter().map(|_| Uuid::new_v4()).collect();
     sqlx::query(
-        "INSERT INTO execution_requests (id, run_id, kind, state, max_attempts, max_commands, max_wall_seconds)
-         SELECT id, run_id, 'run', 'queued', max_attempts, max_commands, max_wall_seconds
-           FROM UNNEST($1::uuid[], $2::uuid[], $3::int[], $4::int[], $5::int[])
-             AS t(id, run_id, max_attempts, max_commands, max_wall_seconds)",
+        "INSERT INTO execution_requests (id, run_id, kind, state, max_attempts, max_commands, max_wall_seconds,
+                                         held_by_gate)
+         SELECT id, run_id, 'run', 'queued', max_attempts, max_commands, max_wall_seconds, held
+           FROM UNNEST($1::uuid[], $2::uuid[], $3::int[], $4::int[], $5::int[], $6::bool[])
+             AS t(id, run_id, max_attempts, max_commands, max_wall_seconds, held)",
     )
     .bind(&request_ids)
     .bind(run_ids)
-    .bind(max_attempts)
-    .bind(max_commands)
-    .bind(max_wall)
+    .bind(limits.max_attempts)
+    .bind(limits.max_commands)
+    .bind(limits.max_wall)
+    .bind(held)
     .execute(&mut *conn)
     .await?;
     let messages: Vec<JobMessage> = run_ids
         .iter()
         .zip(&request_ids)
-        .map(|(run_id, request_id)| JobMessage {
+        .zip(held)
+        .filter(|(_, held)| !**held)
+        .map(|((run_id, request_id), _)| JobMessage {
             tenant: None,
             kind: JobKind::Run,
             run_id: *run_id,
@@ -110,7 +173,9 @@ async fn tickets(
             attempt: Some(1),
         })
         .collect();
-    outbox::announce_many(conn, JobKind::Run, &messages).await?;
+    if !messages.is_empty() {
+        outbox::announce_many(conn, JobKind::Run, &messages).await?;
+    }
     Ok(())
 }
 

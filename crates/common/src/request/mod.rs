@@ -17,6 +17,8 @@
 //!   a reviewed continuation or an adopted verification) and ending an attempt that has
 //!   no result.
 //! - [`fence`]: fencing a request's holder out (the epoch moves on).
+//! - [`gate`]: flow control: releasing held runs as their concurrency key, rate limit,
+//!   priority and the workers' free slots allow.
 //! - [`stop`]: stopping at the last checkpoint.
 //! - [`limits`]: the cancel, window, deadline and budgets, checked at claim, at every
 //!   intent and at completion, and how a request ends when one is reached.
@@ -32,6 +34,7 @@ pub mod action;
 pub mod admit;
 pub mod cancel;
 pub mod fence;
+pub mod gate;
 pub mod limits;
 pub mod marks;
 pub mod pause;

@@ -35,6 +35,7 @@ pub mod poll;
 pub mod publication;
 pub mod qualification;
 pub mod query;
+pub mod queues;
 pub mod reaper;
 pub mod router;
 pub mod runs;

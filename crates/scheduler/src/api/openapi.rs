@@ -2,7 +2,7 @@
 
 use super::{
     continuation, credentials, error, network_policy, pause, policy, publication, qualification,
-    reaper, runs, sandboxes, session, tenants, tokens, verification, workers,
+    queues, reaper, runs, sandboxes, session, tenants, tokens, verification, workers,
 };
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -20,7 +20,7 @@ use utoipa::{Modify, OpenApi};
         continuation::final_candidate, continuation::final_action, continuation::final_status,
         verification::candidates, verification::adopt, verification::adoptions, verification::adoption,
         tokens::create, tokens::list, tokens::revoke, tenants::create, tenants::list,
-        network_policy::show, network_policy::set, session::show, credentials::rotate, workers::list, reaper::show,
+        network_policy::show, network_policy::set, session::show, credentials::rotate, workers::list, queues::show, reaper::show,
         sandboxes::create::create, sandboxes::view::list, sandboxes::view::show, sandboxes::view::operations,
         sandboxes::lifecycle::stop, sandboxes::lifecycle::pause, sandboxes::lifecycle::resume, sandboxes::lifecycle::destroy, sandboxes::lifecycle::extend,
         sandboxes::operations::exec, sandboxes::output::output, sandboxes::view::show_operation, sandboxes::operations::list, sandboxes::operations::read, sandboxes::operations::write,

@@ -3,7 +3,8 @@
 use super::error::ApiError;
 use super::{
     continuation, credentials, network_policy, openapi, pause, policy, publication, qualification,
-    reaper, runs, sandboxes, session, tenancy, tenants, tokens, verification, workers, AppState,
+    queues, reaper, runs, sandboxes, session, tenancy, tenants, tokens, verification, workers,
+    AppState,
 };
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{any, get, post, put};
@@ -281,6 +282,7 @@ fn sandbox_routes() -> Router<AppState> {
 fn platform_routes() -> Router<AppState> {
     Router::new()
         .route("/api/v1/workers", get(workers::list))
+        .route("/api/v1/queues", get(queues::show))
         .route("/api/v1/reaper", get(reaper::show))
         .route("/api/v1/session", get(session::show))
         .route(

@@ -10,7 +10,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use cairn_common::request::admit;
-use cairn_common::run::{Budgets, RunSpec, StepSpec};
+use cairn_common::run::{Budgets, RateLimit, RunSpec, StepSpec};
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -29,9 +29,14 @@ struct SpecRow {
     max_wall_seconds: i32,
     max_attempts: i32,
     deadline: Option<DateTime<Utc>>,
+    concurrency_key: Option<String>,
+    concurrency_limit: Option<i32>,
+    priority: Option<i32>,
+    rate_key: Option<String>,
+    rate_per_second: Option<i32>,
 }
 
-/// The spec a run was admitted with, and its tenant. A deadline that has passed is left
+/// The spec a run was admitted with (flow control included), and its tenant. A deadline that has passed is left
 /// out: a rerun of it would start already late.
 pub async fn spec_of(
     conn: &mut PgConnection,
@@ -39,7 +44,8 @@ pub async fn spec_of(
 ) -> Result<Option<(RunSpec, String)>, sqlx::Error> {
     let row: Option<SpecRow> = sqlx::query_as(
         "SELECT tenant_id, agent, repository, git_ref, steps, labels, max_commands, max_wall_seconds,
-                max_attempts, deadline
+                max_attempts, deadline, concurrency_key, concurrency_limit, priority, rate_key,
+                rate_per_second
            FROM runs WHERE id = $1",
     )
     .bind(run_id)
@@ -59,6 +65,20 @@ pub async fn spec_of(
             deadline: row.deadline.filter(|d| *d > Utc::now()),
             max_attempts: u32::try_from(row.max_attempts).ok(),
             labels: serde_json::from_value(row.labels).unwrap_or_default(),
+            concurrency_limit: row
+                .concurrency_key
+                .as_ref()
+                .and(row.concurrency_limit)
+                .and_then(|n| u32::try_from(n).ok()),
+            concurrency_key: row.concurrency_key,
+            priority: row.priority,
+            rate_limit: row
+                .rate_key
+                .zip(row.rate_per_second)
+                .map(|(key, n)| RateLimit {
+                    key,
+                    per_second: u32::try_from(n).unwrap_or(1),
+                }),
         };
         (spec, row.tenant_id)
     }))

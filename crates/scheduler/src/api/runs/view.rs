@@ -46,6 +46,19 @@ pub struct RunView {
     pub steps: Vec<StepSpec>,
     /// The labels it was submitted with.
     pub labels: std::collections::BTreeMap<String, String>,
+    /// Flow control: its concurrency key and limit, priority and rate limit, as
+    /// submitted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency_key: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub concurrency_limit: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub priority: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<cairn_common::run::RateLimit>,
+    /// Queued and held by flow control: its key, rate or the workers' free slots do not
+    /// let it start yet (`cairnctl queues`).
+    pub held_by_flow_control: bool,
     /// The run this one reruns (`POST /api/v1/runs/{run_id}/rerun`), if any.
     #[schema(value_type = Option<String>)]
     pub rerun_of: Option<Id>,
@@ -79,6 +92,12 @@ struct RunRow {
     steps: serde_json::Value,
     labels: serde_json::Value,
     rerun_of: Option<Uuid>,
+    concurrency_key: Option<String>,
+    concurrency_limit: Option<i32>,
+    priority: Option<i32>,
+    rate_key: Option<String>,
+    rate_per_second: Option<i32>,
+    held_by_gate: bool,
     tenant_network: Option<sqlx::types::Json<NetworkSpec>>,
     max_commands: i32,
     max_wall_seconds: i32,
@@ -99,7 +118,8 @@ struct RunRow {
 const RUN_SELECT: &str =
     "SELECT r.id, e.id AS request_id, r.tenant_id, r.agent, r.repository, r.git_ref,
         CASE WHEN r.state = 'running' AND e.paused_at IS NOT NULL THEN 'paused' ELSE r.state END AS state,
-        r.steps, r.labels, r.rerun_of, r.max_commands, r.max_wall_seconds, r.max_attempts, r.deadline, e.attempt,
+        r.steps, r.labels, r.rerun_of, r.concurrency_key, r.concurrency_limit, r.priority, r.rate_key,
+        r.rate_per_second, e.held_by_gate AND e.state = 'queued' AS held_by_gate, r.max_commands, r.max_wall_seconds, r.max_attempts, r.deadline, e.attempt,
         e.used_commands, e.used_wall_ms, e.used_cpu_ms, e.stop_reason, e.reconciliation_step,
         r.cancel_requested_at, r.created_at, r.updated_at, r.finished_at,
         np.network AS tenant_network
@@ -119,6 +139,16 @@ impl From<RunRow> for RunView {
             steps: serde_json::from_value(row.steps).unwrap_or_default(),
             labels: serde_json::from_value(row.labels).unwrap_or_default(),
             rerun_of: row.rerun_of.map(Id::from),
+            concurrency_key: row.concurrency_key,
+            concurrency_limit: row.concurrency_limit,
+            priority: row.priority,
+            rate_limit: row.rate_key.zip(row.rate_per_second).map(|(key, n)| {
+                cairn_common::run::RateLimit {
+                    key,
+                    per_second: u32::try_from(n).unwrap_or(1),
+                }
+            }),
+            held_by_flow_control: row.held_by_gate,
             tenant_network: row.tenant_network.map(|n| n.0),
             budgets: Budgets {
                 max_commands: u32::try_from(row.max_commands).unwrap_or(0),
