@@ -40,7 +40,7 @@ pub struct Config {
     pub sweep_interval_seconds: f64,
     /// Seconds between passes of the flow-control gate, which releases runs held by
     /// their concurrency key, rate limit or priority.
-    #[arg(long, env = "CAIRN_GATE_INTERVAL_SECONDS", default_value_t = 0.1)]
+    #[arg(long, env = "CAIRN_GATE_INTERVAL_SECONDS", default_value_t = 0.05)]
     pub gate_interval_seconds: f64,
     /// Seconds to let background work finish after SIGTERM.
     #[arg(long, env = "CAIRN_DRAIN_SECONDS", default_value_t = 10)]

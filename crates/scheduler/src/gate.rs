@@ -21,6 +21,7 @@ const BATCH: i64 = 500;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KeyLabels {
+    pub tenant: String,
     pub key: String,
     /// `concurrency` or `rate`.
     pub kind: String,
@@ -44,12 +45,14 @@ impl GateMetrics {
         m
     }
 
-    /// Sets the per-key gauges from the standings; keys no longer listed drop to 0.
+    /// Sets the per-key gauges from the standings (the 100 keys with the most waiting, so
+    /// the series stay bounded); keys no longer listed are dropped.
     fn show(&self, standings: &[gate::KeyStanding]) {
         self.waiting.clear();
         self.in_flight.clear();
         for s in standings {
             let labels = KeyLabels {
+                tenant: s.tenant.clone(),
                 key: s.key.clone(),
                 kind: s.kind.clone(),
             };

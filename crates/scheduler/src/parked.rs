@@ -8,38 +8,9 @@
 use cairn_common::heartbeat;
 use cairn_common::outbox;
 use cairn_common::request::action::ActionKind;
-use cairn_common::run::{JobKind, JobMessage};
+use cairn_common::request::requeue;
 use sqlx::PgPool;
 use uuid::Uuid;
-
-/// The message a queued request was announced with: its queued verification adoption,
-/// its queued continuation action, or a plain run's attempt.
-pub fn queued_message(
-    run_id: Uuid,
-    request_id: Uuid,
-    attempt: i32,
-    action: Option<(Uuid, ActionKind)>,
-    verification: Option<Uuid>,
-) -> JobMessage {
-    let (kind, action_id) = match (verification, action) {
-        (Some(adoption), _) => (JobKind::Verification, Some(adoption)),
-        (None, Some((id, ActionKind::CheckpointContinuation))) => {
-            (JobKind::CheckpointContinuation, Some(id))
-        }
-        (None, Some((id, ActionKind::FinalOutcomeContinuation))) => {
-            (JobKind::FinalOutcomeContinuation, Some(id))
-        }
-        (None, None) => (JobKind::Run, None),
-    };
-    JobMessage {
-        tenant: None,
-        kind,
-        run_id,
-        request_id,
-        action_id,
-        attempt: Some(attempt),
-    }
-}
 
 type Parked = (
     Uuid,
@@ -76,7 +47,8 @@ pub async fn announce_again(pool: &PgPool, batch: i64) -> Result<u64, sqlx::Erro
     .await?;
     for (request_id, run_id, attempt, action_id, action_kind, verification, kind) in &parked {
         let action = action_id.zip(*action_kind);
-        let mut message = queued_message(*run_id, *request_id, *attempt, action, *verification);
+        let mut message =
+            requeue::queued_message(*run_id, *request_id, *attempt, action, *verification);
         if action.is_none() && verification.is_none() {
             // A request that runs by itself: a run's, or a publication's.
             message.kind = cairn_common::request::job_kind_of(kind);

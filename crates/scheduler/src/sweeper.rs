@@ -242,7 +242,8 @@ async fn handle_lapsed(
             // unless the admitting window ended meanwhile.
             request::fence_out(&mut *conn, l.id).await?;
             let action = l.queued_action_id.zip(l.queued_action_kind);
-            let mut message = parked::queued_message(l.run_id, l.id, l.attempt, action, None);
+            let mut message =
+                request::requeue::queued_message(l.run_id, l.id, l.attempt, action, None);
             if action.is_none() {
                 message.kind = request::job_kind_of(&l.kind);
             }

@@ -248,8 +248,8 @@ async fn cairnctl_drives_every_route() {
         &["runs", "watch", &second_id, "--interval-seconds", "0.2"],
     );
     assert_eq!(
-        watched.code, 8,
-        "a cancelled run did not complete: {}",
+        watched.code, 9,
+        "watch exits 9 for a cancelled run: {}",
         watched.stdout
     );
     assert!(watched.stdout.contains("cancelled"));

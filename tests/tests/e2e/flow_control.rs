@@ -71,7 +71,7 @@ async fn a_concurrency_key_never_has_more_than_its_limit_executing_across_a_work
         assert!(now <= 2, "{now} runs of repo-x executing at once");
         // Mid-way, the worker holding one of them dies: its run keeps its slot until
         // the sweeper queues it again.
-        if !killed && ended(&cluster, &ids).await >= 10 {
+        if !killed && now > 0 && ended(&cluster, &ids).await >= 5 {
             let holder: Option<String> = sqlx::query_scalar(
                 "SELECT e.lease_owner FROM execution_requests e JOIN runs r ON r.id = e.run_id
                   WHERE r.concurrency_key = 'repo-x' AND e.state = 'executing' AND e.lease_owner IS NOT NULL LIMIT 1",
@@ -88,7 +88,10 @@ async fn a_concurrency_key_never_has_more_than_its_limit_executing_across_a_work
         }
         tokio::time::sleep(Duration::from_millis(30)).await;
     }
-    assert!(killed, "no worker was killed mid-way");
+    assert!(
+        killed,
+        "no worker was killed mid-way (at most {most} executing at once)"
+    );
     assert_eq!(most, 2, "the limit was reached, never passed");
     let completed: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM runs WHERE id = ANY($1::uuid[]) AND state = 'completed'",
@@ -167,9 +170,80 @@ async fn a_rate_limit_of_five_a_second_holds_within_ten_percent_over_twenty_seco
     .await
     .expect("count");
     eprintln!("flow control: {starts} starts of a 5/s key in 20 s");
+    // No one-second window saw more than 5 releases.
+    let most: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(max((SELECT count(*) FROM execution_requests o
+                               WHERE o.gate_released_at >= e.gate_released_at
+                                 AND o.gate_released_at < e.gate_released_at + interval '1 second')), 0)
+           FROM execution_requests e WHERE e.gate_released_at IS NOT NULL",
+    )
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("windows");
+    assert!(most <= 5, "{most} releases within one second");
     assert!(
         (90..=110).contains(&starts),
         "{starts} starts in 20 s at 5/s (after {:?})",
         started.elapsed()
+    );
+}
+
+/// A keyed run that needed a person did not count against its key meanwhile; decided,
+/// it waits for the gate again instead of starting beside the key's running run.
+#[tokio::test]
+async fn a_run_queued_again_by_a_decision_waits_for_its_keys_slot() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("flow-readmit", 0, Settings::default()).await;
+    let file = cluster.path("effects");
+    let mut first = run_spec(
+        vec![
+            cairn_e2e::cluster::append_step("s1", &file, "s1", 0.0, false),
+            cairn_e2e::cluster::append_step("s2", &file, "s2", 0.0, false),
+        ],
+        3,
+    );
+    first["concurrency_key"] = json!("deploy");
+    // Its worker kills itself right after s2's intent: s2's outcome is unknown.
+    cluster.add_faulty_worker("w1", "after_intent@2");
+    let (first_id, _) = cluster.submit(&first);
+    assert!(
+        cluster.workers[0].process.wait_exit(LONG).is_some(),
+        "{}",
+        cluster.logs()
+    );
+    cluster.add_worker();
+    cluster.wait_for_state(&first_id, &["needs_reconciliation"], LONG);
+
+    let second = keyed(json!({"key": "slow", "argv": ["sleep", "3"]}), "deploy", 1);
+    let (second_id, _) = cluster.submit(&second);
+    cluster.wait_for_state(&second_id, &["running"], LONG);
+    let decision = json!({"step_key": "s2", "decision": "mark_not_done", "reason": "s2 never ran"});
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let (status, body) = cluster.call(
+        "POST",
+        &format!("/api/v1/runs/{first_id}/reconciliation/decisions/{id}"),
+        Some(&decision),
+    );
+    assert_eq!(status, 201, "{body}");
+    let first_now = cluster.run(&first_id);
+    assert_eq!(
+        (
+            first_now["state"].as_str(),
+            first_now["held_by_flow_control"].as_bool()
+        ),
+        (Some("queued"), Some(true)),
+        "{first_now}"
+    );
+    while cluster.run(&first_id)["state"] != "completed" {
+        assert!(
+            executing(&cluster, "deploy").await <= 1,
+            "two runs of deploy at once"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        cluster.run(&second_id)["state"],
+        "completed",
+        "the first waited for the second"
     );
 }

@@ -19,13 +19,19 @@ pub async fn queues(client: &Client, json: bool) -> Result<u8, CallError> {
         output::text(&runs["slots"]),
     );
     let rows = output::rows(&view["keys"], |k| {
-        output::cells(k, &["key", "kind", "waiting", "in_flight", "limit"])
+        output::cells(
+            k,
+            &["tenant", "key", "kind", "waiting", "in_flight", "limit"],
+        )
     });
     if rows.is_empty() {
         println!("no concurrency or rate key has runs waiting or in flight");
     } else {
         println!();
-        output::table(&["key", "kind", "waiting", "in flight", "limit"], &rows);
+        output::table(
+            &["tenant", "key", "kind", "waiting", "in flight", "limit"],
+            &rows,
+        );
     }
     Ok(exit::OK)
 }

@@ -1,20 +1,26 @@
 //! The gate: flow control of runs that name a concurrency key, a rate limit or a
-//! priority. Their requests are admitted `held_by_gate`, with no announcement. Each pass
-//! of the scheduler's gate (one leader) releases, in one transaction, the held requests
-//! that may start now, highest effective priority first, then oldest:
+//! priority. Their requests are admitted `held_by_gate`, with no announcement, and are
+//! held again whenever they are queued again (a new attempt, a hand-back, a reviewed
+//! continuation, a decision). Each pass of the scheduler's gate (one leader; one pass
+//! at a time, by a transaction lock) releases, in one transaction, the held requests
+//! that may start now, highest effective priority first, then earliest admitted:
 //!
-//! - at most `concurrency_limit` requests of a key are out of the gate and not yet
-//!   ended (queued for a worker, or executing: a request whose worker died keeps its
-//!   slot until the sweeper queues it again, so the limit holds under worker loss);
-//! - at most `rate_per_second` requests of a rate key were released in the last second;
+//! - at most the key's limit (the smallest its runs name) of a tenant's key are out of
+//!   the gate and not ended (queued for a worker, or executing: a request whose worker
+//!   died keeps its slot until the sweeper queues it again, so the limit holds under
+//!   worker loss);
+//! - at most `rate_per_second` requests of a tenant's rate key were released in the last
+//!   second;
 //! - no more than the live workers' free run slots (their advertised slots, less every
 //!   run request queued for them or executing).
 //!
-//! A held request's priority rises by one for every [`AGING_SECONDS`] it waits, so a
-//! low one is never starved by a stream of higher ones.
+//! A held request's priority rises by one for every [`AGING_SECONDS`] since its
+//! admission, so a low one is never starved by a stream of higher ones.
 
+use super::action::ActionKind;
+use super::requeue::queued_message;
 use crate::outbox;
-use crate::run::{JobKind, JobMessage};
+use crate::run::JobMessage;
 use sqlx::PgConnection;
 use std::collections::HashMap;
 use uuid::Uuid;
@@ -27,10 +33,18 @@ struct Held {
     id: Uuid,
     run_id: Uuid,
     attempt: i32,
+    tenant_id: String,
     concurrency_key: Option<String>,
-    concurrency_limit: Option<i32>,
+    /// The smallest limit the key's runs name.
+    key_limit: Option<i64>,
+    key_running: i64,
     rate_key: Option<String>,
     rate_per_second: Option<i32>,
+    rate_started: i64,
+    /// Its queued continuation action, or verification adoption, if it waits for one.
+    action_id: Option<Uuid>,
+    action_kind: Option<ActionKind>,
+    adoption_id: Option<Uuid>,
 }
 
 /// What a pass released.
@@ -41,48 +55,97 @@ pub struct Pass {
     pub waiting: usize,
 }
 
-/// One pass of the gate, in the caller's transaction: releases what may start now (at
-/// most `batch` requests) and announces it through the outbox.
+/// The advisory lock one pass holds in its transaction ("cairngps"): two schedulers
+/// that both think they lead never pass at once.
+const PASS_LOCK: i64 = 0x6361_6972_6e67_7073;
+
+/// Held requests that may start as far as their key and rate allow, best first: keys
+/// and rates are counted per tenant, and a key's limit is the smallest its runs name.
+const CANDIDATES: &str = "WITH running AS (
+    SELECT r.tenant_id, r.concurrency_key AS key, count(*) AS n
+      FROM execution_requests e JOIN runs r ON r.id = e.run_id
+     WHERE r.concurrency_key IS NOT NULL AND e.kind = 'run' AND NOT e.held_by_gate
+       AND e.state IN ('queued', 'executing')
+     GROUP BY 1, 2),
+  limits AS (
+    SELECT r.tenant_id, r.concurrency_key AS key, min(r.concurrency_limit)::bigint AS n
+      FROM execution_requests e JOIN runs r ON r.id = e.run_id
+     WHERE r.concurrency_key IS NOT NULL AND e.kind = 'run' AND e.state IN ('queued', 'executing')
+     GROUP BY 1, 2),
+  started AS (
+    SELECT r.tenant_id, r.rate_key AS key, count(*) AS n
+      FROM execution_requests e JOIN runs r ON r.id = e.run_id
+     WHERE e.gate_released_at > now() - interval '1 second' AND r.rate_key IS NOT NULL
+     GROUP BY 1, 2)
+SELECT e.id, e.run_id, e.attempt, r.tenant_id, r.concurrency_key, l.n AS key_limit,
+       COALESCE(k.n, 0) AS key_running, r.rate_key, r.rate_per_second,
+       COALESCE(s.n, 0) AS rate_started, q.id AS action_id, q.kind AS action_kind,
+       (SELECT v.id FROM verification_adoptions v
+         WHERE v.execution_request_id = e.id AND v.status = 'queued'
+         ORDER BY v.created_at DESC LIMIT 1) AS adoption_id
+  FROM execution_requests e JOIN runs r ON r.id = e.run_id
+  LEFT JOIN running k ON k.tenant_id = r.tenant_id AND k.key = r.concurrency_key
+  LEFT JOIN limits l ON l.tenant_id = r.tenant_id AND l.key = r.concurrency_key
+  LEFT JOIN started s ON s.tenant_id = r.tenant_id AND s.key = r.rate_key
+  LEFT JOIN LATERAL (SELECT a.id, a.kind FROM continuation_actions a
+                      WHERE a.request_id = e.id AND a.status = 'queued'
+                      ORDER BY a.created_at DESC LIMIT 1) q ON TRUE
+ WHERE e.held_by_gate AND e.state = 'queued'
+   AND (r.concurrency_key IS NULL OR COALESCE(k.n, 0) < COALESCE(l.n, 1))
+   AND (r.rate_key IS NULL OR COALESCE(s.n, 0) < r.rate_per_second)
+ ORDER BY COALESCE(r.priority, 0) + floor(EXTRACT(EPOCH FROM now() - e.admitted_at) / $1) DESC,
+          e.admitted_at, e.id
+ LIMIT $2
+   FOR UPDATE OF e SKIP LOCKED";
+
+/// One pass of the gate, in the caller's transaction: releases what may start now (of
+/// at most `batch` candidates) and announces it through the outbox. A pass that finds
+/// another one under way does nothing.
 pub async fn pass(conn: &mut PgConnection, batch: i64) -> Result<Pass, sqlx::Error> {
-    let held: Vec<Held> = sqlx::query_as(
-        "SELECT e.id, e.run_id, e.attempt, r.concurrency_key, r.concurrency_limit, r.rate_key,
-                r.rate_per_second
-           FROM execution_requests e JOIN runs r ON r.id = e.run_id
-          WHERE e.held_by_gate AND e.state = 'queued'
-          ORDER BY COALESCE(r.priority, 0) + floor(EXTRACT(EPOCH FROM now() - e.queued_at) / $1) DESC,
-                   e.queued_at, e.id
-          LIMIT $2
-            FOR UPDATE OF e SKIP LOCKED",
-    )
-    .bind(AGING_SECONDS)
-    .bind(batch)
-    .fetch_all(&mut *conn)
-    .await?;
+    let alone: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+        .bind(PASS_LOCK)
+        .fetch_one(&mut *conn)
+        .await?;
+    if !alone {
+        return Ok(Pass::default());
+    }
+    let held: Vec<Held> = sqlx::query_as(CANDIDATES)
+        .bind(AGING_SECONDS)
+        .bind(batch)
+        .fetch_all(&mut *conn)
+        .await?;
     if held.is_empty() {
         return Ok(Pass::default());
     }
-    let mut running = counts(&mut *conn, CONCURRENT).await?;
-    let mut started = counts(&mut *conn, STARTED_LAST_SECOND).await?;
     let mut free = free_slots(&mut *conn).await?;
+    // What this pass released so far, per (tenant, key).
+    let mut running: HashMap<(&str, &str), i64> = HashMap::new();
+    let mut started: HashMap<(&str, &str), i64> = HashMap::new();
     let mut released = Vec::new();
     for h in &held {
         if free <= 0 {
             break;
         }
-        let key_full = h.concurrency_key.as_ref().is_some_and(|k| {
-            running.get(k).copied().unwrap_or(0) >= i64::from(h.concurrency_limit.unwrap_or(1))
+        let key = h
+            .concurrency_key
+            .as_deref()
+            .map(|k| (h.tenant_id.as_str(), k));
+        let rate = h.rate_key.as_deref().map(|k| (h.tenant_id.as_str(), k));
+        let key_full = key.is_some_and(|k| {
+            h.key_running + running.get(&k).copied().unwrap_or(0) >= h.key_limit.unwrap_or(1)
         });
-        let rate_full = h.rate_key.as_ref().is_some_and(|k| {
-            started.get(k).copied().unwrap_or(0) >= i64::from(h.rate_per_second.unwrap_or(1))
+        let rate_full = rate.is_some_and(|k| {
+            h.rate_started + started.get(&k).copied().unwrap_or(0)
+                >= i64::from(h.rate_per_second.unwrap_or(1))
         });
         if key_full || rate_full {
             continue;
         }
-        if let Some(k) = &h.concurrency_key {
-            *running.entry(k.clone()).or_default() += 1;
+        if let Some(k) = key {
+            *running.entry(k).or_default() += 1;
         }
-        if let Some(k) = &h.rate_key {
-            *started.entry(k.clone()).or_default() += 1;
+        if let Some(k) = rate {
+            *started.entry(k).or_default() += 1;
         }
         free -= 1;
         released.push(h);
@@ -94,28 +157,11 @@ pub async fn pass(conn: &mut PgConnection, batch: i64) -> Result<Pass, sqlx::Err
     })
 }
 
-/// Requests of each concurrency key out of the gate and not ended.
-const CONCURRENT: &str =
-    "SELECT r.concurrency_key, count(*) FROM execution_requests e JOIN runs r ON r.id = e.run_id
-  WHERE r.concurrency_key IS NOT NULL AND e.kind = 'run' AND NOT e.held_by_gate
-    AND e.state IN ('queued', 'executing')
-  GROUP BY 1";
-
-/// Requests of each rate key released in the last second.
-const STARTED_LAST_SECOND: &str =
-    "SELECT r.rate_key, count(*) FROM execution_requests e JOIN runs r ON r.id = e.run_id
-  WHERE r.rate_key IS NOT NULL AND e.gate_released_at > now() - interval '1 second'
-  GROUP BY 1";
-
-async fn counts(conn: &mut PgConnection, query: &str) -> Result<HashMap<String, i64>, sqlx::Error> {
-    let rows: Vec<(String, i64)> = sqlx::query_as(query).fetch_all(conn).await?;
-    Ok(rows.into_iter().collect())
-}
-
-/// The live workers' run slots, less every run request queued for them or executing.
+/// The live workers' run slots, less every run request queued for them or executing. A
+/// worker that has not said how many it has counts one.
 async fn free_slots(conn: &mut PgConnection) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(
-        "SELECT (SELECT COALESCE(sum(run_slots), 0) FROM worker_heartbeats
+        "SELECT (SELECT COALESCE(sum(COALESCE(run_slots, 1)), 0) FROM worker_heartbeats
                   WHERE beat_at > now() - make_interval(secs => $1))
               - (SELECT count(*) FROM execution_requests
                   WHERE kind = 'run' AND NOT held_by_gate AND state IN ('queued', 'executing'))",
@@ -130,8 +176,10 @@ async fn release(conn: &mut PgConnection, released: &[&Held]) -> Result<(), sqlx
         return Ok(());
     }
     let ids: Vec<Uuid> = released.iter().map(|h| h.id).collect();
+    // `updated_at` is the announcement's time, which the parked-delivery check reads.
     sqlx::query(
-        "UPDATE execution_requests SET held_by_gate = FALSE, gate_released_at = now(), queued_at = now()
+        "UPDATE execution_requests
+            SET held_by_gate = FALSE, gate_released_at = now(), queued_at = now(), updated_at = now()
           WHERE id = ANY($1)",
     )
     .bind(&ids)
@@ -139,22 +187,21 @@ async fn release(conn: &mut PgConnection, released: &[&Held]) -> Result<(), sqlx
     .await?;
     let messages: Vec<JobMessage> = released
         .iter()
-        .map(|h| JobMessage {
-            tenant: None,
-            kind: JobKind::Run,
-            run_id: h.run_id,
-            request_id: h.id,
-            action_id: None,
-            attempt: Some(h.attempt),
+        .map(|h| {
+            let action = h.action_id.zip(h.action_kind);
+            queued_message(h.run_id, h.id, h.attempt, action, h.adoption_id)
         })
         .collect();
-    outbox::announce_many(conn, JobKind::Run, &messages).await?;
+    for message in &messages {
+        outbox::announce(&mut *conn, message).await?;
+    }
     Ok(())
 }
 
-/// How flow control stands for one key.
+/// How flow control stands for one key of one tenant.
 #[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, utoipa::ToSchema)]
 pub struct KeyStanding {
+    pub tenant: String,
     pub key: String,
     /// `concurrency` or `rate`.
     pub kind: String,
@@ -163,30 +210,33 @@ pub struct KeyStanding {
     /// Out of the gate and not ended (concurrency), or released in the last second
     /// (rate).
     pub in_flight: i64,
-    /// The largest concurrency limit (or rate per second) its runs name.
+    /// The smallest concurrency limit (or rate per second) its runs name: the one that
+    /// holds.
     pub limit: Option<i32>,
 }
 
-/// Every key that has runs waiting or in flight.
+/// Every key that has runs waiting or in flight (the 100 with the most waiting).
 pub async fn standings(conn: &mut PgConnection) -> Result<Vec<KeyStanding>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT r.concurrency_key AS key, 'concurrency' AS kind,
-                count(*) FILTER (WHERE e.held_by_gate) AS waiting,
-                count(*) FILTER (WHERE NOT e.held_by_gate) AS in_flight,
-                max(r.concurrency_limit) AS \"limit\"
-           FROM execution_requests e JOIN runs r ON r.id = e.run_id
-          WHERE r.concurrency_key IS NOT NULL AND e.kind = 'run' AND e.state IN ('queued', 'executing')
-          GROUP BY r.concurrency_key
-         UNION ALL
-         SELECT r.rate_key, 'rate',
-                count(*) FILTER (WHERE e.held_by_gate AND e.state = 'queued'),
-                count(*) FILTER (WHERE e.gate_released_at > now() - interval '1 second'),
-                max(r.rate_per_second)
-           FROM execution_requests e JOIN runs r ON r.id = e.run_id
-          WHERE r.rate_key IS NOT NULL AND e.kind = 'run'
-            AND (e.state = 'queued' OR e.gate_released_at > now() - interval '1 second')
-          GROUP BY r.rate_key
-          ORDER BY 1, 2",
+        "SELECT * FROM (
+           SELECT r.tenant_id AS tenant, r.concurrency_key AS key, 'concurrency' AS kind,
+                  count(*) FILTER (WHERE e.held_by_gate) AS waiting,
+                  count(*) FILTER (WHERE NOT e.held_by_gate) AS in_flight,
+                  min(r.concurrency_limit) AS \"limit\"
+             FROM execution_requests e JOIN runs r ON r.id = e.run_id
+            WHERE r.concurrency_key IS NOT NULL AND e.kind = 'run' AND e.state IN ('queued', 'executing')
+            GROUP BY 1, 2
+           UNION ALL
+           SELECT r.tenant_id, r.rate_key, 'rate',
+                  count(*) FILTER (WHERE e.held_by_gate AND e.state = 'queued'),
+                  count(*) FILTER (WHERE e.gate_released_at > now() - interval '1 second'),
+                  min(r.rate_per_second)
+             FROM execution_requests e JOIN runs r ON r.id = e.run_id
+            WHERE r.rate_key IS NOT NULL AND e.kind = 'run'
+              AND (e.state = 'queued' OR e.gate_released_at > now() - interval '1 second')
+            GROUP BY 1, 2) k
+          ORDER BY waiting DESC, tenant, key, kind
+          LIMIT 100",
     )
     .fetch_all(conn)
     .await

@@ -42,6 +42,35 @@ pub async fn requeue(
     Ok(attempt)
 }
 
+/// The message a queued request was announced with: its queued verification adoption,
+/// its queued continuation action, or a plain run's attempt.
+pub fn queued_message(
+    run_id: Uuid,
+    request_id: Uuid,
+    attempt: i32,
+    action: Option<(Uuid, action::ActionKind)>,
+    verification: Option<Uuid>,
+) -> JobMessage {
+    let (kind, action_id) = match (verification, action) {
+        (Some(adoption), _) => (JobKind::Verification, Some(adoption)),
+        (None, Some((id, action::ActionKind::CheckpointContinuation))) => {
+            (JobKind::CheckpointContinuation, Some(id))
+        }
+        (None, Some((id, action::ActionKind::FinalOutcomeContinuation))) => {
+            (JobKind::FinalOutcomeContinuation, Some(id))
+        }
+        (None, None) => (JobKind::Run, None),
+    };
+    JobMessage {
+        tenant: None,
+        kind,
+        run_id,
+        request_id,
+        action_id,
+        attempt: Some(attempt),
+    }
+}
+
 /// The job that runs a request of `kind` (its `execution_requests.kind`) by itself.
 pub fn job_kind_of(kind: &str) -> JobKind {
     match kind {
@@ -59,11 +88,20 @@ pub async fn readmit(
     event: RequestEvent,
 ) -> Result<(), Error> {
     transition(&mut *conn, message.request_id, event, None, None).await?;
-    sqlx::query("UPDATE execution_requests SET queued_at = now() WHERE id = $1")
-        .bind(message.request_id)
-        .execute(&mut *conn)
-        .await?;
-    outbox::announce(conn, message).await?;
+    // A run with a concurrency or rate key waits for the gate again: it was not
+    // counted against its key while it waited for a person or a verification.
+    let held: bool = sqlx::query_scalar(
+        "UPDATE execution_requests e SET queued_at = now(),
+                held_by_gate = e.kind = 'run' AND (r.concurrency_key IS NOT NULL OR r.rate_key IS NOT NULL)
+           FROM runs r WHERE r.id = e.run_id AND e.id = $1
+      RETURNING e.held_by_gate",
+    )
+    .bind(message.request_id)
+    .fetch_one(&mut *conn)
+    .await?;
+    if !held {
+        outbox::announce(conn, message).await?;
+    }
     Ok(())
 }
 

@@ -37,7 +37,9 @@ async fn runs_are_counted_per_state_and_filtered_by_agent() {
         all["counts"]["completed"], 0,
         "every state is listed: {all}"
     );
-    assert_eq!(all["counts"].as_object().map(|m| m.len()), Some(8), "{all}");
+    // Every state, `paused` included.
+    assert_eq!(all["counts"].as_object().map(|m| m.len()), Some(9), "{all}");
+    assert_eq!(all["counts"]["paused"], 0, "{all}");
     let (_, one) = api
         .get("/api/v1/runs/counts?agent=reviewer", &api.viewer)
         .await;

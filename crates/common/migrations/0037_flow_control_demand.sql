@@ -1,0 +1,28 @@
+-- Flow control and the autoscaler: a run the gate holds behind its concurrency key
+-- cannot start until a slot of that key frees, so it is no demand for a worker. Each
+-- key's held runs count at most its free slots (its smallest limit, less its runs out of
+-- the gate and not ended); held runs without a key count in full.
+CREATE OR REPLACE VIEW cairn_worker_demand AS
+SELECT d.runs + d.sandboxes AS demand, d.runs, d.sandboxes
+  FROM (SELECT
+          (SELECT count(*) FROM execution_requests
+            WHERE state IN ('queued', 'executing') AND NOT held_by_gate)
+          + (SELECT COALESCE(sum(h.wanted), 0)::bigint FROM (
+               SELECT CASE WHEN r.concurrency_key IS NULL THEN count(*)
+                           ELSE LEAST(count(*), GREATEST(min(r.concurrency_limit) - (
+                                  SELECT count(*) FROM execution_requests o JOIN runs ro ON ro.id = o.run_id
+                                   WHERE ro.tenant_id = r.tenant_id AND ro.concurrency_key = r.concurrency_key
+                                     AND NOT o.held_by_gate AND o.state IN ('queued', 'executing')), 0))
+                      END AS wanted
+                 FROM execution_requests e JOIN runs r ON r.id = e.run_id
+                WHERE e.held_by_gate AND e.state = 'queued'
+                GROUP BY r.tenant_id, r.concurrency_key) h) AS runs,
+          (SELECT count(*) FROM sandboxes WHERE state IN ('creating', 'running', 'paused')) AS sandboxes
+       ) d;
+
+-- The gate reads the releases of the last second, and only the held runs still queued.
+CREATE INDEX execution_requests_released ON execution_requests (gate_released_at)
+    WHERE gate_released_at IS NOT NULL;
+DROP INDEX execution_requests_held;
+CREATE INDEX execution_requests_held ON execution_requests (admitted_at)
+    WHERE held_by_gate AND state = 'queued';
