@@ -72,6 +72,7 @@ pub mod run;
 pub mod sandbox;
 pub mod secret_files;
 pub mod shutdown;
+pub mod step_retry;
 pub mod telemetry;
 pub mod tenant;
 #[cfg(feature = "testing")]

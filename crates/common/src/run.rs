@@ -82,6 +82,9 @@ pub struct StepSpec {
     /// Resource limits of the step's sandbox; an absent one is the worker's default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<StepLimits>,
+    /// When it runs again after a failure; absent: the run's `retry`, else never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<crate::step_retry::RetryPolicy>,
 }
 
 /// Resource limits of one step's sandbox: all its processes together where the worker
@@ -216,6 +219,9 @@ pub struct RunSpec {
     /// At most `per_second` runs with this key start in any one second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<RateLimit>,
+    /// The retry policy of every step that names none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<crate::step_retry::RetryPolicy>,
 }
 
 /// A per-key start rate.
@@ -239,6 +245,17 @@ pub fn valid_flow_key(key: &str) -> bool {
 }
 
 impl RunSpec {
+    /// Its steps, each with the run's retry policy where it names none.
+    pub fn effective_steps(&self) -> Vec<StepSpec> {
+        self.steps
+            .iter()
+            .map(|step| StepSpec {
+                retry: step.retry.clone().or_else(|| self.retry.clone()),
+                ..step.clone()
+            })
+            .collect()
+    }
+
     /// Whether the scheduler's gate holds the run until its flow control lets it start.
     pub fn flow_controlled(&self) -> bool {
         self.concurrency_key.is_some() || self.rate_limit.is_some() || self.priority.is_some()
@@ -397,6 +414,9 @@ impl RunSpec {
         crate::labels::check(&self.labels, &field("labels"))
             .map_err(|e| FieldError::new(e.field, e.message))?;
         self.check_flow(field)?;
+        if let Some((name, why)) = self.retry.as_ref().and_then(|r| r.problem()) {
+            return Err(FieldError::new(field(&format!("retry.{name}")), why));
+        }
         if self.steps.is_empty() {
             // A run with nothing to do is a mistake, not a run that completes at once.
             return Err(FieldError::new(field("steps"), "at least one step"));
@@ -426,6 +446,9 @@ impl RunSpec {
                 step.timeout_seconds,
                 at,
             )?;
+            if let Some((name, why)) = step.retry.as_ref().and_then(|r| r.problem()) {
+                return Err(FieldError::new(at(&format!("retry.{name}")), why));
+            }
             if let Some(problem) = step.network.as_ref().and_then(|n| n.problem()) {
                 return Err(FieldError::new(at("network.allow"), problem));
             }

@@ -29,6 +29,7 @@ mod sandbox_volumes;
 mod sandboxes;
 mod scale_down;
 mod state_machine;
+mod step_retry;
 mod structure;
 mod verification;
 mod worker;

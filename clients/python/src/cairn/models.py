@@ -38,6 +38,34 @@ class AllowList(BaseModel):
     """
 
 
+class Backoff(BaseModel):
+    """
+    How long a run waits before its step runs again: `initial_seconds`, times
+    `multiplier` after each failure, at most `max_seconds`, then up to `jitter_percent`
+    of it added or taken away at random.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    initial_seconds: Annotated[StrictInt | None, Field(ge=0)] = None
+    """
+    1 to 3600 (default 1).
+    """
+    jitter_percent: Annotated[StrictInt | None, Field(ge=0)] = None
+    """
+    0 to 100 (default 20).
+    """
+    max_seconds: Annotated[StrictInt | None, Field(ge=0)] = None
+    """
+    `initial_seconds` to 86400 (default 300).
+    """
+    multiplier: Annotated[StrictInt | None, Field(ge=0)] = None
+    """
+    1 to 10 (default 2).
+    """
+
+
 class BatchResponse(BaseModel):
     run_ids: list[StrictStr]
     """
@@ -514,7 +542,7 @@ class JournalStep(BaseModel):
 
 class KeyStanding(BaseModel):
     """
-    How flow control stands for one key.
+    How flow control stands for one key of one tenant.
     """
 
     in_flight: StrictInt
@@ -529,8 +557,10 @@ class KeyStanding(BaseModel):
     """
     limit: StrictInt | None = None
     """
-    The largest concurrency limit (or rate per second) its runs name.
+    The smallest concurrency limit (or rate per second) its runs name: the one that
+    holds.
     """
+    tenant: StrictStr
     waiting: StrictInt
     """
     Held, waiting for the gate.
@@ -819,6 +849,29 @@ class RetainedOutcome(BaseModel):
     """
 
 
+class RetryPolicy(BaseModel):
+    """
+    When a failed step runs again. A step without one (the default, whether or not it is
+    idempotent) fails its run at its first failure.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+    )
+    backoff: Backoff | None = None
+    max_attempts: Annotated[StrictInt, Field(ge=2, le=20)]
+    """
+    Executions of the step in all, the first one included: 2 to 20.
+    """
+    on: Annotated[
+        list[StrictInt | Literal["timeout", "oom"]] | None, Field(max_length=16)
+    ] = None
+    """
+    The failures that run it again: exit codes (1 to 255), `"timeout"` (it passed its
+    `timeout_seconds`), `"oom"` (it passed its memory limit). Absent or empty: any.
+    """
+
+
 class ReusableBuildCheck(BaseModel):
     """
     One selected check: the caller declares it independent of time and external state.
@@ -1080,6 +1133,7 @@ class StepSpec(BaseModel):
     """
     limits: StepLimits | None = None
     network: StrictBool | AllowList | None = None
+    retry: RetryPolicy | None = None
     timeout_seconds: Annotated[StrictInt | None, Field(ge=1, le=86400)] = None
     """
     Time limit of one execution, 1..=86400 seconds.
@@ -1843,6 +1897,7 @@ class RunSpec(BaseModel):
     """
     Git repository URL or local path; without one the steps run in a scratch directory.
     """
+    retry: RetryPolicy | None = None
     steps: Annotated[list[StepSpec], Field(max_length=200, min_length=1)]
 
 
@@ -1874,6 +1929,10 @@ class RunView(BaseModel):
     The labels it was submitted with.
     """
     max_attempts: StrictInt
+    next_attempt_at: AwareDatetime | None = None
+    """
+    While a failed step waits for its retry: when it may run again.
+    """
     priority: StrictInt | None = None
     rate_limit: RateLimit | None = None
     reconciliation_step: StrictStr | None = None

@@ -24,7 +24,7 @@ pub async fn admit(
     let refs: Vec<Option<&str>> = specs.iter().map(|s| s.git_ref.as_deref()).collect();
     let steps: Vec<serde_json::Value> = specs
         .iter()
-        .map(|s| serde_json::to_value(&s.steps).unwrap_or_default())
+        .map(|s| serde_json::to_value(s.effective_steps()).unwrap_or_default())
         .collect();
     let max_commands: Vec<i32> = specs
         .iter()

@@ -15,7 +15,9 @@
 //!   run request queued for them or executing).
 //!
 //! A held request's priority rises by one for every [`AGING_SECONDS`] since its
-//! admission, so a low one is never starved by a stream of higher ones.
+//! admission, so a low one is never starved by a stream of higher ones. A request held
+//! until a time (a step's retry after its backoff, [`hold_until`]) is not released
+//! before it.
 
 use super::action::ActionKind;
 use super::requeue::queued_message;
@@ -91,6 +93,7 @@ SELECT e.id, e.run_id, e.attempt, r.tenant_id, r.concurrency_key, l.n AS key_lim
                       WHERE a.request_id = e.id AND a.status = 'queued'
                       ORDER BY a.created_at DESC LIMIT 1) q ON TRUE
  WHERE e.held_by_gate AND e.state = 'queued'
+   AND (e.release_after IS NULL OR e.release_after <= now())
    AND (r.concurrency_key IS NULL OR COALESCE(k.n, 0) < COALESCE(l.n, 1))
    AND (r.rate_key IS NULL OR COALESCE(s.n, 0) < r.rate_per_second)
  ORDER BY COALESCE(r.priority, 0) + floor(EXTRACT(EPOCH FROM now() - e.admitted_at) / $1) DESC,
@@ -179,7 +182,8 @@ async fn release(conn: &mut PgConnection, released: &[&Held]) -> Result<(), sqlx
     // `updated_at` is the announcement's time, which the parked-delivery check reads.
     sqlx::query(
         "UPDATE execution_requests
-            SET held_by_gate = FALSE, gate_released_at = now(), queued_at = now(), updated_at = now()
+            SET held_by_gate = FALSE, gate_released_at = now(), queued_at = now(), updated_at = now(),
+                release_after = NULL
           WHERE id = ANY($1)",
     )
     .bind(&ids)
@@ -195,6 +199,24 @@ async fn release(conn: &mut PgConnection, released: &[&Held]) -> Result<(), sqlx
     for message in &messages {
         outbox::announce(&mut *conn, message).await?;
     }
+    Ok(())
+}
+
+/// Holds a request (queued again) until `at`: the gate releases it then, as its flow
+/// control and the workers' free slots allow.
+pub async fn hold_until(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+    at: chrono::DateTime<chrono::Utc>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "UPDATE execution_requests SET held_by_gate = TRUE, release_after = $2, queued_at = now()
+          WHERE id = $1",
+    )
+    .bind(request_id)
+    .bind(at)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 

@@ -91,7 +91,7 @@ pub async fn readmit(
     // A run with a concurrency or rate key waits for the gate again: it was not
     // counted against its key while it waited for a person or a verification.
     let held: bool = sqlx::query_scalar(
-        "UPDATE execution_requests e SET queued_at = now(),
+        "UPDATE execution_requests e SET queued_at = now(), release_after = NULL,
                 held_by_gate = e.kind = 'run' AND (r.concurrency_key IS NOT NULL OR r.rate_key IS NOT NULL)
            FROM runs r WHERE r.id = e.run_id AND e.id = $1
       RETURNING e.held_by_gate",

@@ -61,6 +61,9 @@ crate::text_enum! {
         StopAtCheckpoint => "stop_at_checkpoint",
         /// A person decides (unknown outcome, tree behind its journal, report unaccepted).
         Reconcile => "reconcile",
+        /// A step failed under its retry policy: queued again, on the same attempt, to run
+        /// it after its backoff.
+        RetryStep => "retry_step",
         /// A person decided every uncertain step: it continues from its journal, on the
         /// same attempt and budgets.
         ContinueReconciled => "continue_reconciled",
@@ -140,6 +143,7 @@ impl Machine for RequestState {
             RequestEvent::QueueFinishingRound => (&[Executing], Queued),
             RequestEvent::StopAtCheckpoint => (LIVE, StoppedAtCheckpoint),
             RequestEvent::Reconcile => (LIVE, NeedsReconciliation),
+            RequestEvent::RetryStep => (&[Executing], Queued),
             RequestEvent::ContinueReconciled => (&[NeedsReconciliation], Queued),
             RequestEvent::FailReconciled => (&[NeedsReconciliation], Failed),
             RequestEvent::AwaitVerification => (LIVE, AwaitingVerification),

@@ -12,6 +12,7 @@ pub mod durable;
 pub mod ending;
 pub mod handle;
 pub mod plan;
+pub mod retry;
 
 pub use claim::{claim, Claim};
 pub use handle::{Claimed, Job, JobOutcome};

@@ -26,6 +26,8 @@ use std::time::Duration;
 enum Ending {
     Complete,
     Fail(String),
+    /// A step failed under its retry policy: it runs again after its backoff.
+    Retry(Box<super::retry::Retry>),
     /// A person decides: `reason` is `unknown_outcome` or `tree_behind_journal`.
     Reconcile {
         message: String,
@@ -67,7 +69,8 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
         Ok(Ending::Breach { breach, .. }) => ending::release_at(breach),
         // The tree's release commits with the completion.
         Ok(Ending::Complete) => return ending::complete_and_release(job, &subject, &tree).await,
-        Ok(Ending::Fail(_)) => Release::Ended { retire: false },
+        // A retry runs on the tree of the last checkpoint, not on what the failure left.
+        Ok(Ending::Fail(_) | Ending::Retry(_)) => Release::Ended { retire: false },
         Ok(Ending::Reconcile { .. } | Ending::EndAttempt(_))
         | Err(JobError::Db(_) | JobError::Custody(_) | JobError::Refused(_)) => Release::HandedOn,
     };
@@ -82,6 +85,7 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
             ending::finish(job, RequestEvent::Fail, Some(&message), None).await?;
             Ok(JobOutcome::Failed(message))
         }
+        Ending::Retry(retry) => super::retry::schedule(job, &retry).await,
         Ending::Reconcile {
             message,
             step,
@@ -406,6 +410,9 @@ async fn record_outcome(
         // The request fails here: nothing continues from this tree, but an operator may
         // look at what the step left.
         ending::write_receipt(job, &receipt(job, tree, step, &journaled)).await?;
+        if let Some(retry) = super::retry::plan(job, step, &journaled).await? {
+            return Ok(Some(Ending::Retry(Box::new(retry))));
+        }
         keep_for_inspection(job, subject, tree, &step.key).await;
         let message = format!("step {} {}", step.key, outcome.describe());
         return Ok(Some(Ending::Fail(message)));

@@ -72,6 +72,8 @@ pub async fn spec_of(
                 .and_then(|n| u32::try_from(n).ok()),
             concurrency_key: row.concurrency_key,
             priority: row.priority,
+            // Each step was stored with the run's policy already applied.
+            retry: None,
             rate_limit: row
                 .rate_key
                 .zip(row.rate_per_second)

@@ -59,6 +59,9 @@ pub struct RunView {
     /// Queued and held by flow control: its key, rate or the workers' free slots do not
     /// let it start yet (`cairnctl queues`).
     pub held_by_flow_control: bool,
+    /// While a failed step waits for its retry: when it may run again.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_attempt_at: Option<DateTime<Utc>>,
     /// The run this one reruns (`POST /api/v1/runs/{run_id}/rerun`), if any.
     #[schema(value_type = Option<String>)]
     pub rerun_of: Option<Id>,
@@ -98,6 +101,7 @@ struct RunRow {
     rate_key: Option<String>,
     rate_per_second: Option<i32>,
     held_by_gate: bool,
+    next_attempt_at: Option<DateTime<Utc>>,
     tenant_network: Option<sqlx::types::Json<NetworkSpec>>,
     max_commands: i32,
     max_wall_seconds: i32,
@@ -119,7 +123,8 @@ const RUN_SELECT: &str =
     "SELECT r.id, e.id AS request_id, r.tenant_id, r.agent, r.repository, r.git_ref,
         CASE WHEN r.state = 'running' AND e.paused_at IS NOT NULL THEN 'paused' ELSE r.state END AS state,
         r.steps, r.labels, r.rerun_of, r.concurrency_key, r.concurrency_limit, r.priority, r.rate_key,
-        r.rate_per_second, e.held_by_gate AND e.state = 'queued' AS held_by_gate, r.max_commands, r.max_wall_seconds, r.max_attempts, r.deadline, e.attempt,
+        r.rate_per_second, e.held_by_gate AND e.state = 'queued' AS held_by_gate,
+        CASE WHEN e.held_by_gate AND e.state = 'queued' THEN e.release_after END AS next_attempt_at, r.max_commands, r.max_wall_seconds, r.max_attempts, r.deadline, e.attempt,
         e.used_commands, e.used_wall_ms, e.used_cpu_ms, e.stop_reason, e.reconciliation_step,
         r.cancel_requested_at, r.created_at, r.updated_at, r.finished_at,
         np.network AS tenant_network
@@ -149,6 +154,7 @@ impl From<RunRow> for RunView {
                 }
             }),
             held_by_flow_control: row.held_by_gate,
+            next_attempt_at: row.next_attempt_at,
             tenant_network: row.tenant_network.map(|n| n.0),
             budgets: Budgets {
                 max_commands: u32::try_from(row.max_commands).unwrap_or(0),
