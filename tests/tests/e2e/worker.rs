@@ -701,10 +701,12 @@ async fn take_announcement_of(cluster: &Cluster, request_id: uuid::Uuid) {
     let connection = queue::connect(&cairn_common::testing::amqp_url())
         .await
         .expect("amqp");
-    let channel = connection.create_channel().await.expect("channel");
     let runs = Topology::new(&cluster.isolation.prefix, 5).queue(JobQueue::Runs);
     let options = lapin::options::BasicGetOptions { no_ack: true };
     let taken = cairn_common::testing::eventually(LONG, || async {
+        // A get from a queue the scheduler has not declared yet closes its channel: each
+        // try opens its own.
+        let channel = connection.create_channel().await.ok()?;
         let got = channel
             .basic_get(runs.as_str().into(), options)
             .await

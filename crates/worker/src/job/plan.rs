@@ -15,6 +15,7 @@ use crate::step::{self, Interruption, StepCommand};
 use crate::workspace::Workspace;
 use cairn_common::egress::{Effective, Layer};
 use cairn_common::journal::{self, Receipt, Record, Standing};
+use cairn_common::lineage::Tier;
 use cairn_common::request::limits::{self, Breach, Moment};
 use cairn_common::request::{self, RequestEvent};
 use cairn_common::run::StepSpec;
@@ -220,6 +221,10 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
             step,
             index,
             remaining_wall_ms,
+            // An adopted tree may hold work no checkpoint has (a step a person marked
+            // done, say): a retry, which starts again from the last checkpoint, would
+            // lose it.
+            retry_safe: !(tree.live.uncaptured && tree.tier == Tier::Adopt),
         };
         if let Some(ending) = run_step(job, subject, tree, &at, &mut pause_requests).await? {
             return Ok(ending);
@@ -283,6 +288,8 @@ struct At<'a> {
     step: &'a StepSpec,
     index: usize,
     remaining_wall_ms: i64,
+    /// Whether the step starts on a tree its last checkpoint holds whole.
+    retry_safe: bool,
 }
 
 /// Runs one step whose intent is durable, pausing when asked, then writes its receipt
@@ -410,7 +417,11 @@ async fn record_outcome(
         // The request fails here: nothing continues from this tree, but an operator may
         // look at what the step left.
         ending::write_receipt(job, &receipt(job, tree, step, &journaled)).await?;
-        if let Some(retry) = super::retry::plan(job, step, &journaled).await? {
+        let retry = match at.retry_safe {
+            true => super::retry::plan(job, step, &journaled).await?,
+            false => None,
+        };
+        if let Some(retry) = retry {
             return Ok(Some(Ending::Retry(Box::new(retry))));
         }
         keep_for_inspection(job, subject, tree, &step.key).await;

@@ -41,9 +41,10 @@ pub fn ended(outcome: &Outcome) -> Ended {
     }
 }
 
-/// Whether the failed step runs again, and when: its policy names this failure and it
-/// has executions left. A run under a reviewed continuation or a verification never
-/// retries (its window or adoption is not kept across the wait).
+/// Whether the failed step runs again, and when: its policy names this failure, it has
+/// executions left, no cancel was asked and the wait ends before the run's deadline. A
+/// run under a reviewed continuation or a verification never retries (its window or
+/// adoption is not kept across the wait).
 pub async fn plan(
     job: &Job,
     step: &StepSpec,
@@ -55,22 +56,29 @@ pub async fn plan(
     if job.claimed.continuation != Continuation::None || !policy.retries(ended(outcome)) {
         return Ok(None);
     }
-    let before: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM journal_entries
-          WHERE request_id = $1 AND entry_kind = 'step_retry' AND body->>'step_key' = $2",
+    // Failures so far; whether a cancel was asked; the run's deadline.
+    let (before, cancelled, deadline): (i64, bool, Option<DateTime<Utc>>) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM journal_entries
+                  WHERE request_id = e.id AND entry_kind = 'step_retry' AND body->>'step_key' = $2),
+                e.cancel_requested_at IS NOT NULL, r.deadline
+           FROM execution_requests e JOIN runs r ON r.id = e.run_id WHERE e.id = $1",
     )
     .bind(job.request_id())
     .bind(&step.key)
     .fetch_one(&job.worker.pool)
     .await?;
     let failures = u32::try_from(before).unwrap_or(u32::MAX).saturating_add(1);
-    if failures >= policy.max_attempts {
+    if failures >= policy.max_attempts || cancelled {
         return Ok(None);
     }
     // Jitter from a fresh random id: no generator of our own to seed.
     let random = uuid::Uuid::new_v4().as_u128() as f64 / u128::MAX as f64;
     let wait = policy.delay(failures, random);
     let next_at = Utc::now() + chrono::Duration::from_std(wait).unwrap_or_default();
+    // A wait past the deadline would only end in the deadline's failure.
+    if deadline.is_some_and(|d| d <= next_at) {
+        return Ok(None);
+    }
     Ok(Some(Retry {
         step_key: step.key.clone(),
         failures,
@@ -108,6 +116,10 @@ async fn schedule_once(job: &Job, retry: &Retry) -> Result<(), JobError> {
         "wall_ms": o.wall_ms,
         "stdout_tail": o.stdout_tail,
         "stderr_tail": o.stderr_tail,
+        "output_digest": o.output_digest,
+        // Where the worker kept the failed execution's whole output.
+        "output_artifact": o.output_artifact,
+        "lease_epoch": job.lease().epoch,
         "next_attempt_at": retry.next_at,
     });
     let reason = format!(
