@@ -156,7 +156,7 @@ def test_other_writes_refuse_coercion_before_transport(recorder: Recorder) -> No
         'a policy switch of "true"': lambda c: c.set_continuation_policy({"enabled": "true"}),
         "a policy switch of 1": lambda c: c.set_continuation_policy({"allow_final_outcome_continuation": 1}),
         "a run with an unknown field": lambda c: c.submit_run(
-            {"agent": "py", "steps": [{"key": "a", "argv": ["true"]}], "priority": 1}
+            {"agent": "py", "steps": [{"key": "a", "argv": ["true"]}], "urgency": 1}
         ),
         'a run with max_attempts "3"': lambda c: c.submit_run(
             {"agent": "py", "steps": [{"key": "a", "argv": ["true"]}], "max_attempts": "3"}

@@ -31,15 +31,19 @@ pub struct RetryPolicy {
 pub struct Backoff {
     /// 1 to 3600 (default 1).
     #[serde(default = "default_initial")]
+    #[schema(minimum = 1, maximum = 3600)]
     pub initial_seconds: u32,
     /// `initial_seconds` to 86400 (default 300).
     #[serde(default = "default_max")]
+    #[schema(minimum = 1, maximum = 86400)]
     pub max_seconds: u32,
     /// 1 to 10 (default 2).
     #[serde(default = "default_multiplier")]
+    #[schema(minimum = 1, maximum = 10)]
     pub multiplier: u32,
     /// 0 to 100 (default 20).
     #[serde(default = "default_jitter")]
+    #[schema(minimum = 0, maximum = 100)]
     pub jitter_percent: u32,
 }
 
@@ -67,12 +71,43 @@ impl Default for Backoff {
     }
 }
 
-/// A failure a policy retries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+/// A failure a policy retries: an exit code, or `"timeout"` or `"oom"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
 #[serde(untagged)]
 pub enum RetryOn {
     Exit(i32),
     Named(Failure),
+}
+
+/// An exit code is any JSON number with no fraction (`75` or `75.0`); one out of every
+/// exit code's range reads as 0, which the policy's check refuses by its field.
+impl<'de> Deserialize<'de> for RetryOn {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Whole(i64),
+            Number(f64),
+            Named(Failure),
+        }
+        match Raw::deserialize(deserializer) {
+            Ok(Raw::Whole(n)) => Ok(RetryOn::Exit(i32::try_from(n).unwrap_or(0))),
+            Ok(Raw::Number(n)) if n.fract() == 0.0 => {
+                // A whole number: exact as i32 when in its range, else 0.
+                let code = if n.abs() <= f64::from(i32::MAX) {
+                    n as i32
+                } else {
+                    0
+                };
+                Ok(RetryOn::Exit(code))
+            }
+            Ok(Raw::Number(_)) => Err(serde::de::Error::custom("an exit code is a whole number")),
+            Ok(Raw::Named(failure)) => Ok(RetryOn::Named(failure)),
+            Err(_) => Err(serde::de::Error::custom(
+                "each of `on` is an exit code, \"timeout\" or \"oom\"",
+            )),
+        }
+    }
 }
 
 /// A failure that is not an exit code.
@@ -213,6 +248,22 @@ mod tests {
         assert_eq!(p.problem(), None);
         assert!(serde_json::from_value::<RetryPolicy>(
             serde_json::json!({"max_attempts": 2, "on": ["later"]})
+        )
+        .is_err());
+        let whole: RetryPolicy =
+            serde_json::from_value(serde_json::json!({"max_attempts": 2, "on": [75.0, -13, 1e12]}))
+                .expect("whole numbers");
+        assert_eq!(
+            whole.on,
+            [RetryOn::Exit(75), RetryOn::Exit(-13), RetryOn::Exit(0)]
+        );
+        assert_eq!(
+            whole.problem().map(|p| p.0),
+            Some("on"),
+            "out of range: refused by its field"
+        );
+        assert!(serde_json::from_value::<RetryPolicy>(
+            serde_json::json!({"max_attempts": 2, "on": [7.5]})
         )
         .is_err());
         let one = RetryPolicy {

@@ -566,7 +566,13 @@ OPERATIONS: dict[str, Operation] = {
                 pattern="^(queued|running|executing|paused|awaiting_verification|stopped_at_checkpoint|needs_reconciliation|completed|failed|cancelled)$",
             ),
             Param(name="agent", location="query", required=False, type="string", pattern="^[A-Za-z0-9._-]{1,128}$"),
-            Param(name="label", location="query", required=False, type="string"),
+            Param(
+                name="label",
+                location="query",
+                required=False,
+                type="string",
+                pattern="^[a-z0-9._/-]{1,63}=[A-Za-z0-9._-]{0,63}(,[a-z0-9._/-]{1,63}=[A-Za-z0-9._-]{0,63}){0,31}$",
+            ),
             Param(name="limit", location="query", required=False, type="integer", minimum=1, maximum=500),
             Param(
                 name="cursor",

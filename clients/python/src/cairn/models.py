@@ -48,19 +48,19 @@ class Backoff(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
     )
-    initial_seconds: Annotated[StrictInt | None, Field(ge=0)] = None
+    initial_seconds: Annotated[StrictInt | None, Field(ge=1, le=3600)] = None
     """
     1 to 3600 (default 1).
     """
-    jitter_percent: Annotated[StrictInt | None, Field(ge=0)] = None
+    jitter_percent: Annotated[StrictInt | None, Field(ge=0, le=100)] = None
     """
     0 to 100 (default 20).
     """
-    max_seconds: Annotated[StrictInt | None, Field(ge=0)] = None
+    max_seconds: Annotated[StrictInt | None, Field(ge=1, le=86400)] = None
     """
     `initial_seconds` to 86400 (default 300).
     """
-    multiplier: Annotated[StrictInt | None, Field(ge=0)] = None
+    multiplier: Annotated[StrictInt | None, Field(ge=1, le=10)] = None
     """
     1 to 10 (default 2).
     """

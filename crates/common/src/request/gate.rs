@@ -101,6 +101,16 @@ SELECT e.id, e.run_id, e.attempt, r.tenant_id, r.concurrency_key, l.n AS key_lim
  LIMIT $2
    FOR UPDATE OF e SKIP LOCKED";
 
+/// Whether any request is held: most passes find none, and one look at the partial
+/// index, outside any transaction, is all they cost.
+pub async fn anything_held(conn: &mut PgConnection) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM execution_requests WHERE held_by_gate AND state = 'queued')",
+    )
+    .fetch_one(conn)
+    .await
+}
+
 /// One pass of the gate, in the caller's transaction: releases what may start now (of
 /// at most `batch` candidates) and announces it through the outbox. A pass that finds
 /// another one under way does nothing.

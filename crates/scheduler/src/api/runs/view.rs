@@ -203,6 +203,9 @@ pub struct ListQuery {
     #[param(pattern = "^[A-Za-z0-9._-]{1,128}$")]
     pub agent: Option<String>,
     /// Only runs with all these labels: `key=value[,key=value…]`.
+    #[param(
+        pattern = "^[a-z0-9._/-]{1,63}=[A-Za-z0-9._-]{0,63}(,[a-z0-9._/-]{1,63}=[A-Za-z0-9._-]{0,63}){0,31}$"
+    )]
     pub label: Option<String>,
     /// Page size, 1..=500 (default 50).
     #[param(minimum = 1, maximum = 500)]
