@@ -54,6 +54,9 @@ pub struct Readiness {
     /// Facts about the process shown with the checks (the worker's sandbox).
     pub details: serde_json::Map<String, serde_json::Value>,
     pub gauge: DependencyGauge,
+    /// Why this process takes no work at all (a worker told to require a sandbox its
+    /// host cannot give): never ready, and the reason is in `checks`.
+    pub refused: Option<String>,
 }
 
 /// `cairn_dependency_up{dependency}`: 1 while the dependency answered its last check.
@@ -108,6 +111,10 @@ impl Readiness {
         }
         if let Some(amqp) = &self.amqp {
             record("rabbitmq", amqp.is_up(), self.needs.amqp);
+        }
+        if let Some(why) = &self.refused {
+            ready = false;
+            checks.insert("work".into(), json!({"status": "refused", "reason": why}));
         }
         (ready, checks)
     }

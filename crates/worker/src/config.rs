@@ -124,7 +124,7 @@ pub struct Config {
     pub janitor_grace_seconds: u64,
     /// The step sandbox: `auto` (the full sandbox where the host allows it; otherwise
     /// process groups and rlimits, and every receipt says so), `required` (the worker
-    /// does not start without the full sandbox) or `off`.
+    /// takes no work without the full sandbox, and its `/readyz` says why) or `off`.
     #[arg(long, env = "CAIRN_SANDBOX", value_enum, default_value_t = crate::isolation::Mode::Auto)]
     pub sandbox: crate::isolation::Mode,
     /// The bubblewrap program the sandbox runs steps with.

@@ -79,8 +79,13 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
         .await
         .with_context(|| format!("binding {}", config.metrics_listen))?;
 
-    let isolation = isolation::Isolation::start(config.isolation(&workspaces_dir))
-        .map_err(anyhow::Error::msg)?;
+    let isolation = match isolation::Isolation::start(config.isolation(&workspaces_dir)) {
+        Ok(isolation) => isolation,
+        Err(why) if config.sandbox == isolation::Mode::Required => {
+            return refuse_work(listener, why, shutdown).await;
+        }
+        Err(why) => return Err(anyhow::Error::msg(why)),
+    };
     tracing::info!(isolation = %serde_json::to_string(isolation.report()).unwrap_or_default(), "step isolation");
     let mut registry = cairn_common::metrics::registry();
     let metrics = metrics::WorkerMetrics::register(&mut registry);
@@ -250,7 +255,33 @@ fn readiness(
         needs: health::Needs::default(),
         details,
         gauge,
+        refused: None,
     }
+}
+
+/// A worker that must isolate steps (`CAIRN_SANDBOX=required`) on a host that cannot:
+/// it takes no work until stopped, and its `/readyz` answers 503 with the reason, so a
+/// pod never becomes ready and the orchestrator shows why. Exiting instead would only
+/// show a crash loop, with the reason in a log that restarts push away.
+async fn refuse_work(
+    listener: tokio::net::TcpListener,
+    why: String,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    tracing::error!(reason = %why, "taking no work: the step sandbox is required and this host cannot give it");
+    let mut registry = cairn_common::metrics::registry();
+    let readiness = Readiness {
+        gauge: health::DependencyGauge::register(&mut registry),
+        refused: Some(why),
+        ..Default::default()
+    };
+    health::serve(
+        listener,
+        health::router(readiness, Arc::new(registry)),
+        shutdown,
+    )
+    .await
+    .context("serving the probes")
 }
 
 /// PostgreSQL (migrated if asked) and Redis.

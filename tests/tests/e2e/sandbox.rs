@@ -570,6 +570,51 @@ async fn the_worker_reports_what_the_host_allows() {
     assert_eq!(isolated, if installed && userns { 1.0 } else { 0.0 });
 }
 
+/// A worker that must isolate steps on a host that cannot (here: no bubblewrap) takes
+/// no work and says why on `/readyz`, which answers 503; a run waits for a worker that
+/// can isolate it, and one that can runs it.
+#[tokio::test]
+async fn a_worker_required_to_isolate_on_a_host_that_cannot_is_unready_and_runs_nothing() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("sandbox-required", 0, Settings::default()).await;
+    cluster.worker_env.extend([
+        ("CAIRN_SANDBOX".into(), "required".into()),
+        ("CAIRN_SANDBOX_BWRAP".into(), "/nonexistent/bwrap".into()),
+    ]);
+    let index = cluster.add_worker_unready("cannot-isolate");
+    let addr = cluster.workers[index].addr;
+    let deadline = Instant::now() + LONG;
+    let body: Value = loop {
+        if let Ok(ready) = cairn_e2e::http(addr, "GET", "/readyz") {
+            assert_ne!(ready.status, 200, "{}", ready.body);
+            if ready.status == 503 {
+                break serde_json::from_str(&ready.body).expect("json");
+            }
+        }
+        assert!(Instant::now() < deadline, "{}", cluster.logs());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(body["checks"]["work"]["status"], "refused", "{body}");
+    let reason = body["checks"]["work"]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        reason.contains("CAIRN_SANDBOX=required") && reason.contains("bwrap"),
+        "{body}"
+    );
+    let (run_id, _) = cluster.submit(&run_spec(vec![sh("isolated", "echo ran")], 1));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let view = cluster.run(&run_id);
+    assert_eq!(view["state"], "queued", "{view}");
+    let healthy = cairn_e2e::http(addr, "GET", "/healthz").expect("healthz");
+    assert_eq!(healthy.status, 200);
+    cluster.worker_env.truncate(cluster.worker_env.len() - 2);
+    cluster.add_worker();
+    cluster.wait_for_state(&run_id, &["completed"], LONG);
+    let step = step_of(&cluster, &run_id, "isolated");
+    assert_eq!(step["sandbox"]["isolated"], true, "{step}");
+}
+
 /// A step that writes past its run's disk quota fails with "disk quota exceeded", in its
 /// own output and in its receipt, and the host's disk holds no more of it than the quota.
 #[tokio::test]

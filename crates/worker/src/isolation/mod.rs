@@ -60,7 +60,8 @@ pub enum Mode {
     /// process group under rlimits (and a cgroup where there is one), each receipt says
     /// so, and verification results are never reusable.
     Auto,
-    /// The worker does not start unless the host allows the full sandbox.
+    /// Unless the host allows the full sandbox, the worker takes no work and its
+    /// `/readyz` answers 503 with the reason.
     Required,
     /// No namespaces: process groups, rlimits and cgroups only.
     Off,
