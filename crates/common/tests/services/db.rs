@@ -48,3 +48,30 @@ async fn a_pool_opens_its_warm_connections_before_it_is_used() {
     pool.close().await;
     small.close().await;
 }
+
+/// After a rollback the older release's processes migrate a schema a newer release
+/// migrated further: they start on it, applying nothing; a known migration whose
+/// checksum differs still stops them.
+#[tokio::test]
+async fn an_older_release_starts_on_a_schema_a_newer_one_migrated_further() {
+    let test = testing::TestDb::new().await;
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time)
+         VALUES (99999999999999, 'a newer release''s migration', true, '\\x00', 1)",
+    )
+    .execute(&test.pool)
+    .await
+    .expect("record a newer migration");
+    db::migrate(&test.pool)
+        .await
+        .expect("an older release accepts a schema migrated further");
+    sqlx::query("UPDATE _sqlx_migrations SET checksum = '\\x00' WHERE version = 1")
+        .execute(&test.pool)
+        .await
+        .expect("alter a known migration's checksum");
+    let changed = db::migrate(&test.pool).await;
+    assert!(
+        matches!(changed, Err(db::DbError::Migrate(_))),
+        "{changed:?}"
+    );
+}
