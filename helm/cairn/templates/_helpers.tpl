@@ -173,12 +173,13 @@ The read-only mount of the secret files.
 The projected volume with only the keys a workload reads. The bootstrap token is its own
 source, optional: a Secret without that key gives no file, and no file means no token.
 defaultMode 0440 (288): readable by the owner and the pod's fsGroup, which the processes
-run in, and nobody else. Call with (dict "root" $ "workload" "worker").
+run in, and nobody else. Call with (dict "root" $ "workload" "worker"), and "secret" to
+read another Secret with the same keys (the migration hook's).
 */}}
 {{- define "cairn.secretVolume" -}}
 {{- $root := .root -}}
 {{- $files := include "cairn.secretFiles" $root | fromJson -}}
-{{- $name := include "cairn.secretName" $root -}}
+{{- $name := .secret | default (include "cairn.secretName" $root) -}}
 {{- $required := list -}}
 {{- $optional := list -}}
 {{- range include "cairn.secretKeysOf" .workload | fromJsonArray -}}
@@ -241,6 +242,51 @@ CAIRN_DRAIN_SECONDS: {{ int .Values.scheduler.drainSeconds | quote }}
 {{- end -}}
 
 {{/*
+The snapshot store's URL as the workers get it: worker.snapshotStore.url, else the
+bundled object store's bucket when it is installed, else empty (the artifacts directory).
+*/}}
+{{- define "cairn.snapshotStoreUrl" -}}
+{{- if .Values.worker.snapshotStore.url -}}
+{{- .Values.worker.snapshotStore.url -}}
+{{- else if .Values.objectStore.bundled.enabled -}}
+s3://{{ .Values.objectStore.bundled.bucket }}
+{{- end -}}
+{{- end -}}
+
+{{- /* The bundled object store's Service, and its Secret of credentials. */}}
+{{- define "cairn.objectStoreName" -}}
+{{- include "cairn.componentName" (dict "root" . "component" "object-store") -}}
+{{- end -}}
+{{- define "cairn.objectStoreSecret" -}}
+{{- .Values.objectStore.bundled.existingSecret | default (include "cairn.objectStoreName" .) -}}
+{{- end -}}
+
+{{/*
+The object store's settings for a container that reads or writes snapshots and output
+(the workers, the scheduler, the reaper): with the bundled store, its endpoint inside
+the cluster and its one identity, from its Secret; otherwise the keys of
+worker.snapshotStore.existingSecret, all of them, as environment variables.
+*/}}
+{{- define "cairn.objectStoreEnv" -}}
+{{- if and .Values.objectStore.bundled.enabled (not .Values.worker.snapshotStore.url) }}
+- name: AWS_ENDPOINT
+  value: {{ printf "http://%s:%d" (include "cairn.objectStoreName" .) (int .Values.objectStore.bundled.port) | quote }}
+{{- /* Plain HTTP inside the cluster, to a Service of the release itself. */}}
+- name: AWS_ALLOW_HTTP
+  value: "true"
+- name: AWS_REGION
+  value: "us-east-1"
+{{- range $key := list "AWS_ACCESS_KEY_ID" "AWS_SECRET_ACCESS_KEY" }}
+- name: {{ $key }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "cairn.objectStoreSecret" $ }}
+      key: {{ $key }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
 "true" when every worker can restore every other worker's snapshots: they all mount one
 artifacts claim (worker.artifacts.existingClaim), or the snapshots go to an object store
 (worker.snapshotStore.url with a scheme other than file://, as the binary decides).
@@ -249,7 +295,7 @@ draining worker does (CAIRN_SNAPSHOTS_SHARED), and whether an autoscaler is allo
 */}}
 {{- define "cairn.snapshotsShared" -}}
 {{- $w := .Values.worker -}}
-{{- if or $w.artifacts.existingClaim (regexMatch "^(s3|gs|az|azure|abfs|abfss)://" $w.snapshotStore.url) -}}
+{{- if or $w.artifacts.existingClaim (regexMatch "^(s3|gs|az|azure|abfs|abfss)://" (include "cairn.snapshotStoreUrl" .)) -}}
 true
 {{- else -}}
 false
@@ -284,8 +330,8 @@ CAIRN_STEP_OPEN_FILES: {{ int $w.sandbox.openFiles | quote }}
 CAIRN_DISK_QUOTA: {{ $w.disk.quota | quote }}
 CAIRN_RUN_DISK_MB: {{ int $w.disk.runMb | quote }}
 CAIRN_PAUSE_LIMIT_SECONDS: {{ int $w.pauseLimitSeconds | quote }}
-{{- /* Not a secret: the store's credentials come from worker.snapshotStore.existingSecret. */}}
-{{- with $w.snapshotStore.url }}
+{{- /* Not a secret: the store's credentials come from a Secret (cairn.objectStoreEnv). */}}
+{{- with include "cairn.snapshotStoreUrl" . }}
 CAIRN_SNAPSHOT_STORE_URL: {{ . | quote }}
 {{- end }}
 {{- /*
@@ -592,31 +638,39 @@ Checks of combinations the schema cannot express. Rendered from validate.yaml.
 */}}
 {{- define "cairn.validate" -}}
 {{- $v := .Values -}}
+{{- /* Every problem is collected, then all are reported in one failure. */ -}}
+{{- $errors := list -}}
+{{- if and $v.objectStore.bundled.enabled $v.worker.snapshotStore.url -}}
+{{- $errors = append $errors (printf "objectStore.bundled.enabled is true but worker.snapshotStore.url is set (%q): the workers would use that store and the bundled one would hold nothing. Set objectStore.bundled.enabled to false, or leave worker.snapshotStore.url empty to use the bundled store." $v.worker.snapshotStore.url) -}}
+{{- end -}}
+{{- if and (ne (include "cairn.snapshotsShared" .) "true") (gt (int $v.worker.replicas) 1) (not (or $v.worker.keda.enabled $v.worker.autoscaling.enabled)) -}}
+{{- $errors = append $errors (printf "worker.replicas is %d but the workers' artifacts are pod-local: each worker would keep its snapshots and step output on its own emptyDir, so a run's logs could not be read once its worker is gone, a run could not move to another worker, and the reaper could not reclaim them. Use the bundled object store (objectStore.bundled.enabled), an object store URL in worker.snapshotStore.url, or a ReadWriteMany claim in worker.artifacts.existingClaim; or run one worker." (int $v.worker.replicas)) -}}
+{{- end -}}
 {{- if and $v.worker.keda.enabled $v.worker.autoscaling.enabled -}}
-{{- fail "worker.keda.enabled and worker.autoscaling.enabled are both true: KEDA creates its own HPA for the worker Deployment, and two autoscalers would fight over its replicas. Enable only one of them." -}}
+{{- $errors = append $errors "worker.keda.enabled and worker.autoscaling.enabled are both true: KEDA creates its own HPA for the worker Deployment, and two autoscalers would fight over its replicas. Enable only one of them." -}}
 {{- end -}}
 {{- if $v.secrets.existingSecret -}}
 {{- range $k := list "databaseUrl" "redisUrl" "amqpUrl" "bootstrapAdminToken" -}}
 {{- if get $v.secrets $k -}}
-{{- fail (printf "secrets.existingSecret is set, so the chart creates no Secret and secrets.%s would be ignored: put it in the existing Secret %q under key %q instead, and leave secrets.%s empty." $k $v.secrets.existingSecret (get $v.secrets.keys $k) $k) -}}
+{{- $errors = append $errors (printf "secrets.existingSecret is set, so the chart creates no Secret and secrets.%s would be ignored: put it in the existing Secret %q under key %q instead, and leave secrets.%s empty." $k $v.secrets.existingSecret (get $v.secrets.keys $k) $k) -}}
 {{- end -}}
 {{- end -}}
 {{- else -}}
 {{- /* An empty URL would leave every pod in CreateContainerConfigError or crash-looping. */ -}}
 {{- range $k := list "databaseUrl" "redisUrl" "amqpUrl" -}}
 {{- if not (get $v.secrets $k) -}}
-{{- fail (printf "secrets.%s is empty: the chart creates the Secret %q from secrets.databaseUrl, secrets.redisUrl and secrets.amqpUrl, and the pods cannot start without it. Set secrets.%s, or create a Secret yourself and name it in secrets.existingSecret (keys %s, %s, %s, and optionally %s)." $k (include "cairn.secretName" $) $k $v.secrets.keys.databaseUrl $v.secrets.keys.redisUrl $v.secrets.keys.amqpUrl $v.secrets.keys.bootstrapAdminToken) -}}
+{{- $errors = append $errors (printf "secrets.%s is empty: the chart creates the Secret %q from secrets.databaseUrl, secrets.redisUrl and secrets.amqpUrl, and the pods cannot start without it. Set secrets.%s, or create a Secret yourself and name it in secrets.existingSecret (keys %s, %s, %s, and optionally %s)." $k (include "cairn.secretName" $) $k $v.secrets.keys.databaseUrl $v.secrets.keys.redisUrl $v.secrets.keys.amqpUrl $v.secrets.keys.bootstrapAdminToken) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
 {{- $keda := $v.worker.keda -}}
-{{- if and $keda.enabled (not $keda.authenticationRef) -}}
+{{- if and $keda.enabled (not $keda.authenticationRef) $keda.postgresql.host -}}
 {{- if not (and $keda.postgresql.passwordSecret.name $keda.postgresql.passwordSecret.key) -}}
-{{- fail "worker.keda.enabled needs a way for KEDA to read cairn_worker_demand from PostgreSQL: set worker.keda.postgresql.passwordSecret.name and .key (a Secret holding the password of worker.keda.postgresql.userName; the chart creates the TriggerAuthentication), or worker.keda.authenticationRef (the name of an existing KEDA TriggerAuthentication)." -}}
+{{- $errors = append $errors "worker.keda.postgresql.host is set, so KEDA connects as a user of its own: set worker.keda.postgresql.passwordSecret.name and .key (a Secret holding the password of worker.keda.postgresql.userName), or leave host empty to use the workers' database URL from the release's Secret." -}}
 {{- end -}}
-{{- range $k := list "host" "userName" "dbName" -}}
+{{- range $k := list "userName" "dbName" -}}
 {{- if not (get $keda.postgresql $k) -}}
-{{- fail (printf "worker.keda.postgresql.%s is required with worker.keda.enabled (without worker.keda.authenticationRef): KEDA connects to PostgreSQL itself to read cairn_worker_demand." $k) -}}
+{{- $errors = append $errors (printf "worker.keda.postgresql.%s is required with worker.keda.postgresql.host: KEDA connects to PostgreSQL as that user to read cairn_worker_demand (or leave host empty to use the workers' database URL from the release's Secret)." $k) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
@@ -628,10 +682,10 @@ Checks of combinations the schema cannot express. Rendered from validate.yaml.
 {{- end -}}
 {{- /* Without shared snapshots a run moved off a removed worker would restart from its baseline. */ -}}
 {{- if and $autoscaler (ne (include "cairn.snapshotsShared" .) "true") -}}
-{{- fail (printf "%s is true but the workers' snapshots are not shared: an autoscaler removes busy workers, and their runs move to other workers at a step boundary, which needs a snapshot store every worker can read. Set worker.snapshotStore.url to an object store (s3://, gs:// or az://, credentials in worker.snapshotStore.existingSecret) or worker.artifacts.existingClaim to a ReadWriteMany claim." $autoscaler) -}}
+{{- $errors = append $errors (printf "%s is true but the workers' snapshots are not shared: an autoscaler removes busy workers, and their runs move to other workers at a step boundary, which needs a snapshot store every worker can read. Set worker.snapshotStore.url to an object store (s3://, gs:// or az://, credentials in worker.snapshotStore.existingSecret) or worker.artifacts.existingClaim to a ReadWriteMany claim." $autoscaler) -}}
 {{- end -}}
 {{- if and $keda.enabled (eq (int $keda.minReplicaCount) 0) (gt (int $keda.activationJobs) 0) -}}
-{{- fail (printf "worker.keda.minReplicaCount is 0 and worker.keda.activationJobs is %d: KEDA treats a demand at or under the activation value as no demand and scales to zero after cooldownPeriod, stopping the worker of a running job and leaving queued work with no worker. Set activationJobs to 0, or minReplicaCount to 1 or more." (int $keda.activationJobs)) -}}
+{{- $errors = append $errors (printf "worker.keda.minReplicaCount is 0 and worker.keda.activationJobs is %d: KEDA treats a demand at or under the activation value as no demand and scales to zero after cooldownPeriod, stopping the worker of a running job and leaving queued work with no worker. Set activationJobs to 0, or minReplicaCount to 1 or more." (int $keda.activationJobs)) -}}
 {{- end -}}
 {{- $chartSet := include "cairn.chartSetEnv" . | fromJson -}}
 {{- $secretNames := list "CAIRN_DATABASE_URL" "CAIRN_REDIS_URL" "CAIRN_AMQP_URL" "CAIRN_BOOTSTRAP_ADMIN_TOKEN" -}}
@@ -651,28 +705,28 @@ Checks of combinations the schema cannot express. Rendered from validate.yaml.
 {{- $where := index $e 0 -}}
 {{- $name := index $e 1 -}}
 {{- if eq $name "CAIRN_WORKER_ID" -}}
-{{- fail (printf "%s sets CAIRN_WORKER_ID, a worker's lease identity: from shared configuration every worker would get the same one, take over the others' leases and lapse them at start. Leave it unset; the default, <pod name>-<pid>, is unique per worker." $where) -}}
+{{- $errors = append $errors (printf "%s sets CAIRN_WORKER_ID, a worker's lease identity: from shared configuration every worker would get the same one, take over the others' leases and lapse them at start. Leave it unset; the default, <pod name>-<pid>, is unique per worker." $where) -}}
 {{- end -}}
 {{- if has $name $secretNames -}}
-{{- fail (printf "%s is a secret setting and cannot be a plain value: set it through the secrets block (the pods read it from a mounted file, %s_FILE)." $where $name) -}}
+{{- $errors = append $errors (printf "%s is a secret setting and cannot be a plain value: set it through the secrets block (the pods read it from a mounted file, %s_FILE)." $where $name) -}}
 {{- end -}}
 {{- if hasKey $chartSet $name -}}
-{{- fail (printf "%s is set by the chart, from %s: use that instead." $where (get $chartSet $name)) -}}
+{{- $errors = append $errors (printf "%s is set by the chart, from %s: use that instead." $where (get $chartSet $name)) -}}
 {{- end -}}
 {{- if and (regexMatch $storeSecretPattern $name) (not (index $e 2)) -}}
-{{- fail (printf "%s is an object store credential and cannot be a plain value: put it in a Secret named by worker.snapshotStore.existingSecret (or take it with valueFrom.secretKeyRef in an extraEnv)." $where) -}}
+{{- $errors = append $errors (printf "%s is an object store credential and cannot be a plain value: put it in a Secret named by worker.snapshotStore.existingSecret (or take it with valueFrom.secretKeyRef in an extraEnv)." $where) -}}
 {{- end -}}
 {{- end -}}
 {{- range $comp := list "scheduler" "worker" "reaper" -}}
 {{- range (index $v $comp).extraVolumes -}}
 {{- if has .name (list "tmp" "secrets" "workspaces" "artifacts") -}}
-{{- fail (printf "%s.extraVolumes: the volume name %q is the chart's own; choose another name." $comp .name) -}}
+{{- $errors = append $errors (printf "%s.extraVolumes: the volume name %q is the chart's own; choose another name." $comp .name) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
 {{- $store := $v.worker.snapshotStore -}}
 {{- if regexMatch "^[A-Za-z][A-Za-z0-9+.-]*://[^/]*@|[?#]" $store.url -}}
-{{- fail (printf "worker.snapshotStore.url %q holds user information, a query or a fragment: it goes into a ConfigMap, so it must hold no credentials. Put the store's credentials (AWS_*, GOOGLE_*, AZURE_* variables) in a Secret named by worker.snapshotStore.existingSecret." $store.url) -}}
+{{- $errors = append $errors (printf "worker.snapshotStore.url %q holds user information, a query or a fragment: it goes into a ConfigMap, so it must hold no credentials. Put the store's credentials (AWS_*, GOOGLE_*, AZURE_* variables) in a Secret named by worker.snapshotStore.existingSecret." $store.url) -}}
 {{- end -}}
 {{- $localStore := "" -}}
 {{- if hasPrefix "file://" $store.url -}}
@@ -681,36 +735,39 @@ Checks of combinations the schema cannot express. Rendered from validate.yaml.
 {{- $localStore = $store.url -}}
 {{- end -}}
 {{- if and $localStore (not (regexMatch "^/var/lib/cairn/artifacts(/|$)" $localStore)) -}}
-{{- fail (printf "worker.snapshotStore.url %q is a local directory outside /var/lib/cairn/artifacts: the root filesystem is read-only and that volume (worker.artifacts) is the only one the chart gives for snapshots. Use a directory under it, an object store URL, or leave it empty." $store.url) -}}
+{{- $errors = append $errors (printf "worker.snapshotStore.url %q is a local directory outside /var/lib/cairn/artifacts: the root filesystem is read-only and that volume (worker.artifacts) is the only one the chart gives for snapshots. Use a directory under it, an object store URL, or leave it empty." $store.url) -}}
 {{- end -}}
 {{- if and $store.existingSecret (eq $store.existingSecret (include "cairn.secretName" .)) -}}
-{{- fail (printf "worker.snapshotStore.existingSecret %q is the Secret of the connection URLs: all its keys would become environment variables of the workers and the reaper. Put the object store's credentials in a Secret of their own." $store.existingSecret) -}}
+{{- $errors = append $errors (printf "worker.snapshotStore.existingSecret %q is the Secret of the connection URLs: all its keys would become environment variables of the workers and the reaper. Put the object store's credentials in a Secret of their own." $store.existingSecret) -}}
 {{- end -}}
 {{- if ge (int $v.worker.killGraceSeconds) (int $v.worker.drainSeconds) -}}
-{{- fail (printf "worker.killGraceSeconds (%d) must be less than worker.drainSeconds (%d): the worker stops running steps killGraceSeconds + 1 seconds before the end of its drain, so running steps get drainSeconds - killGraceSeconds - 1 seconds to finish." (int $v.worker.killGraceSeconds) (int $v.worker.drainSeconds)) -}}
+{{- $errors = append $errors (printf "worker.killGraceSeconds (%d) must be less than worker.drainSeconds (%d): the worker stops running steps killGraceSeconds + 1 seconds before the end of its drain, so running steps get drainSeconds - killGraceSeconds - 1 seconds to finish." (int $v.worker.killGraceSeconds) (int $v.worker.drainSeconds)) -}}
 {{- end -}}
 {{- if and $v.worker.sandbox.grant (eq (toString $v.worker.hostUsers) "true") -}}
-{{- fail "worker.hostUsers is true but worker.sandbox.grant needs hostUsers: false (the step sandbox's user namespaces nest in the pod's own). Leave worker.hostUsers empty or false." -}}
+{{- $errors = append $errors "worker.hostUsers is true but worker.sandbox.grant needs hostUsers: false (the step sandbox's user namespaces nest in the pod's own). Leave worker.hostUsers empty or false." -}}
 {{- end -}}
 {{- $s := $v.scheduler -}}
 {{- if ge (add (int $s.preStopSeconds) (int $s.drainSeconds)) (int $s.terminationGracePeriodSeconds) -}}
-{{- fail (printf "scheduler.preStopSeconds (%d) + scheduler.drainSeconds (%d) must be less than scheduler.terminationGracePeriodSeconds (%d): the grace period starts with the preStop pause, and Kubernetes kills the scheduler when it ends, before its background work has stopped." (int $s.preStopSeconds) (int $s.drainSeconds) (int $s.terminationGracePeriodSeconds)) -}}
+{{- $errors = append $errors (printf "scheduler.preStopSeconds (%d) + scheduler.drainSeconds (%d) must be less than scheduler.terminationGracePeriodSeconds (%d): the grace period starts with the preStop pause, and Kubernetes kills the scheduler when it ends, before its background work has stopped." (int $s.preStopSeconds) (int $s.drainSeconds) (int $s.terminationGracePeriodSeconds)) -}}
 {{- end -}}
 {{- if ge (int $v.reaper.drainSeconds) (int $v.reaper.terminationGracePeriodSeconds) -}}
-{{- fail (printf "reaper.drainSeconds (%d) must be less than reaper.terminationGracePeriodSeconds (%d), or Kubernetes kills the reaper before the sweep in flight has finished." (int $v.reaper.drainSeconds) (int $v.reaper.terminationGracePeriodSeconds)) -}}
+{{- $errors = append $errors (printf "reaper.drainSeconds (%d) must be less than reaper.terminationGracePeriodSeconds (%d), or Kubernetes kills the reaper before the sweep in flight has finished." (int $v.reaper.drainSeconds) (int $v.reaper.terminationGracePeriodSeconds)) -}}
 {{- end -}}
 {{- $np := $v.worker.networkPolicy -}}
 {{- if and $np.enabled (not $np.egress) -}}
-{{- fail "worker.networkPolicy.enabled with no worker.networkPolicy.egress rules: the workers could reach DNS and nothing else, not PostgreSQL, Redis, RabbitMQ or the object store, and would never start. Add the rules (see the example in values.yaml)." -}}
+{{- $errors = append $errors "worker.networkPolicy.enabled with no worker.networkPolicy.egress rules: the workers could reach DNS and nothing else, not PostgreSQL, Redis, RabbitMQ or the object store, and would never start. Add the rules (see the example in values.yaml)." -}}
 {{- end -}}
 {{- if and $v.scheduler.autoscaling.enabled (gt (int $v.scheduler.autoscaling.minReplicas) (int $v.scheduler.autoscaling.maxReplicas)) -}}
-{{- fail "scheduler.autoscaling.minReplicas is greater than maxReplicas." -}}
+{{- $errors = append $errors "scheduler.autoscaling.minReplicas is greater than maxReplicas." -}}
 {{- end -}}
 {{- if and $v.worker.autoscaling.enabled (gt (int $v.worker.autoscaling.minReplicas) (int $v.worker.autoscaling.maxReplicas)) -}}
-{{- fail "worker.autoscaling.minReplicas is greater than maxReplicas." -}}
+{{- $errors = append $errors "worker.autoscaling.minReplicas is greater than maxReplicas." -}}
 {{- end -}}
 {{- if and $keda.enabled (gt (int $keda.minReplicaCount) (int $keda.maxReplicaCount)) -}}
-{{- fail "worker.keda.minReplicaCount is greater than maxReplicaCount." -}}
+{{- $errors = append $errors "worker.keda.minReplicaCount is greater than maxReplicaCount." -}}
+{{- end -}}
+{{- if $errors -}}
+{{- fail (printf "\n%d problem(s) in the values:\n- %s" (len $errors) (join "\n- " $errors)) -}}
 {{- end -}}
 {{- end -}}
 

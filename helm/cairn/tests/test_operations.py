@@ -40,7 +40,8 @@ RUNS_QUERY = "SELECT runs FROM cairn_worker_demand"
 SANDBOXES_QUERY = "SELECT sandboxes FROM cairn_worker_demand"
 # The least KEDA needs besides enabled: where PostgreSQL is, the password's Secret, and
 # snapshots every worker can restore (an autoscaler removes busy workers).
-KEDA_NO_STORE = ["--set", "worker.keda.enabled=true"] + set_args({
+NO_BUNDLED = ["--set", "objectStore.bundled.enabled=false"]
+KEDA_NO_STORE = ["--set", "worker.keda.enabled=true"] + NO_BUNDLED + set_args({
     "worker.keda.postgresql.host": "pg.example",
     "worker.keda.postgresql.userName": "keda",
     "worker.keda.postgresql.dbName": "cairn",
@@ -164,11 +165,25 @@ def test_keda_with_an_existing_trigger_authentication():
     assert [t["metadata"]["host"] for t in triggers] == ["pg.example", "pg.example"]
 
 
-def test_keda_needs_a_password_or_an_authentication_ref():
-    err = render_fails(["--set", "worker.keda.enabled=true"])
-    assert "worker.keda.postgresql.passwordSecret.name" in err and "worker.keda.authenticationRef" in err, err
-    for missing in ("host", "userName", "dbName"):
-        err = render_fails(KEDA_MINIMAL + set_args({f"worker.keda.postgresql.{missing}": ""}))
+def test_keda_reads_the_workers_database_url_by_default():
+    # One place for the connection: the release's Secret, the workers' own URL.
+    docs = render(["--set", "worker.keda.enabled=true"])
+    so = one(docs, "ScaledObject", worker(docs)["metadata"]["name"])
+    for trig in so["spec"]["triggers"]:
+        assert set(trig["metadata"]) == {"query", "targetQueryValue", "activationTargetQueryValue"}, trig
+    ta = one(docs, "TriggerAuthentication", so["spec"]["triggers"][0]["authenticationRef"]["name"])
+    assert ta["spec"] == {"secretTargetRef": [
+        {"parameter": "connection", "name": "t-cairn", "key": "CAIRN_DATABASE_URL"}]}
+    docs = render(["--set", "worker.keda.enabled=true", "-f", os.path.join(CI_DIR, "existing-secret-values.yaml")])
+    ta = of_kind(docs, "TriggerAuthentication")[0]
+    assert ta["spec"]["secretTargetRef"][0]["name"] == "cairn-connections"
+
+
+def test_keda_with_a_user_of_its_own_needs_all_of_it_and_says_so_at_once():
+    err = render_fails(["--set", "worker.keda.enabled=true"] + set_args({"worker.keda.postgresql.host": "pg"}))
+    assert "3 problem(s) in the values" in err, err
+    assert "worker.keda.postgresql.passwordSecret.name" in err, err
+    for missing in ("userName", "dbName"):
         assert f"worker.keda.postgresql.{missing} is required" in err, err
 
 
@@ -180,14 +195,17 @@ def test_snapshots_shared_follows_the_store():
     claim = set_args({"worker.artifacts.existingClaim": "cairn-artifacts"})
     local = "/var/lib/cairn/artifacts/snapshots"
     cases = [
-        ("default: an emptyDir per pod", [], "false"),
+        ("default: the bundled object store", [], "true"),
+        ("an emptyDir per pod", NO_BUNDLED + ["--set", "worker.replicas=1"], "false"),
         ("a shared claim", claim, "true"),
-        ("s3", set_args({"worker.snapshotStore.url": "s3://bucket/prefix"}), "true"),
-        ("gs", set_args({"worker.snapshotStore.url": "gs://bucket/prefix"}), "true"),
-        ("az", set_args({"worker.snapshotStore.url": "az://container/prefix"}), "true"),
-        ("local, no claim", set_args({"worker.snapshotStore.url": local}), "false"),
-        ("file://, no claim", set_args({"worker.snapshotStore.url": "file://" + local}), "false"),
-        ("local on the claim", claim + set_args({"worker.snapshotStore.url": local}), "true"),
+        ("s3", NO_BUNDLED + set_args({"worker.snapshotStore.url": "s3://bucket/prefix"}), "true"),
+        ("gs", NO_BUNDLED + set_args({"worker.snapshotStore.url": "gs://bucket/prefix"}), "true"),
+        ("az", NO_BUNDLED + set_args({"worker.snapshotStore.url": "az://container/prefix"}), "true"),
+        ("local, no claim", NO_BUNDLED + ["--set", "worker.replicas=1"]
+         + set_args({"worker.snapshotStore.url": local}), "false"),
+        ("file://, no claim", NO_BUNDLED + ["--set", "worker.replicas=1"]
+         + set_args({"worker.snapshotStore.url": "file://" + local}), "false"),
+        ("local on the claim", NO_BUNDLED + claim + set_args({"worker.snapshotStore.url": local}), "true"),
     ]
     for label, args, expected in cases:
         docs = render(args)
@@ -199,14 +217,16 @@ def test_snapshots_shared_follows_the_store():
             assert "CAIRN_SNAPSHOTS_SHARED" not in container_env(docs, first_container(docs, comp)), (label, comp)
     for label, args in value_sets():
         w = effective_values(args)["worker"]
-        shared = bool(w["artifacts"]["existingClaim"]) or w["snapshotStore"]["url"].startswith(("s3://", "gs://", "az://"))
+        bundled = effective_values(args)["objectStore"]["bundled"]["enabled"] and not w["snapshotStore"]["url"]
+        shared = bundled or bool(w["artifacts"]["existingClaim"]) \
+            or w["snapshotStore"]["url"].startswith(("s3://", "gs://", "az://"))
         assert snapshots_shared(render(args)) == str(shared).lower(), label
         if w["keda"]["enabled"] or w["autoscaling"]["enabled"]:
             assert shared, f"{label}: an autoscaler without shared snapshots"
 
 
 def test_autoscalers_need_shared_snapshots():
-    hpa = ["--set", "worker.autoscaling.enabled=true"]
+    hpa = ["--set", "worker.autoscaling.enabled=true"] + NO_BUNDLED
     local = set_args({"worker.snapshotStore.url": "/var/lib/cairn/artifacts/snapshots"})
     for which, args in (("worker.keda.enabled", KEDA_NO_STORE), ("worker.autoscaling.enabled", hpa)):
         for extra in ([], local):
@@ -286,7 +306,11 @@ def test_secrets_are_mounted_files_never_environment():
             # Exactly the keys the component reads, from the connection Secret.
             sources = secret_sources(spec)
             assert set(sources) == {keys[k] for k in SECRET_KEYS_OF[comp]}, f"{where}: {sorted(sources)}"
-            assert {name for name, _, _ in sources.values()} == {secret}, where
+            # The migration hook reads a hook Secret of its own when the chart makes the
+            # connection Secret, which does not exist before a first install.
+            hook = f"{values.get('fullnameOverride') or 't-cairn'}-migration"
+            expected = hook if comp == "migration" and not values["secrets"]["existingSecret"] else secret
+            assert {name for name, _, _ in sources.values()} == {expected}, where
             # Only the bootstrap token may be missing (no file: no token).
             optional = {k for k, (_, _, opt) in sources.items() if opt}
             assert optional == ({keys["bootstrapAdminToken"]} if comp == "scheduler" else set()), where
@@ -304,12 +328,15 @@ def test_secrets_are_mounted_files_never_environment():
 
 def test_worker_host_users():
     spec = worker(render())["spec"]["template"]["spec"]
+    assert spec["hostUsers"] is False, "the sandbox grant, on by default, forces false"
+    spec = worker(render(["--set", "worker.sandbox.grant=false"]))["spec"]["template"]["spec"]
     assert "hostUsers" not in spec, "null: the cluster's default"
     assert worker(render(["--set", "worker.hostUsers=false"]))["spec"]["template"]["spec"]["hostUsers"] is False
-    assert worker(render(["--set", "worker.hostUsers=true"]))["spec"]["template"]["spec"]["hostUsers"] is True
+    without_grant = ["--set", "worker.sandbox.grant=false"]
+    assert worker(render(without_grant + ["--set", "worker.hostUsers=true"]))["spec"]["template"]["spec"]["hostUsers"] is True
     docs = render(["--set", "worker.sandbox.grant=true"])
     assert worker(docs)["spec"]["template"]["spec"]["hostUsers"] is False, "the grant forces false"
-    err = render_fails(["--set", "worker.sandbox.grant=true", "--set", "worker.hostUsers=true"])
+    err = render_fails(["--set", "worker.hostUsers=true"])
     assert "worker.sandbox.grant needs hostUsers: false" in err, err
     docs = render(["--set", "worker.hostUsers=false"])
     for comp in ("scheduler", "reaper"):
@@ -323,7 +350,10 @@ STEP_DENIED_V6 = ["::1/128", "::ffff:0:0/96", "fc00::/7", "fe80::/10", "ff00::/8
 
 def test_worker_network_policy_is_on_by_default_and_matches_the_step_filter():
     (np,) = of_kind(render(), "NetworkPolicy")
-    dns, platform, steps = np["spec"]["egress"]
+    dns, store, platform, steps = np["spec"]["egress"]
+    # The bundled object store, a pod of the release, on its port only.
+    assert store["ports"] == [{"port": 8333, "protocol": "TCP"}]
+    assert store["to"][0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "object-store"
     assert dns["ports"][0]["port"] == 53
     assert sorted(p["port"] for p in platform["ports"]) == [443, 5432, 5672, 6379]
     assert "to" not in platform
@@ -362,7 +392,9 @@ def test_worker_network_policy():
     assert "to" not in np["spec"]["egress"][0]
     docs = render(["--set", "worker.networkPolicy.enabled=true", "--set", "worker.networkPolicy.dns.enabled=false"]
                   + rule)
-    assert of_kind(docs, "NetworkPolicy")[0]["spec"]["egress"] == [{"ports": [{"port": 5432}]}]
+    egress = of_kind(docs, "NetworkPolicy")[0]["spec"]["egress"]
+    # The bundled object store's rule, then the given one.
+    assert len(egress) == 2 and egress[1] == {"ports": [{"port": 5432}]}, egress
     err = render_fails(["--set-json", "worker.networkPolicy.egress=[]"])
     assert "worker.networkPolicy.enabled with no worker.networkPolicy.egress rules" in err, err
 
@@ -411,14 +443,20 @@ def test_install_without_connection_urls_fails_clearly():
     assert "CAIRN_BOOTSTRAP_ADMIN_TOKEN" not in one(render(), "Secret", "t-cairn")["data"]
 
 
-def test_no_secret_is_a_hook_and_nothing_runs_before_install():
+def test_the_only_hooks_are_the_migration_and_its_database_url():
     for label, args in value_sets() + [("all secrets", set_args(FAKE_SECRETS))]:
-        for d in render(args):
-            hook = d["metadata"].get("annotations", {}).get("helm.sh/hook")
-            if hook is None:
-                continue
-            assert d["kind"] != "Secret", f"{label}: Secret {d['metadata']['name']} is a hook"
-            assert "pre-install" not in hook, f"{label}: {d['kind']} {d['metadata']['name']} runs before install"
+        values = effective_values(args)
+        hooks = {(d["kind"], d["metadata"]["name"]): d["metadata"]["annotations"]["helm.sh/hook"]
+                 for d in render(args) if "helm.sh/hook" in d["metadata"].get("annotations", {})}
+        name = f"{values.get('fullnameOverride') or 't-cairn'}-migration"
+        expected = {("Job", name): "pre-install,pre-upgrade"}
+        if not values["secrets"]["existingSecret"]:
+            expected[("Secret", name)] = "pre-install,pre-upgrade"
+        if not values["migration"]["enabled"]:
+            expected = {}
+        # The helm test's Pod is a hook of `helm test` alone.
+        hooks = {k: v for k, v in hooks.items() if v != "test"}
+        assert hooks == expected, f"{label}: {hooks}"
 
 
 # ---------------------------------------------------------------- 7. names

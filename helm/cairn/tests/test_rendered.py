@@ -15,6 +15,7 @@ ci/, each of which is a complete value set.
 """
 
 import base64
+import glob
 import json
 import os
 import re
@@ -170,11 +171,14 @@ def component(docs, kind, comp):
 
 
 def pod_specs(docs):
-    """(description, pod spec) of every workload."""
+    """(description, pod spec) of every workload of Cairn's image (not the bundled
+    object store's server, which test_bundled_object_store checks)."""
     out = []
     for d in docs:
         if d["kind"] in ("Deployment", "Job", "StatefulSet", "DaemonSet"):
             comp = d["metadata"]["labels"]["app.kubernetes.io/component"]
+            if comp == "object-store":
+                continue
             out.append((f"{d['kind']}/{d['metadata']['name']} ({comp})", d["spec"]["template"]["spec"]))
     return out
 
@@ -494,7 +498,8 @@ def test_worker_defaults():
     assert env["CAIRN_MIGRATE"] == "true", "a first install has no hook: the pods migrate"
     assert env["CAIRN_LOG_FORMAT"] == "json"
     assert env["CAIRN_PAUSE_LIMIT_SECONDS"] == "1800"
-    assert "CAIRN_SNAPSHOT_STORE_URL" not in env, "empty: the worker keeps snapshots in its artifacts directory"
+    assert env["CAIRN_SNAPSHOT_STORE_URL"] == "s3://cairn", "the bundled object store, shared by every pod"
+    assert env["CAIRN_SNAPSHOTS_SHARED"] == "true"
     assert "CAIRN_WORKER_ID" not in env, "the default worker id (host name = pod name, pid) is unique"
     assert worker_container(docs)["args"] == ["cairn-worker"]
     assert worker(docs)["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 900 + 120 + 30
@@ -637,7 +642,8 @@ def secret_sources(spec):
 
 def test_existing_secret():
     docs = render(["-f", os.path.join(CI_DIR, "existing-secret-values.yaml")])
-    assert not of_kind(docs, "Secret"), "the chart rendered a Secret next to existingSecret"
+    assert [s["metadata"]["name"] for s in of_kind(docs, "Secret")] == [f"{RELEASE}-cairn-object-store"], \
+        "the chart rendered a Secret next to existingSecret (the bundled store's own is not one)"
     for desc, spec in pod_specs(docs):
         sources = secret_sources(spec)
         assert sources, f"{desc}: no secret files"
@@ -721,7 +727,11 @@ def test_only_variables_the_binaries_read():
                 assert not unread, f"{label}: {desc} gets {sorted(unread)}, which {comp} does not read"
                 # POD_IP: the downward API's address, expanded into CAIRN_PREVIEW_URL.
                 expanded = {"POD_IP"} if "CAIRN_PREVIEW_URL" in names else set()
-                assert names - reads[comp] <= {"HOME"} | own | expanded, f"{label}: {desc}: {sorted(names - reads[comp])}"
+                # The object store's settings: every AWS_* variable is read by the store
+                # (crates/snapshot/src/store.rs); they come only with the bundled store.
+                store = OBJECT_STORE_ENV if comp != "migration" else set()
+                assert names - reads[comp] <= {"HOME"} | own | expanded | store, \
+                    f"{label}: {desc}: {sorted(names - reads[comp])}"
         text = yaml.safe_dump_all(docs)
         for gone in ("CAIRN_CAPTURE_SECONDS", "CAIRN_CONFINEMENT"):
             assert gone not in text, f"{label}: {gone} is rendered but no binary reads it"
@@ -936,8 +946,29 @@ def test_worker_pause_limit():
     assert "worker.pauseLimitSeconds" in err, err
 
 
-def test_snapshot_store_default_is_the_artifacts_directory():
+OBJECT_STORE_ENV = {"AWS_ENDPOINT", "AWS_ALLOW_HTTP", "AWS_REGION", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+
+
+def test_snapshot_store_default_is_the_bundled_object_store():
     docs = render()
+    w_cm = one(docs, "ConfigMap", f"{RELEASE}-cairn-worker")
+    assert w_cm["data"]["CAIRN_SNAPSHOT_STORE_URL"] == "s3://cairn"
+    store = f"{RELEASE}-cairn-object-store"
+    scheduler_container = component(docs, "Deployment", "scheduler")["spec"]["template"]["spec"]["containers"][0]
+    for c in (worker_container(docs), reaper_container(docs), scheduler_container):
+        env = {e["name"]: e for e in c["env"]}
+        assert env["AWS_ENDPOINT"]["value"] == f"http://{store}:8333", c["name"]
+        assert env["AWS_ALLOW_HTTP"]["value"] == "true"
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+            assert env[key]["valueFrom"]["secretKeyRef"] == {"name": store, "key": key}, c["name"]
+    migration = component(docs, "Job", "migration")["spec"]["template"]["spec"]["containers"][0]
+    assert not {e["name"] for e in migration["env"]} & OBJECT_STORE_ENV
+
+
+def test_snapshot_store_without_the_bundled_store_is_the_artifacts_directory():
+    docs = render(["--set", "objectStore.bundled.enabled=false", "--set", "worker.replicas=1"])
+    assert not [d for d in docs if d["kind"] in ("StatefulSet", "Service")
+                and d["metadata"]["name"].endswith("object-store")]
     for cm in of_kind(docs, "ConfigMap"):
         assert "CAIRN_SNAPSHOT_STORE_URL" not in (cm.get("data") or {}), cm["metadata"]["name"]
     for desc, spec in pod_specs(docs):
@@ -948,6 +979,7 @@ def test_snapshot_store_default_is_the_artifacts_directory():
 
 def test_snapshot_store_in_an_object_store():
     args = ["-f", os.path.join(CI_DIR, "snapshot-store-values.yaml")]
+    no_bundled = ["--set", "objectStore.bundled.enabled=false"]
     docs = render(args)
     w_cm = one(docs, "ConfigMap", f"{RELEASE}-cairn-worker")
     assert w_cm["data"]["CAIRN_SNAPSHOT_STORE_URL"] == "s3://cairn-snapshots/prod"
@@ -969,14 +1001,15 @@ def test_snapshot_store_in_an_object_store():
     assert container_env(docs, worker_container(docs))["CAIRN_ARTIFACTS_URL"] == ARTIFACTS_DIR
     assert ARTIFACTS_DIR not in [m["mountPath"] for m in reaper_container(docs)["volumeMounts"]]
     # Each setting works alone: a URL without a Secret (workload identity), a local directory.
-    docs = render(set_args({"worker.snapshotStore.url": "gs://bucket/prefix"}))
+    docs = render(no_bundled + set_args({"worker.snapshotStore.url": "gs://bucket/prefix"}))
     assert container_env(docs, worker_container(docs))["CAIRN_SNAPSHOT_STORE_URL"] == "gs://bucket/prefix"
     assert not envfrom_secrets(worker_container(docs)) and not envfrom_secrets(reaper_container(docs))
-    docs = render(set_args({"worker.snapshotStore.url": "file:///var/lib/cairn/artifacts/snapshots"}))
+    docs = render(no_bundled + ["--set", "worker.replicas=1"]
+                  + set_args({"worker.snapshotStore.url": "file:///var/lib/cairn/artifacts/snapshots"}))
     assert container_env(docs, worker_container(docs))["CAIRN_SNAPSHOT_STORE_URL"] == \
         "file:///var/lib/cairn/artifacts/snapshots"
     # A config change rolls the workers.
-    before = worker(render())["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+    before = worker(render(no_bundled + ["--set", "worker.replicas=1"]))["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     after = worker(render(args))["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
     assert before != after
 
@@ -992,8 +1025,9 @@ def test_snapshot_store_credentials_never_plain():
     err = render_fails(set_args({"reaper.extraEnv[0].name": "GOOGLE_SERVICE_ACCOUNT_KEY",
                                  "reaper.extraEnv[0].value": "x"}))
     assert "reaper.extraEnv GOOGLE_SERVICE_ACCOUNT_KEY is an object store credential" in err, err
-    # Non-secret store settings may still be plain values.
-    docs = render(set_args({"global.extraConfig.AWS_REGION": "eu-west-1"}))
+    # Non-secret store settings may still be plain values (for a store of one's own).
+    docs = render(["-f", os.path.join(CI_DIR, "snapshot-store-values.yaml")]
+                  + set_args({"global.extraConfig.AWS_REGION": "eu-west-1"}))
     assert container_env(docs, worker_container(docs))["AWS_REGION"] == "eu-west-1"
     # The connections Secret is never taken whole.
     err = render_fails(["-f", os.path.join(CI_DIR, "existing-secret-values.yaml")]
@@ -1104,24 +1138,77 @@ def test_migration_hook():
     docs = render(set_args(FAKE_SECRETS))
     job = component(docs, "Job", "migration")
     ann = job["metadata"]["annotations"]
-    # Not pre-install: the release's Secret does not exist before a first install, whose
-    # pods migrate at start instead.
-    assert ann["helm.sh/hook"] == "pre-upgrade"
+    # Before the release's resources, on a first install too.
+    assert ann["helm.sh/hook"] == "pre-install,pre-upgrade"
     assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
-    assert "helm.sh/hook-weight" in ann
     spec = job["spec"]["template"]["spec"]
     assert spec["restartPolicy"] == "Never"
     assert spec["containers"][0]["args"] == ["cairnctl", "migrate"]
-    assert "serviceAccountName" not in spec, "the chart's ServiceAccount may be new in this upgrade"
-    # It reads the release's own Secret, as a file, like the pods.
-    assert secret_sources(spec) == {"CAIRN_DATABASE_URL": (f"{RELEASE}-cairn", f"{SECRET_DIR}/database-url", False)}
+    assert "serviceAccountName" not in spec, "the chart's ServiceAccount does not exist yet"
+    # The release's Secret does not exist yet either: a hook Secret of its own, made
+    # before the Job, holding the database URL alone, and deleted whatever the outcome.
+    hook = one(docs, "Secret", f"{RELEASE}-cairn-migration")
+    hook_ann = hook["metadata"]["annotations"]
+    assert hook_ann["helm.sh/hook"] == "pre-install,pre-upgrade"
+    assert int(hook_ann["helm.sh/hook-weight"]) < int(ann["helm.sh/hook-weight"])
+    assert hook_ann["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded,hook-failed"
+    assert set(hook["data"]) == {"CAIRN_DATABASE_URL"}
+    assert base64.b64decode(hook["data"]["CAIRN_DATABASE_URL"]).decode() == FAKE_SECRETS["secrets.databaseUrl"]
+    assert secret_sources(spec) == {"CAIRN_DATABASE_URL": (f"{RELEASE}-cairn-migration", f"{SECRET_DIR}/database-url", False)}
     env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
     assert env["CAIRN_DATABASE_URL_FILE"] == f"{SECRET_DIR}/database-url"
-    for s in of_kind(docs, "Secret"):
-        assert "helm.sh/hook" not in s["metadata"].get("annotations", {}), f"{s['metadata']['name']} is a hook"
+    # With an existing Secret the hook reads it, and the chart makes no hook Secret.
+    docs = render(["-f", os.path.join(CI_DIR, "existing-secret-values.yaml")])
+    spec = component(docs, "Job", "migration")["spec"]["template"]["spec"]
+    assert {name for name, _, _ in secret_sources(spec).values()} == {"cairn-connections"}
+    assert not [s for s in of_kind(docs, "Secret") if "helm.sh/hook" in s["metadata"].get("annotations", {})]
     docs = render(["--set", "migration.enabled=false"])
     assert not of_kind(docs, "Job")
+    assert not [s for s in of_kind(docs, "Secret") if "helm.sh/hook" in s["metadata"].get("annotations", {})]
     assert container_env(docs, worker_container(docs))["CAIRN_MIGRATE"] == "true"
+
+
+def test_bundled_object_store():
+    docs = render()
+    name = f"{RELEASE}-cairn-object-store"
+    sts = one(docs, "StatefulSet", name)
+    spec = sts["spec"]["template"]["spec"]
+    c = spec["containers"][0]
+    assert c["image"] == "chrislusf/seaweedfs:3.85"
+    script = c["args"][0]
+    assert "weed server" in script and "-s3.port=8333" in script and "s3.bucket.create" in script
+    assert {e["name"]: e.get("value") for e in c["env"]}["BUCKET"] == "cairn"
+    # Ready only once its bucket exists; its data on a claim of its own.
+    assert c["readinessProbe"]["exec"]["command"] == ["test", "-f", "/data/.bucket-ready"]
+    claim = sts["spec"]["volumeClaimTemplates"][0]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "50Gi"
+    check_container_restricted(f"StatefulSet/{name}", c)
+    assert spec["automountServiceAccountToken"] is False
+    service = one(docs, "Service", name)
+    assert service["spec"]["ports"] == [{"name": "s3", "port": 8333, "targetPort": "s3", "protocol": "TCP"}]
+    secret = one(docs, "Secret", name)
+    keys = {k: base64.b64decode(v).decode() for k, v in secret["data"].items()}
+    assert set(keys) == {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+    assert len(keys["AWS_ACCESS_KEY_ID"]) == 20 and len(keys["AWS_SECRET_ACCESS_KEY"]) == 40
+    assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    # An existing Secret of credentials: the chart makes none.
+    docs = render(set_args({"objectStore.bundled.existingSecret": "my-s3"}))
+    assert not [s for s in of_kind(docs, "Secret") if s["metadata"]["name"] == name]
+    env = {e["name"]: e for e in worker_container(docs)["env"]}
+    assert env["AWS_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"]["name"] == "my-s3"
+    # With a store of one's own the bundled one is off, and both at once is refused.
+    err = render_fails(set_args({"worker.snapshotStore.url": "s3://mine/cairn"}))
+    assert "objectStore.bundled.enabled is true but worker.snapshotStore.url is set" in err, err
+
+
+def test_pod_local_artifacts_with_more_than_one_worker_are_refused():
+    err = render_fails(["--set", "objectStore.bundled.enabled=false"])
+    assert "worker.replicas is 2 but the workers' artifacts are pod-local" in err, err
+    # Every problem at once, not the first alone.
+    err = render_fails(["--set", "objectStore.bundled.enabled=false", "--set", "scheduler.preStopSeconds=40"])
+    assert "2 problem(s) in the values" in err and "scheduler.preStopSeconds" in err, err
+    render(["--set", "objectStore.bundled.enabled=false", "--set", "worker.replicas=1"])
+    render(["-f", os.path.join(CI_DIR, "artifacts-claim-values.yaml")])
 
 
 def test_worker_workspace_volumes():
@@ -1206,14 +1293,16 @@ def main():
 def test_worker_sandbox_settings():
     docs = render()
     env = container_env(docs, worker_container(docs))
-    assert env["CAIRN_SANDBOX"] == "auto"
+    # Required: a worker pod that cannot isolate steps runs none, and says why.
+    assert env["CAIRN_SANDBOX"] == "required"
     assert env["CAIRN_STEP_NETWORK"] == "true"
     assert env["CAIRN_STEP_MEMORY_MB"] == "8192"
     assert env["CAIRN_STEP_PIDS"] == "4096"
     assert env["CAIRN_STEP_CPU_SECONDS"] == "0"
     assert env["CAIRN_STEP_OPEN_FILES"] == "65536"
     spec = worker(docs)["spec"]["template"]["spec"]
-    assert "runtimeClassName" not in spec and "hostUsers" not in spec
+    # The grant the sandbox needs is on by default.
+    assert "runtimeClassName" not in spec and spec["hostUsers"] is False
     for label, args in value_sets():
         docs = render(args)
         env = container_env(docs, worker_container(docs))
@@ -1256,6 +1345,321 @@ def test_worker_sandbox_grant():
     assert sc["seccompProfile"] == {"type": "Localhost", "localhostProfile": "profiles/cairn-sandbox.json"}
     err = render_fails(grant + set_args({"worker.sandbox.seccompProfile.type": "Localhost"}))
     assert "localhostProfile" in err, err
+
+
+# ---------------------------------------------------------------- ingress, alerts, dashboard, helm test
+
+OPERABILITY = ["-f", os.path.join(CI_DIR, "operability-values.yaml")]
+DASHBOARD_FILE = os.path.join(CHART, "files", "cairn-dashboard.json")
+RULE_TEMPLATE = os.path.join(CHART, "templates", "prometheusrule.yaml")
+# Metrics registered with registry.register() rather than register_metrics!: their kind,
+# which the call does not show (each is checked to be registered exactly so).
+DIRECT_REGISTRATIONS = {
+    "dependency_up": "gauge",  # crates/common/src/health.rs: Family<_, Gauge>
+    "worker_step_egress_refused_packets": "counter",  # crates/worker/src/metrics.rs: isolation.refused()
+    "worker_sandbox_capability": "gauge",  # crates/worker/src/metrics.rs: Family<_, Gauge>
+}
+# PromQL words the rules and the dashboard may use besides metric names.
+PROMQL_WORDS = {
+    "sum", "min", "max", "avg", "count", "rate", "increase", "histogram_quantile", "vector",
+    "by", "on", "and", "or", "unless", "absent",
+}
+# Labels that pick a release's series (the Prometheus Operator's target labels).
+SCOPE_LABELS = {"namespace", "job"}
+
+
+def exported_metrics():
+    """{name: kind} of every series the binaries export: each register_metrics! entry and
+    registry.register call in crates/*/src, prefixed "cairn_" (the registry's prefix), a
+    counter with "_total", a histogram as "_bucket", "_sum" and "_count" (prometheus-client's
+    text format)."""
+    kinds, direct = {}, set()
+    for path in glob.glob(os.path.join(REPO, "crates", "*", "src", "**", "*.rs"), recursive=True):
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        fields = {}
+        for field, ty in re.findall(r"^\s*pub (\w+): (.+),\s*$", text, re.M):
+            fields.setdefault(field, set()).add(ty)
+        for block in re.findall(r"register_metrics!\(\s*\w+;(.*?)\);", text, re.S):
+            for name, field in re.findall(r'"([a-z_]+)",\s*"(?:[^"\\]|\\.)*"\s*=>\s*\w+\.(\w+);', block):
+                # The field's metric type (another struct of the file may share the name).
+                found = {
+                    "histogram" if "Histogram" in ty else "counter" if "Counter" in ty else "gauge"
+                    for ty in fields.get(field, ())
+                    if re.search(r"\b(Histogram|Counter|Gauge)\b", ty)
+                }
+                assert len(found) == 1, f"{path}: {name}: field {field} is {fields.get(field)}"
+                kinds[name] = found.pop()
+        direct |= set(re.findall(r'registry\.register\(\s*"([a-z_]+)"', text))
+    assert direct == set(DIRECT_REGISTRATIONS), f"registry.register calls: {sorted(direct)}"
+    kinds.update(DIRECT_REGISTRATIONS)
+    names = {}
+    for base, kind in kinds.items():
+        full = f"cairn_{base}"
+        if kind == "counter":
+            names[f"{full}_total"] = kind
+        elif kind == "histogram":
+            for suffix in ("_bucket", "_sum", "_count"):
+                names[full + suffix] = kind
+        else:
+            names[full] = kind
+    # The metrics docs/OPERATING.md lists, so the parsing above cannot come back empty.
+    for name in ("cairn_runs_admitted_total", "cairn_dependency_up", "cairn_reaper_leader",
+                 "cairn_worker_claim_latency_seconds_bucket", "cairn_outbox_publish_failures_total",
+                 "cairn_sweeper_needs_reconciliation_total", "cairn_reaper_items_total"):
+        assert name in names, f"{name} not found among the registrations"
+    return names
+
+
+def reaper_rule_outcomes():
+    """(rule, outcome) pairs cairn_reaper_items_total carries (ReaperMetrics::observe)."""
+    pairs = set(re.findall(r'self\.count\("(\w+)", "(\w+)"', _read_source("crates/reaper/src/lib.rs")))
+    assert ("reclaim", "failed") in pairs, pairs
+    return pairs
+
+
+def sandbox_capabilities():
+    text = _read_source("crates/worker/src/isolation/probe.rs")
+    body = re.search(r"fn capabilities\(&self\).*?\[(.*?)\]\s*\}", text, re.S).group(1)
+    return set(re.findall(r'\("(\w+)",', body))
+
+
+def promql_uses(expr):
+    """(metric names, [(metric, label, op, value)], grouping labels) of a PromQL
+    expression; every other word must be PromQL's."""
+    matchers, grouping = [], set()
+    for metric, body in re.findall(r"([A-Za-z_:][A-Za-z0-9_:]*)\s*\{([^}]*)\}", expr):
+        for label, op, value in re.findall(r'(\w+)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"', body):
+            matchers.append((metric, label, op, value))
+    for group in re.findall(r"\b(?:by|on)\s*\(([^)]*)\)", expr):
+        grouping |= {g.strip() for g in group.split(",") if g.strip()}
+    bare = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\b(?:by|on)\s*\([^)]*\)", " ", expr)
+    words = set(re.findall(r"[A-Za-z_:][A-Za-z0-9_:]*", bare)) - PROMQL_WORDS
+    return words, matchers, grouping
+
+
+def check_promql(where, expr, exported):
+    metrics, matchers, grouping = promql_uses(expr)
+    assert metrics, f"{where}: no metric in {expr!r}"
+    unknown = metrics - set(exported)
+    assert not unknown, f"{where}: {sorted(unknown)} are not exported by the code (or not PromQL)"
+    pairs = reaper_rule_outcomes()
+    for metric, label, op, value in matchers:
+        if label in SCOPE_LABELS:
+            continue
+        values = value.split("|") if op == "=~" else [value]
+        if metric == "cairn_reaper_items_total":
+            assert label in ("rule", "outcome"), f"{where}: {metric} has no label {label}"
+            known = {p[0] if label == "rule" else p[1] for p in pairs}
+            assert set(values) <= known, f"{where}: {metric}{{{label}}} never is {values}"
+        elif metric == "cairn_dependency_up":
+            known = set(re.findall(r'record\("(\w+)"', _read_source("crates/common/src/health.rs")))
+            assert label == "dependency" and set(values) <= known, f"{where}: {label}={values}"
+        elif metric == "cairn_worker_sandbox_capability":
+            assert label == "capability" and set(values) <= sandbox_capabilities(), f"{where}: {label}={values}"
+        else:
+            raise AssertionError(f"{where}: {metric} is matched on {label}, which the code does not set")
+    labels_of = {"cairn_dependency_up": {"dependency"}, "cairn_reaper_items_total": {"rule", "outcome"},
+                 "cairn_worker_sandbox_capability": {"capability"}}
+    allowed = SCOPE_LABELS | {"le"} | set().union(*(labels_of.get(m, set()) for m in metrics))
+    assert grouping <= allowed, f"{where}: groups by {sorted(grouping - allowed)}"
+    # Reaper outcomes that exist together: rule and outcome of one matcher set pair up.
+    rules = [v for m, l, o, v in matchers if m == "cairn_reaper_items_total" and l == "rule"]
+    outcomes = [v for m, l, o, v in matchers if m == "cairn_reaper_items_total" and l == "outcome"]
+    for r in rules:
+        for o in outcomes:
+            for one_rule in r.split("|"):
+                assert (one_rule, o) in pairs, f"{where}: the reaper never counts rule {one_rule} as {o}"
+
+
+def alert_rules(docs):
+    (rule,) = of_kind(docs, "PrometheusRule")
+    return {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+
+
+def test_operability_objects_off_by_default():
+    """The Ingress, the PrometheusRule and the dashboard are off by default. The helm test
+    Pod is on (tests.enabled: Helm creates it only on "helm test") but is rendered only when
+    a token can be there: not with the defaults, which have no bootstrap token."""
+    docs = render()
+    for kind in ("Ingress", "PrometheusRule", "Pod"):
+        assert not of_kind(docs, kind), f"{kind} rendered by default"
+    names = [cm["metadata"]["name"] for cm in of_kind(docs, "ConfigMap")]
+    assert f"{RELEASE}-cairn-dashboard" not in names, names
+    values = effective_values([])
+    assert values["ingress"]["enabled"] is False
+    assert values["metrics"]["prometheusRule"]["enabled"] is False
+    assert values["metrics"]["dashboard"]["enabled"] is False
+    assert values["tests"]["enabled"] is True
+
+
+def test_ingress_routes_to_the_scheduler_service():
+    docs = render(OPERABILITY)
+    (ing,) = of_kind(docs, "Ingress")
+    svc = component(docs, "Service", "scheduler")
+    port = svc["spec"]["ports"][0]["port"]
+    assert ing["apiVersion"] == "networking.k8s.io/v1"
+    assert ing["spec"]["ingressClassName"] == "nginx"
+    assert ing["spec"]["tls"] == [{"secretName": "cairn-tls", "hosts": ["cairn.example.com"]}]
+    assert ing["metadata"]["annotations"]["cert-manager.io/cluster-issuer"] == "letsencrypt"
+    (rule,) = ing["spec"]["rules"]
+    assert rule["host"] == "cairn.example.com"
+    for path in rule["http"]["paths"]:
+        assert path["backend"] == {"service": {"name": svc["metadata"]["name"], "port": {"number": port}}}
+    assert [p["path"] for p in rule["http"]["paths"]] == ["/"], "the API and the console share /"
+    # The defaults: every host, "/", no TLS; the backend follows the Service's port.
+    docs = render(["--set", "ingress.enabled=true", "--set", "scheduler.service.port=9000"])
+    (ing,) = of_kind(docs, "Ingress")
+    (rule,) = ing["spec"]["rules"]
+    assert "host" not in rule and "tls" not in ing["spec"] and "ingressClassName" not in ing["spec"]
+    assert rule["http"]["paths"] == [{"path": "/", "pathType": "Prefix", "backend": {
+        "service": {"name": f"{RELEASE}-cairn-scheduler", "port": {"number": 9000}}}}]
+    for bad in (["--set", "ingress.bogus=1"],
+                ["--set", "ingress.enabled=true", "--set-string", "ingress.hosts[0].paths[0].pathType=Glob",
+                 "--set-string", "ingress.hosts[0].paths[0].path=/"],
+                ["--set-string", "ingress.tls[0].hosts[0]=a.example"],
+                ["--set-string", "ingress.hosts[0].host=Not A Host"]):
+        render_fails(bad)
+
+
+def test_prometheus_rule_uses_only_exported_metrics():
+    exported = exported_metrics()
+    docs = render(OPERABILITY)
+    (rule,) = of_kind(docs, "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    rules = alert_rules(docs)
+    with open(os.path.join(CHART, "values.schema.json"), encoding="utf-8") as f:
+        schema = json.load(f)
+    names = schema["properties"]["metrics"]["properties"]["prometheusRule"]["properties"]["disabled"]["items"]["enum"]
+    assert set(rules) == set(names), f"alerts {sorted(rules)} != the schema's {sorted(names)}"
+    with open(RULE_TEMPLATE, encoding="utf-8") as f:
+        listed = set(re.findall(r"^\s+(cairn_\w+)", f.read().split("*/", 1)[0], re.M))
+    services = {s["metadata"]["name"] for s in of_kind(docs, "Service")}
+    used = set()
+    for name, r in rules.items():
+        assert r["labels"]["severity"] in ("critical", "warning"), name
+        assert r["labels"]["team"] == "platform", f"{name}: alertLabels"
+        assert r["annotations"]["summary"] and r["annotations"]["description"], name
+        assert re.fullmatch(r"([0-9]+(ms|s|m|h|d))+", r["for"]), f"{name}: for {r.get('for')}"
+        check_promql(name, r["expr"], exported)
+        metrics, matchers, _ = promql_uses(r["expr"])
+        used |= metrics
+        # The default selector: this namespace and the jobs of this release's Services,
+        # the job label the Prometheus Operator gives a ServiceMonitor's targets.
+        jobs = [v for _, l, o, v in matchers if l == "job"]
+        assert jobs, f"{name}: not scoped to the release's jobs"
+        for job in jobs:
+            assert set(job.split("|")) <= services, f"{name}: job {job} is no Service of the release"
+        assert all(v == "default" for _, l, _, v in matchers if l == "namespace"), name
+    assert used <= listed, f"the template's list of metrics lacks {sorted(used - listed)}"
+    assert listed <= set(exported), f"the template lists {sorted(listed - set(exported))}"
+    assert rules["CairnClaimLatencyHigh"]["expr"].rstrip().endswith("> 20")
+    # What every alert needs exists: the ServiceMonitors' jobs are the rules' jobs.
+    monitored = {sel for sm in of_kind(docs, "ServiceMonitor")
+                 for sel in [sm["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"]]}
+    assert monitored == {"scheduler", "worker", "reaper"}
+    # A selector of one's own replaces the default everywhere; disabled alerts go.
+    docs = render(OPERABILITY + set_args({"metrics.prometheusRule.selector": r'cluster="eu-1"\,namespace="cairn"',
+                                          "metrics.prometheusRule.disabled[0]": "CairnClaimLatencyHigh"}))
+    rules = alert_rules(docs)
+    assert "CairnClaimLatencyHigh" not in rules
+    for name, r in rules.items():
+        _, matchers, _ = promql_uses(r["expr"])
+        assert not [m for m in matchers if m[1] == "job"], name
+        assert ("cluster", "eu-1") in [(l, v) for _, l, _, v in matchers], name
+    # Reclamation failures alert only where the reaper can reach the snapshots; no
+    # reaper, no reaper alerts.
+    for label, args in value_sets():
+        args = args + ["--set", "metrics.prometheusRule.enabled=true"]
+        docs = render(args)
+        shared = container_env(docs, worker_container(docs))["CAIRN_SNAPSHOTS_SHARED"] == "true"
+        assert ("CairnReaperFailing" in alert_rules(docs)) == shared, label
+    rules = alert_rules(render(["--set", "metrics.prometheusRule.enabled=true", "--set", "reaper.replicas=0"]))
+    assert not [n for n in rules if n.startswith("CairnReaper")], sorted(rules)
+    for bad in (["--set", "metrics.prometheusRule.bogus=1"],
+                ["--set-string", "metrics.prometheusRule.disabled[0]=CairnNope"],
+                ["--set", "metrics.prometheusRule.claimLatency.seconds=60"],
+                ["--set-string", "metrics.prometheusRule.workWaiting.window=15 minutes"],
+                ["--set-string", "metrics.prometheusRule.selector={job=\"x\"}"]):
+        render_fails(bad)
+
+
+def test_dashboard_is_json_on_real_metrics():
+    exported = exported_metrics()
+    with open(DASHBOARD_FILE, encoding="utf-8") as f:
+        text = f.read()
+    dashboard = json.loads(text)
+    exprs = []
+    for panel in dashboard["panels"]:
+        for target in panel.get("targets", []):
+            exprs.append((panel["title"], target["expr"]))
+            check_promql(f"panel {panel['title']!r}", target["expr"], exported)
+    assert len(exprs) >= 10, exprs
+    used = set().union(*(promql_uses(e)[0] for _, e in exprs))
+    for needed in ("cairn_runs_admitted_total", "cairn_flow_waiting", "cairn_worker_claim_latency_seconds_bucket",
+                   "cairn_sweeper_needs_reconciliation_total", "cairn_worker_jobs_claimed_total",
+                   "cairn_reaper_items_total", "cairn_reaper_leader", "cairn_outbox_published_total",
+                   "cairn_outbox_publish_failures_total", "cairn_dependency_up"):
+        assert needed in used, f"the dashboard shows no {needed}"
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids repeat"
+    docs = render(OPERABILITY)
+    cm = one(docs, "ConfigMap", f"{RELEASE}-cairn-dashboard")
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert cm["metadata"]["annotations"] == {"grafana_folder": "Cairn"}
+    assert json.loads(cm["data"]["cairn-dashboard.json"]) == dashboard
+    render_fails(["--set", "metrics.dashboard.bogus=1"])
+
+
+def test_helm_test_pod_runs_cairnctl_against_the_scheduler():
+    cli = _read_source("crates/cli/src/main.rs")
+    assert 'env = "CAIRN_SERVER"' in cli and 'env = "CAIRN_TOKEN"' in cli
+    runs_src = _read_source("crates/cli/src/commands/runs.rs")
+    assert "Submit {" in runs_src and "Watch {" in runs_src and "unclaimed_seconds: u64" in runs_src
+    docs = render(OPERABILITY)
+    (pod,) = of_kind(docs, "Pod")
+    ann = pod["metadata"]["annotations"]
+    assert ann["helm.sh/hook"] == "test"
+    assert ann["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never" and spec["activeDeadlineSeconds"] == 600
+    assert spec["automountServiceAccountToken"] is False
+    # The pod and container security contexts of the other pods.
+    assert spec["securityContext"] == component(docs, "Deployment", "scheduler")["spec"]["template"]["spec"]["securityContext"]
+    (c,) = spec["containers"]
+    check_container_restricted("test pod", c)
+    assert c["image"] == component(docs, "Deployment", "scheduler")["spec"]["template"]["spec"]["containers"][0]["image"]
+    script = c["args"][-1]
+    assert "cairnctl runs submit" in script and 'cairnctl runs watch "$run"' in script
+    svc = component(docs, "Service", "scheduler")
+    env = {e["name"]: e for e in c["env"]}
+    assert env["CAIRN_SERVER"]["value"] == f"http://{svc['metadata']['name']}:{svc['spec']['ports'][0]['port']}"
+    # The token: a file of the one key, never a variable of the spec.
+    assert "CAIRN_TOKEN" not in env and all("valueFrom" not in e for e in env.values())
+    assert not c.get("envFrom")
+    secret_volumes = [v for v in spec["volumes"] if "secret" in v or "projected" in v]
+    assert secret_volumes == [{"name": "token", "secret": {
+        "secretName": f"{RELEASE}-cairn", "defaultMode": 0o440, "optional": True,
+        "items": [{"key": "CAIRN_BOOTSTRAP_ADMIN_TOKEN", "path": "bootstrap-admin-token"}]}}]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert set(mounts) == {"tmp", "token"} and mounts["token"]["readOnly"] is True
+    assert env["TOKEN_FILE"]["value"] == f"{mounts['token']['mountPath']}/bootstrap-admin-token"
+    # The run's single step asks for no network (the chart's non-root worker has no NAT).
+    run_file = re.search(r"<<'RUN'\n(.*?)\nRUN\n", script, re.S).group(1)
+    run = yaml.safe_load(run_file)
+    assert run["agent"] and len(run["steps"]) == 1 and run["steps"][0]["network"] is False
+    # No token configured: no test Pod; an existing Secret's key, under its own name.
+    assert not of_kind(render(), "Pod")
+    assert not of_kind(render(OPERABILITY + ["--set", "tests.enabled=false"]), "Pod")
+    docs = render(["--set-string", "secrets.existingSecret=conn",
+                   "--set-string", "secrets.keys.bootstrapAdminToken=admin-token"], bare=True)
+    (pod,) = of_kind(docs, "Pod")
+    (vol,) = [v for v in pod["spec"]["volumes"] if "secret" in v]
+    assert vol["secret"]["secretName"] == "conn"
+    assert vol["secret"]["items"] == [{"key": "admin-token", "path": "bootstrap-admin-token"}]
+    assert "'admin-token' of the Secret 'conn'" in pod["spec"]["containers"][0]["args"][-1]
+    render_fails(["--set", "tests.bogus=1"])
 
 
 if __name__ == "__main__":
