@@ -11,9 +11,12 @@ ENV CARGO_TERM_COLOR=never
 COPY . .
 # The registry cache only speeds up rebuilds; target/ stays in the layer so the
 # binaries can be copied out below.
+# The image's binaries are stripped of their symbol tables too (a local release build
+# keeps them, for backtraces with function names): a panic still prints its message and
+# source location.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/usr/local/cargo/git \
-    cargo build --release --locked --bins
+    CARGO_PROFILE_RELEASE_STRIP=symbols cargo build --release --locked --bins
 
 # ---- runtime -------------------------------------------------------------------------
 FROM debian:bookworm-slim
