@@ -14,6 +14,8 @@ const SECRET_SETTINGS: &[(&str, bool)] = &[
     ("CAIRN_AMQP_URL", false),
     // Optional in a mounted Secret: a missing key leaves no file, and no token.
     ("CAIRN_BOOTSTRAP_ADMIN_TOKEN", true),
+    // cairnctl's API token, e.g. in a pod that mounts it from a Secret.
+    ("CAIRN_TOKEN", false),
 ];
 
 /// Reads each `<NAME>_FILE` set in `env`. Setting both `<NAME>` and `<NAME>_FILE` is

@@ -55,6 +55,7 @@ pub mod verification;
 pub mod workspace;
 
 use anyhow::Context;
+use backon::Retryable;
 use cairn_common::health::{self, AmqpStatus, Readiness};
 use cairn_common::lease::Leases;
 use cairn_common::queue::{JobQueue, Topology};
@@ -424,8 +425,15 @@ async fn custody_settings(
     let snapshot_store = config.snapshot_store(artifacts_dir);
     let store = cairn_snapshot::Repository::open(&snapshot_store)
         .with_context(|| format!("opening the snapshot store {snapshot_store}"))?;
-    let store_id = store
-        .identity()
+    // An object store started with the worker (the chart's bundled one) may not answer
+    // yet: a start waits for it a while, saying so, rather than crash-looping.
+    let waiting = backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(5))
+        .with_max_times(30);
+    let store_id = (|| store.identity())
+        .retry(waiting)
+        .notify(|e, wait| tracing::warn!(error = %e, ?wait, store = %snapshot_store, "the snapshot store did not answer; retrying"))
         .await
         .with_context(|| format!("reading the identity of the snapshot store {snapshot_store}"))?;
     Ok(custody::CustodySettings {

@@ -348,8 +348,14 @@ STEP_DENIED_V4 = ["0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "16
 STEP_DENIED_V6 = ["::1/128", "::ffff:0:0/96", "fc00::/7", "fe80::/10", "ff00::/8"]
 
 
+def worker_policies(docs):
+    """The worker's NetworkPolicy (the bundled object store has one of its own)."""
+    return [d for d in of_kind(docs, "NetworkPolicy")
+            if d["metadata"]["labels"]["app.kubernetes.io/component"] == "worker"]
+
+
 def test_worker_network_policy_is_on_by_default_and_matches_the_step_filter():
-    (np,) = of_kind(render(), "NetworkPolicy")
+    (np,) = worker_policies(render())
     dns, store, platform, steps = np["spec"]["egress"]
     # The bundled object store, a pod of the release, on its port only.
     assert store["ports"] == [{"port": 8333, "protocol": "TCP"}]
@@ -367,13 +373,13 @@ def test_worker_network_policy_is_on_by_default_and_matches_the_step_filter():
     for cidr in STEP_DENIED_V4 + STEP_DENIED_V6:
         assert f'"{cidr}"' in source, cidr
     assert "ports" not in steps, "steps reach the public internet on any port"
-    assert not of_kind(render(["--set", "worker.networkPolicy.enabled=false"]), "NetworkPolicy")
+    assert not worker_policies(render(["--set", "worker.networkPolicy.enabled=false"]))
 
 
 def test_worker_network_policy():
     docs = render(PRODUCTION)
     values = effective_values(PRODUCTION)["worker"]["networkPolicy"]
-    (np,) = of_kind(docs, "NetworkPolicy")
+    (np,) = worker_policies(docs)
     spec = np["spec"]
     assert spec["podSelector"] == worker(docs)["spec"]["selector"], "the worker pods, and only them"
     assert spec["policyTypes"] == ["Ingress", "Egress"]
@@ -387,12 +393,12 @@ def test_worker_network_policy():
     rule = ["--set-json", "worker.networkPolicy.egress=[{\"ports\": [{\"port\": 5432}]}]",
             "--set-json", "worker.networkPolicy.stepEgress=[]"]
     docs = render(["--set", "worker.networkPolicy.enabled=true"] + rule)
-    (np,) = of_kind(docs, "NetworkPolicy")
+    (np,) = worker_policies(docs)
     assert np["spec"]["ingress"] == [{"ports": [{"port": 9090, "protocol": "TCP"}]}]
     assert "to" not in np["spec"]["egress"][0]
     docs = render(["--set", "worker.networkPolicy.enabled=true", "--set", "worker.networkPolicy.dns.enabled=false"]
                   + rule)
-    egress = of_kind(docs, "NetworkPolicy")[0]["spec"]["egress"]
+    egress = worker_policies(docs)[0]["spec"]["egress"]
     # The bundled object store's rule, then the given one.
     assert len(egress) == 2 and egress[1] == {"ports": [{"port": 5432}]}, egress
     err = render_fails(["--set-json", "worker.networkPolicy.egress=[]"])

@@ -1174,9 +1174,22 @@ def test_bundled_object_store():
     sts = one(docs, "StatefulSet", name)
     spec = sts["spec"]["template"]["spec"]
     c = spec["containers"][0]
-    assert c["image"] == "chrislusf/seaweedfs:3.85"
+    assert c["image"] == "chrislusf/seaweedfs:4.19"
     script = c["args"][0]
-    assert "weed server" in script and "-s3.port=8333" in script and "s3.bucket.create" in script
+    # Only the S3 gateway listens beyond loopback; volumes sized from the disk.
+    assert "weed -logtostderr server -dir=/data -ip=127.0.0.1 -ip.bind=127.0.0.1 -filer" in script
+    assert "-volume.max=0" in script and "s3.bucket.create" in script
+    assert "weed -logtostderr s3 -ip.bind=0.0.0.0 -port=8333 -config=/tmp/s3.json" in script
+    np = one(docs, "NetworkPolicy", name)
+    assert np["spec"]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "object-store"
+    (rule,) = np["spec"]["ingress"]
+    assert rule["ports"] == [{"port": 8333, "protocol": "TCP"}]
+    assert sorted(p["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for p in rule["from"]) == \
+        ["reaper", "scheduler", "worker"]
+    # A StatefulSet's name leaves room for its pods' revision label.
+    long = render(set_args({"fullnameOverride": "c" * 60}))
+    (sts_long,) = [d for d in long if d["kind"] == "StatefulSet"]
+    assert len(sts_long["metadata"]["name"]) <= 52
     assert {e["name"]: e.get("value") for e in c["env"]}["BUCKET"] == "cairn"
     # Ready only once its bucket exists; its data on a claim of its own.
     assert c["readinessProbe"]["exec"]["command"] == ["test", "-f", "/data/.bucket-ready"]
@@ -1645,6 +1658,10 @@ def test_helm_test_pod_runs_cairnctl_against_the_scheduler():
     mounts = {m["name"]: m for m in c["volumeMounts"]}
     assert set(mounts) == {"tmp", "token"} and mounts["token"]["readOnly"] is True
     assert env["TOKEN_FILE"]["value"] == f"{mounts['token']['mountPath']}/bootstrap-admin-token"
+    # cairnctl reads it from that file itself (crates/common/src/secret_files.rs).
+    assert env["CAIRN_TOKEN_FILE"]["value"] == env["TOKEN_FILE"]["value"]
+    assert '("CAIRN_TOKEN", false)' in _read_source("crates/common/src/secret_files.rs")
+    assert "export CAIRN_TOKEN" not in script
     # The run's single step asks for no network (the chart's non-root worker has no NAT).
     run_file = re.search(r"<<'RUN'\n(.*?)\nRUN\n", script, re.S).group(1)
     run = yaml.safe_load(run_file)
