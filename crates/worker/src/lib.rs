@@ -79,15 +79,10 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     let listener = tokio::net::TcpListener::bind(config.metrics_listen)
         .await
         .with_context(|| format!("binding {}", config.metrics_listen))?;
-
-    let isolation = match isolation::Isolation::start(config.isolation(&workspaces_dir)) {
+    let isolation = match start_isolation(&config, &workspaces_dir)? {
         Ok(isolation) => isolation,
-        Err(why) if config.sandbox == isolation::Mode::Required => {
-            return refuse_work(listener, why, shutdown).await;
-        }
-        Err(why) => return Err(anyhow::Error::msg(why)),
+        Err(why) => return refuse_work(listener, why, shutdown).await,
     };
-    tracing::info!(isolation = %serde_json::to_string(isolation.report()).unwrap_or_default(), "step isolation");
     let mut registry = cairn_common::metrics::registry();
     let metrics = metrics::WorkerMetrics::register(&mut registry);
     metrics::register_isolation(&mut registry, &isolation);
@@ -140,12 +135,12 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
 
     take_work(worker, consumers, &shutdown, &drain).await;
 
-    let grace = Duration::from_secs(config.kill_grace_seconds);
+    let (drain_time, grace) = (config.drain_seconds, config.kill_grace_seconds);
     drain_jobs(
         &jobs,
         &drain,
-        Duration::from_secs(config.drain_seconds),
-        grace,
+        Duration::from_secs(drain_time),
+        Duration::from_secs(grace),
     )
     .await;
     // Liveness keys still being deleted (each bounded, so this is short).
@@ -257,6 +252,23 @@ fn readiness(
         details,
         gauge,
         refused: None,
+    }
+}
+
+/// Starts the step isolation this host allows. Inside, `Err(reason)`: this worker must
+/// isolate steps (`CAIRN_SANDBOX=required`) and this host cannot.
+fn start_isolation(
+    config: &Config,
+    workspaces_dir: &std::path::Path,
+) -> anyhow::Result<Result<isolation::Isolation, String>> {
+    match isolation::Isolation::start(config.isolation(workspaces_dir)) {
+        Ok(isolation) => {
+            let report = serde_json::to_string(isolation.report()).unwrap_or_default();
+            tracing::info!(isolation = %report, "step isolation");
+            Ok(Ok(isolation))
+        }
+        Err(why) if config.sandbox == isolation::Mode::Required => Ok(Err(why)),
+        Err(why) => Err(anyhow::Error::msg(why)),
     }
 }
 
