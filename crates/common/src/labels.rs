@@ -67,19 +67,40 @@ pub fn check(labels: &Labels, field: &str) -> Result<(), Invalid> {
     Ok(())
 }
 
-/// Parses a selector, `key=value[,key=value…]`: every pair must match. The error says
-/// what is wrong with it.
-pub fn selector(text: &str) -> Result<Labels, String> {
+/// Why a selector was refused: it is malformed, or well formed but asks one key for two
+/// values, which no labels can match.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SelectorError {
+    Malformed(String),
+    Contradictory(String),
+}
+
+impl std::fmt::Display for SelectorError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SelectorError::Malformed(why) | SelectorError::Contradictory(why) => f.write_str(why),
+        }
+    }
+}
+
+/// Parses a selector, `key=value[,key=value…]`: every pair must match, so a pair given
+/// twice is asked once. The error says what is wrong with it.
+pub fn selector(text: &str) -> Result<Labels, SelectorError> {
     let mut wanted = Labels::new();
     for pair in text.split(',') {
         let (key, value) = pair
             .split_once('=')
-            .ok_or_else(|| format!("{pair:?} is not key=value"))?;
-        if wanted.insert(key.to_string(), value.to_string()).is_some() {
-            return Err(format!("{key:?} is named twice"));
+            .ok_or_else(|| SelectorError::Malformed(format!("{pair:?} is not key=value")))?;
+        match wanted.insert(key.to_string(), value.to_string()) {
+            Some(earlier) if earlier != value => {
+                return Err(SelectorError::Contradictory(format!(
+                    "{key:?} is asked to be both {earlier:?} and {value:?}: no run can match"
+                )))
+            }
+            _ => {}
         }
     }
-    check(&wanted, "label").map_err(|e| e.message)?;
+    check(&wanted, "label").map_err(|e| SelectorError::Malformed(e.message))?;
     Ok(wanted)
 }
 
@@ -93,7 +114,16 @@ mod tests {
         assert_eq!(wanted.get("team").map(String::as_str), Some("search"));
         assert_eq!(wanted.len(), 2);
         assert!(selector("team").is_err());
-        assert!(selector("team=a,team=b").is_err());
+        assert!(matches!(
+            selector("team=a,team=b"),
+            Err(super::SelectorError::Contradictory(_))
+        ));
+        assert_eq!(
+            selector("team=a,team=a")
+                .expect("one pair, asked twice")
+                .len(),
+            1
+        );
         assert!(selector("Team=a").is_err(), "keys are lowercase");
         assert!(selector("team=a b").is_err());
         assert_eq!(

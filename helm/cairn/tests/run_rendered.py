@@ -233,8 +233,7 @@ class Pod:
         return value
 
     def environment(self, overrides):
-        # The image's PATH has the binaries in it.
-        env = {"PATH": f"{self.bin_dir}:{os.environ['PATH']}"}
+        env = {}
         for source in self.container.get("envFrom") or []:
             if "configMapRef" in source:
                 env.update(self.install.configmaps[source["configMapRef"]["name"]])
@@ -264,6 +263,9 @@ class Pod:
                     continue
             env[e["name"]] = value
         env = {k: self.localize(v) for k, v in env.items()}
+        # The image's PATH has the binaries in it. Set after the mounts are localized: a
+        # host directory may lie under a path the pod mounts (/tmp).
+        env["PATH"] = f"{self.bin_dir}:{os.environ['PATH']}"
         env.update(overrides)
         return env
 

@@ -52,6 +52,19 @@ async fn runs_are_found_by_label_rerun_and_cancelled_or_retried_in_bulk() {
         (400, Some("label")),
         "{error}"
     );
+    // A pair given twice is asked once; one key asked two values matches nothing: a 422.
+    let (status, page) = cluster.call("GET", "/api/v1/runs?label=team=search,team=search", None);
+    assert_eq!(
+        (status, page["runs"].as_array().map(Vec::len)),
+        (200, Some(3)),
+        "{page}"
+    );
+    let (status, error) = cluster.call("GET", "/api/v1/runs?label=team=search,team=ads", None);
+    assert_eq!(
+        (status, error["error"]["field"].as_str()),
+        (422, Some("label")),
+        "{error}"
+    );
 
     // A dry run counts and changes nothing; --yes acts.
     let (code, said) = ctl(

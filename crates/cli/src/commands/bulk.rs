@@ -85,7 +85,8 @@ pub async fn bulk(client: &Client, args: BulkArgs, json: bool) -> Result<u8, Cal
         filter["agent"] = json!(agent);
     }
     if let Some(selector) = label_selector(&args.labels)? {
-        let labels = cairn_common::labels::selector(&selector).map_err(usage)?;
+        let labels =
+            cairn_common::labels::selector(&selector).map_err(|why| usage(why.to_string()))?;
         filter["labels"] = json!(labels);
     }
     if let Some(since) = &args.since {

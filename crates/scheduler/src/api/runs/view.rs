@@ -226,7 +226,7 @@ pub struct RunPage {
 
 /// List runs, newest first.
 #[utoipa::path(get, operation_id = "list_runs", tag = "runs", path = "/api/v1/runs", params(ListQuery),
-    responses((status = 200, body = RunPage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)),
+    responses((status = 200, body = RunPage), (status = 400, body = ErrorBody), (status = 401, body = ErrorBody), (status = 422, body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn list(
     State(state): State<AppState>,
@@ -305,11 +305,18 @@ fn shown_state(asked: &str) -> Result<String, ApiError> {
     .with_field("state"))
 }
 
-/// A `label` filter as the JSON its rows must contain; a 400 naming what is wrong.
+/// A `label` filter as the JSON its rows must contain; a 400 naming what is wrong, or a
+/// 422 for a filter the document allows but no run can match (a key asked two values).
 pub fn label_filter(text: Option<&str>) -> Result<Option<serde_json::Value>, ApiError> {
+    use cairn_common::labels::SelectorError;
     let Some(text) = text else { return Ok(None) };
-    let wanted = cairn_common::labels::selector(text).map_err(|why| {
-        ApiError::bad_request("invalid_query", format!("label: {why}")).with_field("label")
+    let wanted = cairn_common::labels::selector(text).map_err(|why| match why {
+        SelectorError::Malformed(why) => {
+            ApiError::bad_request("invalid_query", format!("label: {why}")).with_field("label")
+        }
+        SelectorError::Contradictory(why) => {
+            ApiError::unprocessable("label", format!("label: {why}"))
+        }
     })?;
     Ok(Some(serde_json::to_value(wanted).unwrap_or_default()))
 }
