@@ -310,7 +310,7 @@ class Pod:
                 shutil.rmtree(self.mounts[mount["mountPath"]], ignore_errors=True)
 
 
-def scenario(install, pods, api, work, bin_dir):
+def scenario(install, pods, bin_dir):
     """The promised behaviour, on the running install."""
     schedulers, workers, reapers = pods["scheduler"], pods["worker"], pods["reaper"]
     call = lambda method, path, body=None, at=0: http(
@@ -342,7 +342,6 @@ def scenario(install, pods, api, work, bin_dir):
     run_id, request_id = admitted["run_id"], admitted["request_id"]
     wait_for("the second step to start", lambda: "read" in journal(run_id), 120)
     first = journal(run_id)["write"]
-    by_worker = {f"{p.name}": p for p in workers}
     holder = next((p for p in workers if first["worker"] and first["worker"].endswith(f"-{p.proc.pid}")), None)
     check("the first step ran isolated on a rendered worker",
           holder is not None and first.get("sandbox", {}).get("isolated") is True, json.dumps(first))
@@ -500,7 +499,7 @@ def main(argv):
             pod = Pod(install, test["metadata"]["name"], test, work, bin_dir).start()
             code = pod.proc.wait(300)
             check(f"helm test: {test['metadata']['name']} passes", code == 0, pod.tail())
-        scenario(install, pods, None, work, bin_dir)
+        scenario(install, pods, bin_dir)
         worker = next(d for d in install.workloads("Deployment")
                       if d["metadata"]["labels"]["app.kubernetes.io/component"] == "worker")
         cannot_isolate(install, pods, worker["spec"]["template"], work, bin_dir)
