@@ -59,6 +59,7 @@ pub mod metrics;
 pub mod network_policy;
 pub mod outbox;
 pub mod output;
+pub mod overview;
 pub mod policy;
 pub mod publication;
 pub mod qualification;

@@ -42,6 +42,11 @@ pub struct Config {
     /// their concurrency key, rate limit or priority.
     #[arg(long, env = "CAIRN_GATE_INTERVAL_SECONDS", default_value_t = 0.05)]
     pub gate_interval_seconds: f64,
+    /// Seconds per sample of the fleet overview (`GET /api/v1/overview`, the console's
+    /// charts): runs ended, queue depth, admission→start latency, workers.
+    #[arg(long, env = "CAIRN_OVERVIEW_INTERVAL_SECONDS", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..=300))]
+    pub overview_interval_seconds: u32,
     /// Seconds to let background work finish after SIGTERM.
     #[arg(long, env = "CAIRN_DRAIN_SECONDS", default_value_t = 10)]
     pub drain_seconds: u64,

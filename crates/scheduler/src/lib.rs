@@ -5,6 +5,7 @@
 //! - [`console`]: the operator console's static files, served at `/`.
 //! - [`sweeper`]: the lease sweeper (one leader at a time).
 //! - [`gate`]: the flow-control gate (one leader at a time).
+//! - [`overview`]: the fleet overview's sampler (one leader at a time).
 //! - [`sandbox_sweep`]: sandboxes whose owner's lease lapsed.
 //! - [`sandbox_expiry`]: sandbox timeouts (idle-anchored stop or destroy).
 //! - [`run`]: runs until the shutdown token is cancelled, then drains.
@@ -13,6 +14,7 @@ pub mod api;
 pub mod config;
 pub mod console;
 pub mod gate;
+pub mod overview;
 pub mod parked;
 pub mod sandbox_expiry;
 pub mod sandbox_sweep;
@@ -48,6 +50,35 @@ async fn bootstrap(pool: &sqlx::PgPool, config: &Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The loops that one scheduler at a time leads: the flow-control gate, the overview's
+/// sampler and the lease sweeper.
+fn spawn_leaders(
+    tasks: &TaskTracker,
+    pool: &sqlx::PgPool,
+    config: &Config,
+    gate_metrics: gate::GateMetrics,
+    sweeper_metrics: sweeper::SweeperMetrics,
+    shutdown: &CancellationToken,
+) {
+    tasks.spawn(gate::run(
+        pool.clone(),
+        Duration::from_secs_f64(config.gate_interval_seconds),
+        gate_metrics,
+        shutdown.clone(),
+    ));
+    tasks.spawn(overview::run(
+        pool.clone(),
+        config.overview_interval_seconds,
+        shutdown.clone(),
+    ));
+    tasks.spawn(sweeper::run(
+        pool.clone(),
+        Duration::from_secs_f64(config.sweep_interval_seconds),
+        sweeper_metrics,
+        shutdown.clone(),
+    ));
+}
+
 /// Connects to every service, serves HTTP on `config.listen` and relays the outbox until
 /// `shutdown` is cancelled.
 pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -81,18 +112,14 @@ pub async fn run(config: Config, shutdown: CancellationToken) -> anyhow::Result<
     )
     .with_batch_size(config.outbox_batch_size);
     tasks.spawn(relay.run(shutdown.clone()));
-    tasks.spawn(gate::run(
-        pool.clone(),
-        Duration::from_secs_f64(config.gate_interval_seconds),
+    spawn_leaders(
+        &tasks,
+        &pool,
+        &config,
         gate_metrics,
-        shutdown.clone(),
-    ));
-    tasks.spawn(sweeper::run(
-        pool.clone(),
-        Duration::from_secs_f64(config.sweep_interval_seconds),
         sweeper_metrics,
-        shutdown.clone(),
-    ));
+        &shutdown,
+    );
 
     let readiness = Readiness {
         postgres: Some(pool.clone()),

@@ -493,10 +493,19 @@ const WRITERS: &[(&str, &str, &[&str])] = &[
     (
         "execution_requests",
         "crates/common/src/request/",
-        // The journal charges a step's usage in its own statement.
-        &["crates/common/src/journal.rs"],
+        // The journal charges a step's usage in its own statement; the console bench's
+        // bulk load of 100,000 runs in a few statements.
+        &[
+            "crates/common/src/journal.rs",
+            "crates/bench/src/console.rs",
+        ],
     ),
-    ("runs", "crates/common/src/request/", &[]),
+    (
+        "runs",
+        "crates/common/src/request/",
+        // The console bench's bulk load.
+        &["crates/bench/src/console.rs"],
+    ),
     ("continuation_actions", "crates/common/src/request/", &[]),
     ("batch_admissions", "crates/common/src/request/", &[]),
     (
@@ -548,6 +557,7 @@ const WRITERS: &[(&str, &str, &[&str])] = &[
     ("tenants", "crates/common/src/tenant.rs", &[]),
     ("api_tokens", "crates/common/src/token.rs", &[]),
     ("sweeps", "crates/common/src/reaper_status.rs", &[]),
+    ("overview_samples", "crates/common/src/overview.rs", &[]),
 ];
 
 /// The tables the migrations create.

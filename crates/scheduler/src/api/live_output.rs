@@ -3,7 +3,7 @@
 //! what writes it ends.
 
 use crate::api::error::ApiError;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use cairn_common::output::escape;
@@ -82,10 +82,13 @@ pub struct Asked {
     pub stream: &'static str,
     pub following: bool,
     pub tail: Option<usize>,
+    /// When following again: the `id` of the last `output` event the client had (its
+    /// `Last-Event-ID`); the stream goes on after that chunk.
+    pub after: Option<u64>,
 }
 
 /// Checks the query's values together.
-pub fn asked(query: &OutputQuery) -> Result<Asked, ApiError> {
+pub fn asked(query: &OutputQuery, headers: &HeaderMap) -> Result<Asked, ApiError> {
     let stream = match query.stream.as_deref().unwrap_or("stdout") {
         "stdout" => "stdout",
         "stderr" => "stderr",
@@ -114,10 +117,22 @@ pub fn asked(query: &OutputQuery) -> Result<Asked, ApiError> {
         Some(n) => usize::try_from(n).ok(),
         None => None,
     };
+    let after = last_event_id(headers)?
+        .map(|id| {
+            id.parse::<u64>().map_err(|_| {
+                ApiError::bad_request(
+                    "invalid_query",
+                    "Last-Event-ID is the id of an output event this API sent",
+                )
+                .with_field("last_event_id")
+            })
+        })
+        .transpose()?;
     Ok(Asked {
         stream,
         following,
         tail,
+        after,
     })
 }
 
@@ -144,7 +159,7 @@ pub async fn open(url: &str, store_id: Uuid, what: &str) -> Result<ArtifactStore
 /// last `tail` only, read from the last chunks alone).
 pub async fn respond(pool: &PgPool, live: LiveStream, asked: &Asked) -> Result<Response, ApiError> {
     if asked.following {
-        return Ok(follow(pool.clone(), live).into_response());
+        return Ok(follow(pool.clone(), live, asked.after).into_response());
     }
     let keys = chunks(&live.store, &live.prefix).await?;
     let mut parts = Vec::new();
@@ -235,11 +250,13 @@ async fn ended(pool: &PgPool, source: &Source) -> bool {
 fn follow(
     pool: PgPool,
     live: LiveStream,
+    after: Option<u64>,
 ) -> Sse<impl futures::Stream<Item = Result<Event, std::convert::Infallible>>> {
     let state = Follower {
         pool,
         live,
         last: None,
+        after,
         stuck: 0,
         done: false,
     };
@@ -255,15 +272,18 @@ fn follow(
                 let unsent: Vec<&String> = keys
                     .iter()
                     .filter(|k| f.last.as_ref().is_none_or(|last| *k > last))
+                    .filter(|k| f.after.is_none_or(|after| sequence(k) > after))
                     .take(BATCH_CHUNKS)
                     .collect();
                 let mut batch = Vec::new();
                 let mut first = None;
+                let mut through = 0;
                 for key in &unsent {
                     match read(&f.live.store, key).await {
                         Ok(bytes) => {
                             batch.extend_from_slice(&bytes);
                             first.get_or_insert_with(|| sequence(key));
+                            through = sequence(key);
                             f.last = Some((*key).clone());
                             f.stuck = 0;
                         }
@@ -279,10 +299,13 @@ fn follow(
                 }
                 if let Some(seq) = first {
                     let data = serde_json::json!({"seq": seq, "text": escape(&batch)});
-                    return Some((
-                        Ok(Event::default().event("output").data(data.to_string())),
-                        f,
-                    ));
+                    // The id is the batch's last chunk: a client that comes back with it
+                    // as its Last-Event-ID gets what follows, nothing twice.
+                    let event = Event::default()
+                        .event("output")
+                        .id(through.to_string())
+                        .data(data.to_string());
+                    return Some((Ok(event), f));
                 }
                 if ended && unsent.is_empty() {
                     f.done = true;
@@ -301,6 +324,8 @@ struct Follower {
     live: LiveStream,
     /// The key of the last chunk sent (or skipped).
     last: Option<String>,
+    /// The client's Last-Event-ID: chunks up to it were sent on an earlier connection.
+    after: Option<u64>,
     /// Polls the next chunk has failed to read.
     stuck: u32,
     done: bool,
@@ -312,4 +337,17 @@ fn sequence(key: &str) -> u64 {
         .next()
         .and_then(|n| n.parse().ok())
         .unwrap_or_default()
+}
+
+/// The `Last-Event-ID` a reconnecting client sent, if any; one that is not text is a 400.
+pub fn last_event_id(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    headers
+        .get("last-event-id")
+        .map(|v| {
+            v.to_str().map_err(|_| {
+                ApiError::bad_request("invalid_query", "Last-Event-ID is not text")
+                    .with_field("last_event_id")
+            })
+        })
+        .transpose()
 }

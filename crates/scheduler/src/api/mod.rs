@@ -10,8 +10,9 @@
 //!   [`credentials`], [`tenants`], [`network_policy`], [`qualification`], [`publication`]: the routes. Continuations and verification handoffs each have a
 //!   pure `candidate` module: their rules as a function of facts and policy.
 //! - [`sandboxes`]: sandboxes (the lifecycle seed).
-//! - [`session`], [`workers`], [`reaper`]: who is calling; workers and their leases; the
-//!   reaper's last sweeps (the console's Operations page reads these).
+//! - [`session`], [`workers`], [`reaper`], [`overview`]: who is calling; workers and
+//!   their leases; the reaper's last sweeps; the fleet over time (the console reads
+//!   these).
 //! - [`state`]: what every handler shares (the pool, the counters).
 //! - [`openapi`]: the generated OpenAPI document.
 //! - [`router`]: every route, in groups; [`path`]: path ids; [`poll`]: the long poll of a
@@ -28,6 +29,7 @@ pub mod json;
 pub mod live_output;
 pub mod network_policy;
 pub mod openapi;
+pub mod overview;
 pub mod path;
 pub mod pause;
 pub mod policy;

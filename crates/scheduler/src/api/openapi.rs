@@ -1,8 +1,9 @@
 //! The OpenAPI 3 document, generated from the handlers' annotations and types.
 
 use super::{
-    continuation, credentials, error, network_policy, pause, policy, publication, qualification,
-    queues, reaper, runs, sandboxes, session, tenants, tokens, verification, workers,
+    continuation, credentials, error, network_policy, overview, pause, policy, publication,
+    qualification, queues, reaper, runs, sandboxes, session, tenants, tokens, verification,
+    workers,
 };
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -11,7 +12,7 @@ use utoipa::{Modify, OpenApi};
 #[openapi(
     info(title = "Cairn scheduler API", description = "Admission of runs, reviewed continuations and verification handoffs; sandboxes."),
     paths(
-        runs::admission::submit, runs::admission::submit_batch, runs::view::list, runs::view::counts,
+        runs::admission::submit, runs::admission::submit_batch, runs::view::list, runs::view::counts, runs::events::events,
         runs::view::show, runs::cancel, runs::view::execution_requests, runs::journal::journal, runs::output::output,
         runs::rerun::rerun, runs::bulk::bulk, runs::reconciliation::show, runs::reconciliation::list, runs::reconciliation::read, runs::reconciliation::decide, pause::pause, pause::resume, pause::show,
         policy::get_policy, policy::put_policy, qualification::show, qualification::set,
@@ -20,7 +21,7 @@ use utoipa::{Modify, OpenApi};
         continuation::final_candidate, continuation::final_action, continuation::final_status,
         verification::candidates, verification::adopt, verification::adoptions, verification::adoption,
         tokens::create, tokens::list, tokens::revoke, tenants::create, tenants::list,
-        network_policy::show, network_policy::set, session::show, credentials::rotate, workers::list, queues::show, reaper::show,
+        network_policy::show, network_policy::set, session::show, credentials::rotate, workers::list, queues::show, reaper::show, overview::show,
         sandboxes::create::create, sandboxes::view::list, sandboxes::view::show, sandboxes::view::operations,
         sandboxes::lifecycle::stop, sandboxes::lifecycle::pause, sandboxes::lifecycle::resume, sandboxes::lifecycle::destroy, sandboxes::lifecycle::extend,
         sandboxes::operations::exec, sandboxes::output::output, sandboxes::view::show_operation, sandboxes::operations::list, sandboxes::operations::read, sandboxes::operations::write,
@@ -46,6 +47,7 @@ use utoipa::{Modify, OpenApi};
         (name = "credentials", description = "Agent credentials."),
         (name = "workers", description = "The worker fleet and its leases."),
         (name = "reaper", description = "The reaper's sweeps and pending repairs."),
+        (name = "overview", description = "The fleet over time: the console's charts."),
     ),
     modifiers(&BearerAuth)
 )]
@@ -229,6 +231,12 @@ fn complete(doc: &mut serde_json::Value) {
                     if name == "Idempotency-Key" {
                         param["schema"] =
                             json!({"type": "string", "pattern": "^[!-~]([ -~]{0,253}[!-~])?$"});
+                    }
+                    // An event stream's position: a chunk's number, or the run feed's
+                    // `XID[_RUNID]`.
+                    if name == "Last-Event-ID" {
+                        param["schema"] =
+                            json!({"type": "string", "pattern": "^[0-9]{1,20}(_[0-9a-f]{32})?$"});
                     }
                     if param["in"] != "path" {
                         continue;

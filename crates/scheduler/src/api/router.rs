@@ -2,9 +2,9 @@
 
 use super::error::ApiError;
 use super::{
-    continuation, credentials, network_policy, openapi, pause, policy, publication, qualification,
-    queues, reaper, runs, sandboxes, session, tenancy, tenants, tokens, verification, workers,
-    AppState,
+    continuation, credentials, network_policy, openapi, overview, pause, policy, publication,
+    qualification, queues, reaper, runs, sandboxes, session, tenancy, tenants, tokens,
+    verification, workers, AppState,
 };
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{any, get, post, put};
@@ -62,6 +62,7 @@ fn run_routes() -> Router<AppState> {
         .route("/api/v1/runs/batch", post(runs::admission::submit_batch))
         .route("/api/v1/runs/bulk", post(runs::bulk::bulk))
         .route("/api/v1/runs/counts", get(runs::view::counts))
+        .route("/api/v1/runs/events", get(runs::events::events))
         .route("/api/v1/runs/{run_id}", get(runs::view::show))
         .route("/api/v1/runs/{run_id}/cancel", post(runs::cancel))
         .route("/api/v1/runs/{run_id}/rerun", post(runs::rerun::rerun))
@@ -284,6 +285,7 @@ fn platform_routes() -> Router<AppState> {
         .route("/api/v1/workers", get(workers::list))
         .route("/api/v1/queues", get(queues::show))
         .route("/api/v1/reaper", get(reaper::show))
+        .route("/api/v1/overview", get(overview::show))
         .route("/api/v1/session", get(session::show))
         .route(
             "/api/v1/agents/{agent}/credentials/rotate",

@@ -7,6 +7,7 @@ mod continuation;
 mod credentials;
 mod harness;
 mod lifecycle;
+mod live;
 mod openapi;
 mod operations;
 mod parked;

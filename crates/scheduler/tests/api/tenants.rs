@@ -97,7 +97,7 @@ impl Owned {
 }
 
 /// Makes tenant `beta` and an admin token of it.
-async fn beta_admin(api: &Api) -> String {
+pub(super) async fn beta_admin(api: &Api) -> String {
     let (status, tenant) = api
         .post(
             "/api/v1/tenants",

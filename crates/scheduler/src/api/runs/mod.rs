@@ -3,6 +3,7 @@
 //!
 //! - [`admission`]: submitting one run or a batch.
 //! - [`view`]: reading runs and their execution requests.
+//! - [`events`]: the runs that change, as server-sent events.
 //! - [`journal`](mod@journal): a run's journal.
 //! - [`output`](mod@output): a step's output, read or followed.
 //! - [`reconciliation`]: a run that needs a person, and the decisions on its steps.
@@ -11,6 +12,7 @@
 
 pub mod admission;
 pub mod bulk;
+pub mod events;
 pub mod journal;
 pub mod output;
 pub mod reconciliation;

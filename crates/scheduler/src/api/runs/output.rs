@@ -18,9 +18,12 @@ use uuid::Uuid;
 /// `follow=true`, `text/event-stream` events while it runs: `output` events, each
 /// `{"seq": N, "text": …}` (the bytes in Cairn's escaped text form, see
 /// `cairn_common::output`), then one `end` event, `{"epoch": N}`, when the attempt at
-/// that lease epoch has ended (its receipt, or another attempt took the request).
+/// that lease epoch has ended (its receipt, or another attempt took the request). Each
+/// `output` event's `id` is its last chunk's sequence number: sent back as
+/// `Last-Event-ID`, the stream goes on after it, so a reconnect shows nothing twice.
 #[utoipa::path(get, operation_id = "get_step_output", tag = "runs", path = "/api/v1/runs/{run_id}/steps/{step_key}/output",
-    params(("run_id" = String, Path), ("step_key" = String, Path), OutputQuery),
+    params(("run_id" = String, Path), ("step_key" = String, Path), OutputQuery,
+        ("Last-Event-ID" = Option<String>, Header, description = "With follow: the id of the last output event had; the stream goes on after it")),
     responses(
         (status = 200, description = "The output's bytes, or its events when following", content(
             (Vec<u8> = "application/octet-stream"),
@@ -36,6 +39,7 @@ pub async fn output(
     caller: Caller,
     Path((run_id, step_key)): Path<(String, String)>,
     query: Result<Query<OutputQuery>, axum::extract::rejection::QueryRejection>,
+    headers: axum::http::HeaderMap,
 ) -> Result<Response, ApiError> {
     caller.require(Role::Viewer)?;
     let run_id = path_id(&run_id, "run_id")?;
@@ -47,7 +51,7 @@ pub async fn output(
         )
         .with_field("step_key"));
     }
-    let asked = live_output::asked(&query)?;
+    let asked = live_output::asked(&query, &headers)?;
     let live = locate(&state.pool, run_id, &step_key, asked.stream).await?;
     live_output::respond(&state.pool, live, &asked).await
 }

@@ -84,8 +84,8 @@ pub struct RunView {
 }
 
 #[derive(sqlx::FromRow)]
-struct RunRow {
-    id: Uuid,
+pub(super) struct RunRow {
+    pub(super) id: Uuid,
     request_id: Uuid,
     tenant_id: String,
     agent: String,
@@ -119,7 +119,7 @@ struct RunRow {
     finished_at: Option<DateTime<Utc>>,
 }
 
-const RUN_SELECT: &str =
+pub(super) const RUN_SELECT: &str =
     "SELECT r.id, e.id AS request_id, r.tenant_id, r.agent, r.repository, r.git_ref,
         CASE WHEN r.state = 'running' AND e.paused_at IS NOT NULL THEN 'paused' ELSE r.state END AS state,
         r.steps, r.labels, r.rerun_of, r.concurrency_key, r.concurrency_limit, r.priority, r.rate_key,
@@ -207,6 +207,9 @@ pub struct ListQuery {
         pattern = "^[a-z0-9._/-]{1,63}=[A-Za-z0-9._-]{0,63}(,[a-z0-9._/-]{1,63}=[A-Za-z0-9._-]{0,63}){0,31}$"
     )]
     pub label: Option<String>,
+    /// Only runs whose id starts with these hex digits (4 to 32).
+    #[param(pattern = "^[0-9a-f]{4,32}$")]
+    pub run_id: Option<String>,
     /// Page size, 1..=500 (default 50).
     #[param(minimum = 1, maximum = 500)]
     pub limit: Option<i64>,
@@ -244,6 +247,7 @@ pub async fn list(
     let run_state = query.state.as_deref().map(shown_state).transpose()?;
     check_agent_filter(query.agent.as_deref())?;
     let labels = label_filter(query.label.as_deref())?;
+    let ids = query.run_id.as_deref().map(id_range).transpose()?;
     let cursor = cursor::from_query(query.cursor.as_deref())?;
     let rows: Vec<RunRow> = sqlx::query_as(&format!(
         "{RUN_SELECT}
@@ -254,6 +258,7 @@ pub async fn list(
             AND ($6::text IS NULL OR r.tenant_id = $6)
             AND ($7::jsonb IS NULL OR r.labels @> $7)
             AND ($2::timestamptz IS NULL OR (r.created_at, r.id) < ($2, $3))
+            AND ($8::uuid IS NULL OR r.id BETWEEN $8 AND $9)
           ORDER BY r.created_at DESC, r.id DESC
           LIMIT $4"
     ))
@@ -264,6 +269,8 @@ pub async fn list(
     .bind(&query.agent)
     .bind(caller.scope())
     .bind(labels)
+    .bind(ids.map(|(low, _)| low))
+    .bind(ids.map(|(_, high)| high))
     .fetch_all(&state.pool)
     .await?;
     let mut runs: Vec<RunView> = rows.into_iter().map(RunView::from).collect();
@@ -321,6 +328,28 @@ pub fn label_filter(text: Option<&str>) -> Result<Option<serde_json::Value>, Api
     Ok(Some(serde_json::to_value(wanted).unwrap_or_default()))
 }
 
+/// The ids a `run_id` prefix stands for, lowest and highest; a 400 for one that is not 4
+/// to 32 lowercase hex digits.
+fn id_range(prefix: &str) -> Result<(Uuid, Uuid), ApiError> {
+    let hex = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c);
+    if !(4..=32).contains(&prefix.len()) || !prefix.chars().all(hex) {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            "run_id is 4 to 32 lowercase hexadecimal digits: the start of a run id",
+        )
+        .with_field("run_id"));
+    }
+    let bound = |fill: char| {
+        let text: String = prefix
+            .chars()
+            .chain(std::iter::repeat(fill))
+            .take(32)
+            .collect();
+        Uuid::parse_str(&text).unwrap_or_default()
+    };
+    Ok((bound('0'), bound('f')))
+}
+
 fn check_agent_filter(agent: Option<&str>) -> Result<(), ApiError> {
     match agent {
         Some(a) if !cairn_common::run::valid_name(a, 128) => Err(ApiError::bad_request(
@@ -359,12 +388,17 @@ pub async fn counts(
     caller.require(Role::Viewer)?;
     let Query(query) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
     check_agent_filter(query.agent.as_deref())?;
+    // Counted from the runs' own state index; only running runs are joined to their
+    // request, to tell the paused ones (a few, against every ended run).
     let rows: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT CASE WHEN r.state = 'running' AND e.paused_at IS NOT NULL THEN 'paused' ELSE r.state END,
-                count(*)
-           FROM runs r JOIN execution_requests e ON e.run_id = r.id AND e.kind = 'run'
+        "SELECT r.state, count(*) FROM runs r
           WHERE ($1::text IS NULL OR r.agent = $1) AND ($2::text IS NULL OR r.tenant_id = $2)
-          GROUP BY 1",
+          GROUP BY r.state
+         UNION ALL
+         SELECT 'paused', count(*)
+           FROM runs r JOIN execution_requests e ON e.run_id = r.id AND e.kind = 'run'
+          WHERE r.state = 'running' AND e.paused_at IS NOT NULL
+            AND ($1::text IS NULL OR r.agent = $1) AND ($2::text IS NULL OR r.tenant_id = $2)",
     )
     .bind(&query.agent)
     .bind(caller.scope())
@@ -375,6 +409,10 @@ pub async fn counts(
         .map(|s| (s.to_string(), 0))
         .collect();
     counts.extend(rows);
+    let paused = counts.get("paused").copied().unwrap_or(0);
+    if let Some(running) = counts.get_mut("running") {
+        *running -= paused;
+    }
     Ok(Json(RunCounts { counts }))
 }
 

@@ -17,9 +17,11 @@ use uuid::Uuid;
 /// An exec's output: `stdout` or `stderr`, as bytes; with `follow=true`,
 /// `text/event-stream` events while the command runs: `output` events, each `{"seq": N,
 /// "text": …}` (the bytes in Cairn's escaped text form), then one `end` event, `{"epoch":
-/// N}`, when the command has ended (its receipt is then in the operation).
+/// N}`, when the command has ended (its receipt is then in the operation). Each `output`
+/// event's `id`, sent back as `Last-Event-ID`, resumes the stream after it.
 #[utoipa::path(get, operation_id = "get_operation_output", tag = "sandboxes", path = "/api/v1/sandboxes/{sandbox_id}/operations/{operation_id}/output",
-    params(("sandbox_id" = String, Path), ("operation_id" = String, Path), OutputQuery),
+    params(("sandbox_id" = String, Path), ("operation_id" = String, Path), OutputQuery,
+        ("Last-Event-ID" = Option<String>, Header, description = "With follow: the id of the last output event had; the stream goes on after it")),
     responses(
         (status = 200, description = "The output's bytes, or its events when following", content(
             (Vec<u8> = "application/octet-stream"),
@@ -35,12 +37,13 @@ pub async fn output(
     caller: Caller,
     Path((sandbox_id, operation_id)): Path<(String, String)>,
     query: Result<Query<OutputQuery>, axum::extract::rejection::QueryRejection>,
+    headers: axum::http::HeaderMap,
 ) -> Result<Response, ApiError> {
     caller.require(Role::Viewer)?;
     let sandbox = path_id(&sandbox_id, "sandbox_id")?;
     let operation = path_id(&operation_id, "operation_id")?;
     let Query(query) = query.map_err(|e| ApiError::bad_request("invalid_query", e.body_text()))?;
-    let asked = live_output::asked(&query)?;
+    let asked = live_output::asked(&query, &headers)?;
     let started = if asked.following {
         START_WITHIN
     } else {
