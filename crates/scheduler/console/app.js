@@ -1,10 +1,12 @@
-// The console's entry: sign-in, the navigation and the routes (#/runs, #/runs/ID/TAB,
-// #/sandboxes, #/sandboxes/ID, #/operations, #/connections).
+// The console's entry: sign-in, the navigation and the routes (#/overview, #/runs,
+// #/runs/ID/TAB, #/sandboxes, #/sandboxes/ID, #/operations, #/connections; an empty
+// address shows Runs).
 
 import { api, errorText, forgetToken, h, keepToken, session, storedToken, can } from "./core.js";
 import { runsPage } from "./runs.js";
 import { runPage } from "./run.js";
 import { operationsPage } from "./operations.js";
+import { overviewPage } from "./overview.js";
 import { connectionsPage } from "./connections.js";
 import { sandboxesPage, sandboxPage } from "./sandboxes.js";
 
@@ -55,6 +57,8 @@ async function signIn(token) {
   session.role = me.role;
   session.name = me.name;
   session.tokenId = me.token_id;
+  // Absent for a platform token; a tenant's token sees no fleet-wide page.
+  session.tenant = me.tenant ?? null;
   who.textContent = `${me.name} · ${me.role}`;
   nav.hidden = false;
   signout.hidden = false;
@@ -96,6 +100,8 @@ async function route() {
     show(`Sandbox ${id}`, sandboxPage(id));
   } else if (section === "sandboxes") {
     show("Sandboxes", sandboxesPage(new URLSearchParams(query || "")));
+  } else if (section === "overview") {
+    show("Overview", overviewPage(new URLSearchParams(query || "")));
   } else if (section === "operations") {
     show("Operations", operationsPage());
   } else if (section === "connections") {
@@ -105,6 +111,13 @@ async function route() {
   }
   main.focus({ preventScroll: true });
 }
+
+// The skip link's "#main" would be read as a route (and show Runs): it moves the focus
+// itself instead.
+document.querySelector("a.skip").addEventListener("click", (event) => {
+  event.preventDefault();
+  main.focus();
+});
 
 signout.addEventListener("click", () => {
   forgetToken();

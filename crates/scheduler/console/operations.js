@@ -2,8 +2,48 @@
 // repairs, sandboxes with their actions, and tokens (admins).
 
 import { api, can, errorText, every, h, notice, rerender, say, stateBadge, table, when } from "./core.js";
+import { rawJson } from "./records.js";
 
 const REFRESH_MS = 3000;
+
+/** Bytes as people read them: B, KiB, MiB, GiB, TiB. */
+function bytes(n) {
+  if (typeof n !== "number" || !Number.isFinite(n)) return "—";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) {
+    n /= 1024;
+    i += 1;
+  }
+  return i === 0 ? `${n} B` : `${n.toFixed(n < 10 ? 1 : 0)} ${units[i]}`;
+}
+
+function took(started, finished) {
+  const ms = Date.parse(finished) - Date.parse(started);
+  if (!Number.isFinite(ms) || ms < 0) return "—";
+  if (ms < 1000) return `${ms} ms`;
+  if (ms < 60000) return `${(ms / 1000).toFixed(1)} s`;
+  return `${Math.floor(ms / 60000)} min ${Math.round((ms % 60000) / 1000)} s`;
+}
+
+// A count of the sweep's summary; "—" when an older reaper did not report it.
+const count = (v) => (typeof v === "number" ? String(v) : "—");
+// A count and, when any, what did not go: "4, 1 failed".
+const withFailed = (done, failed, word = "failed") => `${count(done)}${failed > 0 ? `, ${failed} ${word}` : ""}`;
+
+// One column per rule of a sweep (the reaper's SweepReport), in the order it runs them.
+const SWEEP_COLUMNS = [
+  ["Stale captures failed", (m) => count(m.stale_captures_failed)],
+  ["Retired (credentials rotated)", (m) => count(m.credential_retired)],
+  ["Idle heads retired", (m) => count(m.idle_heads_retired)],
+  ["Retired (sandbox rules)", (m) => count(m.sandbox_retired)],
+  ["Holds ended", (m) => count(m.holds_ended)],
+  ["Snapshots reclaimed", (m) => withFailed(m.snapshots_reclaimed, m.reclaim_deferred, "deferred")],
+  ["Sent to repair", (m) => count(m.reclaim_failed)],
+  ["Bytes freed", (m) => bytes(m.bytes_reclaimed)],
+  ["Outputs reclaimed", (m) => withFailed(m.outputs_reclaimed, m.outputs_failed)],
+  ["Snapshots verified", (m) => withFailed(m.snapshots_verified, m.verify_failed)],
+];
 
 export function operationsPage() {
   const status = notice();
@@ -44,8 +84,13 @@ export function operationsPage() {
         "No worker has beaten in the last hour: start cairn-worker."));
       if (!r) rerender(reaperBody, {}, () => [h("p", {}, "The reaper's sweeps span every tenant: a platform token shows them.")]);
       else rerender(reaperBody, r, () => [
-        table("Last sweeps, newest first", ["Started", "Finished", "Dry run", "What it did"],
-          r.sweeps.map((x) => [when(x.started_at), when(x.finished_at), x.dry_run ? "yes" : "no", h("code", {}, JSON.stringify(x.summary))]),
+        table("Last sweeps, newest first", ["Started", "Took", "Dry run", ...SWEEP_COLUMNS.map(([heading]) => heading), "Leader", "Raw"],
+          r.sweeps.map((x) => {
+            const m = x.summary || {};
+            return [when(x.started_at), took(x.started_at, x.finished_at), x.dry_run ? "yes" : "no",
+              ...SWEEP_COLUMNS.map(([, cell]) => cell(m)), typeof m.leader === "string" ? m.leader : "—",
+              rawJson(x, `Sweep started ${when(x.started_at)}`)];
+          }),
           "The reaper has not swept yet."),
         h("h3", {}, "Pending operator repairs"),
         table("Snapshots whose deletion waits for repair", ["Snapshot", "Kind", "Store", "Reason", "Attempts", "Next retry"],

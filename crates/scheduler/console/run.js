@@ -3,16 +3,22 @@
 // context, and the actions the signed-in role may take. Plan, Agent questions and
 // Verification are tabs.
 
-import { api, can, errorText, every, facts, h, notice, rerender, say, seconds, stateBadge, table, when } from "./core.js";
+import { api, can, debounce, errorText, every, facts, h, notice, rerender, say, seconds, stateBadge, stream, table, tailView, when } from "./core.js";
 import { planTab } from "./plan.js";
 import { questionsTab } from "./questions.js";
+import { receipts } from "./records.js";
 import { loadReconciliation, reconciliation } from "./reconcile.js";
 import { verificationTab } from "./verification.js";
 
 const TERMINAL = ["completed", "failed", "cancelled"];
 const TABS = [["overview", "Overview"], ["plan", "Plan"], ["questions", "Agent questions"], ["verification", "Verification"]];
-const REFRESH_MS = 2000;
+// The run's feed and its steps' output streams say when to reload; this slow one
+// catches whatever they could not say.
+const SAFETY_MS = 15000;
+// Polling, as before the feed, while the feed or a step's output stream is unavailable.
+const FALLBACK_MS = 2000;
 const LIVE_TAIL_BYTES = 4096;
+const FEED_TEXT = { connecting: "Connecting…", live: "Live", reconnecting: "Reconnecting…", ended: `Refreshed every ${FALLBACK_MS / 1000} s` };
 
 export function runPage(runId, tab) {
   const current = TABS.some(([id]) => id === tab) ? tab : "overview";
@@ -71,6 +77,28 @@ async function liveTails(runId, steps) {
   return tails;
 }
 
+/**
+ * Follows a running step's stdout as it is printed, into a view the page keeps across
+ * its re-renders. Its `mode` turns "ended" when the attempt ends, or "tail" when the
+ * output cannot be followed (the page then reads its tail, as before); both reload.
+ */
+function followStep(runId, step, reload) {
+  const view = tailView({ class: "tail", tabindex: "0", "aria-label": `${step.step_key} live stdout` });
+  view.mode = "follow";
+  view.stop = stream(`/api/v1/runs/${runId}/steps/${encodeURIComponent(step.step_key)}/output?stream=stdout&follow=true`, {
+    root: view.pre,
+    onEvent: ({ event, data }) => {
+      if (event === "output") view.append(JSON.parse(data).text);
+    },
+    onState: (state, error) => {
+      // Whatever ended the stream, the step may have ended with it: its receipt shows.
+      if (state === "ended") view.mode = error ? "tail" : "ended";
+      if (state === "ended" || state === "reconnecting") reload();
+    },
+  });
+  return view;
+}
+
 async function download(runId, key, stream, status) {
   try {
     const blob = await api("GET", `/api/v1/runs/${runId}/steps/${encodeURIComponent(key)}/output?stream=${stream}`, undefined, { raw: true });
@@ -111,15 +139,25 @@ function actions(run, pause, status, reload) {
 
 function overview(runId) {
   const status = notice();
+  const feedText = h("span", { class: "refreshed", "aria-live": "off", "data-feed": "connecting" });
   const content = h("div", {}, h("p", {}, "Loading…"));
-  const root = h("div", {}, status, content);
+  const root = h("div", {}, h("div", { class: "live" }, feedText), status, content);
+  // The followed output of each running step (step key and epoch → view): its <pre>
+  // is the same node from one render to the next, so appending to it goes on.
+  const follows = new Map();
   let finished = false;
-  // A reload after an action may overlap the timer's: only the latest one is shown.
-  let latest = 0;
   let failing = false;
+  // Running, but no step is: the next one's start changes no run row, so no event says it.
+  let between = false;
+  let feed = "connecting";
+  let updated = null;
+  const showFeed = () => {
+    feedText.dataset.feed = finished ? "finished" : feed;
+    const text = finished ? "Run finished" : FEED_TEXT[feed];
+    feedText.textContent = `${text}${updated ? ` · updated ${updated.toLocaleTimeString()}` : ""}`;
+  };
   const load = async () => {
     if (finished) return;
-    const ticket = ++latest;
     try {
       const [run, journal, requests, pause] = await Promise.all([
         api("GET", `/api/v1/runs/${runId}`),
@@ -136,15 +174,34 @@ function overview(runId) {
       // their tails are on the Verification tab.
       const planned = new Set(run.steps.map((p) => p.key));
       const mine = journal.steps.filter((s) => s.request_id === run.request_id && planned.has(s.step_key));
-      // Without a receipt (running, or its end not recorded) the output so far is read.
-      const live = await liveTails(runId, mine.filter((s) => s.receipt_epoch === null));
-      if (ticket !== latest) return;
+      const followKey = (s) => `${s.step_key}@${s.intent_epoch}`;
+      const runningNow = new Map(mine.filter((s) => running(s, run, request)).map((s) => [followKey(s), s]));
+      between = run.state === "running" && runningNow.size === 0;
+      // A running step's output is followed, unless it cannot be: its tail is then read,
+      // as for a step whose end went unrecorded.
+      const readTail = (s) => s.receipt_epoch === null
+        && (!runningNow.has(followKey(s)) || follows.get(followKey(s))?.mode === "tail");
+      const live = await liveTails(runId, mine.filter(readTail));
+      if (!root.isConnected) return;
+      // A step that stopped running is no longer followed; one that started is.
+      for (const [key, view] of follows) {
+        if (!runningNow.has(key)) {
+          view.stop();
+          follows.delete(key);
+        }
+      }
+      for (const [key, s] of runningNow) {
+        if (!follows.has(key)) follows.set(key, followStep(runId, s, reload));
+      }
       if (failing) {
         // The fault healed: its message goes (an action's message stays).
         failing = false;
         say(status, "");
       }
-      rerender(content, { run, journal, requests, pause, live, reconciling }, () => [
+      const views = [...follows.values()];
+      views.forEach((v) => v.save());
+      const modes = [...follows].map(([key, v]) => [key, v.mode]);
+      rerender(content, { run, journal, requests, pause, live, reconciling, modes }, () => [
         facts([
           ["State", stateBadge(run.state)],
           ["Stop reason", run.stop_reason || "—"],
@@ -160,8 +217,8 @@ function overview(runId) {
           ["Created", when(run.created_at)],
           ["Finished", when(run.finished_at)],
         ]),
-        actions(run, pause, status, load) || "",
-        reconciliation(run, reconciling, status, load) || "",
+        actions(run, pause, status, reload.now) || "",
+        reconciliation(run, reconciling, status, reload.now) || "",
         h("h2", {}, "Timeline"),
         table("Steps in plan order", ["Step", "Outcome", "How", "Wall", "Started", "Tree"],
           run.steps.map((spec) => {
@@ -169,7 +226,7 @@ function overview(runId) {
             if (!step) return [spec.key, "pending", "—", "—", "—", "—"];
             return [spec.key, outcome(step, run, request), how(step, reused, run, request), seconds(step.wall_ms), when(step.started_at),
               step.tree_tier ? `${step.tree_tier}${step.snapshot_id ? ` → ${step.snapshot_id}` : ""}` : "—"];
-          })),
+          }), undefined, { stack: true }),
         h("h2", {}, "Output"),
         journal.steps.length === 0 ? h("p", { class: "empty" }, "No step has started.") :
           h("div", { class: "outputs" }, mine.map((s) =>
@@ -177,12 +234,15 @@ function overview(runId) {
               h("h3", {}, s.step_key),
               s.step_key in live
                 ? [h("p", { class: "muted" }, running(s, run, request)
-                  ? `Live: the last ${LIVE_TAIL_BYTES / 1024} KiB of stdout, read every ${REFRESH_MS / 1000} s.`
+                  ? `Live: the last ${LIVE_TAIL_BYTES / 1024} KiB of stdout, read every ${FALLBACK_MS / 1000} s.`
                   : `No receipt: the last ${LIVE_TAIL_BYTES / 1024} KiB of stdout it printed before its end went unrecorded.`),
                   h("pre", { class: "tail", tabindex: "0", "aria-label": `${s.step_key} live stdout` }, live[s.step_key] || "(nothing printed yet)")]
-                : [h("p", { class: "muted" }, "Last lines, as recorded with the receipt (bytes that are not text are escaped)."),
-                  h("pre", { class: "tail", tabindex: "0", "aria-label": `${s.step_key} stdout tail` }, s.stdout_tail || "(no stdout)"),
-                  s.stderr_tail ? h("pre", { class: "tail err", tabindex: "0", "aria-label": `${s.step_key} stderr tail` }, s.stderr_tail) : null],
+                : follows.has(followKey(s))
+                  ? [h("p", { class: "muted" }, "Live: stdout as it is printed (the last 256 KiB; Download has all of it)."),
+                    follows.get(followKey(s)).pre, follows.get(followKey(s)).bar]
+                  : [h("p", { class: "muted" }, "Last lines, as recorded with the receipt (bytes that are not text are escaped)."),
+                    h("pre", { class: "tail", tabindex: "0", "aria-label": `${s.step_key} stdout tail` }, s.stdout_tail || "(no stdout)"),
+                    s.stderr_tail ? h("pre", { class: "tail err", tabindex: "0", "aria-label": `${s.step_key} stderr tail` }, s.stderr_tail) : null],
               h("div", { class: "actions" },
                 h("button", { type: "button", onclick: () => download(runId, s.step_key, "stdout", status) }, `Download ${s.step_key} stdout`),
                 h("button", { type: "button", onclick: () => download(runId, s.step_key, "stderr", status) }, `Download ${s.step_key} stderr`))))),
@@ -198,17 +258,41 @@ function overview(runId) {
           requests.execution_requests.map((r) => [h("span", { class: "mono" }, r.request_id), r.kind, stateBadge(r.state === "executing" ? "running" : r.state),
             String(r.lease_epoch), r.checkpoint ? JSON.stringify(r.checkpoint) : "—"])),
         h("h3", {}, "Resume context"),
-        h("pre", { class: "json", tabindex: "0", "aria-label": "Resume context" }, request.resume_context ? JSON.stringify(request.resume_context, null, 2) : "None: the run has not resumed.")]);
-      if (TERMINAL.includes(run.state)) finished = true;
+        h("pre", { class: "json", tabindex: "0", "aria-label": "Resume context" }, request.resume_context ? JSON.stringify(request.resume_context, null, 2) : "None: the run has not resumed."),
+        receipts(runId, { journal })]);
+      views.forEach((v) => v.restore());
+      updated = new Date();
+      if (TERMINAL.includes(run.state)) finish();
+      showFeed();
     } catch (e) {
       if (e.status === 404) {
-        finished = true;
+        finish();
         content.replaceChildren(h("p", { class: "empty" }, "No such run."), h("a", { href: "#/runs" }, "All runs"));
       }
       failing = true;
       say(status, errorText(e), "error");
     }
   };
-  every(REFRESH_MS, root, load);
+  const reload = debounce(250, load);
+  // The first load, and a slow safety one.
+  every(SAFETY_MS, root, reload.now);
+  // Polling while the feed is unavailable, between two steps, or while a step's output
+  // is read rather than followed (or its stream ended before the journal shows its end).
+  const polled = () => feed === "ended" || between || [...follows.values()].some((v) => v.mode !== "follow");
+  every(FALLBACK_MS, root, () => polled() && reload.now());
+  const stopFeed = stream(`/api/v1/runs/events?run_id=${runId}`, {
+    root,
+    // `run`, `ready` (after a reconnect's replay) or `reset`: the run may differ.
+    onEvent: () => reload(),
+    onState: (state) => {
+      feed = state;
+      showFeed();
+    },
+  });
+  function finish() {
+    finished = true;
+    stopFeed();
+    showFeed();
+  }
   return root;
 }

@@ -2,11 +2,12 @@
 // its facts, services and ports, an exec whose output shows as it is printed, its
 // journal of operations, its snapshots, and the lifecycle actions.
 
-import { api, can, errorText, every, facts, h, notice, rerender, say, stateBadge, table, when } from "./core.js";
+import { api, can, errorText, every, facts, h, notice, rerender, say, stateBadge, stream, table, tailView, when } from "./core.js";
 
 const STATES = ["creating", "running", "paused", "stopped", "error", "destroyed"];
 const REFRESH_MS = 2000;
-const OUTPUT_MS = 400;
+// How often an exec whose output ended is read until its receipt shows.
+const RECEIPT_MS = 400;
 
 export function sandboxesPage(params) {
   const state = STATES.includes(params.get("state")) ? params.get("state") : "";
@@ -44,7 +45,7 @@ export function sandboxesPage(params) {
         page.sandboxes.map((x) => [h("a", { href: `#/sandboxes/${x.sandbox_id}`, class: "mono" }, x.sandbox_id), x.agent,
           stateBadge(x.state), x.ports.length ? x.ports.join(", ") : "—",
           Object.keys(x.services).length ? Object.keys(x.services).join(", ") : "—", when(x.last_activity_at)]),
-        "No sandboxes match."));
+        "No sandboxes match.", { stack: true }));
       refreshed.textContent = `Updated ${new Date().toLocaleTimeString()} · every ${REFRESH_MS / 1000} s`;
       say(status, "");
     } catch (e) {
@@ -126,24 +127,26 @@ function summaryOf(o) {
   return o.state === "done" ? "done" : "—";
 }
 
-/** A command to run, and its output as it is printed (read every 400 ms until it ends). */
+/** A command to run, and its output as it is printed (followed until it ends). */
 function execForm(id) {
   const status = notice();
   const command = h("input", { id: "exec-command", name: "command", required: true, spellcheck: "false",
     placeholder: "ls -la", autocomplete: "off" });
-  const stdout = h("pre", { class: "output", id: "exec-stdout", tabindex: "0", "aria-label": "Standard output", "aria-live": "off" });
-  const stderr = h("pre", { class: "output", id: "exec-stderr", tabindex: "0", "aria-label": "Standard error", "aria-live": "off" });
+  const views = {
+    stdout: tailView({ class: "output", id: "exec-stdout", tabindex: "0", "aria-label": "Standard output", "aria-live": "off" }),
+    stderr: tailView({ class: "output", id: "exec-stderr", tabindex: "0", "aria-label": "Standard error", "aria-live": "off" }),
+  };
   const run = h("button", { type: "submit", class: "primary" }, "Run");
   const form = h("form", { class: "filters", onsubmit: async (event) => {
     event.preventDefault();
     run.disabled = true;
-    stdout.textContent = "";
-    stderr.textContent = "";
+    views.stdout.clear();
+    views.stderr.clear();
     say(status, "Running…");
     try {
       const op = await api("POST", `/api/v1/sandboxes/${id}/exec?wait=false`,
         { argv: ["sh", "-c", command.value], timeout_sec: 600 });
-      await follow(id, op.operation_id, stdout, stderr, status);
+      await follow(id, op.operation_id, views, status);
     } catch (e) {
       say(status, errorText(e), "error");
     } finally {
@@ -151,38 +154,32 @@ function execForm(id) {
     }
   } }, h("label", { for: "exec-command" }, "Command (sh -c)"), command, run);
   return h("section", { "aria-labelledby": "exec-title" }, h("h2", { id: "exec-title" }, "Run a command"),
-    form, status, h("h3", {}, "stdout"), stdout, h("h3", {}, "stderr"), stderr);
+    form, status, h("h3", {}, "stdout"), views.stdout.pre, views.stdout.bar,
+    h("h3", {}, "stderr"), views.stderr.pre, views.stderr.bar);
 }
 
-async function follow(id, operation, stdout, stderr, status) {
+/** Shows the exec's stdout and stderr as they are printed, then how it ended. */
+async function follow(id, operation, views, status) {
   const base = `/api/v1/sandboxes/${id}/operations/${operation}`;
-  // Until the page is left; a hidden tab asks less often.
-  while (stdout.isConnected) {
-    if (document.hidden) {
-      await new Promise((resolve) => setTimeout(resolve, OUTPUT_MS * 5));
-      continue;
-    }
-    const op = await api("GET", base);
-    // Until the worker starts it, the exec has no output to read.
-    for (const [stream, el] of op.started_at ? [["stdout", stdout], ["stderr", stderr]] : []) {
-      try {
-        const blob = await api("GET", `${base}/output?stream=${stream}`, undefined, { raw: true });
-        const text = await blob.text();
-        if (text !== el.textContent) {
-          // Follows the tail unless the reader scrolled up.
-          const atEnd = el.scrollTop + el.clientHeight >= el.scrollHeight - 4;
-          el.textContent = text;
-          if (atEnd) el.scrollTop = el.scrollHeight;
-        }
-      } catch (e) {
-        if (e.status !== 404 && e.status !== 409) throw e;
-      }
-    }
-    if (!["pending", "running"].includes(op.state)) {
-      const r = op.result || {};
-      say(status, r.exit_code === 0 ? "Exited 0." : `Ended: ${summaryOf(op)}.`, r.exit_code === 0 ? "ok" : "error");
-      return;
-    }
-    await new Promise((resolve) => setTimeout(resolve, OUTPUT_MS));
+  // Each stream until its `end` (the command left running) or a refusal; leaving the
+  // page stops them.
+  const refusals = await Promise.all(Object.entries(views).map(([name, view]) => new Promise((resolve) => {
+    stream(`${base}/output?stream=${name}&follow=true`, {
+      root: view.pre,
+      onEvent: ({ event, data }) => {
+        if (event === "output") view.append(JSON.parse(data).text);
+      },
+      onState: (state, error) => state === "ended" && resolve(error),
+    });
+  })));
+  // Its receipt, once the operation leaves running (another owner may still run it).
+  let op = await api("GET", base);
+  while (["pending", "running"].includes(op.state) && views.stdout.pre.isConnected) {
+    await new Promise((resolve) => setTimeout(resolve, RECEIPT_MS));
+    op = await api("GET", base);
   }
+  const refused = refusals.find(Boolean);
+  const r = op.result || {};
+  if (refused) say(status, `Ended: ${summaryOf(op)}. Its output could not be shown: ${errorText(refused)}`, "error");
+  else say(status, r.exit_code === 0 ? "Exited 0." : `Ended: ${summaryOf(op)}.`, r.exit_code === 0 ? "ok" : "error");
 }

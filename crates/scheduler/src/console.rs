@@ -73,6 +73,21 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("../console/verification.js"),
     ),
     (
+        "overview.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../console/overview.js"),
+    ),
+    (
+        "charts.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../console/charts.js"),
+    ),
+    (
+        "charts.css",
+        "text/css; charset=utf-8",
+        include_str!("../console/charts.css"),
+    ),
+    (
         "operations.js",
         "text/javascript; charset=utf-8",
         include_str!("../console/operations.js"),
