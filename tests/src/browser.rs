@@ -12,8 +12,29 @@ use std::time::{Duration, Instant};
 pub const CHROMIUM: &str = "/usr/bin/chromium";
 pub const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
 
-/// The widths every page is checked at: a laptop and a phone.
-pub const WIDTHS: [u32; 2] = [1280, 390];
+/// The widths every page is checked at: a desktop and a phone.
+pub const WIDTHS: [u32; 2] = [1440, 390];
+
+/// The pinned axe-core that `scripts/browser` installs from the npm registry.
+pub const AXE_VERSION: &str = "4.14.1";
+
+/// axe-core's script: `CAIRN_AXE_JS`, or where `scripts/browser` puts it.
+fn axe_source() -> String {
+    let path = std::env::var_os("CAIRN_AXE_JS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+            PathBuf::from(home).join(format!(
+                ".cache/cairn-tools/axe-core-{AXE_VERSION}/node_modules/axe-core/axe.min.js"
+            ))
+        });
+    std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}: run scripts/browser (it installs axe-core {AXE_VERSION} from npm)",
+            path.display()
+        )
+    })
+}
 
 /// Where screenshots go: `target/console-screenshots/`.
 pub fn screenshot_dir() -> PathBuf {
@@ -82,7 +103,7 @@ impl Browser {
                     "--no-first-run", "--disable-background-networking", "--disable-component-update",
                     "--disable-sync", "--disable-dev-shm-usage", "--hide-scrollbars", "--disable-breakpad",
                     "--disable-crash-reporter",
-                    format!("--user-data-dir={}", profile.display()), "--window-size=1280,900"],
+                    format!("--user-data-dir={}", profile.display()), "--window-size=1440,900"],
             }),
         );
         caps.insert("goog:loggingPrefs".into(), json!({"browser": "ALL"}));
@@ -254,15 +275,40 @@ impl Browser {
                 .expect("audit the page");
             let png = self.client.screenshot().await.expect("screenshot");
             std::fs::write(dir.join(format!("{name}-{width}.png")), png).expect("save screenshot");
-            let problems: Vec<String> = serde_json::from_value(audit).unwrap_or_default();
+            let mut problems: Vec<String> = serde_json::from_value(audit).unwrap_or_default();
+            problems.extend(self.accessibility().await);
             assert!(problems.is_empty(), "{name} at {width} px: {problems:#?}");
         }
         self.client
-            .set_window_size(1280, 900)
+            .set_window_size(1440, 900)
             .await
             .expect("resize");
         let console = self.console_problems().await;
         assert!(console.is_empty(), "{name}: the console said {console:#?}");
+    }
+
+    /// axe-core's serious and critical violations on the page as shown now (WCAG 2.x A
+    /// and AA rules and its best practices), one line each with up to three elements.
+    pub async fn accessibility(&self) -> Vec<String> {
+        let loaded = self
+            .client
+            .execute("return typeof axe !== 'undefined';", vec![])
+            .await
+            .expect("look for axe");
+        if loaded != Value::Bool(true) {
+            // Evaluated through the driver, not as a page script: the console's CSP allows
+            // no script but its own.
+            self.client
+                .execute(&format!("{}\nreturn true;", axe_source()), vec![])
+                .await
+                .expect("load axe-core");
+        }
+        let found = self
+            .client
+            .execute_async(AXE_RUN, vec![])
+            .await
+            .expect("run axe-core");
+        as_strings(found)
     }
 
     /// Ends the WebDriver session (Chromium quits), then the driver.
@@ -325,6 +371,15 @@ if (document.documentElement.scrollWidth > window.innerWidth + 1) {
   problems.push(`the page is ${document.documentElement.scrollWidth} px wide in a ${window.innerWidth} px window (${document.documentElement.clientWidth} px client, ${document.body.scrollWidth} px body): ${wide.join(', ')}`);
 }
 return problems;
+"#;
+
+/// Runs axe-core on the document and returns its serious and critical violations.
+const AXE_RUN: &str = r#"
+const done = arguments[arguments.length - 1];
+axe.run(document, { resultTypes: ['violations'] }).then((r) => done(r.violations
+  .filter((v) => v.impact === 'serious' || v.impact === 'critical')
+  .map((v) => `axe ${v.impact} ${v.id}: ${v.help} (${v.nodes.slice(0, 3).map((n) => n.target.join(' ')).join('; ')})`)))
+  .catch((e) => done([`axe-core failed: ${e}`]));
 "#;
 
 /// The JSON of a `fantoccini` script result, for assertions.

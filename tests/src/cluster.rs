@@ -66,6 +66,8 @@ impl Cluster {
             "CAIRN_SWEEP_INTERVAL_SECONDS".into(),
             settings.sweep_interval_seconds.to_string(),
         ));
+        // The overview's samples every second, so a test sees them soon.
+        env.push(("CAIRN_OVERVIEW_INTERVAL_SECONDS".into(), "1".into()));
         let mut scheduler = Process::start("cairn-scheduler", &env);
         wait_for_status(&mut scheduler, api, "/readyz", 200, Duration::from_secs(60));
         let pool = sqlx::PgPool::connect(&isolation.database_url)

@@ -2,7 +2,8 @@
 //! sign-in per role, a run appearing and completing live, the saved-continuation flow
 //! with a lost response, the policy screen keeping what it does not show, and a
 //! verification approved in the page with its reused result labelled. Every page
-//! is checked at 1280 and 390 px (labelled controls, no overflow, a clean console) and
+//! is checked at 1440 and 390 px (labelled controls, no overflow, a clean console, no
+//! serious axe-core violation) and
 //! screenshotted under `target/console-screenshots/`.
 
 use cairn_e2e::browser::Browser;
@@ -841,5 +842,189 @@ async fn an_operator_decides_an_uncertain_step_in_the_console() {
         .wait_text("#records", "Step s2 mark not done by otto-operator")
         .await;
     assert!(said.contains("s2 never wrote its line"), "{said}");
+    browser.close().await;
+}
+
+/// A running step's output arrives in the run page without a reload and the page
+/// follows its end; scrolled up, it stops following until "Jump to the end".
+#[tokio::test]
+async fn a_running_steps_output_arrives_live_and_follows_its_end() {
+    let _one = ONE_BROWSER.lock().await;
+    let cluster = Cluster::start("console-tail", 1, Settings::default()).await;
+    let script = "i=0; while [ $i -lt 400 ]; do i=$((i+1)); echo \"line $i\"; sleep 0.05; done";
+    let spec = run_spec(
+        vec![json!({"key": "talk", "argv": ["sh", "-c", script], "timeout_seconds": 120})],
+        1,
+    );
+    let (run_id, _) = cluster.submit(&spec);
+    cluster.wait_for_state(&run_id, &["running"], Duration::from_secs(60));
+    let browser = Browser::start(cluster.api).await;
+    browser.sign_in(ADMIN).await;
+    browser.open(&format!("#/runs/{run_id}")).await;
+    // A mark on the window: a reload would take it away.
+    browser
+        .client
+        .execute("window.cairnNotReloaded = true;", vec![])
+        .await
+        .expect("mark the page");
+    let tail = "pre[aria-label='talk live stdout']";
+    browser.wait_text(tail, "line 20").await;
+    let following = |_: ()| async {
+        browser
+            .client
+            .execute(
+                "const p = document.querySelector(arguments[0]);
+                 return [p.dataset.following, p.scrollTop + p.clientHeight >= p.scrollHeight - 4, p.textContent.length];",
+                vec![json!(tail)],
+            )
+            .await
+            .expect("read the tail")
+    };
+    browser.wait_text(tail, "line 60").await;
+    let state = following(()).await;
+    assert_eq!(state[0], "true", "{state}");
+    assert_eq!(
+        state[1], true,
+        "the end of the output is not shown: {state}"
+    );
+    browser.check_page("run-live-output").await;
+
+    // Scrolled up: new lines still arrive, and the view stays where the operator put it.
+    browser
+        .client
+        .execute(
+            "const p = document.querySelector(arguments[0]); p.scrollTop = 0; p.dispatchEvent(new Event('scroll'));",
+            vec![json!(tail)],
+        )
+        .await
+        .expect("scroll up");
+    let before = following(()).await;
+    browser.wait_text(tail, "line 150").await;
+    let after = following(()).await;
+    assert_eq!(after[0], "false", "{after}");
+    assert!(after[2].as_u64() > before[2].as_u64(), "{before} {after}");
+    let top: Value = browser
+        .client
+        .execute(
+            "return document.querySelector(arguments[0]).scrollTop;",
+            vec![json!(tail)],
+        )
+        .await
+        .expect("scroll position");
+    assert_eq!(top, json!(0), "the page moved the operator's view");
+    browser.click("Jump to the end").await;
+    browser.wait_text(tail, "line 200").await;
+    let again = following(()).await;
+    assert_eq!(again[0], "true", "{again}");
+    assert_eq!(again[1], true, "{again}");
+    let kept = browser
+        .client
+        .execute("return window.cairnNotReloaded === true;", vec![])
+        .await
+        .expect("the mark");
+    assert_eq!(kept, json!(true), "the page was reloaded");
+    cluster.wait_for_state(&run_id, &["completed"], Duration::from_secs(60));
+    browser.close().await;
+}
+
+/// The overview draws the fleet's samples; the runs list is searched from its address
+/// (shareable), pages by keyset, and a tenant's token is told the overview is not its.
+#[tokio::test]
+async fn the_overview_draws_the_fleet_and_a_search_lives_in_the_address() {
+    let _one = ONE_BROWSER.lock().await;
+    let cluster = Cluster::start("console-overview", 1, Settings::default()).await;
+    let quick = |agent: &str| {
+        let mut spec = run_spec(vec![json!({"key": "ok", "argv": ["true"]})], 1);
+        spec["agent"] = json!(agent);
+        spec
+    };
+    let mut ids = Vec::new();
+    for i in 0..53 {
+        ids.push(
+            cluster
+                .submit(&quick(if i == 0 { "finder" } else { "bulk" }))
+                .0,
+        );
+    }
+    for id in &ids {
+        cluster.wait_for_state(id, &["completed"], Duration::from_secs(120));
+    }
+    let browser = Browser::start(cluster.api).await;
+    browser.sign_in(ADMIN).await;
+    browser.open("#/overview").await;
+    browser.wait_for("#chart-runs svg[role=img]").await;
+    // Samples come every second here: one counts the runs that completed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let label = browser
+            .client
+            .execute(
+                "return document.querySelector('#chart-workers svg').getAttribute('aria-label');",
+                vec![],
+            )
+            .await
+            .expect("label");
+        if label.as_str().is_some_and(|l| l.contains("now 1")) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no worker drawn: {label}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    browser.check_page("overview").await;
+
+    // A search by agent, from the address alone.
+    browser.open("#/runs?agent=finder").await;
+    browser.wait_text("#run-list", &ids[0]).await;
+    let listed = browser.wait_text("#run-list", "finder").await;
+    assert!(!listed.contains(&ids[1]), "{listed}");
+    browser.check_page("runs-search").await;
+    // By the start of an id.
+    browser
+        .open(&format!("#/runs?run_id={}", &ids[5][..10]))
+        .await;
+    browser.wait_text("#run-list", &ids[5]).await;
+    // Fifty a page: the oldest is on the second.
+    browser.open("#/runs").await;
+    let first = browser.wait_text("#run-list", &ids[52]).await;
+    assert!(!first.contains(&ids[0]), "{first}");
+    let next = browser
+        .client
+        .find(fantoccini::Locator::LinkText("Next page"))
+        .await
+        .expect("a next page link");
+    next.click().await.expect("next page");
+    browser.wait_text("#run-list", &ids[0]).await;
+    let hash: Value = browser
+        .client
+        .execute("return location.hash;", vec![])
+        .await
+        .expect("hash");
+    assert!(
+        hash.as_str().is_some_and(|h| h.contains("cursor=")),
+        "{hash}"
+    );
+
+    // A tenant's token is told the overview is the fleet's.
+    let (status, _) = cluster.call(
+        "POST",
+        "/api/v1/tenants",
+        Some(&json!({"tenant_id": "acme"})),
+    );
+    assert_eq!(status, 201);
+    let (status, made) = cluster.call(
+        "POST",
+        "/api/v1/tokens",
+        Some(&json!({"name": "acme-viewer", "role": "viewer", "tenant": "acme"})),
+    );
+    assert_eq!(status, 201, "{made}");
+    browser
+        .sign_in(made["token"].as_str().expect("token"))
+        .await;
+    browser.open("#/overview").await;
+    browser.wait_text("main", "a platform token shows it").await;
+    browser.check_page("overview-tenant").await;
     browser.close().await;
 }

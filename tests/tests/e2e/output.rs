@@ -267,3 +267,72 @@ async fn a_follower_follows_a_step_run_again_by_the_next_attempt() {
     assert_eq!(rest, ["start 2", "done 2"], "after the kill");
     cluster.wait_for_state(&run_id, &["completed"], Duration::from_secs(60));
 }
+
+/// The `output` events of a followed step, read until `stop` says so or the stream ends:
+/// each event's id and its bytes.
+async fn follow_events(
+    cluster: &Cluster,
+    path: &str,
+    last: Option<&str>,
+    stop: impl Fn(&[(String, Vec<u8>)]) -> bool,
+) -> Vec<(String, Vec<u8>)> {
+    let mut request = reqwest::Client::new()
+        .get(format!("http://{}{path}", cluster.api))
+        .bearer_auth(cairn_e2e::cluster::ADMIN);
+    if let Some(last) = last {
+        request = request.header("last-event-id", last);
+    }
+    let mut response = request.send().await.expect("follow");
+    assert_eq!(response.status(), 200);
+    let (mut buffer, mut events) = (String::new(), Vec::new());
+    while !stop(&events) {
+        let Ok(Some(chunk)) = response.chunk().await else {
+            break;
+        };
+        buffer.push_str(&String::from_utf8_lossy(&chunk));
+        while let Some(end) = buffer.find("\n\n") {
+            let block: String = buffer.drain(..end + 2).collect();
+            if !block.contains("event: output") {
+                continue;
+            }
+            let field = |name: &str| {
+                block
+                    .lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            let data: Value = serde_json::from_str(&field("data: ")).expect("data");
+            let bytes = unescape(data["text"].as_str().expect("text")).expect("escaped text");
+            events.push((field("id: "), bytes));
+        }
+    }
+    events
+}
+
+/// A follower that reconnects with the last event's id as `Last-Event-ID` gets the rest
+/// of the output: nothing twice, nothing missed.
+#[tokio::test]
+async fn a_follower_that_reconnects_goes_on_after_its_last_event() {
+    let _services = ServiceLock::shared().await;
+    let cluster = Cluster::start("output-resume", 1, Settings::default()).await;
+    let script = "for i in 1 2 3 4 5 6; do echo line $i; sleep 0.7; done";
+    let step = json!({"key": "tick", "argv": ["sh", "-c", script]});
+    let (run_id, _) = cluster.submit(&run_spec(vec![step], 1));
+    cluster.wait_for_state(&run_id, &["running"], Duration::from_secs(60));
+    let path = format!("/api/v1/runs/{run_id}/steps/tick/output?stream=stdout&follow=true");
+    let first = follow_events(&cluster, &path, None, |e| {
+        e.iter().any(|(_, b)| b.windows(6).any(|w| w == b"line 2"))
+    })
+    .await;
+    let last = first.last().expect("an event").0.clone();
+    assert!(
+        last.parse::<u64>().is_ok(),
+        "ids are chunk numbers: {last:?}"
+    );
+    let rest = follow_events(&cluster, &path, Some(&last), |_| false).await;
+    let joined: Vec<u8> = first.into_iter().chain(rest).flat_map(|(_, b)| b).collect();
+    let expected: String = (1..=6).map(|i| format!("line {i}\n")).collect();
+    assert_eq!(String::from_utf8_lossy(&joined), expected);
+    cluster.wait_for_state(&run_id, &["completed"], Duration::from_secs(30));
+}
