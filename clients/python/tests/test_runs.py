@@ -155,3 +155,31 @@ def test_the_async_client_submits_waits_reads_and_follows(stack: Stack) -> None:
                     await client.cancel_run(slow.run_id)
 
     asyncio.run(flow())
+
+
+def test_the_run_feed_goes_on_from_its_last_event_and_the_overview_samples_the_fleet(
+    client: cairn.Client, stack: Stack
+) -> None:
+    feed = client.run_events()
+    first = next(feed)
+    while first.kind != "ready":
+        first = next(feed)
+    run = client.submit_run(run_of(shell("nap", "sleep 1")))
+    seen = next(change for change in feed if change.run is not None and change.run.run_id == run.run_id)
+    assert seen.kind == "run" and seen.id and seen.run is not None
+    assert seen.run.state in ("queued", "running"), seen
+    assert client.wait(run.run_id, timeout=60).state == "completed", stack.logs()
+    # From the last event had: the run as it is now, and nothing before that event.
+    again = client.run_events(run_id=run.run_id, last_event_id=seen.id)
+    states = []
+    for change in again:
+        if change.run is not None:
+            states.append(change.run.state)
+            break
+    assert states == ["completed"], states
+    with pytest.raises(cairn.InvalidInput):
+        next(client.run_events(last_event_id="not a position"))
+
+    overview = client.get_overview(minutes=5)
+    assert isinstance(overview, models.OverviewView)
+    assert overview.interval_seconds >= 1

@@ -17,7 +17,7 @@ from types import TracebackType
 from typing import Any, Self
 
 import httpx
-from httpx_sse import aconnect_sse
+from httpx_sse import ServerSentEvent, aconnect_sse
 
 from . import _core, models
 from .errors import CairnError, TransportError, WaitTimeout
@@ -185,6 +185,50 @@ class AsyncClient:
         how each concurrency or rate key stands (platform tokens)."""
         return await self._op("get_queues")
 
+    async def get_overview(self, minutes: int = 60) -> models.OverviewView:
+        """The fleet's samples over the last `minutes` (1 to 1440): runs ended per second,
+        queue depth, admission-to-start latency, runs that need a person, workers
+        (platform tokens)."""
+        return await self._op("get_overview", {"minutes": minutes})
+
+    async def run_events(
+        self, *, run_id: str | None = None, last_event_id: str | None = None
+    ) -> AsyncIterator[_core.RunChange]:
+        """The runs of the token's tenant (or one run) as they change, without end: after
+        a dropped connection it connects again (backing off, as a read) and goes on from
+        the last event's id, so no change is missed and none is sent twice. Give
+        `last_event_id` to go on from an earlier iteration."""
+        attempt = 0
+        while True:
+            params = {"run_id": run_id, "Last-Event-ID": last_event_id}
+            prepared = _core.prepare("get_run_events", params, stream=True)
+            try:
+                # The feed has no end: only the connection's opening is bounded.
+                timeout = httpx.Timeout(self._settings.timeout, read=None)
+                async for event in self._events(prepared, timeout):
+                    change = _core.run_change(event.event, event.id, event.data)
+                    last_event_id = change.id or last_event_id
+                    attempt = 0
+                    yield change
+                raise TransportError("the run feed ended")
+            except httpx.TransportError as error:
+                failure = _core.transport_failure(prepared, error, self._settings.server)
+                delay = _core.retry_delay(prepared, attempt, self._settings, failure, None)
+                if delay is None:
+                    raise failure from error
+            except CairnError as error:
+                status = error.status if error.status == 503 else None
+                transport = error if isinstance(error, TransportError) else None
+                delay = (
+                    None
+                    if status is None and transport is None
+                    else _core.retry_delay(prepared, attempt, self._settings, transport, status)
+                )
+                if delay is None:
+                    raise
+            attempt += 1
+            await asyncio.sleep(delay)
+
     async def rerun_run(self, run_id: str) -> models.RunView:
         """A new run from this run's spec, linked to it by `rerun_of`."""
         return await self._op("create_run_rerun", {"run_id": run_id})
@@ -242,6 +286,27 @@ class AsyncClient:
         async for chunk in self._follow(prepared, f"{run_id}/{step_key}"):
             yield chunk
 
+    async def _events(self, prepared: _core.Prepared, timeout: Any) -> AsyncIterator[ServerSentEvent]:
+        """The server-sent events of one connection; an answer other than 200 raises its
+        error. A keep-alive comment, which reads as a nameless event with no data, is
+        left out."""
+        async with aconnect_sse(
+            self._http,
+            prepared.method,
+            prepared.path,
+            params=prepared.query,
+            headers=prepared.headers,
+            timeout=timeout,
+        ) as source:
+            response = source.response
+            if response.status_code != 200:
+                await response.aread()
+                _core.read_reply(prepared, response.status_code, response.headers.get("content-type"), response.content)
+            async for event in source.aiter_sse():
+                if event.event == "message" and not event.data:
+                    continue
+                yield event
+
     async def _follow(self, prepared: _core.Prepared, what: str) -> AsyncIterator[_core.OutputChunk]:
         """The `output` events of a followed output until its `end`; the connection is
         tried again (bounded) only before the first event."""
@@ -249,25 +314,12 @@ class AsyncClient:
         started = False
         while True:
             try:
-                async with aconnect_sse(
-                    self._http,
-                    prepared.method,
-                    prepared.path,
-                    params=prepared.query,
-                    timeout=prepared.timeout(self._settings),
-                ) as source:
-                    response = source.response
-                    if response.status_code != 200:
-                        await response.aread()
-                        _core.read_reply(
-                            prepared, response.status_code, response.headers.get("content-type"), response.content
-                        )
-                    async for event in source.aiter_sse():
-                        chunk = _core.output_event(event.event, event.data)
-                        if chunk is None:
-                            return
-                        started = True
-                        yield chunk
+                async for event in self._events(prepared, prepared.timeout(self._settings)):
+                    chunk = _core.output_event(event.event, event.data)
+                    if chunk is None:
+                        return
+                    started = True
+                    yield chunk
                 raise TransportError(f"the output of {what} ended before its end event")
             except httpx.TransportError as error:
                 failure: CairnError = _core.transport_failure(prepared, error, self._settings.server)

@@ -498,6 +498,29 @@ def output_event(event: str, data: str) -> OutputChunk | None:
     raise UnexpectedResponse(f"an unexpected output event {event!r}: {data[:200]}", status=200, text=data)
 
 
+@dataclass(frozen=True)
+class RunChange:
+    """One event of the run change feed: `kind` is `run` (with the run as it is now),
+    `ready` (what changed before the connection has been sent) or `reset` (more changed
+    than is replayed: read the list again); `id` is its position, to go on from."""
+
+    kind: str
+    id: str
+    run: models.RunView | None = None
+
+
+def run_change(event: str, id: str, data: str) -> RunChange:
+    """A run change feed event; anything else is unexpected."""
+    if event in ("ready", "reset"):
+        return RunChange(kind=event, id=id)
+    if event == "run":
+        try:
+            return RunChange(kind="run", id=id, run=models.RunView.model_validate_json(data))
+        except ValueError as error:
+            raise UnexpectedResponse(f"a run event that is not a run: {data[:200]}", status=200, text=data) from error
+    raise UnexpectedResponse(f"an unexpected run feed event {event!r}: {data[:200]}", status=200, text=data)
+
+
 class LineBuffer:
     """Cuts followed text into lines (without their newline)."""
 

@@ -13,6 +13,7 @@ from pydantic import (
     Field,
     RootModel,
     StrictBool,
+    StrictFloat,
     StrictInt,
     StrictStr,
     StringConstraints,
@@ -938,6 +939,26 @@ class RunCounts(BaseModel):
     """
 
 
+class RunEvent(BaseModel):
+    """
+    One server-sent event of the stream (documentation only: the body is
+    `text/event-stream`).
+    """
+
+    data: StrictStr
+    event: StrictStr
+    """
+    `run` (data: the run as `GET /api/v1/runs/{run_id}` shows it), `ready` (data `{}`:
+    what changed before the connection has been sent; live from here) or `reset`
+    (data `{}`: more changed since `Last-Event-ID` than is replayed; read the list
+    again).
+    """
+    id: StrictStr
+    """
+    The stream's position after this event: send it back as `Last-Event-ID`.
+    """
+
+
 class RunQueue(BaseModel):
     """
     The runs' requests by where they stand.
@@ -955,6 +976,44 @@ class RunQueue(BaseModel):
     slots: StrictInt
     """
     The live workers' run slots.
+    """
+
+
+class SampleView(BaseModel):
+    """
+    The fleet over one interval, ending at `at`.
+    """
+
+    admission_to_start_p50_ms: StrictFloat | None = None
+    """
+    From admission to a worker's claim, of the requests claimed in the interval; absent
+    when none was.
+    """
+    admission_to_start_p95_ms: StrictFloat | None = None
+    at: AwareDatetime
+    completed_per_second: StrictFloat
+    failed_per_second: StrictFloat
+    held: StrictInt
+    """
+    Of the queued runs, those held by flow control.
+    """
+    needs_person: StrictInt
+    """
+    Runs waiting for a person: reconciliation, a checkpoint's review, a verification.
+    """
+    queued: StrictInt
+    """
+    Runs queued at the interval's end, flow-control holds included.
+    """
+    running: StrictInt
+    runs_per_second: StrictFloat
+    """
+    Runs that ended in the interval, per second: all, completed and failed
+    (cancelled runs count in `runs_per_second` only).
+    """
+    workers: StrictInt
+    """
+    Live workers (a beat in the last 5 s).
     """
 
 
@@ -1791,6 +1850,18 @@ class OperationList(BaseModel):
     """
 
     operations: list[OperationView]
+
+
+class OverviewView(BaseModel):
+    interval_seconds: StrictInt
+    """
+    Seconds per sample (`CAIRN_OVERVIEW_INTERVAL_SECONDS` of the sampling scheduler).
+    """
+    now: AwareDatetime
+    samples: list[SampleView]
+    """
+    Oldest first; an interval no scheduler sampled is missing, not zero.
+    """
 
 
 class QualificationView(BaseModel):
