@@ -15,6 +15,9 @@
 //! changed, and restore — beside `tar | zstd -1 -T0`, `zstd -d | tar -x`, and restic's
 //! backup, incremental backup and restore when restic is installed.
 //!
+//! `cairn-bench console` times the API calls the console makes, at 1,000 runs and at
+//! 100,000, side by side.
+//!
 //! `cairn-bench fence` times a fenced begin with the lease check in the BEGIN's round
 //! trip, beside the check as a statement of its own.
 //!
@@ -22,6 +25,7 @@
 //! on an empty tree and on the 1 GiB tree with 1 % changed per step.
 
 mod compare;
+mod console;
 mod fence;
 mod isolation;
 mod lifecycle;
@@ -39,14 +43,14 @@ use std::path::PathBuf;
 
 /// The PostgreSQL server a scenario creates its fresh databases on.
 #[derive(Debug, clap::Args)]
-struct Postgres {
+pub struct Postgres {
     /// PostgreSQL server (each scenario creates its own fresh database on it).
     #[arg(
         long,
         env = "CAIRN_BENCH_POSTGRES",
         default_value = "postgres://postgres@127.0.0.1:5432"
     )]
-    postgres: String,
+    pub postgres: String,
 }
 
 #[derive(Debug, Parser)]
@@ -166,6 +170,9 @@ enum Bench {
         #[command(flatten)]
         postgres: Postgres,
     },
+    /// The API the console reads (list pages, filters, counts, the change feed) at
+    /// 1,000 runs and at --runs, p50/p99/max side by side.
+    Console(console::Args),
     /// A step of `cairn-bench steps`: changes 1% of the files under a directory.
     #[command(hide = true)]
     ChangeOnePercent { dir: PathBuf },
@@ -179,6 +186,7 @@ async fn main() -> anyhow::Result<()> {
             transactions,
             postgres,
         } => fence::run(transactions, &postgres.postgres).await,
+        Bench::Console(args) => console::run(args).await,
         Bench::Reaper {
             rows,
             batch,
