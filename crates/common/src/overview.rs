@@ -10,9 +10,6 @@ use sqlx::PgPool;
 /// How long samples are kept.
 pub const KEPT_HOURS: i64 = 24;
 
-/// A worker counts as live while its beats (one a second) are this recent.
-pub const LIVE_WITHIN_SECONDS: f64 = 5.0;
-
 /// The fleet over one interval, ending at `at`.
 #[derive(Debug, Clone, PartialEq, Serialize, sqlx::FromRow)]
 pub struct Sample {
@@ -30,7 +27,8 @@ pub struct Sample {
     pub running: i32,
     pub needs_person: i32,
     pub workers: i32,
-    /// From admission to a worker's claim, of the requests claimed in the interval.
+    /// From admission to a worker's claim, of the runs' requests claimed in the interval
+    /// (a run queued again counts from its admission).
     pub admission_to_start_p50_ms: Option<f64>,
     pub admission_to_start_p95_ms: Option<f64>,
 }
@@ -61,7 +59,8 @@ pub async fn record(pool: &PgPool, interval_seconds: i32) -> Result<bool, sqlx::
          waits AS (
               SELECT (extract(epoch FROM e.claimed_at - e.admitted_at) * 1000)::float8 AS ms
                 FROM execution_requests e, b
-               WHERE e.state = 'executing' AND e.claimed_at > b.lo AND e.claimed_at <= b.hi
+               WHERE e.state = 'executing' AND e.kind = 'run'
+                 AND e.claimed_at > b.lo AND e.claimed_at <= b.hi
               UNION ALL
               SELECT (extract(epoch FROM e.claimed_at - e.admitted_at) * 1000)::float8
                 FROM runs r JOIN execution_requests e ON e.run_id = r.id AND e.kind = 'run', b
@@ -71,7 +70,8 @@ pub async fn record(pool: &PgPool, interval_seconds: i32) -> Result<bool, sqlx::
               (at, interval_seconds, completed, failed, cancelled, queued, held, running,
                needs_person, workers, admission_to_start_p50_ms, admission_to_start_p95_ms)
          SELECT b.hi, $1, ended.completed, ended.failed, ended.cancelled, standing.queued,
-                (SELECT count(*) FROM execution_requests WHERE held_by_gate AND state = 'queued'),
+                (SELECT count(*) FROM execution_requests
+                  WHERE held_by_gate AND state = 'queued' AND kind = 'run'),
                 standing.running, standing.needs_person,
                 (SELECT count(*) FROM worker_heartbeats
                   WHERE beat_at > now() - make_interval(secs => $2)),
@@ -81,7 +81,7 @@ pub async fn record(pool: &PgPool, interval_seconds: i32) -> Result<bool, sqlx::
          ON CONFLICT (at) DO NOTHING",
     )
     .bind(interval_seconds)
-    .bind(LIVE_WITHIN_SECONDS)
+    .bind(crate::heartbeat::LAPSE.as_secs_f64())
     .execute(pool)
     .await?
     .rows_affected();

@@ -138,6 +138,9 @@ export function stream(path, { onEvent, onState = () => {}, root }) {
     let buffer = "";
     let type = "";
     let data = [];
+    // An event's id counts only once the whole event has arrived: a connection that
+    // drops inside it must ask for that event again.
+    let id = lastId;
     for (;;) {
       const { value, done } = await reader.read();
       if (done || gone()) return false;
@@ -149,6 +152,7 @@ export function stream(path, { onEvent, onState = () => {}, root }) {
       for (const line of lines) {
         if (line === "") {
           if (type || data.length) {
+            lastId = id;
             onEvent({ event: type || "message", id: lastId, data: data.join("\n") });
             if (type === "end") return true;
             if (gone()) return false;
@@ -164,7 +168,7 @@ export function stream(path, { onEvent, onState = () => {}, root }) {
         if (value.startsWith(" ")) value = value.slice(1);
         if (field === "event") type = value;
         else if (field === "data") data.push(value);
-        else if (field === "id" && !value.includes("\0")) lastId = value;
+        else if (field === "id" && !value.includes("\0")) id = value;
       }
     }
   }

@@ -165,7 +165,9 @@ export function runsPage(params) {
     }
   }
 
-  const refreshSoon = debounce(250, refresh);
+  // A busy fleet changes runs all the time: the list and its counts (which count every
+  // run) are read at most twice a second.
+  const refreshSoon = debounce(500, refresh);
   // The first load, a slow safety refresh, and one as soon as a hidden tab is shown.
   every(SAFETY_MS, root, refreshSoon.now);
   let polling = false;

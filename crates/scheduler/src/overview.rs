@@ -11,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 /// The advisory lock key of the sampler's leader ("cairnovr").
 const LEADER_LOCK: i64 = 0x6361_6972_6e6f_7672;
 
-/// How long after an interval's end its sample is taken: a run that ended just before
-/// the boundary has committed by then.
+/// How long after an interval's end its sample is taken (a quarter of a short interval):
+/// a run that ended just before the boundary has committed by then.
 const SETTLE: Duration = Duration::from_secs(1);
 
 /// Runs the sampler: competes for leadership, and records one sample per interval while
@@ -27,7 +27,7 @@ pub async fn run(pool: PgPool, interval_seconds: u32, shutdown: CancellationToke
         };
         tracing::info!("this scheduler leads the overview sampler");
         while !shutdown.is_cancelled() {
-            pause(until_next(interval) + SETTLE, &shutdown).await;
+            pause(until_next(interval) + SETTLE.min(interval / 4), &shutdown).await;
             if shutdown.is_cancelled() {
                 break;
             }

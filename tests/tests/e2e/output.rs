@@ -326,10 +326,10 @@ async fn a_follower_that_reconnects_goes_on_after_its_last_event() {
     })
     .await;
     let last = first.last().expect("an event").0.clone();
-    assert!(
-        last.parse::<u64>().is_ok(),
-        "ids are chunk numbers: {last:?}"
-    );
+    // The attempt (its lease epoch) and the chunk's number.
+    let (epoch, seq) = last.split_once(':').expect("EPOCH:SEQ");
+    assert_eq!(epoch, "1", "{last:?}");
+    assert!(seq.parse::<u64>().is_ok(), "{last:?}");
     let rest = follow_events(&cluster, &path, Some(&last), |_| false).await;
     let joined: Vec<u8> = first.into_iter().chain(rest).flat_map(|(_, b)| b).collect();
     let expected: String = (1..=6).map(|i| format!("line {i}\n")).collect();

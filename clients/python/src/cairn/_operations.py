@@ -353,7 +353,7 @@ OPERATIONS: dict[str, Operation] = {
                 location="header",
                 required=False,
                 type="string",
-                pattern="^[0-9]{1,20}(_[0-9a-f]{32})?$",
+                pattern="^[0-9]{1,18}:[0-9]{1,19}$",
             ),
         ),
         body=None,
@@ -428,11 +428,7 @@ OPERATIONS: dict[str, Operation] = {
         params=(
             Param(name="run_id", location="query", required=False, type="string", pattern="^[0-9a-f]{32}$"),
             Param(
-                name="Last-Event-ID",
-                location="header",
-                required=False,
-                type="string",
-                pattern="^[0-9]{1,20}(_[0-9a-f]{32})?$",
+                name="Last-Event-ID", location="header", required=False, type="string", pattern="^[0-9a-f:,;]{1,30000}$"
             ),
         ),
         body=None,
@@ -524,7 +520,7 @@ OPERATIONS: dict[str, Operation] = {
                 location="header",
                 required=False,
                 type="string",
-                pattern="^[0-9]{1,20}(_[0-9a-f]{32})?$",
+                pattern="^[0-9]{1,18}:[0-9]{1,19}$",
             ),
         ),
         body=None,

@@ -83,8 +83,9 @@ pub struct Asked {
     pub following: bool,
     pub tail: Option<usize>,
     /// When following again: the `id` of the last `output` event the client had (its
-    /// `Last-Event-ID`); the stream goes on after that chunk.
-    pub after: Option<u64>,
+    /// `Last-Event-ID`), `EPOCH:SEQ`; the stream goes on after that chunk if it follows
+    /// the same attempt, and from the start of the one it follows now otherwise.
+    pub after: Option<(i64, u64)>,
 }
 
 /// Checks the query's values together.
@@ -119,13 +120,15 @@ pub fn asked(query: &OutputQuery, headers: &HeaderMap) -> Result<Asked, ApiError
     };
     let after = last_event_id(headers)?
         .map(|id| {
-            id.parse::<u64>().map_err(|_| {
-                ApiError::bad_request(
-                    "invalid_query",
-                    "Last-Event-ID is the id of an output event this API sent",
-                )
-                .with_field("last_event_id")
-            })
+            id.split_once(':')
+                .and_then(|(epoch, seq)| Some((epoch.parse().ok()?, seq.parse().ok()?)))
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "invalid_query",
+                        "Last-Event-ID is the id of an output event this API sent",
+                    )
+                    .with_field("last_event_id")
+                })
         })
         .transpose()?;
     Ok(Asked {
@@ -250,8 +253,12 @@ async fn ended(pool: &PgPool, source: &Source) -> bool {
 fn follow(
     pool: PgPool,
     live: LiveStream,
-    after: Option<u64>,
+    after: Option<(i64, u64)>,
 ) -> Sse<impl futures::Stream<Item = Result<Event, std::convert::Infallible>>> {
+    // Another attempt's chunks are numbered anew: its position says nothing here.
+    let after = after
+        .filter(|(epoch, _)| *epoch == live.source.epoch())
+        .map(|(_, seq)| seq);
     let state = Follower {
         pool,
         live,
@@ -299,11 +306,12 @@ fn follow(
                 }
                 if let Some(seq) = first {
                     let data = serde_json::json!({"seq": seq, "text": escape(&batch)});
-                    // The id is the batch's last chunk: a client that comes back with it
-                    // as its Last-Event-ID gets what follows, nothing twice.
+                    // The id is the attempt and the batch's last chunk: a client that
+                    // comes back with it as its Last-Event-ID gets what follows, nothing
+                    // twice.
                     let event = Event::default()
                         .event("output")
-                        .id(through.to_string())
+                        .id(format!("{}:{through}", f.live.source.epoch()))
                         .data(data.to_string());
                     return Some((Ok(event), f));
                 }
@@ -340,9 +348,11 @@ fn sequence(key: &str) -> u64 {
 }
 
 /// The `Last-Event-ID` a reconnecting client sent, if any; one that is not text is a 400.
+/// An empty one is none, as event streams treat it.
 pub fn last_event_id(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
     headers
         .get("last-event-id")
+        .filter(|v| !v.is_empty())
         .map(|v| {
             v.to_str().map_err(|_| {
                 ApiError::bad_request("invalid_query", "Last-Event-ID is not text")

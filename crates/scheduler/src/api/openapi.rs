@@ -8,6 +8,10 @@ use super::{
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
+/// The run feed's `Last-Event-ID`: what a position may be made of
+/// ([`super::runs::position`]).
+pub const FEED_POSITION: &str = "^[0-9a-f:,;]{1,30000}$";
+
 #[derive(OpenApi)]
 #[openapi(
     info(title = "Cairn scheduler API", description = "Admission of runs, reviewed continuations and verification handoffs; sandboxes."),
@@ -190,6 +194,24 @@ fn path_schema(name: &str) -> serde_json::Value {
 /// on every response, and the
 /// patterns the server enforces on path parameters (ids: 32 lowercase hex; agent
 /// names; step keys).
+/// The schema of a parameter the handlers' types cannot state, if it is one.
+fn param_schema(path: &str, name: &str, place: &serde_json::Value) -> Option<serde_json::Value> {
+    match name {
+        "Idempotency-Key" => {
+            Some(serde_json::json!({"type": "string", "pattern": "^[!-~]([ -~]{0,253}[!-~])?$"}))
+        }
+        // An event stream's position: an output's `EPOCH:SEQ`, or the run feed's
+        // snapshots (`XMIN:XMAX:XIP,…`, `;`-separated, whose order no pattern states: a
+        // 422).
+        "Last-Event-ID" if path.ends_with("/output") => {
+            Some(serde_json::json!({"type": "string", "pattern": "^[0-9]{1,18}:[0-9]{1,19}$"}))
+        }
+        "Last-Event-ID" => Some(serde_json::json!({"type": "string", "pattern": FEED_POSITION})),
+        _ if place == "path" => Some(path_schema(name)),
+        _ => None,
+    }
+}
+
 fn complete(doc: &mut serde_json::Value) {
     use serde_json::json;
     let error = json!({
@@ -210,7 +232,7 @@ fn complete(doc: &mut serde_json::Value) {
     let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) else {
         return;
     };
-    for item in paths.values_mut() {
+    for (path, item) in paths.iter_mut() {
         let Some(item) = item.as_object_mut() else {
             continue;
         };
@@ -228,20 +250,9 @@ fn complete(doc: &mut serde_json::Value) {
             {
                 for param in params {
                     let name = param["name"].as_str().unwrap_or_default().to_string();
-                    if name == "Idempotency-Key" {
-                        param["schema"] =
-                            json!({"type": "string", "pattern": "^[!-~]([ -~]{0,253}[!-~])?$"});
+                    if let Some(schema) = param_schema(path, &name, &param["in"]) {
+                        param["schema"] = schema;
                     }
-                    // An event stream's position: a chunk's number, or the run feed's
-                    // `XID[_RUNID]`.
-                    if name == "Last-Event-ID" {
-                        param["schema"] =
-                            json!({"type": "string", "pattern": "^[0-9]{1,20}(_[0-9a-f]{32})?$"});
-                    }
-                    if param["in"] != "path" {
-                        continue;
-                    }
-                    param["schema"] = path_schema(&name);
                 }
             }
             let Some(responses) = operation

@@ -166,18 +166,32 @@ async fn the_run_feed_goes_on_after_the_last_event_id_and_shows_a_tenant_its_own
     let seen = runs_in(&theirs.until_run(&own, "queued").await);
     assert!(seen.iter().all(|(run, _)| *run == own), "{seen:?}");
 
-    for bad in ["nope", "12_xyz", "-3"] {
+    for bad in ["nope", "12_xyz", "-3", "1:2: 3"] {
         let (status, _) = Feed::open(&api, &api.admin, "", Some(bad)).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}");
     }
+    // An empty one is none: the stream starts now.
+    let (status, mut fresh) = Feed::open(&api, &api.admin, "", Some("")).await;
+    assert_eq!(status, StatusCode::OK);
+    fresh.until_ready().await;
+    // Made of what a position is made of, and not one.
+    for unordered in ["9:5:", "5:9:7,6", "5:9:;5:9:;6;1234", "a"] {
+        let (status, _) = Feed::open(&api, &api.admin, "", Some(unordered)).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{unordered}");
+    }
+    // One from a server ahead of this one (a restore): the stream starts again now.
+    let (status, mut ahead) =
+        Feed::open(&api, &api.admin, "", Some("999999999999:999999999999:")).await;
+    assert_eq!(status, StatusCode::OK);
+    let first = ahead.next(Duration::from_secs(10)).await.expect("an event");
+    assert_eq!(first.kind, "reset", "{first:?}");
     let (status, _) = Feed::open(&api, &api.admin, "?run_id=123", None).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 }
 
-/// A transaction that wrote a run first and commits after a later one is still sent:
-/// the feed waits for it instead of moving past it. (Another test's transactions on
-/// the same server may hold the horizon back and replay a run's admission: only the
-/// label writes are looked for.)
+/// A transaction that wrote a run first and commits after a later one is still sent
+/// when it commits, and, open, it holds back nothing else: the later write is sent at
+/// once.
 #[tokio::test]
 async fn a_change_that_commits_after_a_later_one_is_never_skipped() {
     let api = Api::new().await;
@@ -203,6 +217,11 @@ async fn a_change_that_commits_after_a_later_one_is_never_skipped() {
     while let Some(event) = feed.next(deadline - tokio::time::Instant::now()).await {
         labelled.push(event.data["labels"].clone());
     }
+    assert_eq!(
+        labelled,
+        vec![json!({"fast": "yes"})],
+        "the committed write, at once"
+    );
     slow.commit().await.expect("commit");
     while !labelled.contains(&json!({"slow": "yes"})) || !labelled.contains(&json!({"fast": "yes"}))
     {

@@ -1,16 +1,16 @@
 //! The runs that change, as server-sent events: the console's live list and run page.
 //!
 //! Each run row carries the id of the transaction that last wrote it (`change_xid`, set
-//! by the database). A poll reads, in `(change_xid, id)` order, the rows written after
-//! the client's position by transactions that have all ended (below the snapshot's
-//! xmin), so a writer that commits after a later one is still read. The position is
-//! each event's `id`; a client that reconnects with it as `Last-Event-ID` gets every run
-//! that changed since, once per change, and nothing it already had. A stream opened
-//! without one starts at the horizon, so it may first send runs that changed just before
-//! it opened (each event is a run as it is now, so a repeat changes nothing). A write
-//! transaction held open anywhere on the server holds the horizon, and the stream,
-//! until it ends; Cairn's own last milliseconds.
+//! by the database). A stream's position is a PostgreSQL snapshot whose visible rows
+//! have all been sent ([`Position`]); a poll reads, in `(change_xid, id)` order, the rows
+//! its own snapshot sees and that one did not, so a writer that commits after a later
+//! one is read when it commits, and a transaction held open elsewhere holds back only
+//! its own rows. The position is each event's `id`; a client that reconnects with it as
+//! `Last-Event-ID` gets every run that changed since, once per change, and nothing it
+//! already had. A stream lasts at most [`LIFETIME`], so a revoked token stops receiving
+//! at its next reconnect.
 
+use super::position::{Position, Snapshot};
 use super::view::{RunView, RUN_SELECT};
 use crate::api::auth::{Caller, Role};
 use crate::api::error::{ApiError, ErrorBody};
@@ -21,10 +21,9 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
-use cairn_common::ids::Id;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use utoipa::{IntoParams, ToSchema};
 use uuid::Uuid;
 
@@ -36,6 +35,10 @@ const BATCH: i64 = 200;
 
 /// A reconnect that missed more changes than this gets a `reset` instead of them all.
 const MAX_REPLAY: i64 = 1000;
+
+/// How long one stream lasts before the server ends it (the client reconnects with its
+/// last id, and its token is checked again).
+pub const LIFETIME: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -60,46 +63,18 @@ pub struct RunEvent {
     pub data: String,
 }
 
-/// Where a stream stands: every change by a transaction below `xid` has been sent, and
-/// of the rows `xid` itself wrote, those with an id up to `after` (none when `None`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Position {
-    xid: u64,
-    /// The last run sent of those written by `xid`; `None`: none of them yet.
-    after: Option<Uuid>,
-}
-
-impl Position {
-    fn text(self) -> String {
-        match self.after {
-            Some(id) => format!("{}_{}", self.xid, Id::from(id)),
-            None => self.xid.to_string(),
-        }
-    }
-
-    fn parse(text: &str) -> Option<Position> {
-        let (xid, after) = match text.split_once('_') {
-            Some((xid, id)) => (xid, Some(id.parse::<Id>().ok()?.uuid())),
-            None => (text, None),
-        };
-        Some(Position {
-            xid: xid.parse().ok()?,
-            after,
-        })
-    }
-}
-
 /// The runs of the caller's tenant (or one run) as they change: `run` events, each with
 /// the run as it is now (its state, cancel, pause or flow-control hold changed), and a
-/// `ready` event once what changed since `Last-Event-ID` has been sent. Without one the
-/// stream starts now, and may first repeat runs that changed just before. Comments keep
-/// the connection alive.
+/// `ready` event once what changed since `Last-Event-ID` has been sent (without one,
+/// the stream starts now). Comments keep the connection alive; the server ends a stream
+/// after 10 minutes, and the client reconnects with its last id.
 #[utoipa::path(get, operation_id = "get_run_events", tag = "runs", path = "/api/v1/runs/events",
     params(EventsQuery,
         ("Last-Event-ID" = Option<String>, Header, description = "The id of the last event the client had: the stream goes on after it")),
     responses(
         (status = 200, description = "Server-sent events", content((RunEvent = "text/event-stream"))),
-        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody)),
+        (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
+        (status = 422, description = "A Last-Event-ID this stream did not write", body = ErrorBody)),
     security(("bearer" = [])))]
 pub async fn events(
     State(state): State<AppState>,
@@ -115,28 +90,24 @@ pub async fn events(
         .map(|id| path_id(id, "run_id"))
         .transpose()?;
     let asked = last_event_id(&headers)?
-        .map(|text| {
-            Position::parse(text).ok_or_else(|| {
-                ApiError::bad_request(
-                    "invalid_query",
-                    "Last-Event-ID is not the id of an event this stream sent",
-                )
-                .with_field("last_event_id")
-            })
-        })
+        .map(|text| Position::parse(text).ok_or_else(|| refused(text)))
         .transpose()?;
     let filter = Filter {
         tenant: caller.scope().map(str::to_string),
         run,
     };
-    let now = Position {
-        xid: horizon(&state.pool).await?,
-        after: None,
+    let now = Position::Caught {
+        seen: current(&state.pool).await?,
     };
     let mut pending = Vec::new();
     let start = match asked {
-        Some(from) if behind(&state.pool, &filter, from).await? > MAX_REPLAY => {
-            pending.push(marker("reset", now));
+        // A position from another server, or from before a restore, is reset.
+        Some(from) if from.seen().xmax > now.seen().xmax => {
+            pending.push(marker("reset", &now));
+            now
+        }
+        Some(from) if behind(&state.pool, &filter, from.seen()).await? > MAX_REPLAY => {
+            pending.push(marker("reset", &now));
             now
         }
         Some(from) => from,
@@ -146,12 +117,31 @@ pub async fn events(
         pool: state.pool.clone(),
         filter,
         at: start,
-        pending,
+        pending: pending.into(),
         ready_sent: false,
+        opened: Instant::now(),
     };
     Ok(Sse::new(futures::stream::unfold(stream, next))
         .keep_alive(KeepAlive::default())
         .into_response())
+}
+
+/// Why a `Last-Event-ID` is refused: a 400 when it is not made of what a position is
+/// made of, a 422 when it is but is no position this stream wrote.
+fn refused(text: &str) -> ApiError {
+    let made_of = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c) || ":,;".contains(c);
+    if text.len() <= 30_000 && !text.is_empty() && text.chars().all(made_of) {
+        ApiError::unprocessable(
+            "last_event_id",
+            "Last-Event-ID is not the id of an event this stream sent",
+        )
+    } else {
+        ApiError::bad_request(
+            "invalid_query",
+            "Last-Event-ID is not the id of an event this stream sent",
+        )
+        .with_field("last_event_id")
+    }
 }
 
 struct Filter {
@@ -164,33 +154,35 @@ struct Stream {
     filter: Filter,
     at: Position,
     /// Events read and not yet sent, in order.
-    pending: Vec<Event>,
+    pending: std::collections::VecDeque<Event>,
     ready_sent: bool,
+    opened: Instant,
 }
 
 /// The stream's next event: what a poll found, `ready` after the first poll that found
-/// the replay done, or a wait for the next poll.
+/// the replay done, or a wait for the next poll; none once its lifetime is over.
 async fn next(mut s: Stream) -> Option<(Result<Event, std::convert::Infallible>, Stream)> {
     loop {
-        if !s.pending.is_empty() {
-            let event = s.pending.remove(0);
+        if let Some(event) = s.pending.pop_front() {
             return Some((Ok(event), s));
         }
-        match changed(&s.pool, &s.filter, s.at).await {
+        if s.opened.elapsed() >= LIFETIME {
+            return None;
+        }
+        match changed(&s.pool, &s.filter, &s.at).await {
             Ok(batch) => {
-                let caught_up = batch.runs.len() < BATCH as usize;
                 for (position, run) in batch.runs {
-                    let data = serde_json::to_string(&run).unwrap_or_default();
-                    s.pending
-                        .push(Event::default().event("run").id(position.text()).data(data));
-                    s.at = position;
-                }
-                if caught_up {
-                    s.at = s.at.max_with(batch.horizon);
-                    if !s.ready_sent {
-                        s.ready_sent = true;
-                        s.pending.push(marker("ready", s.at));
+                    // A run always serializes; were it not to, it is left out, never
+                    // sent empty.
+                    if let Ok(data) = serde_json::to_string(&run) {
+                        let event = Event::default().event("run").id(position.text());
+                        s.pending.push_back(event.data(data));
                     }
+                }
+                s.at = batch.next;
+                if batch.caught_up && !s.ready_sent {
+                    s.ready_sent = true;
+                    s.pending.push_back(marker("ready", &s.at));
                 }
                 if !s.pending.is_empty() {
                     continue;
@@ -203,45 +195,36 @@ async fn next(mut s: Stream) -> Option<(Result<Event, std::convert::Infallible>,
     }
 }
 
-impl Position {
-    /// This position, or the horizon when every transaction below it has ended and
-    /// nothing of its own xid remains to send.
-    fn max_with(self, horizon: u64) -> Position {
-        if horizon > self.xid {
-            Position {
-                xid: horizon,
-                after: None,
-            }
-        } else {
-            self
-        }
-    }
-}
-
-fn marker(kind: &str, at: Position) -> Event {
+fn marker(kind: &str, at: &Position) -> Event {
     Event::default().event(kind).id(at.text()).data("{}")
 }
 
-/// The oldest transaction still running (the snapshot's xmin): every writer below it has
-/// ended.
-async fn horizon(pool: &PgPool) -> Result<u64, sqlx::Error> {
-    let text: String = sqlx::query_scalar("SELECT pg_snapshot_xmin(pg_current_snapshot())::text")
+/// The database's snapshot now.
+async fn current(pool: &PgPool) -> Result<Snapshot, sqlx::Error> {
+    let text: String = sqlx::query_scalar("SELECT pg_current_snapshot()::text")
         .fetch_one(pool)
         .await?;
-    Ok(text.parse().unwrap_or_default())
+    parsed(&text)
 }
 
-/// How many runs changed after `from` (counted up to one past the replay's limit).
-async fn behind(pool: &PgPool, filter: &Filter, from: Position) -> Result<i64, sqlx::Error> {
+/// A snapshot the database wrote; one that does not parse is the database's fault.
+fn parsed(text: &str) -> Result<Snapshot, sqlx::Error> {
+    Snapshot::parse(text)
+        .ok_or_else(|| sqlx::Error::Protocol(format!("a snapshot that is not one: {text:?}")))
+}
+
+/// How many runs changed since `seen` (counted up to one past the replay's limit).
+async fn behind(pool: &PgPool, filter: &Filter, seen: &Snapshot) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(
         "SELECT count(*) FROM (
             SELECT 1 FROM runs r
-             WHERE r.change_xid >= $1::text::xid8
+             WHERE r.change_xid >= pg_snapshot_xmin($1::pg_snapshot)
+               AND NOT pg_visible_in_snapshot(r.change_xid, $1::pg_snapshot)
                AND ($2::text IS NULL OR r.tenant_id = $2)
                AND ($3::uuid IS NULL OR r.id = $3)
              LIMIT $4) x",
     )
-    .bind(from.xid.to_string())
+    .bind(seen.text())
     .bind(&filter.tenant)
     .bind(filter.run)
     .bind(MAX_REPLAY + 1)
@@ -252,104 +235,96 @@ async fn behind(pool: &PgPool, filter: &Filter, from: Position) -> Result<i64, s
 struct Batch {
     /// Each run read, with the position after it.
     runs: Vec<(Position, RunView)>,
-    /// The xmin of the snapshot the batch was read in.
-    horizon: u64,
+    /// Where the stream stands after the batch.
+    next: Position,
+    /// Whether the batch read everything up to its target.
+    caught_up: bool,
 }
 
-/// The runs written after `at` by transactions that have ended, in order, up to
-/// [`BATCH`]; read in one statement, so the horizon is that of the rows' snapshot.
-async fn changed(pool: &PgPool, filter: &Filter, at: Position) -> Result<Batch, sqlx::Error> {
-    let (horizon, ids, xids): (String, Vec<Uuid>, Vec<String>) = sqlx::query_as(
-        "WITH snap AS (SELECT pg_snapshot_xmin(pg_current_snapshot()) AS xmin),
-              found AS (
-                SELECT r.id, r.change_xid FROM runs r, snap
-                 WHERE r.change_xid >= $1::text::xid8
-                   AND ($2::uuid IS NULL OR r.change_xid > $1::text::xid8 OR r.id > $2)
-                   AND r.change_xid < snap.xmin
-                   AND ($3::text IS NULL OR r.tenant_id = $3)
-                   AND ($4::uuid IS NULL OR r.id = $4)
+/// The next runs, in order, up to [`BATCH`]: those the target snapshot sees and `seen`
+/// did not (the target is the statement's own snapshot when the stream is caught up).
+async fn changed(pool: &PgPool, filter: &Filter, at: &Position) -> Result<Batch, sqlx::Error> {
+    let (seen, target, after) = match at {
+        Position::Caught { seen } => (seen, None, None),
+        Position::Within {
+            seen,
+            target,
+            xid,
+            run,
+        } => (seen, Some(target), Some((*xid, *run))),
+    };
+    let (now, ids, xids): (String, Vec<Uuid>, Vec<String>) = sqlx::query_as(
+        "WITH found AS (
+                SELECT r.id, r.change_xid FROM runs r
+                 WHERE r.change_xid >= pg_snapshot_xmin($1::pg_snapshot)
+                   AND NOT pg_visible_in_snapshot(r.change_xid, $1::pg_snapshot)
+                   AND ($2::text IS NULL OR pg_visible_in_snapshot(r.change_xid, $2::pg_snapshot))
+                   AND ($3::text IS NULL OR (r.change_xid, r.id) > ($3::xid8, $4::uuid))
+                   AND ($5::text IS NULL OR r.tenant_id = $5)
+                   AND ($6::uuid IS NULL OR r.id = $6)
                  ORDER BY r.change_xid, r.id
-                 LIMIT $5)
-         SELECT (SELECT xmin::text FROM snap),
+                 LIMIT $7)
+         SELECT pg_current_snapshot()::text,
                 COALESCE(array_agg(id ORDER BY change_xid, id), '{}'),
                 COALESCE(array_agg(change_xid::text ORDER BY change_xid, id), '{}')
            FROM found",
     )
-    .bind(at.xid.to_string())
-    .bind(at.after)
+    .bind(seen.text())
+    .bind(target.map(Snapshot::text))
+    .bind(after.map(|(xid, _)| xid.to_string()))
+    .bind(after.map(|(_, run)| run))
     .bind(&filter.tenant)
     .bind(filter.run)
     .bind(BATCH)
     .fetch_one(pool)
     .await?;
-    let horizon = horizon.parse().unwrap_or(at.xid);
+    let now = parsed(&now)?;
+    let target = target.cloned().unwrap_or(now);
+    let caught_up = (ids.len() as i64) < BATCH;
+    let views = load(pool, &ids).await?;
+    let mut runs = Vec::new();
+    let mut last = None;
+    for (id, xid) in ids.iter().zip(&xids) {
+        let Ok(xid) = xid.parse::<u64>() else {
+            continue;
+        };
+        let position = Position::Within {
+            seen: seen.clone(),
+            target: target.clone(),
+            xid,
+            run: *id,
+        };
+        last = Some(position.clone());
+        if let Some(view) = views.get(id) {
+            runs.push((position, view.clone()));
+        }
+    }
+    let next = match last {
+        Some(last) if !caught_up => last,
+        _ => Position::Caught { seen: target },
+    };
+    Ok(Batch {
+        runs,
+        next,
+        caught_up,
+    })
+}
+
+/// The runs `ids` as the API shows them.
+async fn load(
+    pool: &PgPool,
+    ids: &[Uuid],
+) -> Result<std::collections::HashMap<Uuid, RunView>, sqlx::Error> {
     if ids.is_empty() {
-        return Ok(Batch {
-            runs: Vec::new(),
-            horizon,
-        });
+        return Ok(Default::default());
     }
     let rows: Vec<super::view::RunRow> =
         sqlx::query_as(&format!("{RUN_SELECT} WHERE r.id = ANY($1)"))
-            .bind(&ids)
+            .bind(ids)
             .fetch_all(pool)
             .await?;
-    let mut views: std::collections::HashMap<Uuid, RunView> = rows
+    Ok(rows
         .into_iter()
         .map(|row| (row.id, RunView::from(row)))
-        .collect();
-    let runs = ids
-        .iter()
-        .zip(&xids)
-        .filter_map(|(id, xid)| {
-            let position = Position {
-                xid: xid.parse().ok()?,
-                after: Some(*id),
-            };
-            views.remove(id).map(|view| (position, view))
-        })
-        .collect();
-    Ok(Batch { runs, horizon })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_position_reads_back_as_it_was_written() {
-        let id = Uuid::new_v4();
-        for at in [
-            Position {
-                xid: 7,
-                after: None,
-            },
-            Position {
-                xid: 123_456_789_012,
-                after: Some(id),
-            },
-        ] {
-            assert_eq!(Position::parse(&at.text()), Some(at));
-        }
-        for bad in ["", "x", "7_", "7_zz", "-1", "7_1234"] {
-            assert_eq!(Position::parse(bad), None, "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn the_horizon_moves_a_position_only_forward() {
-        let at = Position {
-            xid: 10,
-            after: Some(Uuid::nil()),
-        };
-        assert_eq!(at.max_with(9), at);
-        assert_eq!(at.max_with(10), at);
-        assert_eq!(
-            at.max_with(11),
-            Position {
-                xid: 11,
-                after: None
-            }
-        );
-    }
+        .collect())
 }

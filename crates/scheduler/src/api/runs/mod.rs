@@ -3,7 +3,8 @@
 //!
 //! - [`admission`]: submitting one run or a batch.
 //! - [`view`]: reading runs and their execution requests.
-//! - [`events`]: the runs that change, as server-sent events.
+//! - [`events`]: the runs that change, as server-sent events; [`position`]: where such a
+//!   stream stands.
 //! - [`journal`](mod@journal): a run's journal.
 //! - [`output`](mod@output): a step's output, read or followed.
 //! - [`reconciliation`]: a run that needs a person, and the decisions on its steps.
@@ -15,6 +16,7 @@ pub mod bulk;
 pub mod events;
 pub mod journal;
 pub mod output;
+pub mod position;
 pub mod reconciliation;
 pub mod rerun;
 pub mod view;

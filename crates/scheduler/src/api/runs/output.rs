@@ -19,8 +19,9 @@ use uuid::Uuid;
 /// `{"seq": N, "text": …}` (the bytes in Cairn's escaped text form, see
 /// `cairn_common::output`), then one `end` event, `{"epoch": N}`, when the attempt at
 /// that lease epoch has ended (its receipt, or another attempt took the request). Each
-/// `output` event's `id` is its last chunk's sequence number: sent back as
-/// `Last-Event-ID`, the stream goes on after it, so a reconnect shows nothing twice.
+/// `output` event's `id` is `EPOCH:SEQ`, the attempt and its last chunk: sent back as
+/// `Last-Event-ID`, the stream goes on after it (from the start of another attempt), so a
+/// reconnect shows nothing twice.
 #[utoipa::path(get, operation_id = "get_step_output", tag = "runs", path = "/api/v1/runs/{run_id}/steps/{step_key}/output",
     params(("run_id" = String, Path), ("step_key" = String, Path), OutputQuery,
         ("Last-Event-ID" = Option<String>, Header, description = "With follow: the id of the last output event had; the stream goes on after it")),
