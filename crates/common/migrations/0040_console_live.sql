@@ -1,9 +1,10 @@
 -- The run change feed (`GET /api/v1/runs/events`) and the fleet overview's samples.
 
--- Each run row carries the id of the transaction that last wrote it. A reader takes
--- only rows whose writer is below its snapshot's xmin, so every writer has ended: a
--- transaction that commits after a later one is still read, never skipped. Rows written
--- before this migration carry none and are never replayed.
+-- Each run row carries the id of the transaction that last wrote it. A reader keeps the
+-- snapshot whose visible rows it has read, and reads next the rows its new snapshot sees
+-- and that one did not: a transaction that commits after a later one is read when it
+-- commits, never skipped. Rows written before this migration carry none and are never
+-- replayed.
 ALTER TABLE runs ADD COLUMN change_xid xid8;
 ALTER TABLE runs ALTER COLUMN change_xid SET DEFAULT pg_current_xact_id();
 CREATE INDEX runs_change_xid_idx ON runs (change_xid);

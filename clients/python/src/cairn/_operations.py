@@ -428,7 +428,7 @@ OPERATIONS: dict[str, Operation] = {
         params=(
             Param(name="run_id", location="query", required=False, type="string", pattern="^[0-9a-f]{32}$"),
             Param(
-                name="Last-Event-ID", location="header", required=False, type="string", pattern="^[0-9a-f:,;]{1,30000}$"
+                name="Last-Event-ID", location="header", required=False, type="string", pattern="^[0-9a-f:,;]{1,50000}$"
             ),
         ),
         body=None,

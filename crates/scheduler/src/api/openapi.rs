@@ -10,7 +10,7 @@ use utoipa::{Modify, OpenApi};
 
 /// The run feed's `Last-Event-ID`: what a position may be made of
 /// ([`super::runs::position`]).
-pub const FEED_POSITION: &str = "^[0-9a-f:,;]{1,30000}$";
+pub const FEED_POSITION: &str = "^[0-9a-f:,;]{1,50000}$";
 
 #[derive(OpenApi)]
 #[openapi(

@@ -102,11 +102,11 @@ pub async fn events(
     let mut pending = Vec::new();
     let start = match asked {
         // A position from another server, or from before a restore, is reset.
-        Some(from) if from.seen().xmax > now.seen().xmax => {
+        Some(from) if from.reach().xmax > now.reach().xmax => {
             pending.push(marker("reset", &now));
             now
         }
-        Some(from) if behind(&state.pool, &filter, from.seen()).await? > MAX_REPLAY => {
+        Some(from) if behind(&state.pool, &filter, from.reach()).await? > MAX_REPLAY => {
             pending.push(marker("reset", &now));
             now
         }
@@ -130,7 +130,7 @@ pub async fn events(
 /// made of, a 422 when it is but is no position this stream wrote.
 fn refused(text: &str) -> ApiError {
     let made_of = |c: char| c.is_ascii_digit() || ('a'..='f').contains(&c) || ":,;".contains(c);
-    if text.len() <= 30_000 && !text.is_empty() && text.chars().all(made_of) {
+    if text.len() <= 50_000 && !text.is_empty() && text.chars().all(made_of) {
         ApiError::unprocessable(
             "last_event_id",
             "Last-Event-ID is not the id of an event this stream sent",
@@ -189,7 +189,7 @@ async fn next(mut s: Stream) -> Option<(Result<Event, std::convert::Infallible>,
                 }
             }
             // A failed read is read again at the next poll, from the same position.
-            Err(e) => tracing::debug!(error = %e, "run events not read"),
+            Err(e) => tracing::warn!(error = %e, "run events not read"),
         }
         tokio::time::sleep(POLL).await;
     }
@@ -213,13 +213,14 @@ fn parsed(text: &str) -> Result<Snapshot, sqlx::Error> {
         .ok_or_else(|| sqlx::Error::Protocol(format!("a snapshot that is not one: {text:?}")))
 }
 
-/// How many runs changed since `seen` (counted up to one past the replay's limit).
+/// How many runs changed since `seen` (counted up to one past the replay's limit; from
+/// the target of a position part way through a batch, whose rest is not counted).
 async fn behind(pool: &PgPool, filter: &Filter, seen: &Snapshot) -> Result<i64, sqlx::Error> {
     sqlx::query_scalar(
         "SELECT count(*) FROM (
             SELECT 1 FROM runs r
-             WHERE r.change_xid >= pg_snapshot_xmin($1::pg_snapshot)
-               AND NOT pg_visible_in_snapshot(r.change_xid, $1::pg_snapshot)
+             WHERE (r.change_xid >= pg_snapshot_xmax($1::pg_snapshot)
+                    OR r.change_xid = ANY(ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot))))
                AND ($2::text IS NULL OR r.tenant_id = $2)
                AND ($3::uuid IS NULL OR r.id = $3)
              LIMIT $4) x",
@@ -243,6 +244,9 @@ struct Batch {
 
 /// The next runs, in order, up to [`BATCH`]: those the target snapshot sees and `seen`
 /// did not (the target is the statement's own snapshot when the stream is caught up).
+/// The transactions `seen` did not see are those from its xmax on and those it lists as
+/// running, both read on the index; a row written by a transaction from beyond the
+/// target's xmax (copied by a restore) is not read until the server's ids pass it.
 async fn changed(pool: &PgPool, filter: &Filter, at: &Position) -> Result<Batch, sqlx::Error> {
     let (seen, target, after) = match at {
         Position::Caught { seen } => (seen, None, None),
@@ -256,8 +260,9 @@ async fn changed(pool: &PgPool, filter: &Filter, at: &Position) -> Result<Batch,
     let (now, ids, xids): (String, Vec<Uuid>, Vec<String>) = sqlx::query_as(
         "WITH found AS (
                 SELECT r.id, r.change_xid FROM runs r
-                 WHERE r.change_xid >= pg_snapshot_xmin($1::pg_snapshot)
-                   AND NOT pg_visible_in_snapshot(r.change_xid, $1::pg_snapshot)
+                 WHERE (r.change_xid >= pg_snapshot_xmax($1::pg_snapshot)
+                        OR r.change_xid = ANY(ARRAY(SELECT pg_snapshot_xip($1::pg_snapshot))))
+                   AND r.change_xid < pg_snapshot_xmax(COALESCE($2::pg_snapshot, pg_current_snapshot()))
                    AND ($2::text IS NULL OR pg_visible_in_snapshot(r.change_xid, $2::pg_snapshot))
                    AND ($3::text IS NULL OR (r.change_xid, r.id) > ($3::xid8, $4::uuid))
                    AND ($5::text IS NULL OR r.tenant_id = $5)
@@ -285,9 +290,9 @@ async fn changed(pool: &PgPool, filter: &Filter, at: &Position) -> Result<Batch,
     let mut runs = Vec::new();
     let mut last = None;
     for (id, xid) in ids.iter().zip(&xids) {
-        let Ok(xid) = xid.parse::<u64>() else {
-            continue;
-        };
+        let xid = xid
+            .parse::<u64>()
+            .map_err(|_| sqlx::Error::Protocol(format!("an xid that is not one: {xid:?}")))?;
         let position = Position::Within {
             seen: seen.clone(),
             target: target.clone(),

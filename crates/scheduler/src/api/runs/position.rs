@@ -102,10 +102,12 @@ impl Position {
         }
     }
 
-    /// The snapshot whose visible rows have all been sent.
-    pub fn seen(&self) -> &Snapshot {
+    /// The newest snapshot the position names: where the stream stands once the batch
+    /// it is in is sent.
+    pub fn reach(&self) -> &Snapshot {
         match self {
-            Position::Caught { seen } | Position::Within { seen, .. } => seen,
+            Position::Caught { seen } => seen,
+            Position::Within { target, .. } => target,
         }
     }
 }
