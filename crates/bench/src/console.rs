@@ -8,6 +8,7 @@
 //! the last days, 20 agents, a `team` label of 50 values, one tenant.
 
 use crate::stack::{Stack, StackSettings};
+use crate::stats::percentile;
 use anyhow::Context;
 use std::time::{Duration, Instant};
 
@@ -103,15 +104,18 @@ async fn measure(stack: &Stack, runs: usize, samples: usize) -> anyhow::Result<(
     for ((name, a), (_, b)) in small.iter().zip(&large) {
         println!(
             "| {name} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
-            pct(a, 0.50),
-            pct(a, 0.99),
-            pct(a, 1.0),
-            pct(b, 0.50),
-            pct(b, 0.99),
-            pct(b, 1.0)
+            percentile(a, 0.50),
+            percentile(a, 0.99),
+            percentile(a, 1.0),
+            percentile(b, 0.50),
+            percentile(b, 0.99),
+            percentile(b, 1.0)
         );
     }
-    let worst = large.iter().map(|(_, t)| pct(t, 0.99)).fold(0.0, f64::max);
+    let worst = large
+        .iter()
+        .map(|(_, t)| percentile(t, 0.99))
+        .fold(0.0, f64::max);
     println!("\nCONSOLE p99 at {runs} runs: {worst:.1} ms (the slowest query's)");
     Ok(())
 }
@@ -230,13 +234,4 @@ async fn get(stack: &Stack, path: &str) -> anyhow::Result<serde_json::Value> {
     let body = response.text().await?;
     anyhow::ensure!(status.is_success(), "{path}: {status} {body}");
     Ok(serde_json::from_str(&body)?)
-}
-
-/// The `q` quantile of sorted latencies.
-fn pct(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let at = ((sorted.len() as f64 - 1.0) * q).round() as usize;
-    sorted[at.min(sorted.len() - 1)]
 }

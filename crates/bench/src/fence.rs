@@ -94,9 +94,9 @@ async fn held(pool: &sqlx::PgPool, owner: &str) -> anyhow::Result<Lease> {
 
 const HOUR: std::time::Duration = std::time::Duration::from_secs(3600);
 
+/// The `q` quantile of unsorted times.
 fn percentile(times: &[f64], q: f64) -> f64 {
     let mut sorted = times.to_vec();
     sorted.sort_by(f64::total_cmp);
-    let index = ((sorted.len() as f64 - 1.0) * q).round() as usize;
-    sorted.get(index).copied().unwrap_or(0.0)
+    crate::stats::percentile(&sorted, q)
 }

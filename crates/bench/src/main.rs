@@ -36,6 +36,7 @@ mod reaper;
 mod scratch;
 mod snapshot;
 mod stack;
+mod stats;
 mod steps;
 
 use clap::{Parser, Subcommand};

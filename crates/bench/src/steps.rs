@@ -9,6 +9,7 @@
 
 use crate::snapshot::{change_one_percent, generate_tree};
 use crate::stack::{Stack, StackSettings};
+use crate::stats::percentile;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 
@@ -28,13 +29,6 @@ struct Timing {
     intent_to_receipt_ms: f64,
     /// Intent written → the next step's intent written.
     cycle_ms: Option<f64>,
-}
-
-fn percentile(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
 }
 
 impl Steps<'_> {
