@@ -152,6 +152,18 @@ impl Browser {
             .await
             .expect("clear storage");
         self.client.refresh().await.expect("reload");
+        // A module request that Chromium dropped when the host's network changed (other
+        // tests' sandboxes make and remove namespaces) leaves the page unstarted: it is
+        // loaded once more, and a page that fails twice fails the test.
+        let started = self
+            .client
+            .wait()
+            .at_most(Duration::from_secs(10))
+            .for_element(Locator::Css("#token"))
+            .await;
+        if started.is_err() {
+            self.client.refresh().await.expect("reload");
+        }
         let field = self.wait_for("#token").await;
         let focused = self.client.active_element().await.expect("focus");
         assert_eq!(
