@@ -211,6 +211,23 @@ impl Leases {
         request_id: Uuid,
         owner: &str,
     ) -> Result<Option<Takeover>, LeaseError> {
+        let mut conn = self.pool.acquire().await?;
+        let taken = self.take_in(&mut conn, request_id, owner).await?;
+        if let Some(taken) = &taken {
+            self.announce(&taken.lease).await;
+        }
+        Ok(taken)
+    }
+
+    /// [`Leases::claim_after`] on the caller's connection, without the Redis liveness
+    /// key: a claim that takes the lease inside its own transaction writes the lease and
+    /// what it decides in one commit (or neither), then [`Leases::announce`]s it.
+    pub async fn take_in(
+        &self,
+        conn: &mut PgConnection,
+        request_id: Uuid,
+        owner: &str,
+    ) -> Result<Option<Takeover>, LeaseError> {
         let table = self.table();
         // A delivery for a request no longer queued (a duplicate, or one announced
         // again) means no work: it takes no lease, so it neither moves the epoch nor
@@ -241,13 +258,13 @@ impl Leases {
             .bind(request_id)
             .bind(owner)
             .bind(self.ttl_secs_f64())
-            .fetch_optional(&self.pool)
+            .fetch_optional(&mut *conn)
             .await?;
         let Some((epoch, deadline, previous)) = claimed else {
             let exists: Option<(i64,)> =
                 sqlx::query_as(&format!("SELECT lease_epoch FROM {table} WHERE id = $1"))
                     .bind(request_id)
-                    .fetch_optional(&self.pool)
+                    .fetch_optional(&mut *conn)
                     .await?;
             return match exists {
                 Some(_) => Ok(None),
@@ -261,7 +278,6 @@ impl Leases {
             epoch,
             deadline,
         };
-        self.set_liveness(&lease).await;
         Ok(Some(Takeover {
             lease,
             previous_deadline: previous,
@@ -364,6 +380,12 @@ impl Leases {
         op: impl std::future::Future<Output = redis::RedisResult<T>>,
     ) -> Option<T> {
         advisory(self.advisory_limit(), what, op).await
+    }
+
+    /// Sets the Redis liveness key of a lease just taken (advice only: a failure is
+    /// logged).
+    pub async fn announce(&self, lease: &Lease) {
+        self.set_liveness(lease).await
     }
 
     async fn set_liveness(&self, lease: &Lease) {

@@ -22,6 +22,9 @@ pub const BEFORE_COMPLETION: &str = "before_completion";
 /// before any worker's finishing round.
 pub const AFTER_CHECKS_PASSED: &str = "after_checks_passed";
 
+/// A point inside a claim's transaction, after it took the lease, before its commit.
+pub const INSIDE_CLAIM: &str = "inside_claim";
+
 /// A point inside a completion's transaction, before its commit.
 pub const BEFORE_COMPLETION_COMMIT: &str = "before_completion_commit";
 

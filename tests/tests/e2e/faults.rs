@@ -388,3 +388,39 @@ async fn stall_a_full_worker(label: &str) -> Cluster {
     cluster.add_worker();
     cluster
 }
+
+/// The worker's connection is cut inside the claim's transaction, after it took the
+/// lease: nothing of the claim lands, not even the epoch's move, so no lease is left
+/// to lapse. The redelivered message claims the request at epoch 1 and the run
+/// completes in its first attempt.
+#[tokio::test]
+async fn a_claim_cut_before_its_commit_leaves_no_lease_behind() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("faults-claim", 0, Settings::default()).await;
+    cluster
+        .worker_env
+        .push(("CAIRN_FAULT_POINTS".into(), "inside_claim".into()));
+    cluster.add_worker();
+    let effects = cluster.path("effects");
+    let spec = run_spec(vec![append_step("s1", &effects, "s1", 0.0, false)], 1);
+    let (run_id, request_id) = cluster.submit(&spec);
+    let ended = ["completed", "failed", "needs_reconciliation"];
+    let run = cluster.wait_for_state(&run_id, &ended, Duration::from_secs(60));
+    assert_eq!(run["state"], "completed", "{run}");
+    assert_eq!(run["attempt"], 1, "{run}");
+    assert!(
+        cluster
+            .logs()
+            .contains("fault injection: this connection is cut"),
+        "the fault was injected"
+    );
+    let epoch: i64 =
+        sqlx::query_scalar("SELECT lease_epoch FROM execution_requests WHERE id = $1::uuid")
+            .bind(&request_id)
+            .fetch_one(&cluster.pool)
+            .await
+            .expect("the request's epoch");
+    assert_eq!(epoch, 1, "the cut claim moved no epoch");
+    assert_eq!(cluster.lines("effects"), ["s1"], "the step ran once");
+    assert_eq!(cluster.metric(0, "cairn_worker_self_fenced_total"), 0.0);
+}

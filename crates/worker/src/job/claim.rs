@@ -93,11 +93,14 @@ impl Admission {
 /// after this returns may the delivery be acked.
 #[tracing::instrument(skip_all, fields(request_id = %message.request_id.simple(), kind = ?message.kind))]
 pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobError> {
-    let (lease, previous_deadline) = match take(worker, message).await? {
+    // The lease is taken inside the claim's own transaction: the epoch's move and what
+    // the claim decides commit together, or not at all, and the row stays locked until
+    // then, so no fence check is needed in between.
+    let mut tx = worker.pool.begin().await?;
+    let (lease, previous_deadline) = match take(worker, &mut tx, message).await? {
         Ok(taken) => taken,
         Err(done) => return Ok(done),
     };
-    let mut tx = lease.begin_fenced(&worker.pool).await?;
     // A step the last owner left running is charged up to that owner's deadline.
     journal::charge_interrupted(&mut tx, lease.request_id, previous_deadline).await?;
     // Whatever admitted the ticket, its window open or ended, is read with the request:
@@ -152,7 +155,9 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
         }
         Continuation::None => {}
     }
+    crate::fault::cut(crate::fault::INSIDE_CLAIM, &mut tx).await;
     tx.commit().await?;
+    worker.leases.announce(&lease).await;
     worker.active.enter(lease.request_id).await;
     let window_ends_at = admission.and_then(|a| a.window_ends_at);
     Ok(Claim::Run(Box::new(claimed(
@@ -168,11 +173,12 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
 /// the message came to when there is no lease to take.
 async fn take(
     worker: &Worker,
+    conn: &mut PgConnection,
     message: &JobMessage,
 ) -> Result<Result<(Lease, Option<DateTime<Utc>>), Claim>, JobError> {
     let claimed = worker
         .leases
-        .claim_after(message.request_id, &worker.settings.worker_id)
+        .take_in(&mut *conn, message.request_id, &worker.settings.worker_id)
         .await;
     match claimed {
         Ok(Some(taken)) => Ok(Ok((taken.lease, taken.previous_deadline))),
@@ -180,7 +186,7 @@ async fn take(
             let state: Option<RequestState> =
                 sqlx::query_scalar("SELECT state FROM execution_requests WHERE id = $1")
                     .bind(message.request_id)
-                    .fetch_optional(&worker.pool)
+                    .fetch_optional(&mut *conn)
                     .await?;
             Ok(Err(match state {
                 Some(RequestState::Queued) => Claim::Later,
