@@ -718,3 +718,96 @@ async fn take_announcement_of(cluster: &Cluster, request_id: uuid::Uuid) {
     .expect("the admission's announcement reached the queue");
     assert_eq!(taken["request_id"], request_id.to_string(), "{taken}");
 }
+
+/// The transaction that wrote a request's receipt of `step`, and the one that last
+/// wrote its tree's row (the release).
+async fn receipt_and_release_xids(
+    cluster: &Cluster,
+    request_id: &str,
+    step: &str,
+) -> (String, String) {
+    sqlx::query_as(
+        "SELECT r.xmin::text, w.xmin::text FROM journal_receipts r
+           JOIN workspaces w ON w.request_id = r.request_id
+          WHERE r.request_id = $1::uuid AND r.step_key = $2",
+    )
+    .bind(request_id)
+    .bind(step)
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("the receipt and the tree's row")
+}
+
+/// A plan's last receipt, its checkpoint, its completion and its tree's release commit
+/// in one transaction. A final report to accept keeps the completion in a transaction
+/// of its own, as before.
+#[tokio::test]
+async fn a_plain_completion_commits_with_the_last_receipt() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("with-receipt", 0, Settings::default()).await;
+    cluster.add_worker();
+    let file = cluster.path("effects");
+    let plain = run_spec(vec![append_step("only", &file, "only", 0.0, false)], 1);
+    let (run_id, request_id) = cluster.submit(&plain);
+    let run = cluster.wait_for_state(&run_id, &["completed", "failed"], LONG);
+    assert_eq!(run["state"], "completed", "{run}");
+    let (receipt, release) = receipt_and_release_xids(&cluster, &request_id, "only").await;
+    assert_eq!(
+        receipt, release,
+        "the completion committed with the receipt"
+    );
+    let retired: bool = sqlx::query_scalar(
+        "SELECT h.retired_at IS NOT NULL FROM lineage_heads h
+           JOIN runs r ON r.work_context_id = h.work_context_id WHERE r.id = $1::uuid",
+    )
+    .bind(&run_id)
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("the run's lineage");
+    assert!(retired, "the completed task's lineage retired");
+
+    let report = json!({"key": "report", "argv": ["sh", "-c", "printf '{\"outcome\": \"complete\"}' > \"$CAIRN_REPORT_FILE\""]});
+    let reported = run_spec(
+        vec![append_step("first", &file, "first", 0.0, false), report],
+        1,
+    );
+    let (run_id, request_id) = cluster.submit(&reported);
+    let run = cluster.wait_for_state(&run_id, &["completed", "failed"], LONG);
+    assert_eq!(run["state"], "completed", "{run}");
+    let (receipt, release) = receipt_and_release_xids(&cluster, &request_id, "report").await;
+    assert_ne!(
+        receipt, release,
+        "a report is accepted in the completion's own transaction"
+    );
+    assert_eq!(cluster.lines("effects"), ["only", "first"]);
+}
+
+/// A fresh request's first intent commits with its tree's record in use: the worker,
+/// killed right after that intent, left both written by one transaction (a successor
+/// still finds the step started, as after any intent).
+#[tokio::test]
+async fn a_fresh_requests_first_intent_commits_with_its_tree() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("first-intent", 0, Settings::default()).await;
+    let file = cluster.path("effects");
+    let spec = run_spec(vec![append_step("only", &file, "only", 0.0, false)], 1);
+    cluster.add_faulty_worker("w1", "after_intent");
+    let (_, request_id) = cluster.submit(&spec);
+    if cluster.workers[0].process.wait_exit(LONG).is_none() {
+        panic!("never killed itself after the intent\n{}", cluster.logs());
+    }
+    let (intent, tree): (String, String) = sqlx::query_as(
+        "SELECT i.xmin::text, r.xmin::text FROM journal_intents i
+           JOIN snapshot_restores r ON r.request_id = i.request_id
+          WHERE i.request_id = $1::uuid AND i.step_key = 'only'",
+    )
+    .bind(&request_id)
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("the intent and the tree's record");
+    assert_eq!(intent, tree, "the intent committed with the tree's record");
+    assert!(
+        cluster.lines("effects").is_empty(),
+        "the step never started"
+    );
+}

@@ -14,6 +14,7 @@ use cairn_common::workspace as workspace_row;
 use cairn_snapshot::store::ArtifactStore;
 use cairn_snapshot::{self as snapshot, Manifest, SnapshotError};
 use serde_json::{json, Value};
+use sqlx::PgConnection;
 use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
@@ -40,9 +41,33 @@ fn canonical_ref(subject: &Subject) -> String {
     subject.git_ref.clone().unwrap_or_else(|| "HEAD".into())
 }
 
+/// What a job may commit with its tree's record in use, in the same fenced transaction:
+/// a plan's first intent.
+// Only generic callers in this crate: no `Send` bound on the futures is needed to name.
+#[allow(async_fn_in_trait)]
+pub trait Opening {
+    /// Writes with the record of a tree acquired from `tier`, or writes nothing.
+    async fn open(&self, conn: &mut PgConnection, tier: Tier) -> Result<(), CustodyError>;
+}
+
+/// Nothing written with the tree's record.
+pub struct NoOpening;
+
+impl Opening for NoOpening {
+    async fn open(&self, _: &mut PgConnection, _: Tier) -> Result<(), CustodyError> {
+        Ok(())
+    }
+}
+
 impl Custody {
-    /// Acquires the workspace of a claimed request, in the fixed order.
-    pub async fn acquire(&self, lease: &Lease, subject: &Subject) -> Result<Tree, CustodyError> {
+    /// Acquires the workspace of a claimed request, in the fixed order, and commits
+    /// `opening` with its record in use.
+    pub async fn acquire<O: Opening>(
+        &self,
+        lease: &Lease,
+        subject: &Subject,
+        opening: &O,
+    ) -> Result<Tree, CustodyError> {
         let workspace = Workspace::for_request(&self.disk, subject.request_id, self.run_disk_mb);
         let mut conn = self.pool.acquire().await?;
         let survey = lineage::survey(&mut conn, subject.work_context, &subject.agent).await?;
@@ -75,7 +100,14 @@ impl Custody {
             };
             if let Some(acquired) = acquired {
                 return self
-                    .in_use(lease, subject, workspace, generation, acquired, attempts)
+                    .in_use(
+                        lease,
+                        subject,
+                        workspace,
+                        (generation, acquired),
+                        attempts,
+                        opening,
+                    )
                     .await;
             }
         }
@@ -99,8 +131,15 @@ impl Custody {
             snapshot: None,
             adopted: None,
         };
-        self.in_use(lease, subject, workspace, generation, cold, attempts)
-            .await
+        self.in_use(
+            lease,
+            subject,
+            workspace,
+            (generation, cold),
+            attempts,
+            opening,
+        )
+        .await
     }
 
     /// The newest still-held tree of the same task in this directory, under the current
@@ -417,14 +456,14 @@ impl Custody {
     /// Records the acquired tree in use, in one fenced transaction: its workspace row
     /// (at its snapshot), the adopted tree's hold moved onto it, older rows of its path
     /// retired, the resume context and the successful tier.
-    async fn in_use(
+    async fn in_use<O: Opening>(
         &self,
         lease: &Lease,
         subject: &Subject,
         workspace: Workspace,
-        generation: i64,
-        acquired: Acquired,
+        (generation, acquired): (i64, Acquired),
         mut attempts: Vec<Value>,
+        opening: &O,
     ) -> Result<Tree, CustodyError> {
         let workspace_id = Uuid::new_v4();
         let tier = acquired.tier;
@@ -473,7 +512,8 @@ impl Custody {
             None,
         )
         .await?;
-        tx.commit().await?;
+        opening.open(&mut tx, tier).await?;
+        self.commit_in_use(tx, workspace_id).await?;
         if acquired.adopted.is_some() {
             fault::point(fault::AFTER_ADOPT);
         }
@@ -489,6 +529,37 @@ impl Custody {
             tier,
             resume_context,
         })
+    }
+
+    /// Commits a tree's record in use. A commit that failed on a lost connection may
+    /// have landed: the record is read back (a few times, through the same fault)
+    /// before the failure counts, since what an [`Opening`] wrote with it (an intent)
+    /// would otherwise be left for a successor to find without its step.
+    async fn commit_in_use(
+        &self,
+        tx: sqlx::Transaction<'static, sqlx::Postgres>,
+        workspace_id: Uuid,
+    ) -> Result<(), CustodyError> {
+        let error = match tx.commit().await {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        let mut delays = Delays::tries(Duration::from_millis(100), Duration::from_secs(2), 5);
+        loop {
+            let landed: Result<bool, sqlx::Error> =
+                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM workspaces WHERE id = $1)")
+                    .bind(workspace_id)
+                    .fetch_one(&self.pool)
+                    .await;
+            match landed {
+                Ok(true) => return Ok(()),
+                Ok(false) => return Err(error.into()),
+                Err(_) => match delays.next() {
+                    Some(delay) => tokio::time::sleep(delay).await,
+                    None => return Err(error.into()),
+                },
+            }
+        }
     }
 
     /// Publishes the clean tree of a cold clone as the baseline of its key.

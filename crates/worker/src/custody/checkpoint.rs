@@ -38,10 +38,32 @@ impl Commit<'_> {
     }
 }
 
-/// A step's commit, if any, as the seal of its checkpoint.
-struct StepSeal<'c, 'a>(Option<&'c Commit<'a>>);
+/// What a plan's last step may commit with its receipt, in the checkpoint's fenced
+/// transaction: the request's completion and the tree's release. It writes nothing when
+/// something leaves them to a transaction of their own (a limit reached, a report to
+/// accept).
+// Only generic callers in this crate: no `Send` bound on the futures is needed to name.
+#[allow(async_fn_in_trait)]
+pub trait Completion {
+    async fn complete(&self, conn: &mut sqlx::PgConnection) -> Result<(), CustodyError>;
+}
 
-impl Seal for StepSeal<'_, '_> {
+/// No completion with the receipt: a step that is not the last, or a checkpoint.
+pub struct NoCompletion;
+
+impl Completion for NoCompletion {
+    async fn complete(&self, _: &mut sqlx::PgConnection) -> Result<(), CustodyError> {
+        Ok(())
+    }
+}
+
+/// A step's commit, if any, and what completes with it, as the seal of its checkpoint.
+struct StepSeal<'c, 'a, C> {
+    commit: Option<&'c Commit<'a>>,
+    completion: &'c C,
+}
+
+impl<C: Completion> Seal for StepSeal<'_, '_, C> {
     type Error = CustodyError;
 
     fn stands_on_unchanged(&self) -> bool {
@@ -54,11 +76,21 @@ impl Seal for StepSeal<'_, '_> {
         lease: &Lease,
         snapshot: Uuid,
     ) -> Result<(), CustodyError> {
-        if let Some(commit) = self.0 {
+        if let Some(commit) = self.commit {
             commit.record(conn, lease, snapshot).await?;
+            self.completion.complete(conn).await?;
         }
         Ok(())
     }
+}
+
+/// A step's committed checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Committed {
+    pub snapshot: Uuid,
+    /// Found by a read-back after a lost connection: which try's seal landed is not
+    /// known (a [`Completion`] that counts on its last try must read it back too).
+    pub read_back: bool,
 }
 
 /// How one checkpoint went.
@@ -76,21 +108,31 @@ impl Custody {
     /// A step's commit: [`Custody::checkpoint`] with its receipt, tried again with a
     /// backoff for `capture_retry` while the job goes on. Then the attempt ends with no
     /// receipt ([`CustodyError::CaptureFailed`]): a receipt never outlives its tree.
-    pub async fn commit_step(
+    pub async fn commit_step<C: Completion>(
         &self,
         lease: &Lease,
         subject: &Subject,
         tree: &mut Tree,
-        commit: &Commit<'_>,
+        (commit, completion): (&Commit<'_>, &C),
         stop: &CancellationToken,
-    ) -> Result<Uuid, CustodyError> {
+    ) -> Result<Committed, CustodyError> {
         let (min, max) = (Duration::from_millis(200), Duration::from_secs(5));
         let mut delays = Delays::within(min, max, self.settings.capture_retry);
         // The captures' own time counts too: a store that hangs ends the attempt.
         let deadline = Instant::now() + self.settings.capture_retry;
         loop {
-            let reason = match self.checkpoint(lease, subject, tree, Some(commit)).await {
-                Ok(Checkpoint::Stands(snapshot)) => return Ok(snapshot),
+            let seal = StepSeal {
+                commit: Some(commit),
+                completion,
+            };
+            let reason = match self.checkpoint_with(lease, subject, tree, &seal).await {
+                Ok(Checkpoint::Stands(snapshot)) => {
+                    let read_back = false;
+                    return Ok(Committed {
+                        snapshot,
+                        read_back,
+                    });
+                }
                 Ok(Checkpoint::Failed(reason)) => reason,
                 // A lost connection or a restart is retried within the lease (a lost
                 // lease fails the fenced begin instead); the commit may have landed
@@ -100,7 +142,11 @@ impl Custody {
                         tree.live.position = Some(snapshot);
                         tree.live.index = None;
                         tree.live.uncaptured = false;
-                        return Ok(snapshot);
+                        let read_back = true;
+                        return Ok(Committed {
+                            snapshot,
+                            read_back,
+                        });
                     }
                     // Best effort: what is left is failed by the reaper once the lease ends.
                     let _ = self.abandon_unfinished(lease, tree).await;
@@ -124,6 +170,20 @@ impl Custody {
         subject: &Subject,
         tree: &mut Tree,
         commit: Option<&Commit<'_>>,
+    ) -> Result<Checkpoint, CustodyError> {
+        let seal = StepSeal {
+            commit,
+            completion: &NoCompletion,
+        };
+        self.checkpoint_with(lease, subject, tree, &seal).await
+    }
+
+    async fn checkpoint_with<C: Completion>(
+        &self,
+        lease: &Lease,
+        subject: &Subject,
+        tree: &mut Tree,
+        seal: &StepSeal<'_, '_, C>,
     ) -> Result<Checkpoint, CustodyError> {
         let settings = &self.settings;
         let expires = hold::expiry(
@@ -152,7 +212,7 @@ impl Custody {
             appends: true,
         };
         let at = tree.live.at(true);
-        self.commit(lease, &capture, at, &StepSeal(commit)).await
+        self.commit(lease, &capture, at, seal).await
     }
 
     /// The snapshot this lease's receipt of the step stands on, if it was committed.

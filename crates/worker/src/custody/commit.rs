@@ -346,10 +346,11 @@ impl Custody {
                 workspace::moved_to(&mut tx, workspace_id, snapshot_id).await?;
             }
         }
-        seal.seal(&mut tx, lease, snapshot_id).await?;
+        // Before the seal, which may end the task and every hold of its tree with it.
         if let Some(hold_id) = hold_id {
             hold::end(&mut tx, hold_id, "captured").await?;
         }
+        seal.seal(&mut tx, lease, snapshot_id).await?;
         tx.commit().await?;
         Ok(None)
     }

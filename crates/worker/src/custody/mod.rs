@@ -27,7 +27,8 @@ mod inspection;
 mod release;
 
 pub(crate) use acquire::Restore;
-pub use checkpoint::{Checkpoint, Commit};
+pub use acquire::{NoOpening, Opening};
+pub use checkpoint::{Checkpoint, Commit, Committed, Completion, NoCompletion};
 pub use commit::{Capture, NoSeal, Seal, TreeAt};
 pub use release::Release;
 

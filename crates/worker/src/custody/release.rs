@@ -73,13 +73,30 @@ impl Custody {
             workspace_row::stop(&mut *conn, tree.live.workspace_id).await?;
             return Ok(());
         }
-        workspace_row::destroy(&mut *conn, tree.live.workspace_id).await?;
-        if let Release::Ended { retire } = how {
-            // Any hold of a terminal task ends with it, in the same transaction.
-            hold::end_for_workspace(&mut *conn, tree.live.workspace_id, "task_ended").await?;
-            if retire {
-                lineage::retire(&mut *conn, subject.work_context, "task_completed").await?;
+        match how {
+            Release::Ended { retire } => {
+                self.ended_rows(conn, subject, tree.live.workspace_id, retire)
+                    .await?
             }
+            _ => workspace_row::destroy(&mut *conn, tree.live.workspace_id).await?,
+        }
+        Ok(())
+    }
+
+    /// The rows of a tree whose task ended, in the caller's fenced transaction: the tree
+    /// goes, any hold of it ends with its task, and `retire` retires its lineage (the
+    /// task completed without asking for more).
+    pub async fn ended_rows(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        subject: &Subject,
+        workspace_id: uuid::Uuid,
+        retire: bool,
+    ) -> Result<(), sqlx::Error> {
+        workspace_row::destroy(&mut *conn, workspace_id).await?;
+        hold::end_for_workspace(&mut *conn, workspace_id, "task_ended").await?;
+        if retire {
+            lineage::retire(&mut *conn, subject.work_context, "task_completed").await?;
         }
         Ok(())
     }

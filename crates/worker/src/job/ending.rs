@@ -5,7 +5,7 @@
 use super::claim;
 use super::durable;
 use super::handle::{Job, JobOutcome};
-use crate::custody::{CustodyError, Release, Subject, Tree};
+use crate::custody::{CustodyError, Opening, Release, Subject, Tree};
 use crate::error::JobError;
 use crate::fault;
 use crate::keeper::Reason;
@@ -22,11 +22,17 @@ use std::path::PathBuf;
 /// Acquires the job's workspace. When none can be had, the request fails with the
 /// reason; when its checkpoint cannot be read now, the attempt ends. Either way the
 /// outcome comes back instead.
-pub async fn acquire_or_end(
+pub async fn acquire_or_end<O: Opening>(
     job: &Job,
     subject: &Subject,
+    opening: &O,
 ) -> Result<Result<Tree, JobOutcome>, JobError> {
-    match job.worker.custody.acquire(job.lease(), subject).await {
+    match job
+        .worker
+        .custody
+        .acquire(job.lease(), subject, opening)
+        .await
+    {
         Ok(tree) => Ok(Ok(tree)),
         Err(CustodyError::Workspace(e)) => {
             let message = format!("workspace: {e}");

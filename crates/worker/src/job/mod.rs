@@ -5,11 +5,14 @@
 //! - [`handle`]: the [`Job`] handle, the claimed request and the outcome.
 //! - [`plan`]: a run's steps on its acquired tree.
 //! - [`ending`]: what each way of ending records.
+//! - [`folded`]: a plan's writes committed in custody's transactions: its first intent
+//!   with its tree's record in use, its completion with its last receipt.
 //! - [`durable`]: durable writes retried through database faults, within the lease.
 
 pub mod claim;
 pub mod durable;
 pub mod ending;
+pub mod folded;
 pub mod handle;
 pub mod plan;
 pub mod retry;

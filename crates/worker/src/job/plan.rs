@@ -2,9 +2,10 @@
 //! intent before it, a commit of its receipt with its checkpoint after it), pause when
 //! asked, release the tree, and record how the plan ended.
 
+use super::folded::{FirstIntent, WithReceipt};
 use super::handle::{Job, JobOutcome};
 use super::{durable, ending};
-use crate::custody::{Checkpoint, Commit, CustodyError, Release, Subject, Tree};
+use crate::custody::{Checkpoint, Commit, CustodyError, NoCompletion, Release, Subject, Tree};
 use crate::error::JobError;
 use crate::isolation::{self, Live};
 use crate::keeper::Reason;
@@ -26,6 +27,8 @@ use std::time::Duration;
 /// How a plan ended, before the request records it.
 enum Ending {
     Complete,
+    /// The completion, and the tree's release, committed with the last receipt.
+    Completed,
     Fail(String),
     /// A step failed under its retry policy: it runs again after its backoff.
     Retry(Box<super::retry::Retry>),
@@ -55,11 +58,12 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
         return ending::complete(job).await;
     }
     let subject = job.claimed.subject();
-    let mut tree = match ending::acquire_or_end(job, &subject).await? {
+    let opening = FirstIntent::of(job);
+    let mut tree = match ending::acquire_or_end(job, &subject, &opening).await? {
         Ok(tree) => tree,
         Err(ended) => return Ok(ended),
     };
-    let ended = run_steps(job, &subject, &mut tree).await;
+    let ended = run_steps(job, &subject, &mut tree, opening.written()).await;
     let how = match &ended {
         Err(JobError::Lease(_)) => Release::Fenced,
         Ok(Ending::Interrupted) => match job.cause() {
@@ -70,6 +74,14 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
         Ok(Ending::Breach { breach, .. }) => ending::release_at(breach),
         // The tree's release commits with the completion.
         Ok(Ending::Complete) => return ending::complete_and_release(job, &subject, &tree).await,
+        Ok(Ending::Completed) => {
+            let custody = &job.worker.custody;
+            custody
+                .released(&tree, Release::Ended { retire: false })
+                .await;
+            job.worker.leases.clear_liveness(job.lease());
+            return Ok(JobOutcome::Completed);
+        }
         // A retry runs on the tree of the last checkpoint, not on what the failure left.
         Ok(Ending::Fail(_) | Ending::Retry(_)) => Release::Ended { retire: false },
         Ok(Ending::Reconcile { .. } | Ending::EndAttempt(_))
@@ -81,7 +93,9 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
         .release(job.lease(), &subject, &tree, how)
         .await;
     match ended? {
-        Ending::Complete => unreachable!("a completed plan ends with its release, above"),
+        Ending::Complete | Ending::Completed => {
+            unreachable!("a completed plan ends with its release, above")
+        }
         Ending::Fail(message) => {
             ending::finish(job, RequestEvent::Fail, Some(&message), None).await?;
             Ok(JobOutcome::Failed(message))
@@ -156,7 +170,14 @@ async fn intend_once(
     Ok(Ok(current.wall_left_ms()))
 }
 
-async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Ending, JobError> {
+/// Runs the steps not yet done on `tree`. `opened`: the wall time left when the first
+/// step's intent committed with the tree's record ([`FirstIntent`]).
+async fn run_steps(
+    job: &Job,
+    subject: &Subject,
+    tree: &mut Tree,
+    mut opened: Option<i64>,
+) -> Result<Ending, JobError> {
     let worker = &job.worker;
     let claimed = &job.claimed;
     let request_id = job.request_id();
@@ -198,23 +219,20 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
             }
             Decision::Run => {}
         }
-        if pause::requested(job) && !job.stopped() {
-            pause::pause_here(job, subject, tree, None, &Live::default()).await?;
-        }
-        // Handed back on its checkpoint: another worker starts this step.
-        job.stop_if_draining();
-        if job.stopped() {
-            return Ok(Ending::Interrupted);
-        }
-        // The intent, and the command's charge, are durable before the step starts,
-        // and only if the contract still allows another step: the limits are read in
-        // the same fenced transaction, as they stand now.
-        let remaining_wall_ms = match intend(job, step, index).await? {
-            Ok(remaining_wall_ms) => remaining_wall_ms,
-            Err(breach) => {
-                let next = step.key.clone();
-                return Ok(Ending::Breach { breach, next });
+        let written = match index {
+            0 => opened.take(),
+            _ => None,
+        };
+        let remaining_wall_ms = match written {
+            // Its intent is durable: the step starts now, as after any intent.
+            Some(remaining_wall_ms) => {
+                crate::fault::point(crate::fault::AFTER_INTENT);
+                remaining_wall_ms
             }
+            None => match before_step(job, subject, tree, step, index).await? {
+                Ok(remaining_wall_ms) => remaining_wall_ms,
+                Err(ending) => return Ok(ending),
+            },
         };
         ran = true;
         let at = At {
@@ -231,6 +249,35 @@ async fn run_steps(job: &Job, subject: &Subject, tree: &mut Tree) -> Result<Endi
         }
     }
     Ok(Ending::Complete)
+}
+
+/// Before a step whose intent is not yet written: a pause asked for, a stop or a drain,
+/// then its intent; the wall time left, or how the plan ends here.
+async fn before_step(
+    job: &Job,
+    subject: &Subject,
+    tree: &mut Tree,
+    step: &StepSpec,
+    index: usize,
+) -> Result<Result<i64, Ending>, JobError> {
+    if pause::requested(job) && !job.stopped() {
+        pause::pause_here(job, subject, tree, None, &Live::default()).await?;
+    }
+    // Handed back on its checkpoint: another worker starts this step.
+    job.stop_if_draining();
+    if job.stopped() {
+        return Ok(Err(Ending::Interrupted));
+    }
+    // The intent, and the command's charge, are durable before the step starts, and
+    // only if the contract still allows another step: the limits are read in the same
+    // fenced transaction, as they stand now.
+    Ok(match intend(job, step, index).await? {
+        Ok(remaining_wall_ms) => Ok(remaining_wall_ms),
+        Err(breach) => {
+            let next = step.key.clone();
+            Err(Ending::Breach { breach, next })
+        }
+    })
 }
 
 /// What to do with a step, given where its journal stands on this tree.
@@ -445,14 +492,51 @@ async fn record_outcome(
         receipt: receipt(job, tree, step, &journaled),
         report: final_report.as_ref().map(RetainedReport::retained),
     };
-    let committed = (job.worker.custody)
-        .commit_step(job.lease(), subject, tree, &commit, &job.stop)
-        .await;
+    commit_step(
+        job,
+        subject,
+        tree,
+        &commit,
+        at.index + 1 == job.claimed.steps.len(),
+    )
+    .await
+}
+
+/// Commits a step that succeeded; the last one's completion commits with it when it can
+/// ([`WithReceipt`]).
+async fn commit_step(
+    job: &Job,
+    subject: &Subject,
+    tree: &mut Tree,
+    commit: &Commit<'_>,
+    last: bool,
+) -> Result<Option<Ending>, JobError> {
+    let (custody, step) = (&job.worker.custody, commit.receipt.step_key);
+    let workspace_id = tree.live.workspace_id;
+    let retains_report = commit.report.is_some();
+    let completes = last
+        .then(|| WithReceipt::of(job, subject, workspace_id, retains_report))
+        .flatten();
+    let committed = match &completes {
+        Some(completes) => {
+            let with = (commit, completes);
+            (custody.commit_step(job.lease(), subject, tree, with, &job.stop)).await
+        }
+        None => {
+            let with = (commit, &NoCompletion);
+            (custody.commit_step(job.lease(), subject, tree, with, &job.stop)).await
+        }
+    };
+    if let Some(completes) = &completes {
+        if completes.landed(&committed).await? {
+            return Ok(Some(Ending::Completed));
+        }
+    }
     match committed {
         Ok(_) => Ok(None),
         Err(CustodyError::CaptureFailed(_)) if job.stopped() => Ok(Some(Ending::Interrupted)),
         Err(e @ CustodyError::CaptureFailed(_)) => {
-            tracing::warn!(step = %step.key, error = %e, "no receipt: the attempt ends and the tree stays held");
+            tracing::warn!(step, error = %e, "no receipt: the attempt ends and the tree stays held");
             job.worker.metrics.captures_failed.inc();
             Ok(Some(Ending::EndAttempt(e)))
         }

@@ -108,7 +108,7 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
         return round::finish(job, &adoption).await;
     }
     let subject = job.claimed.subject();
-    let tree = match ending::acquire_or_end(job, &subject).await? {
+    let tree = match ending::acquire_or_end(job, &subject, &crate::custody::NoOpening).await? {
         Ok(tree) => tree,
         Err(ended) => return Ok(ended),
     };

@@ -165,7 +165,7 @@ pub fn holds(
 pub(super) async fn finish(job: &Job, adoption: &Adoption) -> Result<JobOutcome, JobError> {
     let started = Instant::now();
     let subject = job.claimed.subject();
-    let tree = match ending::acquire_or_end(job, &subject).await? {
+    let tree = match ending::acquire_or_end(job, &subject, &crate::custody::NoOpening).await? {
         Ok(tree) => tree,
         Err(ended) => return Ok(ended),
     };
