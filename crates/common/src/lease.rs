@@ -3,7 +3,9 @@
 //! The **epoch in PostgreSQL is the fencing token**: a claim increments the row's
 //! `lease_epoch` (of `execution_requests`, or of `sandboxes`: see [`Leased`]) and records the owner and a deadline; every durable
 //! write of a worker goes through [`Lease::begin_fenced`] (or [`Lease::fence`]), which rejects it with
-//! [`LeaseError::StaleOwner`] once the epoch moved. Redis holds a liveness key
+//! [`LeaseError::StaleOwner`] once the epoch moved. A claim that takes the lease inside
+//! its own transaction ([`Leases::take_in`]) needs no check: its row lock keeps every
+//! other writer out until it commits. Redis holds a liveness key
 //! (`{prefix}lease:{request}` = `epoch:owner`, with a TTL) so others can see who is
 //! alive cheaply; Redis may lose every key at any time and nothing here depends on it
 //! for safety.

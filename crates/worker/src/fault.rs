@@ -25,6 +25,11 @@ pub const AFTER_CHECKS_PASSED: &str = "after_checks_passed";
 /// A point inside a claim's transaction, after it took the lease, before its commit.
 pub const INSIDE_CLAIM: &str = "inside_claim";
 
+/// A point after a tree's record in use committed: its reply is lost ([`lost_reply`]).
+pub const IN_USE_REPLY: &str = "in_use_reply";
+/// A point after a step's receipt and checkpoint committed: its reply is lost.
+pub const SEAL_REPLY: &str = "seal_reply";
+
 /// A point inside a completion's transaction, before its commit.
 pub const BEFORE_COMPLETION_COMMIT: &str = "before_completion_commit";
 
@@ -46,6 +51,21 @@ pub async fn cut(name: &str, conn: &mut sqlx::PgConnection) {
             .execute(conn)
             .await;
     }
+}
+
+/// A commit's reply lost after it landed, if `name` is armed for this pass (debug
+/// builds only): the caller sees a lost connection, as after a restart between the
+/// commit and its acknowledgement.
+pub fn lost_reply<E: From<sqlx::Error>>(name: &str) -> Result<(), E> {
+    if !armed(name) {
+        return Ok(());
+    }
+    tracing::warn!(point = name, "fault injection: a commit's reply is lost");
+    let lost = std::io::Error::new(
+        std::io::ErrorKind::ConnectionReset,
+        "fault injection: the reply was lost",
+    );
+    Err(sqlx::Error::Io(lost).into())
 }
 
 /// Whether `name` is armed in `CAIRN_FAULT_POINTS` for this pass of it.

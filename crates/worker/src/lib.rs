@@ -464,6 +464,7 @@ async fn custody_settings(
         },
         hold_limits: cairn_common::hold::HoldLimits::default(),
         capture_retry: Duration::from_secs(config.capture_retry_seconds),
+        write_retry: Duration::from_secs(config.lease_ttl_seconds),
         worker_id: worker_id.to_string(),
         node: cairn_common::component::node_name(config.node_name.as_deref()),
     })

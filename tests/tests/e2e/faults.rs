@@ -152,9 +152,10 @@ async fn a_lost_database_connection_at_a_receipt_is_retried_within_the_lease() {
     assert_eq!(cluster.lines("effects"), ["s1", "s2"], "each step ran once");
 }
 
-/// The worker's connection is cut inside the completion's transaction, after every
-/// receipt: the worker, whose lease is still valid, writes the completion again instead
-/// of leaving the request to the sweeper. The run completes in its first attempt, and
+/// The worker's connection is cut inside the completion's transaction (for a plain
+/// run, the last receipt's, which the completion commits with), before it commits: the
+/// worker, whose lease is still valid, writes it again instead of leaving the request
+/// to the sweeper. The run completes in its first attempt, and
 /// nothing counts as fencing.
 #[tokio::test]
 async fn a_lost_database_connection_at_the_completion_is_retried_within_the_lease() {
@@ -389,17 +390,15 @@ async fn stall_a_full_worker(label: &str) -> Cluster {
     cluster
 }
 
-/// The worker's connection is cut inside the claim's transaction, after it took the
-/// lease: nothing of the claim lands, not even the epoch's move, so no lease is left
-/// to lapse. The redelivered message claims the request at epoch 1 and the run
-/// completes in its first attempt.
-#[tokio::test]
-async fn a_claim_cut_before_its_commit_leaves_no_lease_behind() {
-    let _services = ServiceLock::shared().await;
-    let mut cluster = Cluster::start("faults-claim", 0, Settings::default()).await;
+/// Runs a one-step run on a worker armed with the fault point `point` and checks it
+/// healed without a person or a second attempt: the run completes in its first
+/// attempt, the fault was injected (`injected` is in the logs), the step ran once and
+/// nothing counted as fencing. Returns the cluster and the request's id.
+async fn one_step_healed(label: &str, point: &str, injected: &str) -> (Cluster, String) {
+    let mut cluster = Cluster::start(label, 0, Settings::default()).await;
     cluster
         .worker_env
-        .push(("CAIRN_FAULT_POINTS".into(), "inside_claim".into()));
+        .push(("CAIRN_FAULT_POINTS".into(), point.into()));
     cluster.add_worker();
     let effects = cluster.path("effects");
     let spec = run_spec(vec![append_step("s1", &effects, "s1", 0.0, false)], 1);
@@ -408,12 +407,24 @@ async fn a_claim_cut_before_its_commit_leaves_no_lease_behind() {
     let run = cluster.wait_for_state(&run_id, &ended, Duration::from_secs(60));
     assert_eq!(run["state"], "completed", "{run}");
     assert_eq!(run["attempt"], 1, "{run}");
-    assert!(
-        cluster
-            .logs()
-            .contains("fault injection: this connection is cut"),
-        "the fault was injected"
+    assert!(cluster.logs().contains(injected), "the fault was injected");
+    assert_eq!(cluster.lines("effects"), ["s1"], "the step ran once");
+    assert_eq!(
+        cluster.metric(0, "cairn_worker_stale_writes_rejected_total"),
+        0.0
     );
+    assert_eq!(cluster.metric(0, "cairn_worker_self_fenced_total"), 0.0);
+    (cluster, request_id)
+}
+
+/// The worker's connection is cut inside the claim's transaction, after it took the
+/// lease: nothing of the claim lands, not even the epoch's move, so no lease is left
+/// to lapse. The redelivered message claims the request at epoch 1.
+#[tokio::test]
+async fn a_claim_cut_before_its_commit_leaves_no_lease_behind() {
+    let _services = ServiceLock::shared().await;
+    let cut = "fault injection: this connection is cut";
+    let (cluster, request_id) = one_step_healed("faults-claim", "inside_claim", cut).await;
     let epoch: i64 =
         sqlx::query_scalar("SELECT lease_epoch FROM execution_requests WHERE id = $1::uuid")
             .bind(&request_id)
@@ -421,6 +432,35 @@ async fn a_claim_cut_before_its_commit_leaves_no_lease_behind() {
             .await
             .expect("the request's epoch");
     assert_eq!(epoch, 1, "the cut claim moved no epoch");
-    assert_eq!(cluster.lines("effects"), ["s1"], "the step ran once");
-    assert_eq!(cluster.metric(0, "cairn_worker_self_fenced_total"), 0.0);
+}
+
+/// A commit armed with `point` landed and its reply was lost: the worker read it back,
+/// and the step's command was charged once.
+async fn a_lost_reply_is_read_back(label: &str, point: &str) {
+    let _services = ServiceLock::shared().await;
+    let lost = "fault injection: a commit's reply is lost";
+    let (cluster, request_id) = one_step_healed(label, point, lost).await;
+    let used: i32 =
+        sqlx::query_scalar("SELECT used_commands FROM execution_requests WHERE id = $1::uuid")
+            .bind(&request_id)
+            .fetch_one(&cluster.pool)
+            .await
+            .expect("the request's charge");
+    assert_eq!(used, 1, "the step's command was charged once");
+}
+
+/// The tree's record in use, with the first intent, landed but its reply was lost: the
+/// worker reads the record back and runs the step, instead of leaving an intent without
+/// its step to a successor (which would send a non-idempotent step to a person).
+#[tokio::test]
+async fn a_lost_reply_to_the_trees_record_is_read_back() {
+    a_lost_reply_is_read_back("faults-in-use-reply", "in_use_reply").await;
+}
+
+/// The last receipt, its checkpoint and the completion landed but the reply was lost:
+/// the worker reads the completion back instead of taking the released lease for a
+/// lost one.
+#[tokio::test]
+async fn a_lost_reply_to_the_completion_with_the_receipt_is_read_back() {
+    a_lost_reply_is_read_back("faults-seal-reply", "seal_reply").await;
 }

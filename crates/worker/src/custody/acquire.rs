@@ -31,6 +31,16 @@ struct Acquired {
     adopted: Option<(Uuid, Uuid)>,
 }
 
+/// A tree's record in use: its row, an adopted tree's hold and former row, the resume
+/// context and the restore record.
+struct Record<'r> {
+    row: workspace_row::InUse<'r>,
+    adopted: Option<(Uuid, Uuid)>,
+    resume_context: &'r Value,
+    tier: Tier,
+    snapshot: Option<Uuid>,
+}
+
 /// A held tree of the task: its workspace row, path, hold and snapshot.
 type HeldTree = (Uuid, String, Uuid, Option<Uuid>);
 
@@ -474,46 +484,25 @@ impl Custody {
         };
         let resume_context = resume_context(&acquired, attempts, commit);
         let path = workspace.root.to_string_lossy().into_owned();
-        let mut tx = lease.begin_fenced(&self.pool).await?;
-        let in_use = workspace_row::InUse {
-            id: workspace_id,
-            agent: &subject.agent,
-            backend: &self.settings.backend,
-            persistent: self.settings.persistent,
-            host: &self.settings.worker_id,
-            directory_id: self.directory.id,
-            path: &path,
-            snapshot_id: acquired.position,
-            work_context_id: subject.work_context,
-            run: Some((subject.run_id, subject.request_id, generation)),
-        };
-        workspace_row::in_use(&mut tx, &in_use).await?;
-        if let Some((hold_id, old_workspace)) = acquired.adopted {
-            // The hold moves with the tree: no gap in which the tree is unguarded.
-            hold::move_to(&mut tx, hold_id, workspace_id).await?;
-            workspace_row::destroy(&mut tx, old_workspace).await?;
-        }
-        // The tree at this path is now this one: older rows of the path (runs of the
-        // request that were fenced or died here) describe nothing any more.
-        let stale =
-            workspace_row::destroy_others_at(&mut tx, self.directory.id, &path, workspace_id)
-                .await?;
-        for old in stale {
-            hold::end_for_workspace(&mut tx, old, "tree_replaced").await?;
-        }
-        request::resume::record(&mut tx, subject.request_id, &resume_context).await?;
-        lineage::record_restore(
-            &mut tx,
-            Some(subject.request_id),
-            None,
+        let record = Record {
+            row: workspace_row::InUse {
+                id: workspace_id,
+                agent: &subject.agent,
+                backend: &self.settings.backend,
+                persistent: self.settings.persistent,
+                host: &self.settings.worker_id,
+                directory_id: self.directory.id,
+                path: &path,
+                snapshot_id: acquired.position,
+                work_context_id: subject.work_context,
+                run: Some((subject.run_id, subject.request_id, generation)),
+            },
+            adopted: acquired.adopted,
+            resume_context: &resume_context,
             tier,
-            acquired.snapshot,
-            RestoreOutcome::Succeeded,
-            None,
-        )
-        .await?;
-        opening.open(&mut tx, tier).await?;
-        self.commit_in_use(tx, workspace_id).await?;
+            snapshot: acquired.snapshot,
+        };
+        self.record_in_use(lease, subject, &record, opening).await?;
         if acquired.adopted.is_some() {
             fault::point(fault::AFTER_ADOPT);
         }
@@ -531,35 +520,91 @@ impl Custody {
         })
     }
 
-    /// Commits a tree's record in use. A commit that failed on a lost connection may
-    /// have landed: the record is read back (a few times, through the same fault)
-    /// before the failure counts, since what an [`Opening`] wrote with it (an intent)
-    /// would otherwise be left for a successor to find without its step.
-    async fn commit_in_use(
+    /// Writes a tree's record in use, and `opening` with it, in one fenced transaction.
+    /// A database fault is retried within the lease once the record reads back as not
+    /// written: the transaction may have landed before the connection broke, and what
+    /// `opening` wrote with it (an intent) must not be written twice, nor be left for a
+    /// successor to find without its step.
+    async fn record_in_use<O: Opening>(
         &self,
-        tx: sqlx::Transaction<'static, sqlx::Postgres>,
-        workspace_id: Uuid,
+        lease: &Lease,
+        subject: &Subject,
+        record: &Record<'_>,
+        opening: &O,
     ) -> Result<(), CustodyError> {
-        let error = match tx.commit().await {
-            Ok(()) => return Ok(()),
-            Err(e) => e,
-        };
-        let mut delays = Delays::tries(Duration::from_millis(100), Duration::from_secs(2), 5);
+        let (min, max) = (Duration::from_millis(100), Duration::from_secs(2));
+        let mut delays = Delays::within(min, max, self.settings.write_retry);
         loop {
-            let landed: Result<bool, sqlx::Error> =
-                sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM workspaces WHERE id = $1)")
-                    .bind(workspace_id)
-                    .fetch_one(&self.pool)
-                    .await;
-            match landed {
-                Ok(true) => return Ok(()),
-                Ok(false) => return Err(error.into()),
-                Err(_) => match delays.next() {
-                    Some(delay) => tokio::time::sleep(delay).await,
-                    None => return Err(error.into()),
-                },
+            let written = self.write_in_use(lease, subject, record, opening).await;
+            let error = match written.and_then(|()| fault::lost_reply(fault::IN_USE_REPLY)) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.is_transient() => e,
+                Err(e) => return Err(e),
+            };
+            // Written again only once it reads back as not written: the row's write is
+            // an upsert, and an intent written twice would charge its command twice.
+            loop {
+                let landed: Result<bool, sqlx::Error> =
+                    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM workspaces WHERE id = $1)")
+                        .bind(record.row.id)
+                        .fetch_one(&self.pool)
+                        .await;
+                let Some(delay) = delays.next() else {
+                    return match landed {
+                        Ok(true) => Ok(()),
+                        _ => Err(error),
+                    };
+                };
+                match landed {
+                    Ok(true) => return Ok(()),
+                    Ok(false) => {
+                        tracing::warn!(error = %error, ?delay, "the tree's record in use was not written; retrying within the lease");
+                        tokio::time::sleep(delay).await;
+                        break;
+                    }
+                    Err(_) => tokio::time::sleep(delay).await,
+                }
             }
         }
+    }
+
+    async fn write_in_use<O: Opening>(
+        &self,
+        lease: &Lease,
+        subject: &Subject,
+        record: &Record<'_>,
+        opening: &O,
+    ) -> Result<(), CustodyError> {
+        let workspace_id = record.row.id;
+        let mut tx = lease.begin_fenced(&self.pool).await?;
+        workspace_row::in_use(&mut tx, &record.row).await?;
+        if let Some((hold_id, old_workspace)) = record.adopted {
+            // The hold moves with the tree: no gap in which the tree is unguarded.
+            hold::move_to(&mut tx, hold_id, workspace_id).await?;
+            workspace_row::destroy(&mut tx, old_workspace).await?;
+        }
+        // The tree at this path is now this one: older rows of the path (runs of the
+        // request that were fenced or died here) describe nothing any more.
+        let (directory, path) = (self.directory.id, record.row.path);
+        let stale =
+            workspace_row::destroy_others_at(&mut tx, directory, path, workspace_id).await?;
+        for old in stale {
+            hold::end_for_workspace(&mut tx, old, "tree_replaced").await?;
+        }
+        request::resume::record(&mut tx, subject.request_id, record.resume_context).await?;
+        lineage::record_restore(
+            &mut tx,
+            Some(subject.request_id),
+            None,
+            record.tier,
+            record.snapshot,
+            RestoreOutcome::Succeeded,
+            None,
+        )
+        .await?;
+        opening.open(&mut tx, record.tier).await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     /// Publishes the clean tree of a cold clone as the baseline of its key.

@@ -352,6 +352,7 @@ impl Custody {
         }
         seal.seal(&mut tx, lease, snapshot_id).await?;
         tx.commit().await?;
+        fault::lost_reply::<CustodyError>(fault::SEAL_REPLY)?;
         Ok(None)
     }
 

@@ -60,6 +60,9 @@ pub struct CustodySettings {
     pub hold_limits: HoldLimits,
     /// How long a step's failing capture is retried before its attempt ends.
     pub capture_retry: Duration,
+    /// How long a durable write of custody is retried through database faults: the
+    /// lease's TTL.
+    pub write_retry: Duration,
     /// This worker's id, recorded on the trees it creates.
     pub worker_id: String,
     /// The node this worker runs on, recorded on every snapshot it writes (none: its

@@ -116,7 +116,6 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
     if !means_work(message, &row, admission.as_ref(), tenant_matches) {
         worker.leases.release_in(&mut tx, &lease).await?;
         tx.commit().await?;
-        worker.leases.clear_liveness(&lease);
         return Ok(Claim::Done(JobOutcome::Dropped(format!(
             "nothing to do: request is {}",
             row.state
@@ -138,7 +137,6 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
         let ended =
             limits::end_for(&mut tx, lease.request_id, continuation, &breach, at, None).await?;
         tx.commit().await?;
-        worker.leases.clear_liveness(&lease);
         worker.metrics.jobs_failed.inc();
         return Ok(Claim::Done(ended_outcome(ended)));
     }
@@ -264,7 +262,6 @@ async fn accept_report(
     let acceptance = report::accept(&mut tx, lease, action_id, worker_id).await?;
     worker.leases.release_in(&mut tx, lease).await?;
     tx.commit().await?;
-    worker.leases.clear_liveness(lease);
     let outcome = match acceptance {
         Acceptance::Accepted { .. } => {
             worker.metrics.jobs_completed.inc();

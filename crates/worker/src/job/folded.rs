@@ -31,6 +31,8 @@ pub struct WithReceipt<'j> {
     workspace_id: Uuid,
     /// Whether the last seal that ran wrote the completion.
     written: AtomicBool,
+    /// Whether any seal wrote it: one whose commit's reply was lost may have landed.
+    tried: AtomicBool,
 }
 
 impl<'j> WithReceipt<'j> {
@@ -48,12 +50,14 @@ impl<'j> WithReceipt<'j> {
             subject,
             workspace_id,
             written: AtomicBool::new(false),
+            tried: AtomicBool::new(false),
         })
     }
 
-    /// Whether the completion landed with the step's commit. After a read-back, or a
-    /// fence that refused a later try (the completion had released the lease), which
-    /// try landed is not known: the request's state says.
+    /// Whether the completion landed with the step's commit. After a read-back, a
+    /// fence that refused a later try (the completion had released the lease), or a
+    /// failure once a seal wrote it (its reply may have been lost), which try landed is
+    /// not known: the request's state says.
     pub async fn landed(
         &self,
         committed: &Result<Committed, CustodyError>,
@@ -61,6 +65,7 @@ impl<'j> WithReceipt<'j> {
         match committed {
             Ok(committed) if !committed.read_back => Ok(self.written.load(Ordering::Acquire)),
             Ok(_) | Err(CustodyError::Lease(_)) => self.read_back().await,
+            Err(_) if self.tried.load(Ordering::Acquire) => self.read_back().await,
             Err(_) => Ok(false),
         }
     }
@@ -131,6 +136,7 @@ impl Completion for WithReceipt<'_> {
             .await?;
         fault::cut(fault::BEFORE_COMPLETION_COMMIT, &mut *conn).await;
         self.written.store(true, Ordering::Release);
+        self.tried.store(true, Ordering::Release);
         Ok(())
     }
 }
@@ -160,6 +166,8 @@ impl<'j> FirstIntent<'j> {
 
 impl Opening for FirstIntent<'_> {
     async fn open(&self, conn: &mut PgConnection, tier: Tier) -> Result<(), CustodyError> {
+        // A try whose transaction did not land wrote nothing.
+        *self.written.lock().unwrap_or_else(PoisonError::into_inner) = None;
         let job = self.job;
         let claimed = &job.claimed;
         let Some(step) = claimed.steps.first() else {
@@ -167,8 +175,9 @@ impl Opening for FirstIntent<'_> {
         };
         // An adopted tree is decided on before anything runs; a pause, a stop or a drain
         // asked for meanwhile is carried out before any intent.
-        let waits =
-            crate::pause::requested(job) || job.stopped() || job.worker.draining.is_cancelled();
+        let settings = &job.worker.settings;
+        let hands_back = settings.hand_back_at_step_boundary && job.worker.draining.is_cancelled();
+        let waits = crate::pause::requested(job) || job.stopped() || hands_back;
         if claimed.journaled || tier == Tier::Adopt || waits {
             return Ok(());
         }
@@ -176,8 +185,8 @@ impl Opening for FirstIntent<'_> {
         if current.breach(Moment::Intent).is_some() {
             return Ok(());
         }
-        let settings = &job.worker.custody.settings;
-        let store = Some((settings.store_id, settings.store.store().url()));
+        let custody = &job.worker.custody.settings;
+        let store = Some((custody.store_id, custody.store.store().url()));
         let (lease, attempt) = (job.lease(), claimed.attempt);
         let idempotent = step.idempotent;
         journal::write_intent(&mut *conn, lease, attempt, &step.key, 0, idempotent, store).await?;
