@@ -123,6 +123,18 @@ impl Limits {
     }
 }
 
+/// The columns of [`Limits`] that are not the request's budgets, for a query of the
+/// request `e` joined to its run `r` that reads the budgets too: `window_ends` is the SQL
+/// of the admitting continuation's window end (NULL where none applies).
+pub fn conditions(window_ends: &str) -> String {
+    format!(
+        "e.cancel_requested_at IS NOT NULL AS cancel_requested,
+         -- The run's deadline bounds its work; its publication comes after it.
+         COALESCE(e.kind <> 'publication' AND r.deadline <= now(), FALSE) AS deadline_passed,
+         COALESCE({window_ends} <= now(), FALSE) AS window_ended"
+    )
+}
+
 /// Reads a request's limits in the caller's transaction; `continuation` names the action
 /// whose window applies.
 pub async fn read(
@@ -134,16 +146,13 @@ pub async fn read(
         Continuation::Checkpoint(id) | Continuation::FinalOutcome(id) => Some(id),
         Continuation::None | Continuation::Verification(_) => None,
     };
-    sqlx::query_as(
-        "SELECT e.cancel_requested_at IS NOT NULL AS cancel_requested,
-                -- The run's deadline bounds its work; its publication comes after it.
-                COALESCE(e.kind <> 'publication' AND r.deadline <= now(), FALSE) AS deadline_passed,
-                COALESCE((SELECT a.window_ends_at <= now() FROM continuation_actions a WHERE a.id = $2), FALSE)
-                  AS window_ended,
-                e.used_commands, e.max_commands, e.used_wall_ms, e.max_wall_seconds
+    let window = "(SELECT a.window_ends_at FROM continuation_actions a WHERE a.id = $2)";
+    sqlx::query_as(&format!(
+        "SELECT {}, e.used_commands, e.max_commands, e.used_wall_ms, e.max_wall_seconds
            FROM execution_requests e JOIN runs r ON r.id = e.run_id
           WHERE e.id = $1",
-    )
+        conditions(window)
+    ))
     .bind(request_id)
     .bind(action_id)
     .fetch_one(conn)

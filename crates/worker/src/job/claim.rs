@@ -11,7 +11,7 @@ use cairn_common::journal;
 use cairn_common::lease::{Lease, LeaseError};
 use cairn_common::report::{self, Acceptance};
 use cairn_common::request::action;
-use cairn_common::request::limits::{self, Ended, Moment};
+use cairn_common::request::limits::{self, Ended, Limits, Moment};
 use cairn_common::request::{self, Continuation, RequestEvent, RequestState};
 use cairn_common::run::{JobKind, JobMessage, StepSpec};
 use chrono::{DateTime, Utc};
@@ -50,6 +50,9 @@ struct RequestRow {
     window_ends_at: Option<chrono::DateTime<chrono::Utc>>,
     tenant_network: Option<sqlx::types::Json<NetworkSpec>>,
     journaled: bool,
+    /// The limits as they stand, read with the row.
+    #[sqlx(flatten)]
+    limits: Limits,
 }
 
 impl RequestRow {
@@ -129,8 +132,7 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
     let continuation = admission
         .as_ref()
         .map_or(Continuation::None, Admission::continuation);
-    let current = limits::read(&mut tx, lease.request_id, continuation).await?;
-    if let Some(breach) = current.breach(Moment::Claim) {
+    if let Some(breach) = row.limits.breach(Moment::Claim) {
         let at = Moment::Claim;
         // Released first: ending may fence the epoch out (a stop at the checkpoint).
         worker.leases.release_in(&mut tx, &lease).await?;
@@ -210,7 +212,8 @@ async fn read_row(conn: &mut PgConnection, request_id: Uuid) -> Result<RequestRo
                 r.agent, r.work_context_id, r.deadline,
                 a.id AS admission_id, a.kind AS admission_kind, a.window_ends_at,
                 {} AS tenant_network,
-                EXISTS (SELECT 1 FROM journal_intents j WHERE j.request_id = e.id) AS journaled
+                EXISTS (SELECT 1 FROM journal_intents j WHERE j.request_id = e.id) AS journaled,
+                {}
            FROM execution_requests e JOIN runs r ON r.id = e.run_id
            LEFT JOIN LATERAL (
                 (SELECT id, kind, window_ends_at, created_at FROM continuation_actions
@@ -220,7 +223,9 @@ async fn read_row(conn: &mut PgConnection, request_id: Uuid) -> Result<RequestRo
                   WHERE execution_request_id = e.id AND status = 'queued')
                 ORDER BY created_at DESC LIMIT 1) a ON TRUE
           WHERE e.id = $1",
-        cairn_common::network_policy::of_tenant("r.tenant_id")
+        cairn_common::network_policy::of_tenant("r.tenant_id"),
+        // A verification's adoption has no window: its row gives NULL.
+        limits::conditions("a.window_ends_at"),
     ))
     .bind(request_id)
     .fetch_one(conn)
