@@ -22,8 +22,9 @@ use uuid::Uuid;
 pub enum Claim {
     Run(Box<Claimed>),
     Done(JobOutcome),
-    /// Another claim holds a request still queued: it is about to start it or to let it
-    /// go (a stale message). The delivery comes back a little later rather than be lost.
+    /// The request is still queued but cannot be claimed now: flow control holds it, or
+    /// a lease is still on it. The delivery comes back a little later rather than be
+    /// lost.
     Later,
 }
 
