@@ -115,7 +115,7 @@ const FIRST_STEP: [&str; 6] = [
 ];
 
 /// What each gap of [`FIRST_STEP`] holds.
-const FIRST_STEP_LEGEND: &str = "(first step: the gaps between the timestamps a run's first step leaves, each a transaction's start, so each gap holds the commit before it: publish = admission → publish confirmed (outbox commit, NOTIFY, relay); claim = → claim (delivery, liveness, fenced claim); workspace = → workspace row (claim commit, lineage reads, directory); intent = → first intent (workspace, hold, restore record, standings); capture = → capture start (intent commit, sandbox, command, exit); receipt = → receipt (snapshot row, walk, manifest, fsyncs))";
+const FIRST_STEP_LEGEND: &str = "(first step: the gaps between the timestamps a run's first step leaves, each a transaction's start, so each gap holds the commit before it: publish = admission → publish confirmed (outbox commit, NOTIFY, relay); claim = → claim (delivery, the claim's lease); workspace = → workspace row (claim commit, liveness, lineage reads, directory); intent = → first intent (0 when it commits with the workspace row; else workspace, hold, restore record, standings); capture = → capture start (intent commit, sandbox, command, exit); receipt = → receipt (snapshot row, walk, manifest, fsyncs))";
 
 /// The latencies of the runs admitted after the warm-up.
 struct Steady {
@@ -536,6 +536,6 @@ fn print_table(all: &[Figures]) {
         );
     }
     println!(
-        "(msgs = messages announced per run, 1 when no run was announced twice; after the bar, p50/p99 in ms of each stage: queue = admission → claim, acquire = claim → first intent, steps = first intent → last receipt, finish = last receipt → completion, per step = one step's intent → receipt)"
+        "(msgs = messages announced per run, 1 when no run was announced twice; after the bar, p50/p99 in ms of each stage: queue = admission → claim, acquire = claim → first intent, steps = first intent → last receipt, finish = last receipt → completion (0 when it commits with the receipt), per step = one step's intent → receipt)"
     );
 }
