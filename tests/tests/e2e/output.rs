@@ -269,20 +269,28 @@ async fn a_follower_follows_a_step_run_again_by_the_next_attempt() {
 }
 
 /// The `output` events of a followed step, read until `stop` says so or the stream ends:
-/// each event's id and its bytes.
+/// each event's id and its bytes. A run shows `running` from its claim, before its step
+/// starts: a step not started yet answers 404, and is asked again for up to 30 s.
 async fn follow_events(
     cluster: &Cluster,
     path: &str,
     last: Option<&str>,
     stop: impl Fn(&[(String, Vec<u8>)]) -> bool,
 ) -> Vec<(String, Vec<u8>)> {
-    let mut request = reqwest::Client::new()
-        .get(format!("http://{}{path}", cluster.api))
-        .bearer_auth(cairn_e2e::cluster::ADMIN);
-    if let Some(last) = last {
-        request = request.header("last-event-id", last);
-    }
-    let mut response = request.send().await.expect("follow");
+    let asking = std::time::Instant::now();
+    let mut response = loop {
+        let mut request = reqwest::Client::new()
+            .get(format!("http://{}{path}", cluster.api))
+            .bearer_auth(cairn_e2e::cluster::ADMIN);
+        if let Some(last) = last {
+            request = request.header("last-event-id", last);
+        }
+        let response = request.send().await.expect("follow");
+        if response.status() != 404 || asking.elapsed() > Duration::from_secs(30) {
+            break response;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!(response.status(), 200);
     let (mut buffer, mut events) = (String::new(), Vec::new());
     while !stop(&events) {
