@@ -384,13 +384,9 @@ impl Leases {
         advisory(self.advisory_limit(), what, op).await
     }
 
-    /// Sets the Redis liveness key of a lease just taken (advice only: a failure is
-    /// logged).
+    /// Sets the Redis liveness key of a lease just taken, or put it back (advice only:
+    /// a failure is logged).
     pub async fn announce(&self, lease: &Lease) {
-        self.set_liveness(lease).await
-    }
-
-    async fn set_liveness(&self, lease: &Lease) {
         let set = self.run_liveness(claim_script(), lease);
         match self.advisory("set a liveness key", set).await {
             Some(1) | None => {}
@@ -407,7 +403,7 @@ impl Leases {
             Some(1) | None => {}
             // The key is gone (Redis restarted or lost its keys): PostgreSQL still says
             // we own the lease, so put the liveness key back.
-            Some(-1) => self.set_liveness(lease).await,
+            Some(-1) => self.announce(lease).await,
             Some(_) => {
                 tracing::warn!(request_id = %lease.request_id.simple(), "Redis liveness key held by another owner")
             }

@@ -15,7 +15,6 @@ use super::handle::Job;
 use crate::custody::{Committed, Completion, CustodyError, Opening, Subject, Tier};
 use crate::error::JobError;
 use crate::fault;
-use cairn_common::journal;
 use cairn_common::report;
 use cairn_common::request::limits::{self, Moment};
 use cairn_common::request::{self, RequestEvent};
@@ -62,11 +61,12 @@ impl<'j> WithReceipt<'j> {
         &self,
         committed: &Result<Committed, CustodyError>,
     ) -> Result<bool, JobError> {
+        if !self.tried.load(Ordering::Acquire) {
+            return Ok(false);
+        }
         match committed {
             Ok(committed) if !committed.read_back => Ok(self.written.load(Ordering::Acquire)),
-            Ok(_) | Err(CustodyError::Lease(_)) => self.read_back().await,
-            Err(_) if self.tried.load(Ordering::Acquire) => self.read_back().await,
-            Err(_) => Ok(false),
+            _ => self.read_back().await,
         }
     }
 
@@ -181,16 +181,10 @@ impl Opening for FirstIntent<'_> {
         if claimed.journaled || tier == Tier::Adopt || waits {
             return Ok(());
         }
-        let current = limits::read(&mut *conn, job.request_id(), claimed.continuation).await?;
-        if current.breach(Moment::Intent).is_some() {
-            return Ok(());
+        // A limit reached leaves the step to its own intent, which meets it again.
+        if let Ok(wall_left_ms) = super::intent::write(conn, job, step, 0).await? {
+            *self.written.lock().unwrap_or_else(PoisonError::into_inner) = Some(wall_left_ms);
         }
-        let custody = &job.worker.custody.settings;
-        let store = Some((custody.store_id, custody.store.store().url()));
-        let (lease, attempt) = (job.lease(), claimed.attempt);
-        let idempotent = step.idempotent;
-        journal::write_intent(&mut *conn, lease, attempt, &step.key, 0, idempotent, store).await?;
-        *self.written.lock().unwrap_or_else(PoisonError::into_inner) = Some(current.wall_left_ms());
         Ok(())
     }
 }

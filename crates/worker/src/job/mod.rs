@@ -5,6 +5,7 @@
 //! - [`handle`]: the [`Job`] handle, the claimed request and the outcome.
 //! - [`plan`]: a run's steps on its acquired tree.
 //! - [`ending`]: what each way of ending records.
+//! - [`intent`]: a step's intent, under the contract's limits.
 //! - [`folded`]: a plan's writes committed in custody's transactions: its first intent
 //!   with its tree's record in use, its completion with its last receipt.
 //! - [`durable`]: durable writes retried through database faults, within the lease.
@@ -14,6 +15,7 @@ pub mod durable;
 pub mod ending;
 pub mod folded;
 pub mod handle;
+pub mod intent;
 pub mod plan;
 pub mod retry;
 

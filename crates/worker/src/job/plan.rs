@@ -147,27 +147,12 @@ async fn intend_once(
     index: usize,
 ) -> Result<Result<i64, Breach>, JobError> {
     let mut tx = job.begin().await?;
-    let current = limits::read(&mut tx, job.request_id(), job.claimed.continuation).await?;
-    if let Some(breach) = current.breach(Moment::Intent) {
-        return Ok(Err(breach));
+    let written = super::intent::write(&mut tx, job, step, index).await?;
+    if written.is_ok() {
+        tx.commit().await?;
+        crate::fault::point(crate::fault::AFTER_INTENT);
     }
-    let lease = job.lease();
-    let attempt = job.claimed.attempt;
-    let settings = &job.worker.custody.settings;
-    let store = Some((settings.store_id, settings.store.store().url()));
-    journal::write_intent(
-        &mut tx,
-        lease,
-        attempt,
-        &step.key,
-        index,
-        step.idempotent,
-        store,
-    )
-    .await?;
-    tx.commit().await?;
-    crate::fault::point(crate::fault::AFTER_INTENT);
-    Ok(Ok(current.wall_left_ms()))
+    Ok(written)
 }
 
 /// Runs the steps not yet done on `tree`. `opened`: the wall time left when the first
