@@ -9,7 +9,7 @@ use cairn_common::hold;
 use cairn_common::lease::Lease;
 use cairn_common::lineage::{self, CapturedBy, RestoreOutcome, SnapshotStatus};
 use cairn_common::request;
-use cairn_common::retry::Delays;
+use cairn_common::retry::{self, Delays};
 use cairn_common::workspace as workspace_row;
 use cairn_snapshot::store::ArtifactStore;
 use cairn_snapshot::{self as snapshot, Manifest, SnapshotError};
@@ -533,39 +533,21 @@ impl Custody {
         opening: &O,
     ) -> Result<(), CustodyError> {
         let (min, max) = (Duration::from_millis(100), Duration::from_secs(2));
-        let mut delays = Delays::within(min, max, self.settings.write_retry);
-        loop {
+        let delays = Delays::within(min, max, self.settings.write_retry);
+        let write = || async {
             let written = self.write_in_use(lease, subject, record, opening).await;
-            let error = match written.and_then(|()| fault::lost_reply(fault::IN_USE_REPLY)) {
-                Ok(()) => return Ok(()),
-                Err(e) if e.is_transient() => e,
-                Err(e) => return Err(e),
-            };
-            // Written again only once it reads back as not written: the row's write is
-            // an upsert, and an intent written twice would charge its command twice.
-            loop {
-                let landed: Result<bool, sqlx::Error> =
-                    sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM workspaces WHERE id = $1)")
-                        .bind(record.row.id)
-                        .fetch_one(&self.pool)
-                        .await;
-                let Some(delay) = delays.next() else {
-                    return match landed {
-                        Ok(true) => Ok(()),
-                        _ => Err(error),
-                    };
-                };
-                match landed {
-                    Ok(true) => return Ok(()),
-                    Ok(false) => {
-                        tracing::warn!(error = %error, ?delay, "the tree's record in use was not written; retrying within the lease");
-                        tokio::time::sleep(delay).await;
-                        break;
-                    }
-                    Err(_) => tokio::time::sleep(delay).await,
-                }
-            }
-        }
+            written.and_then(|()| fault::lost_reply(fault::IN_USE_REPLY))
+        };
+        let landed = || async {
+            let exists = "SELECT EXISTS (SELECT 1 FROM workspaces WHERE id = $1)";
+            let found: bool = sqlx::query_scalar(exists)
+                .bind(record.row.id)
+                .fetch_one(&self.pool)
+                .await?;
+            Ok::<_, sqlx::Error>(found.then_some(()))
+        };
+        let rule = (CustodyError::is_transient, || false);
+        retry::until_landed(delays, "the tree's record in use", rule, write, landed).await
     }
 
     async fn write_in_use<O: Opening>(

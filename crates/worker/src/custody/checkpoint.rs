@@ -8,7 +8,7 @@ use cairn_common::journal::{self, Receipt};
 use cairn_common::lease::Lease;
 use cairn_common::lineage::{self, CapturedBy, SnapshotStatus};
 use cairn_common::report::{self, RetainedReport};
-use cairn_common::retry::Delays;
+use cairn_common::retry::{self, Delays};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -136,9 +136,18 @@ impl Custody {
                 Ok(Checkpoint::Failed(reason)) => reason,
                 // A lost connection or a restart is retried within the lease (a lost
                 // lease fails the fenced begin instead); the commit may have landed
-                // before the connection broke, so it is read back first.
+                // before the connection broke, so it is read back first, until the
+                // read-back answers: a step's commit that landed is not made again.
                 Err(e) if e.is_transient() => {
-                    if let Ok(Some(snapshot)) = self.committed(lease, commit).await {
+                    let mut landed = || self.committed(lease, commit);
+                    let give_up = || stop.is_cancelled() || Instant::now() >= deadline;
+                    let what = "the step's commit";
+                    let answer = retry::read_back(&mut delays, what, &give_up, &mut landed);
+                    let snapshot = match answer.await {
+                        Some(snapshot) => snapshot,
+                        None => return Err(CustodyError::CaptureFailed(e.to_string())),
+                    };
+                    if let Some(snapshot) = snapshot {
                         tree.live.position = Some(snapshot);
                         tree.live.index = None;
                         tree.live.uncaptured = false;

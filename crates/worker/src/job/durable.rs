@@ -7,19 +7,20 @@ use super::handle::{Job, JobOutcome};
 use crate::error::JobError;
 use crate::keeper::Reason;
 use cairn_common::request::{self, RequestState};
-use cairn_common::retry::Delays;
+use cairn_common::retry::{self, Delays};
 use std::future::Future;
 use std::time::Duration;
 
-/// Runs `write` until it lands. After a database fault, `landed` reads back whether it
-/// did (`Some` with its result); if not, it is retried with a backoff for up to one
-/// lease TTL, unless the keeper fenced the job meanwhile. A lost lease refuses the
-/// fenced begin, so a retry never writes for a stale owner.
+/// Runs `write` until it lands, through database faults, for up to one lease TTL
+/// unless the keeper fenced the job meanwhile: [`retry::until_landed`]. After a fault,
+/// `landed` reads back whether it did (`Some` with its result); the write is tried again
+/// only once it reads back as not landed. A lost lease refuses the fenced begin, so a
+/// retry never writes for a stale owner.
 pub async fn until_landed<T, W, WF, L, LF>(
     job: &Job,
     what: &str,
-    mut write: W,
-    mut landed: L,
+    write: W,
+    landed: L,
 ) -> Result<T, JobError>
 where
     W: FnMut() -> WF,
@@ -27,24 +28,10 @@ where
     L: FnMut() -> LF,
     LF: Future<Output = Result<Option<T>, JobError>>,
 {
-    let mut delays = within_the_lease(job);
-    loop {
-        let error = match write().await {
-            Err(JobError::Db(e)) => e,
-            other => return other,
-        };
-        if let Ok(Some(value)) = landed().await {
-            return Ok(value);
-        }
-        let Some(delay) = delays.next() else {
-            return Err(JobError::Db(error));
-        };
-        if job.cause() == Some(Reason::Fenced) {
-            return Err(JobError::Db(error));
-        }
-        tracing::warn!(error = %error, ?delay, what, "a durable write failed; retrying within the lease");
-        tokio::time::sleep(delay).await;
-    }
+    let transient = |e: &JobError| matches!(e, JobError::Db(_));
+    let fenced = || job.cause() == Some(Reason::Fenced);
+    let delays = within_the_lease(job);
+    retry::until_landed(delays, what, (transient, fenced), write, landed).await
 }
 
 /// The read-back of a write that releases or moves the lease (every way a job ends):
