@@ -29,6 +29,12 @@ pub const INSIDE_CLAIM: &str = "inside_claim";
 pub const IN_USE_REPLY: &str = "in_use_reply";
 /// A point after a step's receipt and checkpoint committed: its reply is lost.
 pub const SEAL_REPLY: &str = "seal_reply";
+/// A point after a later step's intent (not the first, which commits with the tree's
+/// record) committed: its reply is lost.
+pub const INTENT_REPLY: &str = "intent_reply";
+/// A point where a job reads back whether a step's intent landed: the read is not
+/// answered ([`unanswered`]).
+pub const INTENT_READ_BACK: &str = "intent_read_back";
 
 /// A point inside a completion's transaction, before its commit.
 pub const BEFORE_COMPLETION_COMMIT: &str = "before_completion_commit";
@@ -57,15 +63,29 @@ pub async fn cut(name: &str, conn: &mut sqlx::PgConnection) {
 /// builds only): the caller sees a lost connection, as after a restart between the
 /// commit and its acknowledgement.
 pub fn lost_reply<E: From<sqlx::Error>>(name: &str) -> Result<(), E> {
+    let lost = std::io::ErrorKind::ConnectionReset;
+    injected(name, "a commit's reply is lost", lost)
+}
+
+/// A read that is not answered, if `name` is armed for this pass (debug builds only):
+/// the caller sees a refused connection, as while the database restarts.
+pub fn unanswered<E: From<sqlx::Error>>(name: &str) -> Result<(), E> {
+    let refused = std::io::ErrorKind::ConnectionRefused;
+    injected(name, "a read-back is not answered", refused)
+}
+
+/// An I/O error of `kind` in place of a database's answer, if `name` is armed.
+fn injected<E: From<sqlx::Error>>(
+    name: &str,
+    what: &str,
+    kind: std::io::ErrorKind,
+) -> Result<(), E> {
     if !armed(name) {
         return Ok(());
     }
-    tracing::warn!(point = name, "fault injection: a commit's reply is lost");
-    let lost = std::io::Error::new(
-        std::io::ErrorKind::ConnectionReset,
-        "fault injection: the reply was lost",
-    );
-    Err(sqlx::Error::Io(lost).into())
+    tracing::warn!(point = name, "fault injection: {what}");
+    let error = std::io::Error::new(kind, format!("fault injection: {what}"));
+    Err(sqlx::Error::Io(error).into())
 }
 
 /// Whether `name` is armed in `CAIRN_FAULT_POINTS` for this pass of it.

@@ -440,13 +440,17 @@ async fn a_lost_reply_is_read_back(label: &str, point: &str) {
     let _services = ServiceLock::shared().await;
     let lost = "fault injection: a commit's reply is lost";
     let (cluster, request_id) = one_step_healed(label, point, lost).await;
-    let used: i32 =
-        sqlx::query_scalar("SELECT used_commands FROM execution_requests WHERE id = $1::uuid")
-            .bind(&request_id)
-            .fetch_one(&cluster.pool)
-            .await
-            .expect("the request's charge");
+    let used = used_commands(&cluster, &request_id).await;
     assert_eq!(used, 1, "the step's command was charged once");
+}
+
+/// The commands charged to a request.
+async fn used_commands(cluster: &Cluster, request_id: &str) -> i32 {
+    sqlx::query_scalar("SELECT used_commands FROM execution_requests WHERE id = $1::uuid")
+        .bind(request_id)
+        .fetch_one(&cluster.pool)
+        .await
+        .expect("the request's charge")
 }
 
 /// The tree's record in use, with the first intent, landed but its reply was lost: the
@@ -455,6 +459,36 @@ async fn a_lost_reply_is_read_back(label: &str, point: &str) {
 #[tokio::test]
 async fn a_lost_reply_to_the_trees_record_is_read_back() {
     a_lost_reply_is_read_back("faults-in-use-reply", "in_use_reply").await;
+}
+
+/// A later step's intent landed but its reply was lost, and the first read-back of it
+/// was not answered either: the worker asks again instead of writing the intent again,
+/// so each step's command is charged once and each step runs once.
+#[tokio::test]
+async fn an_intent_is_not_written_again_while_its_read_back_is_unanswered() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("faults-intent-read-back", 0, Settings::default()).await;
+    let points = "intent_reply,intent_read_back";
+    cluster
+        .worker_env
+        .push(("CAIRN_FAULT_POINTS".into(), points.into()));
+    cluster.add_worker();
+    let effects = cluster.path("effects");
+    let steps = vec![
+        append_step("s1", &effects, "s1", 0.0, false),
+        append_step("s2", &effects, "s2", 0.0, false),
+    ];
+    let (run_id, request_id) = cluster.submit(&run_spec(steps, 1));
+    let ended = ["completed", "failed", "needs_reconciliation"];
+    let run = cluster.wait_for_state(&run_id, &ended, Duration::from_secs(60));
+    assert_eq!(run["state"], "completed", "{run}");
+    assert_eq!(run["attempt"], 1, "{run}");
+    let logs = cluster.logs();
+    assert!(logs.contains("fault injection: a commit's reply is lost"));
+    assert!(logs.contains("fault injection: a read-back is not answered"));
+    assert_eq!(cluster.lines("effects"), ["s1", "s2"], "each step ran once");
+    let used = used_commands(&cluster, &request_id).await;
+    assert_eq!(used, 2, "each step's command was charged once");
 }
 
 /// The last receipt, its checkpoint and the completion landed but the reply was lost:

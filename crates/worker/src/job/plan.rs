@@ -124,6 +124,7 @@ pub async fn run(job: &Job) -> Result<JobOutcome, JobError> {
 /// broke.
 async fn intend(job: &Job, step: &StepSpec, index: usize) -> Result<Result<i64, Breach>, JobError> {
     let landed = || async {
+        crate::fault::unanswered::<JobError>(crate::fault::INTENT_READ_BACK)?;
         let pool = &job.worker.pool;
         if !journal::written(pool, job.lease(), Record::Intent, &step.key).await? {
             return Ok(None);
@@ -150,6 +151,7 @@ async fn intend_once(
     let written = super::intent::write(&mut tx, job, step, index).await?;
     if written.is_ok() {
         tx.commit().await?;
+        crate::fault::lost_reply::<JobError>(crate::fault::INTENT_REPLY)?;
         crate::fault::point(crate::fault::AFTER_INTENT);
     }
     Ok(written)
