@@ -747,3 +747,41 @@ async fn sandboxes_take_sandbox_slots_and_leave_job_slots_to_runs() {
     assert!(status == 200 || status == 202, "{stopped}");
     wait_state(&cluster, &second, "running");
 }
+
+/// An exec's receipt and checkpoint landed but the reply was lost: the worker reads the
+/// receipt back instead of capturing again. A capture again would find the lineage
+/// moved past its tree, and every later exec of the sandbox would fail to commit.
+#[tokio::test]
+async fn a_lost_reply_to_an_execs_commit_is_read_back() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("sandbox-seal-reply", 0, Settings::default()).await;
+    cluster
+        .worker_env
+        .push(("CAIRN_FAULT_POINTS".into(), "seal_reply".into()));
+    cluster.add_worker();
+    let id = create(&cluster, json!({"agent": "coder"}));
+    wait_state(&cluster, &id, "running");
+    let (status, first) = exec(&cluster, &id, "echo one >> f.txt");
+    assert_eq!((status, &first["state"]), (200, &json!("done")), "{first}");
+    assert!(cluster
+        .logs()
+        .contains("fault injection: a commit's reply is lost"));
+    let (status, second) = exec(&cluster, &id, "echo two >> f.txt");
+    assert_eq!(
+        (status, &second["state"]),
+        (200, &json!("done")),
+        "{second}"
+    );
+    let (status, body) = file(&cluster, &id, "f.txt");
+    assert_eq!((status, body.as_slice()), (200, b"one\ntwo\n".as_slice()));
+    // One checkpoint per exec: the lost reply made no second capture of the first.
+    let checkpoints: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM project_snapshots WHERE sandbox_id = $1 AND kind = 'checkpoint' AND status = 'ready'",
+    )
+    .bind(uuid::Uuid::parse_str(&id).expect("uuid"))
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("checkpoints");
+    let receipts: Vec<Value> = operations(&cluster, &id);
+    assert_eq!(checkpoints, 2, "{receipts:?}");
+}

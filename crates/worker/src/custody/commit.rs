@@ -9,12 +9,14 @@ use crate::fault;
 use cairn_common::hold::{self, HoldTarget};
 use cairn_common::lease::{Lease, LeaseError};
 use cairn_common::lineage::{self, CapturedBy, LineageError, NewSnapshot, SnapshotStatus};
+use cairn_common::retry::{self, Delays};
 use cairn_common::workspace;
 use cairn_snapshot::{self as snapshot, Manifest};
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 use uuid::Uuid;
 
 /// The parts of a live tree a commit reads and moves.
@@ -210,6 +212,7 @@ impl Custody {
         let failed = match sealed {
             Ok(None) => None,
             Ok(Some(reason)) => Some(Ok(Checkpoint::Failed(reason))),
+            Err(_) if self.sealed_after_all(snapshot_id).await => None,
             Err(e) => Some(Err(e)),
         };
         if let Some(failed) = failed {
@@ -223,6 +226,26 @@ impl Custody {
         }
         tracing::info!(snapshot_id = %snapshot_id.simple(), kind = capture.kind, files = stats.files, unchanged = stats.files_unchanged, new_chunks = stats.chunks_new, "capture committed");
         Ok(Checkpoint::Stands(snapshot_id))
+    }
+
+    /// Whether a seal that failed landed after all: a fault may hide a commit that
+    /// landed, and only the seal's transaction makes its snapshot ready. Asked until it
+    /// answers, within `write_retry`; unanswered, it did not (as before any read-back).
+    async fn sealed_after_all(&self, snapshot_id: Uuid) -> bool {
+        let (min, max) = (Duration::from_millis(100), Duration::from_secs(2));
+        let mut delays = Delays::within(min, max, self.settings.write_retry);
+        let mut ready = || async {
+            let status: Option<String> =
+                sqlx::query_scalar("SELECT status FROM project_snapshots WHERE id = $1")
+                    .bind(snapshot_id)
+                    .fetch_optional(&self.pool)
+                    .await?;
+            let ready = status.as_deref() == Some(SnapshotStatus::Ready.as_str());
+            Ok::<_, sqlx::Error>(ready.then_some(()))
+        };
+        let what = "a capture's seal";
+        let answer = retry::read_back(&mut delays, what, &|| false, &mut ready).await;
+        matches!(answer, Some(Some(())))
     }
 
     /// Seals on the snapshot an unchanged tree is at, with no capture.
