@@ -27,10 +27,11 @@ pub const INSIDE_CLAIM: &str = "inside_claim";
 
 /// A point after a tree's record in use committed: its reply is lost ([`lost_reply`]).
 pub const IN_USE_REPLY: &str = "in_use_reply";
-/// A point after a step's receipt and checkpoint committed: its reply is lost.
+/// A point after a seal committed (a capture's, or an unchanged tree's with no
+/// capture): its reply is lost.
 pub const SEAL_REPLY: &str = "seal_reply";
-/// A point after a later step's intent (not the first, which commits with the tree's
-/// record) committed: its reply is lost.
+/// A point after a step's intent committed in a transaction of its own (not a fresh
+/// request's first, which commits with the tree's record): its reply is lost.
 pub const INTENT_REPLY: &str = "intent_reply";
 /// A point where a job reads back whether a step's intent landed: the read is not
 /// answered ([`unanswered`]).

@@ -395,20 +395,28 @@ async fn stall_a_full_worker(label: &str) -> Cluster {
 /// attempt, the fault was injected (`injected` is in the logs), the step ran once and
 /// nothing counted as fencing. Returns the cluster and the request's id.
 async fn one_step_healed(label: &str, point: &str, injected: &str) -> (Cluster, String) {
+    healed(label, point, injected, &["s1"]).await
+}
+
+/// [`one_step_healed`], for a run of `steps` (each appends its key to one file).
+async fn healed(label: &str, point: &str, injected: &str, steps: &[&str]) -> (Cluster, String) {
     let mut cluster = Cluster::start(label, 0, Settings::default()).await;
     cluster
         .worker_env
         .push(("CAIRN_FAULT_POINTS".into(), point.into()));
     cluster.add_worker();
     let effects = cluster.path("effects");
-    let spec = run_spec(vec![append_step("s1", &effects, "s1", 0.0, false)], 1);
+    let specs = (steps.iter())
+        .map(|key| append_step(key, &effects, key, 0.0, false))
+        .collect();
+    let spec = run_spec(specs, 1);
     let (run_id, request_id) = cluster.submit(&spec);
     let ended = ["completed", "failed", "needs_reconciliation"];
     let run = cluster.wait_for_state(&run_id, &ended, Duration::from_secs(60));
     assert_eq!(run["state"], "completed", "{run}");
     assert_eq!(run["attempt"], 1, "{run}");
     assert!(cluster.logs().contains(injected), "the fault was injected");
-    assert_eq!(cluster.lines("effects"), ["s1"], "the step ran once");
+    assert_eq!(cluster.lines("effects"), steps, "each step ran once");
     assert_eq!(
         cluster.metric(0, "cairn_worker_stale_writes_rejected_total"),
         0.0
@@ -442,6 +450,22 @@ async fn a_lost_reply_is_read_back(label: &str, point: &str) {
     let (cluster, request_id) = one_step_healed(label, point, lost).await;
     let used = used_commands(&cluster, &request_id).await;
     assert_eq!(used, 1, "the step's command was charged once");
+}
+
+/// The last step left the tree unchanged, so its receipt and the completion were sealed
+/// on the tree's snapshot with no capture, and that commit's reply was lost: the worker
+/// reads the receipt back, then the completion from the request, and counts the run
+/// completed once.
+#[tokio::test]
+async fn a_lost_reply_to_an_unchanged_trees_seal_is_read_back() {
+    let _services = ServiceLock::shared().await;
+    let lost = "fault injection: a commit's reply is lost";
+    // The first step captures the fresh tree; the second changes nothing in it.
+    let (label, steps) = ("faults-unchanged-seal-reply", ["s1", "s2"]);
+    let (cluster, request_id) = healed(label, "seal_reply@2", lost, &steps).await;
+    assert_eq!(used_commands(&cluster, &request_id).await, 2);
+    let completed = cluster.metric(0, "cairn_worker_jobs_completed_total");
+    assert_eq!(completed, 1.0, "the run was counted completed once");
 }
 
 /// The commands charged to a request.

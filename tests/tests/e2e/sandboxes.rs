@@ -749,7 +749,7 @@ async fn sandboxes_take_sandbox_slots_and_leave_job_slots_to_runs() {
 }
 
 /// An exec's receipt and checkpoint landed but the reply was lost: the worker reads the
-/// receipt back instead of capturing again. A capture again would find the lineage
+/// snapshot's state back instead of capturing again. A capture again would find the lineage
 /// moved past its tree, and every later exec of the sandbox would fail to commit.
 #[tokio::test]
 async fn a_lost_reply_to_an_execs_commit_is_read_back() {

@@ -88,8 +88,10 @@ impl<C: Completion> Seal for StepSeal<'_, '_, C> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Committed {
     pub snapshot: Uuid,
-    /// Found by a read-back after a lost connection: which try's seal landed is not
-    /// known (a [`Completion`] that counts on its last try must read it back too).
+    /// Found by this method's read-back of the receipt after a lost connection: which
+    /// try's seal landed is not known (a [`Completion`] that counts on its last try
+    /// must read it back too). A seal whose own commit is read back as landed
+    /// (`Custody::commit`) is this try's, and counts as a clean commit.
     pub read_back: bool,
 }
 

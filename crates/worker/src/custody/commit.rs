@@ -52,6 +52,15 @@ pub trait Seal {
     ) -> Result<(), Self::Error>;
 }
 
+/// How a capture's seal ended.
+enum Sealed {
+    Landed,
+    /// It must not count; nothing was committed.
+    Refused(String),
+    /// Its commit failed, and may have landed before the reply was lost.
+    Unknown(sqlx::Error),
+}
+
 /// A capture's manifest, what it left out, and what it did.
 type Captured = (Manifest, snapshot::Skipped, snapshot::CaptureStats);
 
@@ -210,9 +219,14 @@ impl Custody {
             )
             .await;
         let failed = match sealed {
-            Ok(None) => None,
-            Ok(Some(reason)) => Some(Ok(Checkpoint::Failed(reason))),
-            Err(_) if self.sealed_after_all(snapshot_id).await => None,
+            Ok(Sealed::Landed) => None,
+            Ok(Sealed::Refused(reason)) => Some(Ok(Checkpoint::Failed(reason))),
+            Ok(Sealed::Unknown(e)) => match self.sealed_after_all(snapshot_id).await {
+                Some(true) => None,
+                Some(false) => Some(Err(e.into())),
+                // It may have landed: nothing is abandoned on a guess.
+                None => return Err(e.into()),
+            },
             Err(e) => Some(Err(e)),
         };
         if let Some(failed) = failed {
@@ -228,24 +242,30 @@ impl Custody {
         Ok(Checkpoint::Stands(snapshot_id))
     }
 
-    /// Whether a seal that failed landed after all: a fault may hide a commit that
-    /// landed, and only the seal's transaction makes its snapshot ready. Asked until it
-    /// answers, within `write_retry`; unanswered, it did not (as before any read-back).
-    async fn sealed_after_all(&self, snapshot_id: Uuid) -> bool {
+    /// Whether a seal whose commit failed landed after all: a fault may hide a commit
+    /// that landed, and only the seal's transaction moves its snapshot on from
+    /// `uploading` (to `ready`, then perhaps further). Asked until it answers, within
+    /// `write_retry`: `None` when it never did.
+    async fn sealed_after_all(&self, snapshot_id: Uuid) -> Option<bool> {
         let (min, max) = (Duration::from_millis(100), Duration::from_secs(2));
         let mut delays = Delays::within(min, max, self.settings.write_retry);
-        let mut ready = || async {
+        let unsealed = [
+            SnapshotStatus::Creating,
+            SnapshotStatus::Uploading,
+            SnapshotStatus::Failed,
+        ];
+        let mut landed = || async {
             let status: Option<String> =
                 sqlx::query_scalar("SELECT status FROM project_snapshots WHERE id = $1")
                     .bind(snapshot_id)
                     .fetch_optional(&self.pool)
                     .await?;
-            let ready = status.as_deref() == Some(SnapshotStatus::Ready.as_str());
-            Ok::<_, sqlx::Error>(ready.then_some(()))
+            let sealed = status.is_some_and(|s| unsealed.iter().all(|u| u.as_str() != s));
+            Ok::<_, sqlx::Error>(Some(sealed))
         };
         let what = "a capture's seal";
-        let answer = retry::read_back(&mut delays, what, &|| false, &mut ready).await;
-        matches!(answer, Some(Some(())))
+        let answer = retry::read_back(&mut delays, what, &|| false, &mut landed).await;
+        answer.flatten()
     }
 
     /// Seals on the snapshot an unchanged tree is at, with no capture.
@@ -258,6 +278,7 @@ impl Custody {
         let mut tx = lease.begin_fenced(&self.pool).await?;
         seal.seal(&mut tx, lease, position).await?;
         tx.commit().await?;
+        fault::lost_reply::<sqlx::Error>(fault::SEAL_REPLY)?;
         Ok(())
     }
 
@@ -309,8 +330,8 @@ impl Custody {
         Ok(Some((snapshot_id, hold_id)))
     }
 
-    /// The one fenced transaction that makes the capture count; `Some(reason)` when it
-    /// must not (nothing committed).
+    /// The one fenced transaction that makes the capture count: `Refused` when it must
+    /// not (nothing committed), `Unknown` when its commit failed (it may have landed).
     #[allow(clippy::too_many_arguments)]
     async fn seal_capture<S: Seal>(
         &self,
@@ -321,7 +342,7 @@ impl Custody {
         manifest: &Manifest,
         skipped: &snapshot::Skipped,
         seal: &S,
-    ) -> Result<Option<String>, S::Error> {
+    ) -> Result<Sealed, S::Error> {
         let mut tx = lease.begin_fenced(&self.pool).await?;
         let size = i64::try_from(manifest.total_bytes()).unwrap_or(i64::MAX);
         let key = snapshot::manifest_key(snapshot_id);
@@ -334,7 +355,8 @@ impl Custody {
         if !lineage::mark_ready(&mut tx, snapshot_id, &stored).await? {
             // The row left `uploading` meanwhile (the reaper failed a capture it took for
             // abandoned, and may have reclaimed packs it reused): never append it.
-            return Ok(Some("the snapshot was failed while it was captured".into()));
+            let reason = "the snapshot was failed while it was captured";
+            return Ok(Sealed::Refused(reason.into()));
         }
         if skipped.total() > 0 {
             lineage::record_skipped(&mut tx, snapshot_id, skipped).await?;
@@ -374,9 +396,11 @@ impl Custody {
             hold::end(&mut tx, hold_id, "captured").await?;
         }
         seal.seal(&mut tx, lease, snapshot_id).await?;
-        tx.commit().await?;
-        fault::lost_reply::<CustodyError>(fault::SEAL_REPLY)?;
-        Ok(None)
+        let committed = tx.commit().await;
+        match committed.and_then(|()| fault::lost_reply(fault::SEAL_REPLY)) {
+            Ok(()) => Ok(Sealed::Landed),
+            Err(e) => Ok(Sealed::Unknown(e)),
+        }
     }
 
     /// A capture that will not count: its snapshot fails (so it defers no reclamation

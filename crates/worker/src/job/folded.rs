@@ -53,10 +53,11 @@ impl<'j> WithReceipt<'j> {
         })
     }
 
-    /// Whether the completion landed with the step's commit. After a read-back, a
-    /// fence that refused a later try (the completion had released the lease), or a
-    /// failure once a seal wrote it (its reply may have been lost), which try landed is
-    /// not known: the request's state says.
+    /// Whether the completion landed with the step's commit. After a read-back of the
+    /// receipt (`Committed::read_back`), a fence that refused a later try (the
+    /// completion had released the lease), or a failure once a seal wrote it (its reply
+    /// may have been lost), which try landed is not known: the request's state says. A
+    /// clean commit, or one custody read back as this try's, is this try's flag.
     pub async fn landed(
         &self,
         committed: &Result<Committed, CustodyError>,
