@@ -30,8 +30,9 @@ pub const IN_USE_REPLY: &str = "in_use_reply";
 /// A point after a seal committed (a capture's, or an unchanged tree's with no
 /// capture): its reply is lost.
 pub const SEAL_REPLY: &str = "seal_reply";
-/// A point after a step's intent committed in a transaction of its own (not a fresh
-/// request's first, which commits with the tree's record): its reply is lost.
+/// A point after a step's intent committed in a transaction of its own (every intent
+/// but a fresh request's first when it commits with the tree's record): its reply is
+/// lost.
 pub const INTENT_REPLY: &str = "intent_reply";
 /// A point where a job reads back whether a step's intent landed: the read is not
 /// answered ([`unanswered`]).

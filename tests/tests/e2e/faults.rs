@@ -398,7 +398,8 @@ async fn one_step_healed(label: &str, point: &str, injected: &str) -> (Cluster, 
     healed(label, point, injected, &["s1"]).await
 }
 
-/// [`one_step_healed`], for a run of `steps` (each appends its key to one file).
+/// [`one_step_healed`], for a run of `steps` (each appends its key to one file, outside
+/// the tree, after 50 ms: a wall time a receipt charged twice would show).
 async fn healed(label: &str, point: &str, injected: &str, steps: &[&str]) -> (Cluster, String) {
     let mut cluster = Cluster::start(label, 0, Settings::default()).await;
     cluster
@@ -407,7 +408,7 @@ async fn healed(label: &str, point: &str, injected: &str, steps: &[&str]) -> (Cl
     cluster.add_worker();
     let effects = cluster.path("effects");
     let specs = (steps.iter())
-        .map(|key| append_step(key, &effects, key, 0.0, false))
+        .map(|key| append_step(key, &effects, key, 0.05, false))
         .collect();
     let spec = run_spec(specs, 1);
     let (run_id, request_id) = cluster.submit(&spec);
@@ -466,6 +467,27 @@ async fn a_lost_reply_to_an_unchanged_trees_seal_is_read_back() {
     assert_eq!(used_commands(&cluster, &request_id).await, 2);
     let completed = cluster.metric(0, "cairn_worker_jobs_completed_total");
     assert_eq!(completed, 1.0, "the run was counted completed once");
+}
+
+/// A middle step left the tree unchanged, so its receipt was sealed on the tree's
+/// snapshot with no capture, and that commit's reply was lost: the worker reads the
+/// receipt back instead of writing it again, which would charge its wall time twice.
+#[tokio::test]
+async fn a_lost_reply_to_an_unchanged_trees_receipt_is_read_back() {
+    let _services = ServiceLock::shared().await;
+    let lost = "fault injection: a commit's reply is lost";
+    let (label, steps) = ("faults-unchanged-receipt-reply", ["s1", "s2", "s3"]);
+    let (cluster, request_id) = healed(label, "seal_reply@2", lost, &steps).await;
+    assert_eq!(used_commands(&cluster, &request_id).await, 3);
+    let (used, receipts): (i64, i64) = sqlx::query_as(
+        "SELECT e.used_wall_ms, (SELECT sum(wall_ms)::bigint FROM journal_receipts r WHERE r.request_id = e.id)
+           FROM execution_requests e WHERE e.id = $1::uuid",
+    )
+    .bind(&request_id)
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("the request's wall time");
+    assert_eq!(used, receipts, "each receipt's wall time was charged once");
 }
 
 /// The commands charged to a request.

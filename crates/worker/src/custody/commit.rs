@@ -243,25 +243,20 @@ impl Custody {
     }
 
     /// Whether a seal whose commit failed landed after all: a fault may hide a commit
-    /// that landed, and only the seal's transaction moves its snapshot on from
-    /// `uploading` (to `ready`, then perhaps further). Asked until it answers, within
-    /// `write_retry`: `None` when it never did.
+    /// that landed, and only the seal's transaction records its snapshot's manifest
+    /// (`lineage::mark_ready`). Asked until it answers, within `write_retry`: `None`
+    /// when it never did.
     async fn sealed_after_all(&self, snapshot_id: Uuid) -> Option<bool> {
         let (min, max) = (Duration::from_millis(100), Duration::from_secs(2));
         let mut delays = Delays::within(min, max, self.settings.write_retry);
-        let unsealed = [
-            SnapshotStatus::Creating,
-            SnapshotStatus::Uploading,
-            SnapshotStatus::Failed,
-        ];
         let mut landed = || async {
-            let status: Option<String> =
-                sqlx::query_scalar("SELECT status FROM project_snapshots WHERE id = $1")
-                    .bind(snapshot_id)
-                    .fetch_optional(&self.pool)
-                    .await?;
-            let sealed = status.is_some_and(|s| unsealed.iter().all(|u| u.as_str() != s));
-            Ok::<_, sqlx::Error>(Some(sealed))
+            let recorded: Option<bool> = sqlx::query_scalar(
+                "SELECT manifest_key IS NOT NULL FROM project_snapshots WHERE id = $1",
+            )
+            .bind(snapshot_id)
+            .fetch_optional(&self.pool)
+            .await?;
+            Ok::<_, sqlx::Error>(Some(recorded == Some(true)))
         };
         let what = "a capture's seal";
         let answer = retry::read_back(&mut delays, what, &|| false, &mut landed).await;
