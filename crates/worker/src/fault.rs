@@ -30,6 +30,8 @@ pub const IN_USE_REPLY: &str = "in_use_reply";
 /// A point after a seal committed (a capture's, or an unchanged tree's with no
 /// capture): its reply is lost.
 pub const SEAL_REPLY: &str = "seal_reply";
+/// A point where custody reads back a seal whose commit failed: it never answers.
+pub const SEAL_UNANSWERED: &str = "seal_unanswered";
 /// A point after a step's intent committed in a transaction of its own (every intent
 /// but a fresh request's first when it commits with the tree's record): its reply is
 /// lost.

@@ -748,16 +748,13 @@ async fn sandboxes_take_sandbox_slots_and_leave_job_slots_to_runs() {
     wait_state(&cluster, &second, "running");
 }
 
-/// An exec's receipt and checkpoint landed but the reply was lost: the worker reads the
-/// snapshot's state back instead of capturing again. A capture again would find the lineage
-/// moved past its tree, and every later exec of the sandbox would fail to commit.
-#[tokio::test]
-async fn a_lost_reply_to_an_execs_commit_is_read_back() {
-    let _services = ServiceLock::shared().await;
-    let mut cluster = Cluster::start("sandbox-seal-reply", 0, Settings::default()).await;
+/// Two execs on a fresh sandbox whose worker is armed with the fault points `points`:
+/// both end `done`, and their file holds both lines. Returns the cluster and the id.
+async fn two_execs_survive(label: &str, points: &str) -> (Cluster, String) {
+    let mut cluster = Cluster::start(label, 0, Settings::default()).await;
     cluster
         .worker_env
-        .push(("CAIRN_FAULT_POINTS".into(), "seal_reply".into()));
+        .push(("CAIRN_FAULT_POINTS".into(), points.into()));
     cluster.add_worker();
     let id = create(&cluster, json!({"agent": "coder"}));
     wait_state(&cluster, &id, "running");
@@ -774,6 +771,17 @@ async fn a_lost_reply_to_an_execs_commit_is_read_back() {
     );
     let (status, body) = file(&cluster, &id, "f.txt");
     assert_eq!((status, body.as_slice()), (200, b"one\ntwo\n".as_slice()));
+    (cluster, id)
+}
+
+/// An exec's receipt and checkpoint landed but the reply was lost: the worker reads the
+/// snapshot's state back instead of capturing again. A capture again would find the
+/// lineage moved past its tree, and every later exec of the sandbox would fail to
+/// commit.
+#[tokio::test]
+async fn a_lost_reply_to_an_execs_commit_is_read_back() {
+    let _services = ServiceLock::shared().await;
+    let (cluster, id) = two_execs_survive("sandbox-seal-reply", "seal_reply").await;
     // One checkpoint per exec: the lost reply made no second capture of the first.
     let checkpoints: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM project_snapshots WHERE sandbox_id = $1 AND kind = 'checkpoint' AND status = 'ready'",
@@ -784,4 +792,16 @@ async fn a_lost_reply_to_an_execs_commit_is_read_back() {
     .expect("checkpoints");
     let receipts: Vec<Value> = operations(&cluster, &id);
     assert_eq!(checkpoints, 2, "{receipts:?}");
+}
+
+/// As above, and custody's read-back of the seal never answered either: the exec reads
+/// its own receipt back before it would capture the tree again.
+#[tokio::test]
+async fn an_execs_receipt_is_read_back_when_its_seal_cannot_be() {
+    let _services = ServiceLock::shared().await;
+    let points = "seal_reply,seal_unanswered";
+    let (cluster, _) = two_execs_survive("sandbox-seal-unanswered", points).await;
+    assert!(cluster
+        .logs()
+        .contains("fault injection: a read-back is not answered"));
 }

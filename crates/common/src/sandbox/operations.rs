@@ -1,7 +1,7 @@
 //! The operations asked of a sandbox (exec, files, snapshots, forks), recorded for its
 //! owner, and the idempotency keys of lifecycle and operation calls.
 
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 /// Records an operation for the sandbox's owner, in the caller's transaction (it counts
@@ -77,6 +77,19 @@ pub async fn start(
         .execute(conn)
         .await?;
     Ok(started.rows_affected() == 1)
+}
+
+/// The snapshot an operation's receipt stands on, once its owner at `epoch` ended it
+/// `done` on one.
+pub async fn receipted(pool: &PgPool, id: Uuid, epoch: i64) -> Result<Option<Uuid>, sqlx::Error> {
+    let snapshot: Option<Option<Uuid>> = sqlx::query_scalar(
+        "SELECT snapshot_id FROM sandbox_operations WHERE id = $1 AND lease_epoch = $2 AND state = 'done'",
+    )
+    .bind(id)
+    .bind(epoch)
+    .fetch_optional(pool)
+    .await?;
+    Ok(snapshot.flatten())
 }
 
 /// Marks the live output of `ids` deleted by retention at `at`.

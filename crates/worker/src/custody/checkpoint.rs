@@ -150,9 +150,7 @@ impl Custody {
                         None => return Err(CustodyError::CaptureFailed(e.to_string())),
                     };
                     if let Some(snapshot) = snapshot {
-                        tree.live.position = Some(snapshot);
-                        tree.live.index = None;
-                        tree.live.uncaptured = false;
+                        tree.live.moved_to(snapshot);
                         let read_back = true;
                         return Ok(Committed {
                             snapshot,

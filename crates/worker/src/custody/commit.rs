@@ -247,6 +247,7 @@ impl Custody {
     /// (`lineage::mark_ready`). Asked until it answers, within `write_retry`: `None`
     /// when it never did.
     async fn sealed_after_all(&self, snapshot_id: Uuid) -> Option<bool> {
+        fault::unanswered::<sqlx::Error>(fault::SEAL_UNANSWERED).ok()?;
         let (min, max) = (Duration::from_millis(100), Duration::from_secs(2));
         let mut delays = Delays::within(min, max, self.settings.write_retry);
         let mut landed = || async {

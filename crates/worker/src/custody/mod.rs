@@ -123,6 +123,14 @@ impl LiveTree {
             index_is_position,
         }
     }
+
+    /// The tree after a commit that a read-back found landed: it is at `snapshot`, whose
+    /// index this process never got back.
+    pub fn moved_to(&mut self, snapshot: Uuid) {
+        self.position = Some(snapshot);
+        self.index = None;
+        self.uncaptured = false;
+    }
 }
 
 /// A run's workspace in use.

@@ -16,7 +16,7 @@ use crate::step::{self, StepCommand, StepOutcome};
 use crate::workspace::Workspace;
 use base64::Engine;
 use cairn_common::lease::Lease;
-use cairn_common::retry::Delays;
+use cairn_common::retry::{self, Delays};
 use cairn_common::sandbox::service::{ServiceSpec, LAUNCHER};
 use cairn_common::sandbox::spec::MAX_FILE_BYTES;
 use cairn_common::sandbox::{operations, ExecSpec, Operation};
@@ -144,6 +144,14 @@ async fn commit_effects(
             Err(e @ (HostError::Capture(_) | HostError::Db(_) | HostError::Transient(_))) => e,
             Err(e) => return Err(e),
         };
+        // A commit whose reply was lost may have landed (custody could not read it
+        // back): its receipt says, before the tree is captured again.
+        if let HostError::Db(_) = error {
+            if let Some(snapshot) = receipted_after_all(host, id).await {
+                tree.live.moved_to(snapshot);
+                return Ok(());
+            }
+        }
         tracing::warn!(error = %error, "committing an operation's effects failed");
         if delays.wait(host.lost).await.is_none() {
             break error.to_string();
@@ -158,6 +166,18 @@ async fn commit_effects(
     operations::finish(&mut tx, id, host.lease.epoch, ended).await?;
     tx.commit().await?;
     Ok(())
+}
+
+/// The snapshot of an operation's receipt that landed after all, read back until the
+/// database answers, within the lease TTL, or until the lease is lost.
+async fn receipted_after_all(host: &Owner<'_>, id: Uuid) -> Option<Uuid> {
+    let (min, max) = (Duration::from_millis(100), Duration::from_secs(2));
+    let mut delays = Delays::within(min, max, host.worker.custody.settings.write_retry);
+    let (pool, epoch) = (&host.worker.pool, host.lease.epoch);
+    let mut landed = || operations::receipted(pool, id, epoch);
+    let lost = || host.lost.is_cancelled();
+    let answer = retry::read_back(&mut delays, "an operation's receipt", &lost, &mut landed);
+    answer.await.flatten()
 }
 
 /// A snapshot resource (or a fork's capture and its sandboxes). The sandbox takes no
