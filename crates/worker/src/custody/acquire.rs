@@ -532,8 +532,7 @@ impl Custody {
         record: &Record<'_>,
         opening: &O,
     ) -> Result<(), CustodyError> {
-        let (min, max) = (Duration::from_millis(100), Duration::from_secs(2));
-        let delays = Delays::within(min, max, self.settings.write_retry);
+        let delays = self.settings.write_delays();
         let write = || async {
             let written = self.write_in_use(lease, subject, record, opening).await;
             written.and_then(|()| fault::lost_reply(fault::IN_USE_REPLY))

@@ -9,14 +9,13 @@ use crate::fault;
 use cairn_common::hold::{self, HoldTarget};
 use cairn_common::lease::{Lease, LeaseError};
 use cairn_common::lineage::{self, CapturedBy, LineageError, NewSnapshot, SnapshotStatus};
-use cairn_common::retry::{self, Delays};
+use cairn_common::retry;
 use cairn_common::workspace;
 use cairn_snapshot::{self as snapshot, Manifest};
 use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 use uuid::Uuid;
 
 /// The parts of a live tree a commit reads and moves.
@@ -248,8 +247,7 @@ impl Custody {
     /// when it never did.
     async fn sealed_after_all(&self, snapshot_id: Uuid) -> Option<bool> {
         fault::unanswered::<sqlx::Error>(fault::SEAL_UNANSWERED).ok()?;
-        let (min, max) = (Duration::from_millis(100), Duration::from_secs(2));
-        let mut delays = Delays::within(min, max, self.settings.write_retry);
+        let mut delays = self.settings.write_delays();
         let mut landed = || async {
             let recorded: Option<bool> = sqlx::query_scalar(
                 "SELECT manifest_key IS NOT NULL FROM project_snapshots WHERE id = $1",

@@ -37,6 +37,7 @@ use crate::workspace::{self, Workspace};
 use cairn_common::hold::HoldLimits;
 use cairn_common::lease::LeaseError;
 pub use cairn_common::lineage::Tier;
+use cairn_common::retry::Delays;
 use cairn_snapshot::{CaptureRules, Manifest, Repository};
 use serde_json::Value;
 use sqlx::PgPool;
@@ -108,6 +109,15 @@ pub struct LiveTree {
     pub index: Option<Arc<Manifest>>,
     /// Whether the live tree may hold work `position` lacks.
     pub uncaptured: bool,
+}
+
+impl CustodySettings {
+    /// The delays between a durable write's (or a read-back's) tries: growing, for up to
+    /// `write_retry`.
+    pub fn write_delays(&self) -> Delays {
+        let (min, max) = (Duration::from_millis(100), Duration::from_secs(2));
+        Delays::within(min, max, self.write_retry)
+    }
 }
 
 impl LiveTree {

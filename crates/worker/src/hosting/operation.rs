@@ -171,8 +171,7 @@ async fn commit_effects(
 /// The snapshot of an operation's receipt that landed after all, read back until the
 /// database answers, within the lease TTL, or until the lease is lost.
 async fn receipted_after_all(host: &Owner<'_>, id: Uuid) -> Option<Uuid> {
-    let (min, max) = (Duration::from_millis(100), Duration::from_secs(2));
-    let mut delays = Delays::within(min, max, host.worker.custody.settings.write_retry);
+    let mut delays = host.worker.custody.settings.write_delays();
     let (pool, epoch) = (&host.worker.pool, host.lease.epoch);
     let mut landed = || operations::receipted(pool, id, epoch);
     let lost = || host.lost.is_cancelled();
