@@ -90,7 +90,9 @@ enum Bench {
         #[arg(long)]
         rate: Option<f64>,
         /// With --rate: also give the latencies without the runs admitted in this many
-        /// first seconds (a line `steady …` after the table); 0 for none.
+        /// first seconds (a line `steady …` after the table), and the load's first
+        /// seconds one by one (`warming …` lines: where a cold start's time goes); 0
+        /// for neither.
         #[arg(long, default_value_t = 5.0)]
         warmup: f64,
         /// One-step runs with the step's isolation off and on, beside Celery and

@@ -102,6 +102,8 @@ pub(crate) struct Figures {
     /// The first step's way from admission to its receipt, p50 and p99 in ms, in the
     /// gaps [`FIRST_STEP`] names.
     first_step: [(f64, f64); 6],
+    /// With a rate: the load's first seconds, one by one.
+    warming: Vec<Second>,
 }
 
 /// The gaps of [`Figures::first_step`], each named by the timestamp it ends at.
@@ -317,6 +319,21 @@ fn print_latencies(all: &[Figures], warmup: f64) {
     }
     println!("{FIRST_STEP_LEGEND}");
     for figures in all {
+        for (second, figure) in figures.warming.iter().enumerate() {
+            let gaps: Vec<String> = FIRST_STEP
+                .iter()
+                .zip(figure.gaps_p99)
+                .map(|(what, p99)| format!("{what} {p99:.0}"))
+                .collect();
+            println!(
+                "warming {} x{}, second {second}: {} runs, adm→done p99 {:.0} ms; first step p99 ms: {}",
+                figures.label,
+                figures.workers,
+                figure.runs,
+                figure.done_p99,
+                gaps.join(", ")
+            );
+        }
         if let Some(steady) = &figures.steady {
             println!(
                 "steady {} x{}: the {} runs admitted after the first {} s: adm→claim ms p50/99/max {}, adm→done ms p50/99/max {}",
@@ -380,6 +397,10 @@ async fn measure(
     )
     .await?;
     let first_step = first_step_gaps(&stack.pool).await?;
+    let warming = match warmup {
+        Some(_) => warming(&stack.pool).await?,
+        None => Vec::new(),
+    };
     Ok(Figures {
         label: match steps {
             1 => "1-step".into(),
@@ -395,20 +416,23 @@ async fn measure(
         steady,
         breakdown: [queue, acquire, all_steps, finish, per_step],
         first_step,
+        warming,
     })
 }
 
 /// The first step's way, gap by gap: admission → published → claimed → workspace →
 /// intent → captured → receipt.
 async fn first_step_gaps(pool: &sqlx::PgPool) -> anyhow::Result<[(f64, f64); 6]> {
-    gaps(
-        pool,
-        "WITH published AS (
+    gaps(pool, FIRST_STEP_ROWS, FIRST_STEP_GAPS).await
+}
+
+/// Defines `r`: each run's admission, completion and the timestamps its first step left.
+const FIRST_STEP_ROWS: &str = "WITH published AS (
            SELECT (payload->>'request_id')::uuid AS id, min(published_at) AS at
              FROM outbox GROUP BY 1),
          workspace AS (SELECT run_id, min(created_at) AS at FROM workspaces GROUP BY 1),
          r AS (
-           SELECT e.admitted_at, p.at AS published, e.claimed_at, w.at AS workspace,
+           SELECT e.admitted_at, e.finished_at, p.at AS published, e.claimed_at, w.at AS workspace,
                   f.started_at AS intent, f.captured, f.receipt
              FROM execution_requests e
              LEFT JOIN published p ON p.id = e.id
@@ -419,18 +443,66 @@ async fn first_step_gaps(pool: &sqlx::PgPool) -> anyhow::Result<[(f64, f64); 6]>
                     JOIN journal_receipts x USING (request_id, step_key)
                     LEFT JOIN project_snapshots s ON s.id = x.snapshot_id
                    WHERE i.request_id = e.id
-                   ORDER BY i.started_at LIMIT 1) f ON TRUE)",
-        [
-            "published - admitted_at",
-            "claimed_at - published",
-            "workspace - claimed_at",
-            "intent - workspace",
-            "captured - intent",
-            "receipt - captured",
-        ],
-    )
-    .await
+                   ORDER BY i.started_at LIMIT 1) f ON TRUE)";
+
+/// The intervals of [`FIRST_STEP`], over the rows of [`FIRST_STEP_ROWS`].
+const FIRST_STEP_GAPS: [&str; 6] = [
+    "published - admitted_at",
+    "claimed_at - published",
+    "workspace - claimed_at",
+    "intent - workspace",
+    "captured - intent",
+    "receipt - captured",
+];
+
+/// One second of a steady load's start: the runs admitted in it, their admission →
+/// completion p99 and the p99 of each first-step gap, in ms.
+struct Second {
+    runs: i64,
+    done_p99: f64,
+    gaps_p99: [f64; 6],
 }
+
+/// The first [`WARMING_SECONDS`] seconds of a steady load, second by second: where a
+/// cold start's latency goes, and when it is gone.
+async fn warming(pool: &sqlx::PgPool) -> anyhow::Result<Vec<Second>> {
+    use sqlx::Row;
+    let p99 = |interval: &str| {
+        format!(
+            "percentile_cont(0.99) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM {interval})::float8 * 1000)"
+        )
+    };
+    let columns: Vec<String> = std::iter::once("finished_at - admitted_at")
+        .chain(FIRST_STEP_GAPS)
+        .map(p99)
+        .collect();
+    let rows = sqlx::query(&format!(
+        "{FIRST_STEP_ROWS}, s AS (
+           SELECT r.*, floor(EXTRACT(EPOCH FROM admitted_at - min(admitted_at) OVER ()))::int AS second
+             FROM r)
+         SELECT second, count(*), {} FROM s WHERE second < $1 GROUP BY second ORDER BY second",
+        columns.join(", ")
+    ))
+    .bind(WARMING_SECONDS)
+    .fetch_all(pool)
+    .await?;
+    let mut seconds = Vec::new();
+    for row in rows {
+        let mut gaps_p99 = [f64::NAN; 6];
+        for (i, gap) in gaps_p99.iter_mut().enumerate() {
+            *gap = row.try_get::<Option<f64>, _>(3 + i)?.unwrap_or(f64::NAN);
+        }
+        seconds.push(Second {
+            runs: row.try_get(1)?,
+            done_p99: row.try_get::<Option<f64>, _>(2)?.unwrap_or(f64::NAN),
+            gaps_p99,
+        });
+    }
+    Ok(seconds)
+}
+
+/// How many of a steady load's first seconds [`warming`] reports.
+const WARMING_SECONDS: i32 = 8;
 
 /// Admission → claim and admission → completion over the runs admitted at least `after`
 /// seconds after the first.
