@@ -39,12 +39,38 @@ pub struct InUse<'a> {
 /// Records the tree `running` where it is now: a new row, or the sandbox's one row
 /// moved here.
 pub async fn in_use(conn: &mut PgConnection, tree: &InUse<'_>) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "INSERT INTO workspaces (id, run_id, work_context_id, agent, backend, persistent, state, host, path,
-                                 credential_generation, request_id, directory_id, snapshot_id)
-         VALUES ($1, $2, $3, $4, $5, $6, $13, $7, $8, COALESCE($9, 0), $10, $11, $12)
-         ON CONFLICT (id) DO UPDATE SET state = $13, host = $7, path = $8, directory_id = $11,
-                snapshot_id = $12, updated_at = now()",
+    record(conn, tree, false).await?;
+    Ok(())
+}
+
+/// [`in_use`], and the other live rows of the tree's path destroyed in the same
+/// statement (trees that were fenced or died there): the tree at the path is now this
+/// one. Returns the rows destroyed.
+pub async fn in_use_replacing(
+    conn: &mut PgConnection,
+    tree: &InUse<'_>,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    record(conn, tree, true).await
+}
+
+async fn record(
+    conn: &mut PgConnection,
+    tree: &InUse<'_>,
+    replacing: bool,
+) -> Result<Vec<Uuid>, sqlx::Error> {
+    // The two writes touch different rows (`id <> $1`), so neither sees the other's.
+    sqlx::query_scalar(
+        "WITH stale AS (
+           UPDATE workspaces SET state = $14, destroyed_at = now(), updated_at = now()
+            WHERE $15 AND directory_id = $11 AND path = $8 AND id <> $1 AND state <> $14
+           RETURNING id),
+         recorded AS (
+           INSERT INTO workspaces (id, run_id, work_context_id, agent, backend, persistent, state, host, path,
+                                   credential_generation, request_id, directory_id, snapshot_id)
+           VALUES ($1, $2, $3, $4, $5, $6, $13, $7, $8, COALESCE($9, 0), $10, $11, $12)
+           ON CONFLICT (id) DO UPDATE SET state = $13, host = $7, path = $8, directory_id = $11,
+                  snapshot_id = $12, updated_at = now())
+         SELECT id FROM stale",
     )
     .bind(tree.id)
     .bind(tree.run.map(|r| r.0))
@@ -59,40 +85,32 @@ pub async fn in_use(conn: &mut PgConnection, tree: &InUse<'_>) -> Result<(), sql
     .bind(tree.directory_id)
     .bind(tree.snapshot_id)
     .bind(WorkspaceState::Running)
-    .execute(conn)
-    .await?;
-    Ok(())
-}
-
-/// Destroys the other live rows of a directory's path (trees that were fenced or died
-/// there): the tree at the path is now `keep`. Returns the rows destroyed.
-pub async fn destroy_others_at(
-    conn: &mut PgConnection,
-    directory_id: Uuid,
-    path: &str,
-    keep: Uuid,
-) -> Result<Vec<Uuid>, sqlx::Error> {
-    sqlx::query_scalar(
-        "UPDATE workspaces SET state = $4, destroyed_at = now(), updated_at = now()
-          WHERE directory_id = $1 AND path = $2 AND id <> $3 AND state <> $4
-         RETURNING id",
-    )
-    .bind(directory_id)
-    .bind(path)
-    .bind(keep)
     .bind(WorkspaceState::Destroyed)
+    .bind(replacing)
     .fetch_all(conn)
     .await
 }
 
 /// The tree is gone (released, removed or replaced).
 pub async fn destroy(conn: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Error> {
+    destroy_at(conn, id, None).await
+}
+
+/// The tree is gone, and was last at `snapshot` when one is given: its last commit and
+/// its end in one statement.
+pub async fn destroy_at(
+    conn: &mut PgConnection,
+    id: Uuid,
+    snapshot: Option<Uuid>,
+) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "UPDATE workspaces SET state = $2, destroyed_at = now(), updated_at = now()
+        "UPDATE workspaces SET state = $2, destroyed_at = now(), updated_at = now(),
+                snapshot_id = COALESCE($3, snapshot_id)
           WHERE id = $1 AND state <> $2",
     )
     .bind(id)
     .bind(WorkspaceState::Destroyed)
+    .bind(snapshot)
     .execute(conn)
     .await?;
     Ok(())

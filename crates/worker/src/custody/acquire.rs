@@ -558,17 +558,14 @@ impl Custody {
     ) -> Result<(), CustodyError> {
         let workspace_id = record.row.id;
         let mut tx = lease.begin_fenced(&self.pool).await?;
-        workspace_row::in_use(&mut tx, &record.row).await?;
+        // The tree at this path is now this one: older rows of the path (runs of the
+        // request that were fenced or died here) describe nothing any more.
+        let stale = workspace_row::in_use_replacing(&mut tx, &record.row).await?;
         if let Some((hold_id, old_workspace)) = record.adopted {
             // The hold moves with the tree: no gap in which the tree is unguarded.
             hold::move_to(&mut tx, hold_id, workspace_id).await?;
             workspace_row::destroy(&mut tx, old_workspace).await?;
         }
-        // The tree at this path is now this one: older rows of the path (runs of the
-        // request that were fenced or died here) describe nothing any more.
-        let (directory, path) = (self.directory.id, record.row.path);
-        let stale =
-            workspace_row::destroy_others_at(&mut tx, directory, path, workspace_id).await?;
         for old in stale {
             hold::end_for_workspace(&mut tx, old, "tree_replaced").await?;
         }
