@@ -5,7 +5,7 @@ use cairn_e2e::cluster::{append_step, run_spec, Cluster, Settings};
 use cairn_e2e::interrupted::{die_after_second_intent, kill_during_second_step};
 use cairn_e2e::ServiceLock;
 use nix::sys::signal::Signal;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::time::Duration;
 
 const LONG: Duration = Duration::from_secs(60);
@@ -765,6 +765,29 @@ async fn a_plain_completion_commits_with_the_last_receipt() {
     .await
     .expect("the run's lineage");
     assert!(retired, "the completed task's lineage retired");
+    // The seal that ends the tree writes its row and its capture's hold once, as the
+    // tree's end: the row names the last receipt's snapshot, the hold ended with the task.
+    let (at_receipt, hold_reason, hold_xid, receipt_xid): (bool, String, String, String) =
+        sqlx::query_as(
+            "SELECT COALESCE(w.snapshot_id = r.snapshot_id, FALSE), h.end_reason, h.xmin::text, r.xmin::text
+               FROM journal_receipts r
+               JOIN workspaces w ON w.request_id = r.request_id
+               JOIN holds h ON h.workspace_id = w.id
+              WHERE r.request_id = $1::uuid AND r.step_key = 'only'",
+        )
+        .bind(&request_id)
+        .fetch_one(&cluster.pool)
+        .await
+        .expect("the receipt, the tree's row and its capture's hold");
+    assert!(
+        at_receipt,
+        "the released tree's row names its last snapshot"
+    );
+    assert_eq!(
+        hold_reason, "task_ended",
+        "the capture's hold ended with the task"
+    );
+    assert_eq!(hold_xid, receipt_xid, "the hold ended with the receipt");
 
     let report = json!({"key": "report", "argv": ["sh", "-c", "printf '{\"outcome\": \"complete\"}' > \"$CAIRN_REPORT_FILE\""]});
     let reported = run_spec(
@@ -782,6 +805,57 @@ async fn a_plain_completion_commits_with_the_last_receipt() {
     assert_eq!(cluster.lines("effects"), ["only", "first"]);
 }
 
+/// Submits `spec` to a worker `id` that kills itself right after the first intent
+/// commits; returns the run and request ids once it is gone.
+fn killed_after_intent(cluster: &mut Cluster, id: &str, spec: &Value) -> (String, String) {
+    cluster.add_faulty_worker(id, "after_intent");
+    let ids = cluster.submit(spec);
+    if cluster.workers[0].process.wait_exit(LONG).is_none() {
+        panic!("never killed itself after the intent\n{}", cluster.logs());
+    }
+    ids
+}
+
+/// A request claimed again in the directory where its worker died gets a new row for
+/// the tree at that path, and the earlier row of the path is destroyed in the same
+/// statement: only one row says where a tree is.
+#[tokio::test]
+async fn a_claim_at_a_dead_workers_path_destroys_its_earlier_row() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("same-path", 0, Settings::default()).await;
+    let file = cluster.path("effects");
+    let spec = run_spec(vec![append_step("only", &file, "only", 0.0, true)], 2);
+    let (run_id, request_id) = killed_after_intent(&mut cluster, "f", &spec);
+    // Restarted under its name, on its directory: the tree's path is the same.
+    cluster.add_worker_named("f");
+    let run = cluster.wait_for_state(&run_id, &["completed", "failed"], LONG);
+    assert_eq!(run["state"], "completed", "{run}");
+    let rows: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT w.state, w.path, w.xmin::text FROM workspaces w
+          WHERE w.request_id = $1::uuid ORDER BY w.created_at",
+    )
+    .bind(&request_id)
+    .fetch_all(&cluster.pool)
+    .await
+    .expect("the request's tree rows");
+    assert_eq!(rows.len(), 2, "a row per acquisition: {rows:?}");
+    assert_eq!(rows[0].1, rows[1].1, "both trees at one path");
+    assert_eq!(rows[0].0, "destroyed", "the dead worker's row: {rows:?}");
+    let restored: Vec<String> = sqlx::query_scalar(
+        "SELECT xmin::text FROM snapshot_restores WHERE request_id = $1::uuid ORDER BY created_at",
+    )
+    .bind(&request_id)
+    .fetch_all(&cluster.pool)
+    .await
+    .expect("the request's restore records");
+    assert_eq!(
+        restored.last(),
+        Some(&rows[0].2),
+        "the earlier row ended with the new tree's record"
+    );
+    assert_eq!(cluster.lines("effects"), ["only"]);
+}
+
 /// A fresh request's first intent commits with its tree's record in use: the worker,
 /// killed right after that intent, left both written by one transaction (a successor
 /// still finds the step started, as after any intent).
@@ -791,11 +865,7 @@ async fn a_fresh_requests_first_intent_commits_with_its_tree() {
     let mut cluster = Cluster::start("first-intent", 0, Settings::default()).await;
     let file = cluster.path("effects");
     let spec = run_spec(vec![append_step("only", &file, "only", 0.0, false)], 1);
-    cluster.add_faulty_worker("w1", "after_intent");
-    let (_, request_id) = cluster.submit(&spec);
-    if cluster.workers[0].process.wait_exit(LONG).is_none() {
-        panic!("never killed itself after the intent\n{}", cluster.logs());
-    }
+    let (_, request_id) = killed_after_intent(&mut cluster, "w1", &spec);
     let (intent, tree): (String, String) = sqlx::query_as(
         "SELECT i.xmin::text, r.xmin::text FROM journal_intents i
            JOIN snapshot_restores r ON r.request_id = i.request_id

@@ -1,7 +1,7 @@
 //! A run's checkpoints: a step's receipt sealed with the capture of its effects
 //! ([`Custody::commit`]), retried within the lease.
 
-use super::commit::{Capture, Seal};
+use super::commit::{Capture, Seal, TreeAfter};
 use super::{Custody, CustodyError, Subject, Tree};
 use cairn_common::hold::{self, HoldTarget};
 use cairn_common::journal::{self, Receipt};
@@ -39,21 +39,29 @@ impl Commit<'_> {
 }
 
 /// What a plan's last step may commit with its receipt, in the checkpoint's fenced
-/// transaction: the request's completion and the tree's release. It writes nothing when
-/// something leaves them to a transaction of their own (a limit reached, a report to
-/// accept).
+/// transaction: the request's completion and the tree's release, the tree last at
+/// `snapshot` (`Ended`). It writes nothing when something leaves them to a transaction
+/// of their own (a limit reached, a report to accept): `Stays`.
 // Only generic callers in this crate: no `Send` bound on the futures is needed to name.
 #[allow(async_fn_in_trait)]
 pub trait Completion {
-    async fn complete(&self, conn: &mut sqlx::PgConnection) -> Result<(), CustodyError>;
+    async fn complete(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        snapshot: Uuid,
+    ) -> Result<TreeAfter, CustodyError>;
 }
 
 /// No completion with the receipt: a step that is not the last, or a checkpoint.
 pub struct NoCompletion;
 
 impl Completion for NoCompletion {
-    async fn complete(&self, _: &mut sqlx::PgConnection) -> Result<(), CustodyError> {
-        Ok(())
+    async fn complete(
+        &self,
+        _: &mut sqlx::PgConnection,
+        _: Uuid,
+    ) -> Result<TreeAfter, CustodyError> {
+        Ok(TreeAfter::Stays)
     }
 }
 
@@ -75,12 +83,14 @@ impl<C: Completion> Seal for StepSeal<'_, '_, C> {
         conn: &mut sqlx::PgConnection,
         lease: &Lease,
         snapshot: Uuid,
-    ) -> Result<(), CustodyError> {
-        if let Some(commit) = self.commit {
-            commit.record(conn, lease, snapshot).await?;
-            self.completion.complete(conn).await?;
+    ) -> Result<TreeAfter, CustodyError> {
+        match self.commit {
+            Some(commit) => {
+                commit.record(conn, lease, snapshot).await?;
+                self.completion.complete(conn, snapshot).await
+            }
+            None => Ok(TreeAfter::Stays),
         }
-        Ok(())
     }
 }
 

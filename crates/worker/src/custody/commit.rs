@@ -48,7 +48,17 @@ pub trait Seal {
         conn: &mut PgConnection,
         lease: &Lease,
         snapshot: Uuid,
-    ) -> Result<(), Self::Error>;
+    ) -> Result<TreeAfter, Self::Error>;
+}
+
+/// What a seal did to the tree it was written with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TreeAfter {
+    /// The tree goes on (its row is still live).
+    Stays,
+    /// The seal ended the tree's task: its row is destroyed, last at the seal's
+    /// snapshot, and every hold of it ended.
+    Ended,
 }
 
 /// How a capture's seal ended.
@@ -92,8 +102,13 @@ impl Seal for NoSeal {
         false
     }
 
-    async fn seal(&self, _: &mut PgConnection, _: &Lease, _: Uuid) -> Result<(), CustodyError> {
-        Ok(())
+    async fn seal(
+        &self,
+        _: &mut PgConnection,
+        _: &Lease,
+        _: Uuid,
+    ) -> Result<TreeAfter, CustodyError> {
+        Ok(TreeAfter::Stays)
     }
 }
 
@@ -381,15 +396,19 @@ impl Custody {
                 }
                 Err(LineageError::Db(e)) => return Err(e.into()),
             }
-            if let Some(workspace_id) = tree.workspace_id {
+        }
+        // A seal that ended the tree wrote its last position and ended its holds, this
+        // capture's too: the tree's own rows are written only for a tree that goes on.
+        if seal.seal(&mut tx, lease, snapshot_id).await? == TreeAfter::Stays {
+            if let (true, Some(_), Some(workspace_id)) =
+                (capture.appends, capture.work_context, tree.workspace_id)
+            {
                 workspace::moved_to(&mut tx, workspace_id, snapshot_id).await?;
             }
+            if let Some(hold_id) = hold_id {
+                hold::end(&mut tx, hold_id, "captured").await?;
+            }
         }
-        // Before the seal, which may end the task and every hold of its tree with it.
-        if let Some(hold_id) = hold_id {
-            hold::end(&mut tx, hold_id, "captured").await?;
-        }
-        seal.seal(&mut tx, lease, snapshot_id).await?;
         let committed = tx.commit().await;
         match committed.and_then(|()| fault::lost_reply(fault::SEAL_REPLY)) {
             Ok(()) => Ok(Sealed::Landed),

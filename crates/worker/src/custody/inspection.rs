@@ -3,7 +3,7 @@
 //! is made (so the reclaim rule deletes its bytes 7 days later), and named in the
 //! journal beside the step's receipt. A sandbox can start from it.
 
-use super::commit::{Capture, Seal};
+use super::commit::{Capture, Seal, TreeAfter};
 use super::{Checkpoint, Custody, CustodyError, Subject, Tree};
 use cairn_common::journal;
 use cairn_common::lease::Lease;
@@ -29,7 +29,7 @@ impl Seal for InspectionSeal<'_> {
         conn: &mut PgConnection,
         lease: &Lease,
         snapshot: Uuid,
-    ) -> Result<(), CustodyError> {
+    ) -> Result<TreeAfter, CustodyError> {
         retention::kept_for_inspection(&mut *conn, snapshot).await?;
         journal::entry(
             conn,
@@ -38,7 +38,7 @@ impl Seal for InspectionSeal<'_> {
             &json!({"step_key": self.step_key, "snapshot_id": snapshot.simple().to_string()}),
         )
         .await?;
-        Ok(())
+        Ok(TreeAfter::Stays)
     }
 }
 

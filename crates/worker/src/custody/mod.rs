@@ -29,7 +29,7 @@ mod release;
 pub(crate) use acquire::Restore;
 pub use acquire::{NoOpening, Opening};
 pub use checkpoint::{Checkpoint, Commit, Committed, Completion, NoCompletion};
-pub use commit::{Capture, NoSeal, Seal, TreeAt};
+pub use commit::{Capture, NoSeal, Seal, TreeAfter, TreeAt};
 pub use release::Release;
 
 use crate::directory::Directory;

@@ -75,7 +75,7 @@ impl Custody {
         }
         match how {
             Release::Ended { retire } => {
-                self.ended_rows(conn, subject, tree.live.workspace_id, retire)
+                self.ended_rows(conn, subject, (tree.live.workspace_id, None), retire)
                     .await?
             }
             _ => workspace_row::destroy(&mut *conn, tree.live.workspace_id).await?,
@@ -84,16 +84,17 @@ impl Custody {
     }
 
     /// The rows of a tree whose task ended, in the caller's fenced transaction: the tree
-    /// goes, any hold of it ends with its task, and `retire` retires its lineage (the
-    /// task completed without asking for more).
+    /// goes (last at `at`, when its final commit is in this transaction), any hold of it
+    /// ends with its task, and `retire` retires its lineage (the task completed without
+    /// asking for more).
     pub async fn ended_rows(
         &self,
         conn: &mut sqlx::PgConnection,
         subject: &Subject,
-        workspace_id: uuid::Uuid,
+        (workspace_id, at): (uuid::Uuid, Option<uuid::Uuid>),
         retire: bool,
     ) -> Result<(), sqlx::Error> {
-        workspace_row::destroy(&mut *conn, workspace_id).await?;
+        workspace_row::destroy_at(&mut *conn, workspace_id, at).await?;
         hold::end_for_workspace(&mut *conn, workspace_id, "task_ended").await?;
         if retire {
             lineage::retire(&mut *conn, subject.work_context, "task_completed").await?;

@@ -332,7 +332,7 @@ impl custody::Seal for SandboxSeal<'_> {
         tx: &mut PgConnection,
         _lease: &Lease,
         snapshot_id: Uuid,
-    ) -> Result<(), HostError> {
+    ) -> Result<custody::TreeAfter, HostError> {
         let (lease, row) = (self.lease, self.row);
         match &self.seal {
             Seal::Start => {}
@@ -361,7 +361,7 @@ impl custody::Seal for SandboxSeal<'_> {
                 owner::stopped(tx, row.id, lease.epoch, snapshot_id, *reason).await?;
             }
         }
-        Ok(())
+        Ok(custody::TreeAfter::Stays)
     }
 }
 

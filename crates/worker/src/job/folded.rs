@@ -12,7 +12,7 @@
 
 use super::durable;
 use super::handle::Job;
-use crate::custody::{Committed, Completion, CustodyError, Opening, Subject, Tier};
+use crate::custody::{Committed, Completion, CustodyError, Opening, Subject, Tier, TreeAfter};
 use crate::error::JobError;
 use crate::fault;
 use cairn_common::report;
@@ -98,13 +98,13 @@ impl<'j> WithReceipt<'j> {
 }
 
 impl Completion for WithReceipt<'_> {
-    async fn complete(&self, conn: &mut PgConnection) -> Result<(), CustodyError> {
+    async fn complete(&self, conn: &mut PgConnection, at: Uuid) -> Result<TreeAfter, CustodyError> {
         self.written.store(false, Ordering::Release);
         let job = self.job;
         let request_id = job.request_id();
         let current = limits::read(&mut *conn, request_id, job.claimed.continuation).await?;
         if current.breach(Moment::Completion).is_some() {
-            return Ok(());
+            return Ok(TreeAfter::Stays);
         }
         // A report is retained only with a last step's receipt, after its intent: a
         // request claimed with an empty journal has none (this commit retains none).
@@ -113,7 +113,7 @@ impl Completion for WithReceipt<'_> {
             true => {
                 let report = report::standing(&mut *conn, request_id).await?;
                 if report.awaits_acceptance {
-                    return Ok(());
+                    return Ok(TreeAfter::Stays);
                 }
                 !report.asks_for_more
             }
@@ -124,12 +124,17 @@ impl Completion for WithReceipt<'_> {
             Ok(_) => {}
             // Nothing was written: the completion's own transaction meets the refusal
             // again, and reports it.
-            Err(request::Error::Refused(_)) => return Ok(()),
+            Err(request::Error::Refused(_)) => return Ok(TreeAfter::Stays),
             Err(request::Error::Db(e)) => return Err(e.into()),
         }
         let custody = &job.worker.custody;
         custody
-            .ended_rows(&mut *conn, self.subject, self.workspace_id, retire)
+            .ended_rows(
+                &mut *conn,
+                self.subject,
+                (self.workspace_id, Some(at)),
+                retire,
+            )
             .await?;
         job.worker
             .leases
@@ -138,7 +143,7 @@ impl Completion for WithReceipt<'_> {
         fault::cut(fault::BEFORE_COMPLETION_COMMIT, &mut *conn).await;
         self.written.store(true, Ordering::Release);
         self.tried.store(true, Ordering::Release);
-        Ok(())
+        Ok(TreeAfter::Ended)
     }
 }
 
