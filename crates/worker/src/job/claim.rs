@@ -105,8 +105,11 @@ pub async fn claim(worker: &Worker, message: &JobMessage) -> Result<Claim, JobEr
         Ok(taken) => taken,
         Err(done) => return Ok(done),
     };
-    // A step the last owner left running is charged up to that owner's deadline.
-    journal::charge_interrupted(&mut tx, lease.request_id, previous_deadline).await?;
+    // A step the last owner left running is charged up to that owner's deadline. The
+    // first claim (epoch 1) had no last owner, so no step that one could have left.
+    if lease.epoch > 1 {
+        journal::charge_interrupted(&mut tx, lease.request_id, previous_deadline).await?;
+    }
     // Whatever admitted the ticket, its window open or ended, is read with the request:
     // a plain run message is stale as long as a continuation or an adoption owns it.
     let row = read_row(&mut tx, lease.request_id).await?;
