@@ -561,12 +561,16 @@ impl Custody {
         // The tree at this path is now this one: older rows of the path (runs of the
         // request that were fenced or died here) describe nothing any more.
         let stale = workspace_row::in_use_replacing(&mut tx, &record.row).await?;
+        let adopted = record.adopted.map(|(_, old_workspace)| old_workspace);
         if let Some((hold_id, old_workspace)) = record.adopted {
             // The hold moves with the tree: no gap in which the tree is unguarded.
             hold::move_to(&mut tx, hold_id, workspace_id).await?;
-            workspace_row::destroy(&mut tx, old_workspace).await?;
+            if !stale.contains(&old_workspace) {
+                workspace_row::destroy(&mut tx, old_workspace).await?;
+            }
         }
-        for old in stale {
+        // An adopted row at this path is among them: its holds stay as they were.
+        for old in stale.into_iter().filter(|old| Some(*old) != adopted) {
             hold::end_for_workspace(&mut tx, old, "tree_replaced").await?;
         }
         request::resume::record(&mut tx, subject.request_id, record.resume_context).await?;
