@@ -319,16 +319,17 @@ fn print_latencies(all: &[Figures], warmup: f64) {
     }
     println!("{FIRST_STEP_LEGEND}");
     for figures in all {
-        for (second, figure) in figures.warming.iter().enumerate() {
+        for figure in &figures.warming {
             let gaps: Vec<String> = FIRST_STEP
                 .iter()
                 .zip(figure.gaps_p99)
                 .map(|(what, p99)| format!("{what} {p99:.0}"))
                 .collect();
             println!(
-                "warming {} x{}, second {second}: {} runs, adm→done p99 {:.0} ms; first step p99 ms: {}",
+                "warming {} x{}, second {}: {} runs, adm→done p99 {:.0} ms; first step p99 ms: {}",
                 figures.label,
                 figures.workers,
+                figure.second,
                 figure.runs,
                 figure.done_p99,
                 gaps.join(", ")
@@ -458,6 +459,8 @@ const FIRST_STEP_GAPS: [&str; 6] = [
 /// One second of a steady load's start: the runs admitted in it, their admission →
 /// completion p99 and the p99 of each first-step gap, in ms.
 struct Second {
+    /// Seconds since the first admission.
+    second: i32,
     runs: i64,
     done_p99: f64,
     gaps_p99: [f64; 6],
@@ -493,6 +496,7 @@ async fn warming(pool: &sqlx::PgPool) -> anyhow::Result<Vec<Second>> {
             *gap = row.try_get::<Option<f64>, _>(3 + i)?.unwrap_or(f64::NAN);
         }
         seconds.push(Second {
+            second: row.try_get(0)?,
             runs: row.try_get(1)?,
             done_p99: row.try_get::<Option<f64>, _>(2)?.unwrap_or(f64::NAN),
             gaps_p99,
