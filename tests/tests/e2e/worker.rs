@@ -808,17 +808,17 @@ async fn a_plain_completion_commits_with_the_last_receipt() {
 /// Submits `spec` to a worker `id` that kills itself right after the first intent
 /// commits; returns the run and request ids once it is gone.
 fn killed_after_intent(cluster: &mut Cluster, id: &str, spec: &Value) -> (String, String) {
-    cluster.add_faulty_worker(id, "after_intent");
+    let index = cluster.add_faulty_worker(id, "after_intent");
     let ids = cluster.submit(spec);
-    if cluster.workers[0].process.wait_exit(LONG).is_none() {
+    if cluster.workers[index].process.wait_exit(LONG).is_none() {
         panic!("never killed itself after the intent\n{}", cluster.logs());
     }
     ids
 }
 
 /// A request claimed again in the directory where its worker died gets a new row for
-/// the tree at that path, and the earlier row of the path is destroyed in the same
-/// statement: only one row says where a tree is.
+/// the tree at that path, and the earlier row of the path is destroyed in the
+/// transaction that records it: only one row says where a tree is.
 #[tokio::test]
 async fn a_claim_at_a_dead_workers_path_destroys_its_earlier_row() {
     let _services = ServiceLock::shared().await;
