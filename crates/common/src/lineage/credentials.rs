@@ -3,32 +3,52 @@
 
 use sqlx::PgConnection;
 
-/// Locks the agent's generation row for the caller's transaction (creating it at 0)
-/// and returns the generation: captures hold it shared, rotation takes it exclusively.
-pub async fn lock_generation(conn: &mut PgConnection, agent: &str) -> Result<i64, sqlx::Error> {
-    // One round trip: the row this statement makes (held by this transaction until it
-    // ends), or the existing one, locked shared. A row another transaction made after
-    // this statement's snapshot is seen by neither part; the plain read then takes it.
-    let locked: Option<i64> = sqlx::query_scalar(
-        "WITH made AS (INSERT INTO credential_generations (agent) VALUES ($1)
+/// A capture's two locks, in one round trip, for the caller's transaction:
+/// - the agent's generation row (made at 0 the first time), locked shared and returned:
+///   captures hold it shared, rotation takes it exclusively;
+/// - the store's capture lock, taken shared: the reaper takes it exclusively while it
+///   deletes a batch of packs, so a chunk a capture found already stored cannot vanish
+///   under it. It never waits: the caller holds its request row, and waiting here would
+///   block its lease renewals behind the reaper.
+///
+/// `None` while the reaper holds the store: the caller ends its transaction (which lets
+/// the generation go) and tries again shortly.
+pub async fn lock_for_capture(
+    conn: &mut PgConnection,
+    agent: &str,
+    store_id: uuid::Uuid,
+) -> Result<Option<i64>, sqlx::Error> {
+    // `made` runs whether or not it is read; `held` only when `made` made nothing. A
+    // row another transaction made after this statement's snapshot is seen by neither
+    // part: the plain read then takes it.
+    let (free, locked): (bool, Option<i64>) = sqlx::query_as(
+        "WITH store AS (SELECT pg_try_advisory_xact_lock_shared(hashtext($2)) AS free),
+              made AS (INSERT INTO credential_generations (agent) VALUES ($1)
                          ON CONFLICT DO NOTHING RETURNING generation),
               held AS (SELECT generation FROM credential_generations WHERE agent = $1 FOR SHARE)
-         SELECT generation FROM made UNION ALL SELECT generation FROM held",
+         SELECT (SELECT free FROM store),
+                (SELECT generation FROM made UNION ALL SELECT generation FROM held LIMIT 1)",
     )
     .bind(agent)
-    .fetch_optional(&mut *conn)
+    .bind(super::store_key(store_id))
+    .fetch_one(&mut *conn)
     .await?;
-    match locked {
-        Some(generation) => Ok(generation),
-        None => {
-            sqlx::query_scalar(
-                "SELECT generation FROM credential_generations WHERE agent = $1 FOR SHARE",
-            )
-            .bind(agent)
-            .fetch_one(conn)
-            .await
-        }
+    if !free {
+        return Ok(None);
     }
+    match locked {
+        Some(generation) => Ok(Some(generation)),
+        None => held_generation(conn, agent).await.map(Some),
+    }
+}
+
+/// The generation row another transaction made after the caller's statement began,
+/// locked shared.
+async fn held_generation(conn: &mut PgConnection, agent: &str) -> Result<i64, sqlx::Error> {
+    sqlx::query_scalar("SELECT generation FROM credential_generations WHERE agent = $1 FOR SHARE")
+        .bind(agent)
+        .fetch_one(conn)
+        .await
 }
 
 /// Rotates an agent's credentials: every snapshot taken under an older generation is

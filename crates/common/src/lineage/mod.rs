@@ -17,7 +17,7 @@ pub mod credentials;
 pub mod durability;
 pub mod retention;
 
-pub use credentials::{lock_generation, rotate_credentials};
+pub use credentials::{lock_for_capture, rotate_credentials};
 pub use durability::{verified, verify_failed};
 
 use chrono::{DateTime, Utc};
@@ -289,22 +289,6 @@ pub async fn record_packs(
 /// `COALESCE(store_id::text, store_url)` for rows older than identities).
 pub fn store_key(store_id: Uuid) -> String {
     store_id.to_string()
-}
-
-/// Registers a capture with its store: taken shared (for the transaction) before a
-/// capture's snapshot row is created; the reaper takes it exclusively while it deletes
-/// a batch of packs, and defers deletion while any capture of the store is in progress.
-/// So a chunk a capture found already stored cannot vanish under it. It never waits:
-/// the caller holds its request row, and waiting here would block its lease renewals
-/// behind the reaper. `false` means the reaper holds it: try again shortly.
-pub async fn lock_store_for_capture(
-    conn: &mut PgConnection,
-    store_id: Uuid,
-) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar("SELECT pg_try_advisory_xact_lock_shared(hashtext($1))")
-        .bind(store_key(store_id))
-        .fetch_one(conn)
-        .await
 }
 
 /// The digest of the empty tree: a work context with no lineage yet has this tree.

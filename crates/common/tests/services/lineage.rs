@@ -367,18 +367,22 @@ async fn a_capture_never_waits_for_the_reapers_store_lock() {
     let mut capture = db.pool.begin().await.expect("begin");
     let registered = tokio::time::timeout(
         std::time::Duration::from_secs(30),
-        lineage::lock_store_for_capture(&mut capture, store),
+        lineage::lock_for_capture(&mut capture, "agent", store),
     )
     .await
     .expect("it answers instead of waiting")
     .expect("try");
-    assert!(!registered, "the reaper holds the store");
+    assert_eq!(registered, None, "the reaper holds the store");
     capture.rollback().await.expect("rollback");
     reaper.rollback().await.expect("rollback");
     let mut capture = db.pool.begin().await.expect("begin");
-    assert!(lineage::lock_store_for_capture(&mut capture, store)
-        .await
-        .expect("try"));
+    assert_eq!(
+        lineage::lock_for_capture(&mut capture, "agent", store)
+            .await
+            .expect("try"),
+        Some(0),
+        "the store is free"
+    );
 }
 
 /// A capture's generation lock: it makes an agent's row at 0 the first time, reads the
@@ -389,13 +393,14 @@ async fn a_capture_never_waits_for_the_reapers_store_lock() {
 async fn a_capture_locks_the_agents_generation_until_it_commits() {
     let db = TestDb::new().await;
     let agent = format!("agent-{}", Uuid::new_v4().simple());
+    let store = Uuid::new_v4();
     let mut firsts = Vec::new();
     for _ in 0..4 {
         let pool = db.pool.clone();
         let agent = agent.clone();
         firsts.push(tokio::spawn(async move {
             let mut tx = pool.begin().await.expect("begin");
-            let generation = lineage::lock_generation(&mut tx, &agent)
+            let generation = lineage::lock_for_capture(&mut tx, &agent, store)
                 .await
                 .expect("lock");
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
@@ -404,15 +409,19 @@ async fn a_capture_locks_the_agents_generation_until_it_commits() {
         }));
     }
     for first in firsts {
-        assert_eq!(first.await.expect("join"), 0, "a new agent starts at 0");
+        assert_eq!(
+            first.await.expect("join"),
+            Some(0),
+            "a new agent starts at 0"
+        );
     }
 
     let mut capture = db.pool.begin().await.expect("begin");
     assert_eq!(
-        lineage::lock_generation(&mut capture, &agent)
+        lineage::lock_for_capture(&mut capture, &agent, store)
             .await
             .expect("lock"),
-        0
+        Some(0)
     );
     let rotating = {
         let pool = db.pool.clone();
@@ -435,10 +444,10 @@ async fn a_capture_locks_the_agents_generation_until_it_commits() {
         .expect("rotation ends once the capture committed");
     let mut conn = db.pool.acquire().await.expect("conn");
     assert_eq!(
-        lineage::lock_generation(&mut conn, &agent)
+        lineage::lock_for_capture(&mut conn, &agent, store)
             .await
             .expect("lock"),
-        1,
+        Some(1),
         "the rotated generation"
     );
 }

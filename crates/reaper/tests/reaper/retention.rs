@@ -510,9 +510,10 @@ async fn a_capture_running_beside_a_sweep_loses_no_chunk() {
         let capture = async {
             let mut tx = db.pool.begin().await.expect("begin");
             // The worker tries the lock and, while the reaper holds it, tries again.
-            while !lineage::lock_store_for_capture(&mut tx, identity_of(store.url()))
+            while lineage::lock_for_capture(&mut tx, "agent", identity_of(store.url()))
                 .await
                 .expect("lock")
+                .is_none()
             {
                 tx.rollback().await.expect("rollback");
                 tokio::time::sleep(std::time::Duration::from_millis(2)).await;

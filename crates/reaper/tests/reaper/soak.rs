@@ -56,12 +56,10 @@ async fn capture(
     now: DateTime<Utc>,
 ) {
     let mut tx = pool.begin().await.expect("begin");
-    let generation = lineage::lock_generation(&mut tx, AGENT)
+    let generation = lineage::lock_for_capture(&mut tx, AGENT, store_id)
         .await
-        .expect("generation");
-    assert!(lineage::lock_store_for_capture(&mut tx, store_id)
-        .await
-        .expect("lock"));
+        .expect("locks")
+        .expect("the store is free");
     let id = lineage::create(
         &mut tx,
         &NewSnapshot {

@@ -304,10 +304,11 @@ impl Custody {
         // Capture is serialized with credential rotation: the generation row is locked
         // until this snapshot row exists, so a rotation either sees it (and retires it)
         // or happened before (and it records the new generation).
-        let generation = lineage::lock_generation(&mut tx, capture.agent).await?;
-        if !lineage::lock_store_for_capture(&mut tx, settings.store_id).await? {
+        // The store's capture lock too: `None` while the reaper reclaims the store.
+        let locked = lineage::lock_for_capture(&mut tx, capture.agent, settings.store_id).await?;
+        let Some(generation) = locked else {
             return Ok(None);
-        }
+        };
         let hold_id = match &capture.hold {
             Some((target, expires)) => {
                 Some(hold::hold_for_capture(&mut tx, target, *expires).await?)
