@@ -6,10 +6,11 @@ use sqlx::PgConnection;
 /// A capture's two locks, in one round trip, for the caller's transaction:
 /// - the agent's generation row (made at 0 the first time), locked shared and returned:
 ///   captures hold it shared, rotation takes it exclusively;
-/// - the store's capture lock, taken shared: the reaper takes it exclusively while it
-///   deletes a batch of packs, so a chunk a capture found already stored cannot vanish
-///   under it. It never waits: the caller holds its request row, and waiting here would
-///   block its lease renewals behind the reaper.
+/// - then the store's capture lock, tried shared: the reaper takes it exclusively while
+///   it deletes a batch of packs, so a chunk a capture found already stored cannot
+///   vanish under it. This lock is never waited for: the caller holds its request row,
+///   and waiting would block its lease renewals behind the reaper. (The generation row
+///   may be waited for, behind a rotation.)
 ///
 /// `None` while the reaper holds the store: the caller ends its transaction (which lets
 /// the generation go) and tries again shortly.
@@ -21,13 +22,15 @@ pub async fn lock_for_capture(
     // `made` runs whether or not it is read; `held` only when `made` made nothing. A
     // row another transaction made after this statement's snapshot is seen by neither
     // part: the plain read then takes it.
-    let (free, locked): (bool, Option<i64>) = sqlx::query_as(
+    // The columns are evaluated in order: the generation first, so a capture waiting
+    // behind a rotation does not hold the store's lock meanwhile.
+    let (locked, free): (Option<i64>, bool) = sqlx::query_as(
         "WITH store AS (SELECT pg_try_advisory_xact_lock_shared(hashtext($2)) AS free),
               made AS (INSERT INTO credential_generations (agent) VALUES ($1)
                          ON CONFLICT DO NOTHING RETURNING generation),
               held AS (SELECT generation FROM credential_generations WHERE agent = $1 FOR SHARE)
-         SELECT (SELECT free FROM store),
-                (SELECT generation FROM made UNION ALL SELECT generation FROM held LIMIT 1)",
+         SELECT (SELECT generation FROM made UNION ALL SELECT generation FROM held LIMIT 1),
+                (SELECT free FROM store)",
     )
     .bind(agent)
     .bind(super::store_key(store_id))
