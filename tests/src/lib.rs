@@ -111,6 +111,9 @@ impl Isolation {
             ("CAIRN_AMQP_URL".into(), testing::amqp_url()),
             ("CAIRN_QUEUE_PREFIX".into(), self.prefix.clone()),
             ("CAIRN_LOG_FORMAT".into(), "json".into()),
+            // Four tests at a time, each with a scheduler and workers, share one server's
+            // 100 connections: each process keeps two open, not eight.
+            ("CAIRN_DATABASE_WARM_CONNECTIONS".into(), "2".into()),
             // A worker refuses a workspaces directory another worker holds: each test's
             // workers get their own (a cluster names one per worker after this).
             (

@@ -34,7 +34,10 @@ pub async fn database(
     idle_in_transaction: Option<std::time::Duration>,
     migrate: bool,
 ) -> anyhow::Result<PgPool> {
-    let pool = crate::db::connect(&args.database_url, pool_size, idle_in_transaction)
+    let warm = args
+        .database_warm_connections
+        .unwrap_or(crate::db::WARM_CONNECTIONS);
+    let pool = crate::db::connect_warm(&args.database_url, (pool_size, warm), idle_in_transaction)
         .await
         .context("connecting to PostgreSQL")?;
     if migrate {

@@ -19,6 +19,13 @@ pub struct DatabaseArgs {
     #[arg(long, env = "CAIRN_DATABASE_MAX_CONNECTIONS",
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub database_max_connections: Option<u32>,
+    /// Connections opened before the process reports ready and kept open while idle
+    /// (default: 8, at most the pool's size): PostgreSQL takes milliseconds to start a
+    /// backend, which the first jobs would otherwise wait for. Lower it where many
+    /// processes share a server's `max_connections`.
+    #[arg(long, env = "CAIRN_DATABASE_WARM_CONNECTIONS",
+          value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    pub database_warm_connections: Option<u32>,
 }
 
 impl DatabaseArgs {

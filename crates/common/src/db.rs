@@ -71,6 +71,21 @@ pub async fn connect(
     max_connections: u32,
     idle_in_transaction: Option<Duration>,
 ) -> Result<PgPool, DbError> {
+    connect_warm(
+        url,
+        (max_connections, WARM_CONNECTIONS),
+        idle_in_transaction,
+    )
+    .await
+}
+
+/// [`connect`] with `warm` connections opened and kept instead of [`WARM_CONNECTIONS`]
+/// (at most `max_connections`).
+pub async fn connect_warm(
+    url: &str,
+    (max_connections, warm): (u32, u32),
+    idle_in_transaction: Option<Duration>,
+) -> Result<PgPool, DbError> {
     create_if_missing(url).await?;
     let mut options = PgConnectOptions::from_str(url)
         .map_err(|e| DbError::InvalidUrl(e.to_string()))?
@@ -82,7 +97,7 @@ pub async fn connect(
     let pool = (|| {
         PgPoolOptions::new()
             .max_connections(max_connections)
-            .min_connections(WARM_CONNECTIONS.min(max_connections))
+            .min_connections(warm.min(max_connections))
             .acquire_timeout(Duration::from_secs(10))
             // sqlx pings a connection each time it comes back to the pool; pinging it
             // again at every checkout cost a round trip per transaction. One used within
