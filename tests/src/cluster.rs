@@ -52,7 +52,17 @@ pub struct Cluster {
 
 impl Cluster {
     pub async fn start(label: &str, workers: usize, settings: Settings) -> Cluster {
-        let isolation = Isolation::new(label);
+        Cluster::start_on(Isolation::new(label), label, workers, settings).await
+    }
+
+    /// The same, on a database the test prepared first (`Isolation::new`): rows seeded
+    /// or settings altered before any binary connects.
+    pub async fn start_on(
+        isolation: Isolation,
+        label: &str,
+        workers: usize,
+        settings: Settings,
+    ) -> Cluster {
         let dir = std::env::temp_dir().join(format!(
             "cairn-e2e-{label}-{}",
             uuid::Uuid::new_v4().simple()

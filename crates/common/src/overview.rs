@@ -55,7 +55,10 @@ pub async fn record(pool: &PgPool, interval_seconds: i32) -> Result<bool, sqlx::
                 FROM runs
                WHERE state IN ('queued', 'running', 'needs_reconciliation', 'stopped_at_checkpoint',
                                'awaiting_verification')),
-         -- Claimed in the interval: still executing, or a run that has ended since.
+         -- Claimed in the interval: still executing, or a run that has ended since. The
+         -- ended runs' requests are looked up run by run (the fenced LATERAL): the
+         -- planner cannot tell how few runs the interval holds, and would otherwise
+         -- hash every request the database keeps, at each sample.
          waits AS (
               SELECT (extract(epoch FROM e.claimed_at - e.admitted_at) * 1000)::float8 AS ms
                 FROM execution_requests e, b
@@ -63,9 +66,12 @@ pub async fn record(pool: &PgPool, interval_seconds: i32) -> Result<bool, sqlx::
                  AND e.claimed_at > b.lo AND e.claimed_at <= b.hi
               UNION ALL
               SELECT (extract(epoch FROM e.claimed_at - e.admitted_at) * 1000)::float8
-                FROM runs r JOIN execution_requests e ON e.run_id = r.id AND e.kind = 'run', b
-               WHERE r.finished_at > b.lo AND r.finished_at <= b.hi
-                 AND e.claimed_at > b.lo AND e.claimed_at <= b.hi)
+                FROM runs r, b,
+                     LATERAL (SELECT e.claimed_at, e.admitted_at FROM execution_requests e
+                               WHERE e.run_id = r.id AND e.kind = 'run'
+                                 AND e.claimed_at > b.lo AND e.claimed_at <= b.hi
+                              OFFSET 0) e
+               WHERE r.finished_at > b.lo AND r.finished_at <= b.hi)
          INSERT INTO overview_samples
               (at, interval_seconds, completed, failed, cancelled, queued, held, running,
                needs_person, workers, admission_to_start_p50_ms, admission_to_start_p95_ms)

@@ -59,10 +59,12 @@ async fn record(
     replacing: bool,
 ) -> Result<Vec<Uuid>, sqlx::Error> {
     // The two writes touch different rows (`id <> $1`), so neither sees the other's.
+    // `'destroyed'` is written out: bound, it would hide from a generic plan that the
+    // partial index on the path covers these rows, and each claim would scan the table.
     sqlx::query_scalar(
         "WITH stale AS (
            UPDATE workspaces SET state = $14, destroyed_at = now(), updated_at = now()
-            WHERE $15 AND directory_id = $11 AND path = $8 AND id <> $1 AND state <> $14
+            WHERE $15 AND directory_id = $11 AND path = $8 AND id <> $1 AND state <> 'destroyed'
            RETURNING id),
          recorded AS (
            INSERT INTO workspaces (id, run_id, work_context_id, agent, backend, persistent, state, host, path,

@@ -14,6 +14,7 @@ mod deployment;
 mod faults;
 mod finishing;
 mod flow_control;
+mod history;
 mod output;
 mod pause;
 mod reaper;

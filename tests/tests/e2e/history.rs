@@ -1,0 +1,132 @@
+//! Cairn on a database with a long history: a run's path and the scheduler's sweeps find
+//! their rows by index, so what they cost does not grow with the finished rows kept.
+
+use cairn_e2e::cluster::{append_step, run_spec, Cluster, Settings};
+use cairn_e2e::{Isolation, ServiceLock};
+use nix::sys::signal::Signal;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+const LONG: Duration = Duration::from_secs(60);
+
+/// Finished rows seeded in each table before the cluster starts.
+const HISTORY: i64 = 20_000;
+
+/// The tables a run's path and the sweeps read, seeded with finished rows.
+const TABLES: [&str; 3] = ["runs", "execution_requests", "workspaces"];
+
+/// Runs through a scheduler and a worker on a database holding 20,000 finished runs,
+/// requests and trees, with every statement planned for any value of its parameters
+/// (a generic plan, which PostgreSQL settles on after a statement's first five
+/// executions on a connection): no statement reads one of those tables whole. A
+/// statement that binds a value the index's predicate names (a state) hides from such a
+/// plan that the index covers its rows, and then scans the table on every call.
+#[tokio::test]
+async fn a_run_and_the_sweeps_read_no_table_whole_however_long_the_history() {
+    let _services = ServiceLock::shared().await;
+    let isolation = Isolation::new("history");
+    let setup = sqlx::PgPool::connect(&isolation.database_url)
+        .await
+        .expect("database");
+    seed(&setup).await;
+    let generic = format!(
+        "ALTER DATABASE \"{}\" SET plan_cache_mode = force_generic_plan",
+        isolation.database_name
+    );
+    sqlx::query(&generic)
+        .execute(&setup)
+        .await
+        .expect("generic plans");
+    setup.close().await;
+
+    let cluster = Cluster::start_on(isolation, "history", 1, Settings::default()).await;
+    let before = whole_reads(&cluster.pool).await;
+    let file = cluster.path("effects");
+    for line in ["a", "b"] {
+        let spec = run_spec(vec![append_step(line, &file, line, 0.0, false)], 1);
+        let (run_id, _) = cluster.submit(&spec);
+        let run = cluster.wait_for_state(&run_id, &["completed", "failed"], LONG);
+        assert_eq!(run["state"], "completed", "{run}");
+    }
+    // Some sweeps of the scheduler (every 0.3 s here) and renewals of the worker.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // A backend's counts reach the statistics when its session ends, at the latest.
+    cluster.scheduler.signal(Signal::SIGKILL);
+    for worker in &cluster.workers {
+        worker.process.signal(Signal::SIGKILL);
+    }
+    sessions_ended(&cluster.pool, &cluster.isolation.database_name).await;
+    let after = whole_reads(&cluster.pool).await;
+    for table in TABLES {
+        let read = after[table] - before[table];
+        assert!(
+            read < HISTORY,
+            "{table}: {read} rows read by sequential scans over two runs and 2 s of sweeps \
+             (the table holds {HISTORY} finished rows)"
+        );
+    }
+    assert_eq!(cluster.lines("effects"), ["a", "b"]);
+}
+
+/// Finished runs with their requests, and destroyed trees, of another agent.
+async fn seed(pool: &sqlx::PgPool) {
+    for statement in [
+        "INSERT INTO runs (id, root_run_id, work_context_id, agent, steps, max_commands,
+                           max_wall_seconds, max_attempts, state, request_digest, finished_at)
+         SELECT id, id, gen_random_uuid(), 'history', '[]', 1, 60, 1, 'completed', 'seeded', now()
+           FROM (SELECT gen_random_uuid() AS id FROM generate_series(1, $1)) g",
+        "INSERT INTO execution_requests (id, run_id, kind, state, max_attempts, max_commands,
+                                         max_wall_seconds, finished_at)
+         SELECT gen_random_uuid(), id, 'run', 'completed', 1, 1, 60, now()
+           FROM runs WHERE agent = 'history' LIMIT $1",
+        "INSERT INTO workspaces (id, agent, backend, state, directory_id, path, destroyed_at)
+         SELECT gen_random_uuid(), 'history', 'local', 'destroyed', gen_random_uuid(),
+                '/history/' || n, now()
+           FROM generate_series(1, $1) n",
+    ] {
+        sqlx::query(statement)
+            .bind(HISTORY)
+            .execute(pool)
+            .await
+            .expect("seeded history");
+    }
+    sqlx::query("ANALYZE")
+        .execute(pool)
+        .await
+        .expect("statistics");
+}
+
+/// Rows each table gave sequential scans so far.
+async fn whole_reads(pool: &sqlx::PgPool) -> BTreeMap<String, i64> {
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT relname::text, COALESCE(seq_tup_read, 0) FROM pg_stat_user_tables
+          WHERE relname = ANY($1)",
+    )
+    .bind(TABLES)
+    .fetch_all(pool)
+    .await
+    .expect("table statistics");
+    rows.into_iter().collect()
+}
+
+/// Waits until no session of Cairn's binaries is left on `database`.
+async fn sessions_ended(pool: &sqlx::PgPool, database: &str) {
+    let deadline = std::time::Instant::now() + LONG;
+    loop {
+        let left: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'cairn'",
+        )
+        .bind(database)
+        .fetch_one(pool)
+        .await
+        .expect("sessions");
+        if left == 0 {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{left} sessions of the killed cluster are still open"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
