@@ -37,16 +37,23 @@ pub struct Sample {
 /// epoch, by the database's clock). Returns whether it was new: one a standby already
 /// recorded, before leadership moved, is kept as it is.
 pub async fn record(pool: &PgPool, interval_seconds: i32) -> Result<bool, sqlx::Error> {
+    // The bounds are read first and bound as values: the planner then knows how few
+    // runs an interval holds. Computed inside the statement, they left it guessing a
+    // third of all runs, and it hashed every request the database keeps at each sample.
+    let (lo, hi): (DateTime<Utc>, DateTime<Utc>) = sqlx::query_as(
+        "SELECT date_bin(make_interval(secs => $1), now(), 'epoch'::timestamptz)
+                  - make_interval(secs => $1),
+                date_bin(make_interval(secs => $1), now(), 'epoch'::timestamptz)",
+    )
+    .bind(interval_seconds)
+    .fetch_one(pool)
+    .await?;
     let inserted = sqlx::query(
-        "WITH b AS (
-              SELECT date_bin(make_interval(secs => $1), now(), 'epoch'::timestamptz) AS hi,
-                     date_bin(make_interval(secs => $1), now(), 'epoch'::timestamptz)
-                       - make_interval(secs => $1) AS lo),
-         ended AS (
+        "WITH ended AS (
               SELECT count(*) FILTER (WHERE r.state = 'completed') AS completed,
                      count(*) FILTER (WHERE r.state = 'failed') AS failed,
                      count(*) FILTER (WHERE r.state = 'cancelled') AS cancelled
-                FROM runs r, b WHERE r.finished_at > b.lo AND r.finished_at <= b.hi),
+                FROM runs r WHERE r.finished_at > $3 AND r.finished_at <= $4),
          standing AS (
               SELECT count(*) FILTER (WHERE state = 'queued') AS queued,
                      count(*) FILTER (WHERE state = 'running') AS running,
@@ -55,27 +62,25 @@ pub async fn record(pool: &PgPool, interval_seconds: i32) -> Result<bool, sqlx::
                 FROM runs
                WHERE state IN ('queued', 'running', 'needs_reconciliation', 'stopped_at_checkpoint',
                                'awaiting_verification')),
-         -- Claimed in the interval: still executing, or a run that has ended since. The
-         -- ended runs' requests are looked up run by run (the fenced LATERAL): the
-         -- planner cannot tell how few runs the interval holds, and would otherwise
-         -- hash every request the database keeps, at each sample.
+         -- Claimed in the interval: still executing, or a run that has ended since (its
+         -- requests looked up run by run, never by hashing them all).
          waits AS (
               SELECT (extract(epoch FROM e.claimed_at - e.admitted_at) * 1000)::float8 AS ms
-                FROM execution_requests e, b
+                FROM execution_requests e
                WHERE e.state = 'executing' AND e.kind = 'run'
-                 AND e.claimed_at > b.lo AND e.claimed_at <= b.hi
+                 AND e.claimed_at > $3 AND e.claimed_at <= $4
               UNION ALL
               SELECT (extract(epoch FROM e.claimed_at - e.admitted_at) * 1000)::float8
-                FROM runs r, b,
+                FROM runs r,
                      LATERAL (SELECT e.claimed_at, e.admitted_at FROM execution_requests e
                                WHERE e.run_id = r.id AND e.kind = 'run'
-                                 AND e.claimed_at > b.lo AND e.claimed_at <= b.hi
+                                 AND e.claimed_at > $3 AND e.claimed_at <= $4
                               OFFSET 0) e
-               WHERE r.finished_at > b.lo AND r.finished_at <= b.hi)
+               WHERE r.finished_at > $3 AND r.finished_at <= $4)
          INSERT INTO overview_samples
               (at, interval_seconds, completed, failed, cancelled, queued, held, running,
                needs_person, workers, admission_to_start_p50_ms, admission_to_start_p95_ms)
-         SELECT b.hi, $1, ended.completed, ended.failed, ended.cancelled, standing.queued,
+         SELECT $4, $1, ended.completed, ended.failed, ended.cancelled, standing.queued,
                 (SELECT count(*) FROM execution_requests
                   WHERE held_by_gate AND state = 'queued' AND kind = 'run'),
                 standing.running, standing.needs_person,
@@ -83,11 +88,13 @@ pub async fn record(pool: &PgPool, interval_seconds: i32) -> Result<bool, sqlx::
                   WHERE beat_at > now() - make_interval(secs => $2)),
                 (SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY ms) FROM waits),
                 (SELECT percentile_cont(0.95) WITHIN GROUP (ORDER BY ms) FROM waits)
-           FROM b, ended, standing
+           FROM ended, standing
          ON CONFLICT (at) DO NOTHING",
     )
     .bind(interval_seconds)
     .bind(crate::heartbeat::LAPSE.as_secs_f64())
+    .bind(lo)
+    .bind(hi)
     .execute(pool)
     .await?
     .rows_affected();

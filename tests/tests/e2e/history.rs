@@ -50,6 +50,14 @@ async fn a_run_and_the_sweeps_read_no_table_whole_however_long_the_history() {
     }
     // Some sweeps of the scheduler (every 0.3 s here) and renewals of the worker.
     tokio::time::sleep(Duration::from_secs(2)).await;
+    // The overview's samples (every second here) found the runs' waits, by index.
+    let sampled: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM overview_samples WHERE admission_to_start_p50_ms IS NOT NULL",
+    )
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("the overview's samples");
+    assert!(sampled >= 1, "no sample holds the two runs' waits");
     // A backend's counts reach the statistics when its session ends, at the latest.
     cluster.scheduler.signal(Signal::SIGKILL);
     for worker in &cluster.workers {
