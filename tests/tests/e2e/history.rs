@@ -13,10 +13,20 @@ const LONG: Duration = Duration::from_secs(60);
 const HISTORY: i64 = 20_000;
 
 /// The tables a run's path and the sweeps read, seeded with finished rows.
-const TABLES: [&str; 3] = ["runs", "execution_requests", "workspaces"];
+const TABLES: [&str; 9] = [
+    "runs",
+    "execution_requests",
+    "workspaces",
+    "holds",
+    "project_snapshots",
+    "lineage_heads",
+    "journal_intents",
+    "journal_receipts",
+    "snapshot_restores",
+];
 
-/// Runs through a scheduler and a worker on a database holding 20,000 finished runs,
-/// requests and trees, with every statement planned for any value of its parameters
+/// Runs through a scheduler and a worker on a database holding 20,000 finished runs
+/// with all they leave in the tables a run writes, with every statement planned for any value of its parameters
 /// (a generic plan, which PostgreSQL settles on after a statement's first five
 /// executions on a connection): no statement reads one of those tables whole. A
 /// statement that binds a value the index's predicate names (a state) hides from such a
@@ -76,7 +86,9 @@ async fn a_run_and_the_sweeps_read_no_table_whole_however_long_the_history() {
     assert_eq!(cluster.lines("effects"), ["a", "b"]);
 }
 
-/// Finished runs with their requests, and destroyed trees, of another agent.
+/// Finished runs of another agent, each with its request, its destroyed tree and that
+/// tree's ended hold, its superseded checkpoint and retired lineage head, one step's
+/// intent and receipt, and its tree's restore record.
 async fn seed(pool: &sqlx::PgPool) {
     for statement in [
         "INSERT INTO runs (id, root_run_id, work_context_id, agent, steps, max_commands,
@@ -87,10 +99,33 @@ async fn seed(pool: &sqlx::PgPool) {
                                          max_wall_seconds, finished_at)
          SELECT gen_random_uuid(), id, 'run', 'completed', 1, 1, 60, now()
            FROM runs WHERE agent = 'history' LIMIT $1",
-        "INSERT INTO workspaces (id, agent, backend, state, directory_id, path, destroyed_at)
+        "INSERT INTO workspaces (id, agent, backend, state, directory_id, path, destroyed_at,
+                                 request_id, run_id, work_context_id)
          SELECT gen_random_uuid(), 'history', 'local', 'destroyed', gen_random_uuid(),
-                '/history/' || n, now()
-           FROM generate_series(1, $1) n",
+                '/history/' || e.id, now(), e.id, e.run_id, r.work_context_id
+           FROM execution_requests e JOIN runs r ON r.id = e.run_id LIMIT $1",
+        "INSERT INTO holds (id, workspace_id, run_id, work_context_id, agent, reason, expires_at,
+                            ended_at, end_reason)
+         SELECT gen_random_uuid(), id, run_id, work_context_id, 'history', 'task', now(), now(),
+                'task_ended'
+           FROM workspaces WHERE agent = 'history' LIMIT $1",
+        "INSERT INTO project_snapshots (id, kind, status, retention, agent, backend, store_url,
+                                        work_context_id, sequence, request_id, workspace_id)
+         SELECT gen_random_uuid(), 'checkpoint', 'ready', 'superseded', 'history', 'local',
+                'file:///history', work_context_id, 1, request_id, id
+           FROM workspaces WHERE agent = 'history' LIMIT $1",
+        "INSERT INTO lineage_heads (work_context_id, agent, head_id, sequence, retired_at)
+         SELECT work_context_id, 'history', id, 1, now()
+           FROM project_snapshots WHERE agent = 'history' LIMIT $1",
+        "INSERT INTO journal_intents (request_id, step_key, step_index, idempotent, lease_epoch,
+                                      attempt, ended_at)
+         SELECT id, 'only', 0, false, 1, 1, now() FROM execution_requests LIMIT $1",
+        "INSERT INTO journal_receipts (request_id, step_key, lease_epoch, attempt, exit_code,
+                                       wall_ms, cpu_ms, output_digest)
+         SELECT request_id, step_key, 1, 1, 0, 1, 1, 'seeded' FROM journal_intents LIMIT $1",
+        "INSERT INTO snapshot_restores (id, request_id, workspace_id, tier, snapshot_id, outcome)
+         SELECT gen_random_uuid(), request_id, workspace_id, 'cold', id, 'succeeded'
+           FROM project_snapshots WHERE agent = 'history' LIMIT $1",
     ] {
         sqlx::query(statement)
             .bind(HISTORY)
@@ -102,6 +137,13 @@ async fn seed(pool: &sqlx::PgPool) {
         .execute(pool)
         .await
         .expect("statistics");
+    for table in TABLES {
+        let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+            .fetch_one(pool)
+            .await
+            .expect("seeded rows");
+        assert_eq!(rows, HISTORY, "{table} seeded");
+    }
 }
 
 /// Rows each table gave sequential scans so far.
