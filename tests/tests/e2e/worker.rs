@@ -788,6 +788,17 @@ async fn a_plain_completion_commits_with_the_last_receipt() {
         "the capture's hold ended with the task"
     );
     assert_eq!(hold_xid, receipt_xid, "the hold ended with the receipt");
+    // The lease goes with the move to completed, in the same statement.
+    let (released, request_xid): (bool, String) = sqlx::query_as(
+        "SELECT lease_owner IS NULL AND lease_deadline IS NULL, xmin::text
+           FROM execution_requests WHERE id = $1::uuid",
+    )
+    .bind(&request_id)
+    .fetch_one(&cluster.pool)
+    .await
+    .expect("the request");
+    assert!(released, "the completion released the lease");
+    assert_eq!(request_xid, receipt_xid, "released with the receipt");
 
     let report = json!({"key": "report", "argv": ["sh", "-c", "printf '{\"outcome\": \"complete\"}' > \"$CAIRN_REPORT_FILE\""]});
     let reported = run_spec(

@@ -50,6 +50,6 @@ pub use fence::fence_out;
 pub use requeue::{
     end_attempt, job_kind_of, queue_finishing_round, readmit, requeue, AttemptEnd, Continuation,
 };
-pub use state::{state_of, transition, RequestState};
+pub use state::{state_of, transition, transition_releasing, Released, RequestState};
 pub use stop::stop_at_checkpoint;
 pub use table::{ActionEvent, AdoptionEvent, Error, HandoffEvent, RequestEvent};

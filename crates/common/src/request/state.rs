@@ -27,16 +27,62 @@ pub async fn transition(
     reason: Option<&str>,
     step: Option<&str>,
 ) -> Result<RequestState, Error> {
+    let moved = move_by(conn, request_id, event, (reason, step), None).await?;
+    finish_move(conn, request_id, event, moved).await
+}
+
+/// What [`transition_releasing`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// The request moved and its lease was released, in one statement.
+    Both(RequestState),
+    /// The request moved; the lease was not this holder's to release: the caller's
+    /// release reports why ([`crate::lease::Leases::release_in`]).
+    MovedOnly(RequestState),
+}
+
+/// [`transition`] by `event` that also releases the lease `held` (epoch, owner) in the
+/// same statement: the move a job ends with, one row version and one statement instead
+/// of two. The lease is released only if `held` still holds it, as
+/// [`crate::lease::Leases::release_in`] requires.
+pub async fn transition_releasing(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+    event: RequestEvent,
+    held: (i64, &str),
+) -> Result<Released, Error> {
+    if let Some(run) = move_by(conn, request_id, event, (None, None), Some(held)).await? {
+        let state = finish_move(conn, request_id, event, Some(run)).await?;
+        return Ok(Released::Both(state));
+    }
+    // Refused, or the lease is no longer `held`'s (which its fence makes unreachable):
+    // the move alone tells which.
+    transition(conn, request_id, event, None, None)
+        .await
+        .map(Released::MovedOnly)
+}
+
+/// The one statement that moves a request, and its run when it is a run's own request
+/// (a publication, a request of its own kind, moves alone); with `release`, the lease
+/// that epoch and owner hold goes with it, and nothing moves if they do not hold it.
+/// The run's id when it moved.
+async fn move_by(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+    event: RequestEvent,
+    (reason, step): (Option<&str>, Option<&str>),
+    release: Option<(i64, &str)>,
+) -> Result<Option<Uuid>, sqlx::Error> {
     let (sources, state) = guard::<RequestState>(event);
-    let terminal = state.is_terminal();
-    // One statement moves both: a run's own request moves its run too (a publication,
-    // a request of its own kind, does not).
-    let moved: Option<Uuid> = sqlx::query_scalar(
+    sqlx::query_scalar(
         "WITH moved AS (
            UPDATE execution_requests
               SET state = $2, stop_reason = $3, reconciliation_step = $4, updated_at = now(),
-                  finished_at = CASE WHEN $5 THEN now() ELSE finished_at END
+                  finished_at = CASE WHEN $5 THEN now() ELSE finished_at END,
+                  lease_owner = CASE WHEN $8 THEN NULL ELSE lease_owner END,
+                  lease_deadline = CASE WHEN $8 THEN NULL ELSE lease_deadline END
             WHERE id = $1 AND state = ANY($6)
+              AND (NOT $8 OR (lease_epoch = $9 AND lease_owner = $10))
         RETURNING run_id, kind),
               run AS (
            UPDATE runs SET state = $7, updated_at = now(),
@@ -48,11 +94,24 @@ pub async fn transition(
     .bind(state)
     .bind(reason)
     .bind(step)
-    .bind(terminal)
+    .bind(state.is_terminal())
     .bind(&sources)
     .bind(state.run_state())
+    .bind(release.is_some())
+    .bind(release.map(|(epoch, _)| epoch))
+    .bind(release.map(|(_, owner)| owner))
     .fetch_optional(&mut *conn)
-    .await?;
+    .await
+}
+
+/// After the statement: a refusal is read and reported; a move retires what it ends.
+async fn finish_move(
+    conn: &mut PgConnection,
+    request_id: Uuid,
+    event: RequestEvent,
+    moved: Option<Uuid>,
+) -> Result<RequestState, Error> {
+    let (_, state) = guard::<RequestState>(event);
     if moved.is_none() {
         return Err(refusal::<RequestState>(conn, request_id, event).await);
     }

@@ -452,3 +452,70 @@ async fn a_failed_or_cancelled_run_retires_its_lineage_with_the_move() {
         );
     }
 }
+
+/// A job's last move releases its lease in the same statement, only for the holder of
+/// the lease; a holder that no longer holds it moves the request alone (its release then
+/// reports why), and a refused move changes nothing.
+#[tokio::test]
+async fn a_completion_releases_only_its_holders_lease_with_the_move() {
+    let _services = ServiceLock::shared().await;
+    let db = TestDb::new().await;
+    let mut conn = db.pool.acquire().await.expect("conn");
+    // Completed by w1 at epoch 1: of its own lease, and of one w2 took at epoch 2.
+    let mut completed = Vec::new();
+    for (epoch, owner) in [(1, "w1"), (2, "w2")] {
+        let (_, request_id) = testing::insert_request(&db.pool).await;
+        held_by(&mut conn, request_id, epoch, owner).await;
+        let released =
+            request::transition_releasing(&mut conn, request_id, RequestEvent::Complete, (1, "w1"))
+                .await
+                .expect("moved");
+        let row: (String, Option<String>, bool) = sqlx::query_as(
+            "SELECT state, lease_owner, lease_deadline IS NULL FROM execution_requests WHERE id = $1",
+        )
+        .bind(request_id)
+        .fetch_one(&mut *conn)
+        .await
+        .expect("row");
+        completed.push((request_id, released, row));
+    }
+    let [(mine, released, row), (_, moved, taken)] = completed.as_slice() else {
+        unreachable!("two requests")
+    };
+    assert_eq!(*released, request::Released::Both(RequestState::Completed));
+    assert_eq!(*row, ("completed".to_string(), None, true));
+    assert_eq!(
+        *moved,
+        request::Released::MovedOnly(RequestState::Completed)
+    );
+    assert_eq!(
+        *taken,
+        ("completed".to_string(), Some("w2".to_string()), false),
+        "another holder's lease stays"
+    );
+    let mine = *mine;
+
+    let refused =
+        request::transition_releasing(&mut conn, mine, RequestEvent::Complete, (1, "w1")).await;
+    assert!(
+        matches!(refused, Err(request::Error::Refused(_))),
+        "a completed request completes once: {refused:?}"
+    );
+}
+
+/// A claimed request whose lease `owner` holds at `epoch`.
+async fn held_by(conn: &mut PgConnection, request_id: Uuid, epoch: i64, owner: &str) {
+    request::transition(&mut *conn, request_id, RequestEvent::Claim, None, None)
+        .await
+        .expect("claimed");
+    sqlx::query(
+        "UPDATE execution_requests SET lease_epoch = $2, lease_owner = $3,
+                lease_deadline = now() + interval '1 minute' WHERE id = $1",
+    )
+    .bind(request_id)
+    .bind(epoch)
+    .bind(owner)
+    .execute(conn)
+    .await
+    .expect("leased");
+}

@@ -118,15 +118,18 @@ impl Completion for WithReceipt<'_> {
                 !report.asks_for_more
             }
         };
+        let lease = job.lease();
+        let held = (lease.epoch, lease.owner.as_str());
         let completed =
-            request::transition(&mut *conn, request_id, RequestEvent::Complete, None, None).await;
-        match completed {
-            Ok(_) => {}
+            request::transition_releasing(&mut *conn, request_id, RequestEvent::Complete, held)
+                .await;
+        let released = match completed {
+            Ok(released) => released,
             // Nothing was written: the completion's own transaction meets the refusal
             // again, and reports it.
             Err(request::Error::Refused(_)) => return Ok(TreeAfter::Stays),
             Err(request::Error::Db(e)) => return Err(e.into()),
-        }
+        };
         let custody = &job.worker.custody;
         custody
             .ended_rows(
@@ -136,10 +139,9 @@ impl Completion for WithReceipt<'_> {
                 retire,
             )
             .await?;
-        job.worker
-            .leases
-            .release_in(&mut *conn, job.lease())
-            .await?;
+        if let request::Released::MovedOnly(_) = released {
+            job.worker.leases.release_in(&mut *conn, lease).await?;
+        }
         fault::cut(fault::BEFORE_COMPLETION_COMMIT, &mut *conn).await;
         self.written.store(true, Ordering::Release);
         self.tried.store(true, Ordering::Release);
