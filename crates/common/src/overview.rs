@@ -37,9 +37,10 @@ pub struct Sample {
 /// epoch, by the database's clock). Returns whether it was new: one a standby already
 /// recorded, before leadership moved, is kept as it is.
 pub async fn record(pool: &PgPool, interval_seconds: i32) -> Result<bool, sqlx::Error> {
-    // The bounds are read first and bound as values: the planner then knows how few
-    // runs an interval holds. Computed inside the statement, they left it guessing a
-    // third of all runs, and it hashed every request the database keeps at each sample.
+    // The bounds are read first and bound as values, and the ended runs' requests are
+    // looked up run by run: computed inside the statement, the bounds left the planner
+    // unable to tell how few runs an interval holds, and it hashed every request the
+    // database keeps at each sample.
     let (lo, hi): (DateTime<Utc>, DateTime<Utc>) = sqlx::query_as(
         "SELECT date_bin(make_interval(secs => $1), now(), 'epoch'::timestamptz)
                   - make_interval(secs => $1),
@@ -62,8 +63,9 @@ pub async fn record(pool: &PgPool, interval_seconds: i32) -> Result<bool, sqlx::
                 FROM runs
                WHERE state IN ('queued', 'running', 'needs_reconciliation', 'stopped_at_checkpoint',
                                'awaiting_verification')),
-         -- Claimed in the interval: still executing, or a run that has ended since (its
-         -- requests looked up run by run, never by hashing them all).
+         -- Claimed in the interval: still executing, or a run that has ended since,
+         -- within the interval or after it, before this sample (its requests looked up
+         -- run by run, never by hashing them all).
          waits AS (
               SELECT (extract(epoch FROM e.claimed_at - e.admitted_at) * 1000)::float8 AS ms
                 FROM execution_requests e
@@ -76,7 +78,7 @@ pub async fn record(pool: &PgPool, interval_seconds: i32) -> Result<bool, sqlx::
                                WHERE e.run_id = r.id AND e.kind = 'run'
                                  AND e.claimed_at > $3 AND e.claimed_at <= $4
                               OFFSET 0) e
-               WHERE r.finished_at > $3 AND r.finished_at <= $4)
+               WHERE r.finished_at > $3)
          INSERT INTO overview_samples
               (at, interval_seconds, completed, failed, cancelled, queued, held, running,
                needs_person, workers, admission_to_start_p50_ms, admission_to_start_p95_ms)

@@ -26,9 +26,10 @@ const TABLES: [&str; 9] = [
 ];
 
 /// Runs through a scheduler and a worker on a database holding 20,000 finished runs
-/// with all they leave in the tables a run writes, with every statement planned for any value of its parameters
-/// (a generic plan, which PostgreSQL settles on after a statement's first five
-/// executions on a connection): no statement reads one of those tables whole. A
+/// with all they leave in the tables a run writes, with every statement planned for any
+/// value of its parameters (a generic plan, which PostgreSQL settles on after a
+/// statement's first five executions on a connection): no statement reads one of those
+/// tables whole, from the cluster's start to its end. A
 /// statement that binds a value the index's predicate names (a state) hides from such a
 /// plan that the index covers its rows, and then scans the table on every call.
 #[tokio::test]
@@ -48,9 +49,16 @@ async fn a_run_and_the_sweeps_read_no_table_whole_however_long_the_history() {
         .await
         .expect("generic plans");
     setup.close().await;
+    // The seeding's own reads are counted before: a session's counts reach the
+    // statistics when it ends. From here on, the cluster's start counts too.
+    let probe = sqlx::PgPool::connect(&isolation.database_url)
+        .await
+        .expect("database");
+    sessions_ended(&probe, &isolation.database_name, "pid <> pg_backend_pid()").await;
+    let before = table_counts(&probe).await;
+    probe.close().await;
 
     let cluster = Cluster::start_on(isolation, "history", 1, Settings::default()).await;
-    let before = whole_reads(&cluster.pool).await;
     let file = cluster.path("effects");
     for line in ["a", "b"] {
         let spec = run_spec(vec![append_step(line, &file, line, 0.0, false)], 1);
@@ -73,10 +81,13 @@ async fn a_run_and_the_sweeps_read_no_table_whole_however_long_the_history() {
     for worker in &cluster.workers {
         worker.process.signal(Signal::SIGKILL);
     }
-    sessions_ended(&cluster.pool, &cluster.isolation.database_name).await;
-    let after = whole_reads(&cluster.pool).await;
+    let database = &cluster.isolation.database_name;
+    sessions_ended(&cluster.pool, database, "application_name = 'cairn'").await;
+    let after = table_counts(&cluster.pool).await;
+    let inserted = after["runs"].1 - before["runs"].1;
+    assert_eq!(inserted, 2, "the statistics counted the two runs");
     for table in TABLES {
-        let read = after[table] - before[table];
+        let read = after[table].0 - before[table].0;
         assert!(
             read < HISTORY,
             "{table}: {read} rows read by sequential scans over two runs and 2 s of sweeps \
@@ -93,11 +104,12 @@ async fn seed(pool: &sqlx::PgPool) {
     for statement in [
         "INSERT INTO runs (id, root_run_id, work_context_id, agent, steps, max_commands,
                            max_wall_seconds, max_attempts, state, request_digest, finished_at)
-         SELECT id, id, gen_random_uuid(), 'history', '[]', 1, 60, 1, 'completed', 'seeded', now()
+         SELECT id, id, gen_random_uuid(), 'history', '[]', 1, 60, 1, 'completed', 'seeded',
+                now() - interval '1 day'
            FROM (SELECT gen_random_uuid() AS id FROM generate_series(1, $1)) g",
         "INSERT INTO execution_requests (id, run_id, kind, state, max_attempts, max_commands,
                                          max_wall_seconds, finished_at)
-         SELECT gen_random_uuid(), id, 'run', 'completed', 1, 1, 60, now()
+         SELECT gen_random_uuid(), id, 'run', 'completed', 1, 1, 60, finished_at
            FROM runs WHERE agent = 'history' LIMIT $1",
         "INSERT INTO workspaces (id, agent, backend, state, directory_id, path, destroyed_at,
                                  request_id, run_id, work_context_id)
@@ -146,36 +158,38 @@ async fn seed(pool: &sqlx::PgPool) {
     }
 }
 
-/// Rows each table gave sequential scans so far.
-async fn whole_reads(pool: &sqlx::PgPool) -> BTreeMap<String, i64> {
-    let rows: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT relname::text, COALESCE(seq_tup_read, 0) FROM pg_stat_user_tables
+/// Of each table so far: the rows its sequential scans read, and the rows inserted.
+async fn table_counts(pool: &sqlx::PgPool) -> BTreeMap<String, (i64, i64)> {
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT relname::text, COALESCE(seq_tup_read, 0), n_tup_ins FROM pg_stat_user_tables
           WHERE relname = ANY($1)",
     )
     .bind(TABLES)
     .fetch_all(pool)
     .await
     .expect("table statistics");
-    rows.into_iter().collect()
+    rows.into_iter()
+        .map(|(table, read, inserted)| (table, (read, inserted)))
+        .collect()
 }
 
-/// Waits until no session of Cairn's binaries is left on `database`.
-async fn sessions_ended(pool: &sqlx::PgPool, database: &str) {
+/// Waits until no session that `which` (a condition on `pg_stat_activity`) names is
+/// left on `database`.
+async fn sessions_ended(pool: &sqlx::PgPool, database: &str, which: &str) {
     let deadline = std::time::Instant::now() + LONG;
+    let count = format!("SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND {which}");
     loop {
-        let left: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'cairn'",
-        )
-        .bind(database)
-        .fetch_one(pool)
-        .await
-        .expect("sessions");
+        let left: i64 = sqlx::query_scalar(&count)
+            .bind(database)
+            .fetch_one(pool)
+            .await
+            .expect("sessions");
         if left == 0 {
             return;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "{left} sessions of the killed cluster are still open"
+            "{left} sessions ({which}) are still open"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
