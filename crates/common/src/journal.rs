@@ -96,6 +96,35 @@ pub async fn write_intent(
     idempotent: bool,
     output_store: Option<(Uuid, &str)>,
 ) -> Result<(), sqlx::Error> {
+    let step = IntentOf {
+        attempt,
+        step_key,
+        index,
+        idempotent,
+        output_store,
+    };
+    write_intent_resuming(conn, lease, &step, None).await
+}
+
+/// A step's intent, as [`write_intent`] writes it.
+#[derive(Debug, Clone, Copy)]
+pub struct IntentOf<'a> {
+    pub attempt: i32,
+    pub step_key: &'a str,
+    pub index: usize,
+    pub idempotent: bool,
+    pub output_store: Option<(Uuid, &'a str)>,
+}
+
+/// [`write_intent`], and with `resume_context` the request's resume context too
+/// ([`crate::request::resume::record`]), in the statement that charges the command: a
+/// plan's first intent, committed with its tree's record, writes the request's row once.
+pub async fn write_intent_resuming(
+    conn: &mut PgConnection,
+    lease: &Lease,
+    step: &IntentOf<'_>,
+    resume_context: Option<&serde_json::Value>,
+) -> Result<(), sqlx::Error> {
     // One statement, one round trip: a data-modifying WITH runs exactly once, whether
     // or not the outer statement reads it.
     sqlx::query(
@@ -107,17 +136,21 @@ pub async fn write_intent(
               SET lease_epoch = EXCLUDED.lease_epoch, attempt = EXCLUDED.attempt, started_at = now(),
                   ended_at = NULL, output_store = EXCLUDED.output_store,
                   output_store_url = EXCLUDED.output_store_url, worker_id = EXCLUDED.worker_id)
-         UPDATE execution_requests SET used_commands = used_commands + 1, updated_at = now() WHERE id = $1",
+         UPDATE execution_requests
+            SET used_commands = used_commands + 1, updated_at = now(),
+                resume_context = COALESCE($10, resume_context)
+          WHERE id = $1",
     )
     .bind(lease.request_id)
-    .bind(step_key)
-    .bind(i32::try_from(index).unwrap_or(i32::MAX))
-    .bind(idempotent)
+    .bind(step.step_key)
+    .bind(i32::try_from(step.index).unwrap_or(i32::MAX))
+    .bind(step.idempotent)
     .bind(lease.epoch)
-    .bind(attempt)
-    .bind(output_store.map(|(id, _)| id))
-    .bind(output_store.map(|(_, url)| url))
+    .bind(step.attempt)
+    .bind(step.output_store.map(|(id, _)| id))
+    .bind(step.output_store.map(|(_, url)| url))
     .bind(&lease.owner)
+    .bind(resume_context)
     .execute(&mut *conn)
     .await?;
     Ok(())

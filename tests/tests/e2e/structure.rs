@@ -493,8 +493,9 @@ const WRITERS: &[(&str, &str, &[&str])] = &[
     (
         "execution_requests",
         "crates/common/src/request/",
-        // The journal charges a step's usage in its own statement; the console bench's
-        // bulk load of 100,000 runs in a few statements.
+        // The journal charges a step's usage in its own statement (a plan's first
+        // intent records the resume context with it); the console bench's bulk load of
+        // 100,000 runs in a few statements.
         &[
             "crates/common/src/journal.rs",
             "crates/bench/src/console.rs",

@@ -887,6 +887,18 @@ async fn a_fresh_requests_first_intent_commits_with_its_tree() {
     .await
     .expect("the intent and the tree's record");
     assert_eq!(intent, tree, "the intent committed with the tree's record");
+    // The intent's charge recorded how the tree was acquired, in the same statement.
+    let context: Option<Value> =
+        sqlx::query_scalar("SELECT resume_context FROM execution_requests WHERE id = $1::uuid")
+            .bind(&request_id)
+            .fetch_one(&cluster.pool)
+            .await
+            .expect("the resume context");
+    let tier = context.as_ref().map(|c| c["restore_tier"].clone());
+    assert!(
+        tier.as_ref().is_some_and(Value::is_string),
+        "the first intent recorded the resume context: {context:?}"
+    );
     assert!(
         cluster.lines("effects").is_empty(),
         "the step never started"

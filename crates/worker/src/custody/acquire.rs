@@ -56,16 +56,31 @@ fn canonical_ref(subject: &Subject) -> String {
 // Only generic callers in this crate: no `Send` bound on the futures is needed to name.
 #[allow(async_fn_in_trait)]
 pub trait Opening {
-    /// Writes with the record of a tree acquired from `tier`, or writes nothing.
-    async fn open(&self, conn: &mut PgConnection, tier: Tier) -> Result<(), CustodyError>;
+    /// Writes with the record of a tree acquired from `tier`, or writes nothing; it may
+    /// record the request's `resume_context` with its own write of the request's row.
+    async fn open(
+        &self,
+        conn: &mut PgConnection,
+        tier: Tier,
+        resume_context: &Value,
+    ) -> Result<Opened, CustodyError>;
+}
+
+/// What an [`Opening`] wrote.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Opened {
+    /// Nothing: the record writes the resume context itself.
+    Nothing,
+    /// Its write recorded the resume context too.
+    WithResumeContext,
 }
 
 /// Nothing written with the tree's record.
 pub struct NoOpening;
 
 impl Opening for NoOpening {
-    async fn open(&self, _: &mut PgConnection, _: Tier) -> Result<(), CustodyError> {
-        Ok(())
+    async fn open(&self, _: &mut PgConnection, _: Tier, _: &Value) -> Result<Opened, CustodyError> {
+        Ok(Opened::Nothing)
     }
 }
 
@@ -573,7 +588,6 @@ impl Custody {
         for old in stale.into_iter().filter(|old| Some(*old) != adopted) {
             hold::end_for_workspace(&mut tx, old, "tree_replaced").await?;
         }
-        request::resume::record(&mut tx, subject.request_id, record.resume_context).await?;
         lineage::record_restore(
             &mut tx,
             Some(subject.request_id),
@@ -584,7 +598,12 @@ impl Custody {
             None,
         )
         .await?;
-        opening.open(&mut tx, record.tier).await?;
+        let opened = opening
+            .open(&mut tx, record.tier, record.resume_context)
+            .await?;
+        if opened == Opened::Nothing {
+            request::resume::record(&mut tx, subject.request_id, record.resume_context).await?;
+        }
         tx.commit().await?;
         Ok(())
     }

@@ -27,7 +27,7 @@ mod inspection;
 mod release;
 
 pub(crate) use acquire::Restore;
-pub use acquire::{NoOpening, Opening};
+pub use acquire::{NoOpening, Opened, Opening};
 pub use checkpoint::{Checkpoint, Commit, Committed, Completion, NoCompletion};
 pub use commit::{Capture, NoSeal, Seal, TreeAfter, TreeAt};
 pub use release::Release;

@@ -12,7 +12,9 @@
 
 use super::durable;
 use super::handle::Job;
-use crate::custody::{Committed, Completion, CustodyError, Opening, Subject, Tier, TreeAfter};
+use crate::custody::{
+    Committed, Completion, CustodyError, Opened, Opening, Subject, Tier, TreeAfter,
+};
 use crate::error::JobError;
 use crate::fault;
 use cairn_common::report;
@@ -173,13 +175,18 @@ impl<'j> FirstIntent<'j> {
 }
 
 impl Opening for FirstIntent<'_> {
-    async fn open(&self, conn: &mut PgConnection, tier: Tier) -> Result<(), CustodyError> {
+    async fn open(
+        &self,
+        conn: &mut PgConnection,
+        tier: Tier,
+        resume_context: &serde_json::Value,
+    ) -> Result<Opened, CustodyError> {
         // A try whose transaction did not land wrote nothing.
         *self.written.lock().unwrap_or_else(PoisonError::into_inner) = None;
         let job = self.job;
         let claimed = &job.claimed;
         let Some(step) = claimed.steps.first() else {
-            return Ok(());
+            return Ok(Opened::Nothing);
         };
         // An adopted tree is decided on before anything runs; a pause, a stop or a drain
         // asked for meanwhile is carried out before any intent.
@@ -187,12 +194,15 @@ impl Opening for FirstIntent<'_> {
         let hands_back = settings.hand_back_at_step_boundary && job.worker.draining.is_cancelled();
         let waits = crate::pause::requested(job) || job.stopped() || hands_back;
         if claimed.journaled || tier == Tier::Adopt || waits {
-            return Ok(());
+            return Ok(Opened::Nothing);
         }
         // A limit reached leaves the step to its own intent, which meets it again.
-        if let Ok(wall_left_ms) = super::intent::write(conn, job, step, 0).await? {
-            *self.written.lock().unwrap_or_else(PoisonError::into_inner) = Some(wall_left_ms);
+        match super::intent::write(conn, job, step, (0, Some(resume_context))).await? {
+            Ok(wall_left_ms) => {
+                *self.written.lock().unwrap_or_else(PoisonError::into_inner) = Some(wall_left_ms);
+                Ok(Opened::WithResumeContext)
+            }
+            Err(_) => Ok(Opened::Nothing),
         }
-        Ok(())
     }
 }

@@ -13,7 +13,7 @@ pub async fn write(
     conn: &mut PgConnection,
     job: &Job,
     step: &StepSpec,
-    index: usize,
+    (index, resume_context): (usize, Option<&serde_json::Value>),
 ) -> Result<Result<i64, Breach>, sqlx::Error> {
     let claimed = &job.claimed;
     let current = limits::read(&mut *conn, job.request_id(), claimed.continuation).await?;
@@ -22,7 +22,13 @@ pub async fn write(
     }
     let settings = &job.worker.custody.settings;
     let store = Some((settings.store_id, settings.store.store().url()));
-    let (lease, attempt, key) = (job.lease(), claimed.attempt, &step.key);
-    journal::write_intent(conn, lease, attempt, key, index, step.idempotent, store).await?;
+    let intent = journal::IntentOf {
+        attempt: claimed.attempt,
+        step_key: &step.key,
+        index,
+        idempotent: step.idempotent,
+        output_store: store,
+    };
+    journal::write_intent_resuming(conn, job.lease(), &intent, resume_context).await?;
     Ok(Ok(current.wall_left_ms()))
 }

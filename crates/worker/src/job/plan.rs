@@ -148,7 +148,7 @@ async fn intend_once(
     index: usize,
 ) -> Result<Result<i64, Breach>, JobError> {
     let mut tx = job.begin().await?;
-    let written = super::intent::write(&mut tx, job, step, index).await?;
+    let written = super::intent::write(&mut tx, job, step, (index, None)).await?;
     if written.is_ok() {
         tx.commit().await?;
         crate::fault::lost_reply::<JobError>(crate::fault::INTENT_REPLY)?;
