@@ -65,7 +65,10 @@ pub async fn record(pool: &PgPool, interval_seconds: i32) -> Result<bool, sqlx::
                                'awaiting_verification')),
          -- Claimed in the interval: still executing, or a run that has ended since,
          -- within the interval or after it, before this sample (its requests looked up
-         -- run by run, never by hashing them all).
+         -- run by run, never by hashing them all). The sample is taken within an
+         -- interval of its end: the bound above keeps the planner's estimate small (with
+         -- none, a generic plan expects a third of all runs and compiles itself with
+         -- JIT at each sample).
          waits AS (
               SELECT (extract(epoch FROM e.claimed_at - e.admitted_at) * 1000)::float8 AS ms
                 FROM execution_requests e
@@ -78,7 +81,7 @@ pub async fn record(pool: &PgPool, interval_seconds: i32) -> Result<bool, sqlx::
                                WHERE e.run_id = r.id AND e.kind = 'run'
                                  AND e.claimed_at > $3 AND e.claimed_at <= $4
                               OFFSET 0) e
-               WHERE r.finished_at > $3)
+               WHERE r.finished_at > $3 AND r.finished_at <= $4 + make_interval(secs => $1))
          INSERT INTO overview_samples
               (at, interval_seconds, completed, failed, cancelled, queued, held, running,
                needs_person, workers, admission_to_start_p50_ms, admission_to_start_p95_ms)

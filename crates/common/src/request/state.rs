@@ -31,7 +31,9 @@ pub async fn transition(
     finish_move(conn, request_id, event, moved).await
 }
 
-/// What [`transition_releasing`] did.
+/// What [`transition_releasing`] did. `MovedOnly` leaves the lease as it was: the
+/// caller must release it itself, or fail ([`crate::lease::Leases::release_in`]).
+#[must_use]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Released {
     /// The request moved and its lease was released, in one statement.
