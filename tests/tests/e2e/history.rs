@@ -180,21 +180,15 @@ async fn table_counts(pool: &sqlx::PgPool) -> BTreeMap<String, (i64, i64)> {
 /// Waits until no session that `which` (a condition on `pg_stat_activity`) names is
 /// left on `database`.
 async fn sessions_ended(pool: &sqlx::PgPool, database: &str, which: &str) {
-    let deadline = std::time::Instant::now() + LONG;
     let count = format!("SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND {which}");
-    loop {
+    let ended = cairn_e2e::testing::eventually(LONG, || async {
         let left: i64 = sqlx::query_scalar(&count)
             .bind(database)
             .fetch_one(pool)
             .await
             .expect("sessions");
-        if left == 0 {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{left} sessions ({which}) are still open"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        (left == 0).then_some(())
+    })
+    .await;
+    assert!(ended.is_some(), "sessions ({which}) are still open");
 }

@@ -53,8 +53,9 @@ pub async fn transition_releasing(
     event: RequestEvent,
     held: (i64, &str),
 ) -> Result<Released, Error> {
-    if let Some(run) = move_by(conn, request_id, event, (None, None), Some(held)).await? {
-        let state = finish_move(conn, request_id, event, Some(run)).await?;
+    let moved = move_by(conn, request_id, event, (None, None), Some(held)).await?;
+    if moved.1.is_some() {
+        let state = finish_move(conn, request_id, event, moved).await?;
         return Ok(Released::Both(state));
     }
     // Refused, or the lease is no longer `held`'s (which its fence makes unreachable):
@@ -67,16 +68,16 @@ pub async fn transition_releasing(
 /// The one statement that moves a request, and its run when it is a run's own request
 /// (a publication, a request of its own kind, moves alone); with `release`, the lease
 /// that epoch and owner hold goes with it, and nothing moves if they do not hold it.
-/// The run's id when it moved.
+/// The state it moves to, and the run's id when it moved.
 async fn move_by(
     conn: &mut PgConnection,
     request_id: Uuid,
     event: RequestEvent,
     (reason, step): (Option<&str>, Option<&str>),
     release: Option<(i64, &str)>,
-) -> Result<Option<Uuid>, sqlx::Error> {
+) -> Result<(RequestState, Option<Uuid>), sqlx::Error> {
     let (sources, state) = guard::<RequestState>(event);
-    sqlx::query_scalar(
+    let moved = sqlx::query_scalar(
         "WITH moved AS (
            UPDATE execution_requests
               SET state = $2, stop_reason = $3, reconciliation_step = $4, updated_at = now(),
@@ -103,7 +104,8 @@ async fn move_by(
     .bind(release.map(|(epoch, _)| epoch))
     .bind(release.map(|(_, owner)| owner))
     .fetch_optional(&mut *conn)
-    .await
+    .await?;
+    Ok((state, moved))
 }
 
 /// After the statement: a refusal is read and reported; a move retires what it ends.
@@ -111,9 +113,8 @@ async fn finish_move(
     conn: &mut PgConnection,
     request_id: Uuid,
     event: RequestEvent,
-    moved: Option<Uuid>,
+    (state, moved): (RequestState, Option<Uuid>),
 ) -> Result<RequestState, Error> {
-    let (_, state) = guard::<RequestState>(event);
     if moved.is_none() {
         return Err(refusal::<RequestState>(conn, request_id, event).await);
     }
