@@ -21,7 +21,7 @@ pub use credentials::{lock_for_capture, rotate_credentials};
 pub use durability::{verified, verify_failed};
 
 use chrono::{DateTime, Utc};
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
 crate::text_enum! {
@@ -533,42 +533,78 @@ pub struct Survey {
     /// The head checkpoint of exactly this work context, if it is ready and was taken
     /// under the agent's current credential generation. Never another context's.
     pub restorable: Option<Restorable>,
+    /// The newest still-held live tree of the task in the directory asked about, under
+    /// the current generation: none when no directory was asked about.
+    pub held: Option<HeldTree>,
 }
 
-/// Reads a task's [`Survey`].
+/// A task's live tree that a hold still keeps: its workspace row, path, the hold, and the
+/// snapshot it is at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldTree {
+    pub workspace_id: Uuid,
+    pub path: String,
+    pub hold_id: Uuid,
+    pub snapshot_id: Option<Uuid>,
+}
+
+/// Reads a task's [`Survey`], with no held tree.
 pub async fn survey(
     conn: &mut PgConnection,
     work_context: Uuid,
     agent: &str,
 ) -> Result<Survey, sqlx::Error> {
-    type Row = (
-        i64,
-        Option<Uuid>,
-        Option<bool>,
-        Option<bool>,
-        Option<String>,
-        Option<Uuid>,
-        Option<i64>,
-        Option<DateTime<Utc>>,
-    );
-    let row: Row = sqlx::query_as(
+    survey_in(conn, work_context, agent, None).await
+}
+
+/// Reads a task's [`Survey`] and its held tree in `directory` (a worker's workspaces
+/// directory), in one statement: the tree must be under the generation the same
+/// statement reads.
+pub async fn survey_in(
+    conn: &mut PgConnection,
+    work_context: Uuid,
+    agent: &str,
+    directory: Option<Uuid>,
+) -> Result<Survey, sqlx::Error> {
+    let row = sqlx::query(
         "SELECT COALESCE(g.generation, 0), h.head_id,
                 h.retired_at IS NULL AND s.status = 'ready' AND s.retention = 'current',
                 h.retired_at IS NULL AND s.work_context_id = $1 AND s.agent = $2
                   AND s.kind = 'checkpoint' AND s.status = 'ready' AND s.retention = 'current'
                   AND s.credential_generation >= COALESCE(g.generation, 0),
-                s.store_url, s.work_context_id, s.credential_generation, s.created_at
+                s.store_url, s.work_context_id, s.credential_generation, s.created_at,
+                t.id, t.path, t.hold_id, t.snapshot_id
            FROM (SELECT 1) one
            LEFT JOIN credential_generations g ON g.agent = $2
            LEFT JOIN (lineage_heads h JOIN project_snapshots s ON s.id = h.head_id)
-                  ON h.work_context_id = $1",
+                  ON h.work_context_id = $1
+           LEFT JOIN LATERAL (
+                SELECT w.id, w.path, d.id AS hold_id, w.snapshot_id
+                  FROM workspaces w JOIN holds d ON d.workspace_id = w.id
+                 WHERE w.work_context_id = $1 AND w.agent = $2 AND w.directory_id = $3
+                   AND w.state IN ('running', 'stopped', 'paused')
+                   AND w.credential_generation = COALESCE(g.generation, 0)
+                   AND d.ended_at IS NULL AND d.expires_at > now()
+                 ORDER BY w.updated_at DESC LIMIT 1) t ON TRUE",
     )
     .bind(work_context)
     .bind(agent)
+    .bind(directory)
     .fetch_one(conn)
     .await?;
-    let (generation, head_id, usable, restorable, store_url, context, taken_under, created_at) =
-        row;
+    // Twelve columns: more than sqlx decodes into one tuple.
+    let generation: i64 = row.try_get(0)?;
+    let head_id: Option<Uuid> = row.try_get(1)?;
+    let (usable, restorable): (Option<bool>, Option<bool>) = (row.try_get(2)?, row.try_get(3)?);
+    let store_url: Option<String> = row.try_get(4)?;
+    let (context, taken_under): (Option<Uuid>, Option<i64>) = (row.try_get(5)?, row.try_get(6)?);
+    let created_at: Option<DateTime<Utc>> = row.try_get(7)?;
+    let tree: (Option<Uuid>, Option<String>, Option<Uuid>, Option<Uuid>) = (
+        row.try_get(8)?,
+        row.try_get(9)?,
+        row.try_get(10)?,
+        row.try_get(11)?,
+    );
     let head = head_id.map(|id| (id, usable.unwrap_or(false)));
     let restorable = match (head_id, restorable, store_url, taken_under, created_at) {
         (Some(id), Some(true), Some(store_url), Some(credential_generation), Some(created_at)) => {
@@ -582,10 +618,20 @@ pub async fn survey(
         }
         _ => None,
     };
+    let held = match tree {
+        (Some(workspace_id), Some(path), Some(hold_id), snapshot_id) => Some(HeldTree {
+            workspace_id,
+            path,
+            hold_id,
+            snapshot_id,
+        }),
+        _ => None,
+    };
     Ok(Survey {
         generation,
         head,
         restorable,
+        held,
     })
 }
 

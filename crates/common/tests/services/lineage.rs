@@ -255,6 +255,72 @@ async fn a_restore_only_ever_sees_its_own_work_context() {
 }
 
 #[tokio::test]
+async fn a_survey_finds_the_tasks_held_tree_in_its_directory_only() {
+    let db = TestDb::new().await;
+    let (context, directory) = (Uuid::new_v4(), Uuid::new_v4());
+    let mut conn = db.pool.acquire().await.expect("conn");
+    let workspace = Uuid::new_v4();
+    sqlx::query(
+        "INSERT INTO workspaces (id, work_context_id, agent, backend, state, path, directory_id)
+         VALUES ($1, $2, 'agent', 'local', 'running', '/w/tree', $3)",
+    )
+    .bind(workspace)
+    .bind(context)
+    .bind(directory)
+    .execute(&mut *conn)
+    .await
+    .expect("workspace");
+    let target = HoldTarget {
+        workspace_id: workspace,
+        run_id: None,
+        work_context: Some(context),
+        agent: "agent",
+    };
+    let later = chrono::Utc::now() + chrono::Duration::days(1);
+    let hold_id = hold::hold(&mut conn, &target, "handoff", later)
+        .await
+        .expect("hold");
+    let pool = db.pool.clone();
+    let held = |agent: &'static str, dir: Option<Uuid>| {
+        let pool = pool.clone();
+        async move {
+            let mut conn = pool.acquire().await.expect("conn");
+            let survey = lineage::survey_in(&mut conn, context, agent, dir).await;
+            survey.expect("survey").held
+        }
+    };
+    let found = held("agent", Some(directory)).await;
+    let expected = lineage::HeldTree {
+        workspace_id: workspace,
+        path: "/w/tree".into(),
+        hold_id,
+        snapshot_id: None,
+    };
+    assert_eq!(found, Some(expected), "the held tree in the directory");
+    assert_eq!(
+        held("agent", Some(Uuid::new_v4())).await,
+        None,
+        "another directory"
+    );
+    assert_eq!(held("agent", None).await, None, "no directory asked about");
+    assert_eq!(
+        held("another-agent", Some(directory)).await,
+        None,
+        "another agent"
+    );
+    lineage::rotate_credentials(&mut conn, "agent")
+        .await
+        .expect("rotate");
+    let survey = lineage::survey_in(&mut conn, context, "agent", Some(directory)).await;
+    let survey = survey.expect("survey");
+    assert_eq!(survey.generation, 1);
+    assert_eq!(
+        survey.held, None,
+        "a tree under an older generation is not held"
+    );
+}
+
+#[tokio::test]
 async fn rotating_credentials_retires_snapshots_from_reuse() {
     let db = TestDb::new().await;
     let context = Uuid::new_v4();

@@ -7,7 +7,7 @@ use crate::fault;
 use crate::workspace::{self, Workspace};
 use cairn_common::hold;
 use cairn_common::lease::Lease;
-use cairn_common::lineage::{self, CapturedBy, RestoreOutcome, SnapshotStatus};
+use cairn_common::lineage::{self, CapturedBy, HeldTree, RestoreOutcome, SnapshotStatus};
 use cairn_common::request;
 use cairn_common::retry::{self, Delays};
 use cairn_common::workspace as workspace_row;
@@ -40,9 +40,6 @@ struct Record<'r> {
     tier: Tier,
     snapshot: Option<Uuid>,
 }
-
-/// A held tree of the task: its workspace row, path, hold and snapshot.
-type HeldTree = (Uuid, String, Uuid, Option<Uuid>);
 
 /// Transient restore failures are retried this many times before the attempt ends.
 const RESTORE_TRIES: usize = 3;
@@ -95,10 +92,11 @@ impl Custody {
     ) -> Result<Tree, CustodyError> {
         let workspace = Workspace::for_request(&self.disk, subject.request_id, self.run_disk_mb);
         let mut conn = self.pool.acquire().await?;
-        let survey = lineage::survey(&mut conn, subject.work_context, &subject.agent).await?;
-        let generation = survey.generation;
-        let mut held = self.held_tree(&mut conn, subject, generation).await?;
+        let (context, agent) = (subject.work_context, &subject.agent);
+        let survey = lineage::survey_in(&mut conn, context, agent, Some(self.directory.id)).await?;
         drop(conn);
+        let generation = survey.generation;
+        let mut held = survey.held.clone();
         let mut attempts = Vec::new();
         for tier in [Tier::Adopt, Tier::Checkpoint, Tier::Baseline] {
             let acquired = match tier {
@@ -167,29 +165,7 @@ impl Custody {
         .await
     }
 
-    /// The newest still-held tree of the same task in this directory, under the current
-    /// credentials: `(workspace, path, hold, snapshot)`.
-    async fn held_tree(
-        &self,
-        conn: &mut sqlx::PgConnection,
-        subject: &Subject,
-        generation: i64,
-    ) -> Result<Option<HeldTree>, sqlx::Error> {
-        sqlx::query_as(
-            "SELECT w.id, w.path, h.id, w.snapshot_id FROM workspaces w JOIN holds h ON h.workspace_id = w.id
-              WHERE w.work_context_id = $1 AND w.agent = $2 AND w.directory_id = $3 AND w.state IN ('running', 'stopped', 'paused')
-                AND w.credential_generation = $4 AND h.ended_at IS NULL AND h.expires_at > now()
-              ORDER BY w.updated_at DESC LIMIT 1",
-        )
-        .bind(subject.work_context)
-        .bind(&subject.agent)
-        .bind(self.directory.id)
-        .bind(generation)
-        .fetch_optional(conn)
-        .await
-    }
-
-    /// Tier 1: a still-held tree of the same task in this directory ([`Self::held_tree`]),
+    /// Tier 1: a still-held tree of the same task in this directory ([`lineage::survey_in`]),
     /// with no capture running, and at the lineage head: a tree behind the head (another
     /// worker advanced the lineage since) lacks effects the journal has.
     async fn adopt(
@@ -205,7 +181,13 @@ impl Custody {
         // one live process), so whoever had the tree (a worker that died, or released it
         // held) is gone; a capture it left in progress can never be appended (fenced),
         // and it only read the tree.
-        let Some((old_workspace, path, hold_id, position)) = held else {
+        let Some(HeldTree {
+            workspace_id: old_workspace,
+            path,
+            hold_id,
+            snapshot_id: position,
+        }) = held
+        else {
             attempts.push(json!({"tier": "adopt", "outcome": "skipped", "reason": "no tree of this task here"}));
             return Ok(None);
         };
@@ -213,7 +195,7 @@ impl Custody {
         let unusable = if position != head.map(|h| h.0) {
             Some("the held tree is behind the lineage head")
         } else if !held_path.is_dir() {
-            Some("the tree tree is gone")
+            Some("the held tree is gone")
         } else {
             None
         };
@@ -236,7 +218,7 @@ impl Custody {
             if held_path.parent() == Some(self.directory.path.as_path()) {
                 let _ = tokio::fs::remove_dir_all(&held_path).await;
             }
-            tracing::info!(path = %held_path.display(), reason, "tree tree not adopted");
+            tracing::info!(path = %held_path.display(), reason, "held tree not adopted");
             attempts.push(json!({"tier": "adopt", "workspace_id": old_workspace, "outcome": "failed", "reason": reason}));
             return Ok(None);
         }
