@@ -12,7 +12,7 @@
 
 use cairn_common::lineage;
 use cairn_snapshot::store::ArtifactStore;
-use cairn_snapshot::{load_manifest, pack_key};
+use cairn_snapshot::{load_recorded, pack_key};
 use sqlx::PgPool;
 use std::collections::HashSet;
 use uuid::Uuid;
@@ -28,8 +28,8 @@ pub struct Verified {
 
 /// Reads back at most `batch` unverified sandbox snapshots that another node wrote.
 pub async fn verify(pool: &PgPool, node: &str, batch: i64) -> Result<Verified, sqlx::Error> {
-    let due: Vec<(Uuid, String)> = sqlx::query_as(
-        "SELECT id, store_url FROM project_snapshots
+    let due: Vec<(Uuid, String, Option<String>)> = sqlx::query_as(
+        "SELECT id, store_url, manifest_key FROM project_snapshots
           WHERE verified_at IS NULL AND status = 'ready' AND sandbox_id IS NOT NULL
             AND retention = 'current' AND writer_node IS NOT NULL AND writer_node <> $1
             AND (verify_failed_at IS NULL OR verify_failed_at < now() - interval '1 hour')
@@ -41,14 +41,15 @@ pub async fn verify(pool: &PgPool, node: &str, batch: i64) -> Result<Verified, s
     .await?;
     let mut done = Verified::default();
     let mut first_failure = None;
-    for (id, store_url) in due {
+    for (id, store_url, recorded) in due {
         let packs: Vec<Uuid> =
             sqlx::query_scalar("SELECT pack_id FROM snapshot_packs WHERE snapshot_id = $1")
                 .bind(id)
                 .fetch_all(pool)
                 .await?;
         let mut conn = pool.acquire().await?;
-        match read_back(&store_url, id, &packs).await {
+        let recorded = recorded.unwrap_or_default();
+        match read_back(&store_url, (id, &recorded), &packs).await {
             Ok(()) => {
                 lineage::verified(&mut conn, id, node).await?;
                 done.verified += 1;
@@ -67,10 +68,16 @@ pub async fn verify(pool: &PgPool, node: &str, batch: i64) -> Result<Verified, s
 }
 
 /// Whether the store holds the snapshot's manifest (decoded, naming exactly the packs
-/// recorded for it) and every one of those packs.
-async fn read_back(store_url: &str, id: Uuid, packs: &[Uuid]) -> Result<(), String> {
+/// recorded for it; an empty tree's names none and is not stored) and every one of
+/// those packs.
+async fn read_back(
+    store_url: &str,
+    (id, recorded): (Uuid, &str),
+    packs: &[Uuid],
+) -> Result<(), String> {
     let store = ArtifactStore::open_existing(store_url).map_err(|e| e.to_string())?;
-    let manifest = load_manifest(&store, id).await.map_err(|e| e.to_string())?;
+    let manifest = load_recorded(&store, id, recorded);
+    let manifest = manifest.await.map_err(|e| e.to_string())?;
     let named: HashSet<Uuid> = manifest.packs.iter().copied().collect();
     if named != packs.iter().copied().collect::<HashSet<_>>() {
         return Err("its manifest names other packs than its record".into());

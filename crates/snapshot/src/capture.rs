@@ -146,7 +146,7 @@ pub async fn capture_scanned(
         .iter()
         .map(|(pack, _)| pack::index_key(*pack))
         .collect();
-    index_and_manifest.push(manifest_key);
+    index_and_manifest.extend(manifest_key);
     store.flush_keys(index_and_manifest).await?;
     // The catalog lock may be held by another capture's refresh: wait off the runtime.
     let catalog_owner = repository.clone();
@@ -612,19 +612,23 @@ pub async fn record_known(
     })??;
     let store = repository.store();
     let key = put_manifest(store, &manifest, snapshot_id).await?;
-    store.flush_keys(vec![key]).await?;
+    store.flush_keys(key.into_iter().collect()).await?;
     Ok(manifest)
 }
 
-/// Writes `manifest` as the snapshot `snapshot_id`'s (not yet synced); its key.
+/// Writes `manifest` as the snapshot `snapshot_id`'s (not yet synced); its key. An
+/// empty tree's is not written ([`manifest::EMPTY_MANIFEST_KEY`]): `None`.
 async fn put_manifest(
     store: &ArtifactStore,
     manifest: &Manifest,
     snapshot_id: Uuid,
-) -> Result<String, SnapshotError> {
+) -> Result<Option<String>, SnapshotError> {
+    if manifest.is_empty() {
+        return Ok(None);
+    }
     let key = manifest::manifest_key(snapshot_id);
     store
         .put(&key, Bytes::from(manifest::encode(manifest)?))
         .await?;
-    Ok(key)
+    Ok(Some(key))
 }

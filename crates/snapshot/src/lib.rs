@@ -38,8 +38,8 @@ mod walk;
 
 pub use capture::{capture, capture_scanned, record_known, scan, Scan};
 pub use manifest::{
-    legacy_chunk_key, legacy_manifest_key, load_manifest, manifest_key, ChunkRef, Entry, EntryKind,
-    Manifest,
+    legacy_chunk_key, legacy_manifest_key, load_manifest, load_recorded, manifest_key,
+    recorded_key, ChunkRef, Entry, EntryKind, Manifest, EMPTY_MANIFEST_KEY,
 };
 pub use pack::{index_key, pack_key, ChunkId};
 pub use repository::Repository;

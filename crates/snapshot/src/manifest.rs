@@ -99,6 +99,20 @@ pub struct Manifest {
 }
 
 impl Manifest {
+    /// The manifest of an empty tree.
+    pub fn empty() -> Manifest {
+        Manifest {
+            version: VERSION,
+            packs: Vec::new(),
+            entries: Vec::new(),
+        }
+    }
+
+    /// Whether it is an empty tree's: no entry, no pack.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty() && self.packs.is_empty()
+    }
+
     pub fn total_bytes(&self) -> u64 {
         self.entries.iter().map(|e| e.size).sum()
     }
@@ -144,6 +158,20 @@ impl Manifest {
             hasher.update(target.as_bytes());
         }
         hasher.finalize().to_hex().to_string()
+    }
+}
+
+/// The key a snapshot of an empty tree records instead of a manifest's: an empty
+/// tree's manifest is never stored (nothing is written or synced for it), and a reader
+/// makes it ([`load_recorded`]).
+pub const EMPTY_MANIFEST_KEY: &str = "manifests/empty";
+
+/// The key a snapshot's record names for `manifest`: [`EMPTY_MANIFEST_KEY`] for an
+/// empty tree, else where the capture stored it.
+pub fn recorded_key(snapshot_id: uuid::Uuid, manifest: &Manifest) -> String {
+    match manifest.is_empty() {
+        true => EMPTY_MANIFEST_KEY.to_string(),
+        false => manifest_key(snapshot_id),
     }
 }
 
@@ -216,7 +244,20 @@ pub fn decode(bytes: &[u8]) -> Result<Manifest, SnapshotError> {
     Ok(manifest)
 }
 
-/// Reads a snapshot's manifest.
+/// Reads the manifest of a snapshot whose record names `recorded` (its
+/// `manifest_key`): an empty tree's is made, not read.
+pub async fn load_recorded(
+    store: &impl AsRef<ArtifactStore>,
+    snapshot_id: uuid::Uuid,
+    recorded: &str,
+) -> Result<Manifest, SnapshotError> {
+    match recorded {
+        EMPTY_MANIFEST_KEY => Ok(Manifest::empty()),
+        _ => load_manifest(store, snapshot_id).await,
+    }
+}
+
+/// Reads a snapshot's stored manifest.
 pub async fn load_manifest(
     store: &impl AsRef<ArtifactStore>,
     snapshot_id: uuid::Uuid,

@@ -162,6 +162,53 @@ async fn capture_and_restore_round_trip_without_credentials() {
 }
 
 #[tokio::test]
+async fn an_empty_trees_capture_writes_nothing_and_restores_empty() {
+    let (src, out, store_dir) = (scratch("src"), scratch("out"), scratch("store"));
+    std::fs::create_dir_all(&src).expect("empty tree");
+    let store = open(&store_dir);
+    fn objects(dir: &Path) -> usize {
+        let entries = std::fs::read_dir(dir)
+            .expect("store")
+            .filter_map(Result::ok);
+        let count = |e: std::fs::DirEntry| match e.file_type().expect("type").is_dir() {
+            true => objects(&e.path()),
+            false => 1,
+        };
+        entries.map(count).sum()
+    }
+    let before = objects(&store_dir);
+    let id = uuid::Uuid::new_v4();
+    let (manifest, _) = snapshot::capture(&store, &src, &rules(), None, id)
+        .await
+        .expect("capture");
+    assert!(manifest.is_empty());
+    assert_eq!(objects(&store_dir), before, "nothing was stored");
+    let key = snapshot::recorded_key(id, &manifest);
+    assert_eq!(key, snapshot::EMPTY_MANIFEST_KEY);
+    let loaded = snapshot::load_recorded(&store, id, &key).await;
+    assert_eq!(loaded.expect("made"), manifest);
+    let restored = snapshot::restore(&store, &manifest, &out.join("tree"))
+        .await
+        .expect("restore");
+    assert_eq!(restored.files, 0);
+    assert_eq!(
+        std::fs::read_dir(out.join("tree")).expect("tree").count(),
+        0
+    );
+
+    // A tree of one empty directory is not empty: its manifest is stored.
+    std::fs::create_dir(src.join("dir")).expect("dir");
+    let id = uuid::Uuid::new_v4();
+    let (manifest, _) = snapshot::capture(&store, &src, &rules(), None, id)
+        .await
+        .expect("capture");
+    let key = snapshot::recorded_key(id, &manifest);
+    assert_eq!(key, snapshot::manifest_key(id));
+    let loaded = snapshot::load_recorded(&store, id, &key).await;
+    assert_eq!(loaded.expect("stored"), manifest);
+}
+
+#[tokio::test]
 async fn chunks_are_shared_and_unchanged_files_are_not_read_again() {
     let (src, store_dir) = (scratch("src"), scratch("store"));
     tree(&src);

@@ -428,3 +428,48 @@ async fn workers_share_checkpoints_through_the_configured_snapshot_store() {
         );
     }
 }
+
+#[tokio::test]
+async fn an_empty_trees_checkpoint_stores_no_manifest_and_a_successor_restores_it() {
+    let _services = ServiceLock::shared().await;
+    let mut cluster = Cluster::start("ws-empty", 1, Settings::default()).await;
+    let marks = cluster.path("marks");
+    // s1 leaves the tree empty (its mark is outside it); s2 runs until it is killed.
+    let steps = vec![
+        sh("s1", format!("echo s1 >> {marks}"), false),
+        sh(
+            "s2",
+            format!("echo s2-start >> {marks}; ls -A >> {marks}; sleep 3"),
+            true,
+        ),
+    ];
+    let (run_id, request_id) = cluster.submit(&run_spec(steps, 5));
+    cluster.wait_until("s2 to start", LONG, || {
+        cluster.lines("marks").contains(&"s2-start".to_string())
+    });
+    let checkpoint = head(&cluster, &run_id).await.expect("s1 was checkpointed");
+    let recorded: String =
+        sqlx::query_scalar("SELECT manifest_key FROM project_snapshots WHERE id = $1")
+            .bind(checkpoint)
+            .fetch_one(&cluster.pool)
+            .await
+            .expect("checkpoint");
+    assert_eq!(recorded, cairn_snapshot::EMPTY_MANIFEST_KEY);
+    let stored =
+        (cluster.dir.join("artifacts/manifests")).join(format!("{}.zst", checkpoint.simple()));
+    assert!(!stored.exists(), "an empty tree's manifest is not stored");
+
+    kill_holder(&cluster, &request_id).await;
+    cluster.add_worker();
+    cluster.wait_for_state(&run_id, &["completed"], LONG);
+    let restored = restores(&cluster, &request_id).await;
+    assert!(
+        restored.contains(&("checkpoint".into(), "succeeded".into(), None)),
+        "{restored:?}"
+    );
+    let lines = cluster.lines("marks");
+    let starts = lines.iter().filter(|l| *l == "s2-start").count();
+    assert_eq!(starts, 2, "s2 ran again on the restored tree: {lines:?}");
+    assert_eq!(lines.iter().filter(|l| *l == "s1").count(), 1, "{lines:?}");
+    assert_eq!(lines.len(), 3, "the restored tree is empty: {lines:?}");
+}

@@ -200,12 +200,14 @@ pub async fn record_skipped(
 
 /// Marks a snapshot used now (a restore starts), so the idle rule never retires a head
 /// that is being restored.
-pub async fn touch(conn: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Error> {
-    sqlx::query("UPDATE project_snapshots SET last_used_at = now() WHERE id = $1")
-        .bind(id)
-        .execute(conn)
-        .await?;
-    Ok(())
+pub async fn touch(conn: &mut PgConnection, id: Uuid) -> Result<Option<String>, sqlx::Error> {
+    let recorded: Option<Option<String>> = sqlx::query_scalar(
+        "UPDATE project_snapshots SET last_used_at = now() WHERE id = $1 RETURNING manifest_key",
+    )
+    .bind(id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(recorded.flatten())
 }
 
 /// Moves a snapshot from `from` to `to` (compare-and-set); false if it was elsewhere.

@@ -404,22 +404,27 @@ impl Custody {
         store_url: &str,
         workspace: &Workspace,
     ) -> Result<Manifest, Restore> {
-        if let Ok(mut conn) = self.pool.acquire().await {
-            // Used now: the idle rule never retires what is being restored.
-            let _ = lineage::touch(&mut conn, snapshot_id).await;
-        }
         let (min, max) = (Duration::from_millis(200), Duration::from_secs(2));
         let mut delays = Delays::tries(min, max, RESTORE_TRIES);
+        // The manifest's key its record names (an empty tree's is not stored), read as
+        // the snapshot is marked used: the idle rule never retires what is restored.
+        let mut recorded: Option<Option<String>> = None;
         loop {
             if let Err(e) = workspace.empty_tree().await {
                 return Err(Restore::Unavailable(format!("preparing the tree: {e}")));
             }
             let result = async {
+                if recorded.is_none() {
+                    let mut conn = self.pool.acquire().await.map_err(unread)?;
+                    let touched = lineage::touch(&mut conn, snapshot_id).await;
+                    recorded = Some(touched.map_err(unread)?);
+                }
+                let key = recorded.clone().flatten().unwrap_or_default();
                 // Cleanup and restore use the store the snapshot names, not the current
                 // one; a local store that is not there (an unmounted volume) is not
                 // created empty.
                 let store = ArtifactStore::open_existing(store_url)?;
-                let manifest = snapshot::load_manifest(&store, snapshot_id).await?;
+                let manifest = snapshot::load_recorded(&store, snapshot_id, &key).await?;
                 snapshot::restore_indexed(&store, &manifest, &workspace.root, &self.settings.rules)
                     .await
             }
@@ -668,4 +673,13 @@ pub(crate) enum Restore {
     Unusable(String),
     /// It could not be read now: its store did not answer.
     Unavailable(String),
+}
+
+/// A database fault met while a restore reads its snapshot's record: retried as the
+/// store's faults are.
+fn unread(e: sqlx::Error) -> SnapshotError {
+    SnapshotError::Io {
+        path: "the snapshot's record".into(),
+        source: std::io::Error::other(e),
+    }
 }

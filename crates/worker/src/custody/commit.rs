@@ -355,7 +355,7 @@ impl Custody {
     ) -> Result<Sealed, S::Error> {
         let mut tx = lease.begin_fenced(&self.pool).await?;
         let size = i64::try_from(manifest.total_bytes()).unwrap_or(i64::MAX);
-        let key = snapshot::manifest_key(snapshot_id);
+        let key = snapshot::recorded_key(snapshot_id, manifest);
         let stored = lineage::Stored {
             manifest_key: &key,
             size_bytes: size,

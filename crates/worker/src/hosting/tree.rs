@@ -84,13 +84,18 @@ pub async fn acquire(worker: &Worker, row: &SandboxRow) -> Result<SandboxTree, U
             origin,
         });
     }
-    if let Some((id, store_url, status)) = source {
+    if let Some((id, store_url, status, recorded)) = source {
         if status != "ready" {
             return Err(Unacquired::Failed(format!(
                 "the source snapshot is {status}; only a ready snapshot is restored"
             )));
         }
-        let (index, origin) = match from_staged(worker, id, &store_url, &workspace).await? {
+        let staged = (
+            id,
+            store_url.as_str(),
+            recorded.as_deref().unwrap_or_default(),
+        );
+        let (index, origin) = match from_staged(worker, staged, &workspace).await? {
             Some(index) => (index, "staged"),
             None => (restore(worker, id, &store_url, &workspace).await?, "source"),
         };
@@ -129,19 +134,16 @@ pub async fn acquire(worker: &Worker, row: &SandboxRow) -> Result<SandboxTree, U
 /// A snapshot a sandbox's tree may come from: its id, store and time.
 type Durable = (Uuid, String, chrono::DateTime<chrono::Utc>);
 
+/// A sandbox's source snapshot: its id, store, status and the manifest key its record
+/// names.
+type Source = (Uuid, String, String, Option<String>);
+
 /// The sandbox's lineage head and stop snapshot (ready and current), and its source
 /// snapshot with its status.
 async fn durable_trees(
     worker: &Worker,
     row: &SandboxRow,
-) -> Result<
-    (
-        Option<Durable>,
-        Option<Durable>,
-        Option<(Uuid, String, String)>,
-    ),
-    sqlx::Error,
-> {
+) -> Result<(Option<Durable>, Option<Durable>, Option<Source>), sqlx::Error> {
     let mut conn = worker.pool.acquire().await?;
     let head: Option<Durable> = sqlx::query_as(
         "SELECT s.id, s.store_url, s.created_at FROM lineage_heads h JOIN project_snapshots s ON s.id = h.head_id
@@ -158,10 +160,11 @@ async fn durable_trees(
     .bind(row.id)
     .fetch_optional(&mut *conn)
     .await?;
-    let source: Option<(Uuid, String, String)> = match row.source_snapshot_id {
+    let source: Option<Source> = match row.source_snapshot_id {
         Some(id) => {
             sqlx::query_as(&format!(
-                "SELECT p.id, p.store_url, CASE WHEN {kept} THEN p.status ELSE 'deleted' END
+                "SELECT p.id, p.store_url, CASE WHEN {kept} THEN p.status ELSE 'deleted' END,
+                        p.manifest_key
                    FROM project_snapshots p WHERE p.id = $1",
                 kept = cairn_common::lineage::RESTORABLE_SOURCE,
             ))
@@ -180,8 +183,7 @@ async fn durable_trees(
 /// removed from it. `None` when nothing is staged here, or it could not be used.
 async fn from_staged(
     worker: &Worker,
-    id: Uuid,
-    store_url: &str,
+    (id, store_url, recorded): (Uuid, &str, &str),
     workspace: &Workspace,
 ) -> Result<Option<Manifest>, Unacquired> {
     let disk = worker.custody.disk.clone();
@@ -198,7 +200,7 @@ async fn from_staged(
     }
     let manifest = async {
         let store = cairn_snapshot::store::ArtifactStore::open_existing(store_url)?;
-        cairn_snapshot::load_manifest(&store, id).await
+        cairn_snapshot::load_recorded(&store, id, recorded).await
     }
     .await;
     let manifest = match manifest {
