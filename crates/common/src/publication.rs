@@ -29,6 +29,8 @@ pub struct Standing {
     /// The run's final tree: the snapshot its last receipt stands on, and its status.
     pub final_snapshot: Option<Uuid>,
     pub final_store_url: Option<String>,
+    /// The manifest key its record names.
+    pub final_manifest_key: Option<String>,
     pub final_status: Option<String>,
     pub repository: Option<String>,
     pub git_ref: Option<String>,
@@ -98,7 +100,8 @@ pub async fn standing(
 ) -> Result<Option<Standing>, sqlx::Error> {
     sqlx::query_as(
         "SELECT r.state AS run_state, d.reason AS hold_reason, f.id AS final_snapshot,
-                f.store_url AS final_store_url, f.status AS final_status, r.repository, r.git_ref,
+                f.store_url AS final_store_url, f.manifest_key AS final_manifest_key,
+                f.status AS final_status, r.repository, r.git_ref,
                 (SELECT e.resume_context->>'commit' FROM execution_requests e
                   WHERE e.run_id = r.id AND e.kind = 'run') AS base_commit
            FROM runs r

@@ -200,14 +200,12 @@ pub async fn record_skipped(
 
 /// Marks a snapshot used now (a restore starts), so the idle rule never retires a head
 /// that is being restored.
-pub async fn touch(conn: &mut PgConnection, id: Uuid) -> Result<Option<String>, sqlx::Error> {
-    let recorded: Option<Option<String>> = sqlx::query_scalar(
-        "UPDATE project_snapshots SET last_used_at = now() WHERE id = $1 RETURNING manifest_key",
-    )
-    .bind(id)
-    .fetch_optional(conn)
-    .await?;
-    Ok(recorded.flatten())
+pub async fn touch(conn: &mut PgConnection, id: Uuid) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE project_snapshots SET last_used_at = now() WHERE id = $1")
+        .bind(id)
+        .execute(conn)
+        .await?;
+    Ok(())
 }
 
 /// Moves a snapshot from `from` to `to` (compare-and-set); false if it was elsewhere.
@@ -523,6 +521,8 @@ pub struct Restorable {
     pub work_context_id: Option<Uuid>,
     pub credential_generation: i64,
     pub created_at: DateTime<Utc>,
+    /// The manifest key its record names (an empty tree's is not stored).
+    pub manifest_key: Option<String>,
 }
 
 /// What acquiring a task's tree needs to know of its lineage, read in one statement.
@@ -575,7 +575,7 @@ pub async fn survey_in(
                   AND s.kind = 'checkpoint' AND s.status = 'ready' AND s.retention = 'current'
                   AND s.credential_generation >= COALESCE(g.generation, 0),
                 s.store_url, s.work_context_id, s.credential_generation, s.created_at,
-                t.id, t.path, t.hold_id, t.snapshot_id
+                s.manifest_key, t.id, t.path, t.hold_id, t.snapshot_id
            FROM (SELECT 1) one
            LEFT JOIN credential_generations g ON g.agent = $2
            LEFT JOIN (lineage_heads h JOIN project_snapshots s ON s.id = h.head_id)
@@ -594,18 +594,19 @@ pub async fn survey_in(
     .bind(directory)
     .fetch_one(conn)
     .await?;
-    // Twelve columns: more than sqlx decodes into one tuple.
+    // Thirteen columns: more than sqlx decodes into one tuple.
     let generation: i64 = row.try_get(0)?;
     let head_id: Option<Uuid> = row.try_get(1)?;
     let (usable, restorable): (Option<bool>, Option<bool>) = (row.try_get(2)?, row.try_get(3)?);
     let store_url: Option<String> = row.try_get(4)?;
     let (context, taken_under): (Option<Uuid>, Option<i64>) = (row.try_get(5)?, row.try_get(6)?);
     let created_at: Option<DateTime<Utc>> = row.try_get(7)?;
+    let manifest_key: Option<String> = row.try_get(8)?;
     let tree: (Option<Uuid>, Option<String>, Option<Uuid>, Option<Uuid>) = (
-        row.try_get(8)?,
         row.try_get(9)?,
         row.try_get(10)?,
         row.try_get(11)?,
+        row.try_get(12)?,
     );
     let head = head_id.map(|id| (id, usable.unwrap_or(false)));
     let restorable = match (head_id, restorable, store_url, taken_under, created_at) {
@@ -616,6 +617,7 @@ pub async fn survey_in(
                 work_context_id: context,
                 credential_generation,
                 created_at,
+                manifest_key,
             })
         }
         _ => None,
@@ -647,7 +649,8 @@ pub async fn restorable_baseline(
     canonical_ref: &str,
 ) -> Result<Option<Restorable>, sqlx::Error> {
     sqlx::query_as(
-        "SELECT s.id, s.store_url, s.work_context_id, s.credential_generation, s.created_at
+        "SELECT s.id, s.store_url, s.work_context_id, s.credential_generation, s.created_at,
+                s.manifest_key
            FROM project_snapshots s LEFT JOIN credential_generations g ON g.agent = s.agent
           WHERE s.kind = 'baseline' AND s.status = 'ready' AND s.retention = 'current'
             AND s.agent = $1 AND s.repository = $2 AND s.backend = $3

@@ -268,10 +268,7 @@ impl Custody {
             attempts.push(json!({"tier": "checkpoint", "outcome": "skipped", "reason": reason}));
             return Ok(None);
         };
-        match self
-            .restore_snapshot(checkpoint.id, &checkpoint.store_url, workspace)
-            .await
-        {
+        match self.restore_snapshot(stored(checkpoint), workspace).await {
             Ok(index) => Ok(Some(Acquired {
                 tier: Tier::Checkpoint,
                 position: Some(checkpoint.id),
@@ -329,10 +326,7 @@ impl Custody {
             );
             return Ok(None);
         };
-        let restored = match self
-            .restore_snapshot(baseline.id, &baseline.store_url, workspace)
-            .await
-        {
+        let restored = match self.restore_snapshot(stored(&baseline), workspace).await {
             Ok(_) => workspace::normalize(&workspace.root, subject.git_ref.as_deref())
                 .await
                 .map_err(|e| format!("normalize: {e}")),
@@ -398,33 +392,28 @@ impl Custody {
     /// Restores a snapshot into the workspace, retrying what may pass. A restore only
     /// reads: the snapshot's status changes only when it fails verification
     /// (quarantined); a restore killed midway leaves it as it was.
+    /// The snapshot is its id, its store and the manifest key its record names.
     pub(crate) async fn restore_snapshot(
         &self,
-        snapshot_id: Uuid,
-        store_url: &str,
+        (snapshot_id, store_url, recorded): (Uuid, &str, &str),
         workspace: &Workspace,
     ) -> Result<Manifest, Restore> {
+        if let Ok(mut conn) = self.pool.acquire().await {
+            // Used now: the idle rule never retires what is being restored.
+            let _ = lineage::touch(&mut conn, snapshot_id).await;
+        }
         let (min, max) = (Duration::from_millis(200), Duration::from_secs(2));
         let mut delays = Delays::tries(min, max, RESTORE_TRIES);
-        // The manifest's key its record names (an empty tree's is not stored), read as
-        // the snapshot is marked used: the idle rule never retires what is restored.
-        let mut recorded: Option<Option<String>> = None;
         loop {
             if let Err(e) = workspace.empty_tree().await {
                 return Err(Restore::Unavailable(format!("preparing the tree: {e}")));
             }
             let result = async {
-                if recorded.is_none() {
-                    let mut conn = self.pool.acquire().await.map_err(unread)?;
-                    let touched = lineage::touch(&mut conn, snapshot_id).await;
-                    recorded = Some(touched.map_err(unread)?);
-                }
-                let key = recorded.clone().flatten().unwrap_or_default();
                 // Cleanup and restore use the store the snapshot names, not the current
                 // one; a local store that is not there (an unmounted volume) is not
                 // created empty.
                 let store = ArtifactStore::open_existing(store_url)?;
-                let manifest = snapshot::load_recorded(&store, snapshot_id, &key).await?;
+                let manifest = snapshot::load_recorded(&store, snapshot_id, recorded).await?;
                 snapshot::restore_indexed(&store, &manifest, &workspace.root, &self.settings.rules)
                     .await
             }
@@ -675,11 +664,8 @@ pub(crate) enum Restore {
     Unavailable(String),
 }
 
-/// A database fault met while a restore reads its snapshot's record: retried as the
-/// store's faults are.
-fn unread(e: sqlx::Error) -> SnapshotError {
-    SnapshotError::Io {
-        path: "the snapshot's record".into(),
-        source: std::io::Error::other(e),
-    }
+/// What [`Custody::restore_snapshot`] needs of a restorable snapshot's record.
+fn stored(snapshot: &lineage::Restorable) -> (Uuid, &str, &str) {
+    let recorded = snapshot.manifest_key.as_deref().unwrap_or_default();
+    (snapshot.id, &snapshot.store_url, recorded)
 }

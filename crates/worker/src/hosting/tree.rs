@@ -66,13 +66,18 @@ pub async fn acquire(worker: &Worker, row: &SandboxRow) -> Result<SandboxTree, U
     // The newer of the two is the last durable tree: a stop snapshot holds everything
     // its lineage head did (every operation commits before the stop).
     let newest = match (&head, &stop) {
-        (Some(h), Some(s)) if s.2 >= h.2 => Some((&s.0, &s.1, "stop_snapshot")),
-        (Some(h), _) => Some((&h.0, &h.1, "checkpoint")),
-        (None, Some(s)) => Some((&s.0, &s.1, "stop_snapshot")),
+        (Some(h), Some(s)) if s.2 >= h.2 => Some((s, "stop_snapshot")),
+        (Some(h), _) => Some((h, "checkpoint")),
+        (None, Some(s)) => Some((s, "stop_snapshot")),
         (None, None) => None,
     };
-    if let Some((id, store_url, origin)) = newest {
-        let index = restore(worker, *id, store_url, &workspace).await?;
+    if let Some(((id, store_url, _, recorded), origin)) = newest {
+        let snapshot = (
+            *id,
+            store_url.as_str(),
+            recorded.as_deref().unwrap_or_default(),
+        );
+        let index = restore(worker, snapshot, &workspace).await?;
         return Ok(SandboxTree {
             live: LiveTree {
                 workspace,
@@ -97,7 +102,7 @@ pub async fn acquire(worker: &Worker, row: &SandboxRow) -> Result<SandboxTree, U
         );
         let (index, origin) = match from_staged(worker, staged, &workspace).await? {
             Some(index) => (index, "staged"),
-            None => (restore(worker, id, &store_url, &workspace).await?, "source"),
+            None => (restore(worker, staged, &workspace).await?, "source"),
         };
         return Ok(SandboxTree {
             live: LiveTree {
@@ -131,8 +136,9 @@ pub async fn acquire(worker: &Worker, row: &SandboxRow) -> Result<SandboxTree, U
     })
 }
 
-/// A snapshot a sandbox's tree may come from: its id, store and time.
-type Durable = (Uuid, String, chrono::DateTime<chrono::Utc>);
+/// A snapshot a sandbox's tree may come from: its id, store, time and the manifest key
+/// its record names.
+type Durable = (Uuid, String, chrono::DateTime<chrono::Utc>, Option<String>);
 
 /// A sandbox's source snapshot: its id, store, status and the manifest key its record
 /// names.
@@ -146,7 +152,8 @@ async fn durable_trees(
 ) -> Result<(Option<Durable>, Option<Durable>, Option<Source>), sqlx::Error> {
     let mut conn = worker.pool.acquire().await?;
     let head: Option<Durable> = sqlx::query_as(
-        "SELECT s.id, s.store_url, s.created_at FROM lineage_heads h JOIN project_snapshots s ON s.id = h.head_id
+        "SELECT s.id, s.store_url, s.created_at, s.manifest_key
+           FROM lineage_heads h JOIN project_snapshots s ON s.id = h.head_id
           WHERE h.work_context_id = $1 AND h.retired_at IS NULL AND s.status = 'ready'
             AND s.retention = 'current'",
     )
@@ -154,7 +161,8 @@ async fn durable_trees(
     .fetch_optional(&mut *conn)
     .await?;
     let stop: Option<Durable> = sqlx::query_as(
-        "SELECT s.id, s.store_url, s.created_at FROM sandboxes b JOIN project_snapshots s ON s.id = b.stop_snapshot_id
+        "SELECT s.id, s.store_url, s.created_at, s.manifest_key
+           FROM sandboxes b JOIN project_snapshots s ON s.id = b.stop_snapshot_id
           WHERE b.id = $1 AND s.status = 'ready' AND s.retention = 'current'",
     )
     .bind(row.id)
@@ -230,17 +238,14 @@ async fn from_staged(
     Ok(Some(manifest))
 }
 
+/// Restores `snapshot`: its id, store and the manifest key its record names.
 async fn restore(
     worker: &Worker,
-    id: Uuid,
-    store_url: &str,
+    snapshot: (Uuid, &str, &str),
     workspace: &Workspace,
 ) -> Result<Manifest, Unacquired> {
-    match worker
-        .custody
-        .restore_snapshot(id, store_url, workspace)
-        .await
-    {
+    let id = snapshot.0;
+    match worker.custody.restore_snapshot(snapshot, workspace).await {
         Ok(index) => {
             tokio::fs::create_dir_all(&workspace.home)
                 .await

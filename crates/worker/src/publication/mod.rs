@@ -77,6 +77,7 @@ async fn make(job: &Job, s: &Standing) -> Result<(patch::Patch, Uuid, String), S
     let (Some(snapshot), Some(store_url)) = (s.final_snapshot, s.final_store_url.as_deref()) else {
         return Err("the run's final tree is not recorded".into());
     };
+    let recorded = s.final_manifest_key.as_deref().unwrap_or_default();
     let custody = &job.worker.custody;
     let request = job.request_id();
     let after = Workspace::for_request(&custody.disk, request, custody.run_disk_mb);
@@ -87,7 +88,7 @@ async fn make(job: &Job, s: &Standing) -> Result<(patch::Patch, Uuid, String), S
         after.reset().await.map_err(|e| e.to_string())?;
         base.reset().await.map_err(|e| e.to_string())?;
         custody
-            .restore_snapshot(snapshot, store_url, &after)
+            .restore_snapshot((snapshot, store_url, recorded), &after)
             .await
             .map_err(|e| match e {
                 Restore::Unusable(why) | Restore::Unavailable(why) => {
