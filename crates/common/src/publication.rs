@@ -107,7 +107,7 @@ pub async fn standing(
            FROM runs r
            LEFT JOIN delivery_holds d ON d.run_id = r.id
            LEFT JOIN LATERAL (
-                SELECT s.id, s.store_url, s.status
+                SELECT s.id, s.store_url, s.manifest_key, s.status
                   FROM execution_requests e
                   JOIN journal_receipts jr ON jr.request_id = e.id AND jr.snapshot_id IS NOT NULL
                   JOIN project_snapshots s ON s.id = jr.snapshot_id

@@ -71,13 +71,8 @@ pub async fn acquire(worker: &Worker, row: &SandboxRow) -> Result<SandboxTree, U
         (None, Some(s)) => Some((s, "stop_snapshot")),
         (None, None) => None,
     };
-    if let Some(((id, store_url, _, recorded), origin)) = newest {
-        let snapshot = (
-            *id,
-            store_url.as_str(),
-            recorded.as_deref().unwrap_or_default(),
-        );
-        let index = restore(worker, snapshot, &workspace).await?;
+    if let Some((durable, origin)) = newest {
+        let index = restore(worker, restorable(durable), &workspace).await?;
         return Ok(SandboxTree {
             live: LiveTree {
                 workspace,
@@ -139,6 +134,12 @@ pub async fn acquire(worker: &Worker, row: &SandboxRow) -> Result<SandboxTree, U
 /// A snapshot a sandbox's tree may come from: its id, store, time and the manifest key
 /// its record names.
 type Durable = (Uuid, String, chrono::DateTime<chrono::Utc>, Option<String>);
+
+/// What a restore needs of a durable tree: its id, store and manifest key.
+fn restorable(durable: &Durable) -> (Uuid, &str, &str) {
+    let (id, store_url, _, recorded) = durable;
+    (*id, store_url, recorded.as_deref().unwrap_or_default())
+}
 
 /// A sandbox's source snapshot: its id, store, status and the manifest key its record
 /// names.
