@@ -93,10 +93,11 @@ impl Custody {
         let workspace = Workspace::for_request(&self.disk, subject.request_id, self.run_disk_mb);
         let mut conn = self.pool.acquire().await?;
         let (context, agent) = (subject.work_context, &subject.agent);
-        let survey = lineage::survey_in(&mut conn, context, agent, Some(self.directory.id)).await?;
+        let mut survey =
+            lineage::survey_in(&mut conn, context, agent, Some(self.directory.id)).await?;
         drop(conn);
         let generation = survey.generation;
-        let mut held = survey.held.clone();
+        let mut held = survey.held.take();
         let mut attempts = Vec::new();
         for tier in [Tier::Adopt, Tier::Checkpoint, Tier::Baseline] {
             let acquired = match tier {
