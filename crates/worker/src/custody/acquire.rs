@@ -92,9 +92,8 @@ impl Custody {
     ) -> Result<Tree, CustodyError> {
         let workspace = Workspace::for_request(&self.disk, subject.request_id, self.run_disk_mb);
         let mut conn = self.pool.acquire().await?;
-        let (context, agent) = (subject.work_context, &subject.agent);
-        let mut survey =
-            lineage::survey_in(&mut conn, context, agent, Some(self.directory.id)).await?;
+        let (context, agent, dir) = (subject.work_context, &subject.agent, self.directory.id);
+        let mut survey = lineage::survey_in(&mut conn, context, agent, Some(dir)).await?;
         drop(conn);
         let generation = survey.generation;
         let mut held = survey.held.take();
