@@ -4,6 +4,7 @@
 use cairn_e2e::cluster::{append_step, run_spec, Cluster, Settings};
 use cairn_e2e::{Isolation, ServiceLock};
 use nix::sys::signal::Signal;
+use sqlx::Connection;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -36,19 +37,21 @@ const TABLES: [&str; 9] = [
 async fn a_run_and_the_sweeps_read_no_table_whole_however_long_the_history() {
     let _services = ServiceLock::shared().await;
     let isolation = Isolation::new("history");
-    let setup = sqlx::PgPool::connect(&isolation.database_url)
+    // One connection, not a pool: a pool's connection on its way back when the pool
+    // closes may stay open, and the wait below for the seeding's session to end with it.
+    let mut setup = sqlx::PgConnection::connect(&isolation.database_url)
         .await
         .expect("database");
-    seed(&setup).await;
+    seed(&mut setup).await;
     let generic = format!(
         "ALTER DATABASE \"{}\" SET plan_cache_mode = force_generic_plan",
         isolation.database_name
     );
     sqlx::query(&generic)
-        .execute(&setup)
+        .execute(&mut setup)
         .await
         .expect("generic plans");
-    setup.close().await;
+    setup.close().await.expect("the seeding's session ends");
     // The seeding's own reads are counted before: a session's counts reach the
     // statistics when it ends. From here on, the cluster's start counts too.
     let probe = sqlx::postgres::PgPoolOptions::new()
@@ -104,7 +107,7 @@ async fn a_run_and_the_sweeps_read_no_table_whole_however_long_the_history() {
 /// Finished runs of another agent, each with its request, its destroyed tree and that
 /// tree's ended hold, its superseded checkpoint and retired lineage head, one step's
 /// intent and receipt, and its tree's restore record.
-async fn seed(pool: &sqlx::PgPool) {
+async fn seed(conn: &mut sqlx::PgConnection) {
     for statement in [
         "INSERT INTO runs (id, root_run_id, work_context_id, agent, steps, max_commands,
                            max_wall_seconds, max_attempts, state, request_digest, finished_at)
@@ -145,17 +148,17 @@ async fn seed(pool: &sqlx::PgPool) {
     ] {
         sqlx::query(statement)
             .bind(HISTORY)
-            .execute(pool)
+            .execute(&mut *conn)
             .await
             .expect("seeded history");
     }
     sqlx::query("ANALYZE")
-        .execute(pool)
+        .execute(&mut *conn)
         .await
         .expect("statistics");
     for table in TABLES {
         let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
-            .fetch_one(pool)
+            .fetch_one(&mut *conn)
             .await
             .expect("seeded rows");
         assert_eq!(rows, HISTORY, "{table} seeded");
@@ -190,5 +193,17 @@ async fn sessions_ended(pool: &sqlx::PgPool, database: &str, which: &str) {
         (left == 0).then_some(())
     })
     .await;
-    assert!(ended.is_some(), "sessions ({which}) are still open");
+    if ended.is_none() {
+        let list = format!(
+            "SELECT pid::text || ' ' || COALESCE(application_name, '') || ' ' || COALESCE(state, '')
+                    || ' ' || COALESCE(wait_event, '') || ' ' || left(query, 120)
+               FROM pg_stat_activity WHERE datname = $1 AND {which}"
+        );
+        let open: Vec<String> = sqlx::query_scalar(&list)
+            .bind(database)
+            .fetch_all(pool)
+            .await
+            .unwrap_or_default();
+        panic!("sessions ({which}) are still open: {open:#?}");
+    }
 }
