@@ -851,7 +851,7 @@ async fn an_operator_decides_an_uncertain_step_in_the_console() {
 async fn a_running_steps_output_arrives_live_and_follows_its_end() {
     let _one = ONE_BROWSER.lock().await;
     let cluster = Cluster::start("console-tail", 1, Settings::default()).await;
-    let script = "i=0; while [ $i -lt 400 ]; do i=$((i+1)); echo \"line $i\"; sleep 0.05; done";
+    let script = "i=0; while [ $i -lt 600 ]; do i=$((i+1)); echo \"line $i\"; sleep 0.05; done";
     let spec = run_spec(
         vec![json!({"key": "talk", "argv": ["sh", "-c", script], "timeout_seconds": 120})],
         1,
@@ -874,7 +874,8 @@ async fn a_running_steps_output_arrives_live_and_follows_its_end() {
             .client
             .execute(
                 "const p = document.querySelector(arguments[0]);
-                 return [p.dataset.following, p.scrollTop + p.clientHeight >= p.scrollHeight - 4, p.textContent.length];",
+                 const last = parseInt(p.textContent.trim().split('\\n').pop().replace('line ', ''), 10);
+                 return [p.dataset.following, p.scrollTop + p.clientHeight >= p.scrollHeight - 4, p.textContent.length, last];",
                 vec![json!(tail)],
             )
             .await
@@ -899,7 +900,10 @@ async fn a_running_steps_output_arrives_live_and_follows_its_end() {
         .await
         .expect("scroll up");
     let before = following(()).await;
-    browser.wait_text(tail, "line 150").await;
+    // Lines later than the last one shown when scrolled: a slow browser may already be
+    // past any fixed line by then.
+    let later = |state: &Value| format!("line {}", state[3].as_u64().unwrap_or(0) + 10);
+    browser.wait_text(tail, &later(&before)).await;
     let after = following(()).await;
     assert_eq!(after[0], "false", "{after}");
     assert!(after[2].as_u64() > before[2].as_u64(), "{before} {after}");
@@ -913,7 +917,7 @@ async fn a_running_steps_output_arrives_live_and_follows_its_end() {
         .expect("scroll position");
     assert_eq!(top, json!(0), "the page moved the operator's view");
     browser.click("Jump to the end").await;
-    browser.wait_text(tail, "line 200").await;
+    browser.wait_text(tail, &later(&after)).await;
     let again = following(()).await;
     assert_eq!(again[0], "true", "{again}");
     assert_eq!(again[1], true, "{again}");
