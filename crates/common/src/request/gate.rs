@@ -61,23 +61,65 @@ pub struct Pass {
 /// that both think they lead never pass at once.
 const PASS_LOCK: i64 = 0x6361_6972_6e67_7073;
 
+/// The gate's reads of its keys, as the first two of a query's common table
+/// expressions: `in_hand`, the queued and executing run requests the gate holds or has
+/// released (every keyed one is: a keyed run's request is held whenever it is queued,
+/// until a release), which the partial index `execution_requests_gated` (migration
+/// 0041) holds; and `released`, the requests it released in the last second. Each is
+/// read on its own (`OFFSET 0`) and then joined to its run by key (`keyed_run!`), so
+/// neither a backlog of runs without a key nor the keyed runs that have ended is read:
+/// left to itself, the planner starts from the runs of a key, ended ones too.
+macro_rules! gate_reads {
+    () => {
+        "in_hand AS (
+    SELECT e.id, e.run_id, e.kind, e.held_by_gate, e.state, e.gate_released_at
+      FROM execution_requests e
+     WHERE e.kind = 'run' AND e.state IN ('queued', 'executing')
+       AND (e.held_by_gate OR e.gate_released_at IS NOT NULL)
+    OFFSET 0),
+  released AS (
+    SELECT e.id, e.run_id, e.kind, e.held_by_gate, e.state, e.gate_released_at
+      FROM execution_requests e
+     WHERE e.gate_released_at > now() - interval '1 second'
+    OFFSET 0)"
+    };
+}
+
+/// The run of a request `h` of [`gate_reads!`], as `r`, found by its key.
+macro_rules! keyed_run {
+    () => {
+        "JOIN LATERAL (SELECT r.tenant_id, r.concurrency_key, r.concurrency_limit, r.rate_key,
+                             r.rate_per_second
+                        FROM runs r WHERE r.id = h.run_id OFFSET 0) r ON TRUE"
+    };
+}
+
 /// Held requests that may start as far as their key and rate allow, best first: keys
 /// and rates are counted per tenant, and a key's limit is the smallest its runs name.
-const CANDIDATES: &str = "WITH running AS (
+const CANDIDATES: &str = concat!(
+    "WITH ",
+    gate_reads!(),
+    ",
+  running AS (
     SELECT r.tenant_id, r.concurrency_key AS key, count(*) AS n
-      FROM execution_requests e JOIN runs r ON r.id = e.run_id
-     WHERE r.concurrency_key IS NOT NULL AND e.kind = 'run' AND NOT e.held_by_gate
-       AND e.state IN ('queued', 'executing')
+      FROM in_hand h ",
+    keyed_run!(),
+    "
+     WHERE r.concurrency_key IS NOT NULL AND NOT h.held_by_gate
      GROUP BY 1, 2),
   limits AS (
     SELECT r.tenant_id, r.concurrency_key AS key, min(r.concurrency_limit)::bigint AS n
-      FROM execution_requests e JOIN runs r ON r.id = e.run_id
-     WHERE r.concurrency_key IS NOT NULL AND e.kind = 'run' AND e.state IN ('queued', 'executing')
+      FROM in_hand h ",
+    keyed_run!(),
+    "
+     WHERE r.concurrency_key IS NOT NULL
      GROUP BY 1, 2),
   started AS (
     SELECT r.tenant_id, r.rate_key AS key, count(*) AS n
-      FROM execution_requests e JOIN runs r ON r.id = e.run_id
-     WHERE e.gate_released_at > now() - interval '1 second' AND r.rate_key IS NOT NULL
+      FROM released h ",
+    keyed_run!(),
+    "
+     WHERE r.rate_key IS NOT NULL
      GROUP BY 1, 2)
 SELECT e.id, e.run_id, e.attempt, r.tenant_id, r.concurrency_key, l.n AS key_limit,
        COALESCE(k.n, 0) AS key_running, r.rate_key, r.rate_per_second,
@@ -99,7 +141,8 @@ SELECT e.id, e.run_id, e.attempt, r.tenant_id, r.concurrency_key, l.n AS key_lim
  ORDER BY COALESCE(r.priority, 0) + floor(EXTRACT(EPOCH FROM now() - e.admitted_at) / $1) DESC,
           e.admitted_at, e.id
  LIMIT $2
-   FOR UPDATE OF e SKIP LOCKED";
+   FOR UPDATE OF e SKIP LOCKED"
+);
 
 /// Whether any request is held: most passes find none, and one look at the partial
 /// index, outside any transaction, is all they cost.
@@ -249,27 +292,34 @@ pub struct KeyStanding {
 
 /// Every key that has runs waiting or in flight (the 100 with the most waiting).
 pub async fn standings(conn: &mut PgConnection) -> Result<Vec<KeyStanding>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT * FROM (
+    sqlx::query_as(concat!(
+        "WITH ",
+        gate_reads!(),
+        "
+         SELECT * FROM (
            SELECT r.tenant_id AS tenant, r.concurrency_key AS key, 'concurrency' AS kind,
-                  count(*) FILTER (WHERE e.held_by_gate) AS waiting,
-                  count(*) FILTER (WHERE NOT e.held_by_gate) AS in_flight,
+                  count(*) FILTER (WHERE h.held_by_gate) AS waiting,
+                  count(*) FILTER (WHERE NOT h.held_by_gate) AS in_flight,
                   min(r.concurrency_limit) AS \"limit\"
-             FROM execution_requests e JOIN runs r ON r.id = e.run_id
-            WHERE r.concurrency_key IS NOT NULL AND e.kind = 'run' AND e.state IN ('queued', 'executing')
+             FROM in_hand h ",
+        keyed_run!(),
+        "
+            WHERE r.concurrency_key IS NOT NULL
             GROUP BY 1, 2
            UNION ALL
            SELECT r.tenant_id, r.rate_key, 'rate',
-                  count(*) FILTER (WHERE e.held_by_gate AND e.state = 'queued'),
-                  count(*) FILTER (WHERE e.gate_released_at > now() - interval '1 second'),
+                  count(*) FILTER (WHERE h.held_by_gate AND h.state = 'queued'),
+                  count(*) FILTER (WHERE h.gate_released_at > now() - interval '1 second'),
                   min(r.rate_per_second)
-             FROM execution_requests e JOIN runs r ON r.id = e.run_id
-            WHERE r.rate_key IS NOT NULL AND e.kind = 'run'
-              AND (e.state = 'queued' OR e.gate_released_at > now() - interval '1 second')
+             FROM (SELECT * FROM in_hand WHERE state = 'queued'
+                   UNION SELECT * FROM released WHERE kind = 'run') h ",
+        keyed_run!(),
+        "
+            WHERE r.rate_key IS NOT NULL
             GROUP BY 1, 2) k
           ORDER BY waiting DESC, tenant, key, kind
-          LIMIT 100",
-    )
+          LIMIT 100"
+    ))
     .fetch_all(conn)
     .await
 }

@@ -2,6 +2,7 @@
 //! link), one module per owner.
 
 mod db;
+mod gate;
 mod lease;
 mod lineage;
 mod outbox;
