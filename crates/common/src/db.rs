@@ -87,9 +87,13 @@ pub async fn connect_warm(
     idle_in_transaction: Option<Duration>,
 ) -> Result<PgPool, DbError> {
     create_if_missing(url).await?;
+    // No JIT: Cairn's statements each read a few rows, and a plan whose row estimate is
+    // far off (a partial index's selectivity, say) would otherwise be compiled at every
+    // execution, tens of milliseconds for a statement that runs in one or two.
     let mut options = PgConnectOptions::from_str(url)
         .map_err(|e| DbError::InvalidUrl(e.to_string()))?
-        .application_name("cairn");
+        .application_name("cairn")
+        .options([("jit", "off")]);
     if let Some(limit) = idle_in_transaction {
         let ms = limit.as_millis().to_string();
         options = options.options([("idle_in_transaction_session_timeout", ms.as_str())]);

@@ -75,3 +75,26 @@ async fn an_older_release_starts_on_a_schema_a_newer_one_migrated_further() {
         "{changed:?}"
     );
 }
+
+/// A process's sessions compile no plan (JIT), with or without a limit on idle
+/// transactions (set beside it): a misestimated plan would otherwise be compiled at each
+/// execution.
+#[tokio::test]
+async fn a_processs_sessions_never_compile_plans() {
+    let test = testing::TestDb::new().await;
+    for idle in [None, Some(std::time::Duration::from_secs(30))] {
+        let pool = db::connect(&test.url, 2, idle).await.expect("connect");
+        let jit: String = sqlx::query_scalar("SHOW jit")
+            .fetch_one(&pool)
+            .await
+            .expect("jit");
+        assert_eq!(jit, "off", "idle-in-transaction limit {idle:?}");
+        let limit: String = sqlx::query_scalar("SHOW idle_in_transaction_session_timeout")
+            .fetch_one(&pool)
+            .await
+            .expect("idle limit");
+        let expected = if idle.is_some() { "30s" } else { "0" };
+        assert_eq!(limit, expected, "the idle limit is set beside it");
+        pool.close().await;
+    }
+}
