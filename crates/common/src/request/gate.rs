@@ -67,8 +67,10 @@ const PASS_LOCK: i64 = 0x6361_6972_6e67_7073;
 /// until a release), which the partial index `execution_requests_gated` (migration
 /// 0041) holds; and `released`, the requests it released in the last second. Each is
 /// read on its own (`OFFSET 0`) and then joined to its run by key (`keyed_run!`), so
-/// neither a backlog of runs without a key nor the keyed runs that have ended is read:
-/// left to itself, the planner starts from the runs of a key, ended ones too.
+/// the keyed runs that have ended are never read, nor is a backlog of runs without a
+/// key, save those the gate holds or released too (a run with only a priority, a
+/// retried step's run until its backoff ends): left to itself, the planner starts from
+/// the runs of a key, ended ones too.
 macro_rules! gate_reads {
     () => {
         "in_hand AS (
