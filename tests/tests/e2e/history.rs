@@ -37,8 +37,8 @@ const TABLES: [&str; 9] = [
 async fn a_run_and_the_sweeps_read_no_table_whole_however_long_the_history() {
     let _services = ServiceLock::shared().await;
     let isolation = Isolation::new("history");
-    // One connection, not a pool: a pool's connection on its way back when the pool
-    // closes may stay open, and the wait below for the seeding's session to end with it.
+    // One connection, closed here, not a pool: under load a pooled connection was seen
+    // to stay open after its pool closed, and the wait below for it to end timed out.
     let mut setup = sqlx::PgConnection::connect(&isolation.database_url)
         .await
         .expect("database");
