@@ -34,6 +34,7 @@ const EVERY_ACTIVE_REQUEST: &str = "SELECT * FROM (
   ORDER BY waiting DESC, tenant, key, kind
   LIMIT 100";
 
+/// Admits `count` runs of `spec`, as the API does; their requests.
 async fn admitted(pool: &sqlx::PgPool, spec: Value, count: usize) -> Vec<Uuid> {
     let secret = Uuid::new_v4().simple().to_string();
     let operator =
@@ -54,6 +55,7 @@ async fn admitted(pool: &sqlx::PgPool, spec: Value, count: usize) -> Vec<Uuid> {
         .expect("their requests")
 }
 
+/// A one-step run with the flow-control fields of `flow`.
 fn spec(flow: Value) -> Value {
     let mut spec = json!({
         "agent": "gate-test",
