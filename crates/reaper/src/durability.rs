@@ -48,8 +48,7 @@ pub async fn verify(pool: &PgPool, node: &str, batch: i64) -> Result<Verified, s
                 .fetch_all(pool)
                 .await?;
         let mut conn = pool.acquire().await?;
-        let recorded = recorded.unwrap_or_default();
-        match read_back(&store_url, (id, &recorded), &packs).await {
+        match read_back(&store_url, (id, recorded.as_deref()), &packs).await {
             Ok(()) => {
                 lineage::verified(&mut conn, id, node).await?;
                 done.verified += 1;
@@ -72,7 +71,7 @@ pub async fn verify(pool: &PgPool, node: &str, batch: i64) -> Result<Verified, s
 /// those packs.
 async fn read_back(
     store_url: &str,
-    (id, recorded): (Uuid, &str),
+    (id, recorded): (Uuid, Option<&str>),
     packs: &[Uuid],
 ) -> Result<(), String> {
     let store = ArtifactStore::open_existing(store_url).map_err(|e| e.to_string())?;

@@ -245,14 +245,15 @@ pub fn decode(bytes: &[u8]) -> Result<Manifest, SnapshotError> {
 }
 
 /// Reads the manifest of a snapshot whose record names `recorded` (its
-/// `manifest_key`): an empty tree's is made, not read.
+/// `manifest_key`): an empty tree's is made, not read; any other is read from where the
+/// capture stored it.
 pub async fn load_recorded(
     store: &impl AsRef<ArtifactStore>,
     snapshot_id: uuid::Uuid,
-    recorded: &str,
+    recorded: Option<&str>,
 ) -> Result<Manifest, SnapshotError> {
     match recorded {
-        EMPTY_MANIFEST_KEY => Ok(Manifest::empty()),
+        Some(EMPTY_MANIFEST_KEY) => Ok(Manifest::empty()),
         _ => load_manifest(store, snapshot_id).await,
     }
 }

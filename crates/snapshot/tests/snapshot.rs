@@ -185,7 +185,7 @@ async fn an_empty_trees_capture_writes_nothing_and_restores_empty() {
     assert_eq!(objects(&store_dir), before, "nothing was stored");
     let key = snapshot::recorded_key(id, &manifest);
     assert_eq!(key, snapshot::EMPTY_MANIFEST_KEY);
-    let loaded = snapshot::load_recorded(&store, id, &key).await;
+    let loaded = snapshot::load_recorded(&store, id, Some(&key)).await;
     assert_eq!(loaded.expect("made"), manifest);
     let restored = snapshot::restore(&store, &manifest, &out.join("tree"))
         .await
@@ -204,7 +204,7 @@ async fn an_empty_trees_capture_writes_nothing_and_restores_empty() {
         .expect("capture");
     let key = snapshot::recorded_key(id, &manifest);
     assert_eq!(key, snapshot::manifest_key(id));
-    let loaded = snapshot::load_recorded(&store, id, &key).await;
+    let loaded = snapshot::load_recorded(&store, id, Some(&key)).await;
     assert_eq!(loaded.expect("stored"), manifest);
 }
 

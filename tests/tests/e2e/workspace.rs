@@ -455,8 +455,10 @@ async fn an_empty_trees_checkpoint_stores_no_manifest_and_a_successor_restores_i
             .await
             .expect("checkpoint");
     assert_eq!(recorded, cairn_snapshot::EMPTY_MANIFEST_KEY);
-    let stored =
-        (cluster.dir.join("artifacts/manifests")).join(format!("{}.zst", checkpoint.simple()));
+    let stored = cluster
+        .dir
+        .join("artifacts")
+        .join(cairn_snapshot::manifest_key(checkpoint));
     assert!(!stored.exists(), "an empty tree's manifest is not stored");
 
     kill_holder(&cluster, &request_id).await;

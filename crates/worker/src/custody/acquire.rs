@@ -395,7 +395,7 @@ impl Custody {
     /// The snapshot is its id, its store and the manifest key its record names.
     pub(crate) async fn restore_snapshot(
         &self,
-        (snapshot_id, store_url, recorded): (Uuid, &str, &str),
+        (snapshot_id, store_url, recorded): (Uuid, &str, Option<&str>),
         workspace: &Workspace,
     ) -> Result<Manifest, Restore> {
         if let Ok(mut conn) = self.pool.acquire().await {
@@ -665,7 +665,7 @@ pub(crate) enum Restore {
 }
 
 /// What [`Custody::restore_snapshot`] needs of a restorable snapshot's record.
-fn stored(snapshot: &lineage::Restorable) -> (Uuid, &str, &str) {
-    let recorded = snapshot.manifest_key.as_deref().unwrap_or_default();
+fn stored(snapshot: &lineage::Restorable) -> (Uuid, &str, Option<&str>) {
+    let recorded = snapshot.manifest_key.as_deref();
     (snapshot.id, &snapshot.store_url, recorded)
 }

@@ -90,11 +90,7 @@ pub async fn acquire(worker: &Worker, row: &SandboxRow) -> Result<SandboxTree, U
                 "the source snapshot is {status}; only a ready snapshot is restored"
             )));
         }
-        let staged = (
-            id,
-            store_url.as_str(),
-            recorded.as_deref().unwrap_or_default(),
-        );
+        let staged = (id, store_url.as_str(), recorded.as_deref());
         let (index, origin) = match from_staged(worker, staged, &workspace).await? {
             Some(index) => (index, "staged"),
             None => (restore(worker, staged, &workspace).await?, "source"),
@@ -136,9 +132,9 @@ pub async fn acquire(worker: &Worker, row: &SandboxRow) -> Result<SandboxTree, U
 type Durable = (Uuid, String, chrono::DateTime<chrono::Utc>, Option<String>);
 
 /// What a restore needs of a durable tree: its id, store and manifest key.
-fn restorable(durable: &Durable) -> (Uuid, &str, &str) {
+fn restorable(durable: &Durable) -> (Uuid, &str, Option<&str>) {
     let (id, store_url, _, recorded) = durable;
-    (*id, store_url, recorded.as_deref().unwrap_or_default())
+    (*id, store_url, recorded.as_deref())
 }
 
 /// A sandbox's source snapshot: its id, store, status and the manifest key its record
@@ -192,7 +188,7 @@ async fn durable_trees(
 /// removed from it. `None` when nothing is staged here, or it could not be used.
 async fn from_staged(
     worker: &Worker,
-    (id, store_url, recorded): (Uuid, &str, &str),
+    (id, store_url, recorded): (Uuid, &str, Option<&str>),
     workspace: &Workspace,
 ) -> Result<Option<Manifest>, Unacquired> {
     let disk = worker.custody.disk.clone();
@@ -242,7 +238,7 @@ async fn from_staged(
 /// Restores `snapshot`: its id, store and the manifest key its record names.
 async fn restore(
     worker: &Worker,
-    snapshot: (Uuid, &str, &str),
+    snapshot: (Uuid, &str, Option<&str>),
     workspace: &Workspace,
 ) -> Result<Manifest, Unacquired> {
     let id = snapshot.0;

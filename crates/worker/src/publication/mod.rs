@@ -77,7 +77,7 @@ async fn make(job: &Job, s: &Standing) -> Result<(patch::Patch, Uuid, String), S
     let (Some(snapshot), Some(store_url)) = (s.final_snapshot, s.final_store_url.as_deref()) else {
         return Err("the run's final tree is not recorded".into());
     };
-    let recorded = s.final_manifest_key.as_deref().unwrap_or_default();
+    let recorded = s.final_manifest_key.as_deref();
     let custody = &job.worker.custody;
     let request = job.request_id();
     let after = Workspace::for_request(&custody.disk, request, custody.run_disk_mb);
